@@ -1,0 +1,151 @@
+/* pdx agent: one per process or DP rank. Owns backends, registrations,
+ * known peers, requests and notifications.
+ *
+ * Thread contract (whole agent): every function taking a pdx_agent_h is
+ * thread-safe; calls are serialised by the agent's lock. A progress thread
+ * (PDX_AGENT_F_PROGRESS_THREAD) shares that lock. Callbacks (notification
+ * callback) run with the lock released and may call back into the agent. */
+#ifndef PDX_AGENT_H
+#define PDX_AGENT_H
+
+#include <pdx/export.h>
+#include <pdx/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pdx_agent *pdx_agent_h;
+typedef struct pdx_backend *pdx_backend_h;
+typedef struct pdx_mem_reg *pdx_mem_reg_h;
+
+#define PDX_NAME_MAX 64 /* agent and peer names, bytes incl. NUL */
+
+enum pdx_agent_params_field {
+    PDX_AGENT_PARAM_FLAGS = 1u << 0,
+    PDX_AGENT_PARAM_PEER_TIMEOUT = 1u << 1,
+    PDX_AGENT_PARAM_XFER_TIMEOUT = 1u << 2,
+    PDX_AGENT_PARAM_PROGRESS_INTERVAL = 1u << 3,
+};
+
+/* Run a progress thread that drives every backend, checks peer liveness and
+ * delivers notifications, so a peer that never polls still completes work. */
+#define PDX_AGENT_F_PROGRESS_THREAD (1u << 0)
+
+typedef struct pdx_agent_params {
+    uint64_t field_mask; /* PDX_AGENT_PARAM_*; unset fields take defaults */
+    uint32_t flags;      /* PDX_AGENT_F_*; default 0 */
+    /* A peer whose liveness check fails for this long is dead; its requests
+     * end with PDX_ERR_REMOTE_DISCONNECT. Default 5000 ms. */
+    uint32_t peer_timeout_ms;
+    /* A posted request not complete after this long ends with
+     * PDX_ERR_TIMEOUT (hung peer). 0 = never. Default 60000 ms. */
+    uint32_t xfer_timeout_ms;
+    /* Progress thread sleep when idle, microseconds. Default 50. */
+    uint32_t progress_interval_us;
+} pdx_agent_params_t;
+
+/* Create an agent named `name` (1..PDX_NAME_MAX-1 bytes of [A-Za-z0-9._-]).
+ * `params` may be NULL (defaults). Writes *agent_p only on success.
+ * Blocking (starts the progress thread if asked); any thread. */
+PDX_API pdx_status_t pdx_agent_create(const char *name,
+                                      const pdx_agent_params_t *params,
+                                      pdx_agent_h *agent_p);
+
+/* Destroy: stops the progress thread, releases every request (aborting what
+ * is in flight), unloads peers, deregisters memory, destroys backends.
+ * Blocking. No other call on this agent may be in progress or follow. */
+PDX_API void pdx_agent_destroy(pdx_agent_h agent);
+
+/* The agent's name; owned by the agent, valid until destroy. */
+PDX_API const char *pdx_agent_name(pdx_agent_h agent);
+
+/* Create backend `name` ("ucx", "cuda_ipc") with options, loading
+ * libpdx_backend_<name>.so from PDX_PLUGIN_PATH (colon-separated), then from
+ * <dir of libpdx.so>/pdx/ and <dir of libpdx.so>. PDX_ERR_NOT_FOUND when no
+ * module is found, PDX_ERR_VERSION when only incompatible ones are (each
+ * rejection logged with its path and reason), PDX_ERR_UNAVAILABLE when the
+ * backend cannot run here (reason logged). Create backends before
+ * registering memory or loading peers. `*be_p` may be NULL; the handle is
+ * owned by the agent. Blocking. */
+PDX_API pdx_status_t pdx_backend_create(pdx_agent_h agent, const char *name,
+                                        const pdx_kv_t *opts, size_t nopts,
+                                        pdx_backend_h *be_p);
+
+/* As pdx_backend_create, with an ops table the caller links in (tests,
+ * static builds). `ops` must outlive the agent. */
+PDX_API pdx_status_t pdx_backend_create_with_ops(pdx_agent_h agent,
+                                                 const void *ops,
+                                                 const pdx_kv_t *opts,
+                                                 size_t nopts,
+                                                 pdx_backend_h *be_p);
+
+/* Find a backend module without creating it: on PDX_OK, `why` is empty;
+ * otherwise a reason ("not found in ...", "unavailable: no CUDA device").
+ * `caps_p` (may be NULL) gets the caps. No agent needed; blocking. */
+PDX_API pdx_status_t pdx_backend_probe(const char *name, uint64_t *caps_p,
+                                       char *why, size_t why_len);
+
+/* One line describing a backend instance (transports in use). */
+PDX_API void pdx_backend_describe(pdx_backend_h be, char *buf, size_t len);
+
+/* Register a region with every backend that supports its memory type.
+ * `flags` are PDX_REGION_F_* of pdx/backend.h (0 normally). Register whole
+ * arenas, not blocks. Regions of one agent must not overlap. Writes *reg_p
+ * only on success. Blocking. */
+PDX_API pdx_status_t pdx_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
+                                      uint64_t addr, uint64_t len,
+                                      uint32_t dev_id, uint64_t flags,
+                                      pdx_mem_reg_h *reg_p);
+
+/* Deregister. PDX_ERR_BUSY (nothing done) while a request uses it. */
+PDX_API pdx_status_t pdx_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg);
+
+/* Serialise the agent's public metadata (name, generation, host id, pid,
+ * each backend's connection info, each region with its keys, invariants)
+ * into a new blob. `*blob_p` is malloc'd; free it with pdx_blob_free. */
+PDX_API pdx_status_t pdx_agent_describe(pdx_agent_h agent, void **blob_p,
+                                        size_t *len_p);
+PDX_API void pdx_blob_free(void *blob);
+
+/* Load a peer's blob: validate it (PDX_ERR_CORRUPT, PDX_ERR_VERSION,
+ * PDX_ERR_TOO_LARGE with a logged reason, never reading out of bounds),
+ * compare invariants (PDX_ERR_MISMATCH naming the field and both values),
+ * connect every backend that accepts the peer. A blob with the name of a
+ * loaded peer and a different generation replaces it: requests against the
+ * old one end PDX_ERR_STALE. The same generation again is PDX_OK (no-op).
+ * The peer's name goes into `name_out` (PDX_NAME_MAX bytes; may be NULL).
+ * `blob` is only read during the call. Blocking (connection setup). */
+PDX_API pdx_status_t pdx_peer_load(pdx_agent_h agent, const void *blob,
+                                   size_t len, char *name_out);
+
+/* Forget a peer: its requests end PDX_ERR_STALE; handles made from it fail
+ * as stale. PDX_ERR_NOT_FOUND if unknown. Blocking. */
+PDX_API pdx_status_t pdx_peer_unload(pdx_agent_h agent, const char *name);
+
+/* PDX_OK if the peer is loaded and alive, PDX_ERR_REMOTE_DISCONNECT if its
+ * liveness check failed, PDX_ERR_NOT_FOUND if unknown. Non-blocking. */
+PDX_API pdx_status_t pdx_peer_state(pdx_agent_h agent, const char *name);
+
+/* Invariants: key/value strings that travel in the blob; when a peer is
+ * loaded every key set on both sides must match, and a key set on only one
+ * side is a mismatch too. Set them before describing. Copies both strings.
+ * Keys up to 63 bytes, values up to 255. */
+PDX_API pdx_status_t pdx_agent_set_invariant(pdx_agent_h agent,
+                                             const char *key,
+                                             const char *value);
+
+/* Drive every backend once, check liveness and timeouts, deliver queued
+ * notifications to the callback. Returns events handled (>= 0).
+ * Non-blocking. Any thread. */
+PDX_API int pdx_progress(pdx_agent_h agent);
+
+/* An fd (eventfd) that becomes readable when the agent has notifications or
+ * completions to report; for stacks that wait in epoll. Owned by the
+ * agent. Readable state is cleared by pdx_progress/pdx_notif_poll. */
+PDX_API int pdx_agent_event_fd(pdx_agent_h agent);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,167 @@
+/* pdx backend ABI: the one table a transport module exports.
+ *
+ * A backend module is `libpdx_backend_<name>.so` and exports exactly one
+ * symbol, `pdx_backend_v1`, a `const pdx_backend_ops_t`. The loader checks
+ * `abi_version` and `size` before touching anything else. The table is
+ * append-only: a newer loader checks `size > offsetof(pdx_backend_ops_t, op)`
+ * before calling an op added later. Every op is wired (an op the backend
+ * cannot do returns PDX_ERR_UNSUPPORTED), and `caps` matches what is wired.
+ *
+ * Threading: the agent serialises every call into one backend instance (it
+ * holds the agent's lock), so a backend needs no locking of its own for
+ * calls made through this table; it may be called from different threads
+ * (the caller's and the progress thread), never from two at once. Callbacks
+ * in pdx_backend_host_t must be invoked only from inside a call the agent
+ * made into the backend (typically progress), never from a thread of the
+ * backend's own.
+ *
+ * Memory: buffers a backend returns through `void **buf_p` are malloc'd and
+ * freed by the agent with free(). */
+#ifndef PDX_BACKEND_H
+#define PDX_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <pdx/log.h>
+#include <pdx/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PDX_BACKEND_ABI_VERSION 1u
+#define PDX_BACKEND_SYMBOL "pdx_backend_v1"
+
+/* Capabilities; a backend advertises exactly what it wires. */
+#define PDX_BACKEND_CAP_DRAM (1ull << 0)      /* registers host memory */
+#define PDX_BACKEND_CAP_VRAM (1ull << 1)      /* registers GPU memory */
+#define PDX_BACKEND_CAP_READ (1ull << 2)      /* xfer_post with READ */
+#define PDX_BACKEND_CAP_WRITE (1ull << 3)     /* xfer_post with WRITE */
+#define PDX_BACKEND_CAP_NOTIF (1ull << 4)     /* carries notifications */
+#define PDX_BACKEND_CAP_SAME_HOST (1ull << 5) /* peers on this host only */
+#define PDX_BACKEND_CAP_EVENT_FD (1ull << 6)  /* event_fd/arm work */
+
+/* A region of memory to register, or a peer's region to load. */
+typedef struct pdx_region {
+    uint64_t addr;
+    uint64_t len;
+    uint32_t dev_id;
+    pdx_mem_type_t mem_type;
+    uint64_t flags; /* PDX_REGION_F_* */
+} pdx_region_t;
+
+/* Page-lock a DRAM region for GPU copies (cuda_ipc honours it). */
+#define PDX_REGION_F_PIN (1ull << 0)
+
+/* One merged piece of a transfer. `local_md` is what mem_register returned
+ * for the local region holding [local_addr, +len); `remote_md` what
+ * rmem_load returned for the peer's region holding [remote_addr, +len). */
+typedef struct pdx_backend_iov {
+    uint64_t local_addr;
+    uint64_t remote_addr;
+    uint64_t len;
+    void *local_md;
+    void *remote_md;
+} pdx_backend_iov_t;
+
+/* What the agent gives a backend at creation. All pointers stay valid until
+ * destroy returns. */
+typedef struct pdx_backend_host {
+    void *agent_ctx;
+    const char *agent_name;
+    const char *host_id; /* stable id of this host (boot id based) */
+    /* A notification from `peer_name` arrived; `msg` is valid for the call
+     * only. Call only from within progress/xfer_check. */
+    void (*notif_recv)(void *agent_ctx, const char *peer_name,
+                       const void *msg, size_t len);
+    /* The connection to `peer_name` failed (endpoint error): the agent fails
+     * that peer's requests with `why`. Call only from within an op. */
+    void (*peer_error)(void *agent_ctx, const char *peer_name,
+                       pdx_status_t why);
+} pdx_backend_host_t;
+
+typedef struct pdx_backend_ops {
+    uint32_t abi_version; /* PDX_BACKEND_ABI_VERSION */
+    uint32_t size;        /* sizeof(pdx_backend_ops_t) of the module */
+    const char *name;     /* "ucx", "cuda_ipc" */
+    uint64_t caps;        /* PDX_BACKEND_CAP_* */
+
+    /* Can this backend run here? PDX_OK, or PDX_ERR_UNAVAILABLE with a
+     * reason written to `why` (e.g. "no CUDA driver"). Needs no instance;
+     * may be called before create; non-blocking. */
+    pdx_status_t (*query)(char *why, size_t why_len);
+
+    /* Make an instance. `opts` are backend-specific key/values; an unknown
+     * key is PDX_ERR_CONFIG with a log line naming it. */
+    pdx_status_t (*create)(const pdx_backend_host_t *host, const pdx_kv_t *opts,
+                           size_t nopts, void **be_p);
+    /* Destroy an instance; every md, peer, rmd and request was released. */
+    void (*destroy)(void *be);
+
+    /* Connection info a peer needs to reach us (opaque, portable bytes). */
+    pdx_status_t (*conn_info)(void *be, void **buf_p, size_t *len_p);
+
+    /* Register a local region once; `*md_p` is the private handle. */
+    pdx_status_t (*mem_register)(void *be, const pdx_region_t *region,
+                                 void **md_p);
+    void (*mem_deregister)(void *be, void *md);
+    /* Public key of a registered region for the peer (e.g. packed rkey). */
+    pdx_status_t (*mem_pack)(void *be, void *md, void **buf_p, size_t *len_p);
+
+    /* Connect to a peer from its conn_info. PDX_ERR_UNSUPPORTED means the
+     * backend declines this peer (other host); the agent uses another. */
+    pdx_status_t (*peer_connect)(void *be, const char *peer_name,
+                                 const void *conn, size_t conn_len,
+                                 void **peer_p);
+    /* Drop a peer; every request and rmd on it was released before. */
+    void (*peer_disconnect)(void *be, void *peer);
+
+    /* Load a peer's region key (from mem_pack on the peer's side). */
+    pdx_status_t (*rmem_load)(void *be, void *peer, const pdx_region_t *region,
+                              const void *key, size_t key_len, void **rmd_p);
+    void (*rmem_unload)(void *be, void *rmd);
+
+    /* Start a transfer of `n` merged pieces with `peer`. If `notif` is not
+     * NULL and the backend has CAP_NOTIF, deliver it to the peer after every
+     * byte has landed; without CAP_NOTIF it is ignored (the agent sends it).
+     * Never blocks. Returns PDX_OK when already complete (no request),
+     * PDX_INPROGRESS with `*req_p` set, or an error (nothing in flight).
+     * `iov` is only read during the call. */
+    pdx_status_t (*xfer_post)(void *be, void *peer, pdx_xfer_op_t op,
+                              const pdx_backend_iov_t *iov, size_t n,
+                              const void *notif, size_t notif_len,
+                              void **req_p);
+    /* PDX_OK (done, notification sent), PDX_INPROGRESS, or an error. May
+     * progress the backend. Non-blocking. */
+    pdx_status_t (*xfer_check)(void *be, void *req);
+    /* Free a request; aborts it if still in flight (no byte is written to
+     * local memory after this returns for READ; best effort for WRITE). */
+    void (*xfer_release)(void *be, void *req);
+
+    /* Send a standalone notification. Non-blocking: may queue. */
+    pdx_status_t (*notif_send)(void *be, void *peer, const void *msg,
+                               size_t len);
+
+    /* Make progress; returns the number of events handled (0 if idle).
+     * Non-blocking. */
+    int (*progress)(void *be);
+    /* An fd that becomes readable when progress has work, or -1. */
+    int (*event_fd)(void *be);
+    /* Arm the event fd before waiting: PDX_OK armed, PDX_ERR_BUSY if events
+     * are pending (call progress first), PDX_ERR_UNSUPPORTED. */
+    pdx_status_t (*arm)(void *be);
+
+    /* One line of human-readable detail about the instance (e.g. the UCX
+     * transports in use) into `buf`. */
+    void (*describe)(void *be, char *buf, size_t len);
+} pdx_backend_ops_t;
+
+_Static_assert(offsetof(pdx_backend_ops_t, abi_version) == 0,
+               "abi_version first");
+_Static_assert(offsetof(pdx_backend_ops_t, size) == 4, "size second");
+
+#ifdef __cplusplus
+}
+#endif
+#endif

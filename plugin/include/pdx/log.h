@@ -1,0 +1,63 @@
+/* pdx logging: level from PDX_LOG_LEVEL (error|warn|info|debug|trace,
+ * default warn) or set here, and an optional sink callback.
+ *
+ * The log sink is process-wide on purpose (like UCX's and NCCL's): log lines
+ * come from backends and the connector that have no agent at hand. It is the
+ * one piece of global state; it is set with atomics and is safe to change
+ * from any thread. */
+#ifndef PDX_LOG_H
+#define PDX_LOG_H
+
+#include <pdx/export.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum pdx_log_level {
+    PDX_LOG_ERROR = 0,
+    PDX_LOG_WARN = 1,
+    PDX_LOG_INFO = 2,
+    PDX_LOG_DEBUG = 3,
+    PDX_LOG_TRACE = 4,
+} pdx_log_level_t;
+
+/* A log sink. `msg` is one line without a trailing newline, valid only for
+ * the call. May be called from any thread, including the progress thread,
+ * concurrently; must not call back into pdx. */
+typedef void (*pdx_log_cb_t)(void *arg, pdx_log_level_t level,
+                             const char *msg);
+
+/* Install `cb` (NULL restores the default: stderr with a "pdx" prefix).
+ * Thread-safe; takes effect for lines started after it returns. */
+PDX_API void pdx_log_set_handler(pdx_log_cb_t cb, void *arg);
+
+/* Set the level; lines above it are dropped. Thread-safe. */
+PDX_API void pdx_log_set_level(pdx_log_level_t level);
+
+/* Current level (PDX_LOG_LEVEL is read once, at first use). */
+PDX_API pdx_log_level_t pdx_log_get_level(void);
+
+/* Log a line through the current sink (used by backends and tools too).
+ * printf-style; thread-safe; never blocks beyond the sink itself. */
+PDX_API void pdx_log(pdx_log_level_t level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define pdx_error(...) pdx_log(PDX_LOG_ERROR, __VA_ARGS__)
+#define pdx_warn(...) pdx_log(PDX_LOG_WARN, __VA_ARGS__)
+#define pdx_info(...) pdx_log(PDX_LOG_INFO, __VA_ARGS__)
+#define pdx_debug(...)                                                         \
+    do {                                                                       \
+        if (pdx_log_get_level() >= PDX_LOG_DEBUG)                              \
+            pdx_log(PDX_LOG_DEBUG, __VA_ARGS__);                               \
+    } while (0)
+#define pdx_trace(...)                                                         \
+    do {                                                                       \
+        if (pdx_log_get_level() >= PDX_LOG_TRACE)                              \
+            pdx_log(PDX_LOG_TRACE, __VA_ARGS__);                               \
+    } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,42 @@
+/* pdx status codes: one error space for every layer, with a translator per
+ * foreign space (ucs_status_t, CUresult, errno) kept next to its user. */
+#ifndef PDX_STATUS_H
+#define PDX_STATUS_H
+
+#include <pdx/export.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum pdx_status {
+    PDX_OK = 0,
+    PDX_INPROGRESS = 1,
+    PDX_ERR_INVALID = -1,           /* bad argument */
+    PDX_ERR_NOMEM = -2,             /* allocation failed */
+    PDX_ERR_NOT_FOUND = -3,         /* no such peer, backend, region, key */
+    PDX_ERR_UNSUPPORTED = -4,       /* backend lacks the op or memory type */
+    PDX_ERR_BACKEND = -5,           /* backend library failed */
+    PDX_ERR_REMOTE_DISCONNECT = -6, /* peer died or its connection broke */
+    PDX_ERR_STALE = -7,             /* peer was unloaded or reloaded */
+    PDX_ERR_MISMATCH = -8,          /* peer invariants differ */
+    PDX_ERR_CORRUPT = -9,           /* blob checksum, bounds or framing */
+    PDX_ERR_VERSION = -10,          /* blob or ABI version not understood */
+    PDX_ERR_TOO_LARGE = -11,        /* input over a documented limit */
+    PDX_ERR_TIMEOUT = -12,          /* deadline passed */
+    PDX_ERR_BUSY = -13,             /* resource in use (e.g. leased) */
+    PDX_ERR_EXISTS = -14,           /* already present */
+    PDX_ERR_UNAVAILABLE = -15,      /* backend cannot run here */
+    PDX_ERR_CANCELED = -16,         /* released or aborted by caller */
+    PDX_ERR_IO = -17,               /* system call failed */
+    PDX_ERR_CONFIG = -18,           /* configuration is wrong */
+    PDX_ERR_NO_SPACE = -19,         /* pool full of unevictable blocks */
+} pdx_status_t;
+
+/* Static string for a status; never NULL. Thread-safe, non-blocking. */
+PDX_API const char *pdx_status_string(pdx_status_t status);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

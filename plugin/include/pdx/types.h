@@ -1,0 +1,51 @@
+/* pdx basic types shared by the API and the backend ABI. */
+#ifndef PDX_TYPES_H
+#define PDX_TYPES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <pdx/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum pdx_mem_type {
+    PDX_MEM_DRAM = 0, /* host memory */
+    PDX_MEM_VRAM = 1, /* GPU memory; dev_id is the CUDA device ordinal */
+} pdx_mem_type_t;
+
+typedef enum pdx_xfer_op {
+    PDX_XFER_READ = 0,  /* remote -> local */
+    PDX_XFER_WRITE = 1, /* local -> remote */
+} pdx_xfer_op_t;
+
+/* One contiguous piece of memory. For a remote list, addr is in the peer's
+ * address space. */
+typedef struct pdx_desc {
+    uint64_t addr;
+    uint64_t len;
+    uint32_t dev_id; /* 0 for DRAM */
+    uint32_t reserved;
+} pdx_desc_t;
+
+/* A list of descriptors of one memory type. The caller owns `descs`; pdx
+ * copies what it keeps. */
+typedef struct pdx_desc_list {
+    pdx_mem_type_t mem_type;
+    const pdx_desc_t *descs;
+    size_t count;
+} pdx_desc_list_t;
+
+/* A key/value option (backend options). Both strings are owned by the
+ * caller and only read during the call. */
+typedef struct pdx_kv {
+    const char *key;
+    const char *value;
+} pdx_kv_t;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

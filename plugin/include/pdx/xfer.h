@@ -1,0 +1,72 @@
+/* pdx transfer requests: plain (descriptor lists) and prepared (lists
+ * prepared once, requests made from index selections).
+ *
+ * Life cycle: create/make -> post -> check until not INPROGRESS -> release.
+ * A request may be posted again after it completed (same lists). Release
+ * aborts in-flight work. All calls are thread-safe (agent lock), but one
+ * request must not be used by two threads at once. */
+#ifndef PDX_XFER_H
+#define PDX_XFER_H
+
+#include <pdx/agent.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pdx_xfer *pdx_xfer_h;
+typedef struct pdx_dlist *pdx_dlist_h;
+
+#define PDX_NOTIF_MAX 4096 /* bytes of one notification message */
+
+/* Build a request: `op` between `local` (this agent's registered memory) and
+ * `remote` (regions of peer `peer`), element i of one with element i of the
+ * other; lengths must match pairwise. Adjacent pairs that are contiguous on
+ * both sides are merged. `notif` (may be NULL, <= PDX_NOTIF_MAX bytes) is
+ * delivered to the peer after every byte has landed. Copies what it needs.
+ * Fails with PDX_ERR_NOT_FOUND naming the unregistered address, or
+ * PDX_ERR_INVALID. Blocking only on the agent lock. */
+PDX_API pdx_status_t pdx_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
+                                     const pdx_desc_list_t *local,
+                                     const pdx_desc_list_t *remote,
+                                     const char *peer, const void *notif,
+                                     size_t notif_len, pdx_xfer_h *xfer_p);
+
+/* Post; never blocks. PDX_OK if already complete, PDX_INPROGRESS, or an
+ * error (PDX_ERR_STALE when the peer was reloaded since creation,
+ * PDX_ERR_REMOTE_DISCONNECT when it is dead). */
+PDX_API pdx_status_t pdx_xfer_post(pdx_xfer_h xfer);
+
+/* State of the last post: PDX_OK, PDX_INPROGRESS or the error. Drives
+ * progress. Never blocks. */
+PDX_API pdx_status_t pdx_xfer_check(pdx_xfer_h xfer);
+
+/* Free the request, aborting in-flight work. Never fails. */
+PDX_API void pdx_xfer_release(pdx_xfer_h xfer);
+
+/* Descriptors after merging (for tools and tests). */
+PDX_API size_t pdx_xfer_segments(pdx_xfer_h xfer);
+
+/* Prepare a descriptor list once: local (`peer` NULL: this agent's memory)
+ * or remote (`peer`'s regions). Every descriptor is resolved to its region
+ * now, so make costs no lookups. Blocking only on the agent lock. */
+PDX_API pdx_status_t pdx_dlist_prepare(pdx_agent_h agent, const char *peer,
+                                       const pdx_desc_list_t *list,
+                                       pdx_dlist_h *dlist_p);
+PDX_API void pdx_dlist_release(pdx_dlist_h dlist);
+
+/* Make a request from `n` indices into two prepared lists (the local
+ * prepared list `local` and the remote one `remote`); runs of indices whose
+ * memory is contiguous on both sides are merged. */
+PDX_API pdx_status_t pdx_xfer_make(pdx_agent_h agent, pdx_xfer_op_t op,
+                                   pdx_dlist_h local,
+                                   const uint32_t *local_idx,
+                                   pdx_dlist_h remote,
+                                   const uint32_t *remote_idx, size_t n,
+                                   const void *notif, size_t notif_len,
+                                   pdx_xfer_h *xfer_p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
