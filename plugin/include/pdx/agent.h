@@ -23,21 +23,23 @@ typedef struct pdx_mem_reg *pdx_mem_reg_h;
 
 enum pdx_agent_params_field {
     PDX_AGENT_PARAM_FLAGS = 1u << 0,
-    PDX_AGENT_PARAM_PEER_TIMEOUT = 1u << 1,
-    PDX_AGENT_PARAM_XFER_TIMEOUT = 1u << 2,
-    PDX_AGENT_PARAM_PROGRESS_INTERVAL = 1u << 3,
+    PDX_AGENT_PARAM_XFER_TIMEOUT = 1u << 1,
+    PDX_AGENT_PARAM_PROGRESS_INTERVAL = 1u << 2,
 };
 
 /* Run a progress thread that drives every backend, checks peer liveness and
- * delivers notifications, so a peer that never polls still completes work. */
+ * delivers notifications, so a peer that never polls still completes work.
+ *
+ * Liveness: a peer on this host is watched through a pidfd (its death fails
+ * its requests with PDX_ERR_REMOTE_DISCONNECT at the next progress, within
+ * about a millisecond); a peer elsewhere through its backend's connection
+ * errors (UCX peer error handling and keepalive). A hung peer (alive but not
+ * progressing) is caught by the request timeout. */
 #define PDX_AGENT_F_PROGRESS_THREAD (1u << 0)
 
 typedef struct pdx_agent_params {
     uint64_t field_mask; /* PDX_AGENT_PARAM_*; unset fields take defaults */
     uint32_t flags;      /* PDX_AGENT_F_*; default 0 */
-    /* A peer whose liveness check fails for this long is dead; its requests
-     * end with PDX_ERR_REMOTE_DISCONNECT. Default 5000 ms. */
-    uint32_t peer_timeout_ms;
     /* A posted request not complete after this long ends with
      * PDX_ERR_TIMEOUT (hung peer). 0 = never. Default 60000 ms. */
     uint32_t xfer_timeout_ms;

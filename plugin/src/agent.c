@@ -1,0 +1,487 @@
+/* Agent life cycle, backends, invariants, progress (explicit and thread),
+ * liveness checks and the event fd. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent_int.h"
+
+#define LIVENESS_PERIOD_NS 1000000ull /* pidfd poll at most once a ms */
+
+uint64_t pdx_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+pdx_status_t pdx_host_id(char *buf, size_t len)
+{
+    char host[64] = "unknown", boot[64] = "";
+    gethostname(host, sizeof(host) - 1);
+    host[sizeof(host) - 1] = '\0';
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f != NULL) {
+        if (fgets(boot, sizeof(boot), f) == NULL) {
+            boot[0] = '\0';
+        }
+        fclose(f);
+        boot[strcspn(boot, "\n")] = '\0';
+    }
+    /* The boot id separates hosts that share a hostname (containers); the
+     * hostname keeps the id readable in logs. */
+    snprintf(buf, len, "%s/%s", host, boot);
+    return PDX_OK;
+}
+
+static int valid_agent_name(const char *name)
+{
+    size_t n = name ? strlen(name) : 0;
+    if (n == 0 || n >= PDX_NAME_MAX) {
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-')) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+void pdx_agent_signal(pdx_agent_h agent)
+{
+    uint64_t one = 1;
+    if (write(agent->event_fd, &one, sizeof(one)) < 0) {
+        /* EAGAIN: the counter is saturated, the fd is readable anyway */
+    }
+}
+
+static void drain_event_fd(pdx_agent_h agent)
+{
+    uint64_t v;
+    if (read(agent->event_fd, &v, sizeof(v)) < 0) {
+        /* EAGAIN: nothing to drain */
+    }
+}
+
+/* Called by backends (under the agent lock) when a message arrives. */
+static void host_notif_recv(void *ctx, const char *peer, const void *msg,
+                            size_t len)
+{
+    pdx_agent_h agent = ctx;
+    pdx_notif_item_t *it = malloc(sizeof(*it) + len);
+    if (it == NULL) {
+        pdx_error("agent %s: dropped a %zu-byte notification from %s: out "
+                  "of memory", agent->name, len, peer);
+        return;
+    }
+    it->next = NULL;
+    it->len = len;
+    snprintf(it->peer, sizeof(it->peer), "%s", peer);
+    if (len > 0) {
+        memcpy(it->msg, msg, len);
+    }
+    if (agent->nq_tail != NULL) {
+        agent->nq_tail->next = it;
+    } else {
+        agent->nq_head = it;
+    }
+    agent->nq_tail = it;
+    pdx_agent_signal(agent);
+}
+
+static void mark_peer_dead(pdx_agent_h agent, pdx_peer_t *peer,
+                           pdx_status_t why, const char *how)
+{
+    if (peer->dead != PDX_OK) {
+        return;
+    }
+    peer->dead = why;
+    pdx_warn("agent %s: peer %s (pid %d) is gone (%s): failing its requests",
+             agent->name, peer->name, (int)peer->pid, how);
+    pdx_xfer_fail_peer_locked(agent, peer->epoch, why);
+    pdx_agent_signal(agent);
+}
+
+static void host_peer_error(void *ctx, const char *peer_name, pdx_status_t why)
+{
+    pdx_agent_h agent = ctx;
+    pdx_peer_t *peer = pdx_peer_find(agent, peer_name);
+    if (peer != NULL) {
+        mark_peer_dead(agent, peer, why, "connection error");
+    }
+}
+
+static void check_liveness(pdx_agent_h agent, uint64_t now)
+{
+    if (now - agent->last_liveness_ns < LIVENESS_PERIOD_NS) {
+        return;
+    }
+    agent->last_liveness_ns = now;
+    for (pdx_peer_t *p = agent->peers; p != NULL; p = p->next) {
+        if (p->pidfd < 0 || p->dead != PDX_OK) {
+            continue;
+        }
+        struct pollfd pfd = {.fd = p->pidfd, .events = POLLIN};
+        if (poll(&pfd, 1, 0) > 0) {
+            mark_peer_dead(agent, p, PDX_ERR_REMOTE_DISCONNECT,
+                           "process exited");
+        }
+    }
+}
+
+static void check_timeouts(pdx_agent_h agent, uint64_t now)
+{
+    uint64_t limit = (uint64_t)agent->params.xfer_timeout_ms * 1000000ull;
+    if (limit == 0) {
+        return;
+    }
+    for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
+        if (x->status == PDX_INPROGRESS && now - x->post_ns > limit) {
+            pdx_warn("agent %s: request to %s timed out after %u ms "
+                     "(peer hung?)", agent->name, x->peer_name,
+                     agent->params.xfer_timeout_ms);
+            if (x->breq != NULL) {
+                agent->backends[x->bindex]->ops->xfer_release(
+                    agent->backends[x->bindex]->be, x->breq);
+                x->breq = NULL;
+            }
+            x->status = PDX_ERR_TIMEOUT;
+        }
+    }
+}
+
+int pdx_agent_progress_locked(pdx_agent_h agent)
+{
+    int events = 0;
+    for (uint32_t i = 0; i < agent->nbackends; i++) {
+        struct pdx_backend *b = agent->backends[i];
+        int n = b->ops->progress(b->be);
+        events += n > 0 ? n : 0;
+    }
+    uint64_t now = pdx_now_ns();
+    check_liveness(agent, now);
+    for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
+        if (x->status == PDX_INPROGRESS) {
+            pdx_xfer_progress_locked(agent, x);
+            if (x->status != PDX_INPROGRESS) {
+                events++;
+            }
+        }
+    }
+    check_timeouts(agent, now);
+    return events;
+}
+
+int pdx_progress(pdx_agent_h agent)
+{
+    pthread_mutex_lock(&agent->lock);
+    drain_event_fd(agent);
+    int n = pdx_agent_progress_locked(agent);
+    if (agent->nq_head != NULL) {
+        /* Keep the fd readable while notifications wait for a poll. */
+        pdx_agent_signal(agent);
+    }
+    pthread_mutex_unlock(&agent->lock);
+    return n;
+}
+
+static void *progress_main(void *arg)
+{
+    pdx_agent_h agent = arg;
+    struct timespec idle = {0, (long)agent->params.progress_interval_us * 1000};
+    while (!__atomic_load_n(&agent->stop, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&agent->lock);
+        int n = pdx_agent_progress_locked(agent);
+        if (n > 0) {
+            pdx_agent_signal(agent);
+        }
+        pthread_mutex_unlock(&agent->lock);
+        if (n == 0) {
+            nanosleep(&idle, NULL);
+        }
+    }
+    return NULL;
+}
+
+pdx_status_t pdx_agent_create(const char *name,
+                              const pdx_agent_params_t *params,
+                              pdx_agent_h *agent_p)
+{
+    if (!valid_agent_name(name) || agent_p == NULL) {
+        pdx_error("agent create: invalid name '%s' (1-%d chars of "
+                  "[A-Za-z0-9._-])", name ? name : "(null)", PDX_NAME_MAX - 1);
+        return PDX_ERR_INVALID;
+    }
+    pdx_agent_h a = calloc(1, sizeof(*a));
+    if (a == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    snprintf(a->name, sizeof(a->name), "%s", name);
+    a->params.xfer_timeout_ms = 60000;
+    a->params.progress_interval_us = 50;
+    if (params != NULL) {
+        if (params->field_mask & PDX_AGENT_PARAM_FLAGS) {
+            a->params.flags = params->flags;
+        }
+        if (params->field_mask & PDX_AGENT_PARAM_XFER_TIMEOUT) {
+            a->params.xfer_timeout_ms = params->xfer_timeout_ms;
+        }
+        if (params->field_mask & PDX_AGENT_PARAM_PROGRESS_INTERVAL) {
+            a->params.progress_interval_us = params->progress_interval_us;
+        }
+    }
+    if (getrandom(&a->instance, sizeof(a->instance), 0) !=
+        sizeof(a->instance)) {
+        a->instance = pdx_now_ns() ^ ((uint64_t)getpid() << 32);
+    }
+    a->generation = 1;
+    a->next_epoch = 1;
+    pdx_host_id(a->host_id, sizeof(a->host_id));
+    a->host = (pdx_backend_host_t){
+        .agent_ctx = a, .agent_name = a->name, .host_id = a->host_id,
+        .notif_recv = host_notif_recv, .peer_error = host_peer_error};
+
+    pdx_status_t st;
+    a->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (a->event_fd < 0) {
+        pdx_error("agent %s: eventfd failed: %s", name, strerror(errno));
+        st = PDX_ERR_IO;
+        goto err_free;
+    }
+    pthread_mutex_init(&a->lock, NULL);
+    pthread_mutex_init(&a->delivery, NULL);
+    if (a->params.flags & PDX_AGENT_F_PROGRESS_THREAD) {
+        int rc = pthread_create(&a->progress_thread, NULL, progress_main, a);
+        if (rc != 0) {
+            pdx_error("agent %s: progress thread: %s", name, strerror(rc));
+            st = PDX_ERR_IO;
+            goto err_mutex;
+        }
+        a->thread_running = true;
+    }
+    pdx_info("agent %s: created (host %s, instance %016llx)", a->name,
+             a->host_id, (unsigned long long)a->instance);
+    *agent_p = a;
+    return PDX_OK;
+
+err_mutex:
+    pthread_mutex_destroy(&a->delivery);
+    pthread_mutex_destroy(&a->lock);
+    close(a->event_fd);
+err_free:
+    free(a);
+    return st;
+}
+
+void pdx_agent_destroy(pdx_agent_h a)
+{
+    if (a == NULL) {
+        return;
+    }
+    if (a->thread_running) {
+        __atomic_store_n(&a->stop, 1, __ATOMIC_RELEASE);
+        pthread_join(a->progress_thread, NULL);
+    }
+    pthread_mutex_lock(&a->lock);
+    /* Requests the caller did not release: abort and free them. */
+    while (a->xfers != NULL) {
+        struct pdx_xfer *x = a->xfers;
+        pthread_mutex_unlock(&a->lock);
+        pdx_warn("agent %s: destroying an unreleased request to %s", a->name,
+                 x->peer_name);
+        pdx_xfer_release(x);
+        pthread_mutex_lock(&a->lock);
+    }
+    while (a->peers != NULL) {
+        pdx_peer_destroy_locked(a, a->peers);
+    }
+    for (size_t i = 0; i < a->nregs; i++) {
+        struct pdx_mem_reg *r = a->regs[i];
+        for (uint32_t b = 0; b < a->nbackends; b++) {
+            if (r->md[b] != NULL) {
+                a->backends[b]->ops->mem_deregister(a->backends[b]->be,
+                                                    r->md[b]);
+            }
+        }
+        free(r);
+    }
+    free(a->regs);
+    /* Progress once more so backends can complete queued sends. */
+    for (uint32_t b = a->nbackends; b-- > 0;) {
+        struct pdx_backend *be = a->backends[b];
+        be->ops->destroy(be->be);
+        if (be->dl != NULL) {
+            dlclose_backend(be->dl);
+        }
+        free(be);
+    }
+    while (a->nq_head != NULL) {
+        pdx_notif_item_t *it = a->nq_head;
+        a->nq_head = it->next;
+        free(it);
+    }
+    pthread_mutex_unlock(&a->lock);
+    pthread_mutex_destroy(&a->delivery);
+    pthread_mutex_destroy(&a->lock);
+    close(a->event_fd);
+    free(a);
+}
+
+const char *pdx_agent_name(pdx_agent_h agent) { return agent->name; }
+
+int pdx_agent_event_fd(pdx_agent_h agent) { return agent->event_fd; }
+
+static pdx_status_t backend_add(pdx_agent_h a, const pdx_backend_ops_t *ops,
+                                void *dl, const pdx_kv_t *opts, size_t nopts,
+                                pdx_backend_h *be_p)
+{
+    pdx_status_t st;
+    char why[256] = "";
+    if (a->nbackends == PDX_MAX_BACKENDS) {
+        pdx_error("agent %s: at most %d backends", a->name, PDX_MAX_BACKENDS);
+        return PDX_ERR_TOO_LARGE;
+    }
+    for (uint32_t i = 0; i < a->nbackends; i++) {
+        if (strcmp(a->backends[i]->name, ops->name) == 0) {
+            pdx_error("agent %s: backend %s already created", a->name,
+                      ops->name);
+            return PDX_ERR_EXISTS;
+        }
+    }
+    if (a->nregs > 0 || a->peers != NULL) {
+        pdx_error("agent %s: create backend %s before registering memory or "
+                  "loading peers", a->name, ops->name);
+        return PDX_ERR_INVALID;
+    }
+    st = ops->query(why, sizeof(why));
+    if (st != PDX_OK) {
+        pdx_warn("agent %s: backend %s unavailable: %s", a->name, ops->name,
+                 why);
+        return PDX_ERR_UNAVAILABLE;
+    }
+    struct pdx_backend *b = calloc(1, sizeof(*b));
+    if (b == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    b->agent = a;
+    b->ops = ops;
+    b->dl = dl;
+    b->index = a->nbackends;
+    snprintf(b->name, sizeof(b->name), "%s", ops->name);
+    st = ops->create(&a->host, opts, nopts, &b->be);
+    if (st != PDX_OK) {
+        pdx_error("agent %s: backend %s create failed: %s", a->name,
+                  ops->name, pdx_status_string(st));
+        free(b);
+        return st;
+    }
+    a->backends[a->nbackends++] = b;
+    a->generation++;
+    char desc[256] = "";
+    ops->describe(b->be, desc, sizeof(desc));
+    pdx_info("agent %s: backend %s ready: %s", a->name, b->name, desc);
+    if (be_p != NULL) {
+        *be_p = b;
+    }
+    return PDX_OK;
+}
+
+pdx_status_t pdx_backend_create(pdx_agent_h agent, const char *name,
+                                const pdx_kv_t *opts, size_t nopts,
+                                pdx_backend_h *be_p)
+{
+    const pdx_backend_ops_t *ops;
+    void *dl;
+    char why[512];
+    pdx_status_t st = pdx_loader_open(name, &ops, &dl, why, sizeof(why));
+    if (st != PDX_OK) {
+        pdx_error("agent %s: backend %s: %s", agent->name,
+                  name ? name : "(null)", why);
+        return st;
+    }
+    pthread_mutex_lock(&agent->lock);
+    st = backend_add(agent, ops, dl, opts, nopts, be_p);
+    pthread_mutex_unlock(&agent->lock);
+    if (st != PDX_OK) {
+        dlclose_backend(dl);
+    }
+    return st;
+}
+
+pdx_status_t pdx_backend_create_with_ops(pdx_agent_h agent, const void *ops,
+                                         const pdx_kv_t *opts, size_t nopts,
+                                         pdx_backend_h *be_p)
+{
+    const pdx_backend_ops_t *o = ops;
+    if (o == NULL || o->abi_version != PDX_BACKEND_ABI_VERSION ||
+        o->size < sizeof(pdx_backend_ops_t)) {
+        pdx_error("agent %s: backend ops table rejected (abi or size)",
+                  agent->name);
+        return PDX_ERR_VERSION;
+    }
+    pthread_mutex_lock(&agent->lock);
+    pdx_status_t st = backend_add(agent, o, NULL, opts, nopts, be_p);
+    pthread_mutex_unlock(&agent->lock);
+    return st;
+}
+
+void pdx_backend_describe(pdx_backend_h be, char *buf, size_t len)
+{
+    pthread_mutex_lock(&be->agent->lock);
+    int n = snprintf(buf, len, "%s: ", be->name);
+    if (n >= 0 && (size_t)n < len) {
+        be->ops->describe(be->be, buf + n, len - (size_t)n);
+    }
+    pthread_mutex_unlock(&be->agent->lock);
+}
+
+pdx_status_t pdx_agent_set_invariant(pdx_agent_h agent, const char *key,
+                                     const char *value)
+{
+    if (key == NULL || value == NULL || key[0] == '\0' ||
+        strlen(key) >= PDX_INV_KEY_MAX || strlen(value) >= PDX_INV_VAL_MAX) {
+        pdx_error("agent %s: invariant key or value empty or too long",
+                  agent->name);
+        return PDX_ERR_INVALID;
+    }
+    for (const char *c = key; *c; c++) {
+        if (*c < 0x20 || *c > 0x7e) {
+            return PDX_ERR_INVALID;
+        }
+    }
+    for (const char *c = value; *c; c++) {
+        if (*c < 0x20 || *c > 0x7e) {
+            return PDX_ERR_INVALID;
+        }
+    }
+    pdx_status_t st = PDX_OK;
+    pthread_mutex_lock(&agent->lock);
+    pdx_invariant_t *slot = NULL;
+    for (uint32_t i = 0; i < agent->ninvariants; i++) {
+        if (strcmp(agent->invariants[i].key, key) == 0) {
+            slot = &agent->invariants[i];
+        }
+    }
+    if (slot == NULL) {
+        if (agent->ninvariants == PDX_MAX_INVARIANTS) {
+            st = PDX_ERR_TOO_LARGE;
+            goto out;
+        }
+        slot = &agent->invariants[agent->ninvariants++];
+        snprintf(slot->key, sizeof(slot->key), "%s", key);
+    }
+    snprintf(slot->value, sizeof(slot->value), "%s", value);
+    agent->generation++;
+out:
+    pthread_mutex_unlock(&agent->lock);
+    return st;
+}

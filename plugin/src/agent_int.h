@@ -1,0 +1,159 @@
+/* Private structures of the agent: backends, registrations, peers, requests.
+ * Everything here is protected by agent->lock unless said otherwise. */
+#ifndef PDX_AGENT_INT_H
+#define PDX_AGENT_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include <pdx/agent.h>
+#include <pdx/backend.h>
+#include <pdx/notif.h>
+#include <pdx/xfer.h>
+
+#include "blob.h"
+
+#define PDX_MAX_BACKENDS 8
+#define PDX_INV_KEY_MAX 64
+#define PDX_INV_VAL_MAX 256
+#define PDX_MAX_INVARIANTS 32
+
+struct pdx_backend {
+    pdx_agent_h agent;
+    const pdx_backend_ops_t *ops;
+    void *dl; /* dlopen handle, NULL when linked in */
+    void *be; /* backend instance */
+    uint32_t index;
+    char name[PDX_BLOB_BACKEND_NAME_MAX];
+};
+
+struct pdx_mem_reg {
+    pdx_region_t region;
+    void *md[PDX_MAX_BACKENDS];
+    uint32_t users; /* requests and prepared lists using it */
+};
+
+typedef struct pdx_peer_region {
+    pdx_region_t region;
+    void *rmd[PDX_MAX_BACKENDS];
+} pdx_peer_region_t;
+
+typedef struct pdx_peer {
+    char name[PDX_NAME_MAX];
+    uint64_t instance;   /* the peer's instance id from its blob */
+    uint32_t generation; /* the peer's generation from its blob */
+    uint64_t epoch;      /* this agent's id for this incarnation */
+    char host_id[PDX_BLOB_HOST_MAX];
+    int32_t pid;
+    int pidfd; /* -1 when the peer is not on this host */
+    pdx_status_t dead; /* PDX_OK while alive */
+    void *bpeer[PDX_MAX_BACKENDS];
+    pdx_peer_region_t *regions; /* sorted by (mem_type, addr) */
+    size_t nregions;
+    struct pdx_peer *next;
+} pdx_peer_t;
+
+typedef struct pdx_notif_item {
+    struct pdx_notif_item *next;
+    size_t len;
+    char peer[PDX_NAME_MAX];
+    unsigned char msg[];
+} pdx_notif_item_t;
+
+struct pdx_xfer {
+    pdx_agent_h agent;
+    pdx_xfer_op_t op;
+    char peer_name[PDX_NAME_MAX];
+    uint64_t peer_epoch;
+    int bindex; /* chosen backend */
+    pdx_backend_iov_t *iov;
+    size_t niov;
+    struct pdx_mem_reg **regs; /* distinct local regions, users held */
+    size_t nregs;
+    unsigned char *notif;
+    size_t notif_len;
+    void *breq;
+    pdx_status_t status;
+    bool posted;
+    uint64_t post_ns;
+    struct pdx_xfer *prev, *next; /* agent's list of live requests */
+};
+
+typedef struct pdx_dlist_entry {
+    uint64_t addr;
+    uint64_t len;
+    void *region; /* struct pdx_mem_reg * or pdx_peer_region_t * */
+} pdx_dlist_entry_t;
+
+struct pdx_dlist {
+    pdx_agent_h agent;
+    bool remote;
+    char peer_name[PDX_NAME_MAX];
+    uint64_t peer_epoch;
+    pdx_mem_type_t mem_type;
+    pdx_dlist_entry_t *entries;
+    size_t count;
+    struct pdx_mem_reg **regs; /* local: distinct regions, users held */
+    size_t nregs;
+};
+
+typedef struct pdx_invariant {
+    char key[PDX_INV_KEY_MAX];
+    char value[PDX_INV_VAL_MAX];
+} pdx_invariant_t;
+
+struct pdx_agent {
+    char name[PDX_NAME_MAX];
+    pthread_mutex_t lock;     /* everything below */
+    pthread_mutex_t delivery; /* serialises notification callbacks */
+    pdx_agent_params_t params;
+    uint64_t instance;
+    uint32_t generation;
+    char host_id[PDX_BLOB_HOST_MAX];
+
+    struct pdx_backend *backends[PDX_MAX_BACKENDS];
+    uint32_t nbackends;
+    pdx_backend_host_t host;
+
+    struct pdx_mem_reg **regs; /* sorted by (mem_type, addr) */
+    size_t nregs, regs_cap;
+
+    pdx_peer_t *peers;
+    uint64_t next_epoch;
+
+    pdx_invariant_t invariants[PDX_MAX_INVARIANTS];
+    uint32_t ninvariants;
+
+    struct pdx_xfer *xfers; /* live requests */
+    pdx_notif_item_t *nq_head, *nq_tail;
+
+    int event_fd;
+    uint64_t last_liveness_ns;
+    pthread_t progress_thread;
+    bool thread_running;
+    volatile int stop;
+};
+
+/* Helpers shared by the agent's files; all need agent->lock held. */
+uint64_t pdx_now_ns(void);
+pdx_peer_t *pdx_peer_find(pdx_agent_h agent, const char *name);
+pdx_peer_region_t *pdx_peer_region_find(pdx_peer_t *peer, pdx_mem_type_t t,
+                                        uint64_t addr, uint64_t len);
+struct pdx_mem_reg *pdx_reg_find(pdx_agent_h agent, pdx_mem_type_t t,
+                                 uint64_t addr, uint64_t len);
+int pdx_agent_progress_locked(pdx_agent_h agent);
+void pdx_agent_signal(pdx_agent_h agent);
+void pdx_xfer_fail_peer_locked(pdx_agent_h agent, uint64_t epoch,
+                               pdx_status_t why);
+void pdx_peer_destroy_locked(pdx_agent_h agent, pdx_peer_t *peer);
+pdx_status_t pdx_notif_send_locked(pdx_agent_h agent, pdx_peer_t *peer,
+                                   const void *msg, size_t len);
+void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x);
+pdx_status_t pdx_host_id(char *buf, size_t len);
+
+/* Loader (loader.c). */
+pdx_status_t pdx_loader_open(const char *name, const pdx_backend_ops_t **ops_p,
+                             void **dl_p, char *why, size_t why_len);
+void dlclose_backend(void *dl);
+
+#endif

@@ -1,0 +1,181 @@
+/* Backend module loader: finds libpdx_backend_<name>.so in PDX_PLUGIN_PATH,
+ * then next to libpdx.so, checks the ABI before any other call and dlcloses
+ * what it rejects, saying why. */
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "agent_int.h"
+
+/* Directory holding libpdx.so (found through one of its own symbols). */
+static void self_dir(char *buf, size_t len)
+{
+    Dl_info info;
+    buf[0] = '\0';
+    if (dladdr((void *)&pdx_loader_open, &info) == 0 ||
+        info.dli_fname == NULL) {
+        return;
+    }
+    snprintf(buf, len, "%s", info.dli_fname);
+    char *slash = strrchr(buf, '/');
+    if (slash != NULL) {
+        *slash = '\0';
+    } else {
+        snprintf(buf, len, ".");
+    }
+}
+
+static int valid_name(const char *name)
+{
+    if (name == NULL || name[0] == '\0' || strlen(name) >= 32) {
+        return 0;
+    }
+    for (const char *c = name; *c; c++) {
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') ||
+              *c == '_')) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Try one path; 1 = accepted, 0 = absent, -1 = rejected (reason logged). */
+static int try_path(const char *path, const char *name,
+                    const pdx_backend_ops_t **ops_p, void **dl_p,
+                    char *why, size_t why_len)
+{
+    if (access(path, F_OK) != 0) {
+        return 0;
+    }
+    void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (dl == NULL) {
+        const char *err = dlerror();
+        snprintf(why, why_len, "%s: dlopen failed: %s", path,
+                 err ? err : "?");
+        pdx_warn("backend %s: rejected %s", name, why);
+        return -1;
+    }
+    const pdx_backend_ops_t *ops = dlsym(dl, PDX_BACKEND_SYMBOL);
+    const char *reason = NULL;
+    char detail[128];
+    if (ops == NULL) {
+        reason = "no " PDX_BACKEND_SYMBOL " symbol";
+    } else if (ops->abi_version != PDX_BACKEND_ABI_VERSION) {
+        snprintf(detail, sizeof(detail), "abi version %u, need %u",
+                 ops->abi_version, PDX_BACKEND_ABI_VERSION);
+        reason = detail;
+    } else if (ops->size < sizeof(pdx_backend_ops_t)) {
+        snprintf(detail, sizeof(detail), "ops table of %u bytes, need %zu",
+                 ops->size, sizeof(pdx_backend_ops_t));
+        reason = detail;
+    } else if (ops->name == NULL || strcmp(ops->name, name) != 0) {
+        snprintf(detail, sizeof(detail), "module names itself '%s'",
+                 ops->name ? ops->name : "(null)");
+        reason = detail;
+    }
+    if (reason != NULL) {
+        snprintf(why, why_len, "%s: %s", path, reason);
+        pdx_warn("backend %s: rejected %s", name, why);
+        dlclose(dl);
+        return -1;
+    }
+    /* Accepted modules stay mapped for the life of the process: transport
+     * libraries (UCX's memory hooks in particular) do not survive being
+     * unmapped while the process runs. */
+    void *pin = dlopen(path, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+    if (pin != NULL) {
+        dlclose(pin);
+    }
+    *ops_p = ops;
+    *dl_p = dl;
+    return 1;
+}
+
+pdx_status_t pdx_loader_open(const char *name, const pdx_backend_ops_t **ops_p,
+                             void **dl_p, char *why, size_t why_len)
+{
+    char file[64], path[PATH_MAX], dir[PATH_MAX];
+    int rejected = 0;
+    why[0] = '\0';
+    if (!valid_name(name)) {
+        snprintf(why, why_len, "invalid backend name");
+        return PDX_ERR_INVALID;
+    }
+    snprintf(file, sizeof(file), "libpdx_backend_%s.so", name);
+
+    const char *env = getenv("PDX_PLUGIN_PATH");
+    if (env != NULL) {
+        const char *p = env;
+        for (int guard = 0; guard < 64 && *p; guard++) {
+            const char *end = strchr(p, ':');
+            size_t n = end ? (size_t)(end - p) : strlen(p);
+            if (n > 0 && n < sizeof(dir)) {
+                memcpy(dir, p, n);
+                dir[n] = '\0';
+                snprintf(path, sizeof(path), "%s/%s", dir, file);
+                int r = try_path(path, name, ops_p, dl_p, why, why_len);
+                if (r > 0) {
+                    return PDX_OK;
+                }
+                rejected |= r < 0;
+            }
+            if (end == NULL) {
+                break;
+            }
+            p = end + 1;
+        }
+    }
+    self_dir(dir, sizeof(dir));
+    if (dir[0] != '\0') {
+        const char *subs[] = {"/pdx/", "/"};
+        for (int i = 0; i < 2; i++) {
+            snprintf(path, sizeof(path), "%s%s%s", dir, subs[i], file);
+            int r = try_path(path, name, ops_p, dl_p, why, why_len);
+            if (r > 0) {
+                return PDX_OK;
+            }
+            rejected |= r < 0;
+        }
+    }
+    if (rejected) {
+        return PDX_ERR_VERSION;
+    }
+    snprintf(why, why_len, "%s not found in PDX_PLUGIN_PATH (%s) or %s/pdx",
+             file, env ? env : "unset", dir[0] ? dir : "?");
+    return PDX_ERR_NOT_FOUND;
+}
+
+pdx_status_t pdx_backend_probe(const char *name, uint64_t *caps_p, char *why,
+                               size_t why_len)
+{
+    const pdx_backend_ops_t *ops;
+    void *dl;
+    char scratch[8];
+    if (why == NULL || why_len == 0) {
+        why = scratch;
+        why_len = sizeof(scratch);
+    }
+    pdx_status_t st = pdx_loader_open(name, &ops, &dl, why, why_len);
+    if (st != PDX_OK) {
+        return st;
+    }
+    if (caps_p != NULL) {
+        *caps_p = ops->caps;
+    }
+    st = ops->query(why, why_len);
+    dlclose(dl);
+    if (st == PDX_OK) {
+        why[0] = '\0';
+    }
+    return st;
+}
+
+void dlclose_backend(void *dl)
+{
+    if (dl != NULL) {
+        dlclose(dl);
+    }
+}

@@ -1,0 +1,180 @@
+/* Memory registry: regions registered once per arena with every backend
+ * that takes their memory type, kept sorted for O(log n) lookups. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent_int.h"
+
+static int region_cmp(const pdx_region_t *a, pdx_mem_type_t t, uint64_t addr)
+{
+    if (a->mem_type != t) {
+        return a->mem_type < t ? -1 : 1;
+    }
+    if (a->addr == addr) {
+        return 0;
+    }
+    return a->addr < addr ? -1 : 1;
+}
+
+/* Index of the first region not before (t, addr). */
+static size_t reg_lower_bound(pdx_agent_h agent, pdx_mem_type_t t,
+                              uint64_t addr)
+{
+    size_t lo = 0, hi = agent->nregs;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (region_cmp(&agent->regs[mid]->region, t, addr) < 0) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+struct pdx_mem_reg *pdx_reg_find(pdx_agent_h agent, pdx_mem_type_t t,
+                                 uint64_t addr, uint64_t len)
+{
+    size_t i = reg_lower_bound(agent, t, addr);
+    /* The holder starts at addr (index i) or before it (index i-1). */
+    if (i < agent->nregs && agent->regs[i]->region.mem_type == t &&
+        agent->regs[i]->region.addr == addr) {
+        /* exact start */
+    } else if (i > 0) {
+        i--;
+    } else {
+        return NULL;
+    }
+    const pdx_region_t *r = &agent->regs[i]->region;
+    if (r->mem_type != t || addr < r->addr || len > r->len ||
+        addr - r->addr > r->len - len) {
+        return NULL;
+    }
+    return agent->regs[i];
+}
+
+static uint64_t caps_for(pdx_mem_type_t t)
+{
+    return t == PDX_MEM_VRAM ? PDX_BACKEND_CAP_VRAM : PDX_BACKEND_CAP_DRAM;
+}
+
+pdx_status_t pdx_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
+                              uint64_t addr, uint64_t len, uint32_t dev_id,
+                              uint64_t flags, pdx_mem_reg_h *reg_p)
+{
+    if (len == 0 || addr + len < addr || reg_p == NULL ||
+        (type != PDX_MEM_DRAM && type != PDX_MEM_VRAM)) {
+        pdx_error("agent %s: register: invalid region 0x%llx+%llu",
+                  agent->name, (unsigned long long)addr,
+                  (unsigned long long)len);
+        return PDX_ERR_INVALID;
+    }
+    pdx_status_t st;
+    pthread_mutex_lock(&agent->lock);
+    size_t pos = reg_lower_bound(agent, type, addr);
+    /* Refuse overlaps: a lookup must have exactly one answer. */
+    if ((pos < agent->nregs &&
+         agent->regs[pos]->region.mem_type == type &&
+         agent->regs[pos]->region.addr < addr + len) ||
+        (pos > 0 && agent->regs[pos - 1]->region.mem_type == type &&
+         agent->regs[pos - 1]->region.addr +
+                 agent->regs[pos - 1]->region.len > addr)) {
+        pdx_error("agent %s: register: region 0x%llx+%llu overlaps a "
+                  "registered one", agent->name, (unsigned long long)addr,
+                  (unsigned long long)len);
+        st = PDX_ERR_EXISTS;
+        goto out;
+    }
+    struct pdx_mem_reg *r = calloc(1, sizeof(*r));
+    if (r == NULL) {
+        st = PDX_ERR_NOMEM;
+        goto out;
+    }
+    r->region = (pdx_region_t){.addr = addr, .len = len, .dev_id = dev_id,
+                               .mem_type = type, .flags = flags};
+    uint32_t taken = 0;
+    for (uint32_t b = 0; b < agent->nbackends; b++) {
+        struct pdx_backend *be = agent->backends[b];
+        if (!(be->ops->caps & caps_for(type))) {
+            continue;
+        }
+        st = be->ops->mem_register(be->be, &r->region, &r->md[b]);
+        if (st != PDX_OK) {
+            pdx_error("agent %s: backend %s could not register 0x%llx+%llu: "
+                      "%s", agent->name, be->name, (unsigned long long)addr,
+                      (unsigned long long)len, pdx_status_string(st));
+            goto err_dereg;
+        }
+        taken++;
+    }
+    if (taken == 0) {
+        pdx_error("agent %s: register: no backend takes %s memory",
+                  agent->name, type == PDX_MEM_VRAM ? "VRAM" : "DRAM");
+        st = PDX_ERR_UNSUPPORTED;
+        goto err_dereg;
+    }
+    if (agent->nregs == agent->regs_cap) {
+        size_t cap = agent->regs_cap ? agent->regs_cap * 2 : 16;
+        void *p = realloc(agent->regs, cap * sizeof(*agent->regs));
+        if (p == NULL) {
+            st = PDX_ERR_NOMEM;
+            goto err_dereg;
+        }
+        agent->regs = p;
+        agent->regs_cap = cap;
+    }
+    memmove(&agent->regs[pos + 1], &agent->regs[pos],
+            (agent->nregs - pos) * sizeof(*agent->regs));
+    agent->regs[pos] = r;
+    agent->nregs++;
+    agent->generation++;
+    *reg_p = r;
+    st = PDX_OK;
+    goto out;
+
+err_dereg:
+    for (uint32_t b = 0; b < agent->nbackends; b++) {
+        if (r->md[b] != NULL) {
+            agent->backends[b]->ops->mem_deregister(agent->backends[b]->be,
+                                                    r->md[b]);
+        }
+    }
+    free(r);
+out:
+    pthread_mutex_unlock(&agent->lock);
+    return st;
+}
+
+pdx_status_t pdx_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg)
+{
+    pdx_status_t st = PDX_ERR_NOT_FOUND;
+    pthread_mutex_lock(&agent->lock);
+    for (size_t i = 0; i < agent->nregs; i++) {
+        if (agent->regs[i] != reg) {
+            continue;
+        }
+        if (reg->users > 0) {
+            pdx_error("agent %s: deregister 0x%llx: %u requests or lists "
+                      "still use it", agent->name,
+                      (unsigned long long)reg->region.addr, reg->users);
+            st = PDX_ERR_BUSY;
+            break;
+        }
+        for (uint32_t b = 0; b < agent->nbackends; b++) {
+            if (reg->md[b] != NULL) {
+                agent->backends[b]->ops->mem_deregister(
+                    agent->backends[b]->be, reg->md[b]);
+            }
+        }
+        memmove(&agent->regs[i], &agent->regs[i + 1],
+                (agent->nregs - i - 1) * sizeof(*agent->regs));
+        agent->nregs--;
+        agent->generation++;
+        free(reg);
+        st = PDX_OK;
+        break;
+    }
+    pthread_mutex_unlock(&agent->lock);
+    return st;
+}

@@ -1,0 +1,62 @@
+/* Standalone notifications and delivery of received ones to the caller. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "agent_int.h"
+
+pdx_status_t pdx_notif_send(pdx_agent_h agent, const char *peer,
+                            const void *msg, size_t len)
+{
+    if (peer == NULL || (msg == NULL && len > 0)) {
+        return PDX_ERR_INVALID;
+    }
+    if (len > PDX_NOTIF_MAX) {
+        pdx_error("agent %s: notification of %zu bytes over the %d limit",
+                  agent->name, len, PDX_NOTIF_MAX);
+        return PDX_ERR_TOO_LARGE;
+    }
+    pdx_status_t st;
+    pthread_mutex_lock(&agent->lock);
+    pdx_peer_t *p = pdx_peer_find(agent, peer);
+    if (p == NULL) {
+        pdx_error("agent %s: notif send: unknown peer %s", agent->name, peer);
+        st = PDX_ERR_NOT_FOUND;
+    } else if (p->dead != PDX_OK) {
+        st = p->dead;
+    } else {
+        st = pdx_notif_send_locked(agent, p, msg, len);
+    }
+    pthread_mutex_unlock(&agent->lock);
+    return st;
+}
+
+int pdx_notif_poll(pdx_agent_h agent, pdx_notif_cb_t cb, void *arg)
+{
+    if (cb == NULL) {
+        return 0;
+    }
+    /* The delivery lock keeps callbacks of concurrent polls in order; the
+     * agent lock is dropped while callbacks run so they may call in. */
+    pthread_mutex_lock(&agent->delivery);
+    pthread_mutex_lock(&agent->lock);
+    pdx_agent_progress_locked(agent);
+    pdx_notif_item_t *list = agent->nq_head;
+    agent->nq_head = agent->nq_tail = NULL;
+    uint64_t v;
+    if (read(agent->event_fd, &v, sizeof(v)) < 0) {
+        /* nothing pending */
+    }
+    pthread_mutex_unlock(&agent->lock);
+    int n = 0;
+    while (list != NULL) {
+        pdx_notif_item_t *it = list;
+        list = it->next;
+        cb(arg, it->peer, it->msg, it->len);
+        free(it);
+        n++;
+    }
+    pthread_mutex_unlock(&agent->delivery);
+    return n;
+}

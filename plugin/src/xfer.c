@@ -1,0 +1,640 @@
+/* Transfer requests: descriptor resolution and merging, backend choice,
+ * post/check/release, prepared lists. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent_int.h"
+
+static uint64_t op_cap(pdx_xfer_op_t op)
+{
+    return op == PDX_XFER_READ ? PDX_BACKEND_CAP_READ : PDX_BACKEND_CAP_WRITE;
+}
+
+/* Pick the backend for a request: one that reaches the peer, holds both
+ * regions and does the op; VRAM on either side prefers VRAM-capable
+ * backends (cuda_ipc), host-only transfers prefer message-capable ones. */
+static int choose_backend(pdx_agent_h agent, pdx_peer_t *peer,
+                          pdx_xfer_op_t op, struct pdx_mem_reg *lreg,
+                          pdx_peer_region_t *rreg)
+{
+    int vram = lreg->region.mem_type == PDX_MEM_VRAM ||
+               rreg->region.mem_type == PDX_MEM_VRAM;
+    int best = -1, best_score = -1;
+    for (uint32_t b = 0; b < agent->nbackends; b++) {
+        const pdx_backend_ops_t *ops = agent->backends[b]->ops;
+        if (peer->bpeer[b] == NULL || lreg->md[b] == NULL ||
+            rreg->rmd[b] == NULL || !(ops->caps & op_cap(op))) {
+            continue;
+        }
+        int score = vram ? !!(ops->caps & PDX_BACKEND_CAP_VRAM)
+                         : !!(ops->caps & PDX_BACKEND_CAP_NOTIF);
+        if (score > best_score) {
+            best = (int)b;
+            best_score = score;
+        }
+    }
+    return best;
+}
+
+/* A backend that carries messages to this peer, for notifications. */
+static int notif_backend(pdx_agent_h agent, pdx_peer_t *peer)
+{
+    for (uint32_t b = 0; b < agent->nbackends; b++) {
+        if (peer->bpeer[b] != NULL &&
+            (agent->backends[b]->ops->caps & PDX_BACKEND_CAP_NOTIF)) {
+            return (int)b;
+        }
+    }
+    return -1;
+}
+
+pdx_status_t pdx_notif_send_locked(pdx_agent_h agent, pdx_peer_t *peer,
+                                   const void *msg, size_t len)
+{
+    int b = notif_backend(agent, peer);
+    if (b < 0) {
+        pdx_error("agent %s: no backend carries notifications to %s",
+                  agent->name, peer->name);
+        return PDX_ERR_UNSUPPORTED;
+    }
+    return agent->backends[b]->ops->notif_send(agent->backends[b]->be,
+                                               peer->bpeer[b], msg, len);
+}
+
+/* Hold users on the distinct local regions of a request, so a region in
+ * use cannot be deregistered under it. */
+static pdx_status_t hold_regs(struct pdx_xfer *x, struct pdx_mem_reg **regs,
+                              size_t n)
+{
+    x->regs = malloc((n ? n : 1) * sizeof(*x->regs));
+    if (x->regs == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        x->regs[i] = regs[i];
+        regs[i]->users++;
+    }
+    x->nregs = n;
+    return PDX_OK;
+}
+
+/* Append a region to a distinct set kept small by checking the last few. */
+static pdx_status_t distinct_add(struct pdx_mem_reg ***set, size_t *n,
+                                 size_t *cap, struct pdx_mem_reg *r)
+{
+    for (size_t i = 0; i < *n; i++) {
+        if ((*set)[i] == r) {
+            return PDX_OK;
+        }
+    }
+    if (*n == *cap) {
+        size_t c = *cap ? *cap * 2 : 8;
+        void *p = realloc(*set, c * sizeof(**set));
+        if (p == NULL) {
+            return PDX_ERR_NOMEM;
+        }
+        *set = p;
+        *cap = c;
+    }
+    (*set)[(*n)++] = r;
+    return PDX_OK;
+}
+
+static struct pdx_xfer *xfer_new(pdx_agent_h agent, pdx_xfer_op_t op,
+                                 pdx_peer_t *peer, const void *notif,
+                                 size_t notif_len, size_t max_iov)
+{
+    struct pdx_xfer *x = calloc(1, sizeof(*x));
+    if (x == NULL) {
+        return NULL;
+    }
+    x->agent = agent;
+    x->op = op;
+    x->bindex = -1;
+    x->status = PDX_OK;
+    snprintf(x->peer_name, sizeof(x->peer_name), "%s", peer->name);
+    x->peer_epoch = peer->epoch;
+    x->iov = malloc((max_iov ? max_iov : 1) * sizeof(*x->iov));
+    if (x->iov == NULL) {
+        free(x);
+        return NULL;
+    }
+    if (notif != NULL) {
+        x->notif = malloc(notif_len ? notif_len : 1);
+        if (x->notif == NULL) {
+            free(x->iov);
+            free(x);
+            return NULL;
+        }
+        memcpy(x->notif, notif, notif_len);
+        x->notif_len = notif_len;
+    }
+    return x;
+}
+
+static void xfer_free(struct pdx_xfer *x)
+{
+    if (x == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < x->nregs; i++) {
+        x->regs[i]->users--;
+    }
+    free(x->regs);
+    free(x->iov);
+    free(x->notif);
+    free(x);
+}
+
+static void xfer_link(pdx_agent_h agent, struct pdx_xfer *x)
+{
+    x->prev = NULL;
+    x->next = agent->xfers;
+    if (agent->xfers != NULL) {
+        agent->xfers->prev = x;
+    }
+    agent->xfers = x;
+}
+
+static void xfer_unlink(pdx_agent_h agent, struct pdx_xfer *x)
+{
+    if (x->prev != NULL) {
+        x->prev->next = x->next;
+    } else {
+        agent->xfers = x->next;
+    }
+    if (x->next != NULL) {
+        x->next->prev = x->prev;
+    }
+}
+
+/* Append one pair, merging with the last piece when both sides continue it
+ * in the same regions. */
+static inline void iov_append(struct pdx_xfer *x, uint64_t laddr,
+                              uint64_t raddr, uint64_t len, void *lmd,
+                              void *rmd)
+{
+    if (x->niov > 0) {
+        pdx_backend_iov_t *last = &x->iov[x->niov - 1];
+        if (last->local_md == lmd && last->remote_md == rmd &&
+            last->local_addr + last->len == laddr &&
+            last->remote_addr + last->len == raddr) {
+            last->len += len;
+            return;
+        }
+    }
+    x->iov[x->niov++] = (pdx_backend_iov_t){.local_addr = laddr,
+                                            .remote_addr = raddr,
+                                            .len = len,
+                                            .local_md = lmd,
+                                            .remote_md = rmd};
+}
+
+static pdx_status_t check_notif(pdx_agent_h agent, const void *notif,
+                                size_t len)
+{
+    if (notif != NULL && len > PDX_NOTIF_MAX) {
+        pdx_error("agent %s: notification of %zu bytes over the %d limit",
+                  agent->name, len, PDX_NOTIF_MAX);
+        return PDX_ERR_TOO_LARGE;
+    }
+    return PDX_OK;
+}
+
+pdx_status_t pdx_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
+                             const pdx_desc_list_t *local,
+                             const pdx_desc_list_t *remote, const char *peer,
+                             const void *notif, size_t notif_len,
+                             pdx_xfer_h *xfer_p)
+{
+    if (local == NULL || remote == NULL || peer == NULL || xfer_p == NULL ||
+        local->count != remote->count || local->count == 0 ||
+        (op != PDX_XFER_READ && op != PDX_XFER_WRITE)) {
+        pdx_error("agent %s: xfer create: invalid arguments (counts %zu/%zu)",
+                  agent->name, local ? local->count : 0,
+                  remote ? remote->count : 0);
+        return PDX_ERR_INVALID;
+    }
+    pdx_status_t st = check_notif(agent, notif, notif_len);
+    if (st != PDX_OK) {
+        return st;
+    }
+    struct pdx_mem_reg **set = NULL;
+    size_t nset = 0, capset = 0;
+    struct pdx_xfer *x = NULL;
+    pthread_mutex_lock(&agent->lock);
+    pdx_peer_t *p = pdx_peer_find(agent, peer);
+    if (p == NULL) {
+        pdx_error("agent %s: xfer create: unknown peer %s", agent->name, peer);
+        st = PDX_ERR_NOT_FOUND;
+        goto out;
+    }
+    x = xfer_new(agent, op, p, notif, notif_len, local->count);
+    if (x == NULL) {
+        st = PDX_ERR_NOMEM;
+        goto out;
+    }
+    struct pdx_mem_reg *lreg = NULL;
+    pdx_peer_region_t *rreg = NULL;
+    for (size_t i = 0; i < local->count; i++) {
+        const pdx_desc_t *l = &local->descs[i], *r = &remote->descs[i];
+        if (l->len != r->len || l->len == 0) {
+            pdx_error("agent %s: xfer create: descriptor %zu lengths %llu "
+                      "and %llu", agent->name, i, (unsigned long long)l->len,
+                      (unsigned long long)r->len);
+            st = PDX_ERR_INVALID;
+            goto err;
+        }
+        if (lreg == NULL || l->addr < lreg->region.addr ||
+            l->addr - lreg->region.addr > lreg->region.len - l->len) {
+            lreg = pdx_reg_find(agent, local->mem_type, l->addr, l->len);
+            if (lreg == NULL) {
+                pdx_error("agent %s: xfer create: local descriptor %zu "
+                          "0x%llx+%llu is not in registered memory",
+                          agent->name, i, (unsigned long long)l->addr,
+                          (unsigned long long)l->len);
+                st = PDX_ERR_NOT_FOUND;
+                goto err;
+            }
+            if ((st = distinct_add(&set, &nset, &capset, lreg)) != PDX_OK) {
+                goto err;
+            }
+        }
+        if (rreg == NULL || r->addr < rreg->region.addr ||
+            r->addr - rreg->region.addr > rreg->region.len - r->len) {
+            rreg = pdx_peer_region_find(p, remote->mem_type, r->addr, r->len);
+            if (rreg == NULL) {
+                pdx_error("agent %s: xfer create: remote descriptor %zu "
+                          "0x%llx+%llu is not in memory peer %s registered",
+                          agent->name, i, (unsigned long long)r->addr,
+                          (unsigned long long)r->len, peer);
+                st = PDX_ERR_NOT_FOUND;
+                goto err;
+            }
+        }
+        if (x->bindex < 0) {
+            x->bindex = choose_backend(agent, p, op, lreg, rreg);
+            if (x->bindex < 0) {
+                pdx_error("agent %s: xfer create: no backend reaches peer %s "
+                          "for this memory", agent->name, peer);
+                st = PDX_ERR_UNSUPPORTED;
+                goto err;
+            }
+        }
+        void *lmd = lreg->md[x->bindex], *rmd = rreg->rmd[x->bindex];
+        if (lmd == NULL || rmd == NULL) {
+            pdx_error("agent %s: xfer create: descriptor %zu is not reachable "
+                      "by backend %s like the rest", agent->name, i,
+                      agent->backends[x->bindex]->name);
+            st = PDX_ERR_UNSUPPORTED;
+            goto err;
+        }
+        iov_append(x, l->addr, r->addr, l->len, lmd, rmd);
+    }
+    if ((st = hold_regs(x, set, nset)) != PDX_OK) {
+        goto err;
+    }
+    xfer_link(agent, x);
+    *xfer_p = x;
+    st = PDX_OK;
+    goto out;
+err:
+    xfer_free(x);
+out:
+    pthread_mutex_unlock(&agent->lock);
+    free(set);
+    return st;
+}
+
+/* Complete a request whose data landed: send the notification through a
+ * message backend when the data backend carries none. */
+static pdx_status_t xfer_finish(pdx_agent_h agent, struct pdx_xfer *x,
+                                pdx_peer_t *peer)
+{
+    if (x->notif == NULL ||
+        (agent->backends[x->bindex]->ops->caps & PDX_BACKEND_CAP_NOTIF)) {
+        return PDX_OK;
+    }
+    return pdx_notif_send_locked(agent, peer, x->notif, x->notif_len);
+}
+
+void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x)
+{
+    if (x->breq == NULL) {
+        return;
+    }
+    struct pdx_backend *b = agent->backends[x->bindex];
+    pdx_status_t st = b->ops->xfer_check(b->be, x->breq);
+    if (st == PDX_INPROGRESS) {
+        return;
+    }
+    b->ops->xfer_release(b->be, x->breq);
+    x->breq = NULL;
+    if (st == PDX_OK) {
+        pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
+        if (p == NULL || p->epoch != x->peer_epoch) {
+            st = PDX_ERR_STALE;
+        } else {
+            st = xfer_finish(agent, x, p);
+        }
+    }
+    x->status = st;
+}
+
+void pdx_xfer_fail_peer_locked(pdx_agent_h agent, uint64_t epoch,
+                               pdx_status_t why)
+{
+    for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
+        if (x->peer_epoch != epoch) {
+            continue;
+        }
+        if (x->breq != NULL) {
+            agent->backends[x->bindex]->ops->xfer_release(
+                agent->backends[x->bindex]->be, x->breq);
+            x->breq = NULL;
+        }
+        if (x->status == PDX_INPROGRESS) {
+            x->status = why;
+        }
+    }
+}
+
+pdx_status_t pdx_xfer_post(pdx_xfer_h x)
+{
+    pdx_agent_h agent = x->agent;
+    pdx_status_t st;
+    pthread_mutex_lock(&agent->lock);
+    if (x->status == PDX_INPROGRESS) {
+        pdx_error("agent %s: xfer post: request still in progress",
+                  agent->name);
+        st = PDX_ERR_BUSY;
+        goto out;
+    }
+    pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
+    if (p == NULL || p->epoch != x->peer_epoch) {
+        pdx_error("agent %s: xfer post: peer %s was %s since this request "
+                  "was made", agent->name, x->peer_name,
+                  p == NULL ? "unloaded" : "reloaded");
+        st = x->status = PDX_ERR_STALE;
+        goto out;
+    }
+    if (p->dead != PDX_OK) {
+        st = x->status = p->dead;
+        goto out;
+    }
+    struct pdx_backend *b = agent->backends[x->bindex];
+    int carries = !!(b->ops->caps & PDX_BACKEND_CAP_NOTIF);
+    x->post_ns = pdx_now_ns();
+    x->posted = true;
+    st = b->ops->xfer_post(b->be, p->bpeer[x->bindex], x->op, x->iov,
+                           x->niov, carries ? x->notif : NULL,
+                           carries ? x->notif_len : 0, &x->breq);
+    if (st == PDX_OK) {
+        x->breq = NULL;
+        st = xfer_finish(agent, x, p);
+    } else if (st != PDX_INPROGRESS) {
+        x->breq = NULL;
+        pdx_error("agent %s: xfer post to %s over %s: %s", agent->name,
+                  x->peer_name, b->name, pdx_status_string(st));
+    }
+    x->status = st;
+out:
+    pthread_mutex_unlock(&agent->lock);
+    return st;
+}
+
+pdx_status_t pdx_xfer_check(pdx_xfer_h x)
+{
+    pdx_agent_h agent = x->agent;
+    pthread_mutex_lock(&agent->lock);
+    if (x->status == PDX_INPROGRESS) {
+        struct pdx_backend *b = agent->backends[x->bindex];
+        b->ops->progress(b->be);
+        pdx_xfer_progress_locked(agent, x);
+        if (x->status == PDX_INPROGRESS) {
+            /* Liveness and timeouts are checked by the full progress. */
+            pdx_agent_progress_locked(agent);
+        }
+    }
+    pdx_status_t st = x->status;
+    pthread_mutex_unlock(&agent->lock);
+    return st;
+}
+
+void pdx_xfer_release(pdx_xfer_h x)
+{
+    if (x == NULL) {
+        return;
+    }
+    pdx_agent_h agent = x->agent;
+    pthread_mutex_lock(&agent->lock);
+    if (x->breq != NULL) {
+        agent->backends[x->bindex]->ops->xfer_release(
+            agent->backends[x->bindex]->be, x->breq);
+        x->breq = NULL;
+    }
+    xfer_unlink(agent, x);
+    xfer_free(x);
+    pthread_mutex_unlock(&agent->lock);
+}
+
+size_t pdx_xfer_segments(pdx_xfer_h x) { return x->niov; }
+
+/* Prepared lists. */
+
+pdx_status_t pdx_dlist_prepare(pdx_agent_h agent, const char *peer,
+                               const pdx_desc_list_t *list,
+                               pdx_dlist_h *dlist_p)
+{
+    if (list == NULL || dlist_p == NULL || (list->count > 0 &&
+                                            list->descs == NULL)) {
+        return PDX_ERR_INVALID;
+    }
+    if (list->count > UINT32_MAX) {
+        return PDX_ERR_TOO_LARGE;
+    }
+    pdx_status_t st = PDX_OK;
+    struct pdx_dlist *d = calloc(1, sizeof(*d));
+    if (d == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    d->agent = agent;
+    d->mem_type = list->mem_type;
+    d->count = list->count;
+    d->entries = malloc((list->count ? list->count : 1) * sizeof(*d->entries));
+    if (d->entries == NULL) {
+        free(d);
+        return PDX_ERR_NOMEM;
+    }
+    size_t capset = 0;
+    pthread_mutex_lock(&agent->lock);
+    pdx_peer_t *p = NULL;
+    if (peer != NULL) {
+        p = pdx_peer_find(agent, peer);
+        if (p == NULL) {
+            pdx_error("agent %s: prepare: unknown peer %s", agent->name, peer);
+            st = PDX_ERR_NOT_FOUND;
+            goto err;
+        }
+        d->remote = true;
+        snprintf(d->peer_name, sizeof(d->peer_name), "%s", peer);
+        d->peer_epoch = p->epoch;
+    }
+    void *last = NULL;
+    for (size_t i = 0; i < list->count; i++) {
+        const pdx_desc_t *e = &list->descs[i];
+        void *region;
+        if (e->len == 0) {
+            st = PDX_ERR_INVALID;
+            goto err;
+        }
+        if (p != NULL) {
+            pdx_peer_region_t *g = last;
+            if (g == NULL || e->addr < g->region.addr ||
+                e->addr - g->region.addr > g->region.len - e->len ||
+                e->len > g->region.len) {
+                g = pdx_peer_region_find(p, list->mem_type, e->addr, e->len);
+            }
+            region = g;
+        } else {
+            struct pdx_mem_reg *r = last;
+            if (r == NULL || e->addr < r->region.addr ||
+                e->addr - r->region.addr > r->region.len - e->len ||
+                e->len > r->region.len) {
+                r = pdx_reg_find(agent, list->mem_type, e->addr, e->len);
+                if (r != NULL &&
+                    (st = distinct_add(&d->regs, &d->nregs, &capset, r)) !=
+                        PDX_OK) {
+                    goto err;
+                }
+            }
+            region = r;
+        }
+        if (region == NULL) {
+            pdx_error("agent %s: prepare: descriptor %zu 0x%llx+%llu is not "
+                      "in %s registered memory", agent->name, i,
+                      (unsigned long long)e->addr, (unsigned long long)e->len,
+                      p ? p->name : "this agent's");
+            st = PDX_ERR_NOT_FOUND;
+            goto err;
+        }
+        last = region;
+        d->entries[i] = (pdx_dlist_entry_t){.addr = e->addr, .len = e->len,
+                                            .region = region};
+    }
+    for (size_t i = 0; i < d->nregs; i++) {
+        d->regs[i]->users++;
+    }
+    pthread_mutex_unlock(&agent->lock);
+    *dlist_p = d;
+    return PDX_OK;
+err:
+    pthread_mutex_unlock(&agent->lock);
+    free(d->regs);
+    free(d->entries);
+    free(d);
+    return st;
+}
+
+void pdx_dlist_release(pdx_dlist_h d)
+{
+    if (d == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&d->agent->lock);
+    for (size_t i = 0; i < d->nregs; i++) {
+        d->regs[i]->users--;
+    }
+    pthread_mutex_unlock(&d->agent->lock);
+    free(d->regs);
+    free(d->entries);
+    free(d);
+}
+
+pdx_status_t pdx_xfer_make(pdx_agent_h agent, pdx_xfer_op_t op,
+                           pdx_dlist_h local, const uint32_t *local_idx,
+                           pdx_dlist_h remote, const uint32_t *remote_idx,
+                           size_t n, const void *notif, size_t notif_len,
+                           pdx_xfer_h *xfer_p)
+{
+    if (local == NULL || remote == NULL || local->remote || !remote->remote ||
+        local_idx == NULL || remote_idx == NULL || n == 0 || xfer_p == NULL ||
+        local->agent != agent || remote->agent != agent ||
+        (op != PDX_XFER_READ && op != PDX_XFER_WRITE)) {
+        pdx_error("agent %s: xfer make: invalid arguments", agent->name);
+        return PDX_ERR_INVALID;
+    }
+    pdx_status_t st = check_notif(agent, notif, notif_len);
+    if (st != PDX_OK) {
+        return st;
+    }
+    struct pdx_xfer *x = NULL;
+    pthread_mutex_lock(&agent->lock);
+    pdx_peer_t *p = pdx_peer_find(agent, remote->peer_name);
+    if (p == NULL || p->epoch != remote->peer_epoch) {
+        pdx_error("agent %s: xfer make: prepared list for %s is stale",
+                  agent->name, remote->peer_name);
+        st = PDX_ERR_STALE;
+        goto out;
+    }
+    x = xfer_new(agent, op, p, notif, notif_len, n);
+    if (x == NULL) {
+        st = PDX_ERR_NOMEM;
+        goto out;
+    }
+    const pdx_dlist_entry_t *le = local->entries, *re = remote->entries;
+    void *lreg_last = NULL, *rreg_last = NULL;
+    void *lmd = NULL, *rmd = NULL;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t li = local_idx[i], ri = remote_idx[i];
+        if (li >= local->count || ri >= remote->count ||
+            le[li].len != re[ri].len) {
+            pdx_error("agent %s: xfer make: pair %zu (%u, %u) out of range "
+                      "or of unequal length", agent->name, i, li, ri);
+            st = PDX_ERR_INVALID;
+            goto err;
+        }
+        if (le[li].region != lreg_last || re[ri].region != rreg_last) {
+            struct pdx_mem_reg *lr = le[li].region;
+            pdx_peer_region_t *rr = re[ri].region;
+            if (x->bindex < 0) {
+                x->bindex = choose_backend(agent, p, op, lr, rr);
+                if (x->bindex < 0) {
+                    pdx_error("agent %s: xfer make: no backend reaches peer "
+                              "%s for this memory", agent->name, p->name);
+                    st = PDX_ERR_UNSUPPORTED;
+                    goto err;
+                }
+            }
+            lmd = lr->md[x->bindex];
+            rmd = rr->rmd[x->bindex];
+            if (lmd == NULL || rmd == NULL) {
+                st = PDX_ERR_UNSUPPORTED;
+                goto err;
+            }
+            lreg_last = lr;
+            rreg_last = rr;
+        }
+        iov_append(x, le[li].addr, re[ri].addr, le[li].len, lmd, rmd);
+    }
+    if ((st = hold_regs(x, local->regs, local->nregs)) != PDX_OK) {
+        goto err;
+    }
+    if (x->niov < n / 2) {
+        /* Give back what merging saved. */
+        void *shrunk = realloc(x->iov, x->niov * sizeof(*x->iov));
+        if (shrunk != NULL) {
+            x->iov = shrunk;
+        }
+    }
+    xfer_link(agent, x);
+    *xfer_p = x;
+    st = PDX_OK;
+    goto out;
+err:
+    xfer_free(x);
+out:
+    pthread_mutex_unlock(&agent->lock);
+    return st;
+}
