@@ -235,7 +235,7 @@ static pdx_status_t parse_header(rd_t *r, size_t len)
     uint32_t version = (uint32_t)rd_int(r, 2, "version");
     uint32_t hlen = (uint32_t)rd_int(r, 2, "header_len");
     uint64_t body = rd_int(r, 4, "body_len");
-    rd_int(r, 4, "reserved");
+    uint32_t reserved = (uint32_t)rd_int(r, 4, "reserved");
     uint64_t sum = rd_int(r, 8, "checksum");
     if (version != PDX_BLOB_VERSION) {
         snprintf(r->why, r->why_len,
@@ -246,6 +246,11 @@ static pdx_status_t parse_header(rd_t *r, size_t len)
     if (hlen != PDX_BLOB_HEADER_LEN) {
         snprintf(r->why, r->why_len, "header length %u, expected %u", hlen,
                  PDX_BLOB_HEADER_LEN);
+        return PDX_ERR_CORRUPT;
+    }
+    if (reserved != 0) {
+        snprintf(r->why, r->why_len, "reserved header field is 0x%x, not 0",
+                 reserved);
         return PDX_ERR_CORRUPT;
     }
     if (body + PDX_BLOB_HEADER_LEN > PDX_BLOB_MAX_LEN) {

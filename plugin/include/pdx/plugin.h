@@ -1,0 +1,99 @@
+/* The exported, versioned function table of libpdx.so, for stacks that
+ * dlopen pdx and call through one symbol (`pdx_plugin_v1`).
+ *
+ * Rules: `abi_version` and `size` come first; fields are only ever
+ * appended. Before calling a field added after the first release, check
+ * `table->size > offsetof(pdx_plugin_v1_t, field)`. Every function has the
+ * contract of the plain C function of the same name (pdx/agent.h, xfer.h,
+ * notif.h, connector headers). */
+#ifndef PDX_PLUGIN_H
+#define PDX_PLUGIN_H
+
+#include <stddef.h>
+
+#include <pdx/agent.h>
+#include <pdx/log.h>
+#include <pdx/notif.h>
+#include <pdx/xfer.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PDX_PLUGIN_ABI_VERSION 1u
+#define PDX_PLUGIN_SYMBOL "pdx_plugin_v1"
+
+typedef struct pdx_plugin_v1 {
+    uint32_t abi_version;
+    uint32_t size;
+    const char *version; /* pdx release, e.g. "0.1.0" */
+
+    const char *(*status_string)(pdx_status_t);
+    void (*log_set_handler)(pdx_log_cb_t, void *);
+    void (*log_set_level)(pdx_log_level_t);
+
+    pdx_status_t (*agent_create)(const char *, const pdx_agent_params_t *,
+                                 pdx_agent_h *);
+    void (*agent_destroy)(pdx_agent_h);
+    const char *(*agent_name)(pdx_agent_h);
+    pdx_status_t (*backend_create)(pdx_agent_h, const char *,
+                                   const pdx_kv_t *, size_t, pdx_backend_h *);
+    pdx_status_t (*backend_probe)(const char *, uint64_t *, char *, size_t);
+    pdx_status_t (*mem_register)(pdx_agent_h, pdx_mem_type_t, uint64_t,
+                                 uint64_t, uint32_t, uint64_t,
+                                 pdx_mem_reg_h *);
+    pdx_status_t (*mem_deregister)(pdx_agent_h, pdx_mem_reg_h);
+    pdx_status_t (*agent_describe)(pdx_agent_h, void **, size_t *);
+    void (*blob_free)(void *);
+    pdx_status_t (*peer_load)(pdx_agent_h, const void *, size_t, char *);
+    pdx_status_t (*peer_unload)(pdx_agent_h, const char *);
+    pdx_status_t (*peer_state)(pdx_agent_h, const char *);
+    pdx_status_t (*agent_set_invariant)(pdx_agent_h, const char *,
+                                        const char *);
+    int (*progress)(pdx_agent_h);
+    int (*agent_event_fd)(pdx_agent_h);
+
+    pdx_status_t (*xfer_create)(pdx_agent_h, pdx_xfer_op_t,
+                                const pdx_desc_list_t *,
+                                const pdx_desc_list_t *, const char *,
+                                const void *, size_t, pdx_xfer_h *);
+    pdx_status_t (*xfer_post)(pdx_xfer_h);
+    pdx_status_t (*xfer_check)(pdx_xfer_h);
+    void (*xfer_release)(pdx_xfer_h);
+    size_t (*xfer_segments)(pdx_xfer_h);
+    pdx_status_t (*dlist_prepare)(pdx_agent_h, const char *,
+                                  const pdx_desc_list_t *, pdx_dlist_h *);
+    void (*dlist_release)(pdx_dlist_h);
+    pdx_status_t (*xfer_make)(pdx_agent_h, pdx_xfer_op_t, pdx_dlist_h,
+                              const uint32_t *, pdx_dlist_h,
+                              const uint32_t *, size_t, const void *, size_t,
+                              pdx_xfer_h *);
+    pdx_status_t (*notif_send)(pdx_agent_h, const char *, const void *,
+                               size_t);
+    int (*notif_poll)(pdx_agent_h, pdx_notif_cb_t, void *);
+    pdx_status_t (*blob_describe)(const void *, size_t, char **, char *,
+                                  size_t);
+} pdx_plugin_v1_t;
+
+_Static_assert(offsetof(pdx_plugin_v1_t, abi_version) == 0, "abi first");
+_Static_assert(offsetof(pdx_plugin_v1_t, size) == 4, "size second");
+_Static_assert(offsetof(pdx_plugin_v1_t, version) == 8, "v1 layout");
+
+/* The table; `size` is sizeof(pdx_plugin_v1_t) of this build. */
+PDX_API extern const pdx_plugin_v1_t pdx_plugin_v1;
+
+/* pdx release string ("0.1.0"). */
+PDX_API const char *pdx_version(void);
+
+/* Decode a metadata blob into human-readable text (for pdx-info). On
+ * success *text_p is malloc'd (free with pdx_blob_free); on failure `why`
+ * names what is wrong and the status says how (PDX_ERR_CORRUPT, ...).
+ * Pure function: no agent; thread-safe. */
+PDX_API pdx_status_t pdx_blob_describe(const void *blob, size_t len,
+                                       char **text_p, char *why,
+                                       size_t why_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

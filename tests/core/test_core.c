@@ -1,0 +1,580 @@
+/* Agent core tests over the in-process mock backend: metadata blob
+ * defects, transfers with merging and notifications, prepared lists,
+ * stale peers, invariants, registration rules. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include <pdx/pdx.h>
+
+#include "blob.h"
+#include "mock_backend.h"
+
+#define MB (1u << 20)
+
+typedef struct side {
+    pdx_agent_h agent;
+    unsigned char *mem;
+    size_t len;
+    pdx_mem_reg_h reg;
+    char peer[PDX_NAME_MAX];
+} side_t;
+
+typedef struct notes {
+    int count;
+    char last[256];
+    char from[PDX_NAME_MAX];
+    /* checked inside the callback: the data is there when the note is */
+    const unsigned char *watch;
+    unsigned char expect;
+    int data_was_ready;
+} notes_t;
+
+static void on_note(void *arg, const char *peer, const void *msg, size_t len)
+{
+    notes_t *n = arg;
+    n->count++;
+    snprintf(n->from, sizeof(n->from), "%s", peer);
+    size_t c = len < sizeof(n->last) - 1 ? len : sizeof(n->last) - 1;
+    memcpy(n->last, msg, c);
+    n->last[c] = '\0';
+    if (n->watch != NULL) {
+        n->data_was_ready = n->watch[0] == n->expect;
+    }
+}
+
+static void side_init(side_t *s, const char *name, size_t len)
+{
+    assert_int_equal(pdx_agent_create(name, NULL, &s->agent), PDX_OK);
+    assert_int_equal(pdx_backend_create_with_ops(s->agent, &mock_backend_ops,
+                                                 NULL, 0, NULL),
+                     PDX_OK);
+    s->len = len;
+    s->mem = calloc(1, len);
+    assert_non_null(s->mem);
+    assert_int_equal(pdx_mem_register(s->agent, PDX_MEM_DRAM,
+                                      (uintptr_t)s->mem, len, 0, 0, &s->reg),
+                     PDX_OK);
+}
+
+static void side_fini(side_t *s)
+{
+    pdx_agent_destroy(s->agent);
+    free(s->mem);
+}
+
+static void connect_pair(side_t *a, side_t *b)
+{
+    void *blob;
+    size_t len;
+    assert_int_equal(pdx_agent_describe(b->agent, &blob, &len), PDX_OK);
+    assert_int_equal(pdx_peer_load(a->agent, blob, len, a->peer), PDX_OK);
+    pdx_blob_free(blob);
+    assert_int_equal(pdx_agent_describe(a->agent, &blob, &len), PDX_OK);
+    assert_int_equal(pdx_peer_load(b->agent, blob, len, b->peer), PDX_OK);
+    pdx_blob_free(blob);
+}
+
+static pdx_status_t wait_xfer(pdx_xfer_h x, side_t *other)
+{
+    pdx_status_t st = PDX_INPROGRESS;
+    for (int i = 0; i < 100000 && st == PDX_INPROGRESS; i++) {
+        st = pdx_xfer_check(x);
+        pdx_progress(other->agent);
+    }
+    return st;
+}
+
+static void test_status_strings(void **state)
+{
+    assert_string_equal(pdx_status_string(PDX_OK), "success");
+    assert_string_equal(pdx_status_string(PDX_ERR_REMOTE_DISCONNECT),
+                        "remote disconnected");
+    assert_string_equal(pdx_status_string((pdx_status_t)-999),
+                        "unknown status");
+}
+
+static void test_agent_names(void **state)
+{
+    pdx_agent_h a = NULL;
+    assert_int_equal(pdx_agent_create("", NULL, &a), PDX_ERR_INVALID);
+    assert_int_equal(pdx_agent_create("bad name", NULL, &a), PDX_ERR_INVALID);
+    char longname[100];
+    memset(longname, 'a', sizeof(longname) - 1);
+    longname[99] = '\0';
+    assert_int_equal(pdx_agent_create(longname, NULL, &a), PDX_ERR_INVALID);
+    assert_null(a);
+    assert_int_equal(pdx_agent_create("glm52-p-dp0", NULL, &a), PDX_OK);
+    assert_string_equal(pdx_agent_name(a), "glm52-p-dp0");
+    assert_true(pdx_agent_event_fd(a) >= 0);
+    pdx_agent_destroy(a);
+}
+
+/* A described agent's blob, for defect tests. */
+static void make_blob(side_t *s, void **blob, size_t *len)
+{
+    side_init(s, "blob-src", MB);
+    assert_int_equal(pdx_agent_set_invariant(s->agent, "hash_algo",
+                                             "xxhash_cbor"), PDX_OK);
+    assert_int_equal(pdx_agent_describe(s->agent, blob, len), PDX_OK);
+}
+
+static void test_blob_roundtrip(void **state)
+{
+    side_t s;
+    void *blob;
+    size_t len;
+    make_blob(&s, &blob, &len);
+    char why[256];
+    pdx_blob_t *b = NULL;
+    assert_int_equal(pdx_blob_parse(blob, len, &b, why, sizeof(why)), PDX_OK);
+    assert_string_equal(b->name, "blob-src");
+    assert_int_equal(b->nregions, 1);
+    assert_int_equal(b->regions[0].region.addr, (uintptr_t)s.mem);
+    assert_int_equal(b->ninv, 1);
+    assert_string_equal(b->inv[0].value, "xxhash_cbor");
+    pdx_blob_free_parsed(b);
+    char *text = NULL;
+    assert_int_equal(pdx_blob_describe(blob, len, &text, why, sizeof(why)),
+                     PDX_OK);
+    assert_non_null(strstr(text, "agent:      blob-src"));
+    assert_non_null(strstr(text, "hash_algo = xxhash_cbor"));
+    pdx_blob_free(text);
+    pdx_blob_free(blob);
+    side_fini(&s);
+}
+
+static void test_blob_truncated(void **state)
+{
+    side_t s, t;
+    void *blob;
+    size_t len;
+    make_blob(&s, &blob, &len);
+    side_init(&t, "blob-dst", MB);
+    for (size_t cut = 0; cut < len; cut++) {
+        /* A fresh copy of exactly `cut` bytes so ASan sees any overread. */
+        unsigned char *copy = malloc(cut ? cut : 1);
+        memcpy(copy, blob, cut);
+        char why[256] = "";
+        pdx_blob_t *b = NULL;
+        pdx_status_t st = pdx_blob_parse(copy, cut, &b, why, sizeof(why));
+        assert_int_equal(st, PDX_ERR_CORRUPT);
+        assert_null(b);
+        assert_true(strlen(why) > 0);
+        assert_int_equal(pdx_peer_load(t.agent, copy, cut, NULL),
+                         PDX_ERR_CORRUPT);
+        free(copy);
+    }
+    pdx_blob_free(blob);
+    side_fini(&t);
+    side_fini(&s);
+}
+
+static void test_blob_flipped(void **state)
+{
+    side_t s;
+    void *blob;
+    size_t len;
+    make_blob(&s, &blob, &len);
+    unsigned char *copy = malloc(len);
+    for (size_t i = 0; i < len; i++) {
+        for (int bit = 0; bit < 8; bit += 3) {
+            memcpy(copy, blob, len);
+            copy[i] ^= (unsigned char)(1u << bit);
+            char why[256] = "";
+            pdx_blob_t *b = NULL;
+            pdx_status_t st = pdx_blob_parse(copy, len, &b, why, sizeof(why));
+            if (st == PDX_OK) {
+                pdx_blob_free_parsed(b);
+                fail_msg("flip of byte %zu bit %d was accepted", i, bit);
+            }
+            assert_true(st == PDX_ERR_CORRUPT || st == PDX_ERR_VERSION ||
+                        st == PDX_ERR_TOO_LARGE);
+        }
+    }
+    free(copy);
+    pdx_blob_free(blob);
+    side_fini(&s);
+}
+
+static void test_blob_version_and_size(void **state)
+{
+    side_t s;
+    void *blob;
+    size_t len;
+    make_blob(&s, &blob, &len);
+    unsigned char *copy = malloc(len);
+    memcpy(copy, blob, len);
+    copy[4] = 2; /* version 2, checksum covers the body only */
+    char why[256] = "";
+    pdx_blob_t *b = NULL;
+    assert_int_equal(pdx_blob_parse(copy, len, &b, why, sizeof(why)),
+                     PDX_ERR_VERSION);
+    assert_non_null(strstr(why, "version 2"));
+    /* Oversized: rejected before a single byte is read. */
+    assert_int_equal(pdx_blob_parse(copy, (size_t)PDX_BLOB_MAX_LEN + 1, &b,
+                                    why, sizeof(why)),
+                     PDX_ERR_TOO_LARGE);
+    free(copy);
+    pdx_blob_free(blob);
+    side_fini(&s);
+}
+
+/* Well-formed framing and checksum around a lying body. */
+static void test_blob_crafted_counts(void **state)
+{
+    pdx_wbuf_t w = {0};
+    pdx_blob_begin(&w);
+    pdx_wbuf_str(&w, "evil");
+    pdx_wbuf_u64(&w, 1);
+    pdx_wbuf_u32(&w, 1);
+    pdx_wbuf_u32(&w, 1);
+    pdx_wbuf_str(&w, "host");
+    pdx_wbuf_u16(&w, 0);          /* invariants */
+    pdx_wbuf_u16(&w, 0);          /* backends */
+    pdx_wbuf_u32(&w, 0x7fffffff); /* regions the blob cannot hold */
+    assert_int_equal(pdx_blob_finish(&w), PDX_OK);
+    char why[256] = "";
+    pdx_blob_t *b = NULL;
+    assert_int_equal(pdx_blob_parse(w.data, w.len, &b, why, sizeof(why)),
+                     PDX_ERR_CORRUPT);
+    assert_non_null(strstr(why, "region count"));
+    free(w.data);
+
+    memset(&w, 0, sizeof(w));
+    pdx_blob_begin(&w);
+    pdx_wbuf_str(&w, "evil");
+    pdx_wbuf_u64(&w, 1);
+    pdx_wbuf_u32(&w, 1);
+    pdx_wbuf_u32(&w, 1);
+    pdx_wbuf_str(&w, "host");
+    pdx_wbuf_u16(&w, 0);
+    pdx_wbuf_u16(&w, 1);
+    pdx_wbuf_str(&w, "mock");
+    pdx_wbuf_u32(&w, 1000); /* connection info longer than the blob */
+    assert_int_equal(pdx_blob_finish(&w), PDX_OK);
+    assert_int_equal(pdx_blob_parse(w.data, w.len, &b, why, sizeof(why)),
+                     PDX_ERR_CORRUPT);
+    assert_non_null(strstr(why, "truncated"));
+    free(w.data);
+}
+
+static void test_write_read_notif(void **state)
+{
+    side_t a, b;
+    side_init(&a, "p0", 4 * MB);
+    side_init(&b, "d0", 4 * MB);
+    connect_pair(&a, &b);
+    assert_string_equal(a.peer, "d0");
+    for (size_t i = 0; i < a.len; i++) {
+        a.mem[i] = (unsigned char)(i * 7 + 1);
+    }
+    /* 64 contiguous descriptors merge into one piece. */
+    pdx_desc_t l[64], r[64];
+    for (int i = 0; i < 64; i++) {
+        l[i] = (pdx_desc_t){.addr = (uintptr_t)a.mem + i * 8448u, .len = 8448};
+        r[i] = (pdx_desc_t){.addr = (uintptr_t)b.mem + i * 8448u, .len = 8448};
+    }
+    pdx_desc_list_t ll = {PDX_MEM_DRAM, l, 64}, rl = {PDX_MEM_DRAM, r, 64};
+    pdx_xfer_h x;
+    assert_int_equal(pdx_xfer_create(a.agent, PDX_XFER_WRITE, &ll, &rl, "d0",
+                                     "done-1", 6, &x), PDX_OK);
+    assert_int_equal(pdx_xfer_segments(x), 1);
+    notes_t notes = {.watch = b.mem + 63 * 8448, .expect = a.mem[63 * 8448]};
+    assert_int_equal(pdx_notif_poll(b.agent, on_note, &notes), 0);
+    pdx_status_t st = pdx_xfer_post(x);
+    assert_true(st == PDX_OK || st == PDX_INPROGRESS);
+    assert_int_equal(wait_xfer(x, &b), PDX_OK);
+    assert_memory_equal(a.mem, b.mem, 64 * 8448);
+    assert_int_equal(pdx_notif_poll(b.agent, on_note, &notes), 1);
+    assert_string_equal(notes.last, "done-1");
+    assert_string_equal(notes.from, "p0");
+    assert_true(notes.data_was_ready);
+    /* Repost the same request after completion. */
+    assert_true(pdx_xfer_post(x) >= PDX_OK);
+    assert_int_equal(wait_xfer(x, &b), PDX_OK);
+    pdx_xfer_release(x);
+
+    /* READ back into another place, non-contiguous: no merging. */
+    for (int i = 0; i < 64; i++) {
+        l[i].addr = (uintptr_t)a.mem + 2 * MB + i * 16896u;
+        r[i].addr = (uintptr_t)b.mem + i * 8448u;
+    }
+    assert_int_equal(pdx_xfer_create(a.agent, PDX_XFER_READ, &ll, &rl, "d0",
+                                     NULL, 0, &x), PDX_OK);
+    assert_int_equal(pdx_xfer_segments(x), 64);
+    pdx_xfer_post(x);
+    assert_int_equal(wait_xfer(x, &b), PDX_OK);
+    for (int i = 0; i < 64; i++) {
+        assert_memory_equal(a.mem + 2 * MB + i * 16896u, b.mem + i * 8448u,
+                            8448);
+    }
+    pdx_xfer_release(x);
+
+    /* Standalone notifications keep their order. */
+    assert_int_equal(pdx_notif_send(b.agent, "p0", "one", 3), PDX_OK);
+    assert_int_equal(pdx_notif_send(b.agent, "p0", "two", 3), PDX_OK);
+    notes_t n2 = {0};
+    assert_int_equal(pdx_notif_poll(a.agent, on_note, &n2), 2);
+    assert_string_equal(n2.last, "two");
+    assert_int_equal(pdx_notif_send(b.agent, "nobody", "x", 1),
+                     PDX_ERR_NOT_FOUND);
+    char big[PDX_NOTIF_MAX + 1];
+    memset(big, 'x', sizeof(big));
+    assert_int_equal(pdx_notif_send(b.agent, "p0", big, sizeof(big)),
+                     PDX_ERR_TOO_LARGE);
+    side_fini(&a);
+    side_fini(&b);
+}
+
+static void test_prepared_lists(void **state)
+{
+    enum { N = 100000, SZ = 64 };
+    side_t a, b;
+    side_init(&a, "p1", (size_t)N * SZ);
+    side_init(&b, "d1", (size_t)N * SZ);
+    connect_pair(&a, &b);
+    pdx_desc_t *d = malloc(N * sizeof(*d));
+    for (size_t i = 0; i < N; i++) {
+        d[i] = (pdx_desc_t){.addr = (uintptr_t)a.mem + i * SZ, .len = SZ};
+        a.mem[i * SZ] = (unsigned char)i;
+    }
+    pdx_desc_list_t ll = {PDX_MEM_DRAM, d, N};
+    pdx_dlist_h lp, rp;
+    assert_int_equal(pdx_dlist_prepare(a.agent, NULL, &ll, &lp), PDX_OK);
+    for (size_t i = 0; i < N; i++) {
+        d[i].addr = (uintptr_t)b.mem + i * SZ;
+    }
+    assert_int_equal(pdx_dlist_prepare(a.agent, "d1", &ll, &rp), PDX_OK);
+    uint32_t *li = malloc(N * sizeof(*li)), *ri = malloc(N * sizeof(*ri));
+    /* Blocks 0..N/2 in order (one run), then reversed pairs (no merge). */
+    for (uint32_t i = 0; i < N; i++) {
+        li[i] = i;
+        ri[i] = i < N / 2 ? i : (uint32_t)(N - 1 - (i - N / 2));
+    }
+    pdx_xfer_h x;
+    assert_int_equal(pdx_xfer_make(a.agent, PDX_XFER_WRITE, lp, li, rp, ri, N,
+                                   NULL, 0, &x), PDX_OK);
+    assert_int_equal(pdx_xfer_segments(x), 1 + N / 2);
+    pdx_xfer_post(x);
+    assert_int_equal(wait_xfer(x, &b), PDX_OK);
+    for (uint32_t i = 0; i < N; i++) {
+        assert_int_equal(b.mem[(size_t)ri[i] * SZ], (unsigned char)li[i]);
+    }
+    pdx_xfer_release(x);
+    /* Out-of-range index. */
+    li[0] = N;
+    assert_int_equal(pdx_xfer_make(a.agent, PDX_XFER_WRITE, lp, li, rp, ri, 1,
+                                   NULL, 0, &x), PDX_ERR_INVALID);
+    /* A region used by a prepared list cannot be deregistered. */
+    assert_int_equal(pdx_mem_deregister(a.agent, a.reg), PDX_ERR_BUSY);
+    pdx_dlist_release(lp);
+    pdx_dlist_release(rp);
+    assert_int_equal(pdx_mem_deregister(a.agent, a.reg), PDX_OK);
+    free(li);
+    free(ri);
+    free(d);
+    side_fini(&a);
+    side_fini(&b);
+}
+
+static void test_stale_peer(void **state)
+{
+    side_t a, b;
+    side_init(&a, "p2", MB);
+    side_init(&b, "d2", MB);
+    connect_pair(&a, &b);
+    pdx_desc_t l = {.addr = (uintptr_t)a.mem, .len = 4096};
+    pdx_desc_t r = {.addr = (uintptr_t)b.mem, .len = 4096};
+    pdx_desc_list_t ll = {PDX_MEM_DRAM, &l, 1}, rl = {PDX_MEM_DRAM, &r, 1};
+    pdx_xfer_h x;
+    assert_int_equal(pdx_xfer_create(a.agent, PDX_XFER_WRITE, &ll, &rl, "d2",
+                                     NULL, 0, &x), PDX_OK);
+    pdx_dlist_h rp;
+    assert_int_equal(pdx_dlist_prepare(a.agent, "d2", &rl, &rp), PDX_OK);
+    /* Loading the same description again changes nothing. */
+    void *blob;
+    size_t len;
+    assert_int_equal(pdx_agent_describe(b.agent, &blob, &len), PDX_OK);
+    assert_int_equal(pdx_peer_load(a.agent, blob, len, NULL), PDX_OK);
+    pdx_blob_free(blob);
+    assert_true(pdx_xfer_post(x) >= PDX_OK);
+    assert_int_equal(wait_xfer(x, &b), PDX_OK);
+    /* The peer changes (new generation): old handles are stale. */
+    unsigned char *more = malloc(4096);
+    pdx_mem_reg_h reg2;
+    assert_int_equal(pdx_mem_register(b.agent, PDX_MEM_DRAM, (uintptr_t)more,
+                                      4096, 0, 0, &reg2), PDX_OK);
+    assert_int_equal(pdx_agent_describe(b.agent, &blob, &len), PDX_OK);
+    assert_int_equal(pdx_peer_load(a.agent, blob, len, NULL), PDX_OK);
+    pdx_blob_free(blob);
+    assert_int_equal(pdx_xfer_post(x), PDX_ERR_STALE);
+    pdx_xfer_h y;
+    uint32_t zero = 0;
+    pdx_dlist_h lp;
+    assert_int_equal(pdx_dlist_prepare(a.agent, NULL, &ll, &lp), PDX_OK);
+    assert_int_equal(pdx_xfer_make(a.agent, PDX_XFER_WRITE, lp, &zero, rp,
+                                   &zero, 1, NULL, 0, &y), PDX_ERR_STALE);
+    pdx_xfer_release(x);
+    pdx_dlist_release(rp);
+    /* Unload: requests fail as stale too. */
+    assert_int_equal(pdx_xfer_create(a.agent, PDX_XFER_WRITE, &ll, &rl, "d2",
+                                     NULL, 0, &x), PDX_OK);
+    mock_hold_completion = 1;
+    assert_int_equal(pdx_xfer_post(x), PDX_INPROGRESS);
+    assert_int_equal(pdx_peer_unload(a.agent, "d2"), PDX_OK);
+    mock_hold_completion = 0;
+    assert_int_equal(pdx_xfer_check(x), PDX_ERR_STALE);
+    assert_int_equal(pdx_xfer_post(x), PDX_ERR_STALE);
+    assert_int_equal(pdx_peer_unload(a.agent, "d2"), PDX_ERR_NOT_FOUND);
+    assert_int_equal(pdx_peer_state(a.agent, "d2"), PDX_ERR_NOT_FOUND);
+    pdx_xfer_release(x);
+    pdx_dlist_release(lp);
+    side_fini(&a);
+    side_fini(&b);
+    free(more);
+}
+
+static void test_invariants(void **state)
+{
+    side_t a, b;
+    side_init(&a, "p3", MB);
+    side_init(&b, "d3", MB);
+    pdx_agent_set_invariant(a.agent, "none_hash", "1ebe3657");
+    pdx_agent_set_invariant(b.agent, "none_hash", "a9d2e634");
+    void *blob;
+    size_t len;
+    assert_int_equal(pdx_agent_describe(b.agent, &blob, &len), PDX_OK);
+    assert_int_equal(pdx_peer_load(a.agent, blob, len, NULL),
+                     PDX_ERR_MISMATCH);
+    pdx_blob_free(blob);
+    /* Equal now, but a key only one side has is a mismatch too. */
+    pdx_agent_set_invariant(b.agent, "none_hash", "1ebe3657");
+    pdx_agent_set_invariant(b.agent, "block_size", "64");
+    assert_int_equal(pdx_agent_describe(b.agent, &blob, &len), PDX_OK);
+    assert_int_equal(pdx_peer_load(a.agent, blob, len, NULL),
+                     PDX_ERR_MISMATCH);
+    pdx_blob_free(blob);
+    pdx_agent_set_invariant(a.agent, "block_size", "64");
+    assert_int_equal(pdx_agent_describe(b.agent, &blob, &len), PDX_OK);
+    assert_int_equal(pdx_peer_load(a.agent, blob, len, NULL), PDX_OK);
+    pdx_blob_free(blob);
+    assert_int_equal(pdx_agent_set_invariant(a.agent, "", "x"),
+                     PDX_ERR_INVALID);
+    side_fini(&a);
+    side_fini(&b);
+}
+
+static void test_bad_requests(void **state)
+{
+    side_t a, b;
+    side_init(&a, "p4", MB);
+    side_init(&b, "d4", MB);
+    connect_pair(&a, &b);
+    unsigned char other[64];
+    pdx_desc_t l = {.addr = (uintptr_t)other, .len = 64};
+    pdx_desc_t r = {.addr = (uintptr_t)b.mem, .len = 64};
+    pdx_desc_list_t ll = {PDX_MEM_DRAM, &l, 1}, rl = {PDX_MEM_DRAM, &r, 1};
+    pdx_xfer_h x = NULL;
+    assert_int_equal(pdx_xfer_create(a.agent, PDX_XFER_WRITE, &ll, &rl, "d4",
+                                     NULL, 0, &x), PDX_ERR_NOT_FOUND);
+    l.addr = (uintptr_t)a.mem;
+    r.addr = (uintptr_t)b.mem + MB - 32; /* runs past the peer's region */
+    assert_int_equal(pdx_xfer_create(a.agent, PDX_XFER_WRITE, &ll, &rl, "d4",
+                                     NULL, 0, &x), PDX_ERR_NOT_FOUND);
+    r.addr = (uintptr_t)b.mem;
+    r.len = 32;
+    assert_int_equal(pdx_xfer_create(a.agent, PDX_XFER_WRITE, &ll, &rl, "d4",
+                                     NULL, 0, &x), PDX_ERR_INVALID);
+    r.len = 64;
+    assert_int_equal(pdx_xfer_create(a.agent, PDX_XFER_WRITE, &ll, &rl, "zz",
+                                     NULL, 0, &x), PDX_ERR_NOT_FOUND);
+    assert_null(x);
+    /* Overlapping registration is refused. */
+    pdx_mem_reg_h reg;
+    assert_int_equal(pdx_mem_register(a.agent, PDX_MEM_DRAM,
+                                      (uintptr_t)a.mem + 100, 10, 0, 0, &reg),
+                     PDX_ERR_EXISTS);
+    /* A backend failure at post is reported, and the request reusable. */
+    assert_int_equal(pdx_xfer_create(a.agent, PDX_XFER_WRITE, &ll, &rl, "d4",
+                                     NULL, 0, &x), PDX_OK);
+    mock_fail_next_post = 1;
+    assert_int_equal(pdx_xfer_post(x), PDX_ERR_BACKEND);
+    assert_true(pdx_xfer_post(x) >= PDX_OK);
+    assert_int_equal(wait_xfer(x, &b), PDX_OK);
+    /* Released while in flight: nothing leaks (valgrind/ASan check). */
+    mock_hold_completion = 1;
+    assert_int_equal(pdx_xfer_post(x), PDX_INPROGRESS);
+    assert_int_equal(pdx_xfer_post(x), PDX_ERR_BUSY);
+    pdx_xfer_release(x);
+    mock_hold_completion = 0;
+    /* Own blob is not a peer. */
+    void *blob;
+    size_t len;
+    assert_int_equal(pdx_agent_describe(a.agent, &blob, &len), PDX_OK);
+    assert_int_equal(pdx_peer_load(a.agent, blob, len, NULL), PDX_ERR_INVALID);
+    pdx_blob_free(blob);
+    side_fini(&a);
+    side_fini(&b);
+}
+
+static void test_timeout(void **state)
+{
+    side_t a, b;
+    pdx_agent_params_t p = {.field_mask = PDX_AGENT_PARAM_XFER_TIMEOUT,
+                            .xfer_timeout_ms = 20};
+    assert_int_equal(pdx_agent_create("p5", &p, &a.agent), PDX_OK);
+    assert_int_equal(pdx_backend_create_with_ops(a.agent, &mock_backend_ops,
+                                                 NULL, 0, NULL), PDX_OK);
+    a.len = MB;
+    a.mem = calloc(1, MB);
+    assert_int_equal(pdx_mem_register(a.agent, PDX_MEM_DRAM, (uintptr_t)a.mem,
+                                      MB, 0, 0, &a.reg), PDX_OK);
+    side_init(&b, "d5", MB);
+    connect_pair(&a, &b);
+    pdx_desc_t l = {.addr = (uintptr_t)a.mem, .len = 64};
+    pdx_desc_t r = {.addr = (uintptr_t)b.mem, .len = 64};
+    pdx_desc_list_t ll = {PDX_MEM_DRAM, &l, 1}, rl = {PDX_MEM_DRAM, &r, 1};
+    pdx_xfer_h x;
+    assert_int_equal(pdx_xfer_create(a.agent, PDX_XFER_WRITE, &ll, &rl, "d5",
+                                     NULL, 0, &x), PDX_OK);
+    mock_hold_completion = 1; /* a hung peer */
+    assert_int_equal(pdx_xfer_post(x), PDX_INPROGRESS);
+    pdx_status_t st = PDX_INPROGRESS;
+    for (int i = 0; i < 2000 && st == PDX_INPROGRESS; i++) {
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+        st = pdx_xfer_check(x);
+    }
+    mock_hold_completion = 0;
+    assert_int_equal(st, PDX_ERR_TIMEOUT);
+    pdx_xfer_release(x);
+    side_fini(&a);
+    side_fini(&b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_status_strings),
+        cmocka_unit_test(test_agent_names),
+        cmocka_unit_test(test_blob_roundtrip),
+        cmocka_unit_test(test_blob_truncated),
+        cmocka_unit_test(test_blob_flipped),
+        cmocka_unit_test(test_blob_version_and_size),
+        cmocka_unit_test(test_blob_crafted_counts),
+        cmocka_unit_test(test_write_read_notif),
+        cmocka_unit_test(test_prepared_lists),
+        cmocka_unit_test(test_stale_peer),
+        cmocka_unit_test(test_invariants),
+        cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_timeout),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
