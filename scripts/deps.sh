@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the Debian packages pdx needs, only those missing. Sourced or run
+# by demo.sh and test.sh; needs root (or sudo) when something is missing.
+set -euo pipefail
+PDX_DEPS=(cmake make gcc pkg-config libucx-dev ucx-utils libxxhash-dev
+          libcjson-dev libcmocka-dev libssl-dev)
+if [ "${PDX_WITH_CHECK_TOOLS:-0}" = 1 ]; then
+    PDX_DEPS+=(valgrind clang libclang-rt-14-dev python3-cbor2 python3-xxhash)
+fi
+missing=()
+for p in "${PDX_DEPS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+        || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "deps: installing ${missing[*]}"
+    SUDO=""
+    [ "$(id -u)" = 0 ] || SUDO=sudo
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null \
+        || { $SUDO apt-get update >/dev/null && \
+             $SUDO apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; }
+fi

@@ -1,0 +1,102 @@
+/* pdx-info: version and ABI, backends found (caps, or why unavailable), and
+ * with --blob FILE a metadata blob decoded or its defect named. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <pdx/backend.h>
+#include <pdx/pdx.h>
+
+static const char *known[] = {"ucx", "cuda_ipc"};
+
+static void caps_string(uint64_t c, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s%s%s%s%s%s%s", c & PDX_BACKEND_CAP_DRAM ? "DRAM " : "",
+             c & PDX_BACKEND_CAP_VRAM ? "VRAM " : "",
+             c & PDX_BACKEND_CAP_READ ? "read " : "",
+             c & PDX_BACKEND_CAP_WRITE ? "write " : "",
+             c & PDX_BACKEND_CAP_NOTIF ? "notif " : "",
+             c & PDX_BACKEND_CAP_SAME_HOST ? "same-host " : "",
+             c & PDX_BACKEND_CAP_EVENT_FD ? "event-fd" : "");
+}
+
+static int show_blob(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        fprintf(stderr, "pdx-info: cannot open %s\n", path);
+        return 2;
+    }
+    size_t cap = 1 << 16, len = 0;
+    unsigned char *buf = malloc(cap);
+    for (;;) {
+        if (len == cap) {
+            if (cap >= (128u << 20)) {
+                fprintf(stderr, "pdx-info: %s: larger than 128 MiB\n", path);
+                fclose(f);
+                free(buf);
+                return 1;
+            }
+            cap *= 2;
+            buf = realloc(buf, cap);
+        }
+        size_t n = fread(buf + len, 1, cap - len, f);
+        if (n == 0) {
+            break;
+        }
+        len += n;
+    }
+    fclose(f);
+    char *text = NULL, why[256] = "";
+    pdx_status_t st = pdx_blob_describe(buf, len, &text, why, sizeof(why));
+    free(buf);
+    if (st != PDX_OK) {
+        fprintf(stderr, "pdx-info: %s: %s: %s\n", path, pdx_status_string(st),
+                why);
+        return 1;
+    }
+    fputs(text, stdout);
+    pdx_blob_free(text);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "--blob") == 0) {
+        return show_blob(argv[2]);
+    }
+    if (argc != 1) {
+        fprintf(stderr, "usage: pdx-info [--blob FILE]\n");
+        return 2;
+    }
+    printf("pdx %s, plugin ABI %u (table %u bytes), backend ABI %u\n",
+           pdx_version(), pdx_plugin_v1.abi_version, pdx_plugin_v1.size,
+           PDX_BACKEND_ABI_VERSION);
+    printf("PDX_PLUGIN_PATH=%s\n", getenv("PDX_PLUGIN_PATH")
+                                       ? getenv("PDX_PLUGIN_PATH") : "(unset)");
+    printf("backends:\n");
+    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
+        uint64_t caps = 0;
+        char why[512] = "", cs[128];
+        pdx_status_t st = pdx_backend_probe(known[i], &caps, why, sizeof(why));
+        if (st == PDX_OK) {
+            caps_string(caps, cs, sizeof(cs));
+            printf("  %s: available (%s)\n", known[i], cs);
+        } else {
+            printf("  %s: unavailable: %s\n", known[i], why);
+        }
+    }
+    /* The transports UCX picks with pdx's defaults. */
+    pdx_log_set_level(PDX_LOG_ERROR);
+    pdx_agent_h a;
+    if (pdx_agent_create("pdx-info", NULL, &a) == PDX_OK) {
+        pdx_backend_h be;
+        if (pdx_backend_create(a, "ucx", NULL, 0, &be) == PDX_OK) {
+            char d[512];
+            pdx_backend_describe(be, d, sizeof(d));
+            printf("  in use: %s\n", d);
+        }
+        pdx_agent_destroy(a);
+    }
+    return 0;
+}
