@@ -1,0 +1,329 @@
+/* pdx offload tier: an in-process host-memory pool of fixed-size KV blocks,
+ * content-addressed by block hash, that a rank saves sealed blocks into and
+ * restores prefixes from (also as the only cache, "pure-L2" mode).
+ *
+ * Model
+ * - One pool per rank. Its byte budget is the host's offload budget split
+ *   evenly across the ranks that share the host; the pool preallocates one
+ *   slab of (per-rank budget / slot size) block slots and its index up
+ *   front; saves, queries and loads allocate nothing, a lease one small
+ *   record (4 bytes per block it pins).
+ * - A block is either `retained` (saved locally) or `reclaimable` (fetched
+ *   from a peer, or demoted by owner hints once enough live owners hold it).
+ *   Each class is an LRU. Under pressure the pool evicts the reclaimable LRU
+ *   tail first, then the retained LRU tail, and never a leased block. A hit
+ *   or a duplicate save refreshes a block's LRU place; neither changes its
+ *   class. Classes only ever move retained -> reclaimable.
+ * - Restore is query (longest present prefix) -> lease (pins that prefix) ->
+ *   load (copies payloads into the caller's blocks) -> release.
+ * - Saves are asynchronous by default: pdx_offload_save_async() queues the
+ *   block and returns; a worker thread copies it into the pool off the
+ *   caller's step path. pdx_offload_save() is the synchronous variant and
+ *   pdx_offload_reserve()/commit() the zero-copy one (the caller fills the
+ *   slot, e.g. by a device-to-host DMA).
+ *
+ * Threads: every function is thread-safe unless it says otherwise. One mutex
+ * guards the index and the LRUs; payload copies run outside it, on blocks
+ * that a lease or a reservation pins, so large copies never serialise
+ * lookups, and a slot is never written while anyone may read it.
+ *
+ * Memory per indexed block (besides the payload slot): a 64-byte metadata
+ * record (key, LRU links, lease and owner counts: one cache line) plus 16..32
+ * bytes of hash table (8-byte entries, the next power of two >= 2 x capacity,
+ * so the load factor stays <= 0.5): 80 B per block at 2^20 blocks.
+ * pdx_offload_stats() reports the exact figure.
+ *
+ * Cost: a query walks its keys as a software pipeline (prefetching buckets,
+ * slots and LRU neighbours several keys ahead), so a prefix of many keys
+ * costs far less per key than single-key queries, whose cache misses are
+ * serial. */
+#ifndef PDX_KV_OFFLOAD_H
+#define PDX_KV_OFFLOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <pdx/export.h>
+#include <pdx/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PDX_OFFLOAD_KEY_MAX 32
+
+/* A block key: opaque hash bytes, 1..32 of them. The layout is identical to
+ * pdx_block_hash_t (pdx/kv_hash.h), so a block hash may be memcpy'd or cast
+ * into it. Bytes past `len` are ignored. The pool indexes by the first 8
+ * bytes (mixed) and compares the full key, so distinct keys never alias. */
+typedef struct pdx_offload_key {
+    uint8_t bytes[PDX_OFFLOAD_KEY_MAX];
+    uint8_t len;
+} pdx_offload_key_t;
+
+#ifndef __cplusplus
+_Static_assert(sizeof(pdx_offload_key_t) == 33, "pdx_offload_key_t layout");
+#endif
+
+typedef struct pdx_offload_pool *pdx_offload_pool_h;
+typedef struct pdx_offload_lease *pdx_offload_lease_h;
+
+typedef enum pdx_offload_class {
+    PDX_OFFLOAD_RETAINED = 0,    /* saved locally; evicted after reclaimable */
+    PDX_OFFLOAD_RECLAIMABLE = 1, /* fetched from a peer, or demoted */
+} pdx_offload_class_t;
+
+#define PDX_OFFLOAD_NUM_CLASSES 2
+
+/* Pool flags (pdx_offload_params_t.flags). */
+enum {
+    /* Run a save worker thread; without it pdx_offload_save_async() saves
+     * inline. */
+    PDX_OFFLOAD_FLAG_ASYNC_SAVE = 1u << 0,
+    /* madvise(MADV_HUGEPAGE) on the slab (transparent huge pages). */
+    PDX_OFFLOAD_FLAG_HUGEPAGE = 1u << 1,
+    /* Fault the whole slab in at creation: creation takes time in
+     * proportion to the budget (the kernel zeroes every page), and in
+     * exchange the first save into a slot runs at copy bandwidth instead of
+     * page-fault speed (measured 0.1-0.3x memcpy without it). On by
+     * default, like pinning host buffers at startup. */
+    PDX_OFFLOAD_FLAG_PREFAULT = 1u << 2,
+};
+
+/* Copies `len` bytes from `src` to `dst`, complete on return. Called from the
+ * saving thread (the worker for async saves) and from pdx_offload_load()'s
+ * caller, possibly concurrently; must not call back into the pool. Lets a
+ * GPU stack copy device memory to the slab and back. */
+typedef void (*pdx_offload_copy_cb_t)(void *arg, void *dst, const void *src,
+                                      size_t len);
+
+/* pdx_offload_params_t.field_mask bits. */
+enum {
+    PDX_OFFLOAD_PARAM_BUDGET_BYTES = 1u << 0,    /* required */
+    PDX_OFFLOAD_PARAM_NRANKS_PER_HOST = 1u << 1, /* default 1 */
+    PDX_OFFLOAD_PARAM_BLOCK_BYTES = 1u << 2,     /* required */
+    PDX_OFFLOAD_PARAM_FLAGS = 1u << 3,           /* default: all three flags */
+    PDX_OFFLOAD_PARAM_QUEUE_DEPTH = 1u << 4,     /* default 256 */
+    PDX_OFFLOAD_PARAM_DEMOTE_OWNERS = 1u << 5,   /* default 3 */
+    PDX_OFFLOAD_PARAM_COPY = 1u << 6,            /* default memcpy */
+};
+
+typedef struct pdx_offload_params {
+    uint64_t field_mask;
+    /* Host offload budget in bytes, split evenly across nranks_per_host. */
+    uint64_t budget_bytes;
+    /* Ranks sharing the host budget; per-rank budget = budget / nranks. */
+    uint32_t nranks_per_host;
+    /* PDX_OFFLOAD_FLAG_* */
+    uint32_t flags;
+    /* Payload bytes of one block; every block has this size (3,502,592 for
+     * GLM-5.2 FP8 + MTP). Slots are rounded up to 64 bytes. */
+    uint64_t block_bytes;
+    /* Async save queue entries (1..65536). */
+    uint32_t queue_depth;
+    /* A block with this many live owners (pdx_offload_add_owner()) is
+     * demoted to reclaimable (1..65535). */
+    uint32_t demote_owners;
+    /* Copy function and its argument (PDX_OFFLOAD_PARAM_COPY). */
+    pdx_offload_copy_cb_t copy_cb;
+    void *copy_arg;
+} pdx_offload_params_t;
+
+/* Counters; a snapshot taken under the pool lock. Append-only. */
+typedef struct pdx_offload_stats {
+    uint64_t capacity_blocks;       /* slots in the slab */
+    uint64_t block_bytes;           /* payload bytes per block */
+    uint64_t slot_bytes;            /* block_bytes rounded up to 64 */
+    uint64_t slab_bytes;            /* capacity_blocks * slot_bytes */
+    uint64_t index_bytes;           /* metadata + hash table bytes */
+    uint64_t index_bytes_per_block; /* index_bytes / capacity_blocks */
+    uint64_t blocks[PDX_OFFLOAD_NUM_CLASSES]; /* indexed, by class */
+    uint64_t leased_blocks;  /* blocks pinned by at least one lease */
+    uint64_t filling_blocks; /* reserved, not yet committed */
+    uint64_t hits;           /* blocks found by query/lease (prefix) */
+    uint64_t misses;         /* blocks asked for past the prefix */
+    uint64_t evictions[PDX_OFFLOAD_NUM_CLASSES]; /* by class */
+    uint64_t demotions;     /* retained -> reclaimable by owner hints */
+    uint64_t saves;         /* blocks stored (committed) */
+    uint64_t dup_saves;     /* saves of a key already present */
+    uint64_t no_space;      /* saves refused: every slot pinned */
+    uint64_t dropped_saves; /* async saves dropped: queue full */
+    uint64_t queued_saves;  /* async saves waiting or running now */
+    uint64_t bytes_saved;   /* payload bytes copied into the pool */
+    uint64_t bytes_loaded;  /* payload bytes copied out of the pool */
+} pdx_offload_stats_t;
+
+/* Create a pool. `params` is read during the call only. Fails with
+ * PDX_ERR_INVALID for a missing required field or a value out of range,
+ * PDX_ERR_CONFIG (logged) when the per-rank budget holds no block,
+ * PDX_ERR_TOO_LARGE over 2^30 blocks, PDX_ERR_NOMEM / PDX_ERR_IO when the
+ * slab, index or worker cannot be set up. On success *pool_p owns the slab
+ * and, with ASYNC_SAVE, a worker thread. Blocks while allocating (and while
+ * faulting the slab in with PREFAULT). */
+PDX_API pdx_status_t pdx_offload_create(const pdx_offload_params_t *params,
+                                        pdx_offload_pool_h *pool_p);
+
+/* Destroy a pool: the worker stops, the save it is copying completes, the
+ * callback of every save still queued runs with PDX_ERR_CANCELED, then the
+ * slab is unmapped. Every lease must have been released and no other call
+ * may be in progress or follow; live leases are logged as an error (and
+ * leaked). Blocks until the worker has exited. NULL is a no-op. */
+PDX_API void pdx_offload_destroy(pdx_offload_pool_h pool);
+
+/* Longest prefix of keys[0..n) present in the pool, in *prefix_p. Hits
+ * refresh LRU places: the prefix becomes the most recently used run of its
+ * class, keys[0] most recent, so a prefix's tail is evicted before its root.
+ * Blocks being saved (not yet committed) are not present. Counts hits and
+ * misses. `keys` is read during the call only. Never blocks beyond the pool
+ * lock. PDX_ERR_INVALID for a NULL argument or a key length out of 1..32. */
+PDX_API pdx_status_t pdx_offload_query(pdx_offload_pool_h pool,
+                                       const pdx_offload_key_t *keys, size_t n,
+                                       size_t *prefix_p);
+
+/* As pdx_offload_query(), then pins the prefix: leased blocks are never
+ * evicted nor overwritten until pdx_offload_release(). On success *lease_p
+ * (owned by the caller, to release exactly once) holds *count_p >= 1 blocks,
+ * in key order. PDX_ERR_NOT_FOUND when keys[0] is absent (nothing leased,
+ * outputs untouched), PDX_ERR_NOMEM if the lease cannot be allocated. */
+PDX_API pdx_status_t pdx_offload_lease(pdx_offload_pool_h pool,
+                                       const pdx_offload_key_t *keys, size_t n,
+                                       pdx_offload_lease_h *lease_p,
+                                       size_t *count_p);
+
+/* Number of blocks a lease pins. Thread-safe while the lease is live. */
+PDX_API size_t pdx_offload_lease_count(pdx_offload_lease_h lease);
+
+/* Address of leased block `index` in the slab (block_bytes readable), for
+ * zero-copy readers (e.g. a host-to-device DMA from a registered slab).
+ * Valid until the lease is released; must not be written. */
+PDX_API pdx_status_t pdx_offload_lease_block(pdx_offload_pool_h pool,
+                                             pdx_offload_lease_h lease,
+                                             size_t index, const void **addr_p);
+
+/* One copy of pdx_offload_load(): leased block `index` -> `dst`. */
+typedef struct pdx_offload_load_item {
+    size_t index; /* position in the lease, < pdx_offload_lease_count() */
+    void *dst;    /* block_bytes writable bytes of the caller's */
+} pdx_offload_load_item_t;
+
+/* Copy leased blocks into the caller's memory (a scatter list: any subset,
+ * any order, a block may be copied to several places). Every item is
+ * checked before anything is copied (PDX_ERR_INVALID). Blocks for the copy
+ * time; takes no lock while copying, so several threads may load from the
+ * same or different leases at once (e.g. each a slice of the items). The
+ * destinations must not overlap the slab. */
+PDX_API pdx_status_t pdx_offload_load(pdx_offload_pool_h pool,
+                                      pdx_offload_lease_h lease,
+                                      const pdx_offload_load_item_t *items,
+                                      size_t n);
+
+/* Unpin a lease's blocks and free the lease; they return to the head of
+ * their class's LRU (first block most recent). The lease must not be used
+ * afterwards and no load from it may be running. NULL is a no-op. */
+PDX_API void pdx_offload_release(pdx_offload_pool_h pool,
+                                 pdx_offload_lease_h lease);
+
+/* Store a block synchronously: copies block_bytes from `src` (read during
+ * the call only) into a slot, evicting if needed, and indexes it under
+ * `key` in class `cls`. A key already present (or being saved) is a
+ * duplicate: its LRU place is refreshed, its class kept, nothing copied,
+ * and PDX_OK returned. PDX_ERR_NO_SPACE (counted) when every slot is leased
+ * or being filled. Blocks for the copy; no lock is held while copying. */
+PDX_API pdx_status_t pdx_offload_save(pdx_offload_pool_h pool,
+                                      const pdx_offload_key_t *key,
+                                      const void *src, pdx_offload_class_t cls);
+
+/* Completion of an async save: status PDX_OK (stored or duplicate),
+ * PDX_ERR_NO_SPACE, or PDX_ERR_CANCELED (pool destroyed first). Runs on the
+ * worker thread (or inline without ASYNC_SAVE), exactly once per accepted
+ * save, with no pool lock held; from then on `src` is the caller's again.
+ * It may call pool functions that do not wait on the save queue (not
+ * pdx_offload_flush(), pdx_offload_destroy(), nor save_async with
+ * PDX_OFFLOAD_SAVE_WAIT). */
+typedef void (*pdx_offload_save_cb_t)(void *arg, const pdx_offload_key_t *key,
+                                      pdx_status_t status);
+
+/* pdx_offload_save_async() flags. */
+enum {
+    /* When the queue is full, wait for room instead of dropping. */
+    PDX_OFFLOAD_SAVE_WAIT = 1u << 0,
+};
+
+/* Queue a save of `src` under `key` (copied into the entry) and return; the
+ * worker copies the block in later, as pdx_offload_save() would. `src` must
+ * stay valid and unchanged until the callback runs (or, with cb NULL, until
+ * a pdx_offload_flush() that covers it returns). When the queue is full the
+ * save is dropped (counted in dropped_saves) and PDX_ERR_BUSY returned,
+ * unless `flags` has PDX_OFFLOAD_SAVE_WAIT, in which case the call blocks
+ * until there is room. On any error the callback never runs and `src` is
+ * free at once. Takes only the queue lock: never waits on lookups or
+ * copies (except with SAVE_WAIT). Without ASYNC_SAVE it saves inline and
+ * returns the save's status, the callback running before it returns. */
+PDX_API pdx_status_t
+pdx_offload_save_async(pdx_offload_pool_h pool, const pdx_offload_key_t *key,
+                       const void *src, pdx_offload_class_t cls, uint32_t flags,
+                       pdx_offload_save_cb_t cb, void *cb_arg);
+
+/* Wait until every async save accepted before this call has completed (its
+ * callback returned). timeout_ms < 0 waits without limit, 0 polls.
+ * PDX_ERR_TIMEOUT if the deadline passes first. Must not be called from a
+ * save callback. */
+PDX_API pdx_status_t pdx_offload_flush(pdx_offload_pool_h pool,
+                                       int64_t timeout_ms);
+
+/* A slot reserved for a zero-copy save. */
+typedef struct pdx_offload_resv {
+    void *dst;     /* block_bytes writable slab bytes */
+    uint32_t slot; /* private */
+    uint32_t gen;  /* private */
+} pdx_offload_resv_t;
+
+/* Reserve a slot for `key` (evicting if needed) for the caller to fill at
+ * resv_p->dst, then publish it with pdx_offload_commit() or give it back
+ * with pdx_offload_abort(), exactly once. Until then the block is invisible
+ * to queries and is not evictable. PDX_ERR_EXISTS if the key is present or
+ * being saved (its LRU place refreshed, class kept), PDX_ERR_NO_SPACE
+ * (counted) when every slot is pinned. Never blocks beyond the pool lock. */
+PDX_API pdx_status_t pdx_offload_reserve(pdx_offload_pool_h pool,
+                                         const pdx_offload_key_t *key,
+                                         pdx_offload_class_t cls,
+                                         pdx_offload_resv_t *resv_p);
+
+/* Publish a filled reservation: the block becomes present, most recently
+ * used of its class. PDX_ERR_INVALID for a reservation that is not live. */
+PDX_API pdx_status_t pdx_offload_commit(pdx_offload_pool_h pool,
+                                        const pdx_offload_resv_t *resv);
+
+/* Drop a reservation; the slot becomes free. */
+PDX_API pdx_status_t pdx_offload_abort(pdx_offload_pool_h pool,
+                                       const pdx_offload_resv_t *resv);
+
+/* Owner hints: another live holder of the block appeared / went away (e.g.
+ * a peer rank that has it). When a retained block reaches demote_owners
+ * owners it is demoted to reclaimable; dropping owners never promotes it
+ * back. Counts start at 0 when a block is stored and are forgotten when it
+ * is evicted; drop_owner at 0 stays at 0. PDX_ERR_NOT_FOUND if the key is
+ * not present. Never blocks beyond the pool lock. */
+PDX_API pdx_status_t pdx_offload_add_owner(pdx_offload_pool_h pool,
+                                           const pdx_offload_key_t *key);
+PDX_API pdx_status_t pdx_offload_drop_owner(pdx_offload_pool_h pool,
+                                            const pdx_offload_key_t *key);
+
+/* Class of a present block in *cls_p; PDX_ERR_NOT_FOUND if absent. Does not
+ * count as a use (no LRU refresh, no hit). */
+PDX_API pdx_status_t pdx_offload_class_of(pdx_offload_pool_h pool,
+                                          const pdx_offload_key_t *key,
+                                          pdx_offload_class_t *cls_p);
+
+/* The slab, for registering it with a transport or cudaHostRegister. */
+PDX_API pdx_status_t pdx_offload_slab(pdx_offload_pool_h pool, void **addr_p,
+                                      size_t *len_p);
+
+/* Snapshot of the counters into *stats_p. */
+PDX_API pdx_status_t pdx_offload_stats(pdx_offload_pool_h pool,
+                                       pdx_offload_stats_t *stats_p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
