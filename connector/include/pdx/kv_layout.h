@@ -1,0 +1,206 @@
+/* KV layout: a model's KV cache as arenas (one per layer and cache kind)
+ * that share block ids, the layout's fingerprint, and the descriptor lists
+ * for a set of block ids (per block, or with contiguous runs merged, or
+ * paired against a peer's layout).
+ *
+ * A layout is built by one thread (create, add_arena, set_base, carve);
+ * once built, every read-only function may run concurrently. Nothing here
+ * allocates or touches arena memory: base addresses are numbers supplied by
+ * the caller (or carved out of one caller buffer). No function blocks. */
+#ifndef PDX_KV_LAYOUT_H
+#define PDX_KV_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <pdx/export.h>
+#include <pdx/status.h>
+#include <pdx/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Cache kind of an arena. The values are part of the fingerprint: append
+ * only. */
+typedef enum pdx_kv_kind {
+    PDX_KV_KIND_MLA = 0,     /* MLA latent cache (e.g. fp8_ds_mla) */
+    PDX_KV_KIND_INDEX_K = 1, /* sparse-attention indexer keys */
+    PDX_KV_KIND_KV = 2,      /* plain attention K and V pages */
+} pdx_kv_kind_t;
+
+/* Static name ("mla", "index_k", "kv"); NULL outside the enum. */
+PDX_API const char *pdx_kv_kind_to_string(pdx_kv_kind_t kind);
+
+/* Longest arena name, without its NUL. */
+#define PDX_ARENA_NAME_MAX 63
+
+/* Optional fields of pdx_arena_t; the others are always read. */
+enum {
+    PDX_ARENA_FIELD_IS_MTP = 1u << 0,       /* default 0 */
+    PDX_ARENA_FIELD_BLOCK_TOKENS = 1u << 1, /* default: the layout's */
+    PDX_ARENA_FIELD_STRIDE = 1u << 2,       /* default: block bytes */
+    PDX_ARENA_FIELD_BASE = 1u << 3,         /* default 0 (set later) */
+    PDX_ARENA_FIELD_MEM_TYPE = 1u << 4,     /* default PDX_MEM_DRAM */
+    PDX_ARENA_FIELD_DEV_ID = 1u << 5,       /* default 0 */
+    PDX_ARENA_FIELD_ALL = (1u << 6) - 1,
+};
+
+/* One arena: `num_blocks` blocks of `block_tokens * bytes_per_token` bytes
+ * ("block bytes"), block b at base + b * stride. Block id b names block b
+ * of every arena in the layout. */
+typedef struct pdx_arena {
+    uint64_t field_mask;
+    const char *name; /* unique in the layout, 1..PDX_ARENA_NAME_MAX chars */
+    uint32_t layer;
+    pdx_kv_kind_t kind;
+    int is_mtp; /* the arena belongs to a multi-token-prediction layer */
+    uint32_t bytes_per_token;
+    uint32_t block_tokens; /* must equal the layout's block size */
+    uint64_t num_blocks;
+    uint64_t base;
+    uint64_t stride;         /* >= block bytes */
+    pdx_mem_type_t mem_type; /* one memory type per layout */
+    uint32_t dev_id;
+} pdx_arena_t;
+
+typedef struct pdx_layout *pdx_layout_h;
+
+/* Creates an empty layout of `block_tokens`-token blocks (> 0). The caller
+ * owns *layout_p (written only on success; pdx_layout_destroy frees it).
+ * PDX_ERR_INVALID, PDX_ERR_NOMEM. */
+PDX_API pdx_status_t pdx_layout_create(uint32_t block_tokens,
+                                       pdx_layout_h *layout_p);
+
+/* Frees `layout` (NULL is a no-op). */
+PDX_API void pdx_layout_destroy(pdx_layout_h layout);
+
+/* Appends a copy of *arena (the name is copied) and writes its index to
+ * *index_p when index_p is non-NULL. PDX_ERR_INVALID for a missing or too
+ * long name, zero bytes_per_token or num_blocks, a block_tokens other than
+ * the layout's, a stride below the block bytes, a block bytes or arena span
+ * overflowing 64 bits, or a mem_type other than the first arena's;
+ * PDX_ERR_EXISTS for a duplicate name; PDX_ERR_NOMEM. The layout is
+ * unchanged on error. */
+PDX_API pdx_status_t pdx_layout_add_arena(pdx_layout_h layout,
+                                          const pdx_arena_t *arena,
+                                          size_t *index_p);
+
+/* Number of arenas. */
+PDX_API size_t pdx_layout_num_arenas(pdx_layout_h layout);
+
+/* Copies arena `index` to *arena_p with every field set (field_mask =
+ * PDX_ARENA_FIELD_ALL). arena_p->name points into the layout and lives as
+ * long as it. PDX_ERR_NOT_FOUND for an index out of range. */
+PDX_API pdx_status_t pdx_layout_get_arena(pdx_layout_h layout, size_t index,
+                                          pdx_arena_t *arena_p);
+
+/* Index of the arena called `name`; PDX_ERR_NOT_FOUND if none. */
+PDX_API pdx_status_t pdx_layout_find_arena(pdx_layout_h layout,
+                                           const char *name, size_t *index_p);
+
+/* Sets the base address and device of arena `index` (memory arrives after
+ * the shape is known). PDX_ERR_NOT_FOUND, or PDX_ERR_INVALID if the arena
+ * would wrap the address space. */
+PDX_API pdx_status_t pdx_layout_set_base(pdx_layout_h layout, size_t index,
+                                         uint64_t base, uint32_t dev_id);
+
+PDX_API uint32_t pdx_layout_block_tokens(pdx_layout_h layout);
+
+/* Memory type shared by the arenas (PDX_MEM_DRAM while there are none). */
+PDX_API pdx_mem_type_t pdx_layout_mem_type(pdx_layout_h layout);
+
+/* Usable block ids are 0..num_blocks-1: the smallest arena's block count
+ * (0 while there are no arenas). */
+PDX_API uint64_t pdx_layout_num_blocks(pdx_layout_h layout);
+
+/* KV bytes of one block id summed over all arenas (strides not counted). */
+PDX_API uint64_t pdx_layout_bytes_per_block(pdx_layout_h layout);
+
+/* Fingerprint: XXH3-64 over what two peers must agree on to exchange block
+ * ids: a format tag, the block size, the arena count and, per arena in
+ * order, name, layer, kind, is_mtp, bytes_per_token and block_tokens.
+ * Arena order is covered because descriptor lists follow it.
+ * Left out, on purpose, as each side's private business: base addresses and
+ * devices (each side's own memory), block counts (P and D pools differ in
+ * size), strides (descriptors are computed per side, so a padded pool still
+ * pairs with a packed one) and memory type (an offload tier in DRAM pairs
+ * with a GPU pool). */
+PDX_API uint64_t pdx_layout_fingerprint(pdx_layout_h layout);
+
+/* Per block per arena: for arena a (in order) and ids[i], desc
+ * out[a * n + i] = {base + ids[i] * stride, block bytes, dev_id}. Needs
+ * num_arenas * n entries. With out == NULL only *count_p is written.
+ * PDX_ERR_INVALID for an id >= pdx_layout_num_blocks, PDX_ERR_TOO_LARGE if
+ * max_out is short; out and *count_p are written only on success. */
+PDX_API pdx_status_t pdx_layout_block_descs(pdx_layout_h layout,
+                                            const uint64_t *ids, size_t n,
+                                            pdx_desc_t *out, size_t max_out,
+                                            size_t *count_p);
+
+/* As pdx_layout_block_descs, arena by arena, but a run of ids k, k+1, ...
+ * in that order becomes one descriptor in an arena whose stride equals its
+ * block bytes. Repeated or descending ids are never merged. At most
+ * num_arenas * n entries; out == NULL counts only. */
+PDX_API pdx_status_t pdx_layout_merged_descs(pdx_layout_h layout,
+                                             const uint64_t *ids, size_t n,
+                                             pdx_desc_t *out, size_t max_out,
+                                             size_t *count_p);
+
+/* Paired lists for a transfer of block local_ids[i] <-> remote_ids[i]:
+ * local_out[j] and remote_out[j] have the same length for every j, arena by
+ * arena in layout order. Position i joins the run before it only when both
+ * sides continue a run (local id + 1 and remote id + 1) in arenas whose
+ * strides are packed on both sides. The layouts must have the same
+ * fingerprint (PDX_ERR_MISMATCH otherwise, logged with both values); ids are
+ * checked against each side's block count (PDX_ERR_INVALID). At most
+ * num_arenas * n entries per list; with both outs NULL only *count_p is
+ * written; PDX_ERR_TOO_LARGE if max_out is short. Outputs are written only
+ * on success. */
+PDX_API pdx_status_t pdx_layout_paired_descs(
+    pdx_layout_h local, const uint64_t *local_ids, pdx_layout_h remote,
+    const uint64_t *remote_ids, size_t n, pdx_desc_t *local_out,
+    pdx_desc_t *remote_out, size_t max_out, size_t *count_p);
+
+/* Bytes needed to carve every arena (num_blocks * stride each) out of one
+ * buffer, each arena starting at a multiple of `align` (a power of two, 0
+ * or 1 for none) from the buffer start. UINT64_MAX for a bad align or a
+ * total that overflows. */
+PDX_API uint64_t pdx_layout_carve_size(pdx_layout_h layout, uint64_t align);
+
+/* Assigns arena bases consecutively from `base` (arena order, each aligned
+ * as above) on device `dev_id`. PDX_ERR_NO_SPACE if `size` is below
+ * pdx_layout_carve_size; PDX_ERR_INVALID for a bad align or a wrap. The
+ * caller owns the buffer and keeps it alive while the layout's descriptors
+ * are in use. */
+PDX_API pdx_status_t pdx_layout_carve(pdx_layout_h layout, uint64_t base,
+                                      uint64_t size, uint64_t align,
+                                      uint32_t dev_id);
+
+/* GLM-5.2 FP8 + MTP reference shape, in this arena order: for each layer
+ * 0..77 "layer<L>.mla" (MLA fp8_ds_mla, 656 B/token) then, on IndexShare
+ * layers (0, 1, 2, 6, 10, ..., 74), "layer<L>.index_k" (132 B/token); then
+ * the MTP layer 78: "mtp78.mla" and "mtp78.index_k" (is_mtp = 1). 101
+ * arenas, 64-token blocks, 3,502,592 B per block, packed strides, bases 0
+ * (set them with pdx_layout_set_base or pdx_layout_carve). */
+#define PDX_GLM52_NUM_LAYERS 78
+#define PDX_GLM52_MTP_LAYER 78
+#define PDX_GLM52_BLOCK_TOKENS 64
+#define PDX_GLM52_MLA_BYTES_PER_TOKEN 656
+#define PDX_GLM52_INDEX_K_BYTES_PER_TOKEN 132
+#define PDX_GLM52_NUM_ARENAS 101
+#define PDX_GLM52_BYTES_PER_BLOCK 3502592ull
+
+/* 1 if layer `layer` (0..77) of GLM-5.2 carries an index-K cache. */
+PDX_API int pdx_glm52_has_index_k(uint32_t layer);
+
+/* Builds the GLM-5.2 layout with `num_blocks` blocks per arena on
+ * `mem_type`/`dev_id`. Ownership as pdx_layout_create. */
+PDX_API pdx_status_t pdx_layout_glm52(uint64_t num_blocks,
+                                      pdx_mem_type_t mem_type, uint32_t dev_id,
+                                      pdx_layout_h *layout_p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
