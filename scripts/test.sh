@@ -3,17 +3,19 @@
 #   ./scripts/test.sh            normal build (-Werror), all tests
 #   ./scripts/test.sh --asan     also an ASan+UBSan build and run
 #   ./scripts/test.sh --valgrind also the core tests under valgrind
-#   ./scripts/test.sh --ci       what CI runs: normal + ASan/UBSan + valgrind
+#   ./scripts/test.sh --tsan     also the thread-contract tests under TSan
+#   ./scripts/test.sh --ci       what CI runs: all of the above
 # Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-asan=0 vg=0
+asan=0 vg=0 tsan=0
 for a in "$@"; do
     case "$a" in
         --asan) asan=1 ;;
         --valgrind) vg=1 ;;
-        --ci) asan=1 vg=1 ;;
-        *) echo "usage: $0 [--asan] [--valgrind] [--ci]"; exit 2 ;;
+        --tsan) tsan=1 ;;
+        --ci) asan=1 vg=1 tsan=1 ;;
+        *) echo "usage: $0 [--asan] [--valgrind] [--tsan] [--ci]"; exit 2 ;;
     esac
 done
 [ $vg = 1 ] && export PDX_WITH_CHECK_TOOLS=1
@@ -40,10 +42,23 @@ if [ $asan = 1 ]; then
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         build_and_test build-asan -DPDX_ASAN=ON -DPDX_UBSAN=ON
 fi
+if [ $tsan = 1 ]; then
+    echo "== ThreadSanitizer (thread-contract tests)"
+    cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DPDX_TSAN=ON >/dev/null
+    tsan_tests=(test_threads test_kv_offload)
+    cmake --build build-tsan -j "$jobs" --target "${tsan_tests[@]}"
+    for t in "${tsan_tests[@]}"; do
+        TSAN_OPTIONS=halt_on_error=1 build-tsan/bin/$t >build-tsan/$t.log 2>&1 \
+            || { cat build-tsan/$t.log; echo "tsan: $t failed"; exit 1; }
+        echo "tsan: $t clean"
+    done
+fi
 if [ $vg = 1 ]; then
     echo "== valgrind (core tests)"
-    for t in test_core; do
-        valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
+    for t in test_core test_threads test_kv_hash test_kv_layout test_kv_offload test_kv_config; do
+        [ -x build/bin/$t ] || continue
+        valgrind -q --error-exitcode=1 --leak-check=full \
+            --errors-for-leak-kinds=definite,indirect \
             build/bin/$t >/dev/null 2>build/valgrind-$t.log \
             || { cat build/valgrind-$t.log; echo "valgrind: $t failed"; exit 1; }
         echo "valgrind: $t clean"

@@ -1,6 +1,7 @@
 /* An in-process memcpy backend for testing the agent without a transport:
  * two agents in one process reach each other through pointers. Completion
  * is deferred to the next check so the in-progress paths run. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,9 @@ typedef struct mock_msg {
 
 typedef struct mock_be {
     pdx_backend_host_t host;
+    /* The inbox is written by the peer's agent (under its own lock), so it
+     * has a lock of its own. */
+    pthread_mutex_t inbox_lock;
     mock_msg_t *inbox, *inbox_tail;
 } mock_be_t;
 
@@ -45,6 +49,7 @@ static pdx_status_t m_create(const pdx_backend_host_t *host,
         return PDX_ERR_NOMEM;
     }
     b->host = *host;
+    pthread_mutex_init(&b->inbox_lock, NULL);
     *be_p = b;
     return PDX_OK;
 }
@@ -57,6 +62,7 @@ static void m_destroy(void *be)
         b->inbox = m->next;
         free(m);
     }
+    pthread_mutex_destroy(&b->inbox_lock);
     free(b);
 }
 
@@ -136,12 +142,14 @@ static void deliver(mock_be_t *to, const char *from, const void *msg,
     m->len = len;
     snprintf(m->from, sizeof(m->from), "%s", from);
     memcpy(m->data, msg, len);
+    pthread_mutex_lock(&to->inbox_lock);
     if (to->inbox_tail) {
         to->inbox_tail->next = m;
     } else {
         to->inbox = m;
     }
     to->inbox_tail = m;
+    pthread_mutex_unlock(&to->inbox_lock);
 }
 
 static pdx_status_t m_post(void *be, void *peer, pdx_xfer_op_t op,
@@ -218,12 +226,13 @@ static int m_progress(void *be)
 {
     mock_be_t *b = be;
     int n = 0;
-    for (int guard = 0; b->inbox != NULL && guard < 100000; guard++) {
-        mock_msg_t *m = b->inbox;
-        b->inbox = m->next;
-        if (b->inbox == NULL) {
-            b->inbox_tail = NULL;
-        }
+    pthread_mutex_lock(&b->inbox_lock);
+    mock_msg_t *list = b->inbox;
+    b->inbox = b->inbox_tail = NULL;
+    pthread_mutex_unlock(&b->inbox_lock);
+    while (list != NULL) {
+        mock_msg_t *m = list;
+        list = m->next;
         b->host.notif_recv(b->host.agent_ctx, m->from, m->data, m->len);
         free(m);
         n++;
