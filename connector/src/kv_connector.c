@@ -582,6 +582,27 @@ out:
     return st;
 }
 
+pdx_status_t pdx_kv_params_check(const char *params, size_t len,
+                                 size_t narenas)
+{
+    if (params == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    char *text = malloc(len + 1);
+    if (text == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    memcpy(text, params, len);
+    text[len] = '\0';
+    handoff_t h;
+    pdx_status_t st = handoff_parse(text, narenas, &h);
+    if (st == PDX_OK) {
+        handoff_free(&h);
+    }
+    free(text);
+    return st;
+}
+
 static size_t cap_tokens(const pdx_kv_request_t *r, size_t tokens)
 {
     /* The last prompt token is always recomputed: its logits are needed. */

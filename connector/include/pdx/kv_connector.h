@@ -202,6 +202,13 @@ PDX_API size_t pdx_kv_held_requests(pdx_kv_connector_h conn);
 PDX_API pdx_status_t pdx_kv_offload_stats(pdx_kv_connector_h conn,
                                           pdx_offload_stats_t *stats_p);
 
+/* Validate handoff parameters (`len` bytes of JSON, not necessarily
+ * NUL-terminated) for a layout of `narenas` arenas, as a load would parse
+ * them: PDX_OK, or PDX_ERR_CORRUPT with the reason logged. Pure; for stacks
+ * that want to check what they pass on, and for the fuzzer. */
+PDX_API pdx_status_t pdx_kv_params_check(const char *params, size_t len,
+                                         size_t narenas);
+
 /* Free a string the connector returned. */
 PDX_API void pdx_kv_free(void *p);
 
