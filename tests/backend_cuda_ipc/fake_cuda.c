@@ -87,7 +87,10 @@ static CUstream g_streams[1024];
 static fake_cuda_stats_t g_st;
 static int g_strict;
 
-void fake_cuda_strict(int on) { g_strict = on; }
+void fake_cuda_strict(int on)
+{
+    g_strict = on;
+}
 
 void fake_cuda_stats(fake_cuda_stats_t *s)
 {
@@ -118,7 +121,10 @@ static int phys_ok(CUdevice d)
     return d >= 0 && d < MAX_DEV && ordinal_of(d) >= 0;
 }
 
-static CUcontext cur(void) { return t_depth > 0 ? t_stack[t_depth - 1] : NULL; }
+static CUcontext cur(void)
+{
+    return t_depth > 0 ? t_stack[t_depth - 1] : NULL;
+}
 
 #define NEED_INIT()                                                            \
     do {                                                                       \

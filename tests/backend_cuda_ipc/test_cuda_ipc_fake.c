@@ -44,7 +44,10 @@ static void *mk_on(const pdx_backend_host_t *h, pid_t pid, uint64_t token)
     return be;
 }
 
-static void *mk(pid_t pid) { return mk_on(&host1, pid, (uint64_t)pid * 7); }
+static void *mk(pid_t pid)
+{
+    return mk_on(&host1, pid, (uint64_t)pid * 7);
+}
 
 static void check_depth(void)
 {

@@ -1216,9 +1216,15 @@ int cipc_op_progress(void *be)
     return 0; /* completions are found by xfer_check */
 }
 
-int cipc_op_event_fd(void *be) { return -1; }
+int cipc_op_event_fd(void *be)
+{
+    return -1;
+}
 
-pdx_status_t cipc_op_arm(void *be) { return PDX_ERR_UNSUPPORTED; }
+pdx_status_t cipc_op_arm(void *be)
+{
+    return PDX_ERR_UNSUPPORTED;
+}
 
 void cipc_op_describe(void *be_, char *buf, size_t len)
 {
