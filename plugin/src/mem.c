@@ -100,6 +100,15 @@ pdx_status_t pdx_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
             continue;
         }
         st = be->ops->mem_register(be->be, &r->region, &r->md[b]);
+        if (st == PDX_ERR_UNSUPPORTED) {
+            /* This backend cannot take this memory (e.g. cuda_ipc and a
+             * stream-ordered pool): the others still carry it. */
+            pdx_info("agent %s: backend %s skips region 0x%llx+%llu",
+                     agent->name, be->name, (unsigned long long)addr,
+                     (unsigned long long)len);
+            r->md[b] = NULL;
+            continue;
+        }
         if (st != PDX_OK) {
             pdx_error("agent %s: backend %s could not register 0x%llx+%llu: "
                       "%s", agent->name, be->name, (unsigned long long)addr,

@@ -288,6 +288,11 @@ static pdx_status_t peer_build(pdx_agent_h agent, const pdx_blob_t *b,
             struct pdx_backend *be = agent->backends[mine];
             st = be->ops->rmem_load(be->be, p->bpeer[mine], &g->region,
                                     key->key, key->len, &g->rmd[mine]);
+            if (st == PDX_ERR_UNSUPPORTED) {
+                /* This backend cannot reach this region; others may. */
+                g->rmd[mine] = NULL;
+                continue;
+            }
             if (st != PDX_OK) {
                 pdx_error("peer %s: backend %s could not load the key of "
                           "region 0x%llx+%llu: %s", p->name, be->name,

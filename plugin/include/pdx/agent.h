@@ -92,7 +92,9 @@ PDX_API pdx_status_t pdx_backend_probe(const char *name, uint64_t *caps_p,
 PDX_API void pdx_backend_describe(pdx_backend_h be, char *buf, size_t len);
 
 /* Register a region with every backend that supports its memory type.
- * `flags` are PDX_REGION_F_* of pdx/backend.h (0 normally). Register whole
+ * `flags` are PDX_REGION_F_* of pdx/types.h (0 normally). A backend that
+ * cannot take this region declines and the others carry it; at least one
+ * must take it (PDX_ERR_UNSUPPORTED otherwise). Register whole
  * arenas, not blocks. Regions of one agent must not overlap. Writes *reg_p
  * only on success. Blocking. */
 PDX_API pdx_status_t pdx_mem_register(pdx_agent_h agent, pdx_mem_type_t type,

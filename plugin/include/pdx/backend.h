@@ -51,8 +51,6 @@ typedef struct pdx_region {
     uint64_t flags; /* PDX_REGION_F_* */
 } pdx_region_t;
 
-/* Page-lock a DRAM region for GPU copies (cuda_ipc honours it). */
-#define PDX_REGION_F_PIN (1ull << 0)
 
 /* One merged piece of a transfer. `local_md` is what mem_register returned
  * for the local region holding [local_addr, +len); `remote_md` what
@@ -102,7 +100,9 @@ typedef struct pdx_backend_ops {
     /* Connection info a peer needs to reach us (opaque, portable bytes). */
     pdx_status_t (*conn_info)(void *be, void **buf_p, size_t *len_p);
 
-    /* Register a local region once; `*md_p` is the private handle. */
+    /* Register a local region once; `*md_p` is the private handle.
+     * PDX_ERR_UNSUPPORTED means "not this region" (the agent registers it
+     * with the other backends); other errors fail the registration. */
     pdx_status_t (*mem_register)(void *be, const pdx_region_t *region,
                                  void **md_p);
     void (*mem_deregister)(void *be, void *md);
@@ -117,7 +117,9 @@ typedef struct pdx_backend_ops {
     /* Drop a peer; every request and rmd on it was released before. */
     void (*peer_disconnect)(void *be, void *peer);
 
-    /* Load a peer's region key (from mem_pack on the peer's side). */
+    /* Load a peer's region key (from mem_pack on the peer's side).
+     * PDX_ERR_UNSUPPORTED means this backend cannot reach that region (the
+     * agent leaves it to others); other errors refuse the peer. */
     pdx_status_t (*rmem_load)(void *be, void *peer, const pdx_region_t *region,
                               const void *key, size_t key_len, void **rmd_p);
     void (*rmem_unload)(void *be, void *rmd);

@@ -38,6 +38,10 @@ typedef struct pdx_desc_list {
     size_t count;
 } pdx_desc_list_t;
 
+/* Registration flags (pdx_mem_register). */
+/* Page-lock a DRAM region for GPU copies (cuda_ipc honours it). */
+#define PDX_REGION_F_PIN (1ull << 0)
+
 /* A key/value option (backend options). Both strings are owned by the
  * caller and only read during the call. */
 typedef struct pdx_kv {
