@@ -1,0 +1,1112 @@
+/* glm52-pd-node: one prefill (producer) or decode (consumer) node of the
+ * GLM-5.2 P/D example, built on the pdx KV connector. A single-threaded
+ * event loop serves many requests at once, each a small state machine
+ * (blocks -> lookup -> load -> verify -> compute/decode -> save -> handoff),
+ * doing a bounded slice of work per turn of the loop so that connector
+ * progress, freed-block reports and driver messages are never starved.
+ *
+ * The driver (tools/pdx-validate) starts it with `--config FILE --fd N`
+ * and speaks the framed JSON of pd_wire.h on fd N. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include <pdx/kv_config.h>
+#include <pdx/kv_connector.h>
+#include <pdx/log.h>
+
+#include "pd_model.h"
+#include "pd_wire.h"
+
+#define QUANTUM_TOKENS 512 /* tokens computed or verified per job per turn */
+#define ARENA_ALIGN 4096
+
+/* ---- logging: pdx lines to stderr, error lines kept for the driver ---- */
+
+#define ERR_RING 8
+static struct {
+    pthread_mutex_t mu;
+    char tag[16];
+    char lines[ERR_RING][512];
+    uint64_t seq; /* error lines seen */
+} g_log = {.mu = PTHREAD_MUTEX_INITIALIZER, .tag = "node"};
+
+static void log_sink(void *arg, pdx_log_level_t level, const char *msg)
+{
+    static const char *names[] = {"error", "warn", "info", "debug", "trace"};
+    pthread_mutex_lock(&g_log.mu);
+    if (level == PDX_LOG_ERROR) {
+        snprintf(g_log.lines[g_log.seq % ERR_RING], sizeof(g_log.lines[0]),
+                 "%s", msg);
+        g_log.seq++;
+    }
+    fprintf(stderr, "[%s] pdx %s: %s\n", g_log.tag,
+            level <= PDX_LOG_TRACE ? names[level] : "?", msg);
+    pthread_mutex_unlock(&g_log.mu);
+}
+
+static uint64_t log_mark(void)
+{
+    pthread_mutex_lock(&g_log.mu);
+    uint64_t s = g_log.seq;
+    pthread_mutex_unlock(&g_log.mu);
+    return s;
+}
+
+/* The pdx error lines logged since `mark`, joined by "; ". */
+static void log_since(uint64_t mark, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    pthread_mutex_lock(&g_log.mu);
+    if (g_log.seq - mark > ERR_RING) {
+        mark = g_log.seq - ERR_RING;
+    }
+    size_t off = 0;
+    for (uint64_t s = mark; s < g_log.seq && off < len; s++) {
+        int n = snprintf(buf + off, len - off, "%s%s", off ? "; " : "",
+                         g_log.lines[s % ERR_RING]);
+        off += n > 0 ? (size_t)n : 0;
+    }
+    pthread_mutex_unlock(&g_log.mu);
+}
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&g_log.mu);
+    fprintf(stderr, "[%s] %s\n", g_log.tag, buf);
+    pthread_mutex_unlock(&g_log.mu);
+}
+
+/* ---- node state ---- */
+
+typedef enum job_kind { JOB_PREFILL = 0, JOB_DECODE = 1 } job_kind_t;
+
+typedef enum job_state {
+    J_ALLOC,   /* waiting for free blocks */
+    J_LOOKUP,  /* asking the connector (may be pending) */
+    J_LOAD,    /* load in flight */
+    J_VERIFY,  /* comparing loaded blocks with recomputation */
+    J_COMPUTE, /* the stand-in writes the prompt tokens not loaded */
+    J_DECODE,  /* generating tokens (decode only) */
+    J_SAVE_START,
+    J_SAVE, /* saving to the offload child */
+    J_END,
+} job_state_t;
+
+typedef struct job {
+    struct job *next;
+    job_kind_t kind;
+    job_state_t state;
+    char req[PDX_KV_REQ_ID_MAX];
+    int sid, turn;
+    uint64_t *tok, *ph; /* tokens and their prefix hashes */
+    size_t n, cap;      /* tokens with KV written or given; capacity */
+    size_t prompt;
+    uint32_t gen;
+    char *params; /* the peer's handoff, or NULL */
+    uint64_t *blocks;
+    size_t nblocks;
+    pdx_block_hash_t *hashes;
+    size_t nfull;
+    int has_tail;
+    pdx_block_hash_t tail;
+    uint32_t tail_tokens;
+    pdx_kv_match_t match;
+    size_t loaded, cursor, vend;
+    bool load_failed;
+    bool blocks_busy; /* a load or save still uses them */
+    uint64_t verified_blocks, verified_bytes, diff_bytes;
+    double t0, t_phase, deadline;
+    double ms_alloc, ms_lookup, ms_load, ms_verify, ms_compute, ms_decode,
+        ms_save;
+} job_t;
+
+typedef struct held_blocks {
+    struct held_blocks *next;
+    char req[PDX_KV_REQ_ID_MAX];
+    uint64_t *blocks;
+    size_t n;
+} held_blocks_t;
+
+typedef struct node {
+    pdx_kv_config_t cfg;
+    pdx_layout_h layout;
+    void *mem;
+    size_t mem_len;
+    pd_model_t model;
+    pdx_kv_connector_h conn;
+    pdx_hasher_h hasher;
+    uint32_t B;
+    pd_chan_t chan;
+    uint64_t *free_ids;
+    size_t nfree;
+    job_t *jobs, *jobs_tail;
+    held_blocks_t *held;
+    double job_timeout_ms;
+    bool quit;
+    bool refused; /* the peer's connect was refused */
+    /* drain request in progress */
+    bool draining;
+    double drain_deadline;
+    /* counters */
+    uint64_t freed[3];
+    uint64_t jobs_ok, jobs_failed;
+    uint64_t peak_used;
+} node_t;
+
+static const char *role_name(pdx_kv_role_t r)
+{
+    return r == PDX_KV_ROLE_PRODUCER   ? "producer"
+           : r == PDX_KV_ROLE_CONSUMER ? "consumer"
+                                       : "both";
+}
+
+static const char *source_name(pdx_kv_source_t s)
+{
+    return s == PDX_KV_SOURCE_REMOTE    ? "remote"
+           : s == PDX_KV_SOURCE_OFFLOAD ? "offload"
+                                        : "none";
+}
+
+/* ---- block allocator: a stack of free ids ---- */
+
+static int blocks_take(node_t *nd, size_t n, uint64_t *out)
+{
+    if (nd->nfree < n) {
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        out[i] = nd->free_ids[--nd->nfree];
+    }
+    uint64_t used = nd->cfg.num_blocks - nd->nfree;
+    if (used > nd->peak_used) {
+        nd->peak_used = used;
+    }
+    return 0;
+}
+
+static void blocks_put(node_t *nd, const uint64_t *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        nd->free_ids[nd->nfree++] = ids[i];
+    }
+}
+
+/* ---- replies ---- */
+
+static void send_msg(node_t *nd, cJSON *msg)
+{
+    if (pd_chan_send(&nd->chan, msg) != 0) {
+        say("driver channel failed: %s", strerror(nd->chan.error));
+        nd->quit = true;
+    }
+    cJSON_Delete(msg);
+}
+
+static cJSON *reply_head(const char *op, bool ok)
+{
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "op", op);
+    cJSON_AddBoolToObject(r, "ok", ok);
+    return r;
+}
+
+static void job_free(node_t *nd, job_t *j)
+{
+    free(j->tok);
+    free(j->ph);
+    free(j->params);
+    free(j->blocks);
+    free(j->hashes);
+    free(j);
+}
+
+static const char *job_op(const job_t *j)
+{
+    return j->kind == JOB_PREFILL ? "prefill" : "decode";
+}
+
+static void job_fail(node_t *nd, job_t *j, uint64_t mark, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void job_fail(node_t *nd, job_t *j, uint64_t mark, const char *fmt, ...)
+{
+    char what[512], pdx_lines[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    log_since(mark, pdx_lines, sizeof(pdx_lines));
+    char msg[1600];
+    snprintf(msg, sizeof(msg), "%s %s: %s%s%s", job_op(j), j->req, what,
+             pdx_lines[0] ? ": " : "", pdx_lines);
+    say("%s", msg);
+    cJSON *r = reply_head(job_op(j), false);
+    cJSON_AddNumberToObject(r, "sid", j->sid);
+    cJSON_AddNumberToObject(r, "turn", j->turn);
+    cJSON_AddStringToObject(r, "req", j->req);
+    cJSON_AddStringToObject(r, "error", msg);
+    send_msg(nd, r);
+    /* Blocks a load may still write into are never reused. */
+    if (!j->blocks_busy && j->blocks != NULL) {
+        blocks_put(nd, j->blocks, j->nblocks);
+    }
+    j->state = J_END;
+    nd->jobs_failed++;
+}
+
+/* Hashes of the job's first `n` tokens (the prompt for lookups, the whole
+ * history for saves). */
+static pdx_status_t job_hash(node_t *nd, job_t *j, size_t n)
+{
+    size_t nfull = 0;
+    int has_tail = 0;
+    pdx_status_t st =
+        pdx_hasher_hash_blocks(nd->hasher, j->tok, n, NULL, j->hashes,
+                               n / nd->B + 1, &nfull, &j->tail, &has_tail);
+    if (st == PDX_OK) {
+        j->nfull = nfull;
+        j->has_tail = has_tail;
+        j->tail_tokens = has_tail ? (uint32_t)(n % nd->B) : 0;
+    }
+    return st;
+}
+
+static pdx_kv_request_t job_req(const job_t *j, size_t prompt_tokens)
+{
+    return (pdx_kv_request_t){.req_id = j->req,
+                              .hashes = j->hashes,
+                              .nfull = j->nfull,
+                              .has_tail = j->has_tail != 0,
+                              .tail_hash = j->tail,
+                              .tail_tokens = j->tail_tokens,
+                              .prompt_tokens = prompt_tokens,
+                              .params = j->params};
+}
+
+static void phase_end(job_t *j, double *acc)
+{
+    double now = pd_now_ms();
+    *acc += now - j->t_phase;
+    j->t_phase = now;
+}
+
+static void job_finish(node_t *nd, job_t *j)
+{
+    uint64_t mark = log_mark();
+    pdx_kv_request_t req = job_req(j, j->n);
+    char *params = NULL;
+    pdx_status_t st = pdx_kv_request_finished(
+        nd->conn, &req, j->blocks, j->n,
+        j->kind == JOB_PREFILL ? PDX_KV_FROM_ARENA : PDX_KV_FROM_POOL, &params);
+    if (st != PDX_OK) {
+        job_fail(nd, j, mark, "request_finished: %s", pdx_status_string(st));
+        return;
+    }
+    if (j->kind == JOB_PREFILL) {
+        /* Held for the peer until pdx_kv_poll_freed reports the request. */
+        held_blocks_t *h = calloc(1, sizeof(*h));
+        if (h == NULL) {
+            pdx_kv_free(params);
+            job_fail(nd, j, mark, "out of memory");
+            return;
+        }
+        snprintf(h->req, sizeof(h->req), "%s", j->req);
+        h->blocks = j->blocks;
+        h->n = j->nblocks;
+        j->blocks = NULL;
+        h->next = nd->held;
+        nd->held = h;
+    } else {
+        /* The handoff comes from the pool: the arena blocks are free. */
+        blocks_put(nd, j->blocks, j->nblocks);
+        free(j->blocks);
+        j->blocks = NULL;
+    }
+    uint64_t bpb = nd->model.bytes_per_block;
+    size_t nloaded =
+        j->loaded > 0 ? j->match.blocks + (j->match.tail ? 1 : 0) : 0;
+    cJSON *r = reply_head(job_op(j), true);
+    cJSON_AddNumberToObject(r, "sid", j->sid);
+    cJSON_AddNumberToObject(r, "turn", j->turn);
+    cJSON_AddStringToObject(r, "req", j->req);
+    cJSON_AddStringToObject(r, "params", params);
+    pdx_kv_free(params);
+    cJSON_AddNumberToObject(r, "prompt", (double)j->prompt);
+    cJSON_AddStringToObject(r, "source", source_name(j->match.source));
+    cJSON_AddNumberToObject(r, "match_blocks", (double)j->match.blocks);
+    cJSON_AddBoolToObject(r, "match_tail", j->match.tail);
+    cJSON_AddNumberToObject(r, "match_tokens", (double)j->match.tokens);
+    cJSON_AddNumberToObject(r, "loaded", (double)j->loaded);
+    cJSON_AddBoolToObject(r, "load_failed", j->load_failed);
+    cJSON_AddNumberToObject(r, "recomputed", (double)(j->prompt - j->loaded));
+    cJSON_AddBoolToObject(r, "tail_hit", j->loaded > 0 && j->match.tail);
+    cJSON_AddNumberToObject(r, "bytes_loaded", (double)(nloaded * bpb));
+    cJSON_AddNumberToObject(r, "verified_blocks", (double)j->verified_blocks);
+    cJSON_AddNumberToObject(r, "verified_bytes", (double)j->verified_bytes);
+    cJSON_AddNumberToObject(r, "diff_bytes", (double)j->diff_bytes);
+    cJSON_AddNumberToObject(r, "history", (double)j->n);
+    cJSON_AddNumberToObject(r, "nfull", (double)j->nfull);
+    cJSON_AddBoolToObject(r, "has_tail", j->has_tail);
+    cJSON_AddNumberToObject(r, "tail_tokens", j->tail_tokens);
+    cJSON_AddNumberToObject(r, "bytes_saved",
+                            (double)((j->nfull + (j->has_tail ? 1 : 0)) * bpb));
+    if (j->kind == JOB_DECODE) {
+        cJSON *g = cJSON_AddArrayToObject(r, "generated");
+        for (size_t i = j->prompt; i < j->n; i++) {
+            cJSON_AddItemToArray(g, cJSON_CreateNumber((double)j->tok[i]));
+        }
+    }
+    cJSON *ms = cJSON_AddObjectToObject(r, "ms");
+    cJSON_AddNumberToObject(ms, "wait_blocks", j->ms_alloc);
+    cJSON_AddNumberToObject(ms, "lookup", j->ms_lookup);
+    cJSON_AddNumberToObject(ms, "load", j->ms_load);
+    cJSON_AddNumberToObject(ms, "verify", j->ms_verify);
+    cJSON_AddNumberToObject(ms, "compute", j->ms_compute);
+    cJSON_AddNumberToObject(ms, "decode", j->ms_decode);
+    cJSON_AddNumberToObject(ms, "save", j->ms_save);
+    cJSON_AddNumberToObject(ms, "total", pd_now_ms() - j->t0);
+    send_msg(nd, r);
+    j->state = J_END;
+    nd->jobs_ok++;
+}
+
+/* One bounded slice of a job's work. Returns true when it did CPU work (the
+ * loop should not sleep), false when it only waits. `alloc_blocked` keeps
+ * allocation FIFO: once a job waits for blocks, later ones wait behind it. */
+static bool job_step(node_t *nd, job_t *j, bool *alloc_blocked)
+{
+    uint32_t B = nd->B;
+    uint64_t mark = log_mark();
+    pdx_status_t st;
+    if (j->state != J_END && pd_now_ms() > j->deadline) {
+        job_fail(nd, j, mark, "timed out after %.0f ms in state %d",
+                 nd->job_timeout_ms, (int)j->state);
+        return false;
+    }
+    switch (j->state) {
+    case J_ALLOC: {
+        if (*alloc_blocked) {
+            return false;
+        }
+        size_t need = (j->prompt + j->gen + B - 1) / B;
+        if (need > nd->cfg.num_blocks) {
+            job_fail(nd, j, mark,
+                     "needs %zu blocks, the node has %u (num_blocks)", need,
+                     nd->cfg.num_blocks);
+            return false;
+        }
+        j->blocks = calloc(need, sizeof(*j->blocks));
+        if (j->blocks == NULL) {
+            job_fail(nd, j, mark, "out of memory");
+            return false;
+        }
+        if (blocks_take(nd, need, j->blocks) != 0) {
+            free(j->blocks);
+            j->blocks = NULL;
+            *alloc_blocked = true;
+            return false;
+        }
+        j->nblocks = need;
+        phase_end(j, &j->ms_alloc);
+        st = job_hash(nd, j, j->prompt);
+        if (st != PDX_OK) {
+            job_fail(nd, j, mark, "hash: %s", pdx_status_string(st));
+            return false;
+        }
+        j->state = J_LOOKUP;
+    }
+    /* fall through */
+    case J_LOOKUP: {
+        pdx_kv_request_t req = job_req(j, j->prompt);
+        st = pdx_kv_lookup(nd->conn, &req, &j->match);
+        if (st == PDX_INPROGRESS) {
+            return false; /* part of the prefix still being saved */
+        }
+        if (st != PDX_OK) {
+            job_fail(nd, j, mark, "lookup: %s", pdx_status_string(st));
+            return false;
+        }
+        phase_end(j, &j->ms_lookup);
+        if (j->match.blocks == 0 && !j->match.tail) {
+            j->state = J_COMPUTE;
+            j->cursor = 0;
+            return true;
+        }
+        st = pdx_kv_load(nd->conn, &req, &j->match, j->blocks);
+        if (st != PDX_OK) {
+            job_fail(nd, j, mark, "load (%s, %zu blocks%s): %s",
+                     source_name(j->match.source), j->match.blocks,
+                     j->match.tail ? " + tail" : "", pdx_status_string(st));
+            return false;
+        }
+        j->state = J_LOAD;
+        j->blocks_busy = true;
+        return true;
+    }
+    case J_LOAD: {
+        size_t tokens = 0;
+        st = pdx_kv_load_check(nd->conn, j->req, &tokens);
+        if (st == PDX_INPROGRESS) {
+            return false;
+        }
+        j->blocks_busy = false; /* final either way */
+        if (st != PDX_OK) {
+            job_fail(nd, j, mark, "load from %s: %s",
+                     source_name(j->match.source), pdx_status_string(st));
+            return false;
+        }
+        phase_end(j, &j->ms_load);
+        j->loaded = tokens;
+        j->load_failed = tokens == 0;
+        if (tokens == 0) {
+            say("%s: load from %s failed; recomputing %zu tokens", j->req,
+                source_name(j->match.source), j->prompt);
+            j->state = J_COMPUTE;
+            j->cursor = 0;
+            return true;
+        }
+        j->state = J_VERIFY;
+        j->cursor = 0;
+        j->vend = j->match.blocks * B + (j->match.tail ? j->tail_tokens : 0);
+        return true;
+    }
+    case J_VERIFY: {
+        size_t end = j->cursor + QUANTUM_TOKENS;
+        if (end > j->vend) {
+            end = j->vend;
+        }
+        for (size_t p = j->cursor; p < end; p++) {
+            j->diff_bytes += pd_model_diff(&nd->model, j->blocks[p / B],
+                                           (uint32_t)(p % B), j->ph[p]);
+        }
+        j->cursor = end;
+        if (end == j->vend) {
+            j->verified_blocks = j->match.blocks + (j->match.tail ? 1 : 0);
+            j->verified_bytes = j->vend * nd->model.bytes_per_token;
+            if (j->diff_bytes != 0) {
+                say("%s: %" PRIu64 " of %" PRIu64 " loaded bytes differ from "
+                    "recomputation",
+                    j->req, j->diff_bytes, j->verified_bytes);
+            }
+            phase_end(j, &j->ms_verify);
+            j->state = J_COMPUTE;
+            j->cursor = j->loaded;
+        }
+        return true;
+    }
+    case J_COMPUTE: {
+        size_t end = j->cursor + QUANTUM_TOKENS;
+        if (end > j->prompt) {
+            end = j->prompt;
+        }
+        for (size_t p = j->cursor; p < end; p++) {
+            pd_model_write(&nd->model, j->blocks[p / B], (uint32_t)(p % B),
+                           j->ph[p]);
+        }
+        j->cursor = end;
+        if (end == j->prompt) {
+            phase_end(j, &j->ms_compute);
+            j->state =
+                j->kind == JOB_DECODE && j->gen > 0 ? J_DECODE : J_SAVE_START;
+        }
+        return true;
+    }
+    case J_DECODE: {
+        /* Each step samples the next token from the prefix so far, then
+         * writes its KV into the request's current block, moving on to the
+         * next reserved block when one fills up. */
+        size_t stop = j->prompt + j->gen;
+        for (int k = 0; k < QUANTUM_TOKENS / 4 && j->n < stop; k++) {
+            size_t p = j->n;
+            j->tok[p] = pd_next_token(j->ph[p - 1]);
+            j->ph[p] = pd_prefix_step(j->ph[p - 1], j->tok[p]);
+            pd_model_write(&nd->model, j->blocks[p / B], (uint32_t)(p % B),
+                           j->ph[p]);
+            j->n++;
+        }
+        if (j->n == stop) {
+            phase_end(j, &j->ms_decode);
+            j->state = J_SAVE_START;
+        }
+        return true;
+    }
+    case J_SAVE_START: {
+        /* Save the whole history: what was loaded, recomputed and (on D)
+         * decoded, partial tail included. */
+        st = job_hash(nd, j, j->n);
+        if (st == PDX_OK) {
+            pdx_kv_request_t req = job_req(j, j->n);
+            st = pdx_kv_save(nd->conn, &req, j->blocks);
+        }
+        if (st != PDX_OK) {
+            job_fail(nd, j, mark, "save: %s", pdx_status_string(st));
+            return false;
+        }
+        j->state = J_SAVE;
+        j->blocks_busy = true; /* the save worker reads them */
+        return true;
+    }
+    case J_SAVE:
+        st = pdx_kv_save_check(nd->conn, j->req);
+        if (st == PDX_INPROGRESS) {
+            return false;
+        }
+        j->blocks_busy = false;
+        if (st != PDX_OK) {
+            job_fail(nd, j, mark, "save to the offload tier: %s",
+                     pdx_status_string(st));
+            return false;
+        }
+        phase_end(j, &j->ms_save);
+        job_finish(nd, j);
+        return true;
+    case J_END:
+        return false;
+    }
+    return false;
+}
+
+/* ---- driver messages ---- */
+
+static int json_tokens(const cJSON *arr, job_t *j, size_t extra)
+{
+    if (!cJSON_IsArray(arr)) {
+        return -1;
+    }
+    size_t n = (size_t)cJSON_GetArraySize(arr);
+    if (n == 0) {
+        return -1;
+    }
+    j->cap = n + extra;
+    j->tok = calloc(j->cap, sizeof(*j->tok));
+    j->ph = calloc(j->cap, sizeof(*j->ph));
+    if (j->tok == NULL || j->ph == NULL) {
+        return -1;
+    }
+    size_t i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, arr)
+    {
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0) {
+            return -1;
+        }
+        j->tok[i++] = (uint64_t)e->valuedouble;
+    }
+    j->n = j->prompt = n;
+    return 0;
+}
+
+static void bad_request(node_t *nd, const char *op, const char *why)
+{
+    say("bad %s request: %s", op, why);
+    cJSON *r = reply_head(op, false);
+    cJSON_AddStringToObject(r, "error", why);
+    send_msg(nd, r);
+}
+
+static void start_job(node_t *nd, const cJSON *msg, job_kind_t kind)
+{
+    const char *op = kind == JOB_PREFILL ? "prefill" : "decode";
+    const char *req = pd_json_str(msg, "req");
+    const char *params = pd_json_str(msg, "params");
+    job_t *j = calloc(1, sizeof(*j));
+    if (j == NULL) {
+        bad_request(nd, op, "out of memory");
+        return;
+    }
+    j->kind = kind;
+    j->sid = (int)pd_json_num(msg, "sid", -1);
+    j->turn = (int)pd_json_num(msg, "turn", 0);
+    double gen = kind == JOB_DECODE ? pd_json_num(msg, "gen", 0) : 0;
+    j->gen = gen > 0 && gen < 1e6 ? (uint32_t)gen : 0;
+    if (req == NULL || strlen(req) == 0 || strlen(req) >= sizeof(j->req) ||
+        json_tokens(cJSON_GetObjectItemCaseSensitive(msg, "tokens"), j,
+                    j->gen) != 0) {
+        job_free(nd, j);
+        bad_request(nd, op, "needs req and a non-empty token list");
+        return;
+    }
+    snprintf(j->req, sizeof(j->req), "%s", req);
+    if (params != NULL && (j->params = strdup(params)) == NULL) {
+        job_free(nd, j);
+        bad_request(nd, op, "out of memory");
+        return;
+    }
+    j->hashes = calloc(j->cap / nd->B + 2, sizeof(*j->hashes));
+    if (j->hashes == NULL) {
+        job_free(nd, j);
+        bad_request(nd, op, "out of memory");
+        return;
+    }
+    pd_prefix_hashes(j->tok, 0, j->n, j->ph);
+    j->t0 = j->t_phase = pd_now_ms();
+    j->deadline = j->t0 + nd->job_timeout_ms;
+    j->state = J_ALLOC;
+    if (nd->jobs_tail) {
+        nd->jobs_tail->next = j;
+    } else {
+        nd->jobs = j;
+    }
+    nd->jobs_tail = j;
+}
+
+static cJSON *stats_json(node_t *nd)
+{
+    cJSON *s = cJSON_CreateObject();
+    cJSON_AddStringToObject(s, "agent", nd->cfg.agent_name);
+    cJSON_AddNumberToObject(s, "held", (double)pdx_kv_held_requests(nd->conn));
+    cJSON_AddNumberToObject(s, "free_blocks", (double)nd->nfree);
+    cJSON_AddNumberToObject(s, "num_blocks", nd->cfg.num_blocks);
+    cJSON_AddNumberToObject(s, "peak_blocks", (double)nd->peak_used);
+    cJSON_AddNumberToObject(s, "jobs_ok", (double)nd->jobs_ok);
+    cJSON_AddNumberToObject(s, "jobs_failed", (double)nd->jobs_failed);
+    cJSON_AddNumberToObject(s, "freed_done", (double)nd->freed[0]);
+    cJSON_AddNumberToObject(s, "freed_reject", (double)nd->freed[1]);
+    cJSON_AddNumberToObject(s, "freed_expired", (double)nd->freed[2]);
+    pdx_offload_stats_t os;
+    if (pdx_kv_offload_stats(nd->conn, &os) == PDX_OK) {
+        cJSON *o = cJSON_AddObjectToObject(s, "offload");
+        cJSON_AddNumberToObject(o, "capacity_blocks",
+                                (double)os.capacity_blocks);
+        cJSON_AddNumberToObject(o, "blocks",
+                                (double)(os.blocks[0] + os.blocks[1]));
+        cJSON_AddNumberToObject(o, "leased_blocks", (double)os.leased_blocks);
+        cJSON_AddNumberToObject(o, "saves", (double)os.saves);
+        cJSON_AddNumberToObject(o, "dup_saves", (double)os.dup_saves);
+        cJSON_AddNumberToObject(o, "hits", (double)os.hits);
+        cJSON_AddNumberToObject(o, "misses", (double)os.misses);
+        cJSON_AddNumberToObject(o, "evictions",
+                                (double)(os.evictions[0] + os.evictions[1]));
+        cJSON_AddNumberToObject(o, "no_space", (double)os.no_space);
+        cJSON_AddNumberToObject(o, "bytes_saved", (double)os.bytes_saved);
+        cJSON_AddNumberToObject(o, "bytes_loaded", (double)os.bytes_loaded);
+    }
+    return s;
+}
+
+static void finish_drain(node_t *nd, bool ok)
+{
+    cJSON *r = reply_head("drain", ok);
+    if (!ok) {
+        cJSON_AddStringToObject(r, "error",
+                                "requests still held or running at the "
+                                "drain deadline");
+    }
+    cJSON_AddItemToObject(r, "stats", stats_json(nd));
+    send_msg(nd, r);
+    nd->draining = false;
+}
+
+/* Connect to the peer's blob; a refusal ends the node (exit 3) after the
+ * reply naming the field has gone out. */
+static void handle_connect(node_t *nd, const cJSON *msg)
+{
+    const char *hex = pd_json_str(msg, "blob");
+    size_t len = 0;
+    void *blob = hex ? pd_hex_decode(hex, &len) : NULL;
+    if (blob == NULL) {
+        bad_request(nd, "connect", "blob missing or not hex");
+        return;
+    }
+    char peer[PDX_NAME_MAX] = "";
+    uint64_t mark = log_mark();
+    pdx_status_t st = pdx_kv_connector_connect(nd->conn, blob, len, peer);
+    free(blob);
+    cJSON *r = reply_head("connect", st == PDX_OK);
+    if (st == PDX_OK) {
+        say("connected to %s", peer);
+        cJSON_AddStringToObject(r, "peer", peer);
+        send_msg(nd, r);
+        return;
+    }
+    char lines[1024], err[1400];
+    log_since(mark, lines, sizeof(lines));
+    snprintf(err, sizeof(err), "%s: %s", pdx_status_string(st),
+             lines[0] ? lines : "(no pdx error line)");
+    say("connect refused: %s", err);
+    cJSON_AddStringToObject(r, "error", err);
+    cJSON_AddStringToObject(r, "status", pdx_status_string(st));
+    send_msg(nd, r);
+    nd->refused = true;
+    nd->quit = true;
+}
+
+static void handle_msg(node_t *nd, cJSON *msg)
+{
+    const char *op = pd_json_str(msg, "op");
+    if (op == NULL) {
+        bad_request(nd, "?", "message without op");
+    } else if (strcmp(op, "connect") == 0) {
+        handle_connect(nd, msg);
+    } else if (strcmp(op, "prefill") == 0) {
+        start_job(nd, msg, JOB_PREFILL);
+    } else if (strcmp(op, "decode") == 0) {
+        start_job(nd, msg, JOB_DECODE);
+    } else if (strcmp(op, "reject") == 0) {
+        const char *params = pd_json_str(msg, "params");
+        uint64_t mark = log_mark();
+        pdx_status_t st =
+            params ? pdx_kv_reject(nd->conn, params) : PDX_ERR_INVALID;
+        cJSON *r = reply_head("reject", st == PDX_OK);
+        cJSON_AddNumberToObject(r, "sid", pd_json_num(msg, "sid", -1));
+        if (st != PDX_OK) {
+            char lines[1024], err[1200];
+            log_since(mark, lines, sizeof(lines));
+            snprintf(err, sizeof(err), "reject: %s %s", pdx_status_string(st),
+                     lines);
+            cJSON_AddStringToObject(r, "error", err);
+        }
+        send_msg(nd, r);
+    } else if (strcmp(op, "drain") == 0) {
+        nd->draining = true;
+        nd->drain_deadline =
+            pd_now_ms() + pd_json_num(msg, "timeout_ms", 10000);
+    } else if (strcmp(op, "stats") == 0) {
+        cJSON *r = reply_head("stats", true);
+        cJSON_AddItemToObject(r, "stats", stats_json(nd));
+        send_msg(nd, r);
+    } else if (strcmp(op, "quit") == 0) {
+        nd->quit = true;
+    } else {
+        bad_request(nd, op, "unknown op");
+    }
+}
+
+static void on_freed(void *arg, const char *req_id, pdx_kv_free_reason_t why)
+{
+    node_t *nd = arg;
+    if ((unsigned)why < 3) {
+        nd->freed[why]++;
+    }
+    if (why == PDX_KV_FREED_EXPIRED) {
+        say("%s: held blocks freed by lease expiry (the peer never read "
+            "them)",
+            req_id);
+    }
+    for (held_blocks_t **pp = &nd->held; *pp != NULL; pp = &(*pp)->next) {
+        if (strcmp((*pp)->req, req_id) == 0) {
+            held_blocks_t *h = *pp;
+            *pp = h->next;
+            blocks_put(nd, h->blocks, h->n);
+            free(h->blocks);
+            free(h);
+            return;
+        }
+    }
+}
+
+/* ---- main loop ---- */
+
+static void run(node_t *nd)
+{
+    while (!nd->quit) {
+        pdx_kv_progress(nd->conn);
+        pdx_kv_poll_freed(nd->conn, on_freed, nd);
+
+        bool busy = false, alloc_blocked = false;
+        for (job_t *j = nd->jobs; j != NULL; j = j->next) {
+            busy |= job_step(nd, j, &alloc_blocked);
+        }
+        /* Drop finished jobs. */
+        job_t *prev = NULL;
+        for (job_t *j = nd->jobs; j != NULL;) {
+            job_t *next = j->next;
+            if (j->state == J_END) {
+                if (prev) {
+                    prev->next = next;
+                } else {
+                    nd->jobs = next;
+                }
+                if (nd->jobs_tail == j) {
+                    nd->jobs_tail = prev;
+                }
+                job_free(nd, j);
+            } else {
+                prev = j;
+            }
+            j = next;
+        }
+        if (nd->draining) {
+            if (nd->jobs == NULL && pdx_kv_held_requests(nd->conn) == 0 &&
+                nd->held == NULL) {
+                finish_drain(nd, true);
+            } else if (pd_now_ms() > nd->drain_deadline) {
+                finish_drain(nd, false);
+            }
+        }
+
+        struct pollfd pfd = {.fd = nd->chan.fd, .events = POLLIN};
+        if (pd_chan_pending(&nd->chan)) {
+            pfd.events |= POLLOUT;
+        }
+        int timeout = busy ? 0 : (nd->jobs || nd->held || nd->draining) ? 1 : 5;
+        int rc = poll(&pfd, 1, timeout);
+        if (rc < 0 && errno != EINTR) {
+            say("poll: %s", strerror(errno));
+            break;
+        }
+        if (rc > 0 && (pfd.revents & POLLOUT) && pd_chan_flush(&nd->chan)) {
+            say("driver channel write: %s", strerror(nd->chan.error));
+            break;
+        }
+        if (rc > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR))) {
+            if (pd_chan_fill(&nd->chan) != 0) {
+                say("driver channel read: %s", strerror(nd->chan.error));
+                break;
+            }
+            cJSON *msg;
+            while (!nd->quit && (msg = pd_chan_next(&nd->chan)) != NULL) {
+                handle_msg(nd, msg);
+                cJSON_Delete(msg);
+            }
+            if (nd->chan.error) {
+                say("driver channel: bad frame");
+                break;
+            }
+            if (nd->chan.eof) {
+                say("driver went away");
+                break;
+            }
+        }
+    }
+}
+
+/* Send what is queued before exiting, for at most `ms`. */
+static void flush_out(node_t *nd, int ms)
+{
+    double end = pd_now_ms() + ms;
+    while (pd_chan_pending(&nd->chan) && pd_now_ms() < end) {
+        struct pollfd pfd = {.fd = nd->chan.fd, .events = POLLOUT};
+        if (poll(&pfd, 1, 10) < 0 && errno != EINTR) {
+            return;
+        }
+        if (pd_chan_flush(&nd->chan) != 0) {
+            return;
+        }
+    }
+}
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: glm52-pd-node --config FILE --fd N [--job-timeout S]\n"
+            "  One P or D node of the GLM-5.2 P/D example (role from the\n"
+            "  config), driven over fd N by pdx-validate.\n");
+}
+
+static int hello_error(node_t *nd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int hello_error(node_t *nd, const char *fmt, ...)
+{
+    char buf[1400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    say("%s", buf);
+    cJSON *r = reply_head("hello", false);
+    cJSON_AddStringToObject(r, "error", buf);
+    send_msg(nd, r);
+    flush_out(nd, 2000);
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"fd", required_argument, NULL, 'f'},
+        {"job-timeout", required_argument, NULL, 't'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    const char *config = NULL;
+    int fd = -1;
+    double job_timeout_s = 120;
+    int c;
+    while ((c = getopt_long(argc, argv, "c:f:t:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c':
+            config = optarg;
+            break;
+        case 'f':
+            fd = atoi(optarg);
+            break;
+        case 't':
+            job_timeout_s = atof(optarg);
+            break;
+        default:
+            usage();
+            return c == 'h' ? 0 : 2;
+        }
+    }
+    if (config == NULL || fd < 0) {
+        usage();
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    pdx_log_set_handler(log_sink, NULL);
+
+    static node_t node;
+    node_t *nd = &node;
+    nd->job_timeout_ms = job_timeout_s * 1000;
+    if (pd_chan_init(&nd->chan, fd) != 0) {
+        say("fd %d: %s", fd, strerror(nd->chan.error));
+        return 2;
+    }
+
+    char err[1024] = "";
+    pdx_status_t st = pdx_kv_config_load(config, &nd->cfg, err, sizeof(err));
+    if (st != PDX_OK) {
+        return hello_error(nd, "config: %s: %s", pdx_status_string(st), err);
+    }
+    snprintf(g_log.tag, sizeof(g_log.tag), "%s",
+             nd->cfg.role == PDX_KV_ROLE_PRODUCER   ? "P"
+             : nd->cfg.role == PDX_KV_ROLE_CONSUMER ? "D"
+                                                    : "PD");
+    if (nd->cfg.mem_type == PDX_MEM_VRAM) {
+        /* TODO: GPU arenas (cudaMalloc per arena, registered for cuda_ipc)
+         * once this example runs where a GPU is present. */
+        say("vram arenas need the cuda_ipc backend and a GPU; this example "
+            "uses dram arenas instead");
+    }
+    int reference = 0;
+    st = pd_layout_from_config(&nd->cfg, PDX_MEM_DRAM, &nd->layout, &reference,
+                               err, sizeof(err));
+    if (st != PDX_OK) {
+        return hello_error(nd, "layout: %s", err);
+    }
+    uint64_t size = pdx_layout_carve_size(nd->layout, ARENA_ALIGN);
+    if (size == UINT64_MAX || size > SIZE_MAX) {
+        return hello_error(nd, "layout too large to carve");
+    }
+    nd->mem_len = (size_t)size;
+    /* Populated up front, as an engine allocates its KV pool at start:
+     * first-touch faults inside the step loop cost far more (28 us each
+     * on the VM this was measured on, 0.7 us each with MAP_POPULATE). */
+    nd->mem = mmap(NULL, nd->mem_len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (nd->mem == MAP_FAILED) {
+        return hello_error(nd, "arenas: mmap of %zu bytes: %s", nd->mem_len,
+                           strerror(errno));
+    }
+    st = pdx_layout_carve(nd->layout, (uint64_t)(uintptr_t)nd->mem, size,
+                          ARENA_ALIGN, 0);
+    if (st != PDX_OK || pd_model_init(&nd->model, nd->layout) != 0) {
+        return hello_error(nd, "carve: %s", pdx_status_string(st));
+    }
+    nd->B = nd->model.block_tokens;
+    nd->free_ids = calloc(nd->cfg.num_blocks, sizeof(*nd->free_ids));
+    if (nd->free_ids == NULL) {
+        return hello_error(nd, "out of memory");
+    }
+    for (uint32_t i = 0; i < nd->cfg.num_blocks; i++) {
+        nd->free_ids[nd->nfree++] = nd->cfg.num_blocks - 1 - i;
+    }
+
+    uint64_t mark = log_mark();
+    pdx_kv_connector_params_t cp = {.field_mask = PDX_KV_PARAM_CONFIG |
+                                                  PDX_KV_PARAM_LAYOUT,
+                                    .config = &nd->cfg,
+                                    .layout = nd->layout};
+    st = pdx_kv_connector_create(&cp, &nd->conn);
+    if (st != PDX_OK) {
+        char lines[1024];
+        log_since(mark, lines, sizeof(lines));
+        return hello_error(nd, "connector: %s: %s", pdx_status_string(st),
+                           lines);
+    }
+    nd->hasher = pdx_kv_connector_hasher(nd->conn);
+    void *blob = NULL;
+    size_t blob_len = 0;
+    st = pdx_kv_connector_describe(nd->conn, &blob, &blob_len);
+    char *hex = st == PDX_OK ? pd_hex_encode(blob, blob_len) : NULL;
+    if (blob) {
+        pdx_blob_free(blob);
+    }
+    if (hex == NULL) {
+        pdx_kv_connector_destroy(nd->conn);
+        return hello_error(nd, "describe: %s", pdx_status_string(st));
+    }
+    cJSON *h = reply_head("hello", true);
+    cJSON_AddStringToObject(h, "agent", nd->cfg.agent_name);
+    cJSON_AddStringToObject(h, "role", role_name(nd->cfg.role));
+    cJSON_AddStringToObject(h, "blob", hex);
+    free(hex);
+    cJSON_AddNumberToObject(h, "num_blocks", nd->cfg.num_blocks);
+    cJSON_AddNumberToObject(h, "block_tokens", nd->B);
+    cJSON_AddNumberToObject(h, "bytes_per_block",
+                            (double)nd->model.bytes_per_block);
+    cJSON_AddNumberToObject(h, "arenas", (double)nd->model.narenas);
+    cJSON_AddBoolToObject(h, "reference_layout", reference);
+    char fp[24];
+    snprintf(fp, sizeof(fp), "%016" PRIx64, pdx_layout_fingerprint(nd->layout));
+    cJSON_AddStringToObject(h, "layout_fingerprint", fp);
+    cJSON_AddNumberToObject(h, "arena_bytes", (double)size);
+    /* What the driver needs to size sessions and to know which reuse must
+     * happen: the pool's capacity and the children's tail settings. */
+    pdx_offload_stats_t os;
+    cJSON_AddNumberToObject(h, "pool_blocks",
+                            pdx_kv_offload_stats(nd->conn, &os) == PDX_OK
+                                ? (double)os.capacity_blocks
+                                : 0);
+    for (uint32_t i = 0; i < nd->cfg.nchildren; i++) {
+        const pdx_kv_child_config_t *ch = &nd->cfg.children[i];
+        if (ch->type == PDX_KV_CHILD_REMOTE) {
+            cJSON_AddBoolToObject(h, "load_tail", ch->load_tail);
+            cJSON_AddNumberToObject(h, "lease_ms", ch->lease_ms);
+        } else {
+            cJSON_AddBoolToObject(h, "save_tail", ch->save_tail);
+            cJSON_AddStringToObject(
+                h, "offload_mode",
+                ch->mode == PDX_KV_OFFLOAD_SAVE_ONLY   ? "save_only"
+                : ch->mode == PDX_KV_OFFLOAD_LOAD_ONLY ? "load_only"
+                                                       : "read_write");
+        }
+    }
+    send_msg(nd, h);
+    say("%s (%s): %zu arenas, %u blocks of %" PRIu64 " B (%.1f GiB DRAM), "
+        "layout %s",
+        nd->cfg.agent_name, role_name(nd->cfg.role), nd->model.narenas,
+        nd->cfg.num_blocks, nd->model.bytes_per_block,
+        (double)size / (1u << 30), fp);
+
+    run(nd);
+    flush_out(nd, 2000);
+    int rc = nd->refused ? 3 : nd->chan.eof || nd->chan.error ? 1 : 0;
+    pdx_kv_connector_destroy(nd->conn);
+    pd_model_fini(&nd->model);
+    pdx_layout_destroy(nd->layout);
+    munmap(nd->mem, nd->mem_len);
+    while (nd->jobs) {
+        job_t *j = nd->jobs;
+        nd->jobs = j->next;
+        job_free(nd, j);
+    }
+    while (nd->held) {
+        held_blocks_t *hb = nd->held;
+        nd->held = hb->next;
+        free(hb->blocks);
+        free(hb);
+    }
+    free(nd->free_ids);
+    pd_chan_close(&nd->chan);
+    return rc;
+}

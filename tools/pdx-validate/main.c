@@ -1,0 +1,1381 @@
+/* pdx-validate: drives the GLM-5.2 P/D example (two glm52-pd-node
+ * processes) through multi-turn sessions and checks the KV connector end to
+ * end: P -> D handoff (partial tail included), D saving what it decoded to
+ * its offload tier, the next turn on P reusing D's blocks instead of
+ * recomputing them, P's own offload tier for a shared system prompt, and
+ * every loaded block byte-exact against the model stand-in.
+ *
+ * It plays the router: starts both nodes, passes their metadata blobs to
+ * each other, keeps up to --concurrency sessions in flight (admitted so the
+ * in-flight sessions' blocks fit both nodes and D's pool), carries the
+ * handoff parameters between P and D, and prints a per-turn report.
+ * Exit 0 only when every check passed; 1 on a failed check; 2 on bad usage
+ * or a node that could not start; 3 when a node refused its peer at
+ * connect. */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "pd_model.h"
+#include "pd_wire.h"
+
+#ifndef PDX_SOURCE_DIR
+#define PDX_SOURCE_DIR "."
+#endif
+#ifndef PDX_NODE_PATH
+#define PDX_NODE_PATH "glm52-pd-node"
+#endif
+
+#define MAX_PROMPTS 32
+#define EXIT_FAIL 1
+#define EXIT_SETUP 2
+#define EXIT_REFUSED 3
+
+/* ---- options ---- */
+
+typedef struct opts {
+    const char *p_config, *d_config, *node;
+    int sessions, turns, concurrency;
+    size_t prompts[MAX_PROMPTS];
+    int nprompts;
+    int gen;          /* tokens D decodes per turn */
+    int user_tokens;  /* new user tokens per turn after the first */
+    int shared;       /* system prompt tokens shared by every session */
+    double timeout_s; /* whole run */
+    double job_timeout_s;
+    bool json, quiet, require_local;
+    int min_inflight;
+} opts_t;
+
+/* ---- nodes ---- */
+
+typedef struct node {
+    const char *tag; /* "P" or "D" */
+    const char *config;
+    pid_t pid;
+    pd_chan_t chan;
+    bool alive;
+    cJSON *hello;
+    cJSON *stats; /* from drain */
+    char agent[64];
+    uint64_t num_blocks, pool_blocks, bytes_per_block, block_tokens;
+    bool load_tail;
+    char fingerprint[24];
+} node_t;
+
+static node_t g_p = {.tag = "P"}, g_d = {.tag = "D"};
+
+static void kill_nodes(void)
+{
+    if (g_p.pid > 0) {
+        kill(g_p.pid, SIGKILL);
+    }
+    if (g_d.pid > 0) {
+        kill(g_d.pid, SIGKILL);
+    }
+}
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    static const char msg[] =
+        "pdx-validate: FAIL: hard deadline passed, nodes killed\n";
+    kill_nodes();
+    ssize_t rc = write(2, msg, sizeof(msg) - 1);
+    (void)rc;
+    _exit(EXIT_FAIL);
+}
+
+static int spawn(node_t *n, const opts_t *o)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        fprintf(stderr, "pdx-validate: socketpair: %s\n", strerror(errno));
+        return -1;
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "pdx-validate: fork: %s\n", strerror(errno));
+        return -1;
+    }
+    if (pid == 0) {
+        /* A node never outlives the driver. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) {
+            _exit(127);
+        }
+        if (dup2(sv[1], 3) < 0) {
+            _exit(127);
+        }
+        char jt[32];
+        snprintf(jt, sizeof(jt), "%g", o->job_timeout_s);
+        execl(o->node, o->node, "--config", n->config, "--fd", "3",
+              "--job-timeout", jt, (char *)NULL);
+        fprintf(stderr, "pdx-validate: exec %s: %s\n", o->node,
+                strerror(errno));
+        _exit(127);
+    }
+    close(sv[1]);
+    n->pid = pid;
+    n->alive = true;
+    return pd_chan_init(&n->chan, sv[0]);
+}
+
+/* Why a node is gone, for messages. */
+static void node_death(node_t *n, char *buf, size_t len)
+{
+    int status = 0;
+    pid_t r = n->pid > 0 ? waitpid(n->pid, &status, 0) : -1;
+    if (r == n->pid) {
+        n->pid = -1;
+        if (WIFEXITED(status)) {
+            snprintf(buf, len, "exited with status %d", WEXITSTATUS(status));
+        } else if (WIFSIGNALED(status)) {
+            snprintf(buf, len, "killed by signal %d (%s)", WTERMSIG(status),
+                     strsignal(WTERMSIG(status)));
+        } else {
+            snprintf(buf, len, "stopped");
+        }
+    } else {
+        snprintf(buf, len, "closed its channel");
+    }
+    n->alive = false;
+}
+
+/* Wait for one message from `n` until `deadline` (ms). NULL on death or
+ * timeout, with `why` filled. */
+static cJSON *recv_one(node_t *n, double deadline, char *why, size_t len)
+{
+    for (;;) {
+        cJSON *m = pd_chan_next(&n->chan);
+        if (m != NULL) {
+            return m;
+        }
+        if (n->chan.error || n->chan.eof) {
+            char d[128];
+            node_death(n, d, sizeof(d));
+            snprintf(why, len, "node %s (%s) %s", n->tag, n->config, d);
+            return NULL;
+        }
+        double left = deadline - pd_now_ms();
+        if (left <= 0) {
+            snprintf(why, len, "node %s (%s) did not answer in time", n->tag,
+                     n->config);
+            return NULL;
+        }
+        struct pollfd pfd = {.fd = n->chan.fd, .events = POLLIN};
+        if (pd_chan_pending(&n->chan)) {
+            pfd.events |= POLLOUT;
+        }
+        int rc = poll(&pfd, 1, left > 100 ? 100 : (int)left + 1);
+        if (rc > 0 && (pfd.revents & POLLOUT)) {
+            pd_chan_flush(&n->chan);
+        }
+        if (rc > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR))) {
+            pd_chan_fill(&n->chan);
+        }
+    }
+}
+
+static void send_to(node_t *n, cJSON *msg)
+{
+    if (pd_chan_send(&n->chan, msg) != 0 && n->chan.error != EAGAIN) {
+        n->chan.eof = 1; /* reported as a dead node by the loop */
+    }
+    cJSON_Delete(msg);
+}
+
+static void quit_nodes(double deadline)
+{
+    node_t *ns[2] = {&g_p, &g_d};
+    for (int i = 0; i < 2; i++) {
+        if (ns[i]->pid > 0 && ns[i]->alive) {
+            cJSON *q = cJSON_CreateObject();
+            cJSON_AddStringToObject(q, "op", "quit");
+            send_to(ns[i], q);
+            while (pd_chan_pending(&ns[i]->chan) && pd_now_ms() < deadline) {
+                struct pollfd pfd = {.fd = ns[i]->chan.fd, .events = POLLOUT};
+                poll(&pfd, 1, 10);
+                if (pd_chan_flush(&ns[i]->chan) != 0) {
+                    break;
+                }
+            }
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        while (ns[i]->pid > 0) {
+            int status;
+            pid_t r = waitpid(ns[i]->pid, &status, WNOHANG);
+            if (r == ns[i]->pid || r < 0) {
+                ns[i]->pid = -1;
+                break;
+            }
+            if (pd_now_ms() > deadline) {
+                kill(ns[i]->pid, SIGKILL);
+                waitpid(ns[i]->pid, &status, 0);
+                ns[i]->pid = -1;
+                break;
+            }
+            usleep(10000);
+        }
+    }
+}
+
+/* ---- sessions ---- */
+
+typedef struct turn_rec {
+    bool p_done, d_done, p_ok, d_ok;
+    char p_err[1600], d_err[1600];
+    size_t prompt;
+    /* P */
+    char p_source[16];
+    size_t p_loaded, p_recomputed, p_match_blocks;
+    bool p_tail_hit, p_load_failed;
+    uint64_t p_bytes, p_verified_blocks, p_diff, p_saved;
+    size_t p_nfull;
+    bool p_has_tail;
+    uint32_t p_tail_tokens;
+    double p_ms, p_ms_lookup, p_ms_wait;
+    /* D */
+    char d_source[16];
+    size_t d_loaded, d_recomputed, d_match_blocks, d_generated;
+    bool d_tail_hit, d_load_failed;
+    uint64_t d_bytes, d_verified_blocks, d_diff, d_saved;
+    size_t d_nfull;     /* full blocks of D's history, saved and handed off */
+    size_t d_handoff_n; /* hashes in D's handoff */
+    double d_ms;
+    double t0, ms;              /* driver-side wall time of the turn */
+    cJSON *p_phases, *d_phases; /* nodes' per-phase times (ms) */
+} turn_rec_t;
+
+typedef enum sess_state {
+    S_WAITING,
+    S_P,      /* prefill request out */
+    S_D,      /* decode request out */
+    S_REJECT, /* final handoff being rejected */
+    S_DONE,
+} sess_state_t;
+
+typedef struct session {
+    int id;
+    size_t len0; /* first prompt */
+    sess_state_t state;
+    int turn; /* 1-based, current */
+    uint64_t *hist;
+    size_t n, cap;
+    size_t prompt_n; /* the current turn's prompt: hist[0..prompt_n) */
+    bool ended;      /* a phase failed: no further turns */
+    char *params_p, *params_d; /* latest handoffs */
+    size_t footprint;          /* blocks at its largest turn */
+    turn_rec_t *recs;
+} session_t;
+
+typedef struct check_log {
+    int passed, failed;
+    cJSON *failures; /* array of strings */
+} check_log_t;
+
+static void check(check_log_t *c, bool ok, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void check(check_log_t *c, bool ok, const char *fmt, ...)
+{
+    if (ok) {
+        c->passed++;
+        return;
+    }
+    c->failed++;
+    char buf[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    if (cJSON_GetArraySize(c->failures) < 200) {
+        cJSON_AddItemToArray(c->failures, cJSON_CreateString(buf));
+    }
+}
+
+static int hist_reserve(session_t *s, size_t n)
+{
+    if (n <= s->cap) {
+        return 0;
+    }
+    size_t cap = s->cap ? s->cap : 1024;
+    while (cap < n) {
+        cap *= 2;
+    }
+    uint64_t *p = realloc(s->hist, cap * sizeof(*p));
+    if (p == NULL) {
+        return -1;
+    }
+    s->hist = p;
+    s->cap = cap;
+    return 0;
+}
+
+static cJSON *tokens_json(const uint64_t *t, size_t n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < n; i++) {
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((double)t[i]));
+    }
+    return a;
+}
+
+static void send_job(node_t *n, const char *op, session_t *s,
+                     const char *params, int gen)
+{
+    char req[64];
+    snprintf(req, sizeof(req), "s%d.t%d.%s", s->id, s->turn,
+             n == &g_p ? "p" : "d");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "op", op);
+    cJSON_AddNumberToObject(m, "sid", s->id);
+    cJSON_AddNumberToObject(m, "turn", s->turn);
+    cJSON_AddStringToObject(m, "req", req);
+    cJSON_AddItemToObject(m, "tokens", tokens_json(s->hist, s->prompt_n));
+    if (params != NULL) {
+        cJSON_AddStringToObject(m, "params", params);
+    }
+    if (gen > 0) {
+        cJSON_AddNumberToObject(m, "gen", gen);
+    }
+    send_to(n, m);
+}
+
+/* Build turn `s->turn`'s prompt into hist and send it to P. */
+static int start_turn(session_t *s, const opts_t *o)
+{
+    size_t want;
+    if (s->turn == 1) {
+        want = s->len0;
+        if (hist_reserve(s, want) != 0) {
+            return -1;
+        }
+        for (size_t i = 0; i < want; i++) {
+            /* A system prompt shared by every session, then its own text. */
+            s->hist[i] = i < (size_t)o->shared
+                             ? pd_user_token(0x5157ull, i)
+                             : pd_user_token(((uint64_t)s->id << 8) | 1, i);
+        }
+    } else {
+        want = s->n + (size_t)o->user_tokens;
+        if (hist_reserve(s, want) != 0) {
+            return -1;
+        }
+        for (size_t i = s->n; i < want; i++) {
+            s->hist[i] =
+                pd_user_token(((uint64_t)s->id << 8) | (uint64_t)s->turn, i);
+        }
+    }
+    s->n = s->prompt_n = want;
+    turn_rec_t *r = &s->recs[s->turn - 1];
+    r->prompt = want;
+    r->t0 = pd_now_ms();
+    send_job(&g_p, "prefill", s, s->turn > 1 ? s->params_d : NULL, 0);
+    s->state = S_P;
+    return 0;
+}
+
+static size_t jnum(const cJSON *m, const char *k)
+{
+    double v = pd_json_num(m, k, 0);
+    return v > 0 ? (size_t)v : 0;
+}
+
+static bool jbool(const cJSON *m, const char *k)
+{
+    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, k));
+}
+
+static void copy_err(char *dst, size_t len, const cJSON *m)
+{
+    const char *e = pd_json_str(m, "error");
+    snprintf(dst, len, "%s", e ? e : "(no error text)");
+}
+
+static size_t handoff_hashes(const char *params)
+{
+    cJSON *p = params ? cJSON_Parse(params) : NULL;
+    size_t n = (size_t)cJSON_GetArraySize(
+        cJSON_GetObjectItemCaseSensitive(p, "hashes"));
+    cJSON_Delete(p);
+    return n;
+}
+
+/* Checks of one finished turn. */
+static void check_turn(check_log_t *c, const session_t *s, int turn, uint32_t B,
+                       bool load_tail)
+{
+    const turn_rec_t *r = &s->recs[turn - 1];
+    check(c, r->p_ok, "session %d turn %d: prefill on P failed: %s", s->id,
+          turn, r->p_err);
+    check(c, r->d_ok, "session %d turn %d: decode on D failed: %s", s->id, turn,
+          r->d_err);
+    if (!r->p_ok || !r->d_ok) {
+        return;
+    }
+    check(c, r->p_diff == 0,
+          "session %d turn %d: %llu bytes of the blocks P loaded differ from "
+          "recomputation",
+          s->id, turn, (unsigned long long)r->p_diff);
+    check(c, r->d_diff == 0,
+          "session %d turn %d: %llu bytes of the blocks D loaded differ from "
+          "recomputation",
+          s->id, turn, (unsigned long long)r->d_diff);
+    check(c, !r->p_load_failed && !r->d_load_failed,
+          "session %d turn %d: a load failed and was recomputed", s->id, turn);
+    /* D must take everything P handed off: every full block, and the
+     * partial tail where load_tail is on, up to prompt - 1 tokens. */
+    size_t want =
+        r->p_nfull * B + (load_tail && r->p_has_tail ? r->p_tail_tokens : 0);
+    if (want > r->prompt - 1) {
+        want = r->prompt - 1;
+    }
+    check(c, strcmp(r->d_source, "remote") == 0 && r->d_loaded >= want,
+          "session %d turn %d: D loaded %zu tokens from %s, P handed off %zu "
+          "(%zu full blocks%s)",
+          s->id, turn, r->d_loaded, r->d_source, want, r->p_nfull,
+          load_tail && r->p_has_tail ? " + tail" : "");
+    if (load_tail && r->p_has_tail) {
+        check(c, r->d_tail_hit,
+              "session %d turn %d: P's partial tail (%u tokens) was not "
+              "loaded by D although load_tail is on",
+              s->id, turn, r->p_tail_tokens);
+    }
+    if (turn >= 2) {
+        /* D-to-P reuse: every full block D held after the previous turn. */
+        const turn_rec_t *prev = &s->recs[turn - 2];
+        size_t held = prev->d_nfull * B;
+        if (held > r->prompt - 1) {
+            held = r->prompt - 1;
+        }
+        check(c, strcmp(r->p_source, "remote") == 0 && r->p_loaded >= held,
+              "session %d turn %d: P reused %zu tokens from %s, D held %zu "
+              "full blocks (%zu tokens)",
+              s->id, turn, r->p_loaded, r->p_source, prev->d_nfull, held);
+        check(c, prev->d_handoff_n >= prev->d_nfull,
+              "session %d turn %d: D handed off %zu of its %zu full blocks "
+              "from its pool",
+              s->id, turn - 1, prev->d_handoff_n, prev->d_nfull);
+    }
+}
+
+/* ---- report ---- */
+
+typedef struct agg {
+    int sessions, n; /* sessions, turn records */
+    uint64_t prompt, from_d, local, recomputed, tail_hits, to_d, bytes,
+        verified, diff, generated, p_tail_hits;
+    double ms_sum, ms_max, lookup_ms_max;
+} agg_t;
+
+static void agg_add(agg_t *a, const turn_rec_t *r)
+{
+    if (!r->p_done) {
+        return;
+    }
+    a->sessions++;
+    a->n++;
+    a->prompt += r->prompt;
+    if (strcmp(r->p_source, "remote") == 0) {
+        a->from_d += r->p_loaded;
+    } else if (strcmp(r->p_source, "offload") == 0) {
+        a->local += r->p_loaded;
+    }
+    a->recomputed += r->p_recomputed;
+    a->tail_hits += (r->d_tail_hit ? 1 : 0) + (r->p_tail_hit ? 1 : 0);
+    a->p_tail_hits += r->p_tail_hit ? 1 : 0;
+    a->to_d += r->d_loaded;
+    a->bytes += r->p_bytes + r->d_bytes;
+    a->verified += r->p_verified_blocks + r->d_verified_blocks;
+    a->diff += r->p_diff + r->d_diff;
+    a->generated += r->d_generated;
+    a->ms_sum += r->ms;
+    if (r->ms > a->ms_max) {
+        a->ms_max = r->ms;
+    }
+    if (r->p_ms_lookup > a->lookup_ms_max) {
+        a->lookup_ms_max = r->p_ms_lookup;
+    }
+}
+
+static cJSON *agg_json(const agg_t *a)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "sessions", a->sessions);
+    cJSON_AddNumberToObject(j, "prompt_tokens", (double)a->prompt);
+    cJSON_AddNumberToObject(j, "reused_from_d", (double)a->from_d);
+    cJSON_AddNumberToObject(j, "reused_local_tier", (double)a->local);
+    cJSON_AddNumberToObject(j, "recomputed", (double)a->recomputed);
+    cJSON_AddNumberToObject(j, "tail_hits", (double)a->tail_hits);
+    cJSON_AddNumberToObject(j, "handoff_tokens_to_d", (double)a->to_d);
+    cJSON_AddNumberToObject(j, "generated", (double)a->generated);
+    cJSON_AddNumberToObject(j, "bytes_moved", (double)a->bytes);
+    cJSON_AddNumberToObject(j, "verified_blocks", (double)a->verified);
+    cJSON_AddNumberToObject(j, "diff_bytes", (double)a->diff);
+    cJSON_AddNumberToObject(j, "ms_avg", a->n ? a->ms_sum / a->n : 0);
+    cJSON_AddNumberToObject(j, "ms_max", a->ms_max);
+    return j;
+}
+
+static void print_row(const char *label, const agg_t *a)
+{
+    printf("%-6s %8d %10llu %9llu %7llu %10llu %5llu %10llu %9.1f %9llu "
+           "%7llu %8.0f %8.0f\n",
+           label, a->sessions, (unsigned long long)a->prompt,
+           (unsigned long long)a->from_d, (unsigned long long)a->local,
+           (unsigned long long)a->recomputed, (unsigned long long)a->tail_hits,
+           (unsigned long long)a->to_d, (double)a->bytes / (1u << 20),
+           (unsigned long long)a->verified, (unsigned long long)a->diff,
+           a->n ? a->ms_sum / a->n : 0, a->ms_max);
+}
+
+static cJSON *turn_json(const turn_rec_t *r, int turn)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "turn", turn);
+    cJSON_AddNumberToObject(j, "prompt_tokens", (double)r->prompt);
+    cJSON_AddBoolToObject(j, "ok", r->p_ok && r->d_ok);
+    cJSON *p = cJSON_AddObjectToObject(j, "prefill");
+    cJSON_AddStringToObject(p, "source", r->p_source);
+    cJSON_AddNumberToObject(p, "reused_tokens", (double)r->p_loaded);
+    cJSON_AddNumberToObject(p, "match_blocks", (double)r->p_match_blocks);
+    cJSON_AddNumberToObject(p, "recomputed", (double)r->p_recomputed);
+    cJSON_AddBoolToObject(p, "tail_hit", r->p_tail_hit);
+    cJSON_AddNumberToObject(p, "bytes_loaded", (double)r->p_bytes);
+    cJSON_AddNumberToObject(p, "verified_blocks", (double)r->p_verified_blocks);
+    cJSON_AddNumberToObject(p, "diff_bytes", (double)r->p_diff);
+    cJSON_AddNumberToObject(p, "saved_bytes", (double)r->p_saved);
+    cJSON_AddNumberToObject(p, "ms", r->p_ms);
+    cJSON_AddNumberToObject(p, "lookup_ms", r->p_ms_lookup);
+    cJSON_AddNumberToObject(p, "wait_blocks_ms", r->p_ms_wait);
+    if (r->p_phases) {
+        cJSON_AddItemToObject(p, "phases_ms", cJSON_Duplicate(r->p_phases, 1));
+    }
+    if (!r->p_ok && r->p_done) {
+        cJSON_AddStringToObject(p, "error", r->p_err);
+    }
+    cJSON *d = cJSON_AddObjectToObject(j, "decode");
+    cJSON_AddStringToObject(d, "source", r->d_source);
+    cJSON_AddNumberToObject(d, "loaded_tokens", (double)r->d_loaded);
+    cJSON_AddNumberToObject(d, "match_blocks", (double)r->d_match_blocks);
+    cJSON_AddNumberToObject(d, "recomputed", (double)r->d_recomputed);
+    cJSON_AddBoolToObject(d, "tail_hit", r->d_tail_hit);
+    cJSON_AddNumberToObject(d, "generated", (double)r->d_generated);
+    cJSON_AddNumberToObject(d, "bytes_loaded", (double)r->d_bytes);
+    cJSON_AddNumberToObject(d, "verified_blocks", (double)r->d_verified_blocks);
+    cJSON_AddNumberToObject(d, "diff_bytes", (double)r->d_diff);
+    cJSON_AddNumberToObject(d, "saved_bytes", (double)r->d_saved);
+    cJSON_AddNumberToObject(d, "full_blocks_held", (double)r->d_nfull);
+    cJSON_AddNumberToObject(d, "handoff_blocks", (double)r->d_handoff_n);
+    cJSON_AddNumberToObject(d, "ms", r->d_ms);
+    if (r->d_phases) {
+        cJSON_AddItemToObject(d, "phases_ms", cJSON_Duplicate(r->d_phases, 1));
+    }
+    if (!r->d_ok && r->d_done) {
+        cJSON_AddStringToObject(d, "error", r->d_err);
+    }
+    cJSON_AddNumberToObject(j, "ms", r->ms);
+    return j;
+}
+
+/* ---- progress bar ---- */
+
+static bool g_bar;
+
+static void bar(int done, int total, int inflight, double t0)
+{
+    if (!g_bar) {
+        return;
+    }
+    int w = 30, fill = total ? done * w / total : w;
+    char b[64];
+    for (int i = 0; i < w; i++) {
+        b[i] = i < fill ? '#' : '.';
+    }
+    b[w] = '\0';
+    fprintf(stderr, "\r[%s] %d/%d phases, %d in flight, %.1f s ", b, done,
+            total, inflight, (pd_now_ms() - t0) / 1e3);
+    fflush(stderr);
+}
+
+static void bar_end(void)
+{
+    if (g_bar) {
+        fprintf(stderr, "\r%-72s\r", "");
+        fflush(stderr);
+    }
+}
+
+/* ---- main ---- */
+
+static void usage(FILE *f)
+{
+    fprintf(
+        f,
+        "usage: pdx-validate [options]\n"
+        "Runs multi-turn sessions through the GLM-5.2 P/D example and checks\n"
+        "reuse and every loaded byte. Exit 0 only if every check passed.\n"
+        "  --p-config FILE     prefill node config (default: colocated-"
+        "prefill.json)\n"
+        "  --d-config FILE     decode node config (default: colocated-"
+        "decode.json)\n"
+        "  --node PATH         glm52-pd-node binary (default: next to this "
+        "one)\n"
+        "  --sessions N        sessions (default 4)\n"
+        "  --turns N           turns per session (default 2)\n"
+        "  --prompts L,L,...   first-turn prompt lengths, cycled over "
+        "sessions\n"
+        "                      (default 1200,12020: partial tails of 48 and "
+        "52)\n"
+        "  --decode N          tokens D decodes per turn (default 32)\n"
+        "  --user-tokens N     new user tokens per later turn (default 96)\n"
+        "  --shared-prefix N   system prompt tokens every session shares "
+        "(default 512)\n"
+        "  --concurrency N     sessions in flight at once (default 2)\n"
+        "  --min-inflight N    fail unless N sessions were in flight at once\n"
+        "  --require-local     fail unless P reused its own offload tier\n"
+        "  --timeout S         whole run (default 600)\n"
+        "  --job-timeout S     one request on a node (default 120)\n"
+        "  --json              one JSON document on stdout\n"
+        "  --quiet             no progress bar\n");
+}
+
+static int parse_prompts(const char *s, opts_t *o)
+{
+    o->nprompts = 0;
+    char *copy = strdup(s), *save = NULL;
+    for (char *t = strtok_r(copy, ",", &save); t != NULL;
+         t = strtok_r(NULL, ",", &save)) {
+        char *end;
+        unsigned long v = strtoul(t, &end, 10);
+        if (*end != '\0' || v < 2 || v > 1000000 ||
+            o->nprompts == MAX_PROMPTS) {
+            free(copy);
+            return -1;
+        }
+        o->prompts[o->nprompts++] = v;
+    }
+    free(copy);
+    return o->nprompts > 0 ? 0 : -1;
+}
+
+static char *default_path(const char *leaf)
+{
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof(buf), "%s/configs/glm52-fp8-mtp/%s", PDX_SOURCE_DIR,
+             leaf);
+    return strdup(buf);
+}
+
+static char *default_node(void)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash != NULL) {
+            snprintf(slash + 1, sizeof(self) - (size_t)(slash + 1 - self),
+                     "glm52-pd-node");
+            if (access(self, X_OK) == 0) {
+                return strdup(self);
+            }
+        }
+    }
+    return strdup(PDX_NODE_PATH);
+}
+
+static int read_hello(node_t *n, cJSON *m, char *why, size_t len)
+{
+    if (!jbool(m, "ok")) {
+        const char *e = pd_json_str(m, "error");
+        snprintf(why, len, "node %s (%s) could not start: %s", n->tag,
+                 n->config, e ? e : "?");
+        return -1;
+    }
+    n->hello = m;
+    snprintf(n->agent, sizeof(n->agent), "%s",
+             pd_json_str(m, "agent") ? pd_json_str(m, "agent") : "?");
+    n->num_blocks = jnum(m, "num_blocks");
+    n->pool_blocks = jnum(m, "pool_blocks");
+    n->bytes_per_block = jnum(m, "bytes_per_block");
+    n->block_tokens = jnum(m, "block_tokens");
+    n->load_tail = jbool(m, "load_tail");
+    snprintf(n->fingerprint, sizeof(n->fingerprint), "%s",
+             pd_json_str(m, "layout_fingerprint")
+                 ? pd_json_str(m, "layout_fingerprint")
+                 : "?");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    opts_t o = {.sessions = 4,
+                .turns = 2,
+                .concurrency = 2,
+                .gen = 32,
+                .user_tokens = 96,
+                .shared = 512,
+                .timeout_s = 600,
+                .job_timeout_s = 120};
+    parse_prompts("1200,12020", &o);
+    static const struct option lo[] = {
+        {"p-config", required_argument, NULL, 'P'},
+        {"d-config", required_argument, NULL, 'D'},
+        {"node", required_argument, NULL, 'n'},
+        {"sessions", required_argument, NULL, 's'},
+        {"turns", required_argument, NULL, 't'},
+        {"prompts", required_argument, NULL, 'l'},
+        {"decode", required_argument, NULL, 'g'},
+        {"user-tokens", required_argument, NULL, 'u'},
+        {"shared-prefix", required_argument, NULL, 'x'},
+        {"concurrency", required_argument, NULL, 'c'},
+        {"min-inflight", required_argument, NULL, 'm'},
+        {"require-local", no_argument, NULL, 'L'},
+        {"timeout", required_argument, NULL, 'T'},
+        {"job-timeout", required_argument, NULL, 'J'},
+        {"json", no_argument, NULL, 'j'},
+        {"quiet", no_argument, NULL, 'q'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    int ch;
+    while ((ch = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        switch (ch) {
+        case 'P':
+            o.p_config = optarg;
+            break;
+        case 'D':
+            o.d_config = optarg;
+            break;
+        case 'n':
+            o.node = optarg;
+            break;
+        case 's':
+            o.sessions = atoi(optarg);
+            break;
+        case 't':
+            o.turns = atoi(optarg);
+            break;
+        case 'l':
+            if (parse_prompts(optarg, &o) != 0) {
+                fprintf(stderr, "pdx-validate: --prompts: comma-separated "
+                                "lengths >= 2\n");
+                return EXIT_SETUP;
+            }
+            break;
+        case 'g':
+            o.gen = atoi(optarg);
+            break;
+        case 'u':
+            o.user_tokens = atoi(optarg);
+            break;
+        case 'x':
+            o.shared = atoi(optarg);
+            break;
+        case 'c':
+            o.concurrency = atoi(optarg);
+            break;
+        case 'm':
+            o.min_inflight = atoi(optarg);
+            break;
+        case 'L':
+            o.require_local = true;
+            break;
+        case 'T':
+            o.timeout_s = atof(optarg);
+            break;
+        case 'J':
+            o.job_timeout_s = atof(optarg);
+            break;
+        case 'j':
+            o.json = true;
+            break;
+        case 'q':
+            o.quiet = true;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return EXIT_SETUP;
+        }
+    }
+    if (optind < argc || o.sessions < 1 || o.turns < 1 || o.concurrency < 1 ||
+        o.gen < 0 || o.user_tokens < 1 || o.shared < 0 || o.timeout_s <= 0 ||
+        o.job_timeout_s <= 0) {
+        usage(stderr);
+        return EXIT_SETUP;
+    }
+    char *p_cfg = o.p_config ? strdup(o.p_config)
+                             : default_path("colocated-prefill.json");
+    char *d_cfg =
+        o.d_config ? strdup(o.d_config) : default_path("colocated-decode.json");
+    char *node_bin = o.node ? strdup(o.node) : default_node();
+    o.node = node_bin;
+    g_p.config = p_cfg;
+    g_d.config = d_cfg;
+    g_bar = !o.quiet && isatty(2);
+
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGALRM, on_alarm);
+    /* Backstop: whatever hangs, the run ends. */
+    alarm((unsigned)ceil(o.timeout_s) + 30);
+    double t_start = pd_now_ms();
+    double deadline = t_start + o.timeout_s * 1e3;
+    char why[2048];
+    int rc = EXIT_FAIL;
+
+    if (spawn(&g_p, &o) != 0 || spawn(&g_d, &o) != 0) {
+        kill_nodes();
+        return EXIT_SETUP;
+    }
+    /* Both nodes start at once; each says hello with its blob. */
+    double hello_deadline = pd_now_ms() + 120e3;
+    cJSON *hp = recv_one(&g_p, hello_deadline, why, sizeof(why));
+    if (hp == NULL || read_hello(&g_p, hp, why, sizeof(why)) != 0) {
+        fprintf(stderr, "pdx-validate: %s\n", why);
+        cJSON_Delete(hp);
+        kill_nodes();
+        quit_nodes(pd_now_ms() + 2000);
+        return EXIT_SETUP;
+    }
+    cJSON *hd = recv_one(&g_d, hello_deadline, why, sizeof(why));
+    if (hd == NULL || read_hello(&g_d, hd, why, sizeof(why)) != 0) {
+        fprintf(stderr, "pdx-validate: %s\n", why);
+        cJSON_Delete(hd);
+        kill_nodes();
+        quit_nodes(pd_now_ms() + 2000);
+        return EXIT_SETUP;
+    }
+
+    /* Connect both ways: D reads P's arenas, P reads D's pool. */
+    node_t *pair[2][2] = {{&g_p, &g_d}, {&g_d, &g_p}};
+    for (int i = 0; i < 2; i++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "op", "connect");
+        cJSON_AddStringToObject(m, "blob",
+                                pd_json_str(pair[i][1]->hello, "blob"));
+        send_to(pair[i][0], m);
+    }
+    int refused = 0;
+    for (int i = 0; i < 2; i++) {
+        node_t *n = pair[i][0];
+        cJSON *r = recv_one(n, pd_now_ms() + 60e3, why, sizeof(why));
+        if (r == NULL) {
+            fprintf(stderr, "pdx-validate: connect: %s\n", why);
+            refused++;
+            continue;
+        }
+        if (!jbool(r, "ok")) {
+            fprintf(stderr,
+                    "pdx-validate: connect refused: %s (%s) loading "
+                    "%s: %s\n",
+                    n->agent, n->tag, pair[i][1]->agent,
+                    pd_json_str(r, "error") ? pd_json_str(r, "error") : "?");
+            refused++;
+        }
+        cJSON_Delete(r);
+    }
+    if (refused) {
+        if (o.json) {
+            printf("{\"result\":\"FAIL\",\"error\":\"connect refused\"}\n");
+        }
+        quit_nodes(pd_now_ms() + 5000);
+        return EXIT_REFUSED;
+    }
+
+    uint32_t B = (uint32_t)g_p.block_tokens;
+    /* Admission: the blocks of the sessions in flight must fit P's and D's
+     * arenas and D's pool (a decode's handoff leases its history there
+     * until P reads it). */
+    uint64_t budget =
+        g_p.num_blocks < g_d.num_blocks ? g_p.num_blocks : g_d.num_blocks;
+    if (g_d.pool_blocks > 0 && g_d.pool_blocks < budget) {
+        budget = g_d.pool_blocks;
+    }
+    budget = budget > 2 ? budget - 2 : budget;
+
+    session_t *ss = calloc((size_t)o.sessions, sizeof(*ss));
+    for (int i = 0; i < o.sessions; i++) {
+        session_t *s = &ss[i];
+        s->id = i;
+        s->len0 = o.prompts[i % o.nprompts];
+        if ((size_t)o.shared > s->len0) {
+            s->len0 = (size_t)o.shared; /* never shorter than the prefix */
+        }
+        s->recs = calloc((size_t)o.turns, sizeof(*s->recs));
+        size_t last = s->len0 + (size_t)(o.turns - 1) * o.user_tokens +
+                      (size_t)o.turns * o.gen;
+        s->footprint = (last + B - 1) / B;
+        if (s->footprint > budget) {
+            fprintf(stderr,
+                    "pdx-validate: session %d needs %zu blocks (%zu tokens at "
+                    "its last turn); the configs allow %llu (num_blocks %llu/"
+                    "%llu, D pool %llu blocks)\n",
+                    i, s->footprint, last, (unsigned long long)budget,
+                    (unsigned long long)g_p.num_blocks,
+                    (unsigned long long)g_d.num_blocks,
+                    (unsigned long long)g_d.pool_blocks);
+            quit_nodes(pd_now_ms() + 5000);
+            return EXIT_SETUP;
+        }
+    }
+
+    check_log_t checks = {.failures = cJSON_CreateArray()};
+    int next = 0, inflight = 0, peak_inflight = 0, finished = 0;
+    int phases_done = 0, phases_total = o.sessions * o.turns * 2;
+    uint64_t used = 0;
+    bool dead = false, timed_out = false;
+    char dead_why[512] = "";
+    while (finished < o.sessions && !dead) {
+        /* Admit sessions in order while they fit. */
+        while (next < o.sessions && inflight < o.concurrency &&
+               used + ss[next].footprint <= budget) {
+            session_t *s = &ss[next++];
+            s->turn = 1;
+            if (start_turn(s, &o) != 0) {
+                fprintf(stderr, "pdx-validate: out of memory\n");
+                kill_nodes();
+                return EXIT_SETUP;
+            }
+            used += s->footprint;
+            inflight++;
+            if (inflight > peak_inflight) {
+                peak_inflight = inflight;
+            }
+        }
+        bar(phases_done, phases_total, inflight, t_start);
+        if (pd_now_ms() > deadline) {
+            timed_out = true;
+            break;
+        }
+        struct pollfd pfd[2];
+        node_t *ns[2] = {&g_p, &g_d};
+        for (int i = 0; i < 2; i++) {
+            pfd[i] = (struct pollfd){.fd = ns[i]->chan.fd, .events = POLLIN};
+            if (pd_chan_pending(&ns[i]->chan)) {
+                pfd[i].events |= POLLOUT;
+            }
+        }
+        int prc = poll(pfd, 2, 200);
+        if (prc < 0 && errno != EINTR) {
+            snprintf(dead_why, sizeof(dead_why), "poll: %s", strerror(errno));
+            dead = true;
+            break;
+        }
+        for (int i = 0; i < 2 && !dead; i++) {
+            node_t *n = ns[i];
+            if (prc > 0 && (pfd[i].revents & POLLOUT)) {
+                pd_chan_flush(&n->chan);
+            }
+            if (prc > 0 && (pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) {
+                pd_chan_fill(&n->chan);
+            }
+            cJSON *m;
+            while ((m = pd_chan_next(&n->chan)) != NULL) {
+                const char *op = pd_json_str(m, "op");
+                int sid = (int)pd_json_num(m, "sid", -1);
+                session_t *s = sid >= 0 && sid < o.sessions ? &ss[sid] : NULL;
+                if (op != NULL && strcmp(op, "reject") == 0 && sid == -2) {
+                    /* D's reject of a handoff it could not take: the
+                     * session already failed; nothing more to check. */
+                    cJSON_Delete(m);
+                    continue;
+                }
+                if (op == NULL || s == NULL) {
+                    check(&checks, false, "node %s: unexpected message %s: %s",
+                          n->tag, op ? op : "?",
+                          pd_json_str(m, "error") ? pd_json_str(m, "error")
+                                                  : "");
+                    cJSON_Delete(m);
+                    continue;
+                }
+                turn_rec_t *r = &s->recs[s->turn - 1];
+                bool ok = jbool(m, "ok");
+                const cJSON *ms = cJSON_GetObjectItemCaseSensitive(m, "ms");
+                if (strcmp(op, "prefill") == 0 && s->state == S_P) {
+                    phases_done++;
+                    r->p_done = true;
+                    r->p_ok = ok;
+                    if (!ok) {
+                        copy_err(r->p_err, sizeof(r->p_err), m);
+                    } else {
+                        snprintf(r->p_source, sizeof(r->p_source), "%s",
+                                 pd_json_str(m, "source"));
+                        r->p_loaded = jnum(m, "loaded");
+                        r->p_recomputed = jnum(m, "recomputed");
+                        r->p_match_blocks = jnum(m, "match_blocks");
+                        r->p_tail_hit = jbool(m, "tail_hit");
+                        r->p_load_failed = jbool(m, "load_failed");
+                        r->p_bytes = jnum(m, "bytes_loaded");
+                        r->p_verified_blocks = jnum(m, "verified_blocks");
+                        r->p_diff = jnum(m, "diff_bytes");
+                        r->p_saved = jnum(m, "bytes_saved");
+                        r->p_nfull = jnum(m, "nfull");
+                        r->p_has_tail = jbool(m, "has_tail");
+                        r->p_tail_tokens = (uint32_t)jnum(m, "tail_tokens");
+                        r->p_ms = pd_json_num(ms, "total", 0);
+                        r->p_ms_lookup = pd_json_num(ms, "lookup", 0);
+                        r->p_ms_wait = pd_json_num(ms, "wait_blocks", 0);
+                        r->p_phases = cJSON_Duplicate(ms, 1);
+                        free(s->params_p);
+                        s->params_p = strdup(pd_json_str(m, "params"));
+                    }
+                    if (ok) {
+                        /* Hand off to D: the same prompt, P's params. */
+                        send_job(&g_d, "decode", s, s->params_p, o.gen);
+                        s->state = S_D;
+                    } else {
+                        phases_done++;
+                        r->d_done = true;
+                        snprintf(r->d_err, sizeof(r->d_err),
+                                 "not run: prefill failed");
+                        s->ended = true;
+                        goto session_turn_done;
+                    }
+                } else if (strcmp(op, "decode") == 0 && s->state == S_D) {
+                    phases_done++;
+                    r->d_done = true;
+                    r->d_ok = ok;
+                    if (!ok) {
+                        copy_err(r->d_err, sizeof(r->d_err), m);
+                        /* D never read P's blocks: tell P to free them. */
+                        cJSON *rj = cJSON_CreateObject();
+                        cJSON_AddStringToObject(rj, "op", "reject");
+                        cJSON_AddNumberToObject(rj, "sid", -2);
+                        cJSON_AddStringToObject(rj, "params", s->params_p);
+                        send_to(&g_d, rj);
+                        s->ended = true;
+                    } else {
+                        snprintf(r->d_source, sizeof(r->d_source), "%s",
+                                 pd_json_str(m, "source"));
+                        r->d_loaded = jnum(m, "loaded");
+                        r->d_recomputed = jnum(m, "recomputed");
+                        r->d_match_blocks = jnum(m, "match_blocks");
+                        r->d_tail_hit = jbool(m, "tail_hit");
+                        r->d_load_failed = jbool(m, "load_failed");
+                        r->d_bytes = jnum(m, "bytes_loaded");
+                        r->d_verified_blocks = jnum(m, "verified_blocks");
+                        r->d_diff = jnum(m, "diff_bytes");
+                        r->d_saved = jnum(m, "bytes_saved");
+                        r->d_nfull = jnum(m, "nfull");
+                        r->d_ms = pd_json_num(ms, "total", 0);
+                        r->d_phases = cJSON_Duplicate(ms, 1);
+                        free(s->params_d);
+                        s->params_d = strdup(pd_json_str(m, "params"));
+                        r->d_handoff_n = handoff_hashes(s->params_d);
+                        /* The history grows by what D generated. */
+                        const cJSON *g =
+                            cJSON_GetObjectItemCaseSensitive(m, "generated");
+                        size_t ng = (size_t)cJSON_GetArraySize(g);
+                        r->d_generated = ng;
+                        hist_reserve(s, s->prompt_n + ng);
+                        size_t k = s->prompt_n;
+                        const cJSON *e;
+                        cJSON_ArrayForEach(e, g)
+                        {
+                            s->hist[k++] = (uint64_t)e->valuedouble;
+                        }
+                        s->n = k;
+                        /* The stand-in's sampler is deterministic: check
+                         * what D generated. */
+                        uint64_t h = PD_PREFIX_ROOT;
+                        for (size_t i2 = 0; i2 < s->prompt_n; i2++) {
+                            h = pd_prefix_step(h, s->hist[i2]);
+                        }
+                        size_t bad = 0;
+                        for (size_t i2 = s->prompt_n; i2 < s->n; i2++) {
+                            bad += s->hist[i2] != pd_next_token(h);
+                            h = pd_prefix_step(h, s->hist[i2]);
+                        }
+                        check(&checks, bad == 0 && ng == (size_t)o.gen,
+                              "session %d turn %d: D generated %zu tokens, "
+                              "%zu not what the stand-in samples",
+                              s->id, s->turn, ng, bad);
+                    }
+                session_turn_done:
+                    r->ms = pd_now_ms() - r->t0;
+                    check_turn(&checks, s, s->turn, B,
+                               g_d.load_tail && r->p_ok);
+                    if (!s->ended && s->turn < o.turns) {
+                        s->turn++;
+                        start_turn(s, &o);
+                    } else if (s->params_d != NULL) {
+                        /* Nobody will read D's last handoff: P rejects it
+                         * so D's pool lease goes now, not at expiry. */
+                        cJSON *rj = cJSON_CreateObject();
+                        cJSON_AddStringToObject(rj, "op", "reject");
+                        cJSON_AddNumberToObject(rj, "sid", s->id);
+                        cJSON_AddStringToObject(rj, "params", s->params_d);
+                        send_to(&g_p, rj);
+                        s->state = S_REJECT;
+                    } else {
+                        s->state = S_DONE;
+                        finished++;
+                        inflight--;
+                        used -= s->footprint;
+                    }
+                } else if (strcmp(op, "reject") == 0 && s->state == S_REJECT) {
+                    check(&checks, ok,
+                          "session %d: reject of D's last "
+                          "handoff failed: %s",
+                          s->id,
+                          pd_json_str(m, "error") ? pd_json_str(m, "error")
+                                                  : "?");
+                    s->state = S_DONE;
+                    finished++;
+                    inflight--;
+                    used -= s->footprint;
+                } else {
+                    check(&checks, false,
+                          "node %s: unexpected %s reply for session %d in "
+                          "state %d: %s",
+                          n->tag, op, sid, (int)s->state,
+                          pd_json_str(m, "error") ? pd_json_str(m, "error")
+                                                  : "");
+                }
+                cJSON_Delete(m);
+            }
+            if (n->chan.error || n->chan.eof) {
+                char d[128];
+                node_death(n, d, sizeof(d));
+                snprintf(dead_why, sizeof(dead_why),
+                         "node %s (%s, %s) %s with %d sessions unfinished",
+                         n->tag, n->agent, n->config, d, o.sessions - finished);
+                dead = true;
+            }
+        }
+    }
+    bar(phases_done, phases_total, inflight, t_start);
+    bar_end();
+    double wall_ms = pd_now_ms() - t_start;
+
+    if (timed_out) {
+        snprintf(dead_why, sizeof(dead_why),
+                 "timed out after %.0f s with %d of %d sessions unfinished",
+                 o.timeout_s, o.sessions - finished, o.sessions);
+    }
+    check(&checks, !dead && !timed_out, "%s", dead_why);
+
+    /* Drain: every held block freed (D's reads done, last handoffs
+     * rejected), no lease expired, nothing left running. */
+    if (!dead && !timed_out) {
+        node_t *ns[2] = {&g_p, &g_d};
+        for (int i = 0; i < 2; i++) {
+            cJSON *m = cJSON_CreateObject();
+            cJSON_AddStringToObject(m, "op", "drain");
+            cJSON_AddNumberToObject(m, "timeout_ms", 15000);
+            send_to(ns[i], m);
+        }
+        for (int i = 0; i < 2; i++) {
+            cJSON *r = recv_one(ns[i], pd_now_ms() + 30e3, why, sizeof(why));
+            if (r == NULL) {
+                check(&checks, false, "drain: %s", why);
+                continue;
+            }
+            const cJSON *st = cJSON_GetObjectItemCaseSensitive(r, "stats");
+            check(&checks, jbool(r, "ok"),
+                  "node %s: %llu requests still held after the run", ns[i]->tag,
+                  (unsigned long long)jnum(st, "held"));
+            check(&checks, jnum(st, "freed_expired") == 0,
+                  "node %s: %zu handoff leases expired (the peer never read "
+                  "them)",
+                  ns[i]->tag, jnum(st, "freed_expired"));
+            check(&checks, jnum(st, "free_blocks") == ns[i]->num_blocks,
+                  "node %s: %zu of %llu blocks free after the run", ns[i]->tag,
+                  jnum(st, "free_blocks"),
+                  (unsigned long long)ns[i]->num_blocks);
+            ns[i]->stats = cJSON_Duplicate(st, 1);
+            cJSON_Delete(r);
+        }
+    }
+    quit_nodes(pd_now_ms() + 15000);
+
+    agg_t *per = calloc((size_t)o.turns, sizeof(*per));
+    agg_t tot = {0};
+    for (int i = 0; i < o.sessions; i++) {
+        for (int t = 0; t < o.turns; t++) {
+            agg_add(&per[t], &ss[i].recs[t]);
+            agg_add(&tot, &ss[i].recs[t]);
+        }
+    }
+    tot.sessions = 0;
+    for (int i = 0; i < o.sessions; i++) {
+        tot.sessions += ss[i].recs[0].p_done;
+    }
+    if (o.require_local) {
+        check(&checks, tot.local > 0,
+              "P never reused its own offload tier (shared prefix %d tokens)",
+              o.shared);
+    }
+    if (o.min_inflight > 0) {
+        check(&checks, peak_inflight >= o.min_inflight,
+              "at most %d sessions were in flight, wanted %d (admission "
+              "budget %llu blocks)",
+              peak_inflight, o.min_inflight, (unsigned long long)budget);
+    }
+    /* Reuse must have happened where it must: checked per turn above; an
+     * empty run proves nothing. */
+    check(&checks, o.turns < 2 || tot.from_d > 0,
+          "no token was reused from D in any later turn");
+    bool pass = checks.failed == 0;
+    rc = pass ? 0 : EXIT_FAIL;
+
+    if (o.json) {
+        cJSON *doc = cJSON_CreateObject();
+        cJSON_AddStringToObject(doc, "result", pass ? "PASS" : "FAIL");
+        cJSON *cf = cJSON_AddObjectToObject(doc, "run");
+        cJSON_AddStringToObject(cf, "p_config", p_cfg);
+        cJSON_AddStringToObject(cf, "d_config", d_cfg);
+        cJSON_AddStringToObject(cf, "p_agent", g_p.agent);
+        cJSON_AddStringToObject(cf, "d_agent", g_d.agent);
+        cJSON_AddStringToObject(cf, "layout_fingerprint", g_p.fingerprint);
+        cJSON_AddNumberToObject(cf, "bytes_per_block",
+                                (double)g_p.bytes_per_block);
+        cJSON_AddNumberToObject(cf, "block_tokens", B);
+        cJSON_AddNumberToObject(cf, "sessions", o.sessions);
+        cJSON_AddNumberToObject(cf, "turns", o.turns);
+        cJSON *pl = cJSON_AddArrayToObject(cf, "prompts");
+        for (int i = 0; i < o.nprompts; i++) {
+            cJSON_AddItemToArray(pl, cJSON_CreateNumber((double)o.prompts[i]));
+        }
+        cJSON_AddNumberToObject(cf, "decode_tokens", o.gen);
+        cJSON_AddNumberToObject(cf, "user_tokens", o.user_tokens);
+        cJSON_AddNumberToObject(cf, "shared_prefix", o.shared);
+        cJSON_AddNumberToObject(cf, "concurrency", o.concurrency);
+        cJSON_AddNumberToObject(cf, "peak_in_flight", peak_inflight);
+        cJSON_AddNumberToObject(cf, "admission_budget_blocks", (double)budget);
+        cJSON_AddNumberToObject(cf, "wall_ms", wall_ms);
+        cJSON *tj = cJSON_AddArrayToObject(doc, "turns");
+        for (int t = 0; t < o.turns; t++) {
+            cJSON *a = agg_json(&per[t]);
+            cJSON_AddNumberToObject(a, "turn", t + 1);
+            cJSON_AddItemToArray(tj, a);
+        }
+        cJSON_AddItemToObject(doc, "total", agg_json(&tot));
+        cJSON *sj = cJSON_AddArrayToObject(doc, "sessions");
+        for (int i = 0; i < o.sessions; i++) {
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddNumberToObject(x, "id", i);
+            cJSON_AddNumberToObject(x, "first_prompt", (double)ss[i].len0);
+            cJSON *xt = cJSON_AddArrayToObject(x, "turns");
+            for (int t = 0; t < o.turns; t++) {
+                if (ss[i].recs[t].p_done) {
+                    cJSON_AddItemToArray(xt, turn_json(&ss[i].recs[t], t + 1));
+                }
+            }
+            cJSON_AddItemToArray(sj, x);
+        }
+        cJSON *nj = cJSON_AddObjectToObject(doc, "nodes");
+        cJSON_AddItemToObject(nj, "P",
+                              g_p.stats ? g_p.stats : cJSON_CreateNull());
+        cJSON_AddItemToObject(nj, "D",
+                              g_d.stats ? g_d.stats : cJSON_CreateNull());
+        g_p.stats = g_d.stats = NULL;
+        cJSON *cj = cJSON_AddObjectToObject(doc, "checks");
+        cJSON_AddNumberToObject(cj, "passed", checks.passed);
+        cJSON_AddNumberToObject(cj, "failed", checks.failed);
+        cJSON_AddItemToObject(cj, "failures", checks.failures);
+        checks.failures = NULL;
+        char *text = cJSON_Print(doc);
+        puts(text);
+        free(text);
+        cJSON_Delete(doc);
+    } else {
+        printf("pdx-validate: GLM-5.2 P/D example\n");
+        printf("  P %s (%s), D %s (%s)\n", g_p.agent, p_cfg, g_d.agent, d_cfg);
+        printf("  layout %s, %llu B per %u-token block; P/D %llu/%llu "
+               "blocks, D pool %llu blocks\n",
+               g_p.fingerprint, (unsigned long long)g_p.bytes_per_block, B,
+               (unsigned long long)g_p.num_blocks,
+               (unsigned long long)g_d.num_blocks,
+               (unsigned long long)g_d.pool_blocks);
+        printf("  %d sessions x %d turns, prompts", o.sessions, o.turns);
+        for (int i = 0; i < o.nprompts; i++) {
+            printf("%s%zu", i ? "," : " ", o.prompts[i]);
+        }
+        printf(" (shared prefix %d), decode %d, user %d tokens/turn, "
+               "concurrency %d (peak %d)\n\n",
+               o.shared, o.gen, o.user_tokens, o.concurrency, peak_inflight);
+        printf("%-6s %8s %10s %9s %7s %10s %5s %10s %9s %9s %7s %8s %8s\n",
+               "turn", "sessions", "prompt_tok", "from_D", "local",
+               "recomputed", "tail", "P->D_tok", "moved_MiB", "verif_blk",
+               "diff_B", "ms_avg", "ms_max");
+        for (int t = 0; t < o.turns; t++) {
+            char label[16];
+            snprintf(label, sizeof(label), "%d", t + 1);
+            print_row(label, &per[t]);
+        }
+        print_row("total", &tot);
+        printf("\n  from_D: prompt tokens P loaded from D's offload pool "
+               "(D-to-P reuse); local: from P's own offload tier;\n"
+               "  tail: partial tail blocks loaded; P->D_tok: tokens D "
+               "loaded from P's arenas; moved: bytes loaded on P and D\n");
+        node_t *ns[2] = {&g_p, &g_d};
+        for (int i = 0; i < 2; i++) {
+            const cJSON *st = ns[i]->stats;
+            const cJSON *of = cJSON_GetObjectItemCaseSensitive(st, "offload");
+            if (st == NULL) {
+                continue;
+            }
+            printf("  %s %s: peak %zu/%llu blocks, handoffs freed: %zu done, "
+                   "%zu rejected, %zu expired; offload: %zu saves (%zu dup), "
+                   "%zu hits, %zu evictions, %zu refused\n",
+                   ns[i]->tag, ns[i]->agent, jnum(st, "peak_blocks"),
+                   (unsigned long long)ns[i]->num_blocks,
+                   jnum(st, "freed_done"), jnum(st, "freed_reject"),
+                   jnum(st, "freed_expired"), jnum(of, "saves"),
+                   jnum(of, "dup_saves"), jnum(of, "hits"),
+                   jnum(of, "evictions"), jnum(of, "no_space"));
+        }
+        printf("  wall %.1f s\n\n", wall_ms / 1e3);
+        printf("checks: %d passed, %d failed\n", checks.passed, checks.failed);
+        const cJSON *f;
+        cJSON_ArrayForEach(f, checks.failures)
+        {
+            printf("  FAIL: %s\n", f->valuestring);
+        }
+        printf("%s\n", pass ? "PASS" : "FAIL");
+    }
+    fflush(stdout);
+    cJSON_Delete(checks.failures);
+    for (int i = 0; i < o.sessions; i++) {
+        free(ss[i].hist);
+        free(ss[i].params_p);
+        free(ss[i].params_d);
+        for (int t = 0; t < o.turns; t++) {
+            cJSON_Delete(ss[i].recs[t].p_phases);
+            cJSON_Delete(ss[i].recs[t].d_phases);
+        }
+        free(ss[i].recs);
+    }
+    free(ss);
+    free(per);
+    cJSON_Delete(g_p.hello);
+    cJSON_Delete(g_d.hello);
+    cJSON_Delete(g_p.stats);
+    cJSON_Delete(g_d.stats);
+    pd_chan_close(&g_p.chan);
+    pd_chan_close(&g_d.chan);
+    free(p_cfg);
+    free(d_cfg);
+    free(node_bin);
+    return rc;
+}
