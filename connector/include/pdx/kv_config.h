@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include <pdx/export.h>
+#include <pdx/kv_layout.h>
 #include <pdx/types.h>
 
 #ifdef __cplusplus
@@ -40,6 +41,7 @@ typedef enum pdx_kv_child_type {
 #define PDX_KV_MAX_CHILDREN 4
 #define PDX_KV_MAX_INDEX_LAYERS 128
 #define PDX_KV_MAX_BACKEND_OPTS 8
+#define PDX_KV_MAX_BACKENDS 4
 
 typedef struct pdx_kv_child_config {
     pdx_kv_child_type_t type;
@@ -52,7 +54,7 @@ typedef struct pdx_kv_child_config {
     pdx_kv_offload_mode_t mode;   /* read_write */
     uint64_t budget_bytes;        /* host pool bytes for the host; required */
     uint32_t ranks_per_host;      /* budget split evenly; default dp_size */
-    bool wait_for_full_prefix;    /* lookup pending until prefix saved */
+    bool wait_for_full_prefix;    /* lookup pending till saved; false */
     uint32_t wait_timeout_ms;     /* deadline of that wait; 2000 */
     bool save_tail;               /* save partial tail blocks; true */
 } pdx_kv_child_config_t;
@@ -61,7 +63,9 @@ typedef struct pdx_kv_config {
     char source[256];   /* file the config came from */
     char model_id[128]; /* "zai-org/GLM-5.2-FP8" */
     pdx_kv_role_t role;
-    char agent_name[64];  /* default "<model short>-<p|d|pd>-dp<rank>" */
+    /* Default "<model short>-<p|d|pd>-dp<rank>" (plus "-tp<rank>" when
+     * tp_size > 1); configs/README.md gives the model short name rule. */
+    char agent_name[64];
     char peer_name[64];   /* required for producer and consumer */
     char peer_address[128]; /* where the peer's blob is found (example) */
     uint32_t dp_size, dp_rank, tp_size, tp_rank; /* 1,0,1,0 */
@@ -76,29 +80,44 @@ typedef struct pdx_kv_config {
     uint32_t mtp_layers;            /* 1 */
     uint32_t block_tokens;          /* 64 */
     uint32_t num_blocks;            /* KV blocks in this rank's arenas */
-    uint64_t bytes_per_block;       /* optional check: 3502592; 0 = none */
+    /* Always the derived pdx_kv_config_bytes_per_block (3502592); a
+     * kv.bytes_per_block in the file is checked against it. */
+    uint64_t bytes_per_block;
     pdx_mem_type_t mem_type;        /* "dram" | "vram"; dram */
-    uint32_t device;                /* CUDA device for vram */
+    uint32_t device;                /* CUDA device for vram; 0 */
 
-    char hash_algo[32]; /* "xxhash_cbor" | "sha256_cbor" */
-    char hash_seed[128];
+    char hash_algo[32]; /* "xxhash_cbor" | "sha256_cbor"; sha256_cbor */
+    char hash_seed[128]; /* required; "" is a valid seed (as in vLLM) */
 
     pdx_kv_child_config_t children[PDX_KV_MAX_CHILDREN];
     uint32_t nchildren; /* MultiConnector order */
 
-    char backends[4][16]; /* e.g. "ucx", "cuda_ipc" */
+    char backends[PDX_KV_MAX_BACKENDS][16]; /* e.g. "ucx", "cuda_ipc" */
     uint32_t nbackends;
-    pdx_kv_t backend_opts[PDX_KV_MAX_BACKEND_OPTS]; /* point into opt_buf */
+    /* Every backend's options, backend by backend. They point into the
+     * opt_buf of the struct the config was loaded into: a copy of the
+     * struct must take them from pdx_kv_config_backend_opts instead. */
+    pdx_kv_t backend_opts[PDX_KV_MAX_BACKEND_OPTS];
     uint32_t nbackend_opts;
     char opt_buf[PDX_KV_MAX_BACKEND_OPTS][2][64];
+    /* backend_opts[i] belongs to backends[backend_opt_owner[i]]. */
+    uint32_t backend_opt_owner[PDX_KV_MAX_BACKEND_OPTS];
 } pdx_kv_config_t;
 
+/* Largest config text accepted, in bytes. */
+#define PDX_KV_CONFIG_MAX_BYTES (1u << 20)
+
 /* Load and validate `path`. On failure returns PDX_ERR_CONFIG (or
- * PDX_ERR_IO / PDX_ERR_NOT_FOUND for the file) and writes into `err` a
+ * PDX_ERR_NOT_FOUND for a missing file, PDX_ERR_IO for one that cannot be
+ * read, PDX_ERR_INVALID for NULL arguments) and writes into `err` a
  * message naming the file, the JSON path and what was expected, e.g.
  * "configs/x.json: $.connector.children[1].budget_bytes: 1024 is smaller
- * than one block (3502592 bytes)". Unknown keys and wrong types are errors.
- * Pure (no global state); thread-safe; blocking (file read). */
+ * than one block (3502592 bytes)". Unknown keys, repeated keys and wrong
+ * types are errors; the text must be UTF-8 of at most
+ * PDX_KV_CONFIG_MAX_BYTES. *cfg is written only on success (err is then
+ * ""). `err` may be NULL when err_len is 0.
+ * Thread-safe (pdx keeps no state; cJSON records its last parse error in a
+ * global that pdx never reads); blocking (file read). */
 PDX_API pdx_status_t pdx_kv_config_load(const char *path,
                                         pdx_kv_config_t *cfg, char *err,
                                         size_t err_len);
@@ -110,8 +129,34 @@ PDX_API pdx_status_t pdx_kv_config_parse(const char *json, size_t len,
                                          pdx_kv_config_t *cfg, char *err,
                                          size_t err_len);
 
-/* Bytes of one KV block over all arenas for the shape in `cfg`. */
+/* Bytes of one KV block over all arenas for the shape in `cfg`:
+ * (num_layers * mla + n_index_k_layers * index_k
+ *  + mtp_layers * (mla + index_k)) * block_tokens. */
 PDX_API uint64_t pdx_kv_config_bytes_per_block(const pdx_kv_config_t *cfg);
+
+/* Arenas of that shape: num_layers + n_index_k_layers + mtp_layers (times 2
+ * when index_k_bytes_per_token > 0). 101 for GLM-5.2. */
+PDX_API uint32_t pdx_kv_config_num_arenas(const pdx_kv_config_t *cfg);
+
+/* Builds the layout `cfg` describes, in the arena order and names of
+ * pdx_layout_glm52 (so the GLM-5.2 configs have its fingerprint): for each
+ * layer L, "layer<L>.mla" then, on an index-K layer, "layer<L>.index_k";
+ * then for each MTP layer M = num_layers + i, "mtp<M>.mla" and, when
+ * index_k_bytes_per_token > 0, "mtp<M>.index_k" (is_mtp = 1). num_blocks,
+ * memory type and device come from cfg; strides are packed, bases 0. The
+ * caller owns *layout_p (written only on success; pdx_layout_destroy).
+ * PDX_ERR_INVALID for NULL or a shape pdx_layout_add_arena refuses,
+ * PDX_ERR_NOMEM. Non-blocking; thread-safe. */
+PDX_API pdx_status_t pdx_kv_config_layout(const pdx_kv_config_t *cfg,
+                                          pdx_layout_h *layout_p);
+
+/* Options of backends[backend] as key/value pairs pointing into
+ * cfg->opt_buf (valid while *cfg lives unchanged): writes up to `max`
+ * entries to `out` and returns how many that backend has (0 for an index
+ * out of range). Works on any copy of a loaded config. */
+PDX_API size_t pdx_kv_config_backend_opts(const pdx_kv_config_t *cfg,
+                                          uint32_t backend, pdx_kv_t *out,
+                                          size_t max);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,1510 @@
+/* Deployment config: one JSON file per role (cJSON) checked key by key into
+ * pdx_kv_config_t. Every error names the file, the JSON path and what was
+ * expected; configs/README.md is the schema this file implements. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include <pdx/kv_config.h>
+#include <pdx/kv_hash.h>
+
+/* Integers JSON carries exactly (IEEE doubles): 2^53. */
+#define JSON_INT_MAX 9007199254740992ull
+#define PATH_MAX_LEN 192
+#define NUM_LAYERS_MAX 4096
+#define MTP_LAYERS_MAX 16
+#define BYTES_PER_TOKEN_MAX (1u << 20)
+#define PARALLEL_MAX 4096
+#define DEVICE_MAX 1023
+#define MS_MAX 86400000u /* one day */
+
+typedef struct cfg_ctx {
+    const char *name; /* file name for messages */
+    char *err;
+    size_t err_len;
+    char path[PATH_MAX_LEN];
+    size_t path_len;
+} cfg_ctx_t;
+
+/* ---- messages and JSON paths ---------------------------------------- */
+
+static pdx_status_t fail_st(cfg_ctx_t *c, pdx_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static pdx_status_t fail_st(cfg_ctx_t *c, pdx_status_t st, const char *fmt, ...)
+{
+    if (c->err == NULL || c->err_len == 0)
+        return st;
+    int n = snprintf(c->err, c->err_len, "%s: ", c->name);
+    if (n >= 0 && (size_t)n < c->err_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->err + n, c->err_len - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+#define fail(c, ...) fail_st((c), PDX_ERR_CONFIG, __VA_ARGS__)
+/* An error at the current JSON path. */
+#define fail_at(c, fmt, ...)                                                   \
+    fail_st((c), PDX_ERR_CONFIG, "%s: " fmt, (c)->path, __VA_ARGS__)
+
+/* Copies `s` for a message: at most `max` bytes (not cutting a UTF-8
+ * sequence, "..." marking a cut), control characters as '?', and quotes
+ * and backslashes too unless keep_quotes. */
+static void sanitize_q(const char *s, char *out, size_t outlen, size_t max,
+                       int keep_quotes)
+{
+    size_t n = strlen(s), o = 0;
+    int cut = 0;
+    if (n > max) {
+        n = max;
+        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
+            n--;
+        cut = 1;
+    }
+    for (size_t i = 0; i < n && o + 1 < outlen; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        int bad = ch < 0x20 || ch == 0x7F ||
+                  (!keep_quotes && (ch == '"' || ch == '\\'));
+        out[o++] = bad ? '?' : (char)ch;
+    }
+    for (int k = 0; cut && k < 3 && o + 1 < outlen; k++)
+        out[o++] = '.';
+    out[o] = '\0';
+}
+
+static void sanitize(const char *s, char *out, size_t outlen, size_t max)
+{
+    sanitize_q(s, out, outlen, max, 0);
+}
+
+static int is_ident(const char *s)
+{
+    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || *s == '_'))
+        return 0;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') ||
+              (*s >= '0' && *s <= '9') || *s == '_'))
+            return 0;
+    return 1;
+}
+
+static size_t path_push_key(cfg_ctx_t *c, const char *key)
+{
+    size_t old = c->path_len;
+    char k[72];
+    sanitize(key, k, sizeof(k), 64);
+    int n = snprintf(c->path + old, sizeof(c->path) - old,
+                     is_ident(key) ? ".%s" : "[\"%s\"]", k);
+    if (n > 0)
+        c->path_len = old + (size_t)n < sizeof(c->path) ? old + (size_t)n
+                                                        : sizeof(c->path) - 1;
+    return old;
+}
+
+static size_t path_push_index(cfg_ctx_t *c, size_t i)
+{
+    size_t old = c->path_len;
+    int n = snprintf(c->path + old, sizeof(c->path) - old, "[%zu]", i);
+    if (n > 0)
+        c->path_len = old + (size_t)n < sizeof(c->path) ? old + (size_t)n
+                                                        : sizeof(c->path) - 1;
+    return old;
+}
+
+static void path_pop(cfg_ctx_t *c, size_t old)
+{
+    c->path_len = old;
+    c->path[old] = '\0';
+}
+
+/* "string \"abc\"", "number 1.5", ... for "got ..." in messages. */
+static void describe(const cJSON *v, char *out, size_t len)
+{
+    char s[48];
+    if (cJSON_IsString(v) && v->valuestring != NULL) {
+        sanitize(v->valuestring, s, sizeof(s), 32);
+        snprintf(out, len, "string \"%s\"", s);
+    } else if (cJSON_IsNumber(v)) {
+        snprintf(out, len, "number %.15g", v->valuedouble);
+    } else if (cJSON_IsBool(v)) {
+        snprintf(out, len, "boolean %s", cJSON_IsTrue(v) ? "true" : "false");
+    } else if (cJSON_IsNull(v)) {
+        snprintf(out, len, "null");
+    } else if (cJSON_IsArray(v)) {
+        snprintf(out, len, "array");
+    } else if (cJSON_IsObject(v)) {
+        snprintf(out, len, "object");
+    } else {
+        snprintf(out, len, "an invalid value");
+    }
+}
+
+static pdx_status_t fail_type(cfg_ctx_t *c, const cJSON *v,
+                              const char *expected)
+{
+    char got[64];
+    describe(v, got, sizeof(got));
+    return fail_at(c, "expected %s, got %s", expected, got);
+}
+
+/* ---- objects: known keys, no repeats --------------------------------- */
+
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 32 || lb > 32)
+        return 99;
+    size_t row[33];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* `obj` must be an object whose keys are all in `known` (n <= 32), each
+ * once. `what` names the object in the unknown-key message. */
+static pdx_status_t check_keys(cfg_ctx_t *c, const cJSON *obj,
+                               const char *const *known, size_t n,
+                               const char *what)
+{
+    uint32_t seen = 0;
+    for (const cJSON *it = obj->child; it != NULL; it = it->next) {
+        const char *key = it->string != NULL ? it->string : "";
+        size_t k = 0;
+        while (k < n && strcmp(known[k], key) != 0)
+            k++;
+        size_t old = path_push_key(c, key);
+        if (k == n) {
+            char list[320] = "", hint[64] = "";
+            size_t best = 99, bi = 0, o = 0;
+            for (size_t i = 0; i < n; i++) {
+                int w = snprintf(list + o, sizeof(list) - o, "%s%s",
+                                 i ? ", " : "", known[i]);
+                if (w > 0 && o + (size_t)w < sizeof(list))
+                    o += (size_t)w;
+                size_t d = edit_distance(key, known[i]);
+                if (d < best) {
+                    best = d;
+                    bi = i;
+                }
+            }
+            if (best <= 2 && best < strlen(key))
+                snprintf(hint, sizeof(hint), " (did you mean %s?)", known[bi]);
+            return fail_at(c, "unknown key%s; %s takes: %s", hint, what, list);
+        }
+        if (seen & (1u << k))
+            return fail_at(c, "%s", "key given twice");
+        seen |= 1u << k;
+        path_pop(c, old);
+    }
+    return PDX_OK;
+}
+
+/* The member called `key` (case-sensitive; check_keys ruled out repeats). */
+static const cJSON *member(const cJSON *obj, const char *key)
+{
+    if (obj == NULL)
+        return NULL;
+    for (const cJSON *it = obj->child; it != NULL; it = it->next)
+        if (it->string != NULL && strcmp(it->string, key) == 0)
+            return it;
+    return NULL;
+}
+
+/* Enters obj.key, which must be an object (absent: *out NULL, unless
+ * required). The caller pops the path with the returned length. */
+static pdx_status_t get_object(cfg_ctx_t *c, const cJSON *obj, const char *key,
+                               int required, const cJSON **out, size_t *old_p)
+{
+    const cJSON *v = member(obj, key);
+    *old_p = path_push_key(c, key);
+    *out = NULL;
+    if (v == NULL) {
+        if (required)
+            return fail_at(c, "%s", "missing (required: an object)");
+        return PDX_OK;
+    }
+    if (!cJSON_IsObject(v))
+        return fail_type(c, v, "an object");
+    *out = v;
+    return PDX_OK;
+}
+
+/* ---- scalars ---------------------------------------------------------- */
+
+static void int_expect(uint64_t lo, uint64_t hi, char *out, size_t len)
+{
+    if (hi >= JSON_INT_MAX) {
+        if (lo == 0)
+            snprintf(out, len, "a non-negative integer");
+        else if (lo == 1)
+            snprintf(out, len, "a positive integer");
+        else
+            snprintf(out, len, "an integer of at least %" PRIu64, lo);
+    } else if (lo == 1) {
+        snprintf(out, len, "a positive integer up to %" PRIu64, hi);
+    } else {
+        snprintf(out, len, "an integer from %" PRIu64 " to %" PRIu64, lo, hi);
+    }
+}
+
+/* An integer JSON number in [lo, hi] (hi <= 2^53) at the current path. */
+static pdx_status_t read_uint(cfg_ctx_t *c, const cJSON *v, uint64_t lo,
+                              uint64_t hi, uint64_t *out)
+{
+    char exp[80];
+    int_expect(lo, hi, exp, sizeof(exp));
+    if (!cJSON_IsNumber(v))
+        return fail_type(c, v, exp);
+    double d = v->valuedouble;
+    if (!isfinite(d) || d < 0 || d > (double)JSON_INT_MAX ||
+        (double)(uint64_t)d != d)
+        return fail_type(c, v, exp);
+    uint64_t u = (uint64_t)d;
+    if (u < lo || u > hi)
+        return fail_type(c, v, exp);
+    *out = u;
+    return PDX_OK;
+}
+
+static pdx_status_t get_uint(cfg_ctx_t *c, const cJSON *obj, const char *key,
+                             uint64_t lo, uint64_t hi, int required,
+                             uint64_t def, uint64_t *out)
+{
+    const cJSON *v = member(obj, key);
+    size_t old = path_push_key(c, key);
+    if (v == NULL) {
+        if (required) {
+            char exp[80];
+            int_expect(lo, hi, exp, sizeof(exp));
+            return fail_at(c, "missing (required: %s)", exp);
+        }
+        *out = def;
+    } else {
+        pdx_status_t st = read_uint(c, v, lo, hi, out);
+        if (st != PDX_OK)
+            return st;
+    }
+    path_pop(c, old);
+    return PDX_OK;
+}
+
+static pdx_status_t get_u32(cfg_ctx_t *c, const cJSON *obj, const char *key,
+                            uint32_t lo, uint32_t hi, int required,
+                            uint32_t def, uint32_t *out)
+{
+    uint64_t u;
+    pdx_status_t st = get_uint(c, obj, key, lo, hi, required, def, &u);
+    if (st == PDX_OK)
+        *out = (uint32_t)u;
+    return st;
+}
+
+static pdx_status_t get_bool(cfg_ctx_t *c, const cJSON *obj, const char *key,
+                             bool def, bool *out)
+{
+    const cJSON *v = member(obj, key);
+    size_t old = path_push_key(c, key);
+    if (v == NULL) {
+        *out = def;
+    } else if (cJSON_IsBool(v)) {
+        *out = cJSON_IsTrue(v);
+    } else {
+        return fail_type(c, v, "true or false");
+    }
+    path_pop(c, old);
+    return PDX_OK;
+}
+
+enum str_rule {
+    STR_ANY = 0,  /* any text without control characters */
+    STR_SEED = 1, /* anything (control characters come only as escapes) */
+    STR_NAME = 2, /* [A-Za-z0-9._-] */
+    STR_LOWER = 3 /* [a-z0-9_] */
+};
+
+static int str_ok(const char *s, enum str_rule rule)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        unsigned ch = *p;
+        switch (rule) {
+        case STR_SEED:
+            break;
+        case STR_ANY:
+            if (ch < 0x20 || ch == 0x7F)
+                return 0;
+            break;
+        case STR_NAME:
+            if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                  (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' ||
+                  ch == '-'))
+                return 0;
+            break;
+        case STR_LOWER:
+            if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
+                  ch == '_'))
+                return 0;
+            break;
+        }
+    }
+    return 1;
+}
+
+static void str_expect(enum str_rule rule, size_t min, size_t size, char *out,
+                       size_t len)
+{
+    static const char *const what[] = {"without control characters", "",
+                                       "of [A-Za-z0-9._-]", "of [a-z0-9_]"};
+    snprintf(out, len, "a string of %zu to %zu bytes%s%s", min, size - 1,
+             what[rule][0] ? " " : "", what[rule]);
+}
+
+/* A string at the current path into buf[size]. */
+static pdx_status_t read_str(cfg_ctx_t *c, const cJSON *v, char *buf,
+                             size_t size, size_t min, enum str_rule rule)
+{
+    char exp[96];
+    str_expect(rule, min, size, exp, sizeof(exp));
+    if (!cJSON_IsString(v) || v->valuestring == NULL)
+        return fail_type(c, v, exp);
+    size_t n = strlen(v->valuestring);
+    if (n < min || n >= size || !str_ok(v->valuestring, rule))
+        return fail_type(c, v, exp);
+    memcpy(buf, v->valuestring, n + 1);
+    return PDX_OK;
+}
+
+static pdx_status_t get_str(cfg_ctx_t *c, const cJSON *obj, const char *key,
+                            char *buf, size_t size, size_t min,
+                            enum str_rule rule, int required, const char *def)
+{
+    const cJSON *v = member(obj, key);
+    size_t old = path_push_key(c, key);
+    if (v == NULL) {
+        if (required) {
+            char exp[96];
+            str_expect(rule, min, size, exp, sizeof(exp));
+            return fail_at(c, "missing (required: %s)", exp);
+        }
+        snprintf(buf, size, "%s", def);
+    } else {
+        pdx_status_t st = read_str(c, v, buf, size, min, rule);
+        if (st != PDX_OK)
+            return st;
+    }
+    path_pop(c, old);
+    return PDX_OK;
+}
+
+/* One of names[0..n-1] (index into *out), default `def` when absent. */
+static pdx_status_t get_enum(cfg_ctx_t *c, const cJSON *obj, const char *key,
+                             const char *const *names, size_t n, int required,
+                             size_t def, size_t *out)
+{
+    const cJSON *v = member(obj, key);
+    size_t old = path_push_key(c, key);
+    char exp[160];
+    int o = snprintf(exp, sizeof(exp), "one of");
+    for (size_t i = 0; i < n && o > 0 && (size_t)o < sizeof(exp); i++)
+        o += snprintf(exp + o, sizeof(exp) - (size_t)o, "%s \"%s\"",
+                      i ? "," : "", names[i]);
+    if (v == NULL) {
+        if (required)
+            return fail_at(c, "missing (required: %s)", exp);
+        *out = def;
+        path_pop(c, old);
+        return PDX_OK;
+    }
+    if (cJSON_IsString(v) && v->valuestring != NULL)
+        for (size_t i = 0; i < n; i++)
+            if (strcmp(v->valuestring, names[i]) == 0) {
+                *out = i;
+                path_pop(c, old);
+                return PDX_OK;
+            }
+    return fail_type(c, v, exp);
+}
+
+/* "64GiB", "512 MiB", "100GB", "4096": a byte count. 0 on a bad string. */
+static int parse_size(const char *s, uint64_t *out)
+{
+    static const struct {
+        const char *unit;
+        uint64_t mult;
+    } units[] = {
+        {"", 1},
+        {"b", 1},
+        {"kib", 1ull << 10},
+        {"mib", 1ull << 20},
+        {"gib", 1ull << 30},
+        {"tib", 1ull << 40},
+        {"kb", 1000ull},
+        {"mb", 1000000ull},
+        {"gb", 1000000000ull},
+        {"tb", 1000000000000ull},
+    };
+    uint64_t v = 0;
+    const char *p = s;
+    if (*p < '0' || *p > '9')
+        return 0;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (v > (UINT64_MAX - 9) / 10)
+            return 0;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    if (*p == ' ')
+        p++;
+    char unit[4];
+    size_t ul = strlen(p);
+    if (ul >= sizeof(unit))
+        return 0;
+    for (size_t i = 0; i <= ul; i++)
+        unit[i] =
+            (p[i] >= 'A' && p[i] <= 'Z') ? (char)(p[i] - 'A' + 'a') : p[i];
+    if (ul == 0 && p != s && p[-1] == ' ')
+        return 0; /* "64 " */
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
+        if (strcmp(unit, units[i].unit) == 0) {
+            if (v > UINT64_MAX / units[i].mult)
+                return 0;
+            *out = v * units[i].mult;
+            return 1;
+        }
+    return 0;
+}
+
+#define SIZE_EXPECT                                                            \
+    "a positive byte count: an integer up to 2^53 or a string like "           \
+    "\"64GiB\" (units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
+
+static pdx_status_t get_size(cfg_ctx_t *c, const cJSON *obj, const char *key,
+                             uint64_t *out)
+{
+    const cJSON *v = member(obj, key);
+    size_t old = path_push_key(c, key);
+    if (v == NULL)
+        return fail_at(c, "missing (required: %s)", SIZE_EXPECT);
+    if (cJSON_IsString(v) && v->valuestring != NULL) {
+        if (!parse_size(v->valuestring, out) || *out == 0)
+            return fail_type(c, v, SIZE_EXPECT);
+    } else if (cJSON_IsNumber(v)) {
+        double d = v->valuedouble;
+        if (!isfinite(d) || d < 1 || d > (double)JSON_INT_MAX ||
+            (double)(uint64_t)d != d)
+            return fail_type(c, v, SIZE_EXPECT);
+        *out = (uint64_t)d;
+    } else {
+        return fail_type(c, v, SIZE_EXPECT);
+    }
+    path_pop(c, old);
+    return PDX_OK;
+}
+
+/* ---- sections ------------------------------------------------------- */
+
+static const char *const ROLE_NAMES[] = {"producer", "consumer", "both"};
+static const pdx_kv_role_t ROLES[] = {PDX_KV_ROLE_PRODUCER,
+                                      PDX_KV_ROLE_CONSUMER, PDX_KV_ROLE_BOTH};
+
+static int indexshare_layer(uint32_t l, uint32_t num_layers)
+{
+    /* IndexShare (GLM-5.x): layers 0, 1, 2 keep their own indexer, then
+     * every 4th from 6 up to num_layers - 4 (74 of 78). */
+    if (l >= num_layers)
+        return 0;
+    if (l <= 2)
+        return 1;
+    return l >= 6 && num_layers >= 4 && l <= num_layers - 4 && (l - 6) % 4 == 0;
+}
+
+static pdx_status_t add_index_layer(cfg_ctx_t *c, pdx_kv_config_t *cfg,
+                                    uint32_t layer)
+{
+    if (cfg->n_index_k_layers >= PDX_KV_MAX_INDEX_LAYERS)
+        return fail_at(c, "more than %d index-K layers",
+                       PDX_KV_MAX_INDEX_LAYERS);
+    cfg->index_k_layers[cfg->n_index_k_layers++] = layer;
+    return PDX_OK;
+}
+
+#define INDEX_LAYERS_EXPECT                                                    \
+    "an array of layer numbers or one of \"indexshare\", \"all\", \"none\""
+
+static pdx_status_t parse_index_layers(cfg_ctx_t *c, const cJSON *model,
+                                       pdx_kv_config_t *cfg)
+{
+    const cJSON *v = member(model, "index_k_layers");
+    size_t old = path_push_key(c, "index_k_layers");
+    pdx_status_t st = PDX_OK;
+    cfg->n_index_k_layers = 0;
+    if (v == NULL) {
+        /* none */
+    } else if (cJSON_IsString(v) && v->valuestring != NULL) {
+        const char *s = v->valuestring;
+        int all = strcmp(s, "all") == 0;
+        if (!all && strcmp(s, "indexshare") != 0 && strcmp(s, "none") != 0)
+            return fail_type(c, v, INDEX_LAYERS_EXPECT);
+        if (strcmp(s, "none") != 0)
+            for (uint32_t l = 0; l < cfg->num_layers && st == PDX_OK; l++)
+                if (all || indexshare_layer(l, cfg->num_layers))
+                    st = add_index_layer(c, cfg, l);
+    } else if (cJSON_IsArray(v)) {
+        size_t i = 0;
+        for (const cJSON *e = v->child; e != NULL && st == PDX_OK;
+             e = e->next, i++) {
+            size_t o2 = path_push_index(c, i);
+            uint64_t l;
+            st = read_uint(c, e, 0, cfg->num_layers - 1, &l);
+            if (st != PDX_OK) {
+                char got[64];
+                describe(e, got, sizeof(got));
+                return fail_at(c,
+                               "expected a layer number from 0 to %" PRIu32
+                               " (num_layers is %" PRIu32 "), got %s",
+                               cfg->num_layers - 1, cfg->num_layers, got);
+            }
+            if (cfg->n_index_k_layers > 0 &&
+                l <= cfg->index_k_layers[cfg->n_index_k_layers - 1])
+                return fail_at(c,
+                               "layer %" PRIu64 " after %" PRIu32
+                               ": expected increasing layer numbers",
+                               l,
+                               cfg->index_k_layers[cfg->n_index_k_layers - 1]);
+            path_pop(c, o2);
+            st = add_index_layer(c, cfg, (uint32_t)l);
+        }
+    } else {
+        return fail_type(c, v, INDEX_LAYERS_EXPECT);
+    }
+    if (st != PDX_OK)
+        return st;
+    if (cfg->n_index_k_layers > 0 && cfg->index_k_bytes_per_token == 0)
+        return fail_at(c,
+                       "%" PRIu32 " index-K layers listed but "
+                       "$.model.index_k_bytes_per_token is 0 or absent",
+                       cfg->n_index_k_layers);
+    path_pop(c, old);
+    return PDX_OK;
+}
+
+static pdx_status_t parse_model(cfg_ctx_t *c, const cJSON *root,
+                                pdx_kv_config_t *cfg)
+{
+    static const char *const keys[] = {"id",
+                                       "kv_dtype",
+                                       "num_layers",
+                                       "mla_bytes_per_token",
+                                       "index_k_bytes_per_token",
+                                       "index_k_layers",
+                                       "mtp_layers"};
+    const cJSON *m;
+    size_t old;
+    pdx_status_t st = get_object(c, root, "model", 1, &m, &old);
+    if (st == PDX_OK)
+        st = check_keys(c, m, keys, sizeof(keys) / sizeof(keys[0]), "model");
+    if (st == PDX_OK)
+        st = get_str(c, m, "id", cfg->model_id, sizeof(cfg->model_id), 1,
+                     STR_ANY, 1, "");
+    if (st == PDX_OK)
+        st = get_str(c, m, "kv_dtype", cfg->kv_dtype, sizeof(cfg->kv_dtype), 1,
+                     STR_NAME, 1, "");
+    if (st == PDX_OK)
+        st = get_u32(c, m, "num_layers", 1, NUM_LAYERS_MAX, 1, 0,
+                     &cfg->num_layers);
+    if (st == PDX_OK)
+        st = get_u32(c, m, "mla_bytes_per_token", 1, BYTES_PER_TOKEN_MAX, 1, 0,
+                     &cfg->mla_bytes_per_token);
+    if (st == PDX_OK)
+        st = get_u32(c, m, "index_k_bytes_per_token", 0, BYTES_PER_TOKEN_MAX, 0,
+                     0, &cfg->index_k_bytes_per_token);
+    if (st == PDX_OK)
+        st = get_u32(c, m, "mtp_layers", 0, MTP_LAYERS_MAX, 0, 0,
+                     &cfg->mtp_layers);
+    if (st == PDX_OK)
+        st = parse_index_layers(c, m, cfg);
+    if (st != PDX_OK)
+        return st;
+    if (cfg->index_k_bytes_per_token > 0 && cfg->n_index_k_layers == 0 &&
+        cfg->mtp_layers == 0) {
+        path_push_key(c, "index_k_bytes_per_token");
+        return fail_at(c,
+                       "%" PRIu32 " bytes per token, but no layer carries an "
+                       "index-K cache (index_k_layers is empty and "
+                       "mtp_layers is 0)",
+                       cfg->index_k_bytes_per_token);
+    }
+    path_pop(c, old);
+    return PDX_OK;
+}
+
+static pdx_status_t parse_parallel(cfg_ctx_t *c, const cJSON *root,
+                                   pdx_kv_config_t *cfg)
+{
+    static const char *const keys[] = {"dp_size", "dp_rank", "tp_size",
+                                       "tp_rank"};
+    const cJSON *p;
+    size_t old;
+    pdx_status_t st = get_object(c, root, "parallel", 0, &p, &old);
+    if (st == PDX_OK && p != NULL)
+        st = check_keys(c, p, keys, 4, "parallel");
+    if (st == PDX_OK)
+        st = get_u32(c, p, "dp_size", 1, PARALLEL_MAX, 0, 1, &cfg->dp_size);
+    if (st == PDX_OK)
+        st = get_u32(c, p, "dp_rank", 0, PARALLEL_MAX, 0, 0, &cfg->dp_rank);
+    if (st == PDX_OK)
+        st = get_u32(c, p, "tp_size", 1, PARALLEL_MAX, 0, 1, &cfg->tp_size);
+    if (st == PDX_OK)
+        st = get_u32(c, p, "tp_rank", 0, PARALLEL_MAX, 0, 0, &cfg->tp_rank);
+    if (st != PDX_OK)
+        return st;
+    if (cfg->dp_rank >= cfg->dp_size) {
+        path_push_key(c, "dp_rank");
+        return fail_at(c, "%" PRIu32 " is not below dp_size (%" PRIu32 ")",
+                       cfg->dp_rank, cfg->dp_size);
+    }
+    if (cfg->tp_rank >= cfg->tp_size) {
+        path_push_key(c, "tp_rank");
+        return fail_at(c, "%" PRIu32 " is not below tp_size (%" PRIu32 ")",
+                       cfg->tp_rank, cfg->tp_size);
+    }
+    path_pop(c, old);
+    return PDX_OK;
+}
+
+static pdx_status_t parse_kv(cfg_ctx_t *c, const cJSON *root,
+                             pdx_kv_config_t *cfg)
+{
+    static const char *const keys[] = {"block_tokens", "num_blocks",
+                                       "bytes_per_block", "memory", "device"};
+    static const char *const mems[] = {"dram", "vram"};
+    const cJSON *k;
+    size_t old, mem = 0;
+    uint64_t given = 0;
+    pdx_status_t st = get_object(c, root, "kv", 1, &k, &old);
+    if (st == PDX_OK)
+        st = check_keys(c, k, keys, 5, "kv");
+    if (st == PDX_OK)
+        st = get_u32(c, k, "block_tokens", 1, PDX_HASH_BLOCK_SIZE_MAX, 1, 0,
+                     &cfg->block_tokens);
+    if (st == PDX_OK)
+        st = get_u32(c, k, "num_blocks", 1, UINT32_MAX, 1, 0, &cfg->num_blocks);
+    if (st == PDX_OK)
+        st = get_uint(c, k, "bytes_per_block", 1, JSON_INT_MAX, 0, 0, &given);
+    if (st == PDX_OK)
+        st = get_enum(c, k, "memory", mems, 2, 0, 0, &mem);
+    if (st == PDX_OK)
+        st = get_u32(c, k, "device", 0, DEVICE_MAX, 0, 0, &cfg->device);
+    if (st != PDX_OK)
+        return st;
+    cfg->mem_type = mem == 1 ? PDX_MEM_VRAM : PDX_MEM_DRAM;
+    cfg->bytes_per_block = pdx_kv_config_bytes_per_block(cfg);
+    if (given != 0 && given != cfg->bytes_per_block) {
+        path_push_key(c, "bytes_per_block");
+        return fail_at(c,
+                       "%" PRIu64 " does not match the model's layout: %" PRIu64
+                       " bytes = (%" PRIu32 " layers x %" PRIu32 " + %" PRIu32
+                       " index-K layers x %" PRIu32 " + %" PRIu32
+                       " MTP layers x (%" PRIu32 " + %" PRIu32 ")) x %" PRIu32
+                       " tokens",
+                       given, cfg->bytes_per_block, cfg->num_layers,
+                       cfg->mla_bytes_per_token, cfg->n_index_k_layers,
+                       cfg->index_k_bytes_per_token, cfg->mtp_layers,
+                       cfg->mla_bytes_per_token, cfg->index_k_bytes_per_token,
+                       cfg->block_tokens);
+    }
+    uint64_t total;
+    if (__builtin_mul_overflow(cfg->bytes_per_block, (uint64_t)cfg->num_blocks,
+                               &total) ||
+        total > (1ull << 62)) {
+        path_push_key(c, "num_blocks");
+        return fail_at(c,
+                       "%" PRIu32 " blocks of %" PRIu64
+                       " bytes exceed 2^62 bytes of arenas",
+                       cfg->num_blocks, cfg->bytes_per_block);
+    }
+    path_pop(c, old);
+    return PDX_OK;
+}
+
+static pdx_status_t parse_hashing(cfg_ctx_t *c, const cJSON *root,
+                                  pdx_kv_config_t *cfg)
+{
+    static const char *const keys[] = {"algorithm", "seed"};
+    static const char *const algos[] = {"xxhash_cbor", "sha256_cbor"};
+    const cJSON *h;
+    size_t old, algo = 1;
+    pdx_status_t st = get_object(c, root, "hashing", 1, &h, &old);
+    if (st == PDX_OK)
+        st = check_keys(c, h, keys, 2, "hashing");
+    if (st == PDX_OK)
+        st = get_enum(c, h, "algorithm", algos, 2, 0, 1, &algo);
+    if (st == PDX_OK)
+        st = get_str(c, h, "seed", cfg->hash_seed, sizeof(cfg->hash_seed), 0,
+                     STR_SEED, 1, "");
+    if (st != PDX_OK)
+        return st;
+    snprintf(cfg->hash_algo, sizeof(cfg->hash_algo), "%s", algos[algo]);
+    path_pop(c, old);
+    return PDX_OK;
+}
+
+/* "zai-org/GLM-5.2-FP8" -> "glm52": the part after the last '/',
+ * lower-cased, letters and digits only, up to the first '-' that follows a
+ * digit ("GLM-5.2" ends at "-FP8"). "pdx" when nothing is left. */
+static void model_short(const char *id, char *out, size_t len)
+{
+    const char *s = strrchr(id, '/');
+    s = s != NULL ? s + 1 : id;
+    size_t o = 0;
+    int digit = 0;
+    for (; *s && o + 1 < len && o < 24; s++) {
+        char ch = *s;
+        if (ch == '-' && digit)
+            break;
+        if (ch >= 'A' && ch <= 'Z')
+            ch = (char)(ch - 'A' + 'a');
+        if ((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9')) {
+            out[o++] = ch;
+            digit = ch >= '0' && ch <= '9';
+        }
+    }
+    out[o] = '\0';
+    if (o == 0)
+        snprintf(out, len, "pdx");
+}
+
+static pdx_status_t parse_agent(cfg_ctx_t *c, const cJSON *root,
+                                pdx_kv_config_t *cfg)
+{
+    static const char *const keys[] = {"name", "role", "peer", "peer_address"};
+    const cJSON *a;
+    size_t old, role = 0;
+    pdx_status_t st = get_object(c, root, "agent", 1, &a, &old);
+    if (st == PDX_OK)
+        st = check_keys(c, a, keys, 4, "agent");
+    if (st == PDX_OK)
+        st = get_enum(c, a, "role", ROLE_NAMES, 3, 1, 0, &role);
+    if (st != PDX_OK)
+        return st;
+    cfg->role = ROLES[role];
+
+    char def[64], shortname[32];
+    static const char *const tag[] = {"p", "d", "pd"};
+    model_short(cfg->model_id, shortname, sizeof(shortname));
+    if (cfg->tp_size > 1)
+        snprintf(def, sizeof(def), "%s-%s-dp%" PRIu32 "-tp%" PRIu32, shortname,
+                 tag[role], cfg->dp_rank, cfg->tp_rank);
+    else
+        snprintf(def, sizeof(def), "%s-%s-dp%" PRIu32, shortname, tag[role],
+                 cfg->dp_rank);
+    st = get_str(c, a, "name", cfg->agent_name, sizeof(cfg->agent_name), 1,
+                 STR_NAME, 0, def);
+    if (st == PDX_OK)
+        st = get_str(c, a, "peer", cfg->peer_name, sizeof(cfg->peer_name), 1,
+                     STR_NAME, 0, "");
+    if (st == PDX_OK)
+        st = get_str(c, a, "peer_address", cfg->peer_address,
+                     sizeof(cfg->peer_address), 0, STR_ANY, 0, "");
+    if (st != PDX_OK)
+        return st;
+    if (cfg->role != PDX_KV_ROLE_BOTH && cfg->peer_name[0] == '\0') {
+        path_push_key(c, "peer");
+        return fail_at(c,
+                       "missing (required for role %s: the %s agent's name, "
+                       "e.g. \"%s\")",
+                       ROLE_NAMES[role],
+                       cfg->role == PDX_KV_ROLE_PRODUCER ? "decode" : "prefill",
+                       cfg->role == PDX_KV_ROLE_PRODUCER ? "glm52-d-dp0"
+                                                         : "glm52-p-dp0");
+    }
+    if (strcmp(cfg->peer_name, cfg->agent_name) == 0) {
+        path_push_key(c, "peer");
+        return fail_at(c, "\"%s\" is this agent's own name", cfg->peer_name);
+    }
+    path_pop(c, old);
+    return PDX_OK;
+}
+
+static pdx_status_t parse_remote(cfg_ctx_t *c, const cJSON *ch,
+                                 pdx_kv_child_config_t *out)
+{
+    static const char *const keys[] = {"type", "lease_ms", "heartbeat_ms",
+                                       "failure_policy", "load_tail"};
+    static const char *const policies[] = {"recompute", "fail"};
+    size_t pol = 0;
+    pdx_status_t st = check_keys(c, ch, keys, 5, "a \"remote\" child");
+    if (st == PDX_OK)
+        st = get_u32(c, ch, "lease_ms", 1, MS_MAX, 0, 30000, &out->lease_ms);
+    if (st == PDX_OK)
+        st = get_u32(c, ch, "heartbeat_ms", 1, MS_MAX, 0, 2000,
+                     &out->heartbeat_ms);
+    if (st == PDX_OK)
+        st = get_enum(c, ch, "failure_policy", policies, 2, 0, 0, &pol);
+    if (st == PDX_OK)
+        st = get_bool(c, ch, "load_tail", true, &out->load_tail);
+    if (st != PDX_OK)
+        return st;
+    out->failure_policy = pol == 1 ? PDX_KV_FAIL_FAIL : PDX_KV_FAIL_RECOMPUTE;
+    if (out->heartbeat_ms >= out->lease_ms) {
+        path_push_key(c, "heartbeat_ms");
+        return fail_at(c,
+                       "%" PRIu32 " is not below lease_ms (%" PRIu32
+                       "): leases would expire between heartbeats",
+                       out->heartbeat_ms, out->lease_ms);
+    }
+    return PDX_OK;
+}
+
+static pdx_status_t parse_offload(cfg_ctx_t *c, const cJSON *ch,
+                                  const pdx_kv_config_t *cfg,
+                                  pdx_kv_child_config_t *out)
+{
+    static const char *const keys[] = {"type",
+                                       "mode",
+                                       "budget_bytes",
+                                       "ranks_per_host",
+                                       "wait_for_full_prefix",
+                                       "wait_timeout_ms",
+                                       "save_tail"};
+    static const char *const modes[] = {"read_write", "save_only", "load_only"};
+    static const pdx_kv_offload_mode_t mode_vals[] = {PDX_KV_OFFLOAD_READ_WRITE,
+                                                      PDX_KV_OFFLOAD_SAVE_ONLY,
+                                                      PDX_KV_OFFLOAD_LOAD_ONLY};
+    size_t mode = 0;
+    pdx_status_t st = check_keys(c, ch, keys, 7, "an \"offload\" child");
+    if (st == PDX_OK)
+        st = get_enum(c, ch, "mode", modes, 3, 0, 0, &mode);
+    if (st == PDX_OK)
+        st = get_size(c, ch, "budget_bytes", &out->budget_bytes);
+    if (st == PDX_OK)
+        st = get_u32(c, ch, "ranks_per_host", 1, cfg->dp_size, 0, cfg->dp_size,
+                     &out->ranks_per_host);
+    if (st == PDX_OK)
+        st = get_bool(c, ch, "wait_for_full_prefix", false,
+                      &out->wait_for_full_prefix);
+    if (st == PDX_OK)
+        st = get_u32(c, ch, "wait_timeout_ms", 0, MS_MAX, 0, 2000,
+                     &out->wait_timeout_ms);
+    if (st == PDX_OK)
+        st = get_bool(c, ch, "save_tail", true, &out->save_tail);
+    if (st != PDX_OK)
+        return st;
+    out->mode = mode_vals[mode];
+    uint64_t per_rank = out->budget_bytes / out->ranks_per_host;
+    if (per_rank < cfg->bytes_per_block) {
+        path_push_key(c, "budget_bytes");
+        if (out->ranks_per_host == 1)
+            return fail_at(
+                c, "%" PRIu64 " is smaller than one block (%" PRIu64 " bytes)",
+                out->budget_bytes, cfg->bytes_per_block);
+        return fail_at(c,
+                       "%" PRIu64 " over %" PRIu32 " ranks per host is %" PRIu64
+                       " bytes per rank, smaller than one block (%" PRIu64
+                       " bytes)",
+                       out->budget_bytes, out->ranks_per_host, per_rank,
+                       cfg->bytes_per_block);
+    }
+    if (out->wait_for_full_prefix && out->mode == PDX_KV_OFFLOAD_SAVE_ONLY) {
+        path_push_key(c, "wait_for_full_prefix");
+        return fail_at(c, "%s",
+                       "true, but mode save_only never loads (use read_write "
+                       "or load_only, or false)");
+    }
+    return PDX_OK;
+}
+
+static pdx_status_t parse_connector(cfg_ctx_t *c, const cJSON *root,
+                                    pdx_kv_config_t *cfg)
+{
+    static const char *const keys[] = {"type", "children"};
+    static const char *const types[] = {"multi"};
+    static const char *const child_types[] = {"remote", "offload"};
+    const cJSON *conn;
+    size_t old, t = 0;
+    pdx_status_t st = get_object(c, root, "connector", 1, &conn, &old);
+    if (st == PDX_OK)
+        st = check_keys(c, conn, keys, 2, "connector");
+    if (st == PDX_OK)
+        st = get_enum(c, conn, "type", types, 1, 0, 0, &t);
+    if (st != PDX_OK)
+        return st;
+
+    const cJSON *kids = member(conn, "children");
+    size_t o1 = path_push_key(c, "children");
+    char exp[64];
+    snprintf(exp, sizeof(exp), "an array of 1 to %d child objects",
+             PDX_KV_MAX_CHILDREN);
+    if (kids == NULL)
+        return fail_at(c, "missing (required: %s)", exp);
+    if (!cJSON_IsArray(kids))
+        return fail_type(c, kids, exp);
+    int n = cJSON_GetArraySize(kids);
+    if (n < 1 || n > PDX_KV_MAX_CHILDREN)
+        return fail_at(c, "expected %s, got %d", exp, n);
+
+    size_t i = 0;
+    uint32_t types_seen = 0;
+    for (const cJSON *ch = kids->child; ch != NULL; ch = ch->next, i++) {
+        size_t o2 = path_push_index(c, i);
+        pdx_kv_child_config_t *out = &cfg->children[i];
+        size_t ct = 0;
+        memset(out, 0, sizeof(*out));
+        if (!cJSON_IsObject(ch))
+            return fail_type(c, ch, "a child object");
+        st = get_enum(c, ch, "type", child_types, 2, 1, 0, &ct);
+        if (st != PDX_OK)
+            return st;
+        if (types_seen & (1u << ct)) {
+            path_push_key(c, "type");
+            return fail_at(c,
+                           "a second \"%s\" child (each type may appear "
+                           "once)",
+                           child_types[ct]);
+        }
+        types_seen |= 1u << ct;
+        out->type = ct == 0 ? PDX_KV_CHILD_REMOTE : PDX_KV_CHILD_OFFLOAD;
+        st =
+            ct == 0 ? parse_remote(c, ch, out) : parse_offload(c, ch, cfg, out);
+        if (st != PDX_OK)
+            return st;
+        path_pop(c, o2);
+    }
+    cfg->nchildren = (uint32_t)i;
+    path_pop(c, o1);
+
+    if ((types_seen & 1u) && cfg->peer_name[0] == '\0') {
+        path_pop(c, 1); /* back to "$" */
+        path_push_key(c, "agent");
+        path_push_key(c, "peer");
+        return fail_at(c, "%s",
+                       "missing (required by the \"remote\" child in "
+                       "$.connector.children: the peer agent's name)");
+    }
+    path_pop(c, old);
+    return PDX_OK;
+}
+
+static pdx_status_t parse_backend_opts(cfg_ctx_t *c, const cJSON *opts,
+                                       pdx_kv_config_t *cfg, uint32_t owner)
+{
+    for (const cJSON *o = opts->child; o != NULL; o = o->next) {
+        const char *key = o->string != NULL ? o->string : "";
+        size_t old = path_push_key(c, key);
+        uint32_t k = cfg->nbackend_opts;
+        if (k >= PDX_KV_MAX_BACKEND_OPTS)
+            return fail_at(c, "more than %d backend options in all",
+                           PDX_KV_MAX_BACKEND_OPTS);
+        size_t kl = strlen(key);
+        if (kl == 0 || kl >= sizeof(cfg->opt_buf[k][0]) ||
+            !str_ok(key, STR_NAME))
+            return fail_at(c,
+                           "option name: expected 1 to %zu bytes of "
+                           "[A-Za-z0-9._-]",
+                           sizeof(cfg->opt_buf[k][0]) - 1);
+        for (uint32_t j = 0; j < k; j++)
+            if (cfg->backend_opt_owner[j] == owner &&
+                strcmp(cfg->opt_buf[j][0], key) == 0)
+                return fail_at(c, "%s", "key given twice");
+        memcpy(cfg->opt_buf[k][0], key, kl + 1);
+        char *val = cfg->opt_buf[k][1];
+        size_t vsize = sizeof(cfg->opt_buf[k][1]);
+        if (cJSON_IsString(o)) {
+            pdx_status_t st = read_str(c, o, val, vsize, 0, STR_ANY);
+            if (st != PDX_OK)
+                return st;
+        } else if (cJSON_IsBool(o)) {
+            snprintf(val, vsize, "%s", cJSON_IsTrue(o) ? "true" : "false");
+        } else if (cJSON_IsNumber(o)) {
+            uint64_t u;
+            if (read_uint(c, o, 0, JSON_INT_MAX, &u) != PDX_OK)
+                return fail_type(c, o,
+                                 "a string, a non-negative integer or a "
+                                 "boolean");
+            snprintf(val, vsize, "%" PRIu64, u);
+        } else {
+            return fail_type(c, o,
+                             "a string, a non-negative integer or a boolean");
+        }
+        cfg->backend_opt_owner[k] = owner;
+        cfg->nbackend_opts = k + 1;
+        path_pop(c, old);
+    }
+    return PDX_OK;
+}
+
+static pdx_status_t parse_backends(cfg_ctx_t *c, const cJSON *root,
+                                   pdx_kv_config_t *cfg)
+{
+    static const char *const keys[] = {"name", "options"};
+    const cJSON *b = member(root, "backends");
+    size_t old = path_push_key(c, "backends");
+    char exp[64];
+    snprintf(exp, sizeof(exp), "an array of 1 to %d backend objects",
+             PDX_KV_MAX_BACKENDS);
+    cfg->nbackends = 0;
+    cfg->nbackend_opts = 0;
+    if (b == NULL) {
+        snprintf(cfg->backends[0], sizeof(cfg->backends[0]), "ucx");
+        cfg->nbackends = 1;
+        path_pop(c, old);
+        return PDX_OK;
+    }
+    if (!cJSON_IsArray(b))
+        return fail_type(c, b, exp);
+    int n = cJSON_GetArraySize(b);
+    if (n < 1 || n > PDX_KV_MAX_BACKENDS)
+        return fail_at(c, "expected %s, got %d", exp, n);
+    size_t i = 0;
+    for (const cJSON *e = b->child; e != NULL; e = e->next, i++) {
+        size_t o2 = path_push_index(c, i);
+        if (!cJSON_IsObject(e))
+            return fail_type(c, e, "a backend object");
+        pdx_status_t st = check_keys(c, e, keys, 2, "a backend");
+        if (st == PDX_OK)
+            st = get_str(c, e, "name", cfg->backends[i],
+                         sizeof(cfg->backends[i]), 1, STR_LOWER, 1, "");
+        if (st != PDX_OK)
+            return st;
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(cfg->backends[j], cfg->backends[i]) == 0) {
+                path_push_key(c, "name");
+                return fail_at(c, "backend \"%s\" listed twice",
+                               cfg->backends[i]);
+            }
+        const cJSON *opts;
+        size_t o3;
+        st = get_object(c, e, "options", 0, &opts, &o3);
+        if (st == PDX_OK && opts != NULL)
+            st = parse_backend_opts(c, opts, cfg, (uint32_t)i);
+        if (st != PDX_OK)
+            return st;
+        path_pop(c, o3);
+        cfg->nbackends = (uint32_t)i + 1;
+        path_pop(c, o2);
+    }
+    path_pop(c, old);
+    return PDX_OK;
+}
+
+static pdx_status_t parse_root(cfg_ctx_t *c, const cJSON *root,
+                               pdx_kv_config_t *cfg)
+{
+    static const char *const keys[] = {"version",   "description", "model",
+                                       "parallel",  "kv",          "hashing",
+                                       "connector", "agent",       "backends"};
+    uint32_t version;
+    if (!cJSON_IsObject(root))
+        return fail_type(c, root, "an object at the top level");
+    pdx_status_t st =
+        check_keys(c, root, keys, sizeof(keys) / sizeof(keys[0]), "the file");
+    if (st == PDX_OK)
+        st = get_u32(c, root, "version", 1, 1, 0, 1, &version);
+    if (st == PDX_OK) {
+        /* Free text for people; checked for type only. */
+        const cJSON *d = member(root, "description");
+        size_t old = path_push_key(c, "description");
+        if (d != NULL && !cJSON_IsString(d))
+            return fail_type(c, d, "a string");
+        path_pop(c, old);
+    }
+    /* Order matters: each section may check against the ones before. */
+    if (st == PDX_OK)
+        st = parse_model(c, root, cfg);
+    if (st == PDX_OK)
+        st = parse_parallel(c, root, cfg);
+    if (st == PDX_OK)
+        st = parse_kv(c, root, cfg);
+    if (st == PDX_OK)
+        st = parse_hashing(c, root, cfg);
+    if (st == PDX_OK)
+        st = parse_agent(c, root, cfg);
+    if (st == PDX_OK)
+        st = parse_connector(c, root, cfg);
+    if (st == PDX_OK)
+        st = parse_backends(c, root, cfg);
+    return st;
+}
+
+/* ---- text checks cJSON leaves out --------------------------------- */
+
+static void line_col(const char *text, size_t off, size_t *line_p,
+                     size_t *col_p)
+{
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i < off; i++) {
+        if (text[i] == '\n') {
+            line++;
+            col = 1;
+        } else if (((unsigned char)text[i] & 0xC0) != 0x80) {
+            col++;
+        }
+    }
+    *line_p = line;
+    *col_p = col;
+}
+
+/* Length of the valid UTF-8 sequence at s (n bytes left), 0 if invalid. */
+static size_t utf8_len(const unsigned char *s, size_t n)
+{
+    if (s[0] < 0x80)
+        return 1;
+    size_t len;
+    uint32_t cp;
+    if (s[0] >= 0xC2 && s[0] <= 0xDF) {
+        len = 2;
+        cp = s[0] & 0x1F;
+    } else if (s[0] >= 0xE0 && s[0] <= 0xEF) {
+        len = 3;
+        cp = s[0] & 0x0F;
+    } else if (s[0] >= 0xF0 && s[0] <= 0xF4) {
+        len = 4;
+        cp = s[0] & 0x07;
+    } else {
+        return 0;
+    }
+    if (n < len)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[i] & 0x3F);
+    }
+    if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+        (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+        return 0;
+    return len;
+}
+
+/* JSON rules cJSON does not enforce: UTF-8 text, no NUL byte, no raw
+ * control character inside a string, and no \u0000 escape (it would cut
+ * a C string short, silently changing e.g. the hash seed). */
+static pdx_status_t check_text(cfg_ctx_t *c, const char *text, size_t len,
+                               int *open_p)
+{
+    const unsigned char *s = (const unsigned char *)text;
+    int in_str = 0, depth = 0;
+    size_t line, col;
+    for (size_t i = 0; i < len;) {
+        const char *why = NULL;
+        size_t step = utf8_len(s + i, len - i);
+        if (step == 0) {
+            why = "invalid UTF-8";
+        } else if (s[i] == 0) {
+            why = "NUL byte";
+        } else if (in_str && s[i] < 0x20) {
+            why = "raw control character in a string (escape it)";
+        } else if (in_str && s[i] == '\\') {
+            if (i + 5 < len && s[i + 1] == 'u' && s[i + 2] == '0' &&
+                s[i + 3] == '0' && s[i + 4] == '0' && s[i + 5] == '0')
+                why = "\\u0000 in a string (not supported)";
+            else
+                step = i + 1 < len ? 2 : 1;
+        } else if (s[i] == '"') {
+            in_str = !in_str;
+        } else if (!in_str && (s[i] == '{' || s[i] == '[')) {
+            depth++;
+        } else if (!in_str && (s[i] == '}' || s[i] == ']')) {
+            depth--;
+        }
+        if (why != NULL) {
+            line_col(text, i, &line, &col);
+            return fail(c, "line %zu, column %zu: %s", line, col, why);
+        }
+        i += step;
+    }
+    /* What is still open at the end: a string, or brackets. Only a hint for
+     * the syntax error message (cJSON's error offsets are approximate). */
+    *open_p = in_str ? -1 : depth > 0 ? depth : 0;
+    return PDX_OK;
+}
+
+/* ---- public ------------------------------------------------------- */
+
+pdx_status_t pdx_kv_config_parse(const char *json, size_t len, const char *name,
+                                 pdx_kv_config_t *cfg, char *err,
+                                 size_t err_len)
+{
+    cfg_ctx_t c = {.name = name != NULL ? name : "<memory>",
+                   .err = err,
+                   .err_len = err_len,
+                   .path = "$",
+                   .path_len = 1};
+    if (err != NULL && err_len > 0)
+        err[0] = '\0';
+    if ((json == NULL && len > 0) || cfg == NULL)
+        return fail_st(&c, PDX_ERR_INVALID, "NULL argument");
+    if (len > PDX_KV_CONFIG_MAX_BYTES)
+        return fail(&c, "%zu bytes, more than the %u a config may have", len,
+                    PDX_KV_CONFIG_MAX_BYTES);
+    if (len == 0)
+        return fail(&c, "empty file (expected a JSON object)");
+    int open = 0;
+    pdx_status_t st = check_text(&c, json, len, &open);
+    if (st != PDX_OK)
+        return st;
+
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    size_t line, col;
+    if (root == NULL) {
+        size_t off = end != NULL && end >= json && end <= json + len
+                         ? (size_t)(end - json)
+                         : len;
+        if (open != 0 || off >= len) {
+            line_col(json, len, &line, &col);
+            if (open < 0)
+                return fail(&c,
+                            "line %zu, column %zu: JSON syntax error: the "
+                            "text ends early, inside a string",
+                            line, col);
+            if (open > 0)
+                return fail(&c,
+                            "line %zu, column %zu: JSON syntax error: the "
+                            "text ends early, %d unclosed bracket%s",
+                            line, col, open, open > 1 ? "s" : "");
+            return fail(&c,
+                        "line %zu, column %zu: JSON syntax error: the text "
+                        "ends early",
+                        line, col);
+        }
+        line_col(json, off, &line, &col);
+        char near[24];
+        size_t k = 0;
+        for (size_t i = off; i < len && k < 16 && json[i] != '\n'; i++)
+            near[k++] = json[i];
+        near[k] = '\0';
+        char safe[40];
+        sanitize_q(near, safe, sizeof(safe), 16, 1);
+        return fail(&c, "line %zu, column %zu: JSON syntax error near '%s'",
+                    line, col, safe);
+    }
+    size_t off = (size_t)(end - json);
+    while (off < len && (json[off] == ' ' || json[off] == '\t' ||
+                         json[off] == '\n' || json[off] == '\r'))
+        off++;
+    if (off < len) {
+        cJSON_Delete(root);
+        line_col(json, off, &line, &col);
+        return fail(&c,
+                    "line %zu, column %zu: JSON syntax error: text after "
+                    "the top-level value",
+                    line, col);
+    }
+
+    pdx_kv_config_t *tmp = calloc(1, sizeof(*tmp));
+    if (tmp == NULL) {
+        cJSON_Delete(root);
+        return fail_st(&c, PDX_ERR_NOMEM, "out of memory");
+    }
+    snprintf(tmp->source, sizeof(tmp->source), "%s", c.name);
+    st = parse_root(&c, root, tmp);
+    cJSON_Delete(root);
+    if (st == PDX_OK) {
+        *cfg = *tmp;
+        for (uint32_t i = 0; i < cfg->nbackend_opts; i++) {
+            cfg->backend_opts[i].key = cfg->opt_buf[i][0];
+            cfg->backend_opts[i].value = cfg->opt_buf[i][1];
+        }
+        if (err != NULL && err_len > 0)
+            err[0] = '\0';
+    }
+    free(tmp);
+    return st;
+}
+
+pdx_status_t pdx_kv_config_load(const char *path, pdx_kv_config_t *cfg,
+                                char *err, size_t err_len)
+{
+    cfg_ctx_t c = {
+        .name = path != NULL ? path : "<NULL>", .err = err, .err_len = err_len};
+    if (err != NULL && err_len > 0)
+        err[0] = '\0';
+    if (path == NULL || cfg == NULL)
+        return fail_st(&c, PDX_ERR_INVALID, "NULL argument");
+
+    char ebuf[128];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return fail_st(&c, e == ENOENT ? PDX_ERR_NOT_FOUND : PDX_ERR_IO,
+                       "cannot open: %s", strerror_r(e, ebuf, sizeof(ebuf)));
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return fail_st(&c, PDX_ERR_IO, "not a regular file");
+    }
+    if (sb.st_size > (off_t)PDX_KV_CONFIG_MAX_BYTES) {
+        close(fd);
+        return fail(&c, "%lld bytes, more than the %u a config may have",
+                    (long long)sb.st_size, PDX_KV_CONFIG_MAX_BYTES);
+    }
+    /* Read to EOF, not to st_size: the file may change under us. */
+    size_t cap = (size_t)sb.st_size + 1, len = 0;
+    char *buf = malloc(cap);
+    pdx_status_t st = PDX_OK;
+    if (buf == NULL) {
+        close(fd);
+        return fail_st(&c, PDX_ERR_NOMEM, "out of memory");
+    }
+    for (;;) {
+        if (len == cap) {
+            if (cap > PDX_KV_CONFIG_MAX_BYTES) {
+                st = fail(&c, "more than the %u bytes a config may have",
+                          PDX_KV_CONFIG_MAX_BYTES);
+                break;
+            }
+            char *nb = realloc(buf, cap * 2);
+            if (nb == NULL) {
+                st = fail_st(&c, PDX_ERR_NOMEM, "out of memory");
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        ssize_t r = read(fd, buf + len, cap - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            int e = errno;
+            st = fail_st(&c, PDX_ERR_IO, "read failed: %s",
+                         strerror_r(e, ebuf, sizeof(ebuf)));
+            break;
+        }
+        if (r == 0)
+            break;
+        len += (size_t)r;
+    }
+    close(fd);
+    if (st == PDX_OK)
+        st = pdx_kv_config_parse(buf, len, path, cfg, err, err_len);
+    free(buf);
+    return st;
+}
+
+uint64_t pdx_kv_config_bytes_per_block(const pdx_kv_config_t *cfg)
+{
+    if (cfg == NULL)
+        return 0;
+    uint64_t per_token =
+        (uint64_t)cfg->num_layers * cfg->mla_bytes_per_token +
+        (uint64_t)cfg->n_index_k_layers * cfg->index_k_bytes_per_token +
+        (uint64_t)cfg->mtp_layers *
+            ((uint64_t)cfg->mla_bytes_per_token + cfg->index_k_bytes_per_token);
+    return per_token * cfg->block_tokens;
+}
+
+uint32_t pdx_kv_config_num_arenas(const pdx_kv_config_t *cfg)
+{
+    if (cfg == NULL)
+        return 0;
+    return cfg->num_layers + cfg->n_index_k_layers +
+           cfg->mtp_layers * (cfg->index_k_bytes_per_token > 0 ? 2u : 1u);
+}
+
+static pdx_status_t add_arena(pdx_layout_h l, const pdx_kv_config_t *cfg,
+                              const char *prefix, uint32_t layer,
+                              pdx_kv_kind_t kind, int is_mtp, uint32_t bpt)
+{
+    char name[PDX_ARENA_NAME_MAX + 1];
+    snprintf(name, sizeof(name), "%s%" PRIu32 ".%s", prefix, layer,
+             pdx_kv_kind_to_string(kind));
+    pdx_arena_t a = {
+        .field_mask = PDX_ARENA_FIELD_IS_MTP | PDX_ARENA_FIELD_MEM_TYPE |
+                      PDX_ARENA_FIELD_DEV_ID,
+        .name = name,
+        .layer = layer,
+        .kind = kind,
+        .is_mtp = is_mtp,
+        .bytes_per_token = bpt,
+        .num_blocks = cfg->num_blocks,
+        .mem_type = cfg->mem_type,
+        .dev_id = cfg->mem_type == PDX_MEM_VRAM ? cfg->device : 0,
+    };
+    return pdx_layout_add_arena(l, &a, NULL);
+}
+
+pdx_status_t pdx_kv_config_layout(const pdx_kv_config_t *cfg,
+                                  pdx_layout_h *layout_p)
+{
+    if (cfg == NULL || layout_p == NULL || cfg->block_tokens == 0 ||
+        cfg->n_index_k_layers > PDX_KV_MAX_INDEX_LAYERS)
+        return PDX_ERR_INVALID;
+    pdx_layout_h l;
+    pdx_status_t st = pdx_layout_create(cfg->block_tokens, &l);
+    if (st != PDX_OK)
+        return st;
+    uint32_t next_idx = 0;
+    for (uint32_t layer = 0; layer < cfg->num_layers && st == PDX_OK; layer++) {
+        st = add_arena(l, cfg, "layer", layer, PDX_KV_KIND_MLA, 0,
+                       cfg->mla_bytes_per_token);
+        if (st == PDX_OK && next_idx < cfg->n_index_k_layers &&
+            cfg->index_k_layers[next_idx] == layer) {
+            st = add_arena(l, cfg, "layer", layer, PDX_KV_KIND_INDEX_K, 0,
+                           cfg->index_k_bytes_per_token);
+            next_idx++;
+        }
+    }
+    /* A list that is not increasing or runs past num_layers (a struct not
+     * made by the loader) would silently drop arenas. */
+    if (st == PDX_OK && next_idx != cfg->n_index_k_layers)
+        st = PDX_ERR_INVALID;
+    for (uint32_t i = 0; i < cfg->mtp_layers && st == PDX_OK; i++) {
+        uint32_t layer = cfg->num_layers + i;
+        st = add_arena(l, cfg, "mtp", layer, PDX_KV_KIND_MLA, 1,
+                       cfg->mla_bytes_per_token);
+        if (st == PDX_OK && cfg->index_k_bytes_per_token > 0)
+            st = add_arena(l, cfg, "mtp", layer, PDX_KV_KIND_INDEX_K, 1,
+                           cfg->index_k_bytes_per_token);
+    }
+    if (st != PDX_OK) {
+        pdx_layout_destroy(l);
+        return st == PDX_ERR_NOMEM ? st : PDX_ERR_INVALID;
+    }
+    *layout_p = l;
+    return PDX_OK;
+}
+
+size_t pdx_kv_config_backend_opts(const pdx_kv_config_t *cfg, uint32_t backend,
+                                  pdx_kv_t *out, size_t max)
+{
+    if (cfg == NULL || backend >= cfg->nbackends)
+        return 0;
+    size_t n = 0;
+    for (uint32_t i = 0; i < cfg->nbackend_opts && i < PDX_KV_MAX_BACKEND_OPTS;
+         i++) {
+        if (cfg->backend_opt_owner[i] != backend)
+            continue;
+        if (out != NULL && n < max) {
+            out[n].key = cfg->opt_buf[i][0];
+            out[n].value = cfg->opt_buf[i][1];
+        }
+        n++;
+    }
+    return n;
+}
