@@ -675,15 +675,16 @@ static int parse_prompts(const char *s, opts_t *o)
     return o->nprompts > 0 ? 0 : -1;
 }
 
-static char *default_path(const char *leaf)
+static char g_p_cfg[PATH_MAX], g_d_cfg[PATH_MAX], g_node_bin[PATH_MAX];
+
+static void default_path(char *buf, size_t len, const char *leaf)
 {
-    char buf[PATH_MAX];
-    snprintf(buf, sizeof(buf), "%s/configs/glm52-fp8-mtp/%s", PDX_SOURCE_DIR,
-             leaf);
-    return strdup(buf);
+    snprintf(buf, len, "%s/configs/glm52-fp8-mtp/%s", PDX_SOURCE_DIR, leaf);
 }
 
-static char *default_node(void)
+/* The node binary next to this one (both land in <build>/bin), else the
+ * path it was built at. */
+static void default_node(char *buf, size_t len)
 {
     char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -694,11 +695,12 @@ static char *default_node(void)
             snprintf(slash + 1, sizeof(self) - (size_t)(slash + 1 - self),
                      "glm52-pd-node");
             if (access(self, X_OK) == 0) {
-                return strdup(self);
+                snprintf(buf, len, "%s", self);
+                return;
             }
         }
     }
-    return strdup(PDX_NODE_PATH);
+    snprintf(buf, len, "%s", PDX_NODE_PATH);
 }
 
 static int read_hello(node_t *n, cJSON *m, char *why, size_t len)
@@ -724,7 +726,10 @@ static int read_hello(node_t *n, cJSON *m, char *why, size_t len)
     return 0;
 }
 
-int main(int argc, char **argv)
+static session_t *g_ss;
+static int g_nss, g_nturns;
+
+static int validate(int argc, char **argv)
 {
     opts_t o = {.sessions = 4,
                 .turns = 2,
@@ -823,12 +828,23 @@ int main(int argc, char **argv)
         usage(stderr);
         return EXIT_SETUP;
     }
-    char *p_cfg = o.p_config ? strdup(o.p_config)
-                             : default_path("colocated-prefill.json");
-    char *d_cfg =
-        o.d_config ? strdup(o.d_config) : default_path("colocated-decode.json");
-    char *node_bin = o.node ? strdup(o.node) : default_node();
-    o.node = node_bin;
+    if (o.p_config) {
+        snprintf(g_p_cfg, sizeof(g_p_cfg), "%s", o.p_config);
+    } else {
+        default_path(g_p_cfg, sizeof(g_p_cfg), "colocated-prefill.json");
+    }
+    if (o.d_config) {
+        snprintf(g_d_cfg, sizeof(g_d_cfg), "%s", o.d_config);
+    } else {
+        default_path(g_d_cfg, sizeof(g_d_cfg), "colocated-decode.json");
+    }
+    if (o.node) {
+        snprintf(g_node_bin, sizeof(g_node_bin), "%s", o.node);
+    } else {
+        default_node(g_node_bin, sizeof(g_node_bin));
+    }
+    const char *p_cfg = g_p_cfg, *d_cfg = g_d_cfg;
+    o.node = g_node_bin;
     g_p.config = p_cfg;
     g_d.config = d_cfg;
     g_bar = !o.quiet && isatty(2);
@@ -901,6 +917,7 @@ int main(int argc, char **argv)
         return EXIT_REFUSED;
     }
 
+    double startup_ms = pd_now_ms() - t_start;
     uint32_t B = (uint32_t)g_p.block_tokens;
     /* Admission: the blocks of the sessions in flight must fit P's and D's
      * arenas and D's pool (a decode's handoff leases its history there
@@ -913,6 +930,9 @@ int main(int argc, char **argv)
     budget = budget > 2 ? budget - 2 : budget;
 
     session_t *ss = calloc((size_t)o.sessions, sizeof(*ss));
+    g_ss = ss;
+    g_nss = o.sessions;
+    g_nturns = o.turns;
     for (int i = 0; i < o.sessions; i++) {
         session_t *s = &ss[i];
         s->id = i;
@@ -1263,6 +1283,8 @@ int main(int argc, char **argv)
         cJSON_AddNumberToObject(cf, "peak_in_flight", peak_inflight);
         cJSON_AddNumberToObject(cf, "admission_budget_blocks", (double)budget);
         cJSON_AddNumberToObject(cf, "wall_ms", wall_ms);
+        cJSON_AddNumberToObject(cf, "startup_ms", startup_ms);
+        cJSON_AddNumberToObject(cf, "max_lookup_ms", tot.lookup_ms_max);
         cJSON *tj = cJSON_AddArrayToObject(doc, "turns");
         for (int t = 0; t < o.turns; t++) {
             cJSON *a = agg_json(&per[t]);
@@ -1345,7 +1367,11 @@ int main(int argc, char **argv)
                    jnum(of, "dup_saves"), jnum(of, "hits"),
                    jnum(of, "evictions"), jnum(of, "no_space"));
         }
-        printf("  wall %.1f s\n\n", wall_ms / 1e3);
+        printf("  P lookup latency at most %.0f ms (pending included: "
+               "wait_for_full_prefix)\n",
+               tot.lookup_ms_max);
+        printf("  wall %.1f s (node start and connect %.1f s)\n\n",
+               wall_ms / 1e3, startup_ms / 1e3);
         printf("checks: %d passed, %d failed\n", checks.passed, checks.failed);
         const cJSON *f;
         cJSON_ArrayForEach(f, checks.failures)
@@ -1356,26 +1382,40 @@ int main(int argc, char **argv)
     }
     fflush(stdout);
     cJSON_Delete(checks.failures);
-    for (int i = 0; i < o.sessions; i++) {
-        free(ss[i].hist);
-        free(ss[i].params_p);
-        free(ss[i].params_d);
-        for (int t = 0; t < o.turns; t++) {
-            cJSON_Delete(ss[i].recs[t].p_phases);
-            cJSON_Delete(ss[i].recs[t].d_phases);
-        }
-        free(ss[i].recs);
-    }
-    free(ss);
     free(per);
-    cJSON_Delete(g_p.hello);
-    cJSON_Delete(g_d.hello);
-    cJSON_Delete(g_p.stats);
-    cJSON_Delete(g_d.stats);
-    pd_chan_close(&g_p.chan);
-    pd_chan_close(&g_d.chan);
-    free(p_cfg);
-    free(d_cfg);
-    free(node_bin);
+    return rc;
+}
+
+/* Everything main allocated, on every way out of it. */
+static void cleanup(void)
+{
+    for (int i = 0; g_ss != NULL && i < g_nss; i++) {
+        session_t *s = &g_ss[i];
+        free(s->hist);
+        free(s->params_p);
+        free(s->params_d);
+        for (int t = 0; s->recs != NULL && t < g_nturns; t++) {
+            cJSON_Delete(s->recs[t].p_phases);
+            cJSON_Delete(s->recs[t].d_phases);
+        }
+        free(s->recs);
+    }
+    free(g_ss);
+    g_ss = NULL;
+    node_t *ns[2] = {&g_p, &g_d};
+    for (int i = 0; i < 2; i++) {
+        cJSON_Delete(ns[i]->hello);
+        cJSON_Delete(ns[i]->stats);
+        ns[i]->hello = ns[i]->stats = NULL;
+        if (ns[i]->chan.fd > 0) {
+            pd_chan_close(&ns[i]->chan);
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int rc = validate(argc, argv);
+    cleanup();
     return rc;
 }
