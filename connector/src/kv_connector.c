@@ -304,11 +304,12 @@ pdx_status_t pdx_kv_connector_create(const pdx_kv_connector_params_t *params,
         goto err;
     }
     for (uint32_t b = 0; b < c->cfg.nbackends; b++) {
-        /* Options go to the backend they are for; all are UCX's today. */
-        int is_ucx = strcmp(c->cfg.backends[b], "ucx") == 0;
-        st = pdx_backend_create(c->agent, c->cfg.backends[b],
-                                is_ucx ? c->cfg.backend_opts : NULL,
-                                is_ucx ? c->cfg.nbackend_opts : 0, NULL);
+        /* Each backend gets only its own options. */
+        pdx_kv_t opts[PDX_KV_MAX_BACKEND_OPTS];
+        size_t nopts = pdx_kv_config_backend_opts(&c->cfg, b, opts,
+                                                  PDX_KV_MAX_BACKEND_OPTS);
+        st = pdx_backend_create(c->agent, c->cfg.backends[b], opts, nopts,
+                                NULL);
         if (st == PDX_ERR_UNAVAILABLE || st == PDX_ERR_NOT_FOUND) {
             pdx_warn("kv: backend %s not usable here, going on without it",
                      c->cfg.backends[b]);

@@ -12,6 +12,8 @@
 #include <stddef.h>
 
 #include <pdx/agent.h>
+#include <pdx/kv_config.h>
+#include <pdx/kv_connector.h>
 #include <pdx/log.h>
 #include <pdx/notif.h>
 #include <pdx/xfer.h>
@@ -73,6 +75,45 @@ typedef struct pdx_plugin_v1 {
     int (*notif_poll)(pdx_agent_h, pdx_notif_cb_t, void *);
     pdx_status_t (*blob_describe)(const void *, size_t, char **, char *,
                                   size_t);
+
+    /* KV connector (pdx/kv_connector.h, kv_config.h, kv_layout.h,
+     * kv_hash.h). */
+    pdx_status_t (*kv_config_load)(const char *, pdx_kv_config_t *, char *,
+                                   size_t);
+    pdx_status_t (*layout_glm52)(uint64_t, pdx_mem_type_t, uint32_t,
+                                 pdx_layout_h *);
+    uint64_t (*layout_carve_size)(pdx_layout_h, uint64_t);
+    pdx_status_t (*layout_carve)(pdx_layout_h, uint64_t, uint64_t, uint64_t,
+                                 uint32_t);
+    void (*layout_destroy)(pdx_layout_h);
+    pdx_status_t (*hasher_hash_blocks)(pdx_hasher_h, const uint64_t *, size_t,
+                                       const pdx_hash_extra_t *,
+                                       pdx_block_hash_t *, size_t, size_t *,
+                                       pdx_block_hash_t *, int *);
+    pdx_status_t (*kv_connector_create)(const pdx_kv_connector_params_t *,
+                                        pdx_kv_connector_h *);
+    void (*kv_connector_destroy)(pdx_kv_connector_h);
+    pdx_hasher_h (*kv_connector_hasher)(pdx_kv_connector_h);
+    pdx_status_t (*kv_connector_describe)(pdx_kv_connector_h, void **,
+                                          size_t *);
+    pdx_status_t (*kv_connector_connect)(pdx_kv_connector_h, const void *,
+                                         size_t, char *);
+    pdx_status_t (*kv_lookup)(pdx_kv_connector_h, const pdx_kv_request_t *,
+                              pdx_kv_match_t *);
+    pdx_status_t (*kv_load)(pdx_kv_connector_h, const pdx_kv_request_t *,
+                            const pdx_kv_match_t *, const uint64_t *);
+    pdx_status_t (*kv_load_check)(pdx_kv_connector_h, const char *, size_t *);
+    pdx_status_t (*kv_save)(pdx_kv_connector_h, const pdx_kv_request_t *,
+                            const uint64_t *);
+    pdx_status_t (*kv_save_check)(pdx_kv_connector_h, const char *);
+    pdx_status_t (*kv_request_finished)(pdx_kv_connector_h,
+                                        const pdx_kv_request_t *,
+                                        const uint64_t *, size_t,
+                                        pdx_kv_handoff_from_t, char **);
+    pdx_status_t (*kv_reject)(pdx_kv_connector_h, const char *);
+    int (*kv_progress)(pdx_kv_connector_h);
+    int (*kv_poll_freed)(pdx_kv_connector_h, pdx_kv_freed_cb_t, void *);
+    void (*kv_free)(void *);
 } pdx_plugin_v1_t;
 
 _Static_assert(offsetof(pdx_plugin_v1_t, abi_version) == 0, "abi first");
