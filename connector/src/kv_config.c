@@ -318,7 +318,7 @@ static pdx_status_t get_u32(cfg_ctx_t *c, const cJSON *obj, const char *key,
                             uint32_t lo, uint32_t hi, int required,
                             uint32_t def, uint32_t *out)
 {
-    uint64_t u;
+    uint64_t u = 0;
     pdx_status_t st = get_uint(c, obj, key, lo, hi, required, def, &u);
     if (st == PDX_OK)
         *out = (uint32_t)u;
