@@ -2,7 +2,6 @@
  * layout built from a config's model shape. */
 #include "pd_model.h"
 
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,82 +166,30 @@ static int is_reference_shape(const pdx_kv_config_t *c)
     return n == c->n_index_k_layers;
 }
 
-static pdx_status_t add(pdx_layout_h l, const char *prefix, uint32_t layer,
-                        pdx_kv_kind_t kind, int is_mtp, uint32_t bpt,
-                        uint64_t num_blocks, pdx_mem_type_t mem)
-{
-    char name[PDX_ARENA_NAME_MAX + 1];
-    snprintf(name, sizeof(name), "%s%" PRIu32 ".%s", prefix, layer,
-             pdx_kv_kind_to_string(kind));
-    pdx_arena_t a = {.field_mask =
-                         PDX_ARENA_FIELD_IS_MTP | PDX_ARENA_FIELD_MEM_TYPE,
-                     .name = name,
-                     .layer = layer,
-                     .kind = kind,
-                     .is_mtp = is_mtp,
-                     .bytes_per_token = bpt,
-                     .num_blocks = num_blocks,
-                     .mem_type = mem};
-    return pdx_layout_add_arena(l, &a, NULL);
-}
-
 pdx_status_t pd_layout_from_config(const pdx_kv_config_t *cfg,
                                    pdx_mem_type_t mem, pdx_layout_h *layout_p,
                                    int *is_reference_p, char *why,
                                    size_t why_len)
 {
-    if (cfg->num_blocks == 0 || cfg->block_tokens == 0) {
-        snprintf(why, why_len, "%s: num_blocks and block_tokens must be > 0",
-                 cfg->source);
-        return PDX_ERR_CONFIG;
-    }
-    if (is_reference_shape(cfg)) {
-        *is_reference_p = 1;
-        pdx_status_t st = pdx_layout_glm52(cfg->num_blocks, mem, 0, layout_p);
-        if (st != PDX_OK) {
-            snprintf(why, why_len, "pdx_layout_glm52(%u blocks): %s",
-                     cfg->num_blocks, pdx_status_string(st));
-        }
-        return st;
-    }
-    *is_reference_p = 0;
-    pdx_layout_h l;
-    pdx_status_t st = pdx_layout_create(cfg->block_tokens, &l);
-    if (st != PDX_OK) {
-        snprintf(why, why_len, "layout of %u-token blocks: %s",
-                 cfg->block_tokens, pdx_status_string(st));
-        return st;
-    }
-    uint32_t nl = cfg->num_layers, total = nl + cfg->mtp_layers;
-    for (uint32_t layer = 0; layer < total && st == PDX_OK; layer++) {
-        int mtp = layer >= nl;
-        const char *prefix = mtp ? "mtp" : "layer";
-        int has_index = mtp;
-        for (uint32_t i = 0; i < cfg->n_index_k_layers && !mtp; i++) {
-            has_index |= cfg->index_k_layers[i] == layer;
-        }
-        if (cfg->mla_bytes_per_token > 0) {
-            st = add(l, prefix, layer, PDX_KV_KIND_MLA, mtp,
-                     cfg->mla_bytes_per_token, cfg->num_blocks, mem);
-        }
-        if (st == PDX_OK && has_index && cfg->index_k_bytes_per_token > 0) {
-            st = add(l, prefix, layer, PDX_KV_KIND_INDEX_K, mtp,
-                     cfg->index_k_bytes_per_token, cfg->num_blocks, mem);
-        }
-    }
-    if (st == PDX_OK && pdx_layout_num_arenas(l) == 0) {
-        st = PDX_ERR_CONFIG;
+    pdx_status_t st;
+    *is_reference_p = is_reference_shape(cfg);
+    if (*is_reference_p) {
+        st = pdx_layout_glm52(cfg->num_blocks, mem, 0, layout_p);
+    } else {
+        /* Any other shape: the config loader's layout, same arena naming
+         * and order, on the memory type this example uses. */
+        pdx_kv_config_t c = *cfg;
+        c.mem_type = mem;
+        c.device = 0;
+        st = pdx_kv_config_layout(&c, layout_p);
     }
     if (st != PDX_OK) {
         snprintf(why, why_len,
-                 "%s: cannot build a layout from the model "
-                 "shape (%u layers, %u/%u B per token, %u MTP): %s",
+                 "%s: no layout for the model shape (%u layers, %u/%u B per "
+                 "token, %u MTP, %u-token blocks, %u blocks): %s",
                  cfg->source, cfg->num_layers, cfg->mla_bytes_per_token,
                  cfg->index_k_bytes_per_token, cfg->mtp_layers,
-                 pdx_status_string(st));
-        pdx_layout_destroy(l);
-        return st;
+                 cfg->block_tokens, cfg->num_blocks, pdx_status_string(st));
     }
-    *layout_p = l;
-    return PDX_OK;
+    return st;
 }
