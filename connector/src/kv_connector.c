@@ -1051,6 +1051,58 @@ static void json_add_u64s(cJSON *obj, const char *name, const uint64_t *v,
     }
 }
 
+/* MultiConnector: merge child `b`'s transfer parameters into `a`'s; a key
+ * both set is an error naming the key and both children. */
+static pdx_status_t merge_params(cJSON *a, const cJSON *b, const char *an,
+                                 const char *bn)
+{
+    if (!cJSON_IsObject(a) || !cJSON_IsObject(b)) {
+        pdx_error("kv: transfer parameters of %s and %s must be objects", an,
+                  bn);
+        return PDX_ERR_INVALID;
+    }
+    const cJSON *e;
+    cJSON_ArrayForEach(e, b)
+    {
+        if (cJSON_GetObjectItemCaseSensitive(a, e->string) != NULL) {
+            pdx_error("kv: transfer parameters clash: children %s and %s "
+                      "both set \"%s\"", an, bn, e->string);
+            return PDX_ERR_EXISTS;
+        }
+    }
+    cJSON_ArrayForEach(e, b)
+    {
+        cJSON *dup = cJSON_Duplicate(e, 1);
+        if (dup == NULL) {
+            return PDX_ERR_NOMEM;
+        }
+        cJSON_AddItemToObject(a, e->string, dup);
+    }
+    return PDX_OK;
+}
+
+pdx_status_t pdx_kv_params_merge(const char *a, const char *b, char **out_p)
+{
+    if (a == NULL || b == NULL || out_p == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    cJSON *ja = cJSON_Parse(a), *jb = cJSON_Parse(b);
+    pdx_status_t st = PDX_ERR_CORRUPT;
+    if (ja != NULL && jb != NULL) {
+        st = merge_params(ja, jb, "first", "second");
+    }
+    if (st == PDX_OK) {
+        char *text = cJSON_PrintUnformatted(ja);
+        st = text ? PDX_OK : PDX_ERR_NOMEM;
+        if (text) {
+            *out_p = text;
+        }
+    }
+    cJSON_Delete(ja);
+    cJSON_Delete(jb);
+    return st;
+}
+
 /* Wait (bounded) until the worker saved everything queued for `req`. */
 static void wait_saved(pdx_kv_connector_h c, const char *req,
                        uint32_t timeout_ms)
@@ -1170,6 +1222,30 @@ pdx_status_t pdx_kv_request_finished(pdx_kv_connector_h c,
         char hex[2 * PDX_OFFLOAD_KEY_MAX + 1];
         pdx_block_hash_to_hex(&r->hashes[i], hex, sizeof(hex));
         cJSON_AddItemToArray(hs, cJSON_CreateString(hex));
+    }
+    if (c->pool != NULL && r->nfull > 0) {
+        /* The offload child's part: how much of this request the local
+         * pool holds, so a router can prefer this node next turn. */
+        cJSON *off = cJSON_CreateObject();
+        size_t have = 0;
+        pdx_offload_key_t *k2 = malloc(r->nfull * sizeof(*k2));
+        if (off == NULL || k2 == NULL) {
+            cJSON_Delete(off);
+            free(k2);
+            st = PDX_ERR_NOMEM;
+            goto unlock;
+        }
+        for (size_t i = 0; i < r->nfull; i++) {
+            k2[i] = key_of(&r->hashes[i]);
+        }
+        pdx_offload_query(c->pool, k2, r->nfull, &have);
+        free(k2);
+        cJSON_AddNumberToObject(off, "offload_blocks", (double)have);
+        st = merge_params(root, off, "remote", "offload");
+        cJSON_Delete(off);
+        if (st != PDX_OK) {
+            goto unlock;
+        }
     }
     char *text = cJSON_PrintUnformatted(root);
     if (text == NULL) {

@@ -203,6 +203,8 @@ static void test_handoff_8k(void **state)
                                              PDX_KV_FROM_ARENA, &params),
                      PDX_OK);
     assert_int_equal(pdx_kv_held_requests(p.conn), 1);
+    /* The offload child's part is merged into the remote child's. */
+    assert_non_null(strstr(params, "\"offload_blocks\":0"));
 
     pdx_kv_request_t dreq = req;
     dreq.req_id = "d-8k";
@@ -462,6 +464,24 @@ static void test_multi_routing(void **state)
     node_fini(&n);
 }
 
+static void test_params_merge(void **state)
+{
+    char *out = NULL;
+    assert_int_equal(pdx_kv_params_merge("{\"agent\":\"p\",\"tokens\":5}",
+                                         "{\"offload_blocks\":3}", &out),
+                     PDX_OK);
+    assert_string_equal(out,
+                        "{\"agent\":\"p\",\"tokens\":5,\"offload_blocks\":3}");
+    pdx_kv_free(out);
+    out = NULL;
+    assert_int_equal(pdx_kv_params_merge("{\"tokens\":5}", "{\"tokens\":6}",
+                                         &out),
+                     PDX_ERR_EXISTS);
+    assert_null(out);
+    assert_int_equal(pdx_kv_params_merge("[1]", "{}", &out), PDX_ERR_INVALID);
+    assert_int_equal(pdx_kv_params_merge("{", "{}", &out), PDX_ERR_CORRUPT);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -469,6 +489,7 @@ int main(void)
         cmocka_unit_test(test_lease_expiry_and_reject),
         cmocka_unit_test(test_mismatch_refused),
         cmocka_unit_test(test_multi_routing),
+        cmocka_unit_test(test_params_merge),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -209,6 +209,13 @@ PDX_API pdx_status_t pdx_kv_offload_stats(pdx_kv_connector_h conn,
 PDX_API pdx_status_t pdx_kv_params_check(const char *params, size_t len,
                                          size_t narenas);
 
+/* MultiConnector parameter merge, as request_finished does it for its
+ * children (the remote child's handoff and the offload child's
+ * "offload_blocks"): every key of `b` is added to `a`; a key both set is
+ * PDX_ERR_EXISTS, logged with the key. *out_p is malloc'd (pdx_kv_free). */
+PDX_API pdx_status_t pdx_kv_params_merge(const char *a, const char *b,
+                                         char **out_p);
+
 /* Free a string the connector returned. */
 PDX_API void pdx_kv_free(void *p);
 
