@@ -83,6 +83,8 @@ struct pdx_kv_connector {
     waiter_t *waiters;
     save_item_t *queue;
     size_t q_head, q_len;
+    pdx_offload_key_t cur_key; /* the block the worker is copying */
+    bool cur_busy;
     pthread_t worker;
     bool worker_running;
     bool stop;
@@ -135,6 +137,8 @@ static void *save_main(void *arg)
         save_item_t it = c->queue[c->q_head];
         c->q_head = (c->q_head + 1) % SAVE_QUEUE;
         c->q_len--;
+        c->cur_key = it.key;
+        c->cur_busy = true;
         pthread_mutex_unlock(&c->lock);
         pdx_offload_resv_t resv;
         pdx_status_t st = pdx_offload_reserve(c->pool, &it.key,
@@ -160,6 +164,7 @@ static void *save_main(void *arg)
             it.rec->status = st;
         }
         it.rec->pending--;
+        c->cur_busy = false;
         pthread_cond_broadcast(&c->cv);
     }
     pthread_mutex_unlock(&c->lock);
@@ -635,13 +640,24 @@ static waiter_t **find_waiter(pdx_kv_connector_h c, const char *req)
     return w;
 }
 
-static size_t saves_in_flight(pdx_kv_connector_h c)
+static bool same_key(const pdx_offload_key_t *a, const pdx_offload_key_t *b)
 {
-    size_t n = 0;
-    for (save_rec_t *s = c->saves; s != NULL; s = s->next) {
-        n += s->pending;
+    return a->len == b->len && memcmp(a->bytes, b->bytes, a->len) == 0;
+}
+
+/* Is this block queued for saving or being copied in right now? Only such
+ * blocks make a lookup wait: unrelated saves never stall it. */
+static bool save_in_flight(pdx_kv_connector_h c, const pdx_offload_key_t *k)
+{
+    if (c->cur_busy && same_key(&c->cur_key, k)) {
+        return true;
     }
-    return n;
+    for (size_t i = 0; i < c->q_len; i++) {
+        if (same_key(&c->queue[(c->q_head + i) % SAVE_QUEUE].key, k)) {
+            return true;
+        }
+    }
+    return false;
 }
 
 pdx_status_t pdx_kv_lookup(pdx_kv_connector_h c, const pdx_kv_request_t *r,
@@ -694,8 +710,12 @@ pdx_status_t pdx_kv_lookup(pdx_kv_connector_h c, const pdx_kv_request_t *r,
                 pdx_offload_query(c->pool, &tk, 1, &t);
                 tail = t == 1;
             }
+            pdx_offload_key_t missing;
+            if (prefix < r->nfull) {
+                missing = key_of(&r->hashes[prefix]);
+            }
             if (prefix < r->nfull && ch->wait_for_full_prefix &&
-                saves_in_flight(c) > 0) {
+                save_in_flight(c, &missing)) {
                 /* Part of the prefix may still be on its way into the
                  * pool: pending until it lands or the deadline passes. */
                 waiter_t **w = find_waiter(c, r->req_id);
@@ -866,7 +886,13 @@ pdx_status_t pdx_kv_load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
         (ids == NULL && (m->blocks > 0 || m->tail))) {
         return PDX_ERR_INVALID;
     }
-    pdx_status_t st;
+    pdx_status_t st, copied = PDX_OK;
+    if (m->source == PDX_KV_SOURCE_OFFLOAD && c->pool != NULL &&
+        (m->blocks > 0 || m->tail)) {
+        /* The pool is thread-safe and the lease pins the blocks: copy
+         * without the connector lock so progress and lookups go on. */
+        copied = load_offload(c, r, m, ids);
+    }
     pthread_mutex_lock(&c->lock);
     if (find_load(c, r->req_id) != NULL) {
         pthread_mutex_unlock(&c->lock);
@@ -887,7 +913,7 @@ pdx_status_t pdx_kv_load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
                c->remote != NULL) {
         st = load_remote(c, r, m, ids, rec);
     } else if (m->source == PDX_KV_SOURCE_OFFLOAD && c->pool != NULL) {
-        st = load_offload(c, r, m, ids);
+        st = copied;
         rec->status = st;
     } else {
         st = PDX_ERR_INVALID;
@@ -902,6 +928,37 @@ pdx_status_t pdx_kv_load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
     }
     rec->next = c->loads;
     c->loads = rec;
+    pthread_mutex_unlock(&c->lock);
+    return PDX_OK;
+}
+
+pdx_status_t pdx_kv_load_abort(pdx_kv_connector_h c, const char *req_id)
+{
+    if (req_id == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    pthread_mutex_lock(&c->lock);
+    load_rec_t **pp = &c->loads;
+    while (*pp != NULL && strcmp((*pp)->req, req_id) != 0) {
+        pp = &(*pp)->next;
+    }
+    load_rec_t *l = *pp;
+    if (l == NULL) {
+        pthread_mutex_unlock(&c->lock);
+        return PDX_ERR_NOT_FOUND;
+    }
+    *pp = l->next;
+    if (l->xfer != NULL) {
+        /* Releasing the request aborts the READ: once it returns no byte
+         * lands in the caller's blocks. */
+        pdx_xfer_release(l->xfer);
+        if (l->peer[0] != '\0') {
+            char note[128];
+            snprintf(note, sizeof(note), MSG_PREFIX "reject %s", l->peer_req);
+            pdx_notif_send(c->agent, l->peer, note, strlen(note));
+        }
+    }
+    free(l);
     pthread_mutex_unlock(&c->lock);
     return PDX_OK;
 }

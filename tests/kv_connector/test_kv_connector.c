@@ -340,6 +340,39 @@ static void test_lease_expiry_and_reject(void **state)
     assert_int_equal(f.n, 1);
     assert_int_equal(f.why, PDX_KV_FREED_REJECT);
     pdx_kv_free(params);
+
+    /* A load aborted while in flight: D's blocks are its own again and P
+     * frees at once. */
+    req.req_id = "aborted";
+    assert_int_equal(pdx_kv_request_finished(p.conn, &req, ids, 256,
+                                             PDX_KV_FROM_ARENA, &params),
+                     PDX_OK);
+    pdx_kv_request_t dr = req;
+    dr.req_id = "d-aborted";
+    dr.params = params;
+    pdx_kv_match_t m;
+    assert_int_equal(pdx_kv_lookup(d.conn, &dr, &m), PDX_OK);
+    assert_int_equal(m.blocks, 4);
+    uint64_t dids[4] = {8, 9, 10, 11};
+    assert_int_equal(pdx_kv_load(d.conn, &dr, &m, dids), PDX_OK);
+    assert_int_equal(pdx_kv_load_abort(d.conn, "d-aborted"), PDX_OK);
+    size_t tokens;
+    assert_int_equal(pdx_kv_load_check(d.conn, "d-aborted", &tokens),
+                     PDX_ERR_NOT_FOUND);
+    assert_int_equal(pdx_kv_load_abort(d.conn, "d-aborted"),
+                     PDX_ERR_NOT_FOUND);
+    f.n = 0;
+    for (int i = 0; i < 3000 && f.n == 0; i++) {
+        sleep_ms(1);
+        pdx_kv_progress(p.conn);
+        pdx_kv_poll_freed(p.conn, on_freed, &f);
+    }
+    assert_int_equal(f.n, 1);
+    /* The READ may have finished before the abort (done) or not (reject);
+     * either way P's blocks are free and nothing is held. */
+    assert_true(f.why == PDX_KV_FREED_REJECT || f.why == PDX_KV_FREED_DONE);
+    assert_int_equal(pdx_kv_held_requests(p.conn), 0);
+    pdx_kv_free(params);
     node_fini(&d);
     node_fini(&p);
 }

@@ -113,8 +113,9 @@ typedef struct pdx_kv_match {
 
 /* Scheduler: how much of `req` can be loaded. PDX_OK with *match_p filled
  * (blocks 0 when nothing hits), or PDX_INPROGRESS when an offload child
- * with wait_for_full_prefix is still saving part of the prefix and its
- * deadline has not passed (ask again). Non-blocking. */
+ * with wait_for_full_prefix is still saving the first block this lookup
+ * misses and its deadline has not passed (ask again); saves of other
+ * blocks never make it wait. Non-blocking. */
 PDX_API pdx_status_t pdx_kv_lookup(pdx_kv_connector_h conn,
                                    const pdx_kv_request_t *req,
                                    pdx_kv_match_t *match_p);
@@ -122,8 +123,9 @@ PDX_API pdx_status_t pdx_kv_lookup(pdx_kv_connector_h conn,
 /* Start loading what `match` found into this node's blocks `block_ids`
  * (match->blocks ids, then one more for the tail when match->tail).
  * Remote loads READ from the peer (coalesced) and send it a done
- * notification after the data landed; offload loads copy from the pool.
- * Non-blocking for remote loads. */
+ * notification after the data landed; offload loads copy from the pool in
+ * the calling thread without holding the connector lock. Non-blocking for
+ * remote loads. Handoffs from a pool carry full blocks only (no tail). */
 PDX_API pdx_status_t pdx_kv_load(pdx_kv_connector_h conn,
                                  const pdx_kv_request_t *req,
                                  const pdx_kv_match_t *match,
@@ -136,6 +138,13 @@ PDX_API pdx_status_t pdx_kv_load(pdx_kv_connector_h conn,
  * final state. Non-blocking. */
 PDX_API pdx_status_t pdx_kv_load_check(pdx_kv_connector_h conn,
                                        const char *req_id, size_t *tokens_p);
+
+/* Abort a load (request cancelled or timed out): the READ is released, so
+ * no byte lands in the caller's blocks after this returns and they are the
+ * caller's again; the holder is told to free its blocks (reject).
+ * PDX_ERR_NOT_FOUND if no load of that id is known. */
+PDX_API pdx_status_t pdx_kv_load_abort(pdx_kv_connector_h conn,
+                                       const char *req_id);
 
 /* Save blocks of `req` held in `block_ids` (nfull ids, then the tail's when
  * req->has_tail) to every child that saves (the offload pool unless
