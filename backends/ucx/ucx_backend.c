@@ -28,8 +28,8 @@
 #define UCX_MAX_NAME 255u
 /* Bounds on waits inside an op: closing an endpoint, draining a READ. */
 #define UCX_CLOSE_TIMEOUT_NS 1000000000ull
-/* Draining a released READ gives up after this long without any event (a
- * stalled peer), or after the cap even while data still flows. */
+/* Draining a released READ gives up after this long without a get chunk
+ * completing (a stalled peer), or after the cap even while data flows. */
 #define UCX_DRAIN_IDLE_NS 1000000000ull
 #define UCX_DRAIN_MAX_NS 5000000000ull
 /* ucp_worker_progress calls per progress op; keeps one call short. */
@@ -151,6 +151,7 @@ struct ucx_be {
     ucp_worker_h worker;
     int efd;
     uint64_t max_chunk;
+    uint64_t gets_done; /* completed get chunks: drain progress indicator */
     char tls[128];
     ucx_link_t peers;
     ucx_link_t zombies;       /* peers whose close did not finish in time */
@@ -480,6 +481,16 @@ static void ucx_flush_cb(void *request, ucs_status_t status, void *user_data)
         }
     }
     ucx_req_maybe_free(r);
+}
+
+/* Gets carry a callback only so that a drain can tell a slow peer (chunks
+ * still completing) from a stalled one; the worker outlives every get. */
+static void ucx_get_cb(void *request, ucs_status_t status, void *user_data)
+{
+    ucx_be_t *be = user_data;
+    (void)status; /* the flush reports failures */
+    ucp_request_free(request);
+    be->gets_done++;
 }
 
 static void ucx_send_cb(void *request, ucs_status_t status, void *user_data)
@@ -1183,10 +1194,12 @@ static void ucx_req_drain_read(ucx_be_t *be, ucx_req_t *r)
     ucx_peer_t *peer = r->peer;
     uint64_t start = ucx_now_ns();
     uint64_t last_event = start;
+    uint64_t gets_seen = be->gets_done;
     while (r->ucs_req != NULL) {
-        unsigned n = ucp_worker_progress(be->worker);
+        ucp_worker_progress(be->worker);
         uint64_t now = ucx_now_ns();
-        if (n > 0) {
+        if (be->gets_done != gets_seen) {
+            gets_seen = be->gets_done;
             last_event = now;
         }
         if (now - last_event > UCX_DRAIN_IDLE_NS ||
@@ -1256,9 +1269,16 @@ static pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
     }
     ucx_list_init(&r->link);
 
-    /* Puts and gets are fire-and-forget: their requests are freed at once
-     * and the one flush below reports their completion (and failure). */
+    /* Puts and gets are fire-and-forget: put requests are freed at once,
+     * gets on completion, and the one flush below reports their completion
+     * (and failure). */
     ucp_request_param_t rp = {.op_attr_mask = 0};
+    if (op == PDX_XFER_READ) {
+        rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                          UCP_OP_ATTR_FIELD_USER_DATA;
+        rp.cb.send = ucx_get_cb;
+        rp.user_data = be;
+    }
     ucp_request_param_t fp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
         .cb.send = ucx_flush_cb,
@@ -1288,7 +1308,7 @@ static pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
                 st = ucx_status(s);
                 goto err_posted;
             }
-            if (sp != NULL) {
+            if (sp != NULL && op == PDX_XFER_WRITE) {
                 ucp_request_free(sp);
             }
             posted++;

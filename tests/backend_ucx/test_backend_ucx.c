@@ -737,6 +737,21 @@ static int peer_child_main(int wfd, int rfd, const char *tls)
     _exit(0);
 }
 
+/* The live child, so a failed test (which longjmps out) does not leave it
+ * stopped or running: the teardown kills it. */
+static pid_t g_child_pid;
+
+static int child_teardown(void **state)
+{
+    (void)state;
+    if (g_child_pid > 0) {
+        kill(g_child_pid, SIGKILL);
+        waitpid(g_child_pid, NULL, 0);
+        g_child_pid = 0;
+    }
+    return 0;
+}
+
 typedef struct child {
     pid_t pid;
     int to_child;
@@ -783,6 +798,7 @@ static void child_start(child_t *c, const char *tls)
     close(up[1]);
     close(down[0]);
     c->pid = pid;
+    g_child_pid = pid;
     c->to_child = down[1];
     uint64_t hdr[4];
     assert_int_equal(read_full(up[0], hdr, sizeof(hdr)), 0);
@@ -809,6 +825,7 @@ static void child_reap(child_t *c)
         }
         usleep(1000);
     }
+    g_child_pid = 0;
     free(c->conn);
     free(c->key);
 }
@@ -883,6 +900,7 @@ static void peer_death(const char *tls)
     assert_int_equal(write(c.to_child, "x", 1), 1);
     int status = 0;
     assert_int_equal(waitpid(c.pid, &status, 0), c.pid);
+    g_child_pid = 0;
     uint64_t t0 = now_ns();
     pdx_status_t st = parent_xfer(&p, &c, PDX_XFER_WRITE, 20ull * 1000000000ull);
     /* Posting may already fail if the error was seen; both are fine. */
@@ -1025,9 +1043,10 @@ int main(int argc, char **argv)
             cmocka_unit_test(test_query_and_table),
             cmocka_unit_test(test_bad_options),
             cmocka_unit_test(test_bad_args),
-            cmocka_unit_test(test_peer_death_tcp),
-            cmocka_unit_test(test_peer_death_shm),
-            cmocka_unit_test(test_release_stalled_read),
+            cmocka_unit_test_teardown(test_peer_death_tcp, child_teardown),
+            cmocka_unit_test_teardown(test_peer_death_shm, child_teardown),
+            cmocka_unit_test_teardown(test_release_stalled_read,
+                                      child_teardown),
         };
         return cmocka_run_group_tests_name("backend_ucx_misc", tests, NULL,
                                            NULL);
