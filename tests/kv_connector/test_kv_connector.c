@@ -77,11 +77,17 @@ static pdx_status_t node_init(node_t *n, const pdx_kv_config_t *cfg,
     return pdx_kv_connector_create(&p, &n->conn);
 }
 
-static void node_glm(node_t *n, const pdx_kv_config_t *cfg)
+static void node_glm_n(node_t *n, const pdx_kv_config_t *cfg,
+                       uint64_t nblocks)
 {
     pdx_layout_h l;
-    assert_int_equal(pdx_layout_glm52(NBLOCKS, PDX_MEM_DRAM, 0, &l), PDX_OK);
+    assert_int_equal(pdx_layout_glm52(nblocks, PDX_MEM_DRAM, 0, &l), PDX_OK);
     assert_int_equal(node_init(n, cfg, l), PDX_OK);
+}
+
+static void node_glm(node_t *n, const pdx_kv_config_t *cfg)
+{
+    node_glm_n(n, cfg, NBLOCKS);
 }
 
 static void node_fini(node_t *n)
@@ -298,9 +304,11 @@ static void test_lease_expiry_and_reject(void **state)
     base_config(&cp, "l-p", "l-d", "0");
     base_config(&cd, "l-d", "l-p", "0");
     cp.children[0].lease_ms = 150;
+    cp.children[1].budget_bytes = 2ull * 3502592;
+    cd.children[1].budget_bytes = 2ull * 3502592;
     node_t p, d;
-    node_glm(&p, &cp);
-    node_glm(&d, &cd);
+    node_glm_n(&p, &cp, 16);
+    node_glm_n(&d, &cd, 16);
     assert_int_equal(connect_both(&p, &d), PDX_OK);
     uint64_t tok[256], ids[4] = {0, 1, 2, 3};
     make_tokens(tok, 256, 7);
@@ -380,14 +388,17 @@ static void test_lease_expiry_and_reject(void **state)
 static void expect_refused(pdx_kv_config_t *cd, pdx_layout_h dl,
                            const char *field)
 {
+    /* Small nodes: only the invariants matter here. */
     pdx_kv_config_t cp;
     base_config(&cp, "m-p", "m-d", "0");
+    cp.children[1].budget_bytes = 2ull * 3502592;
+    cd->children[1].budget_bytes = 2ull * 3502592;
     node_t p, d;
-    node_glm(&p, &cp);
+    node_glm_n(&p, &cp, 4);
     if (dl != NULL) {
         assert_int_equal(node_init(&d, cd, dl), PDX_OK);
     } else {
-        node_glm(&d, cd);
+        node_glm_n(&d, cd, 4);
     }
     g_last_error[0] = '\0';
     pdx_log_set_handler(capture, NULL);
@@ -430,8 +441,9 @@ static void test_multi_routing(void **state)
 {
     pdx_kv_config_t c;
     base_config(&c, "r-p", "r-d", "0");
+    c.children[1].budget_bytes = 16ull * 3502592;
     node_t n;
-    node_glm(&n, &c);
+    node_glm_n(&n, &c, 64);
     uint64_t tok[64 * 6 + 10];
     make_tokens(tok, 64 * 6 + 10, 3);
     pdx_block_hash_t hs[6], tail;

@@ -13,7 +13,9 @@
  * (the caller's and the progress thread), never from two at once. Callbacks
  * in pdx_backend_host_t must be invoked only from inside a call the agent
  * made into the backend (typically progress), never from a thread of the
- * backend's own.
+ * backend's own. A callback may call back into the backend (peer_error
+ * releases that peer's requests from inside progress): ops must tolerate
+ * that re-entry.
  *
  * Memory: buffers a backend returns through `void **buf_p` are malloc'd and
  * freed by the agent with free(). */
@@ -127,8 +129,11 @@ typedef struct pdx_backend_ops {
     /* Start a transfer of `n` merged pieces with `peer`. If `notif` is not
      * NULL and the backend has CAP_NOTIF, deliver it to the peer after every
      * byte has landed; without CAP_NOTIF it is ignored (the agent sends it).
+     * A request's notification goes out after its data, so a standalone
+     * notif_send made after xfer_post may arrive first.
      * Never blocks. Returns PDX_OK when already complete (no request),
-     * PDX_INPROGRESS with `*req_p` set, or an error (nothing in flight).
+     * PDX_INPROGRESS with `*req_p` set, or an error: nothing in flight for
+     * READ; for WRITE, pieces posted before the failure may still land.
      * `iov` is only read during the call. */
     pdx_status_t (*xfer_post)(void *be, void *peer, pdx_xfer_op_t op,
                               const pdx_backend_iov_t *iov, size_t n,
@@ -137,8 +142,12 @@ typedef struct pdx_backend_ops {
     /* PDX_OK (done, notification sent), PDX_INPROGRESS, or an error. May
      * progress the backend. Non-blocking. */
     pdx_status_t (*xfer_check)(void *be, void *req);
-    /* Free a request; aborts it if still in flight (no byte is written to
-     * local memory after this returns for READ; best effort for WRITE). */
+    /* Free a request; aborts it if still in flight. For READ, no byte is
+     * written to local memory after this returns while the peer is alive
+     * and responsive; a hung peer is waited for a bounded time, then failed
+     * and force-closed, and with UCX 1.13's emulated RMA its late replies
+     * may still land if it wakes before the peer is unloaded. Best effort
+     * for WRITE. */
     void (*xfer_release)(void *be, void *req);
 
     /* Send a standalone notification. Non-blocking: may queue. */
