@@ -501,6 +501,15 @@ static int json_u64_array(const cJSON *arr, uint64_t **out, size_t *n_p)
     return 1;
 }
 
+/* A JSON number that is a whole count in [0, max]; anything else (negative,
+ * fractional, NaN, huge) is refused before it is converted. */
+static int json_count(const cJSON *n, double max)
+{
+    return cJSON_IsNumber(n) && n->valuedouble >= 0 &&
+           n->valuedouble <= max &&
+           n->valuedouble == (double)(uint64_t)n->valuedouble;
+}
+
 static pdx_status_t handoff_parse(const char *json, size_t narenas,
                                   handoff_t *h)
 {
@@ -519,7 +528,7 @@ static pdx_status_t handoff_parse(const char *json, size_t narenas,
     size_t nids = 0, nb = 0, ns = 0;
     if (!cJSON_IsString(agent) || strlen(agent->valuestring) >= PDX_NAME_MAX ||
         !cJSON_IsString(req) || !valid_req(req->valuestring) ||
-        !cJSON_IsString(src) || !cJSON_IsNumber(tok) || tok->valuedouble < 0 ||
+        !cJSON_IsString(src) || !json_count(tok, 9007199254740992.0) ||
         !cJSON_IsArray(hs)) {
         pdx_error("kv: handoff parameters lack agent, req, source, tokens or "
                   "hashes");
@@ -569,7 +578,7 @@ static pdx_status_t handoff_parse(const char *json, size_t narenas,
         const cJSON *tid = cJSON_GetObjectItemCaseSensitive(tail, "id");
         const cJSON *tt = cJSON_GetObjectItemCaseSensitive(tail, "tokens");
         if (!cJSON_IsString(th) || !cJSON_IsString(tid) ||
-            !cJSON_IsNumber(tt) ||
+            !json_count(tt, PDX_HASH_BLOCK_SIZE_MAX) ||
             pdx_block_hash_from_hex(th->valuestring, &h->tail_hash) !=
                 PDX_OK) {
             pdx_error("kv: handoff tail malformed");
