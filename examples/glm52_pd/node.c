@@ -32,6 +32,11 @@
 
 #define QUANTUM_TOKENS 512 /* tokens computed or verified per job per turn */
 #define ARENA_ALIGN 4096
+/* Blocks of an aborted load are filled with this byte and kept out of use
+ * for a while; a byte that changed meanwhile landed after the abort. */
+#define CANARY_BYTE 0xa5
+#define QUARANTINE_MS 50.0
+#define QUARANTINE_PASSES 3
 
 /* ---- logging: pdx lines to stderr, error lines kept for the driver ---- */
 
@@ -99,6 +104,24 @@ static void say(const char *fmt, ...)
 
 typedef enum job_kind { JOB_PREFILL = 0, JOB_DECODE = 1 } job_kind_t;
 
+/* Where the driver asked a job to be cancelled (soak runs). */
+typedef enum job_abort {
+    ABORT_NONE = 0,
+    ABORT_REJECT, /* after the lookup, before reading: reject the handoff */
+    ABORT_LOAD,   /* while the load is in flight: pdx_kv_load_abort */
+} job_abort_t;
+
+/* What an aborted job actually did; also the stats' index. */
+typedef enum abort_done {
+    ABORTED_LOAD = 0,   /* load aborted in flight */
+    ABORTED_REJECT = 1, /* handoff rejected unread */
+    ABORTED_AFTER = 2,  /* the load had finished: cancelled after it */
+    ABORTED_KINDS = 3,
+} abort_done_t;
+
+static const char *const g_abort_names[ABORTED_KINDS] = {"load", "reject",
+                                                         "after_load"};
+
 typedef enum job_state {
     J_ALLOC,   /* waiting for free blocks */
     J_LOOKUP,  /* asking the connector (may be pending) */
@@ -133,6 +156,9 @@ typedef struct job {
     size_t loaded, cursor, vend;
     bool load_failed;
     bool blocks_busy; /* a load or save still uses them */
+    job_abort_t abort_at;
+    uint32_t abort_polls; /* load checks still in progress before aborting */
+    uint32_t polls;
     uint64_t verified_blocks, verified_bytes, diff_bytes;
     double t0, t_phase, deadline;
     double ms_alloc, ms_lookup, ms_load, ms_verify, ms_compute, ms_decode,
@@ -145,6 +171,18 @@ typedef struct held_blocks {
     uint64_t *blocks;
     size_t n;
 } held_blocks_t;
+
+/* Blocks of an aborted load, canary-filled, waiting to be checked and
+ * returned to the free list. */
+typedef struct quarantine {
+    struct quarantine *next;
+    char req[PDX_KV_REQ_ID_MAX];
+    uint64_t *blocks; /* all the job's blocks */
+    size_t n;
+    size_t ncanary; /* the first ncanary were targets of the load */
+    double release_at;
+    int passes;
+} quarantine_t;
 
 typedef struct node {
     pdx_kv_config_t cfg;
@@ -160,6 +198,7 @@ typedef struct node {
     size_t nfree;
     job_t *jobs, *jobs_tail;
     held_blocks_t *held;
+    quarantine_t *quarantine;
     double job_timeout_ms;
     bool quit;
     bool refused; /* the peer's connect was refused */
@@ -170,6 +209,11 @@ typedef struct node {
     uint64_t freed[3];
     uint64_t jobs_ok, jobs_failed;
     uint64_t peak_used;
+    uint64_t aborted[ABORTED_KINDS];
+    uint64_t rejects_sent;  /* handoffs this node rejected itself */
+    uint64_t late_bytes;    /* canary bytes changed after a load abort */
+    uint64_t canary_blocks; /* blocks checked after a load abort */
+    double abort_ms_max;    /* longest pdx_kv_load_abort call */
 } node_t;
 
 static const char *role_name(pdx_kv_role_t r)
@@ -264,6 +308,12 @@ static void job_fail(node_t *nd, job_t *j, uint64_t mark, const char *fmt, ...)
     cJSON_AddStringToObject(r, "req", j->req);
     cJSON_AddStringToObject(r, "error", msg);
     send_msg(nd, r);
+    /* A load still in flight is released: no byte lands after the abort,
+     * so the blocks are ours again, and the holder is told to free. */
+    if (j->state == J_LOAD && j->blocks_busy &&
+        pdx_kv_load_abort(nd->conn, j->req) == PDX_OK) {
+        j->blocks_busy = false;
+    }
     /* Blocks a load may still write into are never reused. */
     if (!j->blocks_busy && j->blocks != NULL) {
         blocks_put(nd, j->blocks, j->nblocks);
@@ -388,6 +438,153 @@ static void job_finish(node_t *nd, job_t *j)
     nd->jobs_ok++;
 }
 
+/* ---- cancelled requests (soak runs) ---- */
+
+static void canary_fill(node_t *nd, uint64_t id)
+{
+    for (size_t a = 0; a < nd->model.narenas; a++) {
+        const pd_arena_view_t *v = &nd->model.arenas[a];
+        memset(v->base + id * v->stride, CANARY_BYTE,
+               (size_t)v->bytes_per_token * nd->B);
+    }
+}
+
+/* Bytes of block `id` (all arenas) that are no longer the canary. */
+static uint64_t canary_diff(const node_t *nd, uint64_t id)
+{
+    uint64_t bad = 0;
+    for (size_t a = 0; a < nd->model.narenas; a++) {
+        const pd_arena_view_t *v = &nd->model.arenas[a];
+        const uint8_t *p = v->base + id * v->stride;
+        size_t len = (size_t)v->bytes_per_token * nd->B;
+        for (size_t i = 0; i < len; i++) {
+            bad += p[i] != CANARY_BYTE;
+        }
+    }
+    return bad;
+}
+
+/* Check and free quarantined blocks whose time is up. */
+static void quarantine_step(node_t *nd)
+{
+    double now = pd_now_ms();
+    for (quarantine_t **pp = &nd->quarantine; *pp != NULL;) {
+        quarantine_t *q = *pp;
+        if (++q->passes < QUARANTINE_PASSES || now < q->release_at) {
+            pp = &q->next;
+            continue;
+        }
+        uint64_t bad = 0;
+        for (size_t i = 0; i < q->ncanary; i++) {
+            bad += canary_diff(nd, q->blocks[i]);
+        }
+        nd->canary_blocks += q->ncanary;
+        if (bad != 0) {
+            say("%s: %" PRIu64 " bytes of its %zu blocks changed after its "
+                "load was aborted",
+                q->req, bad, q->ncanary);
+            nd->late_bytes += bad;
+        }
+        blocks_put(nd, q->blocks, q->n);
+        free(q->blocks);
+        *pp = q->next;
+        free(q);
+    }
+}
+
+/* Cancel a job as the driver asked. A load in flight is released
+ * (pdx_kv_load_abort, which tells the holder to free); a handoff not read
+ * is rejected (pdx_kv_reject); a job whose load had finished just stops
+ * (the holder was told done, or reject if the load failed). The blocks of
+ * an aborted load are canary-filled and quarantined, so a byte landing
+ * after the abort is caught. */
+static void job_abort(node_t *nd, job_t *j, abort_done_t how)
+{
+    uint64_t mark = log_mark();
+    double abort_ms = 0;
+    /* Whether the connector already told the holder (done or reject). */
+    bool told = false;
+    if (how == ABORTED_LOAD) {
+        double t = pd_now_ms();
+        pdx_status_t st = pdx_kv_load_abort(nd->conn, j->req);
+        abort_ms = pd_now_ms() - t;
+        if (st != PDX_OK) {
+            job_fail(nd, j, mark, "load_abort: %s", pdx_status_string(st));
+            return;
+        }
+        j->blocks_busy = false;
+        if (abort_ms > nd->abort_ms_max) {
+            nd->abort_ms_max = abort_ms;
+        }
+        told = j->match.source == PDX_KV_SOURCE_REMOTE;
+    } else if (how == ABORTED_AFTER) {
+        told = j->match.source == PDX_KV_SOURCE_REMOTE;
+    }
+    bool rejected = false;
+    if (!told && j->params != NULL) {
+        pdx_status_t st = pdx_kv_reject(nd->conn, j->params);
+        if (st != PDX_OK) {
+            job_fail(nd, j, mark, "reject of the handoff: %s",
+                     pdx_status_string(st));
+            return;
+        }
+        rejected = true;
+        nd->rejects_sent++;
+    }
+    size_t ncanary = 0;
+    if (how == ABORTED_LOAD) {
+        ncanary = j->match.blocks + (j->match.tail ? 1 : 0);
+        quarantine_t *q = calloc(1, sizeof(*q));
+        if (q == NULL) {
+            job_fail(nd, j, mark, "out of memory");
+            return;
+        }
+        for (size_t i = 0; i < ncanary; i++) {
+            canary_fill(nd, j->blocks[i]);
+        }
+        snprintf(q->req, sizeof(q->req), "%s", j->req);
+        q->blocks = j->blocks;
+        q->n = j->nblocks;
+        q->ncanary = ncanary;
+        q->release_at = pd_now_ms() + QUARANTINE_MS;
+        q->next = nd->quarantine;
+        nd->quarantine = q;
+        j->blocks = NULL;
+    } else {
+        blocks_put(nd, j->blocks, j->nblocks);
+        free(j->blocks);
+        j->blocks = NULL;
+    }
+    nd->aborted[how]++;
+    say("%s: cancelled (%s%s)", j->req, g_abort_names[how],
+        rejected ? ", handoff rejected" : "");
+    bool loaded = how == ABORTED_AFTER && j->loaded > 0;
+    size_t nloaded = loaded ? j->match.blocks + (j->match.tail ? 1 : 0) : 0;
+    cJSON *r = reply_head(job_op(j), true);
+    cJSON_AddStringToObject(r, "aborted", g_abort_names[how]);
+    cJSON_AddNumberToObject(r, "sid", j->sid);
+    cJSON_AddNumberToObject(r, "turn", j->turn);
+    cJSON_AddStringToObject(r, "req", j->req);
+    cJSON_AddNumberToObject(r, "prompt", (double)j->prompt);
+    cJSON_AddStringToObject(r, "source", source_name(j->match.source));
+    cJSON_AddNumberToObject(r, "match_blocks", (double)j->match.blocks);
+    cJSON_AddNumberToObject(r, "loaded", loaded ? (double)j->loaded : 0);
+    cJSON_AddBoolToObject(r, "load_failed", j->load_failed);
+    cJSON_AddNumberToObject(r, "bytes_loaded",
+                            (double)(nloaded * nd->model.bytes_per_block));
+    cJSON_AddNumberToObject(r, "verified_blocks", (double)j->verified_blocks);
+    cJSON_AddNumberToObject(r, "verified_bytes", (double)j->verified_bytes);
+    cJSON_AddNumberToObject(r, "diff_bytes", (double)j->diff_bytes);
+    cJSON_AddNumberToObject(r, "load_checks", j->polls);
+    cJSON_AddNumberToObject(r, "canary_blocks", (double)ncanary);
+    cJSON_AddBoolToObject(r, "rejected", rejected);
+    cJSON *ms = cJSON_AddObjectToObject(r, "ms");
+    cJSON_AddNumberToObject(ms, "abort", abort_ms);
+    cJSON_AddNumberToObject(ms, "total", pd_now_ms() - j->t0);
+    send_msg(nd, r);
+    j->state = J_END;
+}
+
 /* One bounded slice of a job's work. Returns true when it did CPU work (the
  * loop should not sleep), false when it only waits. `alloc_blocked` keeps
  * allocation FIFO: once a job waits for blocks, later ones wait behind it. */
@@ -445,6 +642,12 @@ static bool job_step(node_t *nd, job_t *j, bool *alloc_blocked)
             return false;
         }
         phase_end(j, &j->ms_lookup);
+        if (j->abort_at == ABORT_REJECT ||
+            (j->abort_at == ABORT_LOAD && j->match.blocks == 0 &&
+             !j->match.tail)) {
+            job_abort(nd, j, ABORTED_REJECT);
+            return false;
+        }
         if (j->match.blocks == 0 && !j->match.tail) {
             j->state = J_COMPUTE;
             j->cursor = 0;
@@ -462,9 +665,15 @@ static bool job_step(node_t *nd, job_t *j, bool *alloc_blocked)
         return true;
     }
     case J_LOAD: {
+        if (j->abort_at == ABORT_LOAD && j->polls >= j->abort_polls &&
+            j->match.source == PDX_KV_SOURCE_REMOTE) {
+            job_abort(nd, j, ABORTED_LOAD);
+            return true;
+        }
         size_t tokens = 0;
         st = pdx_kv_load_check(nd->conn, j->req, &tokens);
         if (st == PDX_INPROGRESS) {
+            j->polls++;
             return false;
         }
         j->blocks_busy = false; /* final either way */
@@ -476,6 +685,10 @@ static bool job_step(node_t *nd, job_t *j, bool *alloc_blocked)
         phase_end(j, &j->ms_load);
         j->loaded = tokens;
         j->load_failed = tokens == 0;
+        if (tokens == 0 && j->abort_at == ABORT_LOAD) {
+            job_abort(nd, j, ABORTED_AFTER);
+            return true;
+        }
         if (tokens == 0) {
             say("%s: load from %s failed; recomputing %zu tokens", j->req,
                 source_name(j->match.source), j->prompt);
@@ -507,6 +720,11 @@ static bool job_step(node_t *nd, job_t *j, bool *alloc_blocked)
                     j->req, j->diff_bytes, j->verified_bytes);
             }
             phase_end(j, &j->ms_verify);
+            if (j->abort_at == ABORT_LOAD) {
+                /* The load won the race: cancelled after it. */
+                job_abort(nd, j, ABORTED_AFTER);
+                return true;
+            }
             j->state = J_COMPUTE;
             j->cursor = j->loaded;
         }
@@ -645,6 +863,20 @@ static void start_job(node_t *nd, const cJSON *msg, job_kind_t kind)
         return;
     }
     snprintf(j->req, sizeof(j->req), "%s", req);
+    const char *abort_at = pd_json_str(msg, "abort");
+    if (abort_at != NULL) {
+        if (strcmp(abort_at, "reject") == 0) {
+            j->abort_at = ABORT_REJECT;
+        } else if (strcmp(abort_at, "load") == 0) {
+            j->abort_at = ABORT_LOAD;
+        } else {
+            job_free(nd, j);
+            bad_request(nd, op, "abort must be \"reject\" or \"load\"");
+            return;
+        }
+        double polls = pd_json_num(msg, "abort_polls", 0);
+        j->abort_polls = polls > 0 && polls < 1e6 ? (uint32_t)polls : 0;
+    }
     if (params != NULL && (j->params = strdup(params)) == NULL) {
         job_free(nd, j);
         bad_request(nd, op, "out of memory");
@@ -681,6 +913,19 @@ static cJSON *stats_json(node_t *nd)
     cJSON_AddNumberToObject(s, "freed_done", (double)nd->freed[0]);
     cJSON_AddNumberToObject(s, "freed_reject", (double)nd->freed[1]);
     cJSON_AddNumberToObject(s, "freed_expired", (double)nd->freed[2]);
+    cJSON *ab = cJSON_AddObjectToObject(s, "aborted");
+    for (int k = 0; k < ABORTED_KINDS; k++) {
+        cJSON_AddNumberToObject(ab, g_abort_names[k], (double)nd->aborted[k]);
+    }
+    cJSON_AddNumberToObject(s, "rejects_sent", (double)nd->rejects_sent);
+    cJSON_AddNumberToObject(s, "abort_ms_max", nd->abort_ms_max);
+    cJSON_AddNumberToObject(s, "canary_blocks", (double)nd->canary_blocks);
+    cJSON_AddNumberToObject(s, "late_bytes", (double)nd->late_bytes);
+    size_t nq = 0;
+    for (const quarantine_t *q = nd->quarantine; q != NULL; q = q->next) {
+        nq++;
+    }
+    cJSON_AddNumberToObject(s, "quarantined", (double)nq);
     pdx_offload_stats_t os;
     if (pdx_kv_offload_stats(nd->conn, &os) == PDX_OK) {
         cJSON *o = cJSON_AddObjectToObject(s, "offload");
@@ -825,6 +1070,7 @@ static void run(node_t *nd)
         for (job_t *j = nd->jobs; j != NULL; j = j->next) {
             busy |= job_step(nd, j, &alloc_blocked);
         }
+        quarantine_step(nd);
         /* Drop finished jobs. */
         job_t *prev = NULL;
         for (job_t *j = nd->jobs; j != NULL;) {
@@ -846,7 +1092,7 @@ static void run(node_t *nd)
         }
         if (nd->draining) {
             if (nd->jobs == NULL && pdx_kv_held_requests(nd->conn) == 0 &&
-                nd->held == NULL) {
+                nd->held == NULL && nd->quarantine == NULL) {
                 finish_drain(nd, true);
             } else if (pd_now_ms() > nd->drain_deadline) {
                 finish_drain(nd, false);
@@ -857,7 +1103,10 @@ static void run(node_t *nd)
         if (pd_chan_pending(&nd->chan)) {
             pfd.events |= POLLOUT;
         }
-        int timeout = busy ? 0 : (nd->jobs || nd->held || nd->draining) ? 1 : 5;
+        int timeout = busy ? 0
+                      : (nd->jobs || nd->held || nd->quarantine || nd->draining)
+                          ? 1
+                          : 5;
         int rc = poll(&pfd, 1, timeout);
         if (rc < 0 && errno != EINTR) {
             say("poll: %s", strerror(errno));
@@ -1099,6 +1348,12 @@ int main(int argc, char **argv)
         job_t *j = nd->jobs;
         nd->jobs = j->next;
         job_free(nd, j);
+    }
+    while (nd->quarantine) {
+        quarantine_t *q = nd->quarantine;
+        nd->quarantine = q->next;
+        free(q->blocks);
+        free(q);
     }
     while (nd->held) {
         held_blocks_t *hb = nd->held;

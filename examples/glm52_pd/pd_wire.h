@@ -7,9 +7,14 @@
  *   node -> driver  hello {agent, role, blob (hex), num_blocks, ...}
  *                   or {op: hello, ok: false, error}
  *   driver -> node  connect {blob}          -> connect {ok, peer | error}
- *                   prefill {sid, turn, req, tokens, params?}
- *                   decode  {sid, turn, req, tokens, params, gen}
+ *                   prefill {sid, turn, req, tokens, params?, abort?}
+ *                   decode  {sid, turn, req, tokens, params, gen, abort?}
  *                                            -> same op {ok, params, stats..}
+ *                      abort: "reject" (reject the handoff after the lookup,
+ *                      unread) or "load" (pdx_kv_load_abort after
+ *                      abort_polls load checks still in progress); the
+ *                      reply is then {ok, aborted: "reject" | "load" |
+ *                      "after_load", verification stats} and no handoff
  *                   reject {params}         -> reject {ok}
  *                   drain {timeout_ms}      -> drain {ok, held, stats}
  *                   quit                    (node exits 0) */

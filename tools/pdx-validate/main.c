@@ -9,6 +9,15 @@
  * each other, keeps up to --concurrency sessions in flight (admitted so the
  * in-flight sessions' blocks fit both nodes and D's pool), carries the
  * handoff parameters between P and D, and prints a per-turn report.
+ *
+ * --soak runs many sessions of random prompt lengths at concurrency 17 or
+ * more and cancels some of them at random points (D rejecting P's handoff
+ * unread, D aborting its load of it in flight, P aborting or rejecting D's
+ * handoff in a later turn). Cancelled sessions are not errors; every load
+ * that completed is still checked byte for byte, and at the end every
+ * handoff must have been freed by done or reject (none by lease expiry),
+ * every arena block be free and no pool lease be left.
+ *
  * Exit 0 only when every check passed; 1 on a failed check; 2 on bad usage
  * or a node that could not start; 3 when a node refused its peer at
  * connect. */
@@ -26,6 +35,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -41,6 +51,7 @@
 #endif
 
 #define MAX_PROMPTS 32
+#define SOAK_MIN_CONCURRENCY 17
 #define EXIT_FAIL 1
 #define EXIT_SETUP 2
 #define EXIT_REFUSED 3
@@ -59,6 +70,11 @@ typedef struct opts {
     double job_timeout_s;
     bool json, quiet, require_local;
     int min_inflight;
+    /* Random first prompts in [range_lo, range_hi] (range_hi 0: --prompts) */
+    size_t range_lo, range_hi;
+    bool soak;
+    uint64_t seed;
+    double abort_rate; /* fraction of sessions cancelled */
 } opts_t;
 
 /* ---- nodes ---- */
@@ -119,7 +135,9 @@ static int spawn(node_t *n, const opts_t *o)
         if (getppid() != parent) {
             _exit(127);
         }
-        if (dup2(sv[1], 3) < 0) {
+        /* stdout is the report (--json): the node's logs, UCX's included,
+         * go to stderr. */
+        if (dup2(sv[1], 3) < 0 || dup2(2, 1) < 0) {
             _exit(127);
         }
         char jt[32];
@@ -261,7 +279,43 @@ typedef struct turn_rec {
     double d_ms;
     double t0, ms;              /* driver-side wall time of the turn */
     cJSON *p_phases, *d_phases; /* nodes' per-phase times (ms) */
+    /* A cancelled phase: what the node did ("load", "reject",
+     * "after_load"), or "" */
+    char p_aborted[16], d_aborted[16];
+    double abort_ms; /* the node's pdx_kv_load_abort call */
 } turn_rec_t;
+
+/* Where a soak session is cancelled. */
+typedef enum abort_plan {
+    PLAN_NONE = 0,
+    PLAN_D_LOAD,   /* D aborts its load of P's handoff in flight */
+    PLAN_D_REJECT, /* D rejects P's handoff before reading it */
+    PLAN_P_LOAD,   /* P (turn >= 2) aborts its load of D's handoff */
+    PLAN_P_REJECT, /* P (turn >= 2) rejects D's handoff before reading */
+} abort_plan_t;
+
+static const char *plan_name(abort_plan_t k)
+{
+    static const char *const names[] = {"none", "d_load", "d_reject", "p_load",
+                                        "p_reject"};
+    return names[k];
+}
+
+/* What a node reported for a cancelled phase, by side: the abort kinds of
+ * glm52-pd-node. */
+enum { DONE_LOAD = 0, DONE_REJECT = 1, DONE_AFTER = 2, DONE_KINDS = 3 };
+static const char *const g_done_names[DONE_KINDS] = {"load", "reject",
+                                                     "after_load"};
+
+static int done_kind(const char *name)
+{
+    for (int k = 0; k < DONE_KINDS; k++) {
+        if (strcmp(name, g_done_names[k]) == 0) {
+            return k;
+        }
+    }
+    return -1;
+}
 
 typedef enum sess_state {
     S_WAITING,
@@ -283,6 +337,11 @@ typedef struct session {
     char *params_p, *params_d; /* latest handoffs */
     size_t footprint;          /* blocks at its largest turn */
     turn_rec_t *recs;
+    abort_plan_t plan; /* soak: where it is cancelled */
+    int plan_turn;
+    int plan_polls; /* load checks still in progress before aborting */
+    bool aborted;   /* a node reported the cancellation */
+    bool d_open;    /* D's last handoff is not settled by P yet */
 } session_t;
 
 typedef struct check_log {
@@ -354,6 +413,13 @@ static void send_job(node_t *n, const char *op, session_t *s,
     if (gen > 0) {
         cJSON_AddNumberToObject(m, "gen", gen);
     }
+    bool on_p = s->plan == PLAN_P_LOAD || s->plan == PLAN_P_REJECT;
+    if (s->plan != PLAN_NONE && s->plan_turn == s->turn &&
+        on_p == (n == &g_p)) {
+        bool load = s->plan == PLAN_D_LOAD || s->plan == PLAN_P_LOAD;
+        cJSON_AddStringToObject(m, "abort", load ? "load" : "reject");
+        cJSON_AddNumberToObject(m, "abort_polls", s->plan_polls);
+    }
     send_to(n, m);
 }
 
@@ -422,6 +488,17 @@ static void check_turn(check_log_t *c, const session_t *s, int turn, uint32_t B,
                        bool load_tail)
 {
     const turn_rec_t *r = &s->recs[turn - 1];
+    if (r->p_aborted[0] != '\0') {
+        /* Cancelled on P: whatever it loaded first must still be exact. */
+        check(c, r->p_diff == 0,
+              "session %d turn %d: %llu bytes of the blocks P loaded before "
+              "it was cancelled (%s) differ from recomputation",
+              s->id, turn, (unsigned long long)r->p_diff, r->p_aborted);
+        check(c, !r->p_load_failed,
+              "session %d turn %d: P's load failed before it was cancelled",
+              s->id, turn);
+        return;
+    }
     check(c, r->p_ok, "session %d turn %d: prefill on P failed: %s", s->id,
           turn, r->p_err);
     check(c, r->d_ok, "session %d turn %d: decode on D failed: %s", s->id, turn,
@@ -439,23 +516,27 @@ static void check_turn(check_log_t *c, const session_t *s, int turn, uint32_t B,
           s->id, turn, (unsigned long long)r->d_diff);
     check(c, !r->p_load_failed && !r->d_load_failed,
           "session %d turn %d: a load failed and was recomputed", s->id, turn);
-    /* D must take everything P handed off: every full block, and the
-     * partial tail where load_tail is on, up to prompt - 1 tokens. */
-    size_t want =
-        r->p_nfull * B + (load_tail && r->p_has_tail ? r->p_tail_tokens : 0);
-    if (want > r->prompt - 1) {
-        want = r->prompt - 1;
-    }
-    check(c, strcmp(r->d_source, "remote") == 0 && r->d_loaded >= want,
-          "session %d turn %d: D loaded %zu tokens from %s, P handed off %zu "
-          "(%zu full blocks%s)",
-          s->id, turn, r->d_loaded, r->d_source, want, r->p_nfull,
-          load_tail && r->p_has_tail ? " + tail" : "");
-    if (load_tail && r->p_has_tail) {
-        check(c, r->d_tail_hit,
-              "session %d turn %d: P's partial tail (%u tokens) was not "
-              "loaded by D although load_tail is on",
-              s->id, turn, r->p_tail_tokens);
+    /* D must take everything P handed off (unless it was cancelled):
+     * every full block, and the partial tail where load_tail is on, up to
+     * prompt - 1 tokens. */
+    if (r->d_aborted[0] == '\0') {
+        size_t want = r->p_nfull * B +
+                      (load_tail && r->p_has_tail ? r->p_tail_tokens : 0);
+        if (want > r->prompt - 1) {
+            want = r->prompt - 1;
+        }
+        check(
+            c, strcmp(r->d_source, "remote") == 0 && r->d_loaded >= want,
+            "session %d turn %d: D loaded %zu tokens from %s, P handed off %zu "
+            "(%zu full blocks%s)",
+            s->id, turn, r->d_loaded, r->d_source, want, r->p_nfull,
+            load_tail && r->p_has_tail ? " + tail" : "");
+        if (load_tail && r->p_has_tail) {
+            check(c, r->d_tail_hit,
+                  "session %d turn %d: P's partial tail (%u tokens) was not "
+                  "loaded by D although load_tail is on",
+                  s->id, turn, r->p_tail_tokens);
+        }
     }
     if (turn >= 2) {
         /* D-to-P reuse: every full block D held after the previous turn. */
@@ -557,6 +638,10 @@ static cJSON *turn_json(const turn_rec_t *r, int turn)
     cJSON_AddNumberToObject(p, "match_blocks", (double)r->p_match_blocks);
     cJSON_AddNumberToObject(p, "recomputed", (double)r->p_recomputed);
     cJSON_AddBoolToObject(p, "tail_hit", r->p_tail_hit);
+    if (r->p_aborted[0] != '\0') {
+        cJSON_AddStringToObject(p, "cancelled", r->p_aborted);
+        cJSON_AddNumberToObject(p, "load_abort_ms", r->abort_ms);
+    }
     cJSON_AddNumberToObject(p, "bytes_loaded", (double)r->p_bytes);
     cJSON_AddNumberToObject(p, "verified_blocks", (double)r->p_verified_blocks);
     cJSON_AddNumberToObject(p, "diff_bytes", (double)r->p_diff);
@@ -576,6 +661,10 @@ static cJSON *turn_json(const turn_rec_t *r, int turn)
     cJSON_AddNumberToObject(d, "match_blocks", (double)r->d_match_blocks);
     cJSON_AddNumberToObject(d, "recomputed", (double)r->d_recomputed);
     cJSON_AddBoolToObject(d, "tail_hit", r->d_tail_hit);
+    if (r->d_aborted[0] != '\0') {
+        cJSON_AddStringToObject(d, "cancelled", r->d_aborted);
+        cJSON_AddNumberToObject(d, "load_abort_ms", r->abort_ms);
+    }
     cJSON_AddNumberToObject(d, "generated", (double)r->d_generated);
     cJSON_AddNumberToObject(d, "bytes_loaded", (double)r->d_bytes);
     cJSON_AddNumberToObject(d, "verified_blocks", (double)r->d_verified_blocks);
@@ -622,6 +711,158 @@ static void bar_end(void)
     }
 }
 
+/* A node reported a phase of `s` cancelled (`side` 0: P, 1: D): count it
+ * by what the node did, and check it is the one the plan asked for. */
+static void note_abort(check_log_t *c, session_t *s, int side, const cJSON *m,
+                       uint64_t aborts[2][DONE_KINDS], double *abort_ms_max)
+{
+    const char *what = pd_json_str(m, "aborted");
+    int k = done_kind(what);
+    bool on_p = s->plan == PLAN_P_LOAD || s->plan == PLAN_P_REJECT;
+    check(c,
+          k >= 0 && s->plan != PLAN_NONE && s->plan_turn == s->turn &&
+              on_p == (side == 0),
+          "session %d turn %d: %s reported a cancellation (%s) the plan "
+          "did not ask for (%s at turn %d)",
+          s->id, s->turn, side == 0 ? "P" : "D", what, plan_name(s->plan),
+          s->plan_turn);
+    if (k >= 0) {
+        aborts[side][k]++;
+    }
+    double ms =
+        pd_json_num(cJSON_GetObjectItemCaseSensitive(m, "ms"), "abort", 0);
+    s->recs[s->turn - 1].abort_ms = ms;
+    if (ms > *abort_ms_max) {
+        *abort_ms_max = ms;
+    }
+    s->aborted = true;
+}
+
+/* What a soak run amounts to, for the report (JSON and text). */
+typedef struct soak_in {
+    const opts_t *o;
+    int planned, peak;
+    uint64_t completed, cancelled;
+    uint64_t (*aborts)[DONE_KINDS];
+    uint64_t handoffs[2];
+    uint64_t loads_verified, blocks_verified, bytes, diff;
+    double abort_ms_max;
+    int errors;
+    bool pass;
+} soak_in_t;
+
+static cJSON *soak_json(const soak_in_t *in)
+{
+    const opts_t *o = in->o;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "result", in->pass ? "PASS" : "FAIL");
+    char seed[24];
+    snprintf(seed, sizeof(seed), "%llu", (unsigned long long)o->seed);
+    cJSON_AddStringToObject(j, "seed", seed); /* a double loses bits */
+    cJSON_AddNumberToObject(j, "sessions", o->sessions);
+    cJSON_AddNumberToObject(j, "turns", o->turns);
+    cJSON_AddNumberToObject(j, "concurrency", o->concurrency);
+    cJSON_AddNumberToObject(j, "peak_in_flight", in->peak);
+    cJSON *pr = cJSON_AddArrayToObject(j, "prompt_range");
+    size_t lo = o->range_lo, hi = o->range_hi;
+    for (int i = 0; hi == 0 && i < o->nprompts; i++) { /* --prompts */
+        lo = i == 0 || o->prompts[i] < lo ? o->prompts[i] : lo;
+    }
+    for (int i = 0; o->range_hi == 0 && i < o->nprompts; i++) {
+        hi = o->prompts[i] > hi ? o->prompts[i] : hi;
+    }
+    cJSON_AddItemToArray(pr, cJSON_CreateNumber((double)lo));
+    cJSON_AddItemToArray(pr, cJSON_CreateNumber((double)hi));
+    cJSON_AddNumberToObject(j, "abort_rate", o->abort_rate);
+    cJSON_AddNumberToObject(j, "completed", (double)in->completed);
+    cJSON_AddNumberToObject(j, "cancelled", (double)in->cancelled);
+    cJSON_AddNumberToObject(j, "cancel_planned", in->planned);
+    cJSON *by = cJSON_AddObjectToObject(j, "cancelled_by");
+    for (int side = 0; side < 2; side++) {
+        cJSON *x = cJSON_AddObjectToObject(by, side ? "D" : "P");
+        for (int k = 0; k < DONE_KINDS; k++) {
+            cJSON_AddNumberToObject(x, g_done_names[k],
+                                    (double)in->aborts[side][k]);
+        }
+    }
+    cJSON_AddNumberToObject(j, "loads_verified", (double)in->loads_verified);
+    cJSON_AddNumberToObject(j, "blocks_verified", (double)in->blocks_verified);
+    cJSON_AddNumberToObject(j, "bytes_loaded", (double)in->bytes);
+    cJSON_AddNumberToObject(j, "diff_bytes", (double)in->diff);
+    cJSON_AddNumberToObject(j, "load_abort_ms_max", in->abort_ms_max);
+    cJSON *nj = cJSON_AddObjectToObject(j, "nodes");
+    node_t *ns[2] = {&g_p, &g_d};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *st = ns[i]->stats;
+        const cJSON *of = cJSON_GetObjectItemCaseSensitive(st, "offload");
+        cJSON *x = cJSON_AddObjectToObject(nj, ns[i]->tag);
+        if (st == NULL) {
+            continue; /* no drain: the run died or timed out */
+        }
+        cJSON_AddNumberToObject(x, "handoffs", (double)in->handoffs[i]);
+        cJSON_AddNumberToObject(x, "freed_done", jnum(st, "freed_done"));
+        cJSON_AddNumberToObject(x, "freed_reject", jnum(st, "freed_reject"));
+        cJSON_AddNumberToObject(x, "freed_expired", jnum(st, "freed_expired"));
+        cJSON_AddNumberToObject(x, "rejects_sent", jnum(st, "rejects_sent"));
+        cJSON_AddNumberToObject(x, "free_blocks", jnum(st, "free_blocks"));
+        cJSON_AddNumberToObject(x, "num_blocks", jnum(st, "num_blocks"));
+        cJSON_AddNumberToObject(x, "held", jnum(st, "held"));
+        cJSON_AddNumberToObject(x, "pool_leased_blocks",
+                                jnum(of, "leased_blocks"));
+        cJSON_AddNumberToObject(x, "canary_blocks", jnum(st, "canary_blocks"));
+        cJSON_AddNumberToObject(x, "late_bytes", jnum(st, "late_bytes"));
+    }
+    cJSON_AddNumberToObject(j, "errors", in->errors);
+    return j;
+}
+
+static void soak_print(const cJSON *j)
+{
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(j, "prompt_range");
+    printf("soak: seed %s, %zu sessions x %zu turns, prompts %zu..%zu "
+           "tokens, concurrency %zu (peak %zu), cancel rate %.2f\n",
+           pd_json_str(j, "seed"), jnum(j, "sessions"), jnum(j, "turns"),
+           (size_t)cJSON_GetArrayItem(pr, 0)->valuedouble,
+           (size_t)cJSON_GetArrayItem(pr, 1)->valuedouble,
+           jnum(j, "concurrency"), jnum(j, "peak_in_flight"),
+           pd_json_num(j, "abort_rate", 0));
+    printf("  sessions completed %zu, cancelled %zu (%zu planned)\n",
+           jnum(j, "completed"), jnum(j, "cancelled"),
+           jnum(j, "cancel_planned"));
+    const cJSON *by = cJSON_GetObjectItemCaseSensitive(j, "cancelled_by");
+    for (int side = 0; side < 2; side++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(by, side ? "D" : "P");
+        printf("    on %s: %zu loads aborted in flight, %zu finished before "
+               "the abort, %zu handoffs rejected unread\n",
+               side ? "D" : "P", jnum(x, "load"), jnum(x, "after_load"),
+               jnum(x, "reject"));
+    }
+    printf("  loads verified %zu (%zu blocks, %.1f MiB), %zu bytes differ; "
+           "longest load_abort %.1f ms\n",
+           jnum(j, "loads_verified"), jnum(j, "blocks_verified"),
+           pd_json_num(j, "bytes_loaded", 0) / (1u << 20),
+           jnum(j, "diff_bytes"), pd_json_num(j, "load_abort_ms_max", 0));
+    const cJSON *nj = cJSON_GetObjectItemCaseSensitive(j, "nodes");
+    const cJSON *x;
+    cJSON_ArrayForEach(x, nj)
+    {
+        if (cJSON_GetArraySize(x) == 0) {
+            printf("  %s: no drain (the run did not finish)\n", x->string);
+            continue;
+        }
+        printf("  %s: %zu handoffs, freed %zu done + %zu reject + %zu "
+               "expired; %zu/%zu blocks free, %zu held, %zu pool blocks "
+               "leased; %zu aborted-load blocks canary-checked, %zu late "
+               "bytes\n",
+               x->string, jnum(x, "handoffs"), jnum(x, "freed_done"),
+               jnum(x, "freed_reject"), jnum(x, "freed_expired"),
+               jnum(x, "free_blocks"), jnum(x, "num_blocks"), jnum(x, "held"),
+               jnum(x, "pool_leased_blocks"), jnum(x, "canary_blocks"),
+               jnum(x, "late_bytes"));
+    }
+    printf("  errors %zu: %s\n\n", jnum(j, "errors"), pd_json_str(j, "result"));
+}
+
 /* ---- main ---- */
 
 static void usage(FILE *f)
@@ -653,7 +894,94 @@ static void usage(FILE *f)
         "  --timeout S         whole run (default 600)\n"
         "  --job-timeout S     one request on a node (default 120)\n"
         "  --json              one JSON document on stdout\n"
-        "  --quiet             no progress bar\n");
+        "  --quiet             no progress bar\n"
+        "  --prompt-range A,B  first-turn prompt lengths drawn uniformly "
+        "from [A, B]\n"
+        "                      (instead of --prompts)\n"
+        "  --soak              soak: many sessions of random prompt lengths "
+        "at\n"
+        "                      concurrency >= 17, some cancelled at random "
+        "points;\n"
+        "                      checks parity and that every block and lease "
+        "is\n"
+        "                      returned. Defaults: --sessions 200 "
+        "--concurrency 17\n"
+        "                      --prompt-range 128,800 --decode 16 "
+        "--user-tokens 64\n"
+        "                      --shared-prefix 128 --abort-rate 0.15\n"
+        "  --seed N            random generator seed (default: from the "
+        "clock;\n"
+        "                      printed, so a run can be repeated)\n"
+        "  --abort-rate P      fraction of sessions cancelled, 0..1 (soak "
+        "only)\n");
+}
+
+/* splitmix64: small, seedable, the same on every platform. */
+static uint64_t rng_next(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [0, n) (n > 0; the bias is negligible for small n). */
+static uint64_t rng_below(uint64_t *state, uint64_t n)
+{
+    return rng_next(state) % n;
+}
+
+static int parse_range(const char *arg, opts_t *o)
+{
+    char *end;
+    unsigned long a = strtoul(arg, &end, 10);
+    if (*end != ',') {
+        return -1;
+    }
+    unsigned long b = strtoul(end + 1, &end, 10);
+    if (*end != '\0' || a < 2 || b < a || b > 1000000) {
+        return -1;
+    }
+    o->range_lo = a;
+    o->range_hi = b;
+    return 0;
+}
+
+/* Soak plan: round(rate * sessions) sessions, drawn at random, each
+ * cancelled at a random turn where its kind applies. Kinds rotate over the
+ * drawn sessions so that a handful of cancellations covers every kind, and
+ * the first load abort of each side aborts before any progress check (in
+ * flight for sure); later ones after 0 to 2 checks still in progress. */
+static int plan_aborts(session_t *ss, const opts_t *o, uint64_t *rng)
+{
+    int n = (int)(o->abort_rate * o->sessions + 0.5);
+    if (n == 0) {
+        return 0;
+    }
+    int *idx = malloc((size_t)o->sessions * sizeof(*idx));
+    if (idx == NULL) {
+        return -1;
+    }
+    for (int i = 0; i < o->sessions; i++) {
+        idx[i] = i;
+    }
+    static const abort_plan_t kinds[] = {PLAN_D_LOAD, PLAN_D_REJECT,
+                                         PLAN_P_LOAD, PLAN_P_REJECT};
+    int nk = o->turns >= 2 ? 4 : 2; /* P kinds need a later turn */
+    for (int i = 0; i < n; i++) {
+        int j = i + (int)rng_below(rng, (uint64_t)(o->sessions - i));
+        int t = idx[i];
+        idx[i] = idx[j];
+        idx[j] = t;
+        session_t *s = &ss[idx[i]];
+        s->plan = kinds[i % nk];
+        bool on_p = s->plan == PLAN_P_LOAD || s->plan == PLAN_P_REJECT;
+        s->plan_turn = on_p ? 2 + (int)rng_below(rng, (uint64_t)(o->turns - 1))
+                            : 1 + (int)rng_below(rng, (uint64_t)o->turns);
+        s->plan_polls = i < nk ? 0 : (int)rng_below(rng, 3);
+    }
+    free(idx);
+    return n;
 }
 
 static int parse_prompts(const char *s, opts_t *o)
@@ -731,15 +1059,18 @@ static int g_nss, g_nturns;
 
 static int validate(int argc, char **argv)
 {
-    opts_t o = {.sessions = 4,
+    /* -1: not given; the default depends on --soak. */
+    opts_t o = {.sessions = -1,
                 .turns = 2,
-                .concurrency = 2,
-                .gen = 32,
-                .user_tokens = 96,
-                .shared = 512,
+                .concurrency = -1,
+                .gen = -1,
+                .user_tokens = -1,
+                .shared = -1,
+                .abort_rate = -1,
                 .timeout_s = 600,
                 .job_timeout_s = 120};
     parse_prompts("1200,12020", &o);
+    bool seed_set = false, prompts_set = false;
     static const struct option lo[] = {
         {"p-config", required_argument, NULL, 'P'},
         {"d-config", required_argument, NULL, 'D'},
@@ -757,6 +1088,10 @@ static int validate(int argc, char **argv)
         {"job-timeout", required_argument, NULL, 'J'},
         {"json", no_argument, NULL, 'j'},
         {"quiet", no_argument, NULL, 'q'},
+        {"prompt-range", required_argument, NULL, 'R'},
+        {"soak", no_argument, NULL, 'S'},
+        {"seed", required_argument, NULL, 'r'},
+        {"abort-rate", required_argument, NULL, 'a'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     int ch;
@@ -783,6 +1118,30 @@ static int validate(int argc, char **argv)
                                 "lengths >= 2\n");
                 return EXIT_SETUP;
             }
+            prompts_set = true;
+            break;
+        case 'R':
+            if (parse_range(optarg, &o) != 0) {
+                fprintf(stderr, "pdx-validate: --prompt-range: A,B with "
+                                "2 <= A <= B\n");
+                return EXIT_SETUP;
+            }
+            break;
+        case 'S':
+            o.soak = true;
+            break;
+        case 'r': {
+            char *end;
+            o.seed = strtoull(optarg, &end, 0);
+            if (*end != '\0' || optarg[0] == '\0') {
+                fprintf(stderr, "pdx-validate: --seed: a number\n");
+                return EXIT_SETUP;
+            }
+            seed_set = true;
+            break;
+        }
+        case 'a':
+            o.abort_rate = atof(optarg);
             break;
         case 'g':
             o.gen = atoi(optarg);
@@ -821,6 +1180,45 @@ static int validate(int argc, char **argv)
             usage(stderr);
             return EXIT_SETUP;
         }
+    }
+    /* Defaults: a soak is many short sessions at concurrency 17 whose
+     * footprints fit the colocated configs' 254-block budget 17 times. */
+    if (o.sessions < 0) {
+        o.sessions = o.soak ? 200 : 4;
+    }
+    if (o.concurrency < 0) {
+        o.concurrency = o.soak ? SOAK_MIN_CONCURRENCY : 2;
+    }
+    if (o.gen < 0) {
+        o.gen = o.soak ? 16 : 32;
+    }
+    if (o.user_tokens < 0) {
+        o.user_tokens = o.soak ? 64 : 96;
+    }
+    if (o.shared < 0) {
+        o.shared = o.soak ? 128 : 512;
+    }
+    if (o.abort_rate < 0) {
+        o.abort_rate = o.soak ? 0.15 : 0;
+    }
+    if (o.soak && o.range_hi == 0 && !prompts_set) {
+        o.range_lo = 128;
+        o.range_hi = 800;
+    }
+    if (!seed_set) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        o.seed = (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^
+                 ((uint64_t)getpid() << 32);
+    }
+    if (o.soak && o.concurrency < SOAK_MIN_CONCURRENCY) {
+        fprintf(stderr, "pdx-validate: --soak needs --concurrency %d or more\n",
+                SOAK_MIN_CONCURRENCY);
+        return EXIT_SETUP;
+    }
+    if (o.abort_rate > 1 || (o.abort_rate > 0 && !o.soak)) {
+        fprintf(stderr, "pdx-validate: --abort-rate: 0..1, with --soak\n");
+        return EXIT_SETUP;
     }
     if (optind < argc || o.sessions < 1 || o.turns < 1 || o.concurrency < 1 ||
         o.gen < 0 || o.user_tokens < 1 || o.shared < 0 || o.timeout_s <= 0 ||
@@ -933,10 +1331,14 @@ static int validate(int argc, char **argv)
     g_ss = ss;
     g_nss = o.sessions;
     g_nturns = o.turns;
+    uint64_t rng = o.seed;
     for (int i = 0; i < o.sessions; i++) {
         session_t *s = &ss[i];
         s->id = i;
-        s->len0 = o.prompts[i % o.nprompts];
+        s->len0 = o.range_hi > 0
+                      ? o.range_lo +
+                            (size_t)rng_below(&rng, o.range_hi - o.range_lo + 1)
+                      : o.prompts[i % o.nprompts];
         if ((size_t)o.shared > s->len0) {
             s->len0 = (size_t)o.shared; /* never shorter than the prefix */
         }
@@ -957,8 +1359,42 @@ static int validate(int argc, char **argv)
             return EXIT_SETUP;
         }
     }
+    if (o.soak) {
+        /* Concurrency 17 must be reachable: as many of the largest
+         * sessions the range allows must fit the budget at once. */
+        size_t top = o.range_hi > 0 ? o.range_hi : 0;
+        for (int i = 0; o.range_hi == 0 && i < o.nprompts; i++) {
+            top = o.prompts[i] > top ? o.prompts[i] : top;
+        }
+        top = top > (size_t)o.shared ? top : (size_t)o.shared;
+        size_t last = top + (size_t)(o.turns - 1) * o.user_tokens +
+                      (size_t)o.turns * o.gen;
+        uint64_t need = (uint64_t)o.concurrency * ((last + B - 1) / B);
+        if (need > budget) {
+            fprintf(stderr,
+                    "pdx-validate: --soak: %d sessions of up to %zu tokens "
+                    "need %llu blocks in flight; the configs allow %llu "
+                    "(lower the prompt range)\n",
+                    o.concurrency, last, (unsigned long long)need,
+                    (unsigned long long)budget);
+            quit_nodes(pd_now_ms() + 5000);
+            return EXIT_SETUP;
+        }
+    }
+    int planned = plan_aborts(ss, &o, &rng);
+    if (planned < 0) {
+        fprintf(stderr, "pdx-validate: out of memory\n");
+        quit_nodes(pd_now_ms() + 5000);
+        return EXIT_SETUP;
+    }
 
     check_log_t checks = {.failures = cJSON_CreateArray()};
+    /* Handoffs made (each must be freed by done or reject), rejects the
+     * driver asked for, and what nodes reported as cancelled. */
+    uint64_t p_handoffs = 0, d_handoffs = 0, rejects_to_p = 0, rejects_to_d = 0;
+    uint64_t aborts[2][DONE_KINDS] = {{0}}; /* [P, D][kind] */
+    uint64_t loads_verified = 0;
+    double abort_ms_max = 0;
     int next = 0, inflight = 0, peak_inflight = 0, finished = 0;
     int phases_done = 0, phases_total = o.sessions * o.turns * 2;
     uint64_t used = 0;
@@ -1034,6 +1470,9 @@ static int validate(int argc, char **argv)
                     phases_done++;
                     r->p_done = true;
                     r->p_ok = ok;
+                    /* P settled D's handoff: read it (done), or the node
+                     * aborted or rejected it. */
+                    s->d_open = s->d_open && !ok;
                     if (!ok) {
                         copy_err(r->p_err, sizeof(r->p_err), m);
                     } else {
@@ -1055,10 +1494,26 @@ static int validate(int argc, char **argv)
                         r->p_ms_lookup = pd_json_num(ms, "lookup", 0);
                         r->p_ms_wait = pd_json_num(ms, "wait_blocks", 0);
                         r->p_phases = cJSON_Duplicate(ms, 1);
-                        free(s->params_p);
-                        s->params_p = strdup(pd_json_str(m, "params"));
+                        loads_verified += r->p_verified_blocks > 0;
+                        const char *ab = pd_json_str(m, "aborted");
+                        if (ab != NULL) {
+                            snprintf(r->p_aborted, sizeof(r->p_aborted), "%s",
+                                     ab);
+                        } else {
+                            p_handoffs++;
+                            free(s->params_p);
+                            s->params_p = strdup(pd_json_str(m, "params"));
+                        }
                     }
-                    if (ok) {
+                    if (ok && r->p_aborted[0] != '\0') {
+                        /* Cancelled on P: D's last handoff was settled by
+                         * P (load aborted, rejected or read). */
+                        note_abort(&checks, s, 0, m, aborts, &abort_ms_max);
+                        phases_done++;
+                        r->d_done = r->d_ok = true;
+                        s->ended = true;
+                        goto session_turn_done;
+                    } else if (ok) {
                         /* Hand off to D: the same prompt, P's params. */
                         send_job(&g_d, "decode", s, s->params_p, o.gen);
                         s->state = S_D;
@@ -1082,6 +1537,7 @@ static int validate(int argc, char **argv)
                         cJSON_AddNumberToObject(rj, "sid", -2);
                         cJSON_AddStringToObject(rj, "params", s->params_p);
                         send_to(&g_d, rj);
+                        rejects_to_p++;
                         s->ended = true;
                     } else {
                         snprintf(r->d_source, sizeof(r->d_source), "%s",
@@ -1098,6 +1554,20 @@ static int validate(int argc, char **argv)
                         r->d_nfull = jnum(m, "nfull");
                         r->d_ms = pd_json_num(ms, "total", 0);
                         r->d_phases = cJSON_Duplicate(ms, 1);
+                        loads_verified += r->d_verified_blocks > 0;
+                        const char *ab = pd_json_str(m, "aborted");
+                        if (ab != NULL) {
+                            /* Cancelled on D: P's handoff was settled by D
+                             * (load aborted, rejected or read); D made
+                             * none. */
+                            snprintf(r->d_aborted, sizeof(r->d_aborted), "%s",
+                                     ab);
+                            note_abort(&checks, s, 1, m, aborts, &abort_ms_max);
+                            s->ended = true;
+                            goto session_turn_done;
+                        }
+                        d_handoffs++;
+                        s->d_open = true;
                         free(s->params_d);
                         s->params_d = strdup(pd_json_str(m, "params"));
                         r->d_handoff_n = handoff_hashes(s->params_d);
@@ -1132,12 +1602,15 @@ static int validate(int argc, char **argv)
                     }
                 session_turn_done:
                     r->ms = pd_now_ms() - r->t0;
+                    if (s->ended) {
+                        phases_done += 2 * (o.turns - s->turn);
+                    }
                     check_turn(&checks, s, s->turn, B,
                                g_d.load_tail && r->p_ok);
                     if (!s->ended && s->turn < o.turns) {
                         s->turn++;
                         start_turn(s, &o);
-                    } else if (s->params_d != NULL) {
+                    } else if (s->d_open) {
                         /* Nobody will read D's last handoff: P rejects it
                          * so D's pool lease goes now, not at expiry. */
                         cJSON *rj = cJSON_CreateObject();
@@ -1145,6 +1618,8 @@ static int validate(int argc, char **argv)
                         cJSON_AddNumberToObject(rj, "sid", s->id);
                         cJSON_AddStringToObject(rj, "params", s->params_d);
                         send_to(&g_p, rj);
+                        rejects_to_d++;
+                        s->d_open = false;
                         s->state = S_REJECT;
                     } else {
                         s->state = S_DONE;
@@ -1222,6 +1697,23 @@ static int validate(int argc, char **argv)
                   "node %s: %zu of %llu blocks free after the run", ns[i]->tag,
                   jnum(st, "free_blocks"),
                   (unsigned long long)ns[i]->num_blocks);
+            const cJSON *of = cJSON_GetObjectItemCaseSensitive(st, "offload");
+            check(&checks, jnum(of, "leased_blocks") == 0,
+                  "node %s: %zu offload pool blocks still leased after the run",
+                  ns[i]->tag, jnum(of, "leased_blocks"));
+            /* Every handoff a node made was freed by its peer's done or
+             * reject, exactly once. */
+            uint64_t made = i == 0 ? p_handoffs : d_handoffs;
+            uint64_t freed = jnum(st, "freed_done") + jnum(st, "freed_reject");
+            check(&checks, freed == made,
+                  "node %s: %llu handoffs made, %llu freed by done or reject",
+                  ns[i]->tag, (unsigned long long)made,
+                  (unsigned long long)freed);
+            check(&checks, jnum(st, "late_bytes") == 0,
+                  "node %s: %zu bytes landed in %zu blocks after their load "
+                  "was aborted",
+                  ns[i]->tag, jnum(st, "late_bytes"),
+                  jnum(st, "canary_blocks"));
             ns[i]->stats = cJSON_Duplicate(st, 1);
             cJSON_Delete(r);
         }
@@ -1255,8 +1747,71 @@ static int validate(int argc, char **argv)
      * empty run proves nothing. */
     check(&checks, o.turns < 2 || tot.from_d > 0,
           "no token was reused from D in any later turn");
+    uint64_t completed = 0, naborted = 0, planned_now[2] = {0, 0};
+    for (int i = 0; i < o.sessions; i++) {
+        bool all_ok = ss[i].turn == o.turns;
+        for (int t = 0; t < o.turns; t++) {
+            all_ok &= ss[i].recs[t].p_ok && ss[i].recs[t].d_ok;
+        }
+        completed += !ss[i].aborted && all_ok;
+        naborted += ss[i].aborted;
+        if ((ss[i].plan == PLAN_D_LOAD || ss[i].plan == PLAN_P_LOAD) &&
+            ss[i].plan_polls == 0) {
+            planned_now[ss[i].plan == PLAN_D_LOAD]++;
+        }
+    }
+    if (o.soak && !dead && !timed_out) {
+        check(&checks, naborted == (uint64_t)planned,
+              "%llu sessions were cancelled, %d planned",
+              (unsigned long long)naborted, planned);
+        int want = o.concurrency < o.sessions ? o.concurrency : o.sessions;
+        check(&checks, peak_inflight >= want,
+              "at most %d sessions were in flight, the soak wants %d",
+              peak_inflight, want);
+        /* A load aborted before its first progress check is in flight for
+         * sure: each must be reported as such, not as finished first. */
+        for (int side = 0; side < 2; side++) {
+            check(&checks, aborts[side][DONE_LOAD] >= planned_now[side],
+                  "%s: %llu loads aborted in flight, %llu planned before "
+                  "any progress check",
+                  side ? "D" : "P", (unsigned long long)aborts[side][DONE_LOAD],
+                  (unsigned long long)planned_now[side]);
+        }
+        /* Handoffs rejected unread must be freed by the reject, not by a
+         * done nor (checked above) by lease expiry. */
+        if (g_p.stats != NULL && g_d.stats != NULL) {
+            uint64_t to_p = jnum(g_d.stats, "rejects_sent") + rejects_to_p;
+            uint64_t to_d = jnum(g_p.stats, "rejects_sent") + rejects_to_d;
+            check(&checks, jnum(g_p.stats, "freed_reject") >= to_p,
+                  "node P: %zu handoffs freed by reject, %llu were rejected "
+                  "unread",
+                  jnum(g_p.stats, "freed_reject"), (unsigned long long)to_p);
+            check(&checks, jnum(g_d.stats, "freed_reject") >= to_d,
+                  "node D: %zu handoffs freed by reject, %llu were rejected "
+                  "unread",
+                  jnum(g_d.stats, "freed_reject"), (unsigned long long)to_d);
+        }
+    }
     bool pass = checks.failed == 0;
     rc = pass ? 0 : EXIT_FAIL;
+    cJSON *soak = NULL;
+    if (o.soak) {
+        soak_in_t in = {.o = &o,
+                        .planned = planned,
+                        .peak = peak_inflight,
+                        .completed = completed,
+                        .cancelled = naborted,
+                        .aborts = aborts,
+                        .handoffs = {p_handoffs, d_handoffs},
+                        .loads_verified = loads_verified,
+                        .blocks_verified = tot.verified,
+                        .bytes = tot.bytes,
+                        .diff = tot.diff,
+                        .abort_ms_max = abort_ms_max,
+                        .errors = checks.failed,
+                        .pass = pass};
+        soak = soak_json(&in);
+    }
 
     if (o.json) {
         cJSON *doc = cJSON_CreateObject();
@@ -1272,6 +1827,11 @@ static int validate(int argc, char **argv)
         cJSON_AddNumberToObject(cf, "block_tokens", B);
         cJSON_AddNumberToObject(cf, "sessions", o.sessions);
         cJSON_AddNumberToObject(cf, "turns", o.turns);
+        if (o.range_hi > 0) {
+            cJSON *pr = cJSON_AddArrayToObject(cf, "prompt_range");
+            cJSON_AddItemToArray(pr, cJSON_CreateNumber((double)o.range_lo));
+            cJSON_AddItemToArray(pr, cJSON_CreateNumber((double)o.range_hi));
+        }
         cJSON *pl = cJSON_AddArrayToObject(cf, "prompts");
         for (int i = 0; i < o.nprompts; i++) {
             cJSON_AddItemToArray(pl, cJSON_CreateNumber((double)o.prompts[i]));
@@ -1285,6 +1845,10 @@ static int validate(int argc, char **argv)
         cJSON_AddNumberToObject(cf, "wall_ms", wall_ms);
         cJSON_AddNumberToObject(cf, "startup_ms", startup_ms);
         cJSON_AddNumberToObject(cf, "max_lookup_ms", tot.lookup_ms_max);
+        if (soak != NULL) {
+            cJSON_AddItemToObject(doc, "soak", soak);
+            soak = NULL;
+        }
         cJSON *tj = cJSON_AddArrayToObject(doc, "turns");
         for (int t = 0; t < o.turns; t++) {
             cJSON *a = agg_json(&per[t]);
@@ -1297,6 +1861,13 @@ static int validate(int argc, char **argv)
             cJSON *x = cJSON_CreateObject();
             cJSON_AddNumberToObject(x, "id", i);
             cJSON_AddNumberToObject(x, "first_prompt", (double)ss[i].len0);
+            if (ss[i].plan != PLAN_NONE) {
+                cJSON *pj = cJSON_AddObjectToObject(x, "cancel");
+                cJSON_AddStringToObject(pj, "plan", plan_name(ss[i].plan));
+                cJSON_AddNumberToObject(pj, "turn", ss[i].plan_turn);
+                cJSON_AddNumberToObject(pj, "after_checks", ss[i].plan_polls);
+                cJSON_AddBoolToObject(pj, "done", ss[i].aborted);
+            }
             cJSON *xt = cJSON_AddArrayToObject(x, "turns");
             for (int t = 0; t < o.turns; t++) {
                 if (ss[i].recs[t].p_done) {
@@ -1330,7 +1901,11 @@ static int validate(int argc, char **argv)
                (unsigned long long)g_d.num_blocks,
                (unsigned long long)g_d.pool_blocks);
         printf("  %d sessions x %d turns, prompts", o.sessions, o.turns);
-        for (int i = 0; i < o.nprompts; i++) {
+        if (o.range_hi > 0) {
+            printf(" %zu..%zu (random, seed %llu)", o.range_lo, o.range_hi,
+                   (unsigned long long)o.seed);
+        }
+        for (int i = 0; o.range_hi == 0 && i < o.nprompts; i++) {
             printf("%s%zu", i ? "," : " ", o.prompts[i]);
         }
         printf(" (shared prefix %d), decode %d, user %d tokens/turn, "
@@ -1372,6 +1947,9 @@ static int validate(int argc, char **argv)
                tot.lookup_ms_max);
         printf("  wall %.1f s (node start and connect %.1f s)\n\n",
                wall_ms / 1e3, startup_ms / 1e3);
+        if (soak != NULL) {
+            soak_print(soak);
+        }
         printf("checks: %d passed, %d failed\n", checks.passed, checks.failed);
         const cJSON *f;
         cJSON_ArrayForEach(f, checks.failures)
@@ -1381,6 +1959,7 @@ static int validate(int argc, char **argv)
         printf("%s\n", pass ? "PASS" : "FAIL");
     }
     fflush(stdout);
+    cJSON_Delete(soak);
     cJSON_Delete(checks.failures);
     free(per);
     return rc;
