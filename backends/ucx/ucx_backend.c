@@ -1377,6 +1377,23 @@ static pdx_status_t ucx_xfer_check(void *bev, void *reqv)
     return r->stage == UCX_STAGE_DONE ? r->status : PDX_INPROGRESS;
 }
 
+/* Non-blocking abort: the flush still completes once the gets/puts are
+ * done, and then reports PDX_ERR_CANCELED without sending the note. */
+static pdx_status_t ucx_xfer_abort(void *bev, void *reqv)
+{
+    ucx_be_t *be = bev;
+    ucx_req_t *r = reqv;
+    if (be == NULL || r == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    r->aborted = 1;
+    if (r->ucs_req != NULL) {
+        ucp_request_cancel(be->worker, r->ucs_req);
+    }
+    /* A request already done keeps its result: its data has landed. */
+    return PDX_OK;
+}
+
 static void ucx_xfer_release(void *bev, void *reqv)
 {
     ucx_be_t *be = bev;
@@ -1609,4 +1626,5 @@ __attribute__((visibility("default"))) const pdx_backend_ops_t pdx_backend_v1 = 
     .event_fd = ucx_event_fd,
     .arm = ucx_arm,
     .describe = ucx_describe,
+    .xfer_abort = ucx_xfer_abort,
 };

@@ -35,6 +35,7 @@ typedef struct load_rec {
     pdx_status_t status;
     size_t tokens;
     uint64_t last_hb_ns;
+    bool aborted; /* pdx_kv_load_abort asked; ends PDX_ERR_CANCELED */
 } load_rec_t;
 
 typedef struct save_rec {
@@ -947,27 +948,22 @@ pdx_status_t pdx_kv_load_abort(pdx_kv_connector_h c, const char *req_id)
         return PDX_ERR_INVALID;
     }
     pthread_mutex_lock(&c->lock);
-    load_rec_t **pp = &c->loads;
-    while (*pp != NULL && strcmp((*pp)->req, req_id) != 0) {
-        pp = &(*pp)->next;
-    }
-    load_rec_t *l = *pp;
-    if (l == NULL) {
+    load_rec_t *l = find_load(c, req_id);
+    if (l == NULL || l->aborted) {
         pthread_mutex_unlock(&c->lock);
         return PDX_ERR_NOT_FOUND;
     }
-    *pp = l->next;
+    l->aborted = true;
     if (l->xfer != NULL) {
-        /* Releasing the request aborts the READ: once it returns no byte
-         * lands in the caller's blocks. */
-        pdx_xfer_release(l->xfer);
+        /* Asked, not waited for: the peer may still be answering, and
+         * waiting here would hold every lock of this node meanwhile. */
+        pdx_xfer_abort(l->xfer);
         if (l->peer[0] != '\0') {
             char note[128];
             snprintf(note, sizeof(note), MSG_PREFIX "reject %s", l->peer_req);
             pdx_notif_send(c->agent, l->peer, note, strlen(note));
         }
     }
-    free(l);
     pthread_mutex_unlock(&c->lock);
     return PDX_OK;
 }
@@ -1002,6 +998,17 @@ pdx_status_t pdx_kv_load_check(pdx_kv_connector_h c, const char *req_id,
     }
     *pp = l->next;
     size_t tokens = l->tokens;
+    if (l->aborted) {
+        /* Final: no byte lands any more; the blocks are the caller's. The
+         * load may have completed first (PDX_OK, data valid). */
+        free(l);
+        pthread_mutex_unlock(&c->lock);
+        if (st == PDX_OK) {
+            *tokens_p = tokens;
+            return PDX_OK;
+        }
+        return PDX_ERR_CANCELED;
+    }
     if (st != PDX_OK) {
         pdx_warn("kv: load %s failed: %s (policy %s)", req_id,
                  pdx_status_string(st),

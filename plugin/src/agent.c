@@ -423,7 +423,7 @@ pdx_status_t pdx_backend_create_with_ops(pdx_agent_h agent, const void *ops,
 {
     const pdx_backend_ops_t *o = ops;
     if (o == NULL || o->abi_version != PDX_BACKEND_ABI_VERSION ||
-        o->size < sizeof(pdx_backend_ops_t)) {
+        o->size < PDX_BACKEND_OPS_MIN_SIZE) {
         pdx_error("agent %s: backend ops table rejected (abi or size)",
                   agent->name);
         return PDX_ERR_VERSION;

@@ -75,6 +75,7 @@ struct pdx_xfer {
     void *breq;
     pdx_status_t status;
     bool posted;
+    bool aborting; /* pdx_xfer_abort asked; no notification */
     uint64_t post_ns;
     struct pdx_xfer *prev, *next; /* agent's list of live requests */
 };

@@ -67,9 +67,9 @@ static int try_path(const char *path, const char *name,
         snprintf(detail, sizeof(detail), "abi version %u, need %u",
                  ops->abi_version, PDX_BACKEND_ABI_VERSION);
         reason = detail;
-    } else if (ops->size < sizeof(pdx_backend_ops_t)) {
+    } else if (ops->size < PDX_BACKEND_OPS_MIN_SIZE) {
         snprintf(detail, sizeof(detail), "ops table of %u bytes, need %zu",
-                 ops->size, sizeof(pdx_backend_ops_t));
+                 ops->size, (size_t)PDX_BACKEND_OPS_MIN_SIZE);
         reason = detail;
     } else if (ops->name == NULL || strcmp(ops->name, name) != 0) {
         snprintf(detail, sizeof(detail), "module names itself '%s'",

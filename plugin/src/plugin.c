@@ -118,4 +118,6 @@ const pdx_plugin_v1_t pdx_plugin_v1 = {
     .kv_progress = pdx_kv_progress,
     .kv_poll_freed = pdx_kv_poll_freed,
     .kv_free = pdx_kv_free,
+    .xfer_abort = pdx_xfer_abort,
+    .kv_load_abort = pdx_kv_load_abort,
 };

@@ -1,5 +1,6 @@
 /* Transfer requests: descriptor resolution and merging, backend choice,
  * post/check/release, prepared lists. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -331,7 +332,7 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x)
     }
     b->ops->xfer_release(b->be, x->breq);
     x->breq = NULL;
-    if (st == PDX_OK) {
+    if (st == PDX_OK && !x->aborting) {
         pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
         if (p == NULL || p->epoch != x->peer_epoch) {
             st = PDX_ERR_STALE;
@@ -340,6 +341,30 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x)
         }
     }
     x->status = st;
+}
+
+pdx_status_t pdx_xfer_abort(pdx_xfer_h x)
+{
+    if (x == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    pdx_agent_h agent = x->agent;
+    pthread_mutex_lock(&agent->lock);
+    if (x->status == PDX_INPROGRESS && x->breq != NULL && !x->aborting) {
+        struct pdx_backend *b = agent->backends[x->bindex];
+        x->aborting = true;
+        if (b->ops->size > offsetof(pdx_backend_ops_t, xfer_abort) &&
+            b->ops->xfer_abort != NULL &&
+            b->ops->xfer_abort(b->be, x->breq) == PDX_OK) {
+            /* Completes through progress as PDX_ERR_CANCELED. */
+        } else {
+            b->ops->xfer_release(b->be, x->breq);
+            x->breq = NULL;
+            x->status = PDX_ERR_CANCELED;
+        }
+    }
+    pthread_mutex_unlock(&agent->lock);
+    return PDX_OK;
 }
 
 void pdx_xfer_fail_peer_locked(pdx_agent_h agent, uint64_t epoch,
@@ -387,6 +412,7 @@ pdx_status_t pdx_xfer_post(pdx_xfer_h x)
     int carries = !!(b->ops->caps & PDX_BACKEND_CAP_NOTIF);
     x->post_ns = pdx_now_ns();
     x->posted = true;
+    x->aborting = false;
     st = b->ops->xfer_post(b->be, p->bpeer[x->bindex], x->op, x->iov,
                            x->niov, carries ? x->notif : NULL,
                            carries ? x->notif_len : 0, &x->breq);

@@ -188,6 +188,9 @@ static pdx_status_t m_check(void *be, void *req)
 {
     mock_be_t *b = be;
     mock_req_t *r = req;
+    if (r->checks < 0) {
+        return PDX_ERR_CANCELED;
+    }
     if (mock_hold_completion) {
         return PDX_INPROGRESS;
     }
@@ -240,6 +243,16 @@ static int m_progress(void *be)
     return n;
 }
 
+/* Copies happen at the first check; an abort before it skips them. */
+static pdx_status_t m_abort(void *be, void *req)
+{
+    mock_req_t *r = req;
+    if (r->checks == 0) {
+        r->checks = -1;
+    }
+    return PDX_OK;
+}
+
 static int m_efd(void *be) { return -1; }
 static pdx_status_t m_arm(void *be) { return PDX_ERR_UNSUPPORTED; }
 static void m_describe(void *be, char *buf, size_t len)
@@ -261,4 +274,5 @@ const pdx_backend_ops_t mock_backend_ops = {
     .xfer_release = m_release, .notif_send = m_notif,
     .progress = m_progress, .event_fd = m_efd, .arm = m_arm,
     .describe = m_describe,
+    .xfer_abort = m_abort,
 };

@@ -508,6 +508,16 @@ static void test_bad_requests(void **state)
     assert_int_equal(pdx_xfer_post(x), PDX_ERR_BACKEND);
     assert_true(pdx_xfer_post(x) >= PDX_OK);
     assert_int_equal(wait_xfer(x, &b), PDX_OK);
+    /* Aborted while in flight: no data, no notification, CANCELED. */
+    mock_hold_completion = 1;
+    memset(a.mem, 0xab, 64);
+    memset(b.mem, 0, 64);
+    assert_int_equal(pdx_xfer_post(x), PDX_INPROGRESS);
+    assert_int_equal(pdx_xfer_abort(x), PDX_OK);
+    mock_hold_completion = 0;
+    assert_int_equal(wait_xfer(x, &b), PDX_ERR_CANCELED);
+    assert_int_equal(b.mem[0], 0);
+    assert_int_equal(pdx_xfer_abort(x), PDX_OK); /* nothing in flight */
     /* Released while in flight: nothing leaks (valgrind/ASan check). */
     mock_hold_completion = 1;
     assert_int_equal(pdx_xfer_post(x), PDX_INPROGRESS);

@@ -91,6 +91,7 @@ typedef struct cipc_evt {
 typedef struct cipc_req {
     size_t nev; /* pending events, at the front of ev[] */
     pdx_status_t err;
+    int aborted; /* complete as PDX_ERR_CANCELED */
     cipc_evt_t ev[];
 } cipc_req_t;
 
@@ -1098,6 +1099,7 @@ pdx_status_t cipc_op_xfer_post(void *be_, void *peer_, pdx_xfer_op_t op,
     }
     req->nev = 0;
     req->err = PDX_OK;
+    req->aborted = 0;
     for (int d = 0; d < be->ndev && st == PDX_OK; d++) {
         if (be->used[d] == 0) {
             continue;
@@ -1176,7 +1178,22 @@ pdx_status_t cipc_op_xfer_check(void *be_, void *req_)
     if (req->err != PDX_OK) {
         return req->err;
     }
-    return req->nev == 0 ? PDX_OK : PDX_INPROGRESS;
+    if (req->nev > 0) {
+        return PDX_INPROGRESS;
+    }
+    return req->aborted ? PDX_ERR_CANCELED : PDX_OK;
+}
+
+/* Copies cannot be cancelled: an aborted request completes as its copies
+ * do and then reports PDX_ERR_CANCELED (cuda_ipc sends no notes itself). */
+pdx_status_t cipc_op_xfer_abort(void *be_, void *req_)
+{
+    cipc_req_t *req = req_;
+    if (req == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    req->aborted = 1;
+    return PDX_OK;
 }
 
 void cipc_op_xfer_release(void *be_, void *req_)

@@ -38,6 +38,7 @@ pdx_status_t cipc_op_xfer_post(void *be, void *peer, pdx_xfer_op_t op,
                                void **req_p);
 pdx_status_t cipc_op_xfer_check(void *be, void *req);
 void cipc_op_xfer_release(void *be, void *req);
+pdx_status_t cipc_op_xfer_abort(void *be, void *req);
 pdx_status_t cipc_op_notif_send(void *be, void *peer, const void *msg,
                                 size_t len);
 int cipc_op_progress(void *be);

@@ -31,6 +31,7 @@ const pdx_backend_ops_t CIPC_OPS_NAME = {
     .xfer_post = cipc_op_xfer_post,
     .xfer_check = cipc_op_xfer_check,
     .xfer_release = cipc_op_xfer_release,
+    .xfer_abort = cipc_op_xfer_abort,
     .notif_send = cipc_op_notif_send,
     .progress = cipc_op_progress,
     .event_fd = cipc_op_event_fd,

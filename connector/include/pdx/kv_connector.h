@@ -139,10 +139,12 @@ PDX_API pdx_status_t pdx_kv_load(pdx_kv_connector_h conn,
 PDX_API pdx_status_t pdx_kv_load_check(pdx_kv_connector_h conn,
                                        const char *req_id, size_t *tokens_p);
 
-/* Abort a load (request cancelled or timed out): the READ is released, so
- * no byte lands in the caller's blocks after this returns and they are the
- * caller's again; the holder is told to free its blocks (reject).
- * PDX_ERR_NOT_FOUND if no load of that id is known. */
+/* Abort a load (request cancelled or timed out) without waiting: the READ
+ * is asked to stop and the holder is told to free its blocks (reject).
+ * Keep calling pdx_kv_load_check: it returns PDX_INPROGRESS while bytes may
+ * still land, then PDX_ERR_CANCELED (or PDX_OK if the load had completed
+ * first); only then are the blocks the caller's again. PDX_ERR_NOT_FOUND if
+ * no load of that id is known (or it is already aborting). */
 PDX_API pdx_status_t pdx_kv_load_abort(pdx_kv_connector_h conn,
                                        const char *req_id);
 

@@ -166,7 +166,19 @@ typedef struct pdx_backend_ops {
     /* One line of human-readable detail about the instance (e.g. the UCX
      * transports in use) into `buf`. */
     void (*describe)(void *be, char *buf, size_t len);
+
+    /* Added after the first table (check size > offsetof before use). */
+
+    /* Ask an in-flight request to stop, without waiting: no notification
+     * is sent for it, and xfer_check goes on returning PDX_INPROGRESS until
+     * no byte of it can land any more, then PDX_ERR_CANCELED (or the error
+     * that ended it). Non-blocking. */
+    pdx_status_t (*xfer_abort)(void *be, void *req);
 } pdx_backend_ops_t;
+
+/* Oldest table a loader accepts: everything up to `describe`. */
+#define PDX_BACKEND_OPS_MIN_SIZE                                               \
+    (offsetof(pdx_backend_ops_t, describe) + sizeof(void (*)(void)))
 
 _Static_assert(offsetof(pdx_backend_ops_t, abi_version) == 0,
                "abi_version first");

@@ -114,6 +114,8 @@ typedef struct pdx_plugin_v1 {
     int (*kv_progress)(pdx_kv_connector_h);
     int (*kv_poll_freed)(pdx_kv_connector_h, pdx_kv_freed_cb_t, void *);
     void (*kv_free)(void *);
+    pdx_status_t (*xfer_abort)(pdx_xfer_h);
+    pdx_status_t (*kv_load_abort)(pdx_kv_connector_h, const char *);
 } pdx_plugin_v1_t;
 
 _Static_assert(offsetof(pdx_plugin_v1_t, abi_version) == 0, "abi first");

@@ -41,7 +41,17 @@ PDX_API pdx_status_t pdx_xfer_post(pdx_xfer_h xfer);
  * progress. Never blocks. */
 PDX_API pdx_status_t pdx_xfer_check(pdx_xfer_h xfer);
 
-/* Free the request, aborting in-flight work. Never fails. */
+/* Ask an in-flight request to stop, without waiting (the agent lock is
+ * not held while the peer finishes): its notification is not sent, and
+ * pdx_xfer_check keeps returning PDX_INPROGRESS until no byte of it can
+ * land any more, then PDX_ERR_CANCELED (or PDX_OK if it had completed
+ * first, or the error that ended it). Only then is the local memory of a
+ * READ the caller's again. PDX_OK also when nothing is in flight.
+ * Non-blocking (backends without the op fall back to a blocking release). */
+PDX_API pdx_status_t pdx_xfer_abort(pdx_xfer_h xfer);
+
+/* Free the request, aborting in-flight work (blocking until the backend
+ * says nothing more lands, bounded; see pdx/backend.h). Never fails. */
 PDX_API void pdx_xfer_release(pdx_xfer_h xfer);
 
 /* Descriptors after merging (for tools and tests). */
