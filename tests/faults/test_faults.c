@@ -20,8 +20,8 @@
 #include <pdx/kv_connector.h>
 #include <pdx/log.h>
 
-#define NBLOCKS 96
-#define REQ_BLOCKS 64
+#define NBLOCKS 48
+#define REQ_BLOCKS 16
 
 static const char *g_self;
 
@@ -339,7 +339,7 @@ static pdx_status_t load(node_t *d, int fd, uint64_t salt, pid_t kill_pid,
 static int run_p_fault(const char *tls, int sig)
 {
     node_t d;
-    node_make(&d, "f-d", "f-p", tls, 60000, sig == SIGSTOP ? 8000 : 30000);
+    node_make(&d, "f-d", "f-p", tls, 60000, sig == SIGSTOP ? 15000 : 30000);
     int fd;
     pid_t pid = spawn("P", tls, &fd);
     exchange(&d, fd);
@@ -438,9 +438,10 @@ static int run_d_killed(void)
         ids[i] = i;
     }
     pdx_kv_request_t r = {.req_id = "orphan", .hashes = hs,
-                          .nfull = REQ_BLOCKS, .prompt_tokens = 4097};
+                          .nfull = REQ_BLOCKS,
+                          .prompt_tokens = REQ_BLOCKS * 64 + 1};
     char *params;
-    if (pdx_kv_request_finished(p.conn, &r, ids, 4096, PDX_KV_FROM_ARENA,
+    if (pdx_kv_request_finished(p.conn, &r, ids, REQ_BLOCKS * 64, PDX_KV_FROM_ARENA,
                                 &params) != PDX_OK) {
         die("finish");
     }
@@ -476,7 +477,7 @@ static int run_d_killed(void)
     }
     hashes(p.conn, 5, hs);
     r.req_id = "served";
-    if (pdx_kv_request_finished(p.conn, &r, ids, 4096, PDX_KV_FROM_ARENA,
+    if (pdx_kv_request_finished(p.conn, &r, ids, REQ_BLOCKS * 64, PDX_KV_FROM_ARENA,
                                 &params) != PDX_OK) {
         die("finish for the new D");
     }
