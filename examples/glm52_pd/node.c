@@ -37,6 +37,10 @@
 #define CANARY_BYTE 0xa5
 #define QUARANTINE_MS 50.0
 #define QUARANTINE_PASSES 3
+/* How long a job waits, after pdx_kv_load_abort, for pdx_kv_load_check to
+ * report the final state; past it the blocks are never reused (leaked) and
+ * the job fails. */
+#define ABORT_DEADLINE_MS 10000.0
 
 /* ---- logging: pdx lines to stderr, error lines kept for the driver ---- */
 
@@ -126,6 +130,7 @@ typedef enum job_state {
     J_ALLOC,   /* waiting for free blocks */
     J_LOOKUP,  /* asking the connector (may be pending) */
     J_LOAD,    /* load in flight */
+    J_ABORTING, /* load_abort asked; load_check not final yet: blocks busy */
     J_VERIFY,  /* comparing loaded blocks with recomputation */
     J_COMPUTE, /* the stand-in writes the prompt tokens not loaded */
     J_DECODE,  /* generating tokens (decode only) */
@@ -159,6 +164,12 @@ typedef struct job {
     job_abort_t abort_at;
     uint32_t abort_polls; /* load checks still in progress before aborting */
     uint32_t polls;
+    /* J_ABORTING: the abort call's time, when it was asked, the deadline,
+     * and whether the job had already failed (reply sent, only the blocks
+     * left to release) rather than been cancelled by the driver. */
+    double abort_call_ms, abort_t0, abort_deadline;
+    bool abort_after_fail;
+    bool abort_completed; /* the load had completed before the abort */
     uint64_t verified_blocks, verified_bytes, diff_bytes;
     double t0, t_phase, deadline;
     double ms_alloc, ms_lookup, ms_load, ms_verify, ms_compute, ms_decode,
@@ -213,7 +224,10 @@ typedef struct node {
     uint64_t rejects_sent;  /* handoffs this node rejected itself */
     uint64_t late_bytes;    /* canary bytes changed after a load abort */
     uint64_t canary_blocks; /* blocks checked after a load abort */
-    double abort_ms_max;    /* longest pdx_kv_load_abort call */
+    double abort_call_ms_max;  /* longest pdx_kv_load_abort call */
+    double abort_final_ms_max; /* longest abort -> final load_check state */
+    uint64_t abort_completed;  /* aborted loads that had completed first */
+    uint64_t abort_stuck; /* aborts with no final state by the deadline */
 } node_t;
 
 static const char *role_name(pdx_kv_role_t r)
@@ -308,18 +322,26 @@ static void job_fail(node_t *nd, job_t *j, uint64_t mark, const char *fmt, ...)
     cJSON_AddStringToObject(r, "req", j->req);
     cJSON_AddStringToObject(r, "error", msg);
     send_msg(nd, r);
-    /* A load still in flight is released: no byte lands after the abort,
-     * so the blocks are ours again, and the holder is told to free. */
-    if (j->state == J_LOAD && j->blocks_busy &&
-        pdx_kv_load_abort(nd->conn, j->req) == PDX_OK) {
-        j->blocks_busy = false;
+    nd->jobs_failed++;
+    /* A load still in flight is aborted (the holder is told to free); its
+     * blocks stay busy until pdx_kv_load_check reports the final state
+     * (J_ABORTING, polled by the loop). */
+    if (j->state == J_LOAD && j->blocks_busy) {
+        double t = pd_now_ms();
+        if (pdx_kv_load_abort(nd->conn, j->req) == PDX_OK) {
+            j->abort_call_ms = pd_now_ms() - t;
+            j->abort_t0 = pd_now_ms();
+            j->abort_deadline = j->abort_t0 + ABORT_DEADLINE_MS;
+            j->abort_after_fail = true;
+            j->state = J_ABORTING;
+            return;
+        }
     }
-    /* Blocks a load may still write into are never reused. */
+    /* Blocks a load (or save) may still use are never reused. */
     if (!j->blocks_busy && j->blocks != NULL) {
         blocks_put(nd, j->blocks, j->nblocks);
     }
     j->state = J_END;
-    nd->jobs_failed++;
 }
 
 /* Hashes of the job's first `n` tokens (the prompt for lookups, the whole
@@ -492,32 +514,20 @@ static void quarantine_step(node_t *nd)
     }
 }
 
-/* Cancel a job as the driver asked. A load in flight is released
- * (pdx_kv_load_abort, which tells the holder to free); a handoff not read
- * is rejected (pdx_kv_reject); a job whose load had finished just stops
- * (the holder was told done, or reject if the load failed). The blocks of
- * an aborted load are canary-filled and quarantined, so a byte landing
- * after the abort is caught. */
-static void job_abort(node_t *nd, job_t *j, abort_done_t how)
+/* A cancelled job's end, once nothing can land in its blocks any more
+ * (for ABORTED_LOAD: pdx_kv_load_check reported the final state after
+ * pdx_kv_load_abort). A handoff not read is rejected (pdx_kv_reject); a job
+ * whose load had finished just stops (the holder was told done, or reject
+ * if the load failed; an aborted load told it reject). The blocks of an
+ * aborted load are canary-filled and quarantined, so a byte landing after
+ * the final state is caught. */
+static void job_cancelled(node_t *nd, job_t *j, abort_done_t how)
 {
     uint64_t mark = log_mark();
-    double abort_ms = 0;
+    double final_ms = how == ABORTED_LOAD ? pd_now_ms() - j->abort_t0 : 0;
     /* Whether the connector already told the holder (done or reject). */
     bool told = false;
-    if (how == ABORTED_LOAD) {
-        double t = pd_now_ms();
-        pdx_status_t st = pdx_kv_load_abort(nd->conn, j->req);
-        abort_ms = pd_now_ms() - t;
-        if (st != PDX_OK) {
-            job_fail(nd, j, mark, "load_abort: %s", pdx_status_string(st));
-            return;
-        }
-        j->blocks_busy = false;
-        if (abort_ms > nd->abort_ms_max) {
-            nd->abort_ms_max = abort_ms;
-        }
-        told = j->match.source == PDX_KV_SOURCE_REMOTE;
-    } else if (how == ABORTED_AFTER) {
+    if (how == ABORTED_LOAD || how == ABORTED_AFTER) {
         told = j->match.source == PDX_KV_SOURCE_REMOTE;
     }
     bool rejected = false;
@@ -556,8 +566,13 @@ static void job_abort(node_t *nd, job_t *j, abort_done_t how)
         j->blocks = NULL;
     }
     nd->aborted[how]++;
-    say("%s: cancelled (%s%s)", j->req, g_abort_names[how],
-        rejected ? ", handoff rejected" : "");
+    if (how == ABORTED_LOAD) {
+        say("%s: cancelled (load; %s %.1f ms after the abort)", j->req,
+            j->abort_completed ? "had completed" : "canceled", final_ms);
+    } else {
+        say("%s: cancelled (%s%s)", j->req, g_abort_names[how],
+            rejected ? ", handoff rejected" : "");
+    }
     bool loaded = how == ABORTED_AFTER && j->loaded > 0;
     size_t nloaded = loaded ? j->match.blocks + (j->match.tail ? 1 : 0) : 0;
     cJSON *r = reply_head(job_op(j), true);
@@ -578,11 +593,94 @@ static void job_abort(node_t *nd, job_t *j, abort_done_t how)
     cJSON_AddNumberToObject(r, "load_checks", j->polls);
     cJSON_AddNumberToObject(r, "canary_blocks", (double)ncanary);
     cJSON_AddBoolToObject(r, "rejected", rejected);
+    if (how == ABORTED_LOAD) {
+        cJSON_AddStringToObject(r, "final",
+                                j->abort_completed ? "completed" : "canceled");
+    }
     cJSON *ms = cJSON_AddObjectToObject(r, "ms");
-    cJSON_AddNumberToObject(ms, "abort", abort_ms);
+    cJSON_AddNumberToObject(ms, "abort_call", j->abort_call_ms);
+    cJSON_AddNumberToObject(ms, "abort_to_final", final_ms);
     cJSON_AddNumberToObject(ms, "total", pd_now_ms() - j->t0);
     send_msg(nd, r);
     j->state = J_END;
+}
+
+/* Cancel a job as the driver asked. A load in flight is aborted
+ * (pdx_kv_load_abort asks the READ to stop, tells the holder to free and
+ * returns at once); the job then waits in J_ABORTING, its blocks busy,
+ * until pdx_kv_load_check reports the final state. Anything else ends at
+ * once (job_cancelled). */
+static void job_abort(node_t *nd, job_t *j, abort_done_t how)
+{
+    if (how != ABORTED_LOAD) {
+        job_cancelled(nd, j, how);
+        return;
+    }
+    uint64_t mark = log_mark();
+    double t = pd_now_ms();
+    pdx_status_t st = pdx_kv_load_abort(nd->conn, j->req);
+    j->abort_call_ms = pd_now_ms() - t;
+    if (j->abort_call_ms > nd->abort_call_ms_max) {
+        nd->abort_call_ms_max = j->abort_call_ms;
+    }
+    if (st != PDX_OK) {
+        job_fail(nd, j, mark, "load_abort: %s", pdx_status_string(st));
+        return;
+    }
+    j->abort_t0 = pd_now_ms();
+    j->abort_deadline = j->abort_t0 + ABORT_DEADLINE_MS;
+    j->state = J_ABORTING; /* blocks_busy stays true */
+}
+
+/* J_ABORTING: poll pdx_kv_load_check until the final state. */
+static bool job_aborting(node_t *nd, job_t *j, uint64_t mark)
+{
+    size_t tokens = 0;
+    pdx_status_t st = pdx_kv_load_check(nd->conn, j->req, &tokens);
+    double now = pd_now_ms();
+    if (st == PDX_INPROGRESS) {
+        if (now <= j->abort_deadline) {
+            return false;
+        }
+        /* Bytes may still land: the blocks stay out of use for good. */
+        nd->abort_stuck++;
+        if (j->abort_after_fail) {
+            say("%s: load still in progress %.0f ms after its abort; %zu "
+                "blocks never reused",
+                j->req, now - j->abort_t0, j->nblocks);
+            j->state = J_END;
+            return false;
+        }
+        job_fail(nd, j, mark,
+                 "load still in progress %.0f ms after load_abort; %zu "
+                 "blocks never reused",
+                 now - j->abort_t0, j->nblocks);
+        return false;
+    }
+    /* Final: nothing more can land; the blocks are ours again. */
+    j->blocks_busy = false;
+    double final_ms = now - j->abort_t0;
+    if (final_ms > nd->abort_final_ms_max) {
+        nd->abort_final_ms_max = final_ms;
+    }
+    if (j->abort_after_fail) {
+        blocks_put(nd, j->blocks, j->nblocks);
+        j->state = J_END;
+        return false;
+    }
+    if (st == PDX_OK) {
+        /* The load completed before the abort took: data valid, the holder
+         * was told reject all the same. Still an abort in flight. */
+        j->abort_completed = true;
+        j->loaded = tokens;
+        nd->abort_completed++;
+    } else if (st != PDX_ERR_CANCELED) {
+        job_fail(nd, j, mark, "load_check after load_abort: %s",
+                 pdx_status_string(st));
+        return false;
+    }
+    job_cancelled(nd, j, ABORTED_LOAD);
+    return true;
 }
 
 /* One bounded slice of a job's work. Returns true when it did CPU work (the
@@ -593,7 +691,8 @@ static bool job_step(node_t *nd, job_t *j, bool *alloc_blocked)
     uint32_t B = nd->B;
     uint64_t mark = log_mark();
     pdx_status_t st;
-    if (j->state != J_END && pd_now_ms() > j->deadline) {
+    if (j->state != J_END && j->state != J_ABORTING &&
+        pd_now_ms() > j->deadline) {
         job_fail(nd, j, mark, "timed out after %.0f ms in state %d",
                  nd->job_timeout_ms, (int)j->state);
         return false;
@@ -701,6 +800,8 @@ static bool job_step(node_t *nd, job_t *j, bool *alloc_blocked)
         j->vend = j->match.blocks * B + (j->match.tail ? j->tail_tokens : 0);
         return true;
     }
+    case J_ABORTING:
+        return job_aborting(nd, j, mark);
     case J_VERIFY: {
         size_t end = j->cursor + QUANTUM_TOKENS;
         if (end > j->vend) {
@@ -918,7 +1019,10 @@ static cJSON *stats_json(node_t *nd)
         cJSON_AddNumberToObject(ab, g_abort_names[k], (double)nd->aborted[k]);
     }
     cJSON_AddNumberToObject(s, "rejects_sent", (double)nd->rejects_sent);
-    cJSON_AddNumberToObject(s, "abort_ms_max", nd->abort_ms_max);
+    cJSON_AddNumberToObject(s, "abort_call_ms_max", nd->abort_call_ms_max);
+    cJSON_AddNumberToObject(s, "abort_final_ms_max", nd->abort_final_ms_max);
+    cJSON_AddNumberToObject(s, "abort_completed", (double)nd->abort_completed);
+    cJSON_AddNumberToObject(s, "abort_stuck", (double)nd->abort_stuck);
     cJSON_AddNumberToObject(s, "canary_blocks", (double)nd->canary_blocks);
     cJSON_AddNumberToObject(s, "late_bytes", (double)nd->late_bytes);
     size_t nq = 0;

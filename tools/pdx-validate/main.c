@@ -282,7 +282,7 @@ typedef struct turn_rec {
     /* A cancelled phase: what the node did ("load", "reject",
      * "after_load"), or "" */
     char p_aborted[16], d_aborted[16];
-    double abort_ms; /* the node's pdx_kv_load_abort call */
+    double abort_ms; /* pdx_kv_load_abort -> load_check's final state */
 } turn_rec_t;
 
 /* Where a soak session is cancelled. */
@@ -640,7 +640,7 @@ static cJSON *turn_json(const turn_rec_t *r, int turn)
     cJSON_AddBoolToObject(p, "tail_hit", r->p_tail_hit);
     if (r->p_aborted[0] != '\0') {
         cJSON_AddStringToObject(p, "cancelled", r->p_aborted);
-        cJSON_AddNumberToObject(p, "load_abort_ms", r->abort_ms);
+        cJSON_AddNumberToObject(p, "abort_to_final_ms", r->abort_ms);
     }
     cJSON_AddNumberToObject(p, "bytes_loaded", (double)r->p_bytes);
     cJSON_AddNumberToObject(p, "verified_blocks", (double)r->p_verified_blocks);
@@ -663,7 +663,7 @@ static cJSON *turn_json(const turn_rec_t *r, int turn)
     cJSON_AddBoolToObject(d, "tail_hit", r->d_tail_hit);
     if (r->d_aborted[0] != '\0') {
         cJSON_AddStringToObject(d, "cancelled", r->d_aborted);
-        cJSON_AddNumberToObject(d, "load_abort_ms", r->abort_ms);
+        cJSON_AddNumberToObject(d, "abort_to_final_ms", r->abort_ms);
     }
     cJSON_AddNumberToObject(d, "generated", (double)r->d_generated);
     cJSON_AddNumberToObject(d, "bytes_loaded", (double)r->d_bytes);
@@ -711,10 +711,18 @@ static void bar_end(void)
     }
 }
 
+/* Loads aborted in flight: time from pdx_kv_load_abort to the final state
+ * pdx_kv_load_check reported (the node's ms.abort_to_final), the abort
+ * call itself, and how many had completed before the abort took. */
+typedef struct abort_times {
+    uint64_t n, completed;
+    double final_max, final_sum, call_max;
+} abort_times_t;
+
 /* A node reported a phase of `s` cancelled (`side` 0: P, 1: D): count it
  * by what the node did, and check it is the one the plan asked for. */
 static void note_abort(check_log_t *c, session_t *s, int side, const cJSON *m,
-                       uint64_t aborts[2][DONE_KINDS], double *abort_ms_max)
+                       uint64_t aborts[2][DONE_KINDS], abort_times_t *at)
 {
     const char *what = pd_json_str(m, "aborted");
     int k = done_kind(what);
@@ -729,11 +737,17 @@ static void note_abort(check_log_t *c, session_t *s, int side, const cJSON *m,
     if (k >= 0) {
         aborts[side][k]++;
     }
-    double ms =
-        pd_json_num(cJSON_GetObjectItemCaseSensitive(m, "ms"), "abort", 0);
-    s->recs[s->turn - 1].abort_ms = ms;
-    if (ms > *abort_ms_max) {
-        *abort_ms_max = ms;
+    if (k == DONE_LOAD) {
+        const cJSON *ms = cJSON_GetObjectItemCaseSensitive(m, "ms");
+        double fin = pd_json_num(ms, "abort_to_final", 0);
+        double call = pd_json_num(ms, "abort_call", 0);
+        const char *final = pd_json_str(m, "final");
+        s->recs[s->turn - 1].abort_ms = fin;
+        at->n++;
+        at->final_sum += fin;
+        at->final_max = fin > at->final_max ? fin : at->final_max;
+        at->call_max = call > at->call_max ? call : at->call_max;
+        at->completed += final != NULL && strcmp(final, "completed") == 0;
     }
     s->aborted = true;
 }
@@ -746,7 +760,7 @@ typedef struct soak_in {
     uint64_t (*aborts)[DONE_KINDS];
     uint64_t handoffs[2];
     uint64_t loads_verified, blocks_verified, bytes, diff;
-    double abort_ms_max;
+    abort_times_t at;
     int errors;
     bool pass;
 } soak_in_t;
@@ -789,7 +803,13 @@ static cJSON *soak_json(const soak_in_t *in)
     cJSON_AddNumberToObject(j, "blocks_verified", (double)in->blocks_verified);
     cJSON_AddNumberToObject(j, "bytes_loaded", (double)in->bytes);
     cJSON_AddNumberToObject(j, "diff_bytes", (double)in->diff);
-    cJSON_AddNumberToObject(j, "load_abort_ms_max", in->abort_ms_max);
+    cJSON *at = cJSON_AddObjectToObject(j, "load_aborts");
+    cJSON_AddNumberToObject(at, "count", (double)in->at.n);
+    cJSON_AddNumberToObject(at, "completed_first", (double)in->at.completed);
+    cJSON_AddNumberToObject(at, "abort_to_final_ms_max", in->at.final_max);
+    cJSON_AddNumberToObject(at, "abort_to_final_ms_mean",
+                            in->at.n ? in->at.final_sum / in->at.n : 0);
+    cJSON_AddNumberToObject(at, "abort_call_ms_max", in->at.call_max);
     cJSON *nj = cJSON_AddObjectToObject(j, "nodes");
     node_t *ns[2] = {&g_p, &g_d};
     for (int i = 0; i < 2; i++) {
@@ -811,6 +831,7 @@ static cJSON *soak_json(const soak_in_t *in)
                                 jnum(of, "leased_blocks"));
         cJSON_AddNumberToObject(x, "canary_blocks", jnum(st, "canary_blocks"));
         cJSON_AddNumberToObject(x, "late_bytes", jnum(st, "late_bytes"));
+        cJSON_AddNumberToObject(x, "abort_stuck", jnum(st, "abort_stuck"));
     }
     cJSON_AddNumberToObject(j, "errors", in->errors);
     return j;
@@ -837,11 +858,18 @@ static void soak_print(const cJSON *j)
                side ? "D" : "P", jnum(x, "load"), jnum(x, "after_load"),
                jnum(x, "reject"));
     }
-    printf("  loads verified %zu (%zu blocks, %.1f MiB), %zu bytes differ; "
-           "longest load_abort %.1f ms\n",
+    printf("  loads verified %zu (%zu blocks, %.1f MiB), %zu bytes differ\n",
            jnum(j, "loads_verified"), jnum(j, "blocks_verified"),
            pd_json_num(j, "bytes_loaded", 0) / (1u << 20),
-           jnum(j, "diff_bytes"), pd_json_num(j, "load_abort_ms_max", 0));
+           jnum(j, "diff_bytes"));
+    const cJSON *at = cJSON_GetObjectItemCaseSensitive(j, "load_aborts");
+    printf("  loads aborted in flight %zu (%zu had completed first): abort -> "
+           "final state mean %.1f ms, max %.1f ms; longest load_abort call "
+           "%.2f ms\n",
+           jnum(at, "count"), jnum(at, "completed_first"),
+           pd_json_num(at, "abort_to_final_ms_mean", 0),
+           pd_json_num(at, "abort_to_final_ms_max", 0),
+           pd_json_num(at, "abort_call_ms_max", 0));
     const cJSON *nj = cJSON_GetObjectItemCaseSensitive(j, "nodes");
     const cJSON *x;
     cJSON_ArrayForEach(x, nj)
@@ -853,12 +881,12 @@ static void soak_print(const cJSON *j)
         printf("  %s: %zu handoffs, freed %zu done + %zu reject + %zu "
                "expired; %zu/%zu blocks free, %zu held, %zu pool blocks "
                "leased; %zu aborted-load blocks canary-checked, %zu late "
-               "bytes\n",
+               "bytes, %zu aborts with no final state\n",
                x->string, jnum(x, "handoffs"), jnum(x, "freed_done"),
                jnum(x, "freed_reject"), jnum(x, "freed_expired"),
                jnum(x, "free_blocks"), jnum(x, "num_blocks"), jnum(x, "held"),
                jnum(x, "pool_leased_blocks"), jnum(x, "canary_blocks"),
-               jnum(x, "late_bytes"));
+               jnum(x, "late_bytes"), jnum(x, "abort_stuck"));
     }
     printf("  errors %zu: %s\n\n", jnum(j, "errors"), pd_json_str(j, "result"));
 }
@@ -1394,7 +1422,7 @@ static int validate(int argc, char **argv)
     uint64_t p_handoffs = 0, d_handoffs = 0, rejects_to_p = 0, rejects_to_d = 0;
     uint64_t aborts[2][DONE_KINDS] = {{0}}; /* [P, D][kind] */
     uint64_t loads_verified = 0;
-    double abort_ms_max = 0;
+    abort_times_t abort_times = {0};
     int next = 0, inflight = 0, peak_inflight = 0, finished = 0;
     int phases_done = 0, phases_total = o.sessions * o.turns * 2;
     uint64_t used = 0;
@@ -1508,7 +1536,7 @@ static int validate(int argc, char **argv)
                     if (ok && r->p_aborted[0] != '\0') {
                         /* Cancelled on P: D's last handoff was settled by
                          * P (load aborted, rejected or read). */
-                        note_abort(&checks, s, 0, m, aborts, &abort_ms_max);
+                        note_abort(&checks, s, 0, m, aborts, &abort_times);
                         phases_done++;
                         r->d_done = r->d_ok = true;
                         s->ended = true;
@@ -1562,7 +1590,7 @@ static int validate(int argc, char **argv)
                              * none. */
                             snprintf(r->d_aborted, sizeof(r->d_aborted), "%s",
                                      ab);
-                            note_abort(&checks, s, 1, m, aborts, &abort_ms_max);
+                            note_abort(&checks, s, 1, m, aborts, &abort_times);
                             s->ended = true;
                             goto session_turn_done;
                         }
@@ -1710,10 +1738,14 @@ static int validate(int argc, char **argv)
                   ns[i]->tag, (unsigned long long)made,
                   (unsigned long long)freed);
             check(&checks, jnum(st, "late_bytes") == 0,
-                  "node %s: %zu bytes landed in %zu blocks after their load "
-                  "was aborted",
+                  "node %s: %zu bytes landed in %zu blocks after their "
+                  "aborted load reported its final state",
                   ns[i]->tag, jnum(st, "late_bytes"),
                   jnum(st, "canary_blocks"));
+            check(&checks, jnum(st, "abort_stuck") == 0,
+                  "node %s: %zu aborted loads reported no final state "
+                  "within the node's abort deadline",
+                  ns[i]->tag, jnum(st, "abort_stuck"));
             ns[i]->stats = cJSON_Duplicate(st, 1);
             cJSON_Delete(r);
         }
@@ -1807,7 +1839,7 @@ static int validate(int argc, char **argv)
                         .blocks_verified = tot.verified,
                         .bytes = tot.bytes,
                         .diff = tot.diff,
-                        .abort_ms_max = abort_ms_max,
+                        .at = abort_times,
                         .errors = checks.failed,
                         .pass = pass};
         soak = soak_json(&in);
