@@ -1,0 +1,170 @@
+/* pdx-bench: shared declarations of the benchmark modes (transfer, handoff,
+ * hash, offload), the report (text, JSON, plot) and the helpers they use. */
+#ifndef PDX_BENCH_H
+#define PDX_BENCH_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <cjson/cJSON.h>
+
+#include <pdx/pdx.h>
+
+#define BENCH_MAX_LIST 16
+
+/* Command line, shared by every mode; each mode reads what applies. */
+typedef struct bench_opts {
+    const char *mode;
+    int quick;
+    const char *json_path; /* NULL: none; "-": JSON on stdout, text off */
+    const char *plot_path;
+    const char *self_path; /* this executable, for the target process */
+    /* transfer */
+    char tls[32]; /* "sm" (default) or "tcp" */
+    uint64_t sizes[BENCH_MAX_LIST];
+    size_t nsizes;
+    uint32_t batches[BENCH_MAX_LIST];
+    size_t nbatches;
+    int ops; /* bit 0 READ, bit 1 WRITE */
+    uint32_t inflight;
+    uint64_t ws_bytes;  /* cold working set per side */
+    double case_s;      /* measured seconds per case */
+    uint32_t big_descs; /* descriptors of the big prepared request */
+    int no_perftest;
+    int no_hot; /* skip the perftest-matched (hot) cases */
+    int no_cold;
+    int pdx_only; /* no memcpy/cma references (for profiling) */
+    int reps;     /* repetitions of interleaved peer comparisons */
+    /* handoff */
+    uint64_t tokens[BENCH_MAX_LIST];
+    size_t ntokens;
+    uint64_t side_mem;  /* physical bytes per side before aliasing */
+    uint64_t ho_blocks; /* target: blocks per arena */
+    uint32_t ho_alias;  /* target: mappings per physical block */
+    /* hash */
+    const char *python;
+    /* offload */
+    uint64_t index_blocks;
+    uint64_t pool_blocks;
+    /* target process */
+    int target_fd;
+    const char *target_kind;
+} bench_opts_t;
+
+/* Output: text goes to out_txt (stdout, or stderr with --json -). */
+extern FILE *out_txt;
+
+__attribute__((format(printf, 1, 2))) void say(const char *fmt, ...);
+__attribute__((noreturn, format(printf, 1, 2))) void die(const char *fmt, ...);
+
+#define CHECK(call)                                                            \
+    do {                                                                       \
+        pdx_status_t st_ = (call);                                             \
+        if (st_ < 0)                                                           \
+            die("%s:%d: %s: %s", __FILE__, __LINE__, #call,                    \
+                pdx_status_string(st_));                                       \
+    } while (0)
+
+/* A pdx log sink that drops everything (teardown, when the peer's exit
+ * is expected). */
+void log_quiet(void *arg, pdx_log_level_t level, const char *msg);
+
+uint64_t now_ns(void);
+double secs(uint64_t ns);
+
+/* Sorts `v` in place and returns the q-quantile (0..1), nearest rank. */
+double quantile(double *v, size_t n, double q);
+double median_of(double *v, size_t n);
+
+/* Growable array of doubles. */
+typedef struct dvec {
+    double *v;
+    size_t n, cap;
+} dvec_t;
+void dvec_push(dvec_t *d, double x);
+void dvec_free(dvec_t *d);
+
+/* Page-aligned, prefaulted allocation (mmap), with transparent huge pages
+ * off so every run sees the same page size. */
+void *big_alloc(size_t len);
+/* The same with transparent huge pages advised (as the offload slab). */
+void *big_alloc_thp(size_t len);
+void big_free(void *p, size_t len);
+
+/* Defeat dead-store elimination of benchmark loops. */
+void sink(const void *p);
+
+/* Control channel between the bench and its target process: framed
+ * messages over a socketpair. */
+void ctl_send(int fd, const void *p, uint32_t len);
+void ctl_sendf(int fd, const char *fmt, ...);
+/* Malloc'd, NUL-terminated; NULL when the peer closed. */
+char *ctl_recv(int fd, uint32_t *len_p);
+/* As ctl_recv, but gives up after timeout_ms (NULL, *timed_out_p = 1). */
+char *ctl_recv_timeout(int fd, int timeout_ms, uint32_t *len_p,
+                       int *timed_out_p);
+
+/* Start `argv` (PATH searched) with posix_spawn: stdin from /dev/null,
+ * stdout and stderr to out_fd (-1: /dev/null), fd 3 = fd3 (-1: none), our
+ * environment with env_add's "KEY=VALUE" entries (NULL-terminated, may be
+ * NULL) replacing. Returns the pid, or -1 with errno. */
+int spawn_cmd(const char *const *argv, const char *const *env_add, int out_fd,
+              int fd3);
+
+/* Start this program as a target (`--target kind`) with `extra`
+ * arguments; returns the pid and our end of the control socket. */
+int spawn_target(const bench_opts_t *o, const char *kind,
+                 const char *const *extra, int *fd_p);
+int reap_target(int pid, int timeout_ms);
+
+/* Blob exchange: send ours, load theirs. */
+void exchange_blobs(pdx_agent_h agent, int fd, char *peer_out);
+
+/* Formatting. */
+const char *fmt_bytes(uint64_t b, char *buf, size_t len);
+double gbps(uint64_t bytes, uint64_t ns); /* 1e9 bytes per second */
+
+/* JSON helpers (cJSON). */
+cJSON *jnum(cJSON *obj, const char *key, double v);
+cJSON *jstr(cJSON *obj, const char *key, const char *v);
+
+/* The method line every mode prints in its header. */
+void print_machine_header(cJSON *root);
+
+/* Modes. Each fills `root` (its JSON object) and returns 0 on success,
+ * 1 on a failed check (e.g. hash mismatch). */
+int mode_transfer(const bench_opts_t *o, cJSON *root);
+int mode_handoff(const bench_opts_t *o, cJSON *root);
+int mode_hash(const bench_opts_t *o, cJSON *root);
+int mode_offload(const bench_opts_t *o, cJSON *root);
+
+/* Targets (the other process). */
+int target_transfer(const bench_opts_t *o);
+int target_handoff(const bench_opts_t *o);
+
+/* Plotting with gnuplot: panels of series of (x, y) points. */
+#define PLOT_MAX_SERIES 16
+#define PLOT_MAX_POINTS 32
+typedef struct plot_series {
+    char title[96];
+    double x[PLOT_MAX_POINTS], y[PLOT_MAX_POINTS];
+    size_t n;
+    int dashed;
+} plot_series_t;
+typedef struct plot_panel {
+    char title[96];
+    plot_series_t s[PLOT_MAX_SERIES];
+    size_t n;
+} plot_panel_t;
+/* Appends (x, y) to the series called `title` (created on first use). */
+void plot_add(plot_panel_t *p, const char *title, double x, double y,
+              int dashed);
+/* Writes an SVG with gnuplot; 0 on success, -1 (reason printed) if
+ * gnuplot is missing or fails. */
+int plot_svg(const char *path, const char *title, const char *xlabel,
+             const char *ylabel, int logx, const plot_panel_t *panels,
+             size_t npanels);
+
+#endif

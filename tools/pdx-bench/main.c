@@ -1,0 +1,396 @@
+/* pdx-bench: measures pdx against what a deployment would otherwise use,
+ * on the same machine in the same run: transfers against ucx_perftest and
+ * memcpy, P->D handoffs through the connector against memcpy, block
+ * hashing against vLLM's Python recipe, the offload tier against memcpy.
+ * Exit 0 ok, 1 a correctness check failed (e.g. hashes differ), 2 usage or
+ * setup error. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+static void usage(FILE *f)
+{
+    fprintf(
+        f,
+        "usage: pdx-bench MODE [options]\n"
+        "modes:\n"
+        "  transfer   READ/WRITE between two processes vs ucx_perftest and "
+        "memcpy\n"
+        "  handoff    GLM-5.2 request P->D through the KV connector vs "
+        "memcpy\n"
+        "  hash       vLLM block hashing vs the Python reference (same "
+        "hashes)\n"
+        "  offload    offload pool save/load vs memcpy, lookup at 1M "
+        "blocks\n"
+        "  all        every mode above, in that order\n"
+        "options:\n"
+        "  --quick            smoke run (seconds, not minutes)\n"
+        "  --json[=FILE]      JSON results to FILE, or to stdout (text "
+        "then goes to stderr)\n"
+        "  --plot FILE.svg    bandwidth vs size with the peers' curves "
+        "(gnuplot)\n"
+        "  --tls sm|tcp       UCX transports (default sm)\n"
+        "  --sizes LIST       message sizes, e.g. 8448,41984,64K,1M,3502592\n"
+        "  --batches LIST     descriptors per request (default 1,64,1024)\n"
+        "  --ops read,write   operations (default both)\n"
+        "  --inflight K       requests in flight (default 8)\n"
+        "  --ws BYTES         cold working set per side (default 256M)\n"
+        "  --seconds S        measured time per transfer case (default "
+        "0.15)\n"
+        "  --big N            descriptors of the big prepared request "
+        "(default 100000, 0 skips)\n"
+        "  --reps N           interleaved repetitions, best kept (default "
+        "3)\n"
+        "  --no-perftest, --no-hot, --no-cold\n"
+        "  --pdx-only         transfer: pdx cases alone (for profiling)\n"
+        "  --tokens LIST      prompt tokens for handoff and hash (default "
+        "8K,32K,128K)\n"
+        "  --side-mem BYTES   handoff: physical KV bytes per side (default "
+        "2G; larger requests alias)\n"
+        "  --python PATH      hash: interpreter with cbor2 and xxhash "
+        "(default /usr/bin/python3)\n"
+        "  --index-blocks N   offload: blocks indexed for lookups (default "
+        "1M)\n"
+        "  --pool-blocks N    offload: GLM-5.2 blocks in the pool (default "
+        "256)\n");
+}
+
+static uint64_t parse_size(const char *s)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno != 0 || end == s || v < 0) {
+        die("bad number '%s'", s);
+    }
+    switch (*end) {
+    case 'k':
+    case 'K':
+        v *= 1024;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        v *= 1048576;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        v *= 1073741824.0;
+        end++;
+        break;
+    default:
+        break;
+    }
+    if (*end != '\0') {
+        die("bad number '%s'", s);
+    }
+    return (uint64_t)v;
+}
+
+static size_t parse_list(const char *s, uint64_t *out, size_t max)
+{
+    char buf[512];
+    snprintf(buf, sizeof(buf), "%s", s);
+    size_t n = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t != NULL;
+         t = strtok_r(NULL, ",", &save)) {
+        if (n == max) {
+            die("list '%s' has more than %zu entries", s, max);
+        }
+        out[n++] = parse_size(t);
+    }
+    if (n == 0) {
+        die("empty list");
+    }
+    return n;
+}
+
+static void defaults(bench_opts_t *o)
+{
+    snprintf(o->tls, sizeof(o->tls), "sm");
+    static const uint64_t sizes[] = {8448, 41984, 65536, 1048576, 3502592};
+    memcpy(o->sizes, sizes, sizeof(sizes));
+    o->nsizes = 5;
+    static const uint32_t batches[] = {1, 64, 1024};
+    memcpy(o->batches, batches, sizeof(batches));
+    o->nbatches = 3;
+    o->ops = 3;
+    o->inflight = 8;
+    o->ws_bytes = 256ull << 20;
+    o->case_s = 0.15;
+    o->big_descs = 100000;
+    static const uint64_t tokens[] = {8192, 32768, 131072};
+    memcpy(o->tokens, tokens, sizeof(tokens));
+    o->ntokens = 3;
+    o->side_mem = 2ull << 30;
+    o->python = "/usr/bin/python3";
+    o->index_blocks = 1u << 20;
+    o->pool_blocks = 256;
+    o->target_fd = -1;
+}
+
+/* --quick changes the defaults that the user did not set. */
+static void quick_defaults(bench_opts_t *o, const int *set)
+{
+    if (!set[0]) {
+        o->sizes[0] = 8448;
+        o->sizes[1] = 65536;
+        o->nsizes = 2;
+    }
+    if (!set[1]) {
+        o->batches[0] = 1;
+        o->batches[1] = 64;
+        o->nbatches = 2;
+    }
+    if (!set[2]) {
+        o->ws_bytes = 32ull << 20;
+    }
+    if (!set[3]) {
+        o->case_s = 0.05;
+    }
+    if (!set[4]) {
+        o->big_descs = 10000;
+    }
+    if (!set[5]) {
+        o->tokens[0] = 8192;
+        o->ntokens = 1;
+    }
+    if (!set[6]) {
+        o->index_blocks = 1u << 16;
+        o->pool_blocks = 32;
+    }
+    o->inflight = o->inflight > 4 ? 4 : o->inflight;
+    if (o->reps == 0) {
+        o->reps = 1;
+    }
+}
+
+int main(int argc, char **argv)
+{
+    bench_opts_t o;
+    memset(&o, 0, sizeof(o));
+    defaults(&o);
+    out_txt = stdout;
+    int set[8] = {0};
+    char self[4096];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (sl <= 0) {
+        die("readlink /proc/self/exe: %s", strerror(errno));
+    }
+    self[sl] = '\0';
+    o.self_path = self;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDV()                                                                \
+    do {                                                                       \
+        if (v == NULL)                                                         \
+            die("%s needs a value", a);                                        \
+        i++;                                                                   \
+    } while (0)
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--quick") == 0) {
+            o.quick = 1;
+        } else if (strcmp(a, "--json") == 0) {
+            o.json_path = "-";
+        } else if (strncmp(a, "--json=", 7) == 0) {
+            o.json_path = a + 7;
+        } else if (strcmp(a, "--plot") == 0) {
+            NEEDV();
+            o.plot_path = v;
+        } else if (strcmp(a, "--tls") == 0) {
+            NEEDV();
+            if (strcmp(v, "sm") != 0 && strcmp(v, "tcp") != 0) {
+                die("--tls: 'sm' or 'tcp'");
+            }
+            snprintf(o.tls, sizeof(o.tls), "%s", v);
+        } else if (strcmp(a, "--sizes") == 0) {
+            NEEDV();
+            o.nsizes = parse_list(v, o.sizes, BENCH_MAX_LIST);
+            set[0] = 1;
+        } else if (strcmp(a, "--batches") == 0) {
+            NEEDV();
+            uint64_t b[BENCH_MAX_LIST];
+            o.nbatches = parse_list(v, b, BENCH_MAX_LIST);
+            for (size_t k = 0; k < o.nbatches; k++) {
+                if (b[k] == 0 || b[k] > 1000000) {
+                    die("--batches: 1..1000000");
+                }
+                o.batches[k] = (uint32_t)b[k];
+            }
+            set[1] = 1;
+        } else if (strcmp(a, "--ops") == 0) {
+            NEEDV();
+            o.ops = (strstr(v, "read") ? 1 : 0) | (strstr(v, "write") ? 2 : 0);
+            if (o.ops == 0) {
+                die("--ops: read, write or read,write");
+            }
+        } else if (strcmp(a, "--inflight") == 0) {
+            NEEDV();
+            o.inflight = (uint32_t)parse_size(v);
+            if (o.inflight == 0 || o.inflight > 1024) {
+                die("--inflight: 1..1024");
+            }
+        } else if (strcmp(a, "--ws") == 0) {
+            NEEDV();
+            o.ws_bytes = parse_size(v);
+            set[2] = 1;
+        } else if (strcmp(a, "--seconds") == 0) {
+            NEEDV();
+            o.case_s = strtod(v, NULL);
+            if (o.case_s <= 0) {
+                die("--seconds: > 0");
+            }
+            set[3] = 1;
+        } else if (strcmp(a, "--big") == 0) {
+            NEEDV();
+            o.big_descs = (uint32_t)parse_size(v);
+            set[4] = 1;
+        } else if (strcmp(a, "--reps") == 0) {
+            NEEDV();
+            o.reps = (int)parse_size(v);
+            if (o.reps < 1 || o.reps > 100) {
+                die("--reps: 1..100");
+            }
+        } else if (strcmp(a, "--no-perftest") == 0) {
+            o.no_perftest = 1;
+        } else if (strcmp(a, "--no-hot") == 0) {
+            o.no_hot = 1;
+        } else if (strcmp(a, "--no-cold") == 0) {
+            o.no_cold = 1;
+        } else if (strcmp(a, "--pdx-only") == 0) {
+            o.pdx_only = 1;
+            o.no_perftest = 1;
+        } else if (strcmp(a, "--tokens") == 0) {
+            NEEDV();
+            o.ntokens = parse_list(v, o.tokens, BENCH_MAX_LIST);
+            set[5] = 1;
+        } else if (strcmp(a, "--side-mem") == 0) {
+            NEEDV();
+            o.side_mem = parse_size(v);
+        } else if (strcmp(a, "--python") == 0) {
+            NEEDV();
+            o.python = v;
+        } else if (strcmp(a, "--index-blocks") == 0) {
+            NEEDV();
+            o.index_blocks = parse_size(v);
+            set[6] = 1;
+        } else if (strcmp(a, "--pool-blocks") == 0) {
+            NEEDV();
+            o.pool_blocks = parse_size(v);
+            set[6] = 1;
+        } else if (strcmp(a, "--ho-blocks") == 0) {
+            NEEDV();
+            o.ho_blocks = parse_size(v);
+        } else if (strcmp(a, "--ho-alias") == 0) {
+            NEEDV();
+            o.ho_alias = (uint32_t)parse_size(v);
+        } else if (strcmp(a, "--target") == 0) {
+            NEEDV();
+            o.target_kind = v;
+        } else if (strcmp(a, "--fd") == 0) {
+            NEEDV();
+            o.target_fd = (int)parse_size(v);
+        } else if (a[0] == '-') {
+            usage(stderr);
+            die("unknown option %s", a);
+        } else if (o.mode == NULL) {
+            o.mode = a;
+        } else {
+            usage(stderr);
+            die("unexpected argument %s", a);
+        }
+#undef NEEDV
+    }
+    if (o.quick) {
+        quick_defaults(&o, set);
+    }
+    if (getenv("UCX_NET_DEVICES") == NULL) {
+        /* Loopback unless told otherwise (targets inherit it). */
+        setenv("UCX_NET_DEVICES", "lo", 1);
+    }
+    if (o.target_kind != NULL) {
+        out_txt = stderr;
+        if (strcmp(o.target_kind, "transfer") == 0) {
+            return target_transfer(&o);
+        }
+        if (strcmp(o.target_kind, "handoff") == 0) {
+            return target_handoff(&o);
+        }
+        die("unknown target kind %s", o.target_kind);
+    }
+    if (o.mode == NULL) {
+        usage(stderr);
+        return 2;
+    }
+    if (o.json_path != NULL && strcmp(o.json_path, "-") == 0) {
+        out_txt = stderr;
+    }
+    pdx_log_set_level(PDX_LOG_WARN);
+
+    struct {
+        const char *name;
+        int (*fn)(const bench_opts_t *, cJSON *);
+    } modes[] = {{"transfer", mode_transfer},
+                 {"handoff", mode_handoff},
+                 {"hash", mode_hash},
+                 {"offload", mode_offload}};
+    int all = strcmp(o.mode, "all") == 0;
+    int found = 0, rc = 0;
+    cJSON *root = cJSON_CreateObject();
+    jstr(root, "tool", "pdx-bench");
+    jstr(root, "mode", o.mode);
+    cJSON_AddBoolToObject(root, "quick", o.quick);
+    uint64_t t0 = now_ns();
+    for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+        if (!all && strcmp(o.mode, modes[i].name) != 0) {
+            continue;
+        }
+        found = 1;
+        cJSON *m = cJSON_AddObjectToObject(root, modes[i].name);
+        bench_opts_t mo = o;
+        if (all && strcmp(modes[i].name, "transfer") != 0) {
+            mo.plot_path = NULL; /* one plot: the transfer curves */
+        }
+        uint64_t m0 = now_ns();
+        int r = modes[i].fn(&mo, m);
+        if (r != 0) {
+            rc = r;
+        }
+        jnum(m, "wall_s", secs(now_ns() - m0));
+        if (all) {
+            say("# %s took %.1f s\n", modes[i].name, secs(now_ns() - m0));
+        }
+        say("\n");
+    }
+    if (!found) {
+        usage(stderr);
+        die("unknown mode %s", o.mode);
+    }
+    jnum(root, "wall_s", secs(now_ns() - t0));
+    say("# %s done in %.1f s%s\n", o.mode, secs(now_ns() - t0),
+        rc ? " (a check FAILED)" : "");
+    if (o.json_path != NULL) {
+        char *text = cJSON_Print(root);
+        FILE *f =
+            strcmp(o.json_path, "-") == 0 ? stdout : fopen(o.json_path, "w");
+        if (f == NULL) {
+            die("%s: %s", o.json_path, strerror(errno));
+        }
+        fprintf(f, "%s\n", text);
+        if (f != stdout) {
+            fclose(f);
+        }
+        free(text);
+    }
+    cJSON_Delete(root);
+    return rc;
+}

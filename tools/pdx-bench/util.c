@@ -1,0 +1,434 @@
+/* pdx-bench helpers: timing, statistics, memory, the control socket to the
+ * target process, formatting and JSON. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+FILE *out_txt;
+
+void log_quiet(void *arg, pdx_log_level_t level, const char *msg)
+{
+    (void)arg;
+    (void)level;
+    (void)msg;
+}
+
+void say(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(out_txt, fmt, ap);
+    va_end(ap);
+    fflush(out_txt);
+}
+
+void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "pdx-bench[%d]: ", (int)getpid());
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(2);
+}
+
+uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+double secs(uint64_t ns)
+{
+    return (double)ns / 1e9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double quantile(double *v, size_t n, double q)
+{
+    if (n == 0) {
+        return 0.0;
+    }
+    qsort(v, n, sizeof(*v), cmp_double);
+    size_t k = (size_t)(q * (double)n);
+    if (k >= n) {
+        k = n - 1;
+    }
+    return v[k];
+}
+
+double median_of(double *v, size_t n)
+{
+    return quantile(v, n, 0.5);
+}
+
+void dvec_push(dvec_t *d, double x)
+{
+    if (d->n == d->cap) {
+        size_t c = d->cap ? d->cap * 2 : 1024;
+        double *p = realloc(d->v, c * sizeof(*p));
+        if (p == NULL) {
+            die("out of memory");
+        }
+        d->v = p;
+        d->cap = c;
+    }
+    d->v[d->n++] = x;
+}
+
+void dvec_free(dvec_t *d)
+{
+    free(d->v);
+    memset(d, 0, sizeof(*d));
+}
+
+void *big_alloc(size_t len)
+{
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED) {
+        die("mmap of %zu bytes: %s", len, strerror(errno));
+    }
+    /* One page size for every run: THP would make some cases fast by
+     * luck of alignment. Never shared with a child, so nothing we start
+     * write-protects it (each page would fault on the next write). */
+    (void)madvise(p, len, MADV_NOHUGEPAGE);
+    (void)madvise(p, len, MADV_DONTFORK);
+    memset(p, 0x5a, len);
+    return p;
+}
+
+void *big_alloc_thp(size_t len)
+{
+    /* 2 MiB aligned, advised before the first touch so THP can back it. */
+    size_t al = 2u << 20;
+    uint8_t *m = mmap(NULL, len + al, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        die("mmap of %zu bytes: %s", len + al, strerror(errno));
+    }
+    uint8_t *p = (uint8_t *)(((uintptr_t)m + al - 1) & ~(uintptr_t)(al - 1));
+    if (p > m) {
+        munmap(m, (size_t)(p - m));
+    }
+    munmap(p + len, (size_t)(m + al - p));
+    (void)madvise(p, len, MADV_HUGEPAGE);
+    (void)madvise(p, len, MADV_DONTFORK);
+    memset(p, 0x5a, len);
+    return p;
+}
+
+void big_free(void *p, size_t len)
+{
+    if (p != NULL) {
+        munmap(p, len);
+    }
+}
+
+void sink(const void *p)
+{
+    __asm__ volatile("" : : "r"(p) : "memory");
+}
+
+static void write_all(int fd, const void *p, size_t len)
+{
+    const char *c = p;
+    while (len > 0) {
+        ssize_t n = write(fd, c, len);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            die("control write: %s", strerror(errno));
+        }
+        c += n;
+        len -= (size_t)n;
+    }
+}
+
+void ctl_send(int fd, const void *p, uint32_t len)
+{
+    write_all(fd, &len, 4);
+    if (len > 0) {
+        write_all(fd, p, len);
+    }
+}
+
+void ctl_sendf(int fd, const char *fmt, ...)
+{
+    char buf[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof(buf)) {
+        die("control message too long");
+    }
+    ctl_send(fd, buf, (uint32_t)n);
+}
+
+static int read_all(int fd, void *p, size_t len)
+{
+    char *c = p;
+    while (len > 0) {
+        ssize_t n = read(fd, c, len);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            return -1;
+        }
+        c += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+char *ctl_recv(int fd, uint32_t *len_p)
+{
+    uint32_t len;
+    if (read_all(fd, &len, 4) != 0) {
+        return NULL;
+    }
+    char *buf = malloc((size_t)len + 1);
+    if (buf == NULL || read_all(fd, buf, len) != 0) {
+        free(buf);
+        return NULL;
+    }
+    buf[len] = '\0';
+    if (len_p != NULL) {
+        *len_p = len;
+    }
+    return buf;
+}
+
+char *ctl_recv_timeout(int fd, int timeout_ms, uint32_t *len_p,
+                       int *timed_out_p)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    *timed_out_p = 0;
+    int r = poll(&pfd, 1, timeout_ms);
+    if (r == 0) {
+        *timed_out_p = 1;
+        return NULL;
+    }
+    return ctl_recv(fd, len_p);
+}
+
+extern char **environ;
+
+int spawn_cmd(const char *const *argv, const char *const *env_add, int out_fd,
+              int fd3)
+{
+    /* The environment: ours, with env_add's "KEY=VALUE" replacing. */
+    size_t ne = 0, na = 0;
+    while (environ[ne] != NULL) {
+        ne++;
+    }
+    while (env_add != NULL && env_add[na] != NULL) {
+        na++;
+    }
+    char **envp = calloc(ne + na + 1, sizeof(*envp));
+    if (envp == NULL) {
+        return -1;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < ne; i++) {
+        int replaced = 0;
+        for (size_t j = 0; j < na; j++) {
+            size_t kl = strcspn(env_add[j], "=");
+            if (strncmp(environ[i], env_add[j], kl + 1) == 0) {
+                replaced = 1;
+            }
+        }
+        if (!replaced) {
+            envp[k++] = environ[i];
+        }
+    }
+    for (size_t j = 0; j < na; j++) {
+        envp[k++] = (char *)env_add[j];
+    }
+    envp[k] = NULL;
+
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    if (out_fd >= 0) {
+        posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+        posix_spawn_file_actions_adddup2(&fa, out_fd, 2);
+    } else {
+        posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+        posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    }
+    int tmp3 = -1;
+    if (fd3 >= 0) {
+        /* dup2 onto an fd equal to its source would keep CLOEXEC. */
+        tmp3 = fcntl(fd3, F_DUPFD_CLOEXEC, 10);
+        posix_spawn_file_actions_adddup2(&fa, tmp3, 3);
+    }
+    /* posix_spawn starts the child without copying our page tables (vfork
+     * semantics): a fork would write-protect every private page, and on a
+     * virtual machine the faults that follow cost tens of microseconds
+     * each, inside the next measurement. */
+    pid_t pid;
+    fflush(NULL);
+    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, (char *const *)argv, envp);
+    posix_spawn_file_actions_destroy(&fa);
+    if (tmp3 >= 0) {
+        close(tmp3);
+    }
+    free(envp);
+    if (rc != 0) {
+        errno = rc;
+        return -1;
+    }
+    return (int)pid;
+}
+
+int spawn_target(const bench_opts_t *o, const char *kind,
+                 const char *const *extra, int *fd_p)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        die("socketpair: %s", strerror(errno));
+    }
+    const char *argv[48];
+    size_t n = 0;
+    argv[n++] = o->self_path;
+    argv[n++] = "--target";
+    argv[n++] = kind;
+    argv[n++] = "--fd";
+    argv[n++] = "3";
+    argv[n++] = "--tls";
+    argv[n++] = o->tls;
+    for (size_t i = 0; extra != NULL && extra[i] != NULL && n < 46; i++) {
+        argv[n++] = extra[i];
+    }
+    argv[n] = NULL;
+    /* The target's diagnostics go to our stderr. */
+    int pid = spawn_cmd(argv, NULL, 2, sv[1]);
+    close(sv[1]);
+    if (pid < 0) {
+        die("starting %s: %s", o->self_path, strerror(errno));
+    }
+    *fd_p = sv[0];
+    return pid;
+}
+
+int reap_target(int pid, int timeout_ms)
+{
+    int status = 0;
+    for (int i = 0; i < timeout_ms; i++) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) {
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+        }
+        usleep(1000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return 128;
+}
+
+void exchange_blobs(pdx_agent_h agent, int fd, char *peer_out)
+{
+    void *blob;
+    size_t len;
+    uint32_t plen;
+    CHECK(pdx_agent_describe(agent, &blob, &len));
+    ctl_send(fd, blob, (uint32_t)len);
+    pdx_blob_free(blob);
+    char *pb = ctl_recv(fd, &plen);
+    if (pb == NULL) {
+        die("the peer closed the control socket during the blob exchange");
+    }
+    CHECK(pdx_peer_load(agent, pb, plen, peer_out));
+    free(pb);
+}
+
+const char *fmt_bytes(uint64_t b, char *buf, size_t len)
+{
+    if (b >= (1ull << 30) && b % (1ull << 30) == 0) {
+        snprintf(buf, len, "%lluG", (unsigned long long)(b >> 30));
+    } else if (b >= (1ull << 20) && b % (1ull << 20) == 0) {
+        snprintf(buf, len, "%lluM", (unsigned long long)(b >> 20));
+    } else if (b >= (1ull << 10) && b % (1ull << 10) == 0) {
+        snprintf(buf, len, "%lluK", (unsigned long long)(b >> 10));
+    } else {
+        snprintf(buf, len, "%llu", (unsigned long long)b);
+    }
+    return buf;
+}
+
+double gbps(uint64_t bytes, uint64_t ns)
+{
+    return ns == 0 ? 0.0 : (double)bytes / (double)ns;
+}
+
+cJSON *jnum(cJSON *obj, const char *key, double v)
+{
+    return cJSON_AddNumberToObject(obj, key, v);
+}
+
+cJSON *jstr(cJSON *obj, const char *key, const char *v)
+{
+    return cJSON_AddStringToObject(obj, key, v);
+}
+
+void print_machine_header(cJSON *root)
+{
+    struct utsname u;
+    uname(&u);
+    char cpu[128] = "unknown";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f != NULL) {
+        char line[256];
+        while (fgets(line, sizeof(line), f) != NULL) {
+            if (strncmp(line, "model name", 10) == 0) {
+                char *c = strchr(line, ':');
+                if (c != NULL) {
+                    snprintf(cpu, sizeof(cpu), "%s", c + 2);
+                    cpu[strcspn(cpu, "\n")] = '\0';
+                }
+                break;
+            }
+        }
+        fclose(f);
+    }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    double load[3] = {0, 0, 0};
+    f = fopen("/proc/loadavg", "r");
+    if (f != NULL) {
+        if (fscanf(f, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) {
+            load[0] = 0;
+        }
+        fclose(f);
+    }
+    say("# machine: %s, %ld cpus, kernel %s, 1-min load %.2f; pdx %s\n", cpu,
+        ncpu, u.release, load[0], pdx_version());
+    cJSON *m = cJSON_AddObjectToObject(root, "machine");
+    jstr(m, "cpu", cpu);
+    jnum(m, "cpus", (double)ncpu);
+    jstr(m, "kernel", u.release);
+    jnum(m, "loadavg_1m", load[0]);
+    jstr(m, "pdx_version", pdx_version());
+}
