@@ -99,7 +99,8 @@ static void host_notif_recv(void *ctx, const char *peer, const void *msg,
 }
 
 static void mark_peer_dead(pdx_agent_h agent, pdx_peer_t *peer,
-                           pdx_status_t why, const char *how)
+                           pdx_status_t why, const char *how,
+                           bool in_backend)
 {
     if (peer->dead != PDX_OK) {
         return;
@@ -107,7 +108,7 @@ static void mark_peer_dead(pdx_agent_h agent, pdx_peer_t *peer,
     peer->dead = why;
     pdx_warn("agent %s: peer %s (pid %d) is gone (%s): failing its requests",
              agent->name, peer->name, (int)peer->pid, how);
-    pdx_xfer_fail_peer_locked(agent, peer->epoch, why);
+    pdx_xfer_fail_peer_locked(agent, peer->epoch, why, !in_backend);
     pdx_agent_signal(agent);
 }
 
@@ -116,7 +117,7 @@ static void host_peer_error(void *ctx, const char *peer_name, pdx_status_t why)
     pdx_agent_h agent = ctx;
     pdx_peer_t *peer = pdx_peer_find(agent, peer_name);
     if (peer != NULL) {
-        mark_peer_dead(agent, peer, why, "connection error");
+        mark_peer_dead(agent, peer, why, "connection error", true);
     }
 }
 
@@ -133,7 +134,7 @@ static void check_liveness(pdx_agent_h agent, uint64_t now)
         struct pollfd pfd = {.fd = p->pidfd, .events = POLLIN};
         if (poll(&pfd, 1, 0) > 0) {
             mark_peer_dead(agent, p, PDX_ERR_REMOTE_DISCONNECT,
-                           "process exited");
+                           "process exited", false);
         }
     }
 }
@@ -175,6 +176,8 @@ int pdx_agent_progress_locked(pdx_agent_h agent)
             if (x->status != PDX_INPROGRESS) {
                 events++;
             }
+        } else if (x->breq != NULL) {
+            pdx_xfer_progress_locked(agent, x); /* sweep a failed one */
         }
     }
     check_timeouts(agent, now);

@@ -145,7 +145,7 @@ struct pdx_mem_reg *pdx_reg_find(pdx_agent_h agent, pdx_mem_type_t t,
 int pdx_agent_progress_locked(pdx_agent_h agent);
 void pdx_agent_signal(pdx_agent_h agent);
 void pdx_xfer_fail_peer_locked(pdx_agent_h agent, uint64_t epoch,
-                               pdx_status_t why);
+                               pdx_status_t why, bool release_now);
 void pdx_peer_destroy_locked(pdx_agent_h agent, pdx_peer_t *peer);
 pdx_status_t pdx_notif_send_locked(pdx_agent_h agent, pdx_peer_t *peer,
                                    const void *msg, size_t len);

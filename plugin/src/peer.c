@@ -128,7 +128,7 @@ pdx_peer_region_t *pdx_peer_region_find(pdx_peer_t *peer, pdx_mem_type_t t,
 
 void pdx_peer_destroy_locked(pdx_agent_h agent, pdx_peer_t *peer)
 {
-    pdx_xfer_fail_peer_locked(agent, peer->epoch, PDX_ERR_STALE);
+    pdx_xfer_fail_peer_locked(agent, peer->epoch, PDX_ERR_STALE, true);
     for (size_t i = 0; i < peer->nregions; i++) {
         for (uint32_t b = 0; b < agent->nbackends; b++) {
             if (peer->regions[i].rmd[b] != NULL) {

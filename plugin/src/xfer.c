@@ -326,7 +326,19 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x)
         return;
     }
     struct pdx_backend *b = agent->backends[x->bindex];
+    if (x->status != PDX_INPROGRESS) {
+        /* Failed by a peer error (see pdx_xfer_fail_peer_locked). */
+        b->ops->xfer_release(b->be, x->breq);
+        x->breq = NULL;
+        return;
+    }
     pdx_status_t st = b->ops->xfer_check(b->be, x->breq);
+    if (x->status != PDX_INPROGRESS) {
+        /* The peer failed while the backend was checking: keep that. */
+        b->ops->xfer_release(b->be, x->breq);
+        x->breq = NULL;
+        return;
+    }
     if (st == PDX_INPROGRESS) {
         return;
     }
@@ -368,19 +380,23 @@ pdx_status_t pdx_xfer_abort(pdx_xfer_h x)
 }
 
 void pdx_xfer_fail_peer_locked(pdx_agent_h agent, uint64_t epoch,
-                               pdx_status_t why)
+                               pdx_status_t why, bool release_now)
 {
     for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
         if (x->peer_epoch != epoch) {
             continue;
         }
-        if (x->breq != NULL) {
+        if (x->status == PDX_INPROGRESS) {
+            x->status = why;
+        }
+        /* From inside a backend call (a peer error reported by its
+         * progress) the backend request may be the one being checked: it
+         * is released on the way out instead (progress, check, post and
+         * release all sweep it). */
+        if (release_now && x->breq != NULL) {
             agent->backends[x->bindex]->ops->xfer_release(
                 agent->backends[x->bindex]->be, x->breq);
             x->breq = NULL;
-        }
-        if (x->status == PDX_INPROGRESS) {
-            x->status = why;
         }
     }
 }
@@ -395,6 +411,12 @@ pdx_status_t pdx_xfer_post(pdx_xfer_h x)
                   agent->name);
         st = PDX_ERR_BUSY;
         goto out;
+    }
+    if (x->breq != NULL) {
+        /* A request failed by a peer error, not yet swept. */
+        agent->backends[x->bindex]->ops->xfer_release(
+            agent->backends[x->bindex]->be, x->breq);
+        x->breq = NULL;
     }
     pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
     if (p == NULL || p->epoch != x->peer_epoch) {
