@@ -811,17 +811,24 @@ static pdx_status_t load_remote(pdx_kv_connector_h c,
                 st = PDX_ERR_INVALID;
                 goto out;
             }
-            l[j] = (pdx_desc_t){.addr = ar->base + ids[b] * ar->stride,
-                                .len = bb, .dev_id = ar->dev_id};
-            rm[j] = (pdx_desc_t){
-                .addr = h.pool ? rid + c->arena_off[a]
-                               : h.bases[a] + rid * h.strides[a],
-                .len = bb};
+            uint64_t la = ar->base + ids[b] * ar->stride;
+            uint64_t ra = h.pool ? rid + c->arena_off[a]
+                                 : h.bases[a] + rid * h.strides[a];
+            if (j > 0 && b > 0 && l[j - 1].addr + l[j - 1].len == la &&
+                rm[j - 1].addr + rm[j - 1].len == ra) {
+                /* Runs merged as they are built: a 128K-token request is
+                 * 101 pieces, not 200k descriptors to write and merge. */
+                l[j - 1].len += bb;
+                rm[j - 1].len += bb;
+                continue;
+            }
+            l[j] = (pdx_desc_t){.addr = la, .len = bb, .dev_id = ar->dev_id};
+            rm[j] = (pdx_desc_t){.addr = ra, .len = bb};
             j++;
         }
     }
-    pdx_desc_list_t ll = {pdx_layout_mem_type(c->layout), l, n};
-    pdx_desc_list_t rl = {PDX_MEM_DRAM, rm, n};
+    pdx_desc_list_t ll = {pdx_layout_mem_type(c->layout), l, j};
+    pdx_desc_list_t rl = {PDX_MEM_DRAM, rm, j};
     char note[128];
     snprintf(note, sizeof(note), MSG_PREFIX "done %s", h.req);
     st = pdx_xfer_create(c->agent, PDX_XFER_READ, &ll, &rl, h.agent, note,

@@ -169,6 +169,7 @@ int pdx_agent_progress_locked(pdx_agent_h agent)
         events += n > 0 ? n : 0;
     }
     uint64_t now = pdx_now_ns();
+    agent->last_full_progress_ns = now;
     check_liveness(agent, now);
     for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
         if (x->status == PDX_INPROGRESS) {

@@ -130,6 +130,7 @@ struct pdx_agent {
 
     int event_fd;
     uint64_t last_liveness_ns;
+    uint64_t last_full_progress_ns;
     pthread_t progress_thread;
     bool thread_running;
     volatile int stop;

@@ -7,6 +7,8 @@
 
 #include "agent_int.h"
 
+#define FULL_PROGRESS_PERIOD_NS 100000ull
+
 static uint64_t op_cap(pdx_xfer_op_t op)
 {
     return op == PDX_XFER_READ ? PDX_BACKEND_CAP_READ : PDX_BACKEND_CAP_WRITE;
@@ -247,7 +249,10 @@ pdx_status_t pdx_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
             st = PDX_ERR_INVALID;
             goto err;
         }
-        if (lreg == NULL || l->addr < lreg->region.addr ||
+        /* Reuse the last region when it holds this piece (len first: the
+         * subtraction below must not wrap). */
+        if (lreg == NULL || l->len > lreg->region.len ||
+            l->addr < lreg->region.addr ||
             l->addr - lreg->region.addr > lreg->region.len - l->len) {
             lreg = pdx_reg_find(agent, local->mem_type, l->addr, l->len);
             if (lreg == NULL) {
@@ -262,7 +267,8 @@ pdx_status_t pdx_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
                 goto err;
             }
         }
-        if (rreg == NULL || r->addr < rreg->region.addr ||
+        if (rreg == NULL || r->len > rreg->region.len ||
+            r->addr < rreg->region.addr ||
             r->addr - rreg->region.addr > rreg->region.len - r->len) {
             rreg = pdx_peer_region_find(p, remote->mem_type, r->addr, r->len);
             if (rreg == NULL) {
@@ -457,11 +463,13 @@ pdx_status_t pdx_xfer_check(pdx_xfer_h x)
     pdx_agent_h agent = x->agent;
     pthread_mutex_lock(&agent->lock);
     if (x->status == PDX_INPROGRESS) {
-        struct pdx_backend *b = agent->backends[x->bindex];
-        b->ops->progress(b->be);
+        /* The backend's check progresses its own worker: O(1) per call. */
         pdx_xfer_progress_locked(agent, x);
-        if (x->status == PDX_INPROGRESS) {
-            /* Liveness and timeouts are checked by the full progress. */
+        uint64_t now = pdx_now_ns();
+        if (x->status == PDX_INPROGRESS &&
+            now - agent->last_full_progress_ns >= FULL_PROGRESS_PERIOD_NS) {
+            /* Liveness, timeouts and the other requests: at most every
+             * FULL_PROGRESS_PERIOD_NS, so a polling caller stays cheap. */
             pdx_agent_progress_locked(agent);
         }
     }

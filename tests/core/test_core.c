@@ -496,6 +496,26 @@ static void test_bad_requests(void **state)
     assert_int_equal(pdx_xfer_create(a.agent, PDX_XFER_WRITE, &ll, &rl, "zz",
                                      NULL, 0, &x), PDX_ERR_NOT_FOUND);
     assert_null(x);
+    /* A piece longer than the region cached from the previous piece must
+     * not be matched against it (the containment check once wrapped). */
+    {
+        unsigned char *small = calloc(1, 4096);
+        pdx_mem_reg_h sreg;
+        assert_int_equal(pdx_mem_register(a.agent, PDX_MEM_DRAM,
+                                          (uintptr_t)small, 4096, 0, 0,
+                                          &sreg), PDX_OK);
+        pdx_desc_t l2[2] = {{.addr = (uintptr_t)small, .len = 64},
+                            {.addr = (uintptr_t)small + 64, .len = 8192}};
+        pdx_desc_t r2[2] = {{.addr = (uintptr_t)b.mem, .len = 64},
+                            {.addr = (uintptr_t)b.mem + 4096, .len = 8192}};
+        pdx_desc_list_t l2l = {PDX_MEM_DRAM, l2, 2}, r2l = {PDX_MEM_DRAM, r2, 2};
+        pdx_xfer_h y = NULL;
+        assert_int_equal(pdx_xfer_create(a.agent, PDX_XFER_WRITE, &l2l, &r2l,
+                                         "d4", NULL, 0, &y), PDX_ERR_NOT_FOUND);
+        assert_null(y);
+        assert_int_equal(pdx_mem_deregister(a.agent, sreg), PDX_OK);
+        free(small);
+    }
     /* Overlapping registration is refused. */
     pdx_mem_reg_h reg;
     assert_int_equal(pdx_mem_register(a.agent, PDX_MEM_DRAM,
