@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ctl.h"
 #include <pdx/kv_connector.h>
 #include <pdx/log.h>
 
@@ -24,54 +25,11 @@
 #define REQ_BLOCKS 16
 
 static const char *g_self;
+const char *ctl_name = "faults";
 
-static void die(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "faults[%d]: ", (int)getpid());
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    exit(1);
-}
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
-static void send_msg(int fd, const void *p, uint32_t len)
-{
-    if (write(fd, &len, 4) != 4 || (len && write(fd, p, len) != (ssize_t)len)) {
-        die("control write failed");
-    }
-}
 
-static char *recv_msg(int fd, uint32_t *len_p)
-{
-    uint32_t len;
-    if (read(fd, &len, 4) != 4) {
-        return NULL;
-    }
-    char *b = malloc(len + 1);
-    size_t got = 0;
-    while (got < len) {
-        ssize_t n = read(fd, b + got, len - got);
-        if (n <= 0) {
-            free(b);
-            return NULL;
-        }
-        got += (size_t)n;
-    }
-    b[len] = '\0';
-    if (len_p) {
-        *len_p = len;
-    }
-    return b;
-}
 
 typedef struct node {
     pdx_kv_connector_h conn;

@@ -18,27 +18,19 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ctl.h"
 #include <pdx/pdx.h>
 
 #define REGION (64u << 20)
 
 static const char *g_tls = "sm";
 static const char *g_self;
+const char *ctl_name = "twoproc";
 static uint64_t g_remote_base; /* the target's one region, from its blob */
 /* 100000 x 1 MiB moves 100 GiB each way: only with --full (many minutes on
  * two cores); the default run caps that one case at 1000 descriptors. */
 static int g_full;
 
-static void die(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "twoproc[%d]: ", (int)getpid());
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    exit(1);
-}
 
 #define CHECK(call)                                                            \
     do {                                                                       \
@@ -47,42 +39,8 @@ static void die(const char *fmt, ...)
             die("%s: %s", #call, pdx_status_string(st_));                      \
     } while (0)
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
-/* Framed messages over the control socket. */
-static void send_msg(int fd, const void *p, uint32_t len)
-{
-    if (write(fd, &len, 4) != 4 ||
-        (len > 0 && write(fd, p, len) != (ssize_t)len)) {
-        die("control write: %s", strerror(errno));
-    }
-}
 
-static void *recv_msg(int fd, uint32_t *len_p)
-{
-    uint32_t len;
-    size_t got = 0;
-    if (read(fd, &len, 4) != 4) {
-        return NULL;
-    }
-    char *buf = malloc(len + 1);
-    while (got < len) {
-        ssize_t n = read(fd, buf + got, len - got);
-        if (n <= 0) {
-            free(buf);
-            return NULL;
-        }
-        got += (size_t)n;
-    }
-    buf[len] = '\0';
-    *len_p = len;
-    return buf;
-}
 
 static unsigned char pattern(uint64_t off, unsigned salt)
 {

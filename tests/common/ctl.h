@@ -1,0 +1,73 @@
+/* Shared by the multi-process tests: fatal errors, a monotonic clock and
+ * length-framed messages over a control socket (blobs, commands). */
+#ifndef PDX_TEST_CTL_H
+#define PDX_TEST_CTL_H
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Each test names itself in its fatal messages. */
+extern const char *ctl_name;
+
+static inline void die(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2), noreturn));
+static inline void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s[%d]: ", ctl_name, (int)getpid());
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(1);
+}
+
+static inline uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static inline void send_msg(int fd, const void *p, uint32_t len)
+{
+    if (write(fd, &len, 4) != 4 ||
+        (len > 0 && write(fd, p, len) != (ssize_t)len)) {
+        die("control write: %s", strerror(errno));
+    }
+}
+
+/* A NUL-terminated copy of the next message (free it), or NULL at EOF. */
+static inline char *recv_msg(int fd, uint32_t *len_p)
+{
+    uint32_t len;
+    if (read(fd, &len, 4) != 4) {
+        return NULL;
+    }
+    char *b = malloc((size_t)len + 1);
+    if (b == NULL) {
+        die("out of memory for a %u-byte message", len);
+    }
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = read(fd, b + got, len - got);
+        if (n <= 0) {
+            free(b);
+            return NULL;
+        }
+        got += (size_t)n;
+    }
+    b[len] = '\0';
+    if (len_p != NULL) {
+        *len_p = len;
+    }
+    return b;
+}
+
+#endif
