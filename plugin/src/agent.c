@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <time.h>
@@ -185,6 +186,21 @@ int pdx_agent_progress_locked(pdx_agent_h agent)
     return events;
 }
 
+/* Re-arm every backend's event fd; one with events already pending keeps
+ * the agent's fd readable through the eventfd instead. */
+static void arm_backends(pdx_agent_h agent)
+{
+    for (uint32_t i = 0; i < agent->nbackends; i++) {
+        struct pdx_backend *b = agent->backends[i];
+        if (!(b->ops->caps & PDX_BACKEND_CAP_EVENT_FD)) {
+            continue;
+        }
+        if (b->ops->arm(b->be) == PDX_ERR_BUSY) {
+            pdx_agent_signal(agent);
+        }
+    }
+}
+
 int pdx_progress(pdx_agent_h agent)
 {
     pthread_mutex_lock(&agent->lock);
@@ -194,6 +210,7 @@ int pdx_progress(pdx_agent_h agent)
         /* Keep the fd readable while notifications wait for a poll. */
         pdx_agent_signal(agent);
     }
+    arm_backends(agent);
     pthread_mutex_unlock(&agent->lock);
     return n;
 }
@@ -261,6 +278,20 @@ pdx_status_t pdx_agent_create(const char *name,
         st = PDX_ERR_IO;
         goto err_free;
     }
+    /* One fd for epoll users: readable when the agent has something queued
+     * or a backend has work for pdx_progress. */
+    a->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = a->event_fd};
+    if (a->epoll_fd < 0 ||
+        epoll_ctl(a->epoll_fd, EPOLL_CTL_ADD, a->event_fd, &ev) != 0) {
+        pdx_error("agent %s: epoll setup failed: %s", name, strerror(errno));
+        if (a->epoll_fd >= 0) {
+            close(a->epoll_fd);
+        }
+        close(a->event_fd);
+        st = PDX_ERR_IO;
+        goto err_free;
+    }
     pthread_mutex_init(&a->lock, NULL);
     pthread_mutex_init(&a->delivery, NULL);
     if (a->params.flags & PDX_AGENT_F_PROGRESS_THREAD) {
@@ -280,6 +311,7 @@ pdx_status_t pdx_agent_create(const char *name,
 err_mutex:
     pthread_mutex_destroy(&a->delivery);
     pthread_mutex_destroy(&a->lock);
+    close(a->epoll_fd);
     close(a->event_fd);
 err_free:
     free(a);
@@ -336,13 +368,15 @@ void pdx_agent_destroy(pdx_agent_h a)
     pthread_mutex_unlock(&a->lock);
     pthread_mutex_destroy(&a->delivery);
     pthread_mutex_destroy(&a->lock);
+    close(a->epoll_fd);
     close(a->event_fd);
     free(a);
 }
 
 const char *pdx_agent_name(pdx_agent_h agent) { return agent->name; }
 
-int pdx_agent_event_fd(pdx_agent_h agent) { return agent->event_fd; }
+int pdx_agent_event_fd(pdx_agent_h agent) { return agent->epoll_fd; }
+
 
 static pdx_status_t backend_add(pdx_agent_h a, const pdx_backend_ops_t *ops,
                                 void *dl, const pdx_kv_t *opts, size_t nopts,
@@ -387,6 +421,18 @@ static pdx_status_t backend_add(pdx_agent_h a, const pdx_backend_ops_t *ops,
                   ops->name, pdx_status_string(st));
         free(b);
         return st;
+    }
+    int bfd = (ops->caps & PDX_BACKEND_CAP_EVENT_FD) ? ops->event_fd(b->be)
+                                                     : -1;
+    if (bfd >= 0) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.fd = bfd};
+        if (epoll_ctl(a->epoll_fd, EPOLL_CTL_ADD, bfd, &ev) != 0) {
+            pdx_warn("agent %s: backend %s event fd not watched: %s",
+                     a->name, ops->name, strerror(errno));
+        }
+        if (ops->arm(b->be) == PDX_ERR_BUSY) {
+            pdx_agent_signal(a);
+        }
     }
     a->backends[a->nbackends++] = b;
     a->generation++;

@@ -128,7 +128,8 @@ struct pdx_agent {
     struct pdx_xfer *xfers; /* live requests */
     pdx_notif_item_t *nq_head, *nq_tail;
 
-    int event_fd;
+    int event_fd; /* eventfd: notifications and completions queued */
+    int epoll_fd; /* event_fd + every backend's event fd (what users see) */
     uint64_t last_liveness_ns;
     uint64_t last_full_progress_ns;
     pthread_t progress_thread;

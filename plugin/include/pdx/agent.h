@@ -144,9 +144,12 @@ PDX_API pdx_status_t pdx_agent_set_invariant(pdx_agent_h agent,
  * Non-blocking. Any thread. */
 PDX_API int pdx_progress(pdx_agent_h agent);
 
-/* An fd (eventfd) that becomes readable when the agent has notifications or
- * completions to report; for stacks that wait in epoll. Owned by the
- * agent. Readable state is cleared by pdx_progress/pdx_notif_poll. */
+/* An fd (an epoll fd over the agent's eventfd and every backend's event
+ * fd) that becomes readable when the agent has notifications or
+ * completions to report or a backend has work for pdx_progress; for stacks
+ * that wait in epoll/poll without a progress thread: wait, then call
+ * pdx_progress and pdx_notif_poll (pdx_progress re-arms the backends).
+ * Owned by the agent; do not read or close it. */
 PDX_API int pdx_agent_event_fd(pdx_agent_h agent);
 
 #ifdef __cplusplus
