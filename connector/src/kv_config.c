@@ -1433,22 +1433,9 @@ static pdx_status_t add_arena(pdx_layout_h l, const pdx_kv_config_t *cfg,
                               const char *prefix, uint32_t layer,
                               pdx_kv_kind_t kind, int is_mtp, uint32_t bpt)
 {
-    char name[PDX_ARENA_NAME_MAX + 1];
-    snprintf(name, sizeof(name), "%s%" PRIu32 ".%s", prefix, layer,
-             pdx_kv_kind_to_string(kind));
-    pdx_arena_t a = {
-        .field_mask = PDX_ARENA_FIELD_IS_MTP | PDX_ARENA_FIELD_MEM_TYPE |
-                      PDX_ARENA_FIELD_DEV_ID,
-        .name = name,
-        .layer = layer,
-        .kind = kind,
-        .is_mtp = is_mtp,
-        .bytes_per_token = bpt,
-        .num_blocks = cfg->num_blocks,
-        .mem_type = cfg->mem_type,
-        .dev_id = cfg->mem_type == PDX_MEM_VRAM ? cfg->device : 0,
-    };
-    return pdx_layout_add_arena(l, &a, NULL);
+    return pdx_layout_add_layer_arena(
+        l, prefix, layer, kind, is_mtp, bpt, cfg->num_blocks, cfg->mem_type,
+        cfg->mem_type == PDX_MEM_VRAM ? cfg->device : 0);
 }
 
 pdx_status_t pdx_kv_config_layout(const pdx_kv_config_t *cfg,

@@ -460,10 +460,14 @@ int pdx_glm52_has_index_k(uint32_t layer) {
     return layer >= 6 && layer <= 74 && (layer - 6) % 4 == 0;
 }
 
-static pdx_status_t glm52_add(pdx_layout_h l, const char *prefix,
-                              uint32_t layer, pdx_kv_kind_t kind, int is_mtp,
-                              uint32_t bpt, uint64_t num_blocks,
-                              pdx_mem_type_t mem_type, uint32_t dev_id) {
+pdx_status_t pdx_layout_add_layer_arena(pdx_layout_h l, const char *prefix,
+                                        uint32_t layer, pdx_kv_kind_t kind,
+                                        int is_mtp, uint32_t bpt,
+                                        uint64_t num_blocks,
+                                        pdx_mem_type_t mem_type,
+                                        uint32_t dev_id) {
+    if (prefix == NULL)
+        return PDX_ERR_INVALID;
     char name[PDX_ARENA_NAME_MAX + 1];
     snprintf(name, sizeof(name), "%s%" PRIu32 ".%s", prefix, layer,
              pdx_kv_kind_to_string(kind));
@@ -492,20 +496,20 @@ pdx_status_t pdx_layout_glm52(uint64_t num_blocks, pdx_mem_type_t mem_type,
         return st;
     for (uint32_t layer = 0; layer < PDX_GLM52_NUM_LAYERS && st == PDX_OK;
          layer++) {
-        st = glm52_add(l, "layer", layer, PDX_KV_KIND_MLA, 0,
+        st = pdx_layout_add_layer_arena(l, "layer", layer, PDX_KV_KIND_MLA, 0,
                        PDX_GLM52_MLA_BYTES_PER_TOKEN, num_blocks, mem_type,
                        dev_id);
         if (st == PDX_OK && pdx_glm52_has_index_k(layer))
-            st = glm52_add(l, "layer", layer, PDX_KV_KIND_INDEX_K, 0,
+            st = pdx_layout_add_layer_arena(l, "layer", layer, PDX_KV_KIND_INDEX_K, 0,
                            PDX_GLM52_INDEX_K_BYTES_PER_TOKEN, num_blocks,
                            mem_type, dev_id);
     }
     if (st == PDX_OK)
-        st = glm52_add(l, "mtp", PDX_GLM52_MTP_LAYER, PDX_KV_KIND_MLA, 1,
+        st = pdx_layout_add_layer_arena(l, "mtp", PDX_GLM52_MTP_LAYER, PDX_KV_KIND_MLA, 1,
                        PDX_GLM52_MLA_BYTES_PER_TOKEN, num_blocks, mem_type,
                        dev_id);
     if (st == PDX_OK)
-        st = glm52_add(l, "mtp", PDX_GLM52_MTP_LAYER, PDX_KV_KIND_INDEX_K, 1,
+        st = pdx_layout_add_layer_arena(l, "mtp", PDX_GLM52_MTP_LAYER, PDX_KV_KIND_INDEX_K, 1,
                        PDX_GLM52_INDEX_K_BYTES_PER_TOKEN, num_blocks, mem_type,
                        dev_id);
     if (st != PDX_OK) {

@@ -191,6 +191,19 @@ PDX_API pdx_status_t pdx_layout_carve(pdx_layout_h layout, uint64_t base,
 #define PDX_GLM52_NUM_ARENAS 101
 #define PDX_GLM52_BYTES_PER_BLOCK 3502592ull
 
+/* Append the arena "<prefix><layer>.<kind>" (e.g. "layer6.index_k",
+ * "mtp78.mla") with packed strides: the naming every model-shape builder
+ * here uses, so layouts built from a config and by pdx_layout_glm52 have
+ * the same fingerprint. Errors as pdx_layout_add_arena. */
+PDX_API pdx_status_t pdx_layout_add_layer_arena(pdx_layout_h layout,
+                                                const char *prefix,
+                                                uint32_t layer,
+                                                pdx_kv_kind_t kind, int is_mtp,
+                                                uint32_t bytes_per_token,
+                                                uint64_t num_blocks,
+                                                pdx_mem_type_t mem_type,
+                                                uint32_t dev_id);
+
 /* 1 if layer `layer` (0..77) of GLM-5.2 carries an index-K cache. */
 PDX_API int pdx_glm52_has_index_k(uint32_t layer);
 
