@@ -304,7 +304,9 @@ static pdx_status_t peer_build(pdx_agent_h agent, const pdx_blob_t *b,
             }
         }
     }
-    qsort(p->regions, p->nregions, sizeof(*p->regions), region_order);
+    if (p->nregions > 1) { /* qsort must not see a NULL array */
+        qsort(p->regions, p->nregions, sizeof(*p->regions), region_order);
+    }
     for (size_t i = 1; i < p->nregions; i++) {
         const pdx_region_t *a = &p->regions[i - 1].region;
         const pdx_region_t *c = &p->regions[i].region;
