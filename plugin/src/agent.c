@@ -99,9 +99,9 @@ static void host_notif_recv(void *ctx, const char *peer, const void *msg,
     pdx_agent_signal(agent);
 }
 
-static void mark_peer_dead(pdx_agent_h agent, pdx_peer_t *peer,
-                           pdx_status_t why, const char *how,
-                           bool in_backend)
+void pdx_peer_mark_dead_locked(pdx_agent_h agent, pdx_peer_t *peer,
+                               pdx_status_t why, const char *how,
+                               bool in_backend)
 {
     if (peer->dead != PDX_OK) {
         return;
@@ -118,7 +118,7 @@ static void host_peer_error(void *ctx, const char *peer_name, pdx_status_t why)
     pdx_agent_h agent = ctx;
     pdx_peer_t *peer = pdx_peer_find(agent, peer_name);
     if (peer != NULL) {
-        mark_peer_dead(agent, peer, why, "connection error", true);
+        pdx_peer_mark_dead_locked(agent, peer, why, "connection error", true);
     }
 }
 
@@ -134,7 +134,7 @@ static void check_liveness(pdx_agent_h agent, uint64_t now)
         }
         struct pollfd pfd = {.fd = p->pidfd, .events = POLLIN};
         if (poll(&pfd, 1, 0) > 0) {
-            mark_peer_dead(agent, p, PDX_ERR_REMOTE_DISCONNECT,
+            pdx_peer_mark_dead_locked(agent, p, PDX_ERR_REMOTE_DISCONNECT,
                            "process exited", false);
         }
     }

@@ -149,6 +149,11 @@ void pdx_agent_signal(pdx_agent_h agent);
 void pdx_xfer_fail_peer_locked(pdx_agent_h agent, uint64_t epoch,
                                pdx_status_t why, bool release_now);
 void pdx_peer_destroy_locked(pdx_agent_h agent, pdx_peer_t *peer);
+/* The peer is gone: fail its requests (released now unless called from
+ * inside a backend call) and refuse new ones until it is loaded again. */
+void pdx_peer_mark_dead_locked(pdx_agent_h agent, pdx_peer_t *peer,
+                               pdx_status_t why, const char *how,
+                               bool in_backend);
 pdx_status_t pdx_notif_send_locked(pdx_agent_h agent, pdx_peer_t *peer,
                                    const void *msg, size_t len);
 void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x);

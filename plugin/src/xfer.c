@@ -15,8 +15,9 @@ static uint64_t op_cap(pdx_xfer_op_t op)
 }
 
 /* Pick the backend for a request: one that reaches the peer, holds both
- * regions and does the op; VRAM on either side prefers VRAM-capable
- * backends (cuda_ipc), host-only transfers prefer message-capable ones. */
+ * regions and does the op. VRAM on either side prefers VRAM-capable
+ * backends (cuda_ipc); host-only transfers prefer a same-host host-memory
+ * backend (cma: one kernel copy), then message-capable ones (UCX). */
 static int choose_backend(pdx_agent_h agent, pdx_peer_t *peer,
                           pdx_xfer_op_t op, struct pdx_mem_reg *lreg,
                           pdx_peer_region_t *rreg)
@@ -30,8 +31,11 @@ static int choose_backend(pdx_agent_h agent, pdx_peer_t *peer,
             rreg->rmd[b] == NULL || !(ops->caps & op_cap(op))) {
             continue;
         }
+        int same_host_dram = (ops->caps & PDX_BACKEND_CAP_SAME_HOST) &&
+                             !(ops->caps & PDX_BACKEND_CAP_VRAM);
         int score = vram ? !!(ops->caps & PDX_BACKEND_CAP_VRAM)
-                         : !!(ops->caps & PDX_BACKEND_CAP_NOTIF);
+                         : same_host_dram ? 2
+                                          : !!(ops->caps & PDX_BACKEND_CAP_NOTIF);
         if (score > best_score) {
             best = (int)b;
             best_score = score;
@@ -350,6 +354,16 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x)
     }
     b->ops->xfer_release(b->be, x->breq);
     x->breq = NULL;
+    if (st == PDX_ERR_REMOTE_DISCONNECT) {
+        /* A backend saw the peer gone (e.g. cma's ESRCH): every other
+         * request to it fails too, and new posts are refused. */
+        pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
+        if (p != NULL && p->epoch == x->peer_epoch) {
+            x->status = st;
+            pdx_peer_mark_dead_locked(agent, p, st, "transfer failed", false);
+            return;
+        }
+    }
     if (st == PDX_OK && !x->aborting) {
         pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
         if (p == NULL || p->epoch != x->peer_epoch) {

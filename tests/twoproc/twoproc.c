@@ -30,6 +30,9 @@ static uint64_t g_remote_base; /* the target's one region, from its blob */
 /* 100000 x 1 MiB moves 100 GiB each way: only with --full (many minutes on
  * two cores); the default run caps that one case at 1000 descriptors. */
 static int g_full;
+/* Also create the cma backend (same-host single copy); UCX still carries
+ * the notifications. */
+static int g_cma;
 
 
 #define CHECK(call)                                                            \
@@ -128,6 +131,9 @@ static pdx_agent_h make_agent(const char *name, unsigned char **mem_p)
     CHECK(pdx_agent_create(name, &p, &a));
     pdx_kv_t opt = {"tls", g_tls};
     CHECK(pdx_backend_create(a, "ucx", &opt, 1, NULL));
+    if (g_cma) {
+        CHECK(pdx_backend_create(a, "cma", NULL, 0, NULL));
+    }
     unsigned char *mem = NULL;
     if (posix_memalign((void **)&mem, 4096, REGION) != 0) {
         die("alloc");
@@ -206,7 +212,8 @@ static pid_t spawn_target(int *ctl_p)
         close(sv[0]);
         char fd[16];
         snprintf(fd, sizeof(fd), "%d", sv[1]);
-        execl(g_self, g_self, "--target", fd, "--tls", g_tls, (char *)NULL);
+        execl(g_self, g_self, "--target", fd, "--tls", g_tls,
+              g_cma ? "--cma" : (char *)NULL, (char *)NULL);
         _exit(127);
     }
     close(sv[1]);
@@ -429,12 +436,14 @@ int main(int argc, char **argv)
             target_fd = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--tls") == 0 && i + 1 < argc) {
             g_tls = argv[++i];
+        } else if (strcmp(argv[i], "--cma") == 0) {
+            g_cma = 1;
         } else if (strcmp(argv[i], "--full") == 0) {
             g_full = 1;
         } else if (strcmp(argv[i], "--kill") == 0) {
             kill_test = 1;
         } else {
-            die("usage: %s [--tls TLS] [--kill] [--full]", argv[0]);
+            die("usage: %s [--tls TLS] [--cma] [--kill] [--full]", argv[0]);
         }
     }
     signal(SIGPIPE, SIG_IGN);

@@ -7,7 +7,7 @@
 #include <pdx/backend.h>
 #include <pdx/pdx.h>
 
-static const char *known[] = {"ucx", "cuda_ipc"};
+static const char *known[] = {"ucx", "cuda_ipc", "cma"};
 
 static void caps_string(uint64_t c, char *buf, size_t len)
 {
