@@ -205,8 +205,10 @@ static void test_shipped_colocated(void **state)
                     (1ull << 30));
         assert_true(c->children[1].budget_bytes <= (1ull << 30));
         assert_int_equal(c->children[1].ranks_per_host, 1);
-        assert_int_equal(c->nbackends, 1);
+        /* UCX for notifications and other hosts, cma for same-host data. */
+        assert_int_equal(c->nbackends, 2);
         assert_string_equal(c->backends[0], "ucx");
+        assert_string_equal(c->backends[1], "cma");
         assert_int_equal(c->nbackend_opts, 1);
         assert_string_equal(c->backend_opts[0].key, "tls");
         assert_string_equal(c->backend_opts[0].value, "sm");
@@ -349,7 +351,8 @@ static void test_backend_opts(void **state)
     pdx_kv_config_t cfg;
     char err[512];
     assert_int_equal(parse_text(t, &cfg, err, sizeof(err)), PDX_OK);
-    assert_int_equal(cfg.nbackends, 3);
+    assert_int_equal(cfg.nbackends, 4); /* the file's cma comes last */
+    assert_string_equal(cfg.backends[3], "cma");
     assert_int_equal(cfg.nbackend_opts, 4);
 
     /* A copy has stale backend_opts pointers; the accessor does not. */
