@@ -30,7 +30,7 @@ typedef struct cma_req {
     pid_t pid;
     pdx_xfer_op_t op;
     pdx_backend_iov_t *iov;
-    size_t n;
+    size_t n, cap;
     _Atomic int state; /* 0 queued/running, 1 done */
     _Atomic int abort;
     pdx_status_t status;
@@ -45,7 +45,24 @@ typedef struct cma_be {
     bool stop;
     pthread_t worker;
     uint64_t bytes;
+    /* The largest iov array of a finished request, reused by the next post:
+     * a fresh multi-MiB malloc page-faults on first touch, which cost more
+     * than the copy for 100k-piece requests. Under `lock`. */
+    pdx_backend_iov_t *spare;
+    size_t spare_cap;
 } cma_be_t;
+
+/* Keep the bigger of a finished request's array and the spare. Lock held. */
+static void iov_recycle(cma_be_t *be, pdx_backend_iov_t *iov, size_t cap)
+{
+    if (cap > be->spare_cap) {
+        free(be->spare);
+        be->spare = iov;
+        be->spare_cap = cap;
+    } else {
+        free(iov);
+    }
+}
 
 typedef struct cma_peer {
     pid_t pid;
@@ -161,7 +178,7 @@ static void *worker_main(void *arg)
         r->status = st;
         atomic_store(&r->state, 1);
         if (r->released) {
-            free(r->iov);
+            iov_recycle(be, r->iov, r->cap);
             free(r);
         }
         pthread_cond_broadcast(&be->cv);
@@ -225,6 +242,7 @@ static void cma_destroy(void *bev)
     pthread_join(be->worker, NULL);
     pthread_cond_destroy(&be->cv);
     pthread_mutex_destroy(&be->lock);
+    free(be->spare);
     free(be);
 }
 
@@ -345,10 +363,21 @@ static pdx_status_t cma_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
     if (r == NULL) {
         return PDX_ERR_NOMEM;
     }
-    r->iov = malloc(n * sizeof(*iov));
+    pthread_mutex_lock(&be->lock);
+    if (be->spare != NULL && be->spare_cap >= n) {
+        r->iov = be->spare;
+        r->cap = be->spare_cap;
+        be->spare = NULL;
+        be->spare_cap = 0;
+    }
+    pthread_mutex_unlock(&be->lock);
     if (r->iov == NULL) {
-        free(r);
-        return PDX_ERR_NOMEM;
+        r->iov = malloc(n * sizeof(*iov));
+        r->cap = n;
+        if (r->iov == NULL) {
+            free(r);
+            return PDX_ERR_NOMEM;
+        }
     }
     memcpy(r->iov, iov, n * sizeof(*iov));
     r->n = n;
@@ -394,8 +423,8 @@ static void cma_xfer_release(void *bev, void *reqv)
     while (!atomic_load(&r->state)) {
         pthread_cond_wait(&be->cv, &be->lock);
     }
+    iov_recycle(be, r->iov, r->cap);
     pthread_mutex_unlock(&be->lock);
-    free(r->iov);
     free(r);
 }
 

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 
 #include <cjson/cJSON.h>
@@ -166,5 +167,13 @@ void plot_add(plot_panel_t *p, const char *title, double x, double y,
 int plot_svg(const char *path, const char *title, const char *xlabel,
              const char *ylabel, int logx, const plot_panel_t *panels,
              size_t npanels);
+
+/* PDX_BENCH_CMA=1: pdx also creates the cma backend (same-host data in
+ * one kernel copy; UCX still carries notifications). Children inherit it. */
+static inline int bench_use_cma(void)
+{
+    const char *v = getenv("PDX_BENCH_CMA");
+    return v != NULL && v[0] == '1';
+}
 
 #endif

@@ -143,6 +143,10 @@ static void make_config(pdx_kv_config_t *c, const char *name, const char *peer,
     snprintf(c->opt_buf[0][0], 64, "tls");
     snprintf(c->opt_buf[0][1], 64, "%s", tls);
     c->nbackend_opts = 1;
+    if (bench_use_cma()) {
+        snprintf(c->backends[1], sizeof(c->backends[1]), "cma");
+        c->nbackends = 2;
+    }
 }
 
 static pdx_kv_connector_h make_connector(const pdx_kv_config_t *cfg,

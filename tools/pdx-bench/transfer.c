@@ -589,6 +589,9 @@ int mode_transfer(const bench_opts_t *o, cJSON *root)
     CHECK(pdx_agent_create("bench-init", &ap, &c.agent));
     pdx_kv_t opt = {"tls", o->tls};
     CHECK(pdx_backend_create(c.agent, "ucx", &opt, 1, NULL));
+    if (bench_use_cma()) {
+        CHECK(pdx_backend_create(c.agent, "cma", NULL, 0, NULL));
+    }
     c.local = big_alloc(c.region);
     c.scratch = big_alloc(c.region);
     pdx_mem_reg_h reg;
@@ -878,6 +881,9 @@ int target_transfer(const bench_opts_t *o)
     CHECK(pdx_agent_create("bench-target", &ap, &a));
     pdx_kv_t opt = {"tls", o->tls};
     CHECK(pdx_backend_create(a, "ucx", &opt, 1, NULL));
+    if (bench_use_cma()) {
+        CHECK(pdx_backend_create(a, "cma", NULL, 0, NULL));
+    }
     uint64_t len = o->ws_bytes;
     uint8_t *mem = big_alloc(len);
     pdx_mem_reg_h reg;
