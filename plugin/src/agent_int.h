@@ -137,6 +137,14 @@ struct pdx_agent {
     volatile int stop;
 };
 
+/* Does `r` hold [addr, addr+len)? The one containment check of the agent:
+ * len is compared first so the subtraction cannot wrap. */
+static inline bool pdx_region_holds(const pdx_region_t *r, uint64_t addr,
+                                    uint64_t len)
+{
+    return len <= r->len && addr >= r->addr && addr - r->addr <= r->len - len;
+}
+
 /* Helpers shared by the agent's files; all need agent->lock held. */
 uint64_t pdx_now_ns(void);
 pdx_peer_t *pdx_peer_find(pdx_agent_h agent, const char *name);

@@ -47,8 +47,7 @@ struct pdx_mem_reg *pdx_reg_find(pdx_agent_h agent, pdx_mem_type_t t,
         return NULL;
     }
     const pdx_region_t *r = &agent->regs[i]->region;
-    if (r->mem_type != t || addr < r->addr || len > r->len ||
-        addr - r->addr > r->len - len) {
+    if (r->mem_type != t || !pdx_region_holds(r, addr, len)) {
         return NULL;
     }
     return agent->regs[i];

@@ -119,8 +119,7 @@ pdx_peer_region_t *pdx_peer_region_find(pdx_peer_t *peer, pdx_mem_type_t t,
     }
     pdx_peer_region_t *g = &peer->regions[lo - 1];
     const pdx_region_t *r = &g->region;
-    if (r->mem_type != t || addr < r->addr || len > r->len ||
-        addr - r->addr > r->len - len) {
+    if (r->mem_type != t || !pdx_region_holds(r, addr, len)) {
         return NULL;
     }
     return g;

@@ -253,11 +253,8 @@ pdx_status_t pdx_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
             st = PDX_ERR_INVALID;
             goto err;
         }
-        /* Reuse the last region when it holds this piece (len first: the
-         * subtraction below must not wrap). */
-        if (lreg == NULL || l->len > lreg->region.len ||
-            l->addr < lreg->region.addr ||
-            l->addr - lreg->region.addr > lreg->region.len - l->len) {
+        /* Reuse the last region when it holds this piece. */
+        if (lreg == NULL || !pdx_region_holds(&lreg->region, l->addr, l->len)) {
             lreg = pdx_reg_find(agent, local->mem_type, l->addr, l->len);
             if (lreg == NULL) {
                 pdx_error("agent %s: xfer create: local descriptor %zu "
@@ -271,9 +268,7 @@ pdx_status_t pdx_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
                 goto err;
             }
         }
-        if (rreg == NULL || r->len > rreg->region.len ||
-            r->addr < rreg->region.addr ||
-            r->addr - rreg->region.addr > rreg->region.len - r->len) {
+        if (rreg == NULL || !pdx_region_holds(&rreg->region, r->addr, r->len)) {
             rreg = pdx_peer_region_find(p, remote->mem_type, r->addr, r->len);
             if (rreg == NULL) {
                 pdx_error("agent %s: xfer create: remote descriptor %zu "
@@ -561,17 +556,13 @@ pdx_status_t pdx_dlist_prepare(pdx_agent_h agent, const char *peer,
         }
         if (p != NULL) {
             pdx_peer_region_t *g = last;
-            if (g == NULL || e->addr < g->region.addr ||
-                e->addr - g->region.addr > g->region.len - e->len ||
-                e->len > g->region.len) {
+            if (g == NULL || !pdx_region_holds(&g->region, e->addr, e->len)) {
                 g = pdx_peer_region_find(p, list->mem_type, e->addr, e->len);
             }
             region = g;
         } else {
             struct pdx_mem_reg *r = last;
-            if (r == NULL || e->addr < r->region.addr ||
-                e->addr - r->region.addr > r->region.len - e->len ||
-                e->len > r->region.len) {
+            if (r == NULL || !pdx_region_holds(&r->region, e->addr, e->len)) {
                 r = pdx_reg_find(agent, list->mem_type, e->addr, e->len);
                 if (r != NULL &&
                     (st = distinct_add(&d->regs, &d->nregs, &capset, r)) !=
