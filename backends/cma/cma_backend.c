@@ -34,7 +34,6 @@ typedef struct cma_req {
     _Atomic int state; /* 0 queued/running, 1 done */
     _Atomic int abort;
     pdx_status_t status;
-    bool released; /* the worker frees it when done */
 } cma_req_t;
 
 typedef struct cma_be {
@@ -177,10 +176,6 @@ static void *worker_main(void *arg)
         }
         r->status = st;
         atomic_store(&r->state, 1);
-        if (r->released) {
-            iov_recycle(be, r->iov, r->cap);
-            free(r);
-        }
         pthread_cond_broadcast(&be->cv);
     }
     pthread_mutex_unlock(&be->lock);

@@ -13,10 +13,11 @@
 
 #include "blob.h"
 
-#define PDX_MAX_BACKENDS 8
-#define PDX_INV_KEY_MAX 64
-#define PDX_INV_VAL_MAX 256
-#define PDX_MAX_INVARIANTS 32
+/* The blob's limits are the agent's: what one side writes the other reads. */
+#define PDX_MAX_BACKENDS PDX_BLOB_MAX_BACKENDS
+#define PDX_INV_KEY_MAX PDX_BLOB_INV_KEY_MAX
+#define PDX_INV_VAL_MAX PDX_BLOB_INV_VAL_MAX
+#define PDX_MAX_INVARIANTS PDX_BLOB_MAX_INVARIANTS
 
 struct pdx_backend {
     pdx_agent_h agent;
