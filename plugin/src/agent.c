@@ -348,6 +348,9 @@ void pdx_agent_destroy(pdx_agent_h a)
                                                     r->md[b]);
             }
         }
+        if (r->region.flags & PDX_REGION_F_SHARED) {
+            pdx_shm_release(r->region.addr, r->region.len);
+        }
         free(r);
     }
     free(a->regs);

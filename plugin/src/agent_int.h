@@ -146,6 +146,13 @@ static inline bool pdx_region_holds(const pdx_region_t *r, uint64_t addr,
     return len <= r->len && addr >= r->addr && addr - r->addr <= r->len - len;
 }
 
+/* Shared memory registry (shm.c), process-wide, own lock. acquire: if
+ * [addr, +len) lies in memory from pdx_mem_alloc/pdx_mem_share, count one
+ * more user (pdx_mem_free refuses while any) and give its fd and the file
+ * offset of `addr`. release undoes one acquire of the same range. */
+bool pdx_shm_acquire(uint64_t addr, uint64_t len, int *fd_p, uint64_t *off_p);
+void pdx_shm_release(uint64_t addr, uint64_t len);
+
 /* Helpers shared by the agent's files; all need agent->lock held. */
 uint64_t pdx_now_ns(void);
 pdx_peer_t *pdx_peer_find(pdx_agent_h agent, const char *name);

@@ -353,6 +353,7 @@ static void parse_body(rd_t *r, pdx_blob_t *b)
             g->region.dev_id = (uint32_t)rd_int(r, 4, "region dev_id");
             uint64_t mt = rd_int(r, 1, "region mem_type");
             g->region.flags = rd_int(r, 8, "region flags");
+            g->region.shm_fd = -1; /* the peer's fd: its key says more */
             if (r->status != PDX_OK) {
                 break;
             }

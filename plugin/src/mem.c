@@ -69,6 +69,12 @@ pdx_status_t pdx_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
                   (unsigned long long)len);
         return PDX_ERR_INVALID;
     }
+    if (flags & PDX_REGION_F_SHARED) {
+        pdx_error("agent %s: register: PDX_REGION_F_SHARED is set by pdx "
+                  "(use pdx_mem_alloc or pdx_mem_share), not by the caller",
+                  agent->name);
+        return PDX_ERR_INVALID;
+    }
     pdx_status_t st;
     pthread_mutex_lock(&agent->lock);
     size_t pos = reg_lower_bound(agent, type, addr);
@@ -91,7 +97,13 @@ pdx_status_t pdx_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
         goto out;
     }
     r->region = (pdx_region_t){.addr = addr, .len = len, .dev_id = dev_id,
-                               .mem_type = type, .flags = flags};
+                               .mem_type = type, .flags = flags,
+                               .shm_fd = -1};
+    if (type == PDX_MEM_DRAM &&
+        pdx_shm_acquire(addr, len, &r->region.shm_fd,
+                        &r->region.shm_offset)) {
+        r->region.flags |= PDX_REGION_F_SHARED;
+    }
     uint32_t taken = 0;
     for (uint32_t b = 0; b < agent->nbackends; b++) {
         struct pdx_backend *be = agent->backends[b];
@@ -148,6 +160,9 @@ err_dereg:
                                                     r->md[b]);
         }
     }
+    if (r->region.flags & PDX_REGION_F_SHARED) {
+        pdx_shm_release(addr, len);
+    }
     free(r);
 out:
     pthread_mutex_unlock(&agent->lock);
@@ -174,6 +189,9 @@ pdx_status_t pdx_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg)
                 agent->backends[b]->ops->mem_deregister(
                     agent->backends[b]->be, reg->md[b]);
             }
+        }
+        if (reg->region.flags & PDX_REGION_F_SHARED) {
+            pdx_shm_release(reg->region.addr, reg->region.len);
         }
         memmove(&agent->regs[i], &agent->regs[i + 1],
                 (agent->nregs - i - 1) * sizeof(*agent->regs));

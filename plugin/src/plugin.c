@@ -120,4 +120,8 @@ const pdx_plugin_v1_t pdx_plugin_v1 = {
     .kv_free = pdx_kv_free,
     .xfer_abort = pdx_xfer_abort,
     .kv_load_abort = pdx_kv_load_abort,
+    .mem_alloc = pdx_mem_alloc,
+    .mem_free = pdx_mem_free,
+    .mem_share = pdx_mem_share,
+    .mem_unshare = pdx_mem_unshare,
 };

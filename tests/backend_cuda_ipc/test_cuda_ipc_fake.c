@@ -133,7 +133,12 @@ static void dread(CUdeviceptr p, void *dst, size_t len)
 static void *reg(void *be, pdx_mem_type_t t, uint64_t addr, uint64_t len,
                  uint32_t dev, uint64_t flags)
 {
-    pdx_region_t r = {addr, len, dev, t, flags};
+    pdx_region_t r = {.addr = addr,
+                      .len = len,
+                      .dev_id = dev,
+                      .mem_type = t,
+                      .flags = flags,
+                      .shm_fd = -1};
     void *md = NULL;
     assert_int_equal(ops->mem_register(be, &r, &md), PDX_OK);
     check_depth();
@@ -156,7 +161,12 @@ static void *load(void *be, void *peer, void *owner, void *md, uint64_t addr,
     void *key, *rmd = NULL;
     size_t kl;
     assert_int_equal(ops->mem_pack(owner, md, &key, &kl), PDX_OK);
-    pdx_region_t r = {addr, len, 0, PDX_MEM_VRAM, 0};
+    pdx_region_t r = {.addr = addr,
+                      .len = len,
+                      .dev_id = 0,
+                      .mem_type = PDX_MEM_VRAM,
+                      .flags = 0,
+                      .shm_fd = -1};
     assert_int_equal(ops->rmem_load(be, peer, &r, key, kl, &rmd), PDX_OK);
     free(key);
     check_depth();
@@ -507,7 +517,12 @@ static void test_vmm_fd(void **state)
     /* Not created shareable as an fd: refused with a reason. */
     va = vmm_alloc(0, sz, 0, &h2);
     p = mk(3003);
-    pdx_region_t rg = {va, sz, 0, PDX_MEM_VRAM, 0};
+    pdx_region_t rg = {.addr = va,
+                       .len = sz,
+                       .dev_id = 0,
+                       .mem_type = PDX_MEM_VRAM,
+                       .flags = 0,
+                       .shm_fd = -1};
     void *md = NULL;
     assert_int_equal(ops->mem_register(p, &rg, &md), PDX_ERR_UNSUPPORTED);
     check_depth();
@@ -573,8 +588,18 @@ static void test_dram_pinned(void **state)
     void *key, *rmd = NULL, *req = NULL;
     size_t kl;
     assert_int_equal(ops->mem_pack(d, hmd, &key, &kl), PDX_OK);
-    pdx_region_t rg = {(uintptr_t)host, sz, 0, PDX_MEM_DRAM, 0};
-    pdx_region_t as_vram = {(uintptr_t)host, sz, 0, PDX_MEM_VRAM, 0};
+    pdx_region_t rg = {.addr = (uintptr_t)host,
+                       .len = sz,
+                       .dev_id = 0,
+                       .mem_type = PDX_MEM_DRAM,
+                       .flags = 0,
+                       .shm_fd = -1};
+    pdx_region_t as_vram = {.addr = (uintptr_t)host,
+                            .len = sz,
+                            .dev_id = 0,
+                            .mem_type = PDX_MEM_VRAM,
+                            .flags = 0,
+                            .shm_fd = -1};
     assert_int_equal(ops->rmem_load(p, ppeer, &as_vram, key, kl, &rmd),
                      PDX_ERR_INVALID);
     assert_int_equal(ops->rmem_load(p, ppeer, &rg, key, kl, &rmd), PDX_OK);
@@ -612,13 +637,50 @@ static void test_register_errors(void **state)
         pdx_region_t r;
         pdx_status_t want;
     } cases[] = {
-        {{m, 4096, 1, PDX_MEM_VRAM, 0}, PDX_ERR_INVALID}, /* wrong device */
-        {{m, 4096, 7, PDX_MEM_VRAM, 0}, PDX_ERR_INVALID}, /* no device 7 */
-        {{(uintptr_t)host, 64, 0, PDX_MEM_VRAM, 0}, PDX_ERR_INVALID},
-        {{m + 4096, 65536, 0, PDX_MEM_VRAM, 0}, PDX_ERR_UNSUPPORTED},
-        {{m, 0, 0, PDX_MEM_VRAM, 0}, PDX_ERR_INVALID},
-        {{0, 64, 0, PDX_MEM_DRAM, 0}, PDX_ERR_INVALID},
-        {{m, 64, 0, (pdx_mem_type_t)9, 0}, PDX_ERR_UNSUPPORTED},
+        {{.addr = m,
+          .len = 4096,
+          .dev_id = 1,
+          .mem_type = PDX_MEM_VRAM,
+          .flags = 0,
+          .shm_fd = -1},
+         PDX_ERR_INVALID}, /* wrong device */
+        {{.addr = m,
+          .len = 4096,
+          .dev_id = 7,
+          .mem_type = PDX_MEM_VRAM,
+          .flags = 0,
+          .shm_fd = -1},
+         PDX_ERR_INVALID}, /* no device 7 */
+        {{.addr = (uintptr_t)host,
+          .len = 64,
+          .dev_id = 0,
+          .mem_type = PDX_MEM_VRAM,
+          .flags = 0,
+          .shm_fd = -1},
+         PDX_ERR_INVALID},
+        {{.addr = m + 4096,
+          .len = 65536,
+          .dev_id = 0,
+          .mem_type = PDX_MEM_VRAM,
+          .flags = 0,
+          .shm_fd = -1},
+         PDX_ERR_UNSUPPORTED},
+        {{.addr = m,
+          .len = 0,
+          .dev_id = 0,
+          .mem_type = PDX_MEM_VRAM,
+          .flags = 0,
+          .shm_fd = -1},
+         PDX_ERR_INVALID},
+        {{.addr = 0,
+          .len = 64,
+          .dev_id = 0,
+          .mem_type = PDX_MEM_DRAM,
+          .flags = 0,
+          .shm_fd = -1},
+         PDX_ERR_INVALID},
+        {{.addr = m, .len = 64, .mem_type = (pdx_mem_type_t)9, .shm_fd = -1},
+         PDX_ERR_UNSUPPORTED},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         void *md = NULL;
@@ -643,9 +705,24 @@ static void test_rmem_load_errors(void **state)
     void *key, *rmd = NULL;
     size_t kl;
     assert_int_equal(ops->mem_pack(p, md, &key, &kl), PDX_OK);
-    pdx_region_t good = {m, 65536, 0, PDX_MEM_VRAM, 0};
-    pdx_region_t moved = {m + 64, 65536, 0, PDX_MEM_VRAM, 0};
-    pdx_region_t shorter = {m, 4096, 0, PDX_MEM_VRAM, 0};
+    pdx_region_t good = {.addr = m,
+                         .len = 65536,
+                         .dev_id = 0,
+                         .mem_type = PDX_MEM_VRAM,
+                         .flags = 0,
+                         .shm_fd = -1};
+    pdx_region_t moved = {.addr = m + 64,
+                          .len = 65536,
+                          .dev_id = 0,
+                          .mem_type = PDX_MEM_VRAM,
+                          .flags = 0,
+                          .shm_fd = -1};
+    pdx_region_t shorter = {.addr = m,
+                            .len = 4096,
+                            .dev_id = 0,
+                            .mem_type = PDX_MEM_VRAM,
+                            .flags = 0,
+                            .shm_fd = -1};
     assert_int_equal(ops->rmem_load(d, peer, &moved, key, kl, &rmd),
                      PDX_ERR_INVALID);
     assert_int_equal(ops->rmem_load(d, peer, &shorter, key, kl, &rmd),
@@ -839,7 +916,12 @@ static void test_uuid_mapping_shuffled(void **state)
     void *dmd = reg(d, PDX_MEM_VRAM, dm, sz, 1, 0);
     void *peer = NULL, *r = NULL;
     assert_int_equal(ops->peer_connect(d, "p", ci, cl, &peer), PDX_OK);
-    pdx_region_t rg = {pm, sz, 0, PDX_MEM_VRAM, 0};
+    pdx_region_t rg = {.addr = pm,
+                       .len = sz,
+                       .dev_id = 0,
+                       .mem_type = PDX_MEM_VRAM,
+                       .flags = 0,
+                       .shm_fd = -1};
     assert_int_equal(ops->rmem_load(d, peer, &rg, key, kl, &r), PDX_OK);
     fake_cuda_stats_t s0, s1;
     fake_cuda_stats(&s0);
@@ -889,7 +971,12 @@ static void test_invisible_device(void **state)
     void *dmd = reg(d, PDX_MEM_VRAM, dm, sz, 0, 0);
     void *peer = NULL, *r = NULL;
     assert_int_equal(ops->peer_connect(d, "p", ci, cl, &peer), PDX_OK);
-    pdx_region_t rg = {pm, sz, 2, PDX_MEM_VRAM, 0};
+    pdx_region_t rg = {.addr = pm,
+                       .len = sz,
+                       .dev_id = 2,
+                       .mem_type = PDX_MEM_VRAM,
+                       .flags = 0,
+                       .shm_fd = -1};
     assert_int_equal(ops->rmem_load(d, peer, &rg, key, kl, &r), PDX_OK);
     pdx_backend_iov_t iov = {dm, pm + 4096, 8192, dmd, r};
     run_xfer(d, peer, PDX_XFER_READ, &iov, 1);

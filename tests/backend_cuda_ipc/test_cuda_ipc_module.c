@@ -188,12 +188,26 @@ static void conformance(const char *lib)
     char desc[256];
     g_ops->describe(be, desc, sizeof(desc));
     print_message("cuda_ipc: %s\n", desc);
-    pdx_region_t rlo = {m, half, 0, PDX_MEM_VRAM, 0};
-    pdx_region_t rhi = {m + half, half, 0, PDX_MEM_VRAM, 0};
+    pdx_region_t rlo = {.addr = m,
+                        .len = half,
+                        .dev_id = 0,
+                        .mem_type = PDX_MEM_VRAM,
+                        .flags = 0,
+                        .shm_fd = -1};
+    pdx_region_t rhi = {.addr = m + half,
+                        .len = half,
+                        .dev_id = 0,
+                        .mem_type = PDX_MEM_VRAM,
+                        .flags = 0,
+                        .shm_fd = -1};
     uint8_t *dram = aligned_alloc(4096, nb * blk);
     memset(dram, 0, nb * blk);
-    pdx_region_t rdr = {(uintptr_t)dram, nb * blk, 0, PDX_MEM_DRAM,
-                        PDX_REGION_F_PIN};
+    pdx_region_t rdr = {.addr = (uintptr_t)dram,
+                        .len = nb * blk,
+                        .dev_id = 0,
+                        .mem_type = PDX_MEM_DRAM,
+                        .flags = PDX_REGION_F_PIN,
+                        .shm_fd = -1};
     void *lo, *hi, *dmd;
     assert_int_equal(g_ops->mem_register(be, &rlo, &lo), PDX_OK);
     assert_int_equal(g_ops->mem_register(be, &rhi, &hi), PDX_OK);

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -18,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <limits.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -92,8 +92,8 @@ typedef struct expect {
     size_t ncheck;    /* distinct pieces to verify */
     pdx_xfer_op_t op; /* the landing side: remote for WRITE, local for READ */
     uint64_t src_seed;
-    uint8_t *src_base_local;   /* the initiator's region */
-    uint8_t *src_base_remote;  /* the target's region */
+    uint8_t *src_base_local;  /* the initiator's region */
+    uint8_t *src_base_remote; /* the target's region */
     int arrived;
     int data_ok;
     uint64_t arrived_ns;
@@ -131,8 +131,8 @@ static int verify_expect(const expect_t *e)
             src_off = v->remote_addr - (uint64_t)(uintptr_t)e->src_base_remote;
         }
         if (!check_pattern(dst, v->len, e->src_seed, src_off)) {
-            fprintf(stderr, "piece %zu of %zu (%" PRIu64 " bytes) differs\n",
-                    i, e->n, v->len);
+            fprintf(stderr, "piece %zu of %zu (%" PRIu64 " bytes) differs\n", i,
+                    e->n, v->len);
             return 0;
         }
     }
@@ -264,10 +264,10 @@ static int pair_setup(void **state)
     size_t la, lb;
     assert_int_equal(ops->conn_info(p->a, &ca, &la), PDX_OK);
     assert_int_equal(ops->conn_info(p->b, &cb, &lb), PDX_OK);
-    assert_int_equal(ops->peer_connect(p->a, "test-agent-b", cb, lb,
-                                       &p->peer_ab), PDX_OK);
-    assert_int_equal(ops->peer_connect(p->b, "test-agent-a", ca, la,
-                                       &p->peer_ba), PDX_OK);
+    assert_int_equal(
+        ops->peer_connect(p->a, "test-agent-b", cb, lb, &p->peer_ab), PDX_OK);
+    assert_int_equal(
+        ops->peer_connect(p->b, "test-agent-a", ca, la, &p->peer_ba), PDX_OK);
     free(ca);
     free(cb);
 
@@ -275,10 +275,14 @@ static int pair_setup(void **state)
     assert_int_equal(posix_memalign((void **)&p->mem_b, 4096, REGION_LEN), 0);
     fill_pattern(p->mem_a, REGION_LEN, 1);
     fill_pattern(p->mem_b, REGION_LEN, 2);
-    pdx_region_t ra = {(uint64_t)(uintptr_t)p->mem_a, REGION_LEN, 0,
-                       PDX_MEM_DRAM, 0};
-    pdx_region_t rb = {(uint64_t)(uintptr_t)p->mem_b, REGION_LEN, 0,
-                       PDX_MEM_DRAM, 0};
+    pdx_region_t ra = {.addr = (uint64_t)(uintptr_t)p->mem_a,
+                       .len = REGION_LEN,
+                       .mem_type = PDX_MEM_DRAM,
+                       .shm_fd = -1};
+    pdx_region_t rb = {.addr = (uint64_t)(uintptr_t)p->mem_b,
+                       .len = REGION_LEN,
+                       .mem_type = PDX_MEM_DRAM,
+                       .shm_fd = -1};
     assert_int_equal(ops->mem_register(p->a, &ra, &p->md_a), PDX_OK);
     assert_int_equal(ops->mem_register(p->b, &rb, &p->md_b), PDX_OK);
 
@@ -286,10 +290,10 @@ static int pair_setup(void **state)
     size_t kla, klb;
     assert_int_equal(ops->mem_pack(p->a, p->md_a, &ka, &kla), PDX_OK);
     assert_int_equal(ops->mem_pack(p->b, p->md_b, &kb, &klb), PDX_OK);
-    assert_int_equal(ops->rmem_load(p->a, p->peer_ab, &rb, kb, klb,
-                                    &p->rmd_ab), PDX_OK);
-    assert_int_equal(ops->rmem_load(p->b, p->peer_ba, &ra, ka, kla,
-                                    &p->rmd_ba), PDX_OK);
+    assert_int_equal(ops->rmem_load(p->a, p->peer_ab, &rb, kb, klb, &p->rmd_ab),
+                     PDX_OK);
+    assert_int_equal(ops->rmem_load(p->b, p->peer_ba, &ra, ka, kla, &p->rmd_ba),
+                     PDX_OK);
     free(ka);
     free(kb);
     *state = p;
@@ -351,8 +355,8 @@ static pdx_backend_iov_t *make_iov(pair_t *p, pdx_xfer_op_t op, size_t n,
 /* One transfer initiated by a, with a notification that b receives; the
  * callback checks the landed data. With `threaded`, b is progressed by its
  * own thread, as in a real deployment. Returns bytes per second. */
-static double run_xfer_mode(pair_t *p, pdx_xfer_op_t op, size_t n,
-                            uint64_t len, const char *label, int threaded)
+static double run_xfer_mode(pair_t *p, pdx_xfer_op_t op, size_t n, uint64_t len,
+                            const char *label, int threaded)
 {
     static unsigned next_id = 1;
     size_t ncheck;
@@ -384,8 +388,8 @@ static double run_xfer_mode(pair_t *p, pdx_xfer_op_t op, size_t n,
     }
     uint64_t t0 = now_ns();
     void *req = NULL;
-    pdx_status_t st = ops->xfer_post(p->a, p->peer_ab, op, iov, n, msg,
-                                     (size_t)ml, &req);
+    pdx_status_t st =
+        ops->xfer_post(p->a, p->peer_ab, op, iov, n, msg, (size_t)ml, &req);
     uint64_t deadline = t0 + DEADLINE_NS;
     while ((st == PDX_INPROGRESS ||
             !__atomic_load_n(&e.arrived, __ATOMIC_ACQUIRE)) &&
@@ -429,7 +433,8 @@ static double run_xfer_mode(pair_t *p, pdx_xfer_op_t op, size_t n,
     double secs = (double)(t1 - t0) / 1e9;
     double bps = secs > 0 ? (double)n * (double)len / secs : 0;
     printf("[ ucx %s%s tls=%s ] %-5s %6zu x %8" PRIu64 " B: %8.3f ms, "
-           "%6.2f GB/s\n", label, threaded ? " threaded" : "", g_tls,
+           "%6.2f GB/s\n",
+           label, threaded ? " threaded" : "", g_tls,
            op == PDX_XFER_WRITE ? "write" : "read", n, len, secs * 1e3,
            bps / 1e9);
     return bps;
@@ -491,8 +496,8 @@ static void test_xfer_no_notif(void **state)
     memset(p->mem_b, 0, REGION_LEN);
     unsigned notifs = p->hb.notifs;
     void *req = NULL;
-    pdx_status_t st = ops->xfer_post(p->a, p->peer_ab, PDX_XFER_WRITE, iov,
-                                     300, NULL, 0, &req);
+    pdx_status_t st = ops->xfer_post(p->a, p->peer_ab, PDX_XFER_WRITE, iov, 300,
+                                     NULL, 0, &req);
     uint64_t deadline = now_ns() + DEADLINE_NS;
     while (st == PDX_INPROGRESS && now_ns() < deadline) {
         progress_both(p);
@@ -502,9 +507,13 @@ static void test_xfer_no_notif(void **state)
     if (req != NULL) {
         ops->xfer_release(p->a, req);
     }
-    expect_t e = {.iov = iov, .n = 300, .ncheck = ncheck,
-                  .op = PDX_XFER_WRITE, .src_seed = 5,
-                  .src_base_local = p->mem_a, .src_base_remote = p->mem_b};
+    expect_t e = {.iov = iov,
+                  .n = 300,
+                  .ncheck = ncheck,
+                  .op = PDX_XFER_WRITE,
+                  .src_seed = 5,
+                  .src_base_local = p->mem_a,
+                  .src_base_remote = p->mem_b};
     assert_true(verify_expect(&e));
     for (int i = 0; i < 100; i++) {
         progress_both(p);
@@ -524,8 +533,8 @@ static void test_xfer_release_inflight(void **state)
     /* Small enough to drain well within the bound, even under valgrind. */
     size_t n = g_quick ? 100 : 500;
     for (int op = 0; op < 2; op++) {
-        pdx_backend_iov_t *iov = make_iov(p, (pdx_xfer_op_t)op, n, 8448,
-                                          &ncheck);
+        pdx_backend_iov_t *iov =
+            make_iov(p, (pdx_xfer_op_t)op, n, 8448, &ncheck);
         void *req = NULL;
         pdx_status_t st = ops->xfer_post(p->a, p->peer_ab, (pdx_xfer_op_t)op,
                                          iov, n, "released", 8, &req);
@@ -646,8 +655,8 @@ static void test_query_and_table(void **state)
     assert_true(ops->caps & PDX_BACKEND_CAP_NOTIF);
     assert_false(ops->caps & PDX_BACKEND_CAP_VRAM);
     const void *const *fn = (const void *const *)&ops->query;
-    size_t nfn = (sizeof(*ops) - offsetof(pdx_backend_ops_t, query)) /
-                 sizeof(void *);
+    size_t nfn =
+        (sizeof(*ops) - offsetof(pdx_backend_ops_t, query)) / sizeof(void *);
     for (size_t i = 0; i < nfn; i++) {
         assert_non_null(fn[i]);
     }
@@ -657,10 +666,9 @@ static void test_bad_options(void **state)
 {
     (void)state;
     static const pdx_kv_t bad[][1] = {
-        {{"bogus", "1"}},       {{"max_chunk", "0"}},
-        {{"max_chunk", "12q"}}, {{"max_chunk", "-5"}},
-        {{"max_chunk", "4g"}},  {{"tls", ""}},
-        {{"allocate", "y"}}, {{"tls", NULL}},
+        {{"bogus", "1"}},      {{"max_chunk", "0"}},  {{"max_chunk", "12q"}},
+        {{"max_chunk", "-5"}}, {{"max_chunk", "4g"}}, {{"tls", ""}},
+        {{"allocate", "y"}},   {{"tls", NULL}},
     };
     fake_host_t h;
     fake_host_init(&h, "test-opts");
@@ -688,9 +696,14 @@ static void test_bad_args(void **state)
     void *be = NULL;
     assert_int_equal(create_instance(&h, "tcp", &be), PDX_OK);
     uint8_t buf[64];
-    pdx_region_t vram = {(uint64_t)(uintptr_t)buf, sizeof(buf), 0,
-                         PDX_MEM_VRAM, 0};
-    pdx_region_t empty = {(uint64_t)(uintptr_t)buf, 0, 0, PDX_MEM_DRAM, 0};
+    pdx_region_t vram = {.addr = (uint64_t)(uintptr_t)buf,
+                         .len = sizeof(buf),
+                         .mem_type = PDX_MEM_VRAM,
+                         .shm_fd = -1};
+    pdx_region_t empty = {.addr = (uint64_t)(uintptr_t)buf,
+                          .len = 0,
+                          .mem_type = PDX_MEM_DRAM,
+                          .shm_fd = -1};
     void *md = NULL;
     assert_int_equal(ops->mem_register(be, &vram, &md), PDX_ERR_UNSUPPORTED);
     assert_int_equal(ops->mem_register(be, &empty, &md), PDX_ERR_INVALID);
@@ -712,7 +725,10 @@ static int peer_child_main(int wfd, int rfd, const char *tls)
     const uint64_t len = 8ull << 20;
     uint8_t *mem = malloc(len);
     fill_pattern(mem, len, 77);
-    pdx_region_t r = {(uint64_t)(uintptr_t)mem, len, 0, PDX_MEM_DRAM, 0};
+    pdx_region_t r = {.addr = (uint64_t)(uintptr_t)mem,
+                      .len = len,
+                      .mem_type = PDX_MEM_DRAM,
+                      .shm_fd = -1};
     void *md, *conn, *key;
     size_t conn_len, key_len;
     if (ops->mem_register(be, &r, &md) != PDX_OK ||
@@ -809,7 +825,8 @@ static void child_start(child_t *c, const char *tls)
     assert_int_equal(read_full(up[0], c->conn, c->conn_len), 0);
     assert_int_equal(read_full(up[0], c->key, c->key_len), 0);
     close(up[0]);
-    c->region = (pdx_region_t){hdr[2], hdr[3], 0, PDX_MEM_DRAM, 0};
+    c->region = (pdx_region_t){
+        .addr = hdr[2], .len = hdr[3], .mem_type = PDX_MEM_DRAM, .shm_fd = -1};
 }
 
 static void child_reap(child_t *c)
@@ -841,14 +858,18 @@ static void parent_setup(parent_t *p, child_t *c, const char *tls)
     fake_host_init(&p->h, "test-parent");
     pdx_kv_t opts[] = {{"tls", tls}};
     assert_int_equal(ops->create(&p->h.host, opts, 1, &p->be), PDX_OK);
-    assert_int_equal(ops->peer_connect(p->be, "test-child", c->conn,
-                                       c->conn_len, &p->peer), PDX_OK);
-    assert_int_equal(ops->rmem_load(p->be, p->peer, &c->region, c->key,
-                                    c->key_len, &p->rmd), PDX_OK);
+    assert_int_equal(
+        ops->peer_connect(p->be, "test-child", c->conn, c->conn_len, &p->peer),
+        PDX_OK);
+    assert_int_equal(
+        ops->rmem_load(p->be, p->peer, &c->region, c->key, c->key_len, &p->rmd),
+        PDX_OK);
     p->mem = malloc(c->region.len);
     memset(p->mem, 0, c->region.len);
-    pdx_region_t r = {(uint64_t)(uintptr_t)p->mem, c->region.len, 0,
-                      PDX_MEM_DRAM, 0};
+    pdx_region_t r = {.addr = (uint64_t)(uintptr_t)p->mem,
+                      .len = c->region.len,
+                      .mem_type = PDX_MEM_DRAM,
+                      .shm_fd = -1};
     assert_int_equal(ops->mem_register(p->be, &r, &p->md), PDX_OK);
 }
 
@@ -869,8 +890,7 @@ static pdx_status_t parent_xfer(parent_t *p, child_t *c, pdx_xfer_op_t op,
     for (int i = 0; i < 8; i++) {
         iov[i] = (pdx_backend_iov_t){
             (uint64_t)(uintptr_t)p->mem + (uint64_t)i * (1u << 20),
-            c->region.addr + (uint64_t)i * (1u << 20), 1u << 20, p->md,
-            p->rmd};
+            c->region.addr + (uint64_t)i * (1u << 20), 1u << 20, p->md, p->rmd};
     }
     void *req = NULL;
     pdx_status_t st = ops->xfer_post(p->be, p->peer, op, iov, 8, "x", 1, &req);
@@ -902,7 +922,8 @@ static void peer_death(const char *tls)
     assert_int_equal(waitpid(c.pid, &status, 0), c.pid);
     g_child_pid = 0;
     uint64_t t0 = now_ns();
-    pdx_status_t st = parent_xfer(&p, &c, PDX_XFER_WRITE, 20ull * 1000000000ull);
+    pdx_status_t st =
+        parent_xfer(&p, &c, PDX_XFER_WRITE, 20ull * 1000000000ull);
     /* Posting may already fail if the error was seen; both are fine. */
     assert_int_equal(st, PDX_ERR_REMOTE_DISCONNECT);
     uint64_t deadline = now_ns() + 20ull * 1000000000ull;
@@ -957,8 +978,8 @@ static void test_release_stalled_read(void **state)
                              c.region.len, p.md, p.rmd};
     void *req = NULL;
     memset(p.mem, 0, c.region.len);
-    pdx_status_t st = ops->xfer_post(p.be, p.peer, PDX_XFER_READ, &iov, 1,
-                                     NULL, 0, &req);
+    pdx_status_t st =
+        ops->xfer_post(p.be, p.peer, PDX_XFER_READ, &iov, 1, NULL, 0, &req);
     assert_int_equal(st, PDX_INPROGRESS);
     for (int i = 0; i < 50; i++) {
         ops->progress(p.be);
@@ -980,7 +1001,8 @@ static void test_release_stalled_read(void **state)
         usleep(1000);
     }
     printf("[ ucx stalled read ] bytes landed after release once the peer "
-           "resumed: %s\n", memcmp(snap, p.mem, c.region.len) ? "YES" : "no");
+           "resumed: %s\n",
+           memcmp(snap, p.mem, c.region.len) ? "YES" : "no");
     free(snap);
     assert_int_equal(p.h.peer_errors, 1);
     assert_int_equal(p.h.last_error, PDX_ERR_REMOTE_DISCONNECT);
@@ -1005,8 +1027,10 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--quick") == 0) {
             g_quick = 1;
         } else {
-            fprintf(stderr, "usage: %s --suite transfer|misc [--tls LIST] "
-                    "[--quick]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s --suite transfer|misc [--tls LIST] "
+                    "[--quick]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -1035,8 +1059,8 @@ int main(int argc, char **argv)
             cmocka_unit_test_setup_teardown(test_event_fd, pair_setup,
                                             pair_teardown),
         };
-        return cmocka_run_group_tests_name("backend_ucx_transfer", tests,
-                                           NULL, NULL);
+        return cmocka_run_group_tests_name("backend_ucx_transfer", tests, NULL,
+                                           NULL);
     }
     if (strcmp(suite, "misc") == 0) {
         const struct CMUnitTest tests[] = {

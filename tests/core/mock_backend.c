@@ -78,6 +78,8 @@ static pdx_status_t m_conn_info(void *be, void **buf_p, size_t *len_p)
     return PDX_OK;
 }
 
+pdx_region_t mock_last_region;
+
 static pdx_status_t m_reg(void *be, const pdx_region_t *r, void **md_p)
 {
     pdx_region_t *c = malloc(sizeof(*c));
@@ -85,6 +87,7 @@ static pdx_status_t m_reg(void *be, const pdx_region_t *r, void **md_p)
         return PDX_ERR_NOMEM;
     }
     *c = *r;
+    mock_last_region = *r;
     *md_p = c;
     return PDX_OK;
 }

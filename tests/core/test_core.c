@@ -7,7 +7,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -589,6 +591,90 @@ static void test_timeout(void **state)
     side_fini(&b);
 }
 
+/* pdx_mem_alloc/free and pdx_mem_share/unshare: what registration hands
+ * the backends (flag, fd, file offset), and every refusal. */
+static void test_shared_memory(void **state)
+{
+    (void)state;
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    void *m = NULL;
+    assert_int_equal(pdx_mem_alloc(0, 0, &m), PDX_ERR_INVALID);
+    assert_int_equal(pdx_mem_alloc(pg, 1u << 7, &m), PDX_ERR_INVALID);
+    assert_null(m);
+    assert_int_equal(pdx_mem_alloc(3 * pg, PDX_MEM_F_POPULATE, &m), PDX_OK);
+    assert_int_equal((uintptr_t)m % pg, 0);
+    unsigned char *b = m;
+    assert_int_equal(b[0] | b[3 * pg - 1], 0);
+    memset(b + pg, 0xa7, pg);
+    b[pg + 5] = 0x11;
+
+    pdx_agent_h a;
+    assert_int_equal(pdx_agent_create("shm", NULL, &a), PDX_OK);
+    assert_int_equal(pdx_backend_create_with_ops(a, &mock_backend_ops, NULL,
+                                                 0, NULL), PDX_OK);
+    pdx_mem_reg_h reg, reg2;
+    assert_int_equal(pdx_mem_register(a, PDX_MEM_DRAM, (uintptr_t)b + pg, pg,
+                                      0, PDX_REGION_F_SHARED, &reg),
+                     PDX_ERR_INVALID);
+    assert_int_equal(pdx_mem_register(a, PDX_MEM_DRAM, (uintptr_t)b + pg, pg,
+                                      0, 0, &reg), PDX_OK);
+    assert_true(mock_last_region.flags & PDX_REGION_F_SHARED);
+    assert_true(mock_last_region.shm_fd >= 0);
+    assert_int_equal(mock_last_region.shm_offset, pg);
+    /* The fd and offset name the very bytes of the region. */
+    unsigned char got[8];
+    assert_int_equal(pread(mock_last_region.shm_fd, got, sizeof(got),
+                           (off_t)mock_last_region.shm_offset),
+                     (ssize_t)sizeof(got));
+    assert_int_equal(got[0], 0xa7);
+    assert_int_equal(got[5], 0x11);
+    /* Registered inside: free refuses and leaves it usable. */
+    assert_int_equal(pdx_mem_free(b), PDX_ERR_BUSY);
+    b[2 * pg] = 1;
+    assert_int_equal(pdx_mem_free(b + pg), PDX_ERR_NOT_FOUND);
+    assert_int_equal(pdx_mem_deregister(a, reg), PDX_OK);
+    assert_int_equal(pdx_mem_free(b), PDX_OK);
+    assert_int_equal(pdx_mem_free(b), PDX_ERR_NOT_FOUND);
+    assert_int_equal(pdx_mem_free(NULL), PDX_OK);
+
+    /* A caller's own shared mapping. */
+    int fd = memfd_create("test", 0);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)(4 * pg)), 0);
+    unsigned char *s = mmap(NULL, 2 * pg, PROT_READ | PROT_WRITE, MAP_SHARED,
+                            fd, (off_t)(2 * pg));
+    assert_true(s != MAP_FAILED);
+    assert_int_equal(pdx_mem_share(s + 1, pg, fd, 2 * pg), PDX_ERR_INVALID);
+    assert_int_equal(pdx_mem_share(s, 3 * pg, fd, 2 * pg), PDX_ERR_INVALID);
+    assert_int_equal(pdx_mem_share(s, pg, -1, 0), PDX_ERR_INVALID);
+    assert_int_equal(pdx_mem_share(s, 2 * pg, fd, 2 * pg), PDX_OK);
+    assert_int_equal(pdx_mem_share(s + pg, pg, fd, 3 * pg), PDX_ERR_EXISTS);
+    s[pg] = 0x5c;
+    assert_int_equal(pdx_mem_register(a, PDX_MEM_DRAM, (uintptr_t)s + pg, pg,
+                                      0, 0, &reg2), PDX_OK);
+    assert_true(mock_last_region.flags & PDX_REGION_F_SHARED);
+    assert_true(mock_last_region.shm_fd != fd); /* pdx's own dup */
+    assert_int_equal(mock_last_region.shm_offset, 3 * pg);
+    assert_int_equal(pread(mock_last_region.shm_fd, got, 1, (off_t)(3 * pg)),
+                     1);
+    assert_int_equal(got[0], 0x5c);
+    assert_int_equal(pdx_mem_unshare(s), PDX_ERR_BUSY);
+    close(fd); /* pdx's dup keeps the file */
+    assert_int_equal(pdx_mem_deregister(a, reg2), PDX_OK);
+    assert_int_equal(pdx_mem_unshare(s), PDX_OK);
+    assert_int_equal(pdx_mem_unshare(s), PDX_ERR_NOT_FOUND);
+    munmap(s, 2 * pg);
+
+    /* Private memory is not shared. */
+    void *priv = aligned_alloc(pg, pg);
+    assert_int_equal(pdx_mem_register(a, PDX_MEM_DRAM, (uintptr_t)priv, pg,
+                                      0, 0, &reg), PDX_OK);
+    assert_false(mock_last_region.flags & PDX_REGION_F_SHARED);
+    assert_int_equal(pdx_mem_deregister(a, reg), PDX_OK);
+    free(priv);
+    pdx_agent_destroy(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -605,6 +691,7 @@ int main(void)
         cmocka_unit_test(test_invariants),
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_timeout),
+        cmocka_unit_test(test_shared_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

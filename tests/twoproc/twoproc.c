@@ -33,6 +33,10 @@ static int g_full;
 /* Also create the cma backend (same-host single copy); UCX still carries
  * the notifications. */
 static int g_cma;
+/* Both sides' regions come from pdx_mem_alloc: cma maps the peer's memory
+ * and copies with memcpy (checked through the backend's byte counts). */
+static int g_shm;
+static pdx_backend_h g_cma_be;
 
 
 #define CHECK(call)                                                            \
@@ -132,10 +136,12 @@ static pdx_agent_h make_agent(const char *name, unsigned char **mem_p)
     pdx_kv_t opt = {"tls", g_tls};
     CHECK(pdx_backend_create(a, "ucx", &opt, 1, NULL));
     if (g_cma) {
-        CHECK(pdx_backend_create(a, "cma", NULL, 0, NULL));
+        CHECK(pdx_backend_create(a, "cma", NULL, 0, &g_cma_be));
     }
     unsigned char *mem = NULL;
-    if (posix_memalign((void **)&mem, 4096, REGION) != 0) {
+    if (g_shm) {
+        CHECK(pdx_mem_alloc(REGION, 0, (void **)&mem));
+    } else if (posix_memalign((void **)&mem, 4096, REGION) != 0) {
         die("alloc");
     }
     memset(mem, 0, REGION);
@@ -144,6 +150,39 @@ static pdx_agent_h make_agent(const char *name, unsigned char **mem_p)
                            &reg));
     *mem_p = mem;
     return a;
+}
+
+static void free_mem(unsigned char *mem)
+{
+    if (g_shm) {
+        CHECK(pdx_mem_free(mem));
+    } else {
+        free(mem);
+    }
+}
+
+/* cma's count of bytes it moved by memcpy through a mapping, and through
+ * process_vm_*: shared memory must go the first way, other memory the
+ * second. */
+static void check_cma_paths(void)
+{
+    if (!g_cma) {
+        return;
+    }
+    char d[256];
+    unsigned long long by_map = 0, by_vm = 0;
+    pdx_backend_describe(g_cma_be, d, sizeof(d));
+    if (sscanf(d, "cma: same host: %llu bytes by memcpy into/out of peers' "
+                  "shared memory, %llu by process_vm_readv/writev",
+               &by_map, &by_vm) != 2) {
+        die("cma describe: unexpected '%s'", d);
+    }
+    if (g_shm ? (by_map == 0 || by_vm != 0) : (by_map != 0 || by_vm == 0)) {
+        die("cma moved %llu bytes by memcpy and %llu by process_vm_*: wrong "
+            "path for %s memory", by_map, by_vm, g_shm ? "shared" : "private");
+    }
+    printf("  cma: %llu bytes by memcpy of mapped peer memory, %llu by "
+           "process_vm_*\n", by_map, by_vm);
 }
 
 static void exchange(pdx_agent_h a, int ctl, char *peer)
@@ -197,7 +236,7 @@ static int target_main(int ctl)
         free(cmd);
     }
     pdx_agent_destroy(a);
-    free(t.mem);
+    free_mem(t.mem);
     return 0;
 }
 
@@ -212,8 +251,17 @@ static pid_t spawn_target(int *ctl_p)
         close(sv[0]);
         char fd[16];
         snprintf(fd, sizeof(fd), "%d", sv[1]);
-        execl(g_self, g_self, "--target", fd, "--tls", g_tls,
-              g_cma ? "--cma" : (char *)NULL, (char *)NULL);
+        char *args[9] = {(char *)g_self, "--target", fd, "--tls",
+                         (char *)g_tls};
+        int n = 5;
+        if (g_cma) {
+            args[n++] = "--cma";
+        }
+        if (g_shm) {
+            args[n++] = "--shm";
+        }
+        args[n] = NULL;
+        execv(g_self, args);
         _exit(127);
     }
     close(sv[1]);
@@ -353,9 +401,11 @@ static int initiator_main(int kill_test)
         int status;
         waitpid(pid, &status, 0);
         close(ctl);
+        check_cma_paths();
         pdx_agent_destroy(a);
-        free(mem);
-        printf("twoproc (%s): all cases byte-exact\n", g_tls);
+        free_mem(mem);
+        printf("twoproc (%s%s): all cases byte-exact\n", g_tls,
+               g_shm ? ", shared memory" : "");
         return 0;
     }
 
@@ -421,8 +471,9 @@ static int initiator_main(int kill_test)
     send_msg(ctl, "quit", 4);
     waitpid(pid, &status, 0);
     close(ctl);
+    check_cma_paths();
     pdx_agent_destroy(a);
-    free(mem);
+    free_mem(mem);
     printf("twoproc kill (%s): disconnect seen, new peer byte-exact\n", g_tls);
     return 0;
 }
@@ -438,12 +489,14 @@ int main(int argc, char **argv)
             g_tls = argv[++i];
         } else if (strcmp(argv[i], "--cma") == 0) {
             g_cma = 1;
+        } else if (strcmp(argv[i], "--shm") == 0) {
+            g_shm = 1;
         } else if (strcmp(argv[i], "--full") == 0) {
             g_full = 1;
         } else if (strcmp(argv[i], "--kill") == 0) {
             kill_test = 1;
         } else {
-            die("usage: %s [--tls TLS] [--cma] [--kill] [--full]", argv[0]);
+            die("usage: %s [--tls TLS] [--cma [--shm]] [--kill] [--full]", argv[0]);
         }
     }
     signal(SIGPIPE, SIG_IGN);

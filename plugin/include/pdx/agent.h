@@ -105,6 +105,48 @@ PDX_API pdx_status_t pdx_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
 /* Deregister. PDX_ERR_BUSY (nothing done) while a request uses it. */
 PDX_API pdx_status_t pdx_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg);
 
+/* Shared host memory: the fast path between processes on one host.
+ *
+ * Host memory from pdx_mem_alloc, or a caller's own MAP_SHARED mapping of a
+ * file declared with pdx_mem_share, can be mapped by a peer on this host.
+ * Register it with pdx_mem_register as usual (after allocating or sharing;
+ * a region must lie inside one such range to count). The cma backend then
+ * packs the memory's fd and offset in the region's key, the peer maps it
+ * (pidfd_getfd, or /proc/<pid>/fd where that is refused) and a transfer
+ * into or out of it is one memcpy by the initiator: no system call per
+ * request, no CPU of the target. Where the peer cannot map it (another
+ * user, a seccomp filter) it falls back to process_vm_readv/writev, and
+ * over UCX nothing changes. Only the target side of a transfer needs to
+ * be shared; the initiator's side may be any registered memory.
+ *
+ * A peer that maps the memory can read and write all of it until it
+ * unloads this agent (as with process_vm_writev, only processes allowed to
+ * ptrace this one can); the pages live until both sides unmap them.
+ *
+ * Thread-safe (one process-wide registry with its own lock); blocking
+ * (system calls). None of these needs an agent. */
+
+/* Allocate `len` bytes of zeroed shared memory (memfd_create, MAP_SHARED),
+ * page aligned. `flags`: PDX_MEM_F_POPULATE faults every page in now.
+ * The caller owns it: free with pdx_mem_free. PDX_ERR_NOMEM or
+ * PDX_ERR_IO (with a log line) on failure; *ptr_p is written on success
+ * only. */
+PDX_API pdx_status_t pdx_mem_alloc(size_t len, uint64_t flags, void **ptr_p);
+/* Free memory from pdx_mem_alloc (NULL is a no-op). PDX_ERR_BUSY (nothing
+ * done) while any agent has a region registered inside it;
+ * PDX_ERR_NOT_FOUND if `ptr` is not what pdx_mem_alloc returned. */
+PDX_API pdx_status_t pdx_mem_free(void *ptr);
+/* Declare that [addr, +len) is a MAP_SHARED mapping of `fd` whose byte at
+ * `offset` is `addr` (so addr and offset agree modulo the page size). pdx
+ * keeps its own dup of `fd`; the caller keeps the mapping alive until
+ * pdx_mem_unshare. PDX_ERR_INVALID if fd is not a regular file that large,
+ * PDX_ERR_EXISTS if the range overlaps one already known. */
+PDX_API pdx_status_t pdx_mem_share(void *addr, size_t len, int fd,
+                                   uint64_t offset);
+/* Forget a range from pdx_mem_share (by its start). PDX_ERR_BUSY while a
+ * region inside it is registered. */
+PDX_API pdx_status_t pdx_mem_unshare(void *addr);
+
 /* Serialise the agent's public metadata (name, generation, host id, pid,
  * each backend's connection info, each region with its keys, invariants)
  * into a new blob. `*blob_p` is malloc'd; free it with pdx_blob_free. */

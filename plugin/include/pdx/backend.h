@@ -51,6 +51,13 @@ typedef struct pdx_region {
     uint32_t dev_id;
     pdx_mem_type_t mem_type;
     uint64_t flags; /* PDX_REGION_F_* */
+    /* Valid only with PDX_REGION_F_SHARED in `flags` (set by the agent
+     * for local regions in pdx_mem_alloc/pdx_mem_share memory): an fd of
+     * this process for a file whose bytes at `shm_offset` are `addr`
+     * (MAP_SHARED). The fd stays open while the region is registered. */
+    int32_t shm_fd;
+    uint32_t reserved;
+    uint64_t shm_offset;
 } pdx_region_t;
 
 

@@ -116,6 +116,10 @@ typedef struct pdx_plugin_v1 {
     void (*kv_free)(void *);
     pdx_status_t (*xfer_abort)(pdx_xfer_h);
     pdx_status_t (*kv_load_abort)(pdx_kv_connector_h, const char *);
+    pdx_status_t (*mem_alloc)(size_t, uint64_t, void **);
+    pdx_status_t (*mem_free)(void *);
+    pdx_status_t (*mem_share)(void *, size_t, int, uint64_t);
+    pdx_status_t (*mem_unshare)(void *);
 } pdx_plugin_v1_t;
 
 _Static_assert(offsetof(pdx_plugin_v1_t, abi_version) == 0, "abi first");

@@ -41,6 +41,14 @@ typedef struct pdx_desc_list {
 /* Registration flags (pdx_mem_register). */
 /* Page-lock a DRAM region for GPU copies (cuda_ipc honours it). */
 #define PDX_REGION_F_PIN (1ull << 0)
+/* Set by pdx, never by the caller: the region lies in shared memory from
+ * pdx_mem_alloc or pdx_mem_share, so a same-host peer may map it
+ * (pdx_region_t's shm_fd and shm_offset are valid). */
+#define PDX_REGION_F_SHARED (1ull << 1)
+
+/* pdx_mem_alloc flags. */
+/* Fault every page in at allocation (MAP_POPULATE). */
+#define PDX_MEM_F_POPULATE (1ull << 0)
 
 /* A key/value option (backend options). Both strings are owned by the
  * caller and only read during the call. */
