@@ -42,7 +42,12 @@
 #define CMA_KEY_PLAIN 16   /* addr, len */
 #define CMA_KEY_SHARED 36  /* + fd (4), inode (8), file offset (8) */
 #define CMA_INLINE_MAX_DEFAULT (1u << 20)
-#define CMA_COPY_CHUNK (4u << 20) /* abort checked between chunks */
+#define CMA_COPY_CHUNK (1u << 20) /* unit of work; abort seen between */
+
+typedef struct cma_chunk {
+    size_t piece, npieces; /* whole pieces [piece, +npieces) if len == 0 */
+    uint64_t off, len;     /* else a slice of one piece */
+} cma_chunk_t;
 
 typedef struct cma_req {
     struct cma_req *next;
@@ -53,7 +58,14 @@ typedef struct cma_req {
     _Atomic int state; /* 0 queued/running, 1 done */
     _Atomic int abort;
     pdx_status_t status;
-    bool mapped; /* every remote_md is mapped: memcpy, no system call */
+    /* Every remote_md is mapped: memcpy, no system call, in chunks that
+     * the worker and xfer_check callers claim (the caller spinning on
+     * check copies instead of competing with the worker for the CPU). */
+    bool mapped;
+    cma_chunk_t *chunks;
+    size_t nchunks;
+    _Atomic size_t next_chunk[2], chunks_done; /* per lane; both lanes */
+    _Atomic int canceled;
 } cma_req_t;
 
 typedef struct cma_be {
@@ -140,43 +152,147 @@ static uint8_t *mapped_addr(const pdx_backend_iov_t *v)
     return m->base + (v->remote_addr - m->addr);
 }
 
-/* A mapped request: memcpy piece by piece, in chunks so that an abort is
- * seen within CMA_COPY_CHUNK bytes. `abort_p` is NULL inline. */
-static pdx_status_t copy_mapped(cma_be_t *be, const pdx_backend_iov_t *iov,
-                                size_t n, pdx_xfer_op_t op,
-                                _Atomic int *abort_p)
+static void copy_piece(const pdx_backend_iov_t *v, pdx_xfer_op_t op,
+                       uint64_t off, uint64_t len)
 {
-    uint64_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint8_t *loc = (uint8_t *)(uintptr_t)iov[i].local_addr;
-        uint8_t *rem = mapped_addr(&iov[i]);
-        for (uint64_t off = 0; off < iov[i].len;) {
-            if (abort_p != NULL && atomic_load_explicit(abort_p,
-                                                        memory_order_relaxed)) {
-                atomic_fetch_add(&be->bytes_mapped, total);
-                return PDX_ERR_CANCELED;
-            }
-            uint64_t k = iov[i].len - off;
-            if (k > CMA_COPY_CHUNK) {
-                k = CMA_COPY_CHUNK;
-            }
-            if (op == PDX_XFER_WRITE) {
-                memcpy(rem + off, loc + off, k);
-            } else {
-                memcpy(loc + off, rem + off, k);
-            }
-            off += k;
-            total += k;
-        }
+    uint8_t *loc = (uint8_t *)(uintptr_t)v->local_addr + off;
+    uint8_t *rem = mapped_addr(v) + off;
+    if (op == PDX_XFER_WRITE) {
+        memcpy(rem, loc, len);
+    } else {
+        memcpy(loc, rem, len);
     }
-    atomic_fetch_add(&be->bytes_mapped, total);
+}
+
+/* A small mapped request, copied inline by post. */
+static void copy_mapped(cma_be_t *be, const pdx_backend_iov_t *iov, size_t n,
+                        pdx_xfer_op_t op, uint64_t total)
+{
+    for (size_t i = 0; i < n; i++) {
+        copy_piece(&iov[i], op, 0, iov[i].len);
+    }
+    atomic_fetch_add_explicit(&be->bytes_mapped, total, memory_order_relaxed);
+}
+
+/* Split a mapped request into chunks of about CMA_COPY_CHUNK bytes: runs
+ * of whole small pieces, or slices of a large one. */
+static pdx_status_t plan_chunks(cma_req_t *r)
+{
+    size_t cap = 16, n = 0;
+    cma_chunk_t *c = malloc(cap * sizeof(*c));
+    if (c == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    size_t i = 0;
+    while (i < r->n) {
+        if (n + 1 > cap) {
+            cap *= 2;
+            void *p = realloc(c, cap * sizeof(*c));
+            if (p == NULL) {
+                free(c);
+                return PDX_ERR_NOMEM;
+            }
+            c = p;
+        }
+        if (r->iov[i].len >= CMA_COPY_CHUNK) {
+            /* Slices of one large piece: one entry, advanced below. */
+            uint64_t off = n > 0 && c[n - 1].piece == i && c[n - 1].len > 0
+                               ? c[n - 1].off + c[n - 1].len
+                               : 0;
+            uint64_t k = r->iov[i].len - off;
+            k = k > CMA_COPY_CHUNK ? CMA_COPY_CHUNK : k;
+            c[n++] = (cma_chunk_t){.piece = i, .npieces = 1, .off = off,
+                                   .len = k};
+            if (off + k == r->iov[i].len) {
+                i++;
+            }
+            continue;
+        }
+        size_t first = i;
+        uint64_t sum = 0;
+        while (i < r->n && r->iov[i].len < CMA_COPY_CHUNK &&
+               sum < CMA_COPY_CHUNK) {
+            sum += r->iov[i].len;
+            i++;
+        }
+        c[n++] = (cma_chunk_t){.piece = first, .npieces = i - first};
+    }
+    r->chunks = c;
+    r->nchunks = n;
     return PDX_OK;
+}
+
+/* Bytes [lo, hi) of `len` that lane `lane` copies: lane 0 the first half,
+ * lane 1 the rest, split on a cache line so the two never share one. */
+static void lane_range(uint64_t len, int lane, uint64_t *lo, uint64_t *hi)
+{
+    uint64_t h = (len / 2) & ~(uint64_t)63;
+    *lo = lane == 0 ? 0 : h;
+    *hi = lane == 0 ? h : len;
+}
+
+/* Copy lane `lane`'s part of chunk `c`; returns the bytes copied. */
+static uint64_t copy_chunk_lane(const cma_req_t *r, const cma_chunk_t *c,
+                                int lane)
+{
+    uint64_t lo, hi, bytes = 0;
+    if (c->len > 0) {
+        lane_range(c->len, lane, &lo, &hi);
+        copy_piece(&r->iov[c->piece], r->op, c->off + lo, hi - lo);
+        return hi - lo;
+    }
+    for (size_t j = c->piece; j < c->piece + c->npieces; j++) {
+        lane_range(r->iov[j].len, lane, &lo, &hi);
+        copy_piece(&r->iov[j], r->op, lo, hi - lo);
+        bytes += hi - lo;
+    }
+    return bytes;
+}
+
+/* Claim and copy up to `max` half-chunks of a mapped request. Every chunk
+ * has two lanes (the first and second half of each of its pieces): the
+ * caller in xfer_check works lane 0, the worker lane 1, and either takes
+ * the other's when its own is done. Two threads then never write the same
+ * cache lines, even when every descriptor names one buffer. After an
+ * abort, claimed parts are skipped. Returns true if anything was claimed. */
+static bool help_mapped(cma_be_t *be, cma_req_t *r, int lane, size_t max)
+{
+    bool any = false;
+    for (size_t done = 0; done < max; done++) {
+        size_t i = atomic_fetch_add(&r->next_chunk[lane], 1);
+        int l = lane;
+        if (i >= r->nchunks) {
+            l = 1 - lane;
+            i = atomic_fetch_add(&r->next_chunk[l], 1);
+            if (i >= r->nchunks) {
+                break;
+            }
+        }
+        any = true;
+        if (atomic_load_explicit(&r->abort, memory_order_relaxed)) {
+            atomic_store(&r->canceled, 1);
+        } else {
+            atomic_fetch_add_explicit(&be->bytes_mapped,
+                                      copy_chunk_lane(r, &r->chunks[i], l),
+                                      memory_order_relaxed);
+        }
+        /* release: the copy is visible to whoever sees the count */
+        atomic_fetch_add_explicit(&r->chunks_done, 1, memory_order_release);
+    }
+    return any;
+}
+
+static bool mapped_done(cma_req_t *r)
+{
+    return atomic_load_explicit(&r->chunks_done, memory_order_acquire) ==
+           2 * r->nchunks;
 }
 
 static pdx_status_t run_req(cma_be_t *be, cma_req_t *r)
 {
     if (r->mapped) {
-        return copy_mapped(be, r->iov, r->n, r->op, &r->abort);
+        help_mapped(be, r, 1, SIZE_MAX);
+        return PDX_OK; /* completion is counted per chunk */
     }
     struct iovec lv[CMA_IOV_BATCH], rv[CMA_IOV_BATCH];
     size_t i = 0;
@@ -552,7 +668,8 @@ static pdx_status_t cma_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
         total += iov[i].len;
     }
     if (mapped && total <= be->inline_max) {
-        return copy_mapped(be, iov, n, op, NULL);
+        copy_mapped(be, iov, n, op, total);
+        return PDX_OK;
     }
     cma_req_t *r = calloc(1, sizeof(*r));
     if (r == NULL) {
@@ -579,6 +696,13 @@ static pdx_status_t cma_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
     r->op = op;
     r->pid = peer->pid;
     r->mapped = mapped;
+    if (mapped && plan_chunks(r) != PDX_OK) {
+        pthread_mutex_lock(&be->lock);
+        iov_recycle(be, r->iov, r->cap);
+        pthread_mutex_unlock(&be->lock);
+        free(r);
+        return PDX_ERR_NOMEM;
+    }
     pthread_mutex_lock(&be->lock);
     if (be->tail != NULL) {
         be->tail->next = r;
@@ -595,6 +719,16 @@ static pdx_status_t cma_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
 static pdx_status_t cma_xfer_check(void *bev, void *reqv)
 {
     cma_req_t *r = reqv;
+    if (r->mapped) {
+        /* Copy a chunk here rather than spin while the worker copies. */
+        if (!mapped_done(r)) {
+            help_mapped(bev, r, 0, 1);
+        }
+        if (!mapped_done(r)) {
+            return PDX_INPROGRESS;
+        }
+        return atomic_load(&r->canceled) ? PDX_ERR_CANCELED : PDX_OK;
+    }
     if (!atomic_load(&r->state)) {
         return PDX_INPROGRESS;
     }
@@ -608,8 +742,11 @@ static pdx_status_t cma_xfer_abort(void *bev, void *reqv)
     return PDX_OK;
 }
 
-/* Waits for the system call in progress (a bounded kernel copy that needs
- * nothing from the peer), so nothing lands after release returns. */
+/* Waits until the worker is done with the request: a system call in
+ * progress (a bounded kernel copy that needs nothing from the peer), or,
+ * for a mapped request, the chunk being copied (the rest are skipped once
+ * the abort flag is set). Chunks claimed in xfer_check ran under the
+ * agent's lock, as this does. Nothing lands after release returns. */
 static void cma_xfer_release(void *bev, void *reqv)
 {
     cma_be_t *be = bev;
@@ -621,6 +758,7 @@ static void cma_xfer_release(void *bev, void *reqv)
     }
     iov_recycle(be, r->iov, r->cap);
     pthread_mutex_unlock(&be->lock);
+    free(r->chunks);
     free(r);
 }
 

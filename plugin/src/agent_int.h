@@ -61,6 +61,9 @@ typedef struct pdx_notif_item {
     unsigned char msg[];
 } pdx_notif_item_t;
 
+#define PDX_XFER_INLINE_IOV 2
+#define PDX_XFER_INLINE_REGS 2
+
 struct pdx_xfer {
     pdx_agent_h agent;
     pdx_xfer_op_t op;
@@ -79,6 +82,10 @@ struct pdx_xfer {
     bool aborting; /* pdx_xfer_abort asked; no notification */
     uint64_t post_ns;
     struct pdx_xfer *prev, *next; /* agent's list of live requests */
+    /* Storage for small requests (no malloc per request): `iov` and
+     * `regs` point here when they fit. */
+    pdx_backend_iov_t iov_inline[PDX_XFER_INLINE_IOV];
+    struct pdx_mem_reg *regs_inline[PDX_XFER_INLINE_REGS];
 };
 
 typedef struct pdx_dlist_entry {

@@ -74,7 +74,8 @@ pdx_status_t pdx_notif_send_locked(pdx_agent_h agent, pdx_peer_t *peer,
 static pdx_status_t hold_regs(struct pdx_xfer *x, struct pdx_mem_reg **regs,
                               size_t n)
 {
-    x->regs = malloc((n ? n : 1) * sizeof(*x->regs));
+    x->regs = n <= PDX_XFER_INLINE_REGS ? x->regs_inline
+                                        : malloc(n * sizeof(*x->regs));
     if (x->regs == NULL) {
         return PDX_ERR_NOMEM;
     }
@@ -120,9 +121,14 @@ static struct pdx_xfer *xfer_new(pdx_agent_h agent, pdx_xfer_op_t op,
     x->op = op;
     x->bindex = -1;
     x->status = PDX_OK;
-    snprintf(x->peer_name, sizeof(x->peer_name), "%s", peer->name);
+    /* Not snprintf: it cost a third of a one-descriptor make. */
+    size_t nl = strnlen(peer->name, sizeof(x->peer_name) - 1);
+    memcpy(x->peer_name, peer->name, nl);
+    x->peer_name[nl] = '\0';
     x->peer_epoch = peer->epoch;
-    x->iov = malloc((max_iov ? max_iov : 1) * sizeof(*x->iov));
+    x->iov = max_iov <= PDX_XFER_INLINE_IOV
+                 ? x->iov_inline
+                 : malloc(max_iov * sizeof(*x->iov));
     if (x->iov == NULL) {
         free(x);
         return NULL;
@@ -130,7 +136,9 @@ static struct pdx_xfer *xfer_new(pdx_agent_h agent, pdx_xfer_op_t op,
     if (notif != NULL) {
         x->notif = malloc(notif_len ? notif_len : 1);
         if (x->notif == NULL) {
-            free(x->iov);
+            if (x->iov != x->iov_inline) {
+                free(x->iov);
+            }
             free(x);
             return NULL;
         }
@@ -148,8 +156,12 @@ static void xfer_free(struct pdx_xfer *x)
     for (size_t i = 0; i < x->nregs; i++) {
         x->regs[i]->users--;
     }
-    free(x->regs);
-    free(x->iov);
+    if (x->regs != x->regs_inline) {
+        free(x->regs);
+    }
+    if (x->iov != x->iov_inline) {
+        free(x->iov);
+    }
     free(x->notif);
     free(x);
 }
@@ -682,7 +694,7 @@ pdx_status_t pdx_xfer_make(pdx_agent_h agent, pdx_xfer_op_t op,
     if ((st = hold_regs(x, local->regs, local->nregs)) != PDX_OK) {
         goto err;
     }
-    if (x->niov < n / 2) {
+    if (x->niov < n / 2 && x->iov != x->iov_inline) {
         /* Give back what merging saved. */
         void *shrunk = realloc(x->iov, x->niov * sizeof(*x->iov));
         if (shrunk != NULL) {

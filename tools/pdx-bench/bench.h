@@ -168,12 +168,35 @@ int plot_svg(const char *path, const char *title, const char *xlabel,
              const char *ylabel, int logx, const plot_panel_t *panels,
              size_t npanels);
 
-/* PDX_BENCH_CMA=1: pdx also creates the cma backend (same-host data in
- * one kernel copy; UCX still carries notifications). Children inherit it. */
+/* How pdx moves same-host data (--path, kept in PDX_BENCH_PATH so the
+ * targets inherit it): "shm" (default) = the cma backend and shared memory
+ * (pdx_mem_alloc / pdx_mem_share: memcpy into the peer's mapping); "cma" =
+ * the cma backend on private memory (process_vm_readv/writev); "ucx" = UCX
+ * alone. UCX carries the notifications in every case. */
+static inline const char *bench_path(void)
+{
+    const char *v = getenv("PDX_BENCH_PATH");
+    return v != NULL && *v != '\0' ? v : "shm";
+}
 static inline int bench_use_cma(void)
 {
-    const char *v = getenv("PDX_BENCH_CMA");
-    return v != NULL && v[0] == '1';
+    return strcmp(bench_path(), "ucx") != 0;
 }
+static inline int bench_use_shm(void)
+{
+    return strcmp(bench_path(), "shm") == 0;
+}
+/* The cma backend, with PDX_BENCH_CMA_INLINE (bytes) as its inline_max
+ * option when set (--cma-inline). */
+static inline pdx_status_t bench_cma_create(pdx_agent_h a)
+{
+    const char *v = getenv("PDX_BENCH_CMA_INLINE");
+    pdx_kv_t opt = {"inline_max", v};
+    return pdx_backend_create(a, "cma", v ? &opt : NULL, v ? 1 : 0, NULL);
+}
+/* A registered transfer buffer: shared memory with --path shm (prefaulted,
+ * filled with 0x5a), else big_alloc. Free with bench_mem_free. */
+void *bench_mem_alloc(size_t len);
+void bench_mem_free(void *p, size_t len);
 
 #endif

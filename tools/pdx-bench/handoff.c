@@ -26,6 +26,7 @@ typedef struct kv_side {
     uint64_t nblocks; /* per arena */
     uint32_t alias;
     int memfd;
+    int shared; /* arenas declared with pdx_mem_share */
     void *va;
     size_t va_len;
     uint64_t phys;
@@ -53,9 +54,11 @@ static uint32_t pick_alias(uint64_t nblocks, uint64_t side_mem)
     return f;
 }
 
-static void side_init(kv_side_t *s, uint64_t nblocks, uint32_t alias, int fill)
+static void side_init(kv_side_t *s, uint64_t nblocks, uint32_t alias, int fill,
+                      int share)
 {
     memset(s, 0, sizeof(*s));
+    s->shared = share;
     s->nblocks = nblocks;
     s->alias = alias;
     CHECK(pdx_layout_glm52(nblocks, PDX_MEM_DRAM, 0, &s->layout));
@@ -96,6 +99,10 @@ static void side_init(kv_side_t *s, uint64_t nblocks, uint32_t alias, int fill)
                 die("mapping arena %zu alias %u: %s", a, k, strerror(errno));
             }
         }
+        if (share) {
+            /* --path shm: a same-host D maps P's arenas (alias is 1). */
+            CHECK(pdx_mem_share(base, chunk, s->memfd, foff));
+        }
         CHECK(pdx_layout_set_base(s->layout, a, (uintptr_t)base, 0));
         if (fill) {
             uint64_t *w = (uint64_t *)(void *)base;
@@ -114,6 +121,11 @@ static void side_init(kv_side_t *s, uint64_t nblocks, uint32_t alias, int fill)
 
 static void side_fini(kv_side_t *s)
 {
+    for (size_t a = 0; s->shared && a < pdx_layout_num_arenas(s->layout); a++) {
+        pdx_arena_t ar;
+        CHECK(pdx_layout_get_arena(s->layout, a, &ar));
+        CHECK(pdx_mem_unshare((void *)(uintptr_t)ar.base));
+    }
     munmap(s->va, s->va_len);
     close(s->memfd);
     pdx_layout_destroy(s->layout);
@@ -290,15 +302,18 @@ int mode_handoff(const bench_opts_t *o, cJSON *root)
 
     char nb_s[32], al_s[16];
     snprintf(nb_s, sizeof(nb_s), "%llu", (unsigned long long)nblocks);
-    snprintf(al_s, sizeof(al_s), "%u", alias);
+    /* --path shm: P's arenas are shared with D, which maps them; a shared
+     * range is one run of a file, so P's side is not aliased. */
+    uint32_t p_alias = bench_use_shm() ? 1 : alias;
+    snprintf(al_s, sizeof(al_s), "%u", p_alias);
     const char *extra[] = {"--ho-blocks", nb_s, "--ho-alias", al_s, NULL};
     int fd;
     int pid = spawn_target(o, "handoff", extra, &fd);
 
     kv_side_t d, src;
-    side_init(&d, nblocks, alias, 0);
+    side_init(&d, nblocks, alias, 0, 0);
     /* memcpy's source: P's shape and bytes, in this process */
-    side_init(&src, nblocks, alias, 1);
+    side_init(&src, nblocks, alias, 1, 0);
     pdx_kv_config_t cfg;
     make_config(&cfg, "bench-d", "bench-p", o->tls, nblocks,
                 PDX_KV_ROLE_CONSUMER);
@@ -322,11 +337,15 @@ int mode_handoff(const bench_opts_t *o, cJSON *root)
         "free the blocks between rounds; bytes checked (first and last word "
         "of every block of every arena)\n",
         reps);
-    say("# memory: %llu blocks per side, each arena mapped %u time(s) over "
-        "%s of physical memory per side (--side-mem %s); memcpy = one thread "
-        "copying the same merged pieces between two such layouts in D\n",
+    say("# memory: %llu blocks per side, each of D's arenas mapped %u "
+        "time(s) over %s of physical memory (--side-mem %s), P's %u time(s); "
+        "path %s%s; memcpy = one thread copying the same merged pieces "
+        "between two of D's layouts in D\n",
         (unsigned long long)nblocks, alias, fmt_bytes(d.phys, b1, sizeof(b1)),
-        fmt_bytes(o->side_mem, b2, sizeof(b2)));
+        fmt_bytes(o->side_mem, b2, sizeof(b2)), p_alias, bench_path(),
+        bench_use_shm() ? " (P's arenas are shared memory that D maps: "
+                          "pdx_mem_share)" : "");
+    jstr(root, "path", bench_path());
     say("# ids: contiguous = blocks 0..n-1 on both sides (a fresh pool: "
         "runs merge per arena); scattered = a random permutation on P (no "
         "run merges)\n");
@@ -409,7 +428,7 @@ int mode_handoff(const bench_opts_t *o, cJSON *root)
                     die("load %s: %s, %zu tokens", rid, pdx_status_string(st),
                         got);
                 }
-                if (!verify(&d, dids, pids, r.blocks, nblocks / alias)) {
+                if (!verify(&d, dids, pids, r.blocks, nblocks / p_alias)) {
                     r.verified = 0;
                 }
                 dvec_push(&times, secs(t3 - t1));
@@ -523,7 +542,8 @@ int target_handoff(const bench_opts_t *o)
 {
     int fd = o->target_fd;
     kv_side_t p;
-    side_init(&p, o->ho_blocks, o->ho_alias, 1);
+    side_init(&p, o->ho_blocks, o->ho_alias, 1,
+              bench_use_shm() && o->ho_alias == 1);
     pdx_kv_config_t cfg;
     make_config(&cfg, "bench-p", "bench-d", o->tls, p.nblocks,
                 PDX_KV_ROLE_PRODUCER);

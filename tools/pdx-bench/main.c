@@ -33,6 +33,12 @@ static void usage(FILE *f)
         "  --plot FILE.svg    bandwidth vs size with the peers' curves "
         "(gnuplot)\n"
         "  --tls sm|tcp       UCX transports (default sm)\n"
+        "  --path shm|cma|ucx how pdx moves same-host data: shm = cma "
+        "backend + shared memory (pdx_mem_alloc / pdx_mem_share, memcpy "
+        "into the peer's mapping; default), cma = cma backend on private "
+        "memory (process_vm_readv/writev), ucx = UCX alone\n"
+        "  --cma-inline BYTES cma's inline_max: shared-memory requests up "
+        "to this are copied inside post (default 1M)\n"
         "  --sizes LIST       message sizes, e.g. 8448,41984,64K,1M,3502592\n"
         "  --batches LIST     descriptors per request (default 1,64,1024)\n"
         "  --ops read,write   operations (default both)\n"
@@ -260,6 +266,18 @@ int main(int argc, char **argv)
             if (o.reps < 1 || o.reps > 100) {
                 die("--reps: 1..100");
             }
+        } else if (strcmp(a, "--path") == 0) {
+            NEEDV();
+            if (strcmp(v, "shm") != 0 && strcmp(v, "cma") != 0 &&
+                strcmp(v, "ucx") != 0) {
+                die("--path: shm, cma or ucx, not '%s'", v);
+            }
+            setenv("PDX_BENCH_PATH", v, 1); /* targets inherit it */
+        } else if (strcmp(a, "--cma-inline") == 0) {
+            NEEDV();
+            char b[32];
+            snprintf(b, sizeof(b), "%llu", (unsigned long long)parse_size(v));
+            setenv("PDX_BENCH_CMA_INLINE", b, 1); /* targets inherit it */
         } else if (strcmp(a, "--no-perftest") == 0) {
             o.no_perftest = 1;
         } else if (strcmp(a, "--no-hot") == 0) {

@@ -117,6 +117,34 @@ void *big_alloc(size_t len)
     return p;
 }
 
+void *bench_mem_alloc(size_t len)
+{
+    if (!bench_use_shm()) {
+        return big_alloc(len);
+    }
+    void *p = NULL;
+    pdx_status_t st = pdx_mem_alloc(len, PDX_MEM_F_POPULATE, &p);
+    if (st != PDX_OK) {
+        die("pdx_mem_alloc of %zu bytes: %s", len, pdx_status_string(st));
+    }
+    (void)madvise(p, len, MADV_NOHUGEPAGE);
+    (void)madvise(p, len, MADV_DONTFORK);
+    memset(p, 0x5a, len);
+    return p;
+}
+
+void bench_mem_free(void *p, size_t len)
+{
+    if (bench_use_shm()) {
+        pdx_status_t st = pdx_mem_free(p);
+        if (st != PDX_OK) {
+            die("pdx_mem_free: %s", pdx_status_string(st));
+        }
+    } else {
+        big_free(p, len);
+    }
+}
+
 void *big_alloc_thp(size_t len)
 {
     /* 2 MiB aligned, advised before the first touch so THP can back it. */
