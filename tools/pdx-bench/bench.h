@@ -44,6 +44,8 @@ typedef struct bench_opts {
     uint64_t side_mem;  /* physical bytes per side before aliasing */
     uint64_t ho_blocks; /* target: blocks per arena */
     uint32_t ho_alias;  /* target: mappings per physical block */
+    uint64_t ho_period; /* target: block b holds pattern b % period (0: per
+                         * physical block) */
     /* hash */
     const char *python;
     /* offload */

@@ -54,8 +54,10 @@ static uint32_t pick_alias(uint64_t nblocks, uint64_t side_mem)
     return f;
 }
 
+/* `period`: block b is filled with block (b % period)'s pattern, so an
+ * unaliased P matches what an aliased D can hold (0: per = nblocks/alias). */
 static void side_init(kv_side_t *s, uint64_t nblocks, uint32_t alias, int fill,
-                      int share)
+                      int share, uint64_t period)
 {
     memset(s, 0, sizeof(*s));
     s->shared = share;
@@ -108,7 +110,8 @@ static void side_init(kv_side_t *s, uint64_t nblocks, uint32_t alias, int fill,
             uint64_t *w = (uint64_t *)(void *)base;
             for (uint64_t b = 0; b < per; b++) {
                 for (uint64_t i = 0; i < bb / 8; i++) {
-                    w[b * (bb / 8) + i] = pat_word(a, b, i);
+                    w[b * (bb / 8) + i] =
+                        pat_word(a, period ? b % period : b, i);
                 }
             }
         } else {
@@ -306,14 +309,20 @@ int mode_handoff(const bench_opts_t *o, cJSON *root)
      * range is one run of a file, so P's side is not aliased. */
     uint32_t p_alias = bench_use_shm() ? 1 : alias;
     snprintf(al_s, sizeof(al_s), "%u", p_alias);
-    const char *extra[] = {"--ho-blocks", nb_s, "--ho-alias", al_s, NULL};
+    /* P's bytes repeat with D's physical period: D's aliases of one page
+     * then receive identical bytes, and verify stays exact. */
+    char per_s[32];
+    snprintf(per_s, sizeof(per_s), "%llu",
+             (unsigned long long)(nblocks / alias));
+    const char *extra[] = {"--ho-blocks", nb_s, "--ho-alias", al_s,
+                           "--ho-period", per_s, NULL};
     int fd;
     int pid = spawn_target(o, "handoff", extra, &fd);
 
     kv_side_t d, src;
-    side_init(&d, nblocks, alias, 0, 0);
+    side_init(&d, nblocks, alias, 0, 0, 0);
     /* memcpy's source: P's shape and bytes, in this process */
-    side_init(&src, nblocks, alias, 1, 0);
+    side_init(&src, nblocks, alias, 1, 0, 0);
     pdx_kv_config_t cfg;
     make_config(&cfg, "bench-d", "bench-p", o->tls, nblocks,
                 PDX_KV_ROLE_CONSUMER);
@@ -428,7 +437,7 @@ int mode_handoff(const bench_opts_t *o, cJSON *root)
                     die("load %s: %s, %zu tokens", rid, pdx_status_string(st),
                         got);
                 }
-                if (!verify(&d, dids, pids, r.blocks, nblocks / p_alias)) {
+                if (!verify(&d, dids, pids, r.blocks, nblocks / alias)) {
                     r.verified = 0;
                 }
                 dvec_push(&times, secs(t3 - t1));
@@ -543,7 +552,7 @@ int target_handoff(const bench_opts_t *o)
     int fd = o->target_fd;
     kv_side_t p;
     side_init(&p, o->ho_blocks, o->ho_alias, 1,
-              bench_use_shm() && o->ho_alias == 1);
+              bench_use_shm() && o->ho_alias == 1, o->ho_period);
     pdx_kv_config_t cfg;
     make_config(&cfg, "bench-p", "bench-d", o->tls, p.nblocks,
                 PDX_KV_ROLE_PRODUCER);

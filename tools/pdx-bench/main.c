@@ -311,6 +311,9 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--ho-alias") == 0) {
             NEEDV();
             o.ho_alias = (uint32_t)parse_size(v);
+        } else if (strcmp(a, "--ho-period") == 0) {
+            NEEDV();
+            o.ho_period = parse_size(v);
         } else if (strcmp(a, "--target") == 0) {
             NEEDV();
             o.target_kind = v;
