@@ -2,6 +2,7 @@
  * keyed by the (mixed) first 8 hash bytes, one LRU per class, leases that pin
  * slots, and a worker thread that runs queued saves. */
 #include <pdx/kv_offload.h>
+#include <pdx/agent.h>
 #include <pdx/log.h>
 
 #include <errno.h>
@@ -77,6 +78,7 @@ struct pdx_offload_pool {
     uint8_t *slab;
     void *slab_map; /* mapping base (slab may be aligned inside it) */
     size_t slab_map_len;
+    bool slab_shared; /* from pdx_mem_alloc: free with pdx_mem_free */
     size_t slab_len;
     slot_meta_t *meta;
     size_t meta_len;
@@ -555,6 +557,15 @@ static pdx_status_t check_params(const pdx_offload_params_t *params,
     return PDX_OK;
 }
 
+static void unmap_slab(struct pdx_offload_pool *pool)
+{
+    if (pool->slab_shared) {
+        pdx_mem_free(pool->slab_map);
+    } else {
+        munmap(pool->slab_map, pool->slab_map_len);
+    }
+}
+
 static pdx_status_t map_slab(struct pdx_offload_pool *pool)
 {
     bool huge = pool->flags & PDX_OFFLOAD_FLAG_HUGEPAGE;
@@ -566,7 +577,17 @@ static pdx_status_t map_slab(struct pdx_offload_pool *pool)
     pool->slab_map_len = pool->slab_len + extra;
     /* With huge pages, align the slab to 2 MiB and advise before faulting,
      * so THP can back it; populate afterwards in that case. */
-    pool->slab_map = map_anon(pool->slab_map_len, populate && !huge);
+    /* Without huge pages the slab is shared memory (pdx_mem_alloc): a peer
+     * on this host loading saved blocks (D-to-P reuse) maps it and copies
+     * with memcpy. Huge pages stay anonymous (THP does not back shmem by
+     * default). */
+    if (!huge && pdx_mem_alloc(pool->slab_map_len,
+                               populate ? PDX_MEM_F_POPULATE : 0,
+                               &pool->slab_map) == PDX_OK) {
+        pool->slab_shared = true;
+    } else {
+        pool->slab_map = map_anon(pool->slab_map_len, populate && !huge);
+    }
     if (pool->slab_map == NULL) {
         pdx_error("offload: cannot map a %zu B slab: %s", pool->slab_map_len,
                   strerror(errno));
@@ -716,7 +737,7 @@ err_unmap_tab:
 err_unmap_meta:
     munmap(pool->meta, pool->meta_len);
 err_unmap_slab:
-    munmap(pool->slab_map, pool->slab_map_len);
+    unmap_slab(pool);
 err_free_pool:
     free(pool);
     return st;
@@ -747,7 +768,7 @@ void pdx_offload_destroy(pdx_offload_pool_h pool)
     free(pool->q);
     munmap(pool->tab, pool->tab_len);
     munmap(pool->meta, pool->meta_len);
-    munmap(pool->slab_map, pool->slab_map_len);
+    unmap_slab(pool);
     free(pool);
 }
 
