@@ -135,10 +135,14 @@ static pdx_status_t call_digest(hash_call_t *c, const uint8_t *data, size_t len,
     pdx_block_hash_t r;
     memset(&r, 0, sizeof(r));
     if (c->h->algo == PDX_HASH_XXHASH_CBOR) {
-        XXH128_canonical_t canon;
-        XXH128_canonicalFromHash(&canon, XXH3_128bits(data, len));
-        memcpy(r.bytes, canon.digest, sizeof(canon.digest));
-        r.len = (uint8_t)sizeof(canon.digest);
+        /* XXH128_canonicalFromHash's layout (high64 then low64, each
+         * big-endian), written here to spare a library call per block. */
+        XXH128_hash_t x = XXH3_128bits(data, len);
+        for (int i = 0; i < 8; i++) {
+            r.bytes[i] = (uint8_t)(x.high64 >> (56 - 8 * i));
+            r.bytes[8 + i] = (uint8_t)(x.low64 >> (56 - 8 * i));
+        }
+        r.len = 16;
     } else {
         unsigned int mdlen = 0;
         if (EVP_DigestInit_ex2(c->ctx, c->h->md, NULL) != 1 ||
@@ -200,9 +204,20 @@ static size_t encode_bound(size_t ntokens, const extra_keys_t *k) {
 static void encode_block(pdx_cbor_writer_t *w, const pdx_block_hash_t *parent,
                          const uint64_t *tokens, size_t ntokens,
                          const extra_keys_t *k, int first) {
-    w->len = 0;
-    pdx_cbor_put_array(w, 3);
-    pdx_cbor_put_bytes(w, parent->bytes, parent->len);
+    /* array(3), bytes(parent): written directly, as the parent's length is
+     * 16 or 32 (a 1- or 2-byte head) and encode_bound() leaves room for a
+     * whole PDX_BLOCK_HASH_MAX copy, which is a fixed-size move. */
+    uint8_t *b = w->buf;
+    size_t n = 0;
+    b[n++] = 0x80 | 3;
+    if (parent->len < 24) {
+        b[n++] = (uint8_t)(0x40 | parent->len);
+    } else {
+        b[n++] = 0x40 | 24;
+        b[n++] = parent->len;
+    }
+    memcpy(b + n, parent->bytes, PDX_BLOCK_HASH_MAX);
+    w->len = n + parent->len;
     pdx_cbor_put_uint_array(w, tokens, ntokens);
     /* vLLM: lora_extra_keys + mm_extra_keys + cache_salt_keys, as a tuple,
      * or None when empty. */

@@ -564,11 +564,151 @@ static void test_cbor_bytes(void **state) {
     assert_int_equal(w.len, 2);
 }
 
+/* Reference for an array of uints: the one-value encoder, item by item. */
+static size_t cbor_ref_array(uint8_t *buf, size_t cap, const uint64_t *v,
+                             size_t n) {
+    pdx_cbor_writer_t w;
+    pdx_cbor_init(&w, buf, cap);
+    pdx_cbor_put_array(&w, n);
+    for (size_t i = 0; i < n; i++)
+        pdx_cbor_put_uint(&w, v[i]);
+    assert_false(w.overflow);
+    return w.len;
+}
+
+/* pdx_cbor_put_uint_array into a heap buffer of exactly the room its fast
+ * path needs (head + 9 bytes per item), so ASan sees any store past it,
+ * compared with cbor_ref_array. */
+static void check_uint_array(const uint64_t *v, size_t n) {
+    size_t cap = PDX_CBOR_HEAD_MAX + n * PDX_CBOR_HEAD_MAX;
+    uint8_t *got = malloc(cap), *want = malloc(cap);
+    assert_non_null(got);
+    assert_non_null(want);
+    size_t want_len = cbor_ref_array(want, cap, v, n);
+    pdx_cbor_writer_t w;
+    pdx_cbor_init(&w, got, cap);
+    pdx_cbor_put_uint_array(&w, v, n);
+    assert_false(w.overflow);
+    assert_int_equal(w.len, want_len);
+    assert_memory_equal(got, want, want_len);
+    free(got);
+    free(want);
+}
+
+/* The array fast path (ids below 2^32, one 8-byte store each, table-driven
+ * width) and its fallback when an id needs 8 bytes: every width boundary,
+ * mixed widths inside one block, every length around the 4-way unroll. */
+static void test_cbor_uint_array_widths(void **state) {
+    (void)state;
+    static const uint64_t edges[] = {
+        0,
+        1,
+        7,
+        8,
+        15,
+        16,
+        17,
+        23,
+        24,
+        25,
+        31,
+        32,
+        127,
+        128,
+        255,
+        256,
+        257,
+        4095,
+        65535,
+        65536,
+        65537,
+        131071,
+        151551,
+        UINT64_C(16777215),
+        UINT64_C(16777216),
+        UINT64_C(2147483647),
+        UINT64_C(2147483648),
+        UINT64_C(4294967295),
+        UINT64_C(4294967296),
+        UINT64_C(4294967297),
+        UINT64_C(1099511627776),
+        UINT64_MAX,
+    };
+    size_t nedges = sizeof(edges) / sizeof(edges[0]);
+
+    /* Known bytes (cbor2, as in test_cbor_bytes) for one block mixing every
+     * width below 2^32, none of them 8-byte. */
+    static const uint64_t mixed[] = {23, 24, 255, 256, 65535, 65536,
+                                     UINT64_C(4294967295), 0, 16, 31};
+    uint8_t buf[128];
+    char hex[257];
+    pdx_cbor_writer_t w;
+    pdx_cbor_init(&w, buf, sizeof(buf));
+    pdx_cbor_put_uint_array(&w, mixed, 10);
+    for (size_t j = 0; j < w.len; j++)
+        snprintf(hex + 2 * j, 3, "%02x", buf[j]);
+    assert_string_equal(hex, "8a17181818ff19010019ffff1a000100001affffffff"
+                             "0010181f");
+
+    /* Each edge alone, and each at every position of a block of others. */
+    uint64_t blk[70];
+    for (size_t e = 0; e < nedges; e++) {
+        check_uint_array(&edges[e], 1);
+        for (size_t pos = 0; pos < 9; pos++) {
+            for (size_t i = 0; i < 9; i++)
+                blk[i] = (i * 7919) % 65536 + 256; /* 3-byte items */
+            blk[pos] = edges[e];
+            check_uint_array(blk, 9);
+        }
+    }
+
+    /* Pseudo-random blocks of every length 0..70 drawn from the edges and
+     * from random values of each width; about one block in four holds an
+     * id of 2^32 or more, which sends it down the 64-bit path. */
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int round = 0; round < 400; round++) {
+        size_t n = (size_t)round % 71;
+        for (size_t i = 0; i < n; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            unsigned kind = (unsigned)(x >> 60);
+            if (kind < 6)
+                blk[i] = edges[(x >> 32) % (nedges - 5)]; /* < 2^32 */
+            else if (kind < 15)
+                blk[i] = (x & 0xffffffff) >> (x >> 40) % 32;
+            else
+                blk[i] = (round % 4 == 0) ? edges[nedges - 1 - (x >> 8) % 5]
+                                          : 24 + (x >> 20) % 232;
+        }
+        check_uint_array(blk, n);
+    }
+
+    /* Every value below 2^18 and around 2^24, 2^31 and 2^32, in blocks of
+     * 64 (the vLLM default) and of 61 (the unroll's tail). */
+    size_t nall = (1u << 18) + 3 * 512;
+    uint64_t *all = malloc(nall * sizeof(*all));
+    assert_non_null(all);
+    for (size_t i = 0; i < (1u << 18); i++)
+        all[i] = i;
+    for (size_t i = 0; i < 512; i++) {
+        all[(1u << 18) + i] = UINT64_C(16777216) - 256 + i;
+        all[(1u << 18) + 512 + i] = UINT64_C(2147483648) - 256 + i;
+        all[(1u << 18) + 1024 + i] = UINT64_C(4294967296) - 512 + i;
+    }
+    for (size_t i = 0; i < nall; i += 64)
+        check_uint_array(all + i, nall - i < 64 ? nall - i : 64);
+    for (size_t i = 0; i < nall; i += 61)
+        check_uint_array(all + i, nall - i < 61 ? nall - i : 61);
+    free(all);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vectors),   cmocka_unit_test(test_tail_rules),
         cmocka_unit_test(test_args),      cmocka_unit_test(test_large_block),
         cmocka_unit_test(test_names_hex), cmocka_unit_test(test_cbor_bytes),
+        cmocka_unit_test(test_cbor_uint_array_widths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
