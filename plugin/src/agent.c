@@ -354,6 +354,11 @@ void pdx_agent_destroy(pdx_agent_h a)
         free(r);
     }
     free(a->regs);
+    while (a->xfer_cache != NULL) {
+        struct pdx_xfer *x = a->xfer_cache;
+        a->xfer_cache = x->next;
+        free(x);
+    }
     /* Progress once more so backends can complete queued sends. */
     for (uint32_t b = a->nbackends; b-- > 0;) {
         struct pdx_backend *be = a->backends[b];

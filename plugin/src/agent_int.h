@@ -61,6 +61,7 @@ typedef struct pdx_notif_item {
     unsigned char msg[];
 } pdx_notif_item_t;
 
+#define PDX_XFER_CACHE 32
 #define PDX_XFER_INLINE_IOV 2
 #define PDX_XFER_INLINE_REGS 2
 
@@ -134,6 +135,10 @@ struct pdx_agent {
     uint32_t ninvariants;
 
     struct pdx_xfer *xfers; /* live requests */
+    /* Released requests kept for reuse (linked by `next`), at most
+     * PDX_XFER_CACHE: malloc/free was a third of a small request's cost. */
+    struct pdx_xfer *xfer_cache;
+    uint32_t nxfer_cache;
     pdx_notif_item_t *nq_head, *nq_tail;
 
     int event_fd; /* eventfd: notifications and completions queued */

@@ -113,8 +113,12 @@ static struct pdx_xfer *xfer_new(pdx_agent_h agent, pdx_xfer_op_t op,
                                  pdx_peer_t *peer, const void *notif,
                                  size_t notif_len, size_t max_iov)
 {
-    struct pdx_xfer *x = calloc(1, sizeof(*x));
-    if (x == NULL) {
+    struct pdx_xfer *x = agent->xfer_cache;
+    if (x != NULL) {
+        agent->xfer_cache = x->next;
+        agent->nxfer_cache--;
+        memset(x, 0, sizeof(*x));
+    } else if ((x = calloc(1, sizeof(*x))) == NULL) {
         return NULL;
     }
     x->agent = agent;
@@ -148,6 +152,7 @@ static struct pdx_xfer *xfer_new(pdx_agent_h agent, pdx_xfer_op_t op,
     return x;
 }
 
+/* Agent's lock held (the request goes to the agent's cache). */
 static void xfer_free(struct pdx_xfer *x)
 {
     if (x == NULL) {
@@ -163,7 +168,14 @@ static void xfer_free(struct pdx_xfer *x)
         free(x->iov);
     }
     free(x->notif);
-    free(x);
+    pdx_agent_h agent = x->agent;
+    if (agent->nxfer_cache < PDX_XFER_CACHE) {
+        x->next = agent->xfer_cache;
+        agent->xfer_cache = x;
+        agent->nxfer_cache++;
+    } else {
+        free(x);
+    }
 }
 
 static void xfer_link(pdx_agent_h agent, struct pdx_xfer *x)
@@ -459,12 +471,14 @@ pdx_status_t pdx_xfer_post(pdx_xfer_h x)
     }
     struct pdx_backend *b = agent->backends[x->bindex];
     int carries = !!(b->ops->caps & PDX_BACKEND_CAP_NOTIF);
-    x->post_ns = pdx_now_ns();
     x->posted = true;
     x->aborting = false;
     st = b->ops->xfer_post(b->be, p->bpeer[x->bindex], x->op, x->iov,
                            x->niov, carries ? x->notif : NULL,
                            carries ? x->notif_len : 0, &x->breq);
+    /* The timeout clock starts when the request is in flight; a request
+     * done inside post needs no clock read. */
+    x->post_ns = st == PDX_INPROGRESS ? pdx_now_ns() : 0;
     if (st == PDX_OK) {
         x->breq = NULL;
         st = xfer_finish(agent, x, p);

@@ -47,6 +47,7 @@ typedef struct row {
     uint64_t size;
     uint32_t batch;
     int hot;
+    int reuse; /* hot, batch 1: K requests made once and posted again */
     uint32_t inflight;
     double pdx_gbps;
     uint64_t reqs;
@@ -159,7 +160,13 @@ static void run_pdx(xctx_t *c, const geom_t *g, row_t *r, double seconds)
     uint64_t t0 = now_ns();
     for (;;) {
         uint32_t i = (uint32_t)(n % k);
-        if (x[i] != NULL) {
+        if (x[i] != NULL && r->reuse) {
+            /* NIXL's pattern for a repeated transfer: post it again. */
+            wait_done(x[i]);
+            if (measuring) {
+                done_meas++;
+            }
+        } else if (x[i] != NULL) {
             wait_done(x[i]);
             int timed = measuring && (n % TIME_EVERY == 0 || every);
             uint64_t a = timed ? now_ns() : 0;
@@ -173,8 +180,12 @@ static void run_pdx(xctx_t *c, const geom_t *g, row_t *r, double seconds)
                 dvec_push(&r->rel, (double)(b - a) / 1e3);
             }
         }
-        uint64_t now = now_ns();
-        if (!measuring && n >= k && secs(now - t0) >= warm_s) {
+        /* The clock is read every TIME_EVERY-th request for small ones
+         * (the memcpy loop reads it every 64 messages). */
+        uint64_t now = every || n % TIME_EVERY == 0 ? now_ns() : 0;
+        if (now == 0) {
+            /* not this time */
+        } else if (!measuring && n >= k && secs(now - t0) >= warm_s) {
             measuring = 1;
             t_start = now;
         } else if (measuring && secs(now - t_start) >= seconds &&
@@ -186,8 +197,10 @@ static void run_pdx(xctx_t *c, const geom_t *g, row_t *r, double seconds)
          * reads cost as much as pdx's own work on small requests. */
         int timed = measuring && (n % TIME_EVERY == 0 || every);
         uint64_t a = timed ? now_ns() : 0;
-        CHECK(pdx_xfer_make(c->agent, r->op, g->ldl, ix, g->rdl, ix, r->batch,
-                            NULL, 0, &x[i]));
+        if (x[i] == NULL) {
+            CHECK(pdx_xfer_make(c->agent, r->op, g->ldl, ix, g->rdl, ix,
+                                r->batch, NULL, 0, &x[i]));
+        }
         uint64_t b = timed ? now_ns() : 0;
         pdx_status_t st = pdx_xfer_post(x[i]);
         uint64_t e = timed ? now_ns() : 0;
@@ -211,6 +224,7 @@ static void run_pdx(xctx_t *c, const geom_t *g, row_t *r, double seconds)
             done_meas++;
         }
     }
+
     uint64_t t_end = now_ns();
     double bw = gbps(done_meas * req_bytes, t_end - t_start);
     if (bw > r->pdx_gbps) {
@@ -390,9 +404,10 @@ static void print_row(const row_t *r)
         snprintf(cma, sizeof(cma), "%7s", "-");
     }
     snprintf(mr, sizeof(mr), "%5.2f", ratio(r->pdx_gbps, r->memcpy_gbps));
-    say("%-5s %7s %5u %-4s %2u %7.2f %s %s %s %s %7.2f %s %s "
+    say("%-5s %7s %5u %-5s %u %7.2f %s %s %s %s %7.2f %s %s "
         "%7.2f/%-8.2f %7.2f/%-8.2f %8.1f %5zu\n",
-        op_name(r->op), sz, r->batch, r->hot ? "hot" : "cold", r->inflight,
+        op_name(r->op), sz, r->batch, r->reuse ? "reuse" : r->hot ? "hot" : "cold",
+        r->inflight,
         r->pdx_gbps, p1, q1, p2, q2, r->memcpy_gbps, mr, cma, r->make_med_us,
         r->make_p99_us, r->post_med_us, r->post_p99_us, r->ns_per_desc,
         r->segments);
@@ -400,7 +415,7 @@ static void print_row(const row_t *r)
 
 static void print_cols(void)
 {
-    say("%-5s %7s %5s %-4s %2s %7s %7s %6s %7s %6s %7s %5s %7s %16s %16s "
+    say("%-5s %7s %5s %-5s %s %7s %7s %6s %7s %6s %7s %5s %7s %16s %16s "
         "%8s %5s\n",
         "op", "size", "batch", "ws", "K", "pdx", "perfte", "ratio", "pt-user",
         "ratio", "memcpy", "ratio", "cma-iov", "make med/p99", "post med/p99",
@@ -414,6 +429,7 @@ static cJSON *row_json(const row_t *r)
     jnum(j, "size", (double)r->size);
     jnum(j, "batch", r->batch);
     jstr(j, "working_set", r->hot ? "hot" : "cold");
+    jnum(j, "request_reused", r->reuse);
     jnum(j, "inflight", r->inflight);
     jnum(j, "requests", (double)r->reqs);
     jnum(j, "pdx_gbps", r->pdx_gbps);
@@ -543,7 +559,8 @@ static void plot_transfer(const bench_opts_t *o, const row_t *rows,
                 continue;
             }
             char t[96];
-            snprintf(t, sizeof(t), "pdx %s, batch %u", r->hot ? "hot" : "cold",
+            snprintf(t, sizeof(t), "pdx %s, batch %u",
+                     r->reuse ? "hot, request reused" : r->hot ? "hot" : "cold",
                      r->batch);
             plot_add(pn, t, (double)r->size, r->pdx_gbps, 0);
         }
@@ -685,6 +702,12 @@ int mode_transfer(const bench_opts_t *o, cJSON *root)
                     r->peer = &peers[4 * si + 2 * (size_t)opi];
                     r->peer_user =
                         is_sm ? &peers[4 * si + 2 * (size_t)opi + 1] : NULL;
+                    if (hot && r->batch == 1 && nrows < MAX_ROWS) {
+                        /* The same with the K requests made once and
+                         * posted again (ucx_perftest's own pattern). */
+                        rows[nrows] = *r;
+                        rows[nrows++].reuse = 1;
+                    }
                 }
             }
         }
@@ -779,15 +802,30 @@ int mode_transfer(const bench_opts_t *o, cJSON *root)
     /* Targets. */
     say("\n# targets (ratios from this run)\n");
     cJSON *jt = cJSON_AddArrayToObject(root, "targets");
-    double worst64 = 1e9, worst8 = 1e9;
-    char w64[128] = "", w8[128] = "";
-    int have64 = 0, have8 = 0;
+    double worst64 = 1e9, worst8 = 1e9, worst64r = 1e9;
+    char w64[128] = "", w8[128] = "", w64r[128] = "";
+    int have64 = 0, have8 = 0, have64r = 0;
     for (size_t i = 0; i < nrows; i++) {
         const row_t *r = &rows[i];
         if (!r->hot || r->peer == NULL || !r->peer->ok) {
             continue;
         }
         double q = ratio(r->pdx_gbps, r->peer->gbps);
+        /* Second reading: batch-1 rows with requests reused (replacing
+         * the made-per-request ones), batch 64 as is. */
+        int reuse_view = r->reuse || r->batch > 1;
+        if (reuse_view && r->size >= 65536 && r->batch <= 64) {
+            have64r = 1;
+            if (q < worst64r) {
+                worst64r = q;
+                snprintf(w64r, sizeof(w64r), "%s %llu batch %u%s",
+                         op_name(r->op), (unsigned long long)r->size,
+                         r->batch, r->reuse ? " reused" : "");
+            }
+        }
+        if (r->reuse) {
+            continue;
+        }
         if (r->size >= 65536 && r->batch <= 64) {
             have64 = 1;
             if (q < worst64) {
@@ -811,9 +849,11 @@ int mode_transfer(const bench_opts_t *o, cJSON *root)
         double v, goal;
         const char *where;
         int lower_better;
-    } t[3] = {
+    } t[4] = {
         {">=64KiB: pdx/perftest >= 0.95 (hot, batch 1 and 64; worst)", have64,
          worst64, 0.95, w64, 0},
+        {"  the same, batch-1 requests reused (posted again)", have64r,
+         worst64r, 0.95, w64r, 0},
         {"8448 B batch>=64: pdx/perftest >= 0.90 (hot; worst)", have8, worst8,
          0.90, w8, 0},
         {"100k-descriptor request: make+post <= 50 ns/desc (worst op)", 0, 0,
@@ -823,13 +863,13 @@ int mode_transfer(const bench_opts_t *o, cJSON *root)
     cJSON_ArrayForEach(b, jbig)
     {
         double v = cJSON_GetObjectItem(b, "make_post_ns_per_desc")->valuedouble;
-        if (!t[2].have || v > t[2].v) {
-            t[2].v = v;
-            t[2].where = cJSON_GetObjectItem(b, "op")->valuestring;
+        if (!t[3].have || v > t[3].v) {
+            t[3].v = v;
+            t[3].where = cJSON_GetObjectItem(b, "op")->valuestring;
         }
-        t[2].have = 1;
+        t[3].have = 1;
     }
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         cJSON *j = cJSON_CreateObject();
         jstr(j, "target", t[i].name);
         if (!t[i].have) {
