@@ -45,7 +45,7 @@ fi
 if [ $tsan = 1 ]; then
     echo "== ThreadSanitizer (thread-contract tests)"
     cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DPDX_TSAN=ON >/dev/null
-    tsan_tests=(test_threads test_kv_offload)
+    tsan_tests=(test_threads test_kv_offload test_backend_cma)
     cmake --build build-tsan -j "$jobs" --target "${tsan_tests[@]}"
     for t in "${tsan_tests[@]}"; do
         TSAN_OPTIONS=halt_on_error=1 build-tsan/bin/$t >build-tsan/$t.log 2>&1 \

@@ -1,0 +1,449 @@
+/* cma backend, through its ops table, with this process as its own peer:
+ * shared-memory regions are mapped and copied with memcpy (inline, or in
+ * two-lane chunks by the worker and the checking thread), regions whose
+ * key cannot be mapped fall back to process_vm_readv/writev, corrupt keys
+ * are refused, and an abort of a chunked request ends it. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <pdx/backend.h>
+
+#define MB (1ull << 20)
+#define LEN (24 * MB)
+
+static const pdx_backend_ops_t *ops;
+
+static void host_notif(void *c, const char *p, const void *m, size_t l)
+{
+    (void)c, (void)p, (void)m, (void)l;
+}
+static void host_err(void *c, const char *p, pdx_status_t w)
+{
+    (void)c, (void)p, (void)w;
+}
+
+typedef struct side {
+    void *be, *peer, *md, *rmd;
+    int fd;         /* memfd behind `mem` (shared) or -1 */
+    uint8_t *mem;   /* local: LEN bytes */
+    uint8_t *other; /* the region the peer side exposes */
+} side_t;
+
+static pdx_backend_host_t g_host = {.agent_name = "t",
+                                    .host_id = "cma-test-host",
+                                    .notif_recv = host_notif,
+                                    .peer_error = host_err};
+
+static void *make_be(const char *inline_max)
+{
+    pdx_kv_t opt = {"inline_max", inline_max};
+    void *be = NULL;
+    assert_int_equal(ops->create(&g_host, inline_max ? &opt : NULL,
+                                 inline_max ? 1 : 0, &be),
+                     PDX_OK);
+    return be;
+}
+
+/* A region of LEN bytes: memfd-backed and flagged shared, or private. */
+static uint8_t *alloc_region(int shared, int *fd_p)
+{
+    *fd_p = -1;
+    if (!shared) {
+        uint8_t *p = aligned_alloc(4096, LEN);
+        assert_non_null(p);
+        return p;
+    }
+    int fd = memfd_create("cma-test", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)LEN), 0);
+    uint8_t *p = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(p != MAP_FAILED);
+    *fd_p = fd;
+    return p;
+}
+
+static void free_region(uint8_t *p, int fd)
+{
+    if (fd >= 0) {
+        munmap(p, LEN);
+        close(fd);
+    } else {
+        free(p);
+    }
+}
+
+static pdx_region_t region_of(uint8_t *p, int fd)
+{
+    return (pdx_region_t){.addr = (uintptr_t)p,
+                          .len = LEN,
+                          .mem_type = PDX_MEM_DRAM,
+                          .flags = fd >= 0 ? PDX_REGION_F_SHARED : 0,
+                          .shm_fd = fd};
+}
+
+/* Initiator instance `be` connected to itself (pid = ours), the target
+ * region registered on `tbe` and loaded on `be` from its (maybe edited)
+ * key. */
+typedef struct pair {
+    void *be, *tbe, *peer;
+    uint8_t *loc, *tgt;
+    int loc_fd, tgt_fd;
+    void *lmd, *tmd, *rmd;
+} pair_t;
+
+typedef void (*key_edit_t)(uint8_t *key, size_t *len);
+
+static pdx_status_t pair_init(pair_t *p, int shared, const char *inline_max,
+                              key_edit_t edit)
+{
+    memset(p, 0, sizeof(*p));
+    p->be = make_be(inline_max);
+    p->tbe = make_be(NULL);
+    p->loc = alloc_region(0, &p->loc_fd);
+    p->tgt = alloc_region(shared, &p->tgt_fd);
+    pdx_region_t lr = region_of(p->loc, -1), tr = region_of(p->tgt, p->tgt_fd);
+    assert_int_equal(ops->mem_register(p->be, &lr, &p->lmd), PDX_OK);
+    assert_int_equal(ops->mem_register(p->tbe, &tr, &p->tmd), PDX_OK);
+    void *conn, *key;
+    size_t conn_len, key_len;
+    assert_int_equal(ops->conn_info(p->tbe, &conn, &conn_len), PDX_OK);
+    assert_int_equal(ops->peer_connect(p->be, "t", conn, conn_len, &p->peer),
+                     PDX_OK);
+    free(conn);
+    assert_int_equal(ops->mem_pack(p->tbe, p->tmd, &key, &key_len), PDX_OK);
+    assert_int_equal(key_len, shared ? 36 : 16);
+    uint8_t kb[64];
+    memcpy(kb, key, key_len);
+    free(key);
+    if (edit != NULL) {
+        edit(kb, &key_len);
+    }
+    pdx_region_t peer_r = tr;
+    peer_r.flags = 0;
+    peer_r.shm_fd = -1;
+    return ops->rmem_load(p->be, p->peer, &peer_r, kb, key_len, &p->rmd);
+}
+
+static void pair_fini(pair_t *p)
+{
+    if (p->rmd != NULL) {
+        ops->rmem_unload(p->be, p->rmd);
+    }
+    ops->peer_disconnect(p->be, p->peer);
+    ops->mem_deregister(p->be, p->lmd);
+    ops->mem_deregister(p->tbe, p->tmd);
+    ops->destroy(p->be);
+    ops->destroy(p->tbe);
+    free_region(p->loc, -1);
+    free_region(p->tgt, p->tgt_fd);
+}
+
+/* Bytes moved by memcpy of mapped memory / by process_vm_*. */
+static void moved(void *be, unsigned long long *map, unsigned long long *vm)
+{
+    char d[256];
+    ops->describe(be, d, sizeof(d));
+    assert_int_equal(sscanf(d, "same host: %llu bytes by memcpy into/out of "
+                               "peers' shared memory, %llu by "
+                               "process_vm_readv/writev",
+                            map, vm),
+                     2);
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Check until done, at most 30 s. */
+static pdx_status_t wait_req(pair_t *p, void *req, pdx_status_t st)
+{
+    uint64_t end = now_ms() + 30000;
+    while (st == PDX_INPROGRESS && now_ms() < end) {
+        st = ops->xfer_check(p->be, req);
+    }
+    return st;
+}
+
+static pdx_status_t run(pair_t *p, pdx_xfer_op_t op,
+                        const pdx_backend_iov_t *iov, size_t n)
+{
+    void *req = NULL;
+    pdx_status_t st = ops->xfer_post(p->be, p->peer, op, iov, n, NULL, 0, &req);
+    st = wait_req(p, req, st);
+    if (req != NULL) {
+        ops->xfer_release(p->be, req);
+    }
+    return st;
+}
+
+static uint8_t pat(uint64_t off, unsigned salt)
+{
+    return (uint8_t)((off * 2654435761u >> 13) ^ salt);
+}
+
+/* Pieces of awkward sizes (1 B, odd, around the 64 B lane split and the
+ * 1 MiB chunk, several MiB) at scattered offsets, WRITE then READ, every
+ * byte checked, including the bytes around each piece (nothing outside
+ * it is touched). */
+static void transfer_mix(pair_t *p, unsigned salt)
+{
+    static const uint64_t sizes[] = {1,       63,          64,       65,
+                                     127,     4095,        8448,     41984,
+                                     MB - 1,  MB,          MB + 7,   3 * MB + 5,
+                                     2,       3502592 / 7, 129,      5 * MB};
+    enum { N = sizeof(sizes) / sizeof(sizes[0]) };
+    pdx_backend_iov_t iov[N];
+    uint64_t off = 100;
+    for (size_t i = 0; i < N; i++) {
+        iov[i] = (pdx_backend_iov_t){.local_addr = (uintptr_t)p->loc + off,
+                                     .remote_addr = (uintptr_t)p->tgt + off + 3,
+                                     .len = sizes[i],
+                                     .local_md = p->lmd,
+                                     .remote_md = p->rmd};
+        off += sizes[i] + 131;
+    }
+    assert_true(off + 3 < LEN);
+    for (uint64_t o = 0; o < LEN; o++) {
+        p->loc[o] = pat(o, salt);
+    }
+    memset(p->tgt, 0xee, LEN);
+    assert_int_equal(run(p, PDX_XFER_WRITE, iov, N), PDX_OK);
+    size_t k = 0;
+    for (uint64_t o = 0; o < LEN; o++) {
+        int inside = 0;
+        for (k = 0; k < N; k++) {
+            uint64_t s = iov[k].remote_addr - (uintptr_t)p->tgt;
+            if (o >= s && o < s + iov[k].len) {
+                inside = 1;
+                break;
+            }
+        }
+        uint8_t want = inside ? pat(o - 3, salt) : 0xee;
+        if (p->tgt[o] != want) {
+            fail_msg("WRITE: target byte %llu is 0x%02x, want 0x%02x",
+                     (unsigned long long)o, p->tgt[o], want);
+        }
+        if (!inside && o > off + 16) {
+            break; /* the rest was never named */
+        }
+    }
+    /* READ it back into a cleared local region. */
+    memset(p->loc, 0, LEN);
+    assert_int_equal(run(p, PDX_XFER_READ, iov, N), PDX_OK);
+    for (size_t i = 0; i < N; i++) {
+        uint64_t s = iov[i].local_addr - (uintptr_t)p->loc;
+        for (uint64_t b = 0; b < iov[i].len; b++) {
+            if (p->loc[s + b] != pat(s + b, salt)) {
+                fail_msg("READ: piece %zu byte %llu differs", i,
+                         (unsigned long long)b);
+            }
+        }
+        assert_int_equal(p->loc[s - 1], 0);
+        assert_int_equal(p->loc[s + iov[i].len], 0);
+    }
+}
+
+static void test_shared_chunked(void **state)
+{
+    (void)state;
+    pair_t p;
+    /* inline_max 0: every request goes through the chunks and lanes. */
+    assert_int_equal(pair_init(&p, 1, "0", NULL), PDX_OK);
+    transfer_mix(&p, 7);
+    unsigned long long map, vm;
+    moved(p.be, &map, &vm);
+    assert_true(map > 0);
+    assert_int_equal(vm, 0);
+    pair_fini(&p);
+}
+
+static void test_shared_inline(void **state)
+{
+    (void)state;
+    pair_t p;
+    assert_int_equal(pair_init(&p, 1, "1073741824", NULL), PDX_OK);
+    transfer_mix(&p, 9);
+    unsigned long long map, vm;
+    moved(p.be, &map, &vm);
+    assert_true(map > 0);
+    assert_int_equal(vm, 0);
+    pair_fini(&p);
+}
+
+static void test_private(void **state)
+{
+    (void)state;
+    pair_t p;
+    assert_int_equal(pair_init(&p, 0, NULL, NULL), PDX_OK);
+    transfer_mix(&p, 11);
+    unsigned long long map, vm;
+    moved(p.be, &map, &vm);
+    assert_int_equal(map, 0);
+    assert_true(vm > 0);
+    pair_fini(&p);
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        p[i] = (uint8_t)(v >> (8 * i));
+    }
+}
+
+static void edit_inode(uint8_t *k, size_t *len)
+{
+    (void)len;
+    k[20] ^= 0x5a; /* another file's inode */
+}
+static void edit_fd(uint8_t *k, size_t *len)
+{
+    (void)len;
+    k[16] = 0xfe, k[17] = 0x7f, k[18] = 0, k[19] = 0; /* no such fd */
+}
+static void edit_offset(uint8_t *k, size_t *len)
+{
+    (void)len;
+    put64(k + 28, 12345); /* not page-congruent with the address */
+}
+static void edit_huge_offset(uint8_t *k, size_t *len)
+{
+    (void)len;
+    put64(k + 28, UINT64_MAX - 4095); /* wraps with the length */
+}
+static void edit_short(uint8_t *k, size_t *len)
+{
+    (void)k;
+    *len = 20;
+}
+static void edit_addr(uint8_t *k, size_t *len)
+{
+    (void)len;
+    k[0] ^= 1;
+}
+
+/* A key that cannot be mapped: loaded anyway, bytes go by process_vm_*,
+ * still exact. */
+static void test_unmappable_keys_fall_back(void **state)
+{
+    (void)state;
+    key_edit_t edits[] = {edit_inode, edit_fd, edit_offset, edit_huge_offset};
+    for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++) {
+        pair_t p;
+        assert_int_equal(pair_init(&p, 1, "0", edits[i]), PDX_OK);
+        transfer_mix(&p, (unsigned)(20 + i));
+        unsigned long long map, vm;
+        moved(p.be, &map, &vm);
+        assert_int_equal(map, 0);
+        assert_true(vm > 0);
+        pair_fini(&p);
+    }
+}
+
+static void test_corrupt_keys_refused(void **state)
+{
+    (void)state;
+    key_edit_t edits[] = {edit_short, edit_addr};
+    for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++) {
+        pair_t p;
+        assert_int_equal(pair_init(&p, 1, NULL, edits[i]), PDX_ERR_CORRUPT);
+        p.rmd = NULL;
+        pair_fini(&p);
+    }
+}
+
+/* Abort a large chunked request right after post: it ends (canceled, or
+ * done if it won the race) and release returns with nothing in flight. */
+static void test_abort_chunked(void **state)
+{
+    (void)state;
+    pair_t p;
+    assert_int_equal(pair_init(&p, 1, "0", NULL), PDX_OK);
+    pdx_backend_iov_t iov[20];
+    for (int i = 0; i < 20; i++) {
+        iov[i] = (pdx_backend_iov_t){.local_addr = (uintptr_t)p.loc + i * MB,
+                                     .remote_addr = (uintptr_t)p.tgt + i * MB,
+                                     .len = MB,
+                                     .local_md = p.lmd,
+                                     .remote_md = p.rmd};
+    }
+    int canceled = 0;
+    for (int round = 0; round < 20; round++) {
+        void *req = NULL;
+        assert_int_equal(ops->xfer_post(p.be, p.peer, PDX_XFER_WRITE, iov, 20,
+                                        NULL, 0, &req),
+                         PDX_INPROGRESS);
+        assert_int_equal(ops->xfer_abort(p.be, req), PDX_OK);
+        pdx_status_t st = wait_req(&p, req, PDX_INPROGRESS);
+        assert_true(st == PDX_ERR_CANCELED || st == PDX_OK);
+        canceled += st == PDX_ERR_CANCELED;
+        ops->xfer_release(p.be, req);
+    }
+    /* Released without a check, too. */
+    void *req = NULL;
+    assert_int_equal(ops->xfer_post(p.be, p.peer, PDX_XFER_READ, iov, 20, NULL,
+                                    0, &req),
+                     PDX_INPROGRESS);
+    ops->xfer_release(p.be, req);
+    printf("  %d of 20 aborted requests ended canceled\n", canceled);
+    assert_true(canceled > 0);
+    pair_fini(&p);
+}
+
+static void test_options(void **state)
+{
+    (void)state;
+    void *be = NULL;
+    pdx_kv_t bad[] = {{"inline_max", "-1"}, {"inline_max", "12x"},
+                      {"inline_max", ""}, {"speed", "1"}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(ops->create(&g_host, &bad[i], 1, &be), PDX_ERR_CONFIG);
+    }
+}
+
+int main(void)
+{
+    void *h = dlopen(CMA_MODULE, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        fprintf(stderr, "dlopen %s: %s\n", CMA_MODULE, dlerror());
+        return 1;
+    }
+    ops = dlsym(h, PDX_BACKEND_SYMBOL);
+    if (ops == NULL) {
+        fprintf(stderr, "no %s in %s\n", PDX_BACKEND_SYMBOL, CMA_MODULE);
+        return 1;
+    }
+    char why[160];
+    if (ops->query(why, sizeof(why)) != PDX_OK) {
+        printf("skipped: cma unavailable here: %s\n", why);
+        return 0;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shared_chunked),
+        cmocka_unit_test(test_shared_inline),
+        cmocka_unit_test(test_private),
+        cmocka_unit_test(test_unmappable_keys_fall_back),
+        cmocka_unit_test(test_corrupt_keys_refused),
+        cmocka_unit_test(test_abort_chunked),
+        cmocka_unit_test(test_options),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    dlclose(h);
+    return rc;
+}
