@@ -260,44 +260,42 @@ static void transfer_mix(pair_t *p, unsigned salt)
     }
 }
 
+/* One pair, the mixed transfer, and which way the bytes went. */
+static void mix_case(int shared, const char *inline_max, key_edit_t edit,
+                     unsigned salt, int want_mapped)
+{
+    pair_t p;
+    assert_int_equal(pair_init(&p, shared, inline_max, edit), PDX_OK);
+    transfer_mix(&p, salt);
+    unsigned long long map, vm;
+    moved(p.be, &map, &vm);
+    if (want_mapped) {
+        assert_true(map > 0);
+        assert_int_equal(vm, 0);
+    } else {
+        assert_int_equal(map, 0);
+        assert_true(vm > 0);
+    }
+    pair_fini(&p);
+}
+
+/* inline_max 0: every request goes through the chunks and lanes. */
 static void test_shared_chunked(void **state)
 {
     (void)state;
-    pair_t p;
-    /* inline_max 0: every request goes through the chunks and lanes. */
-    assert_int_equal(pair_init(&p, 1, "0", NULL), PDX_OK);
-    transfer_mix(&p, 7);
-    unsigned long long map, vm;
-    moved(p.be, &map, &vm);
-    assert_true(map > 0);
-    assert_int_equal(vm, 0);
-    pair_fini(&p);
+    mix_case(1, "0", NULL, 7, 1);
 }
 
 static void test_shared_inline(void **state)
 {
     (void)state;
-    pair_t p;
-    assert_int_equal(pair_init(&p, 1, "1073741824", NULL), PDX_OK);
-    transfer_mix(&p, 9);
-    unsigned long long map, vm;
-    moved(p.be, &map, &vm);
-    assert_true(map > 0);
-    assert_int_equal(vm, 0);
-    pair_fini(&p);
+    mix_case(1, "1073741824", NULL, 9, 1);
 }
 
 static void test_private(void **state)
 {
     (void)state;
-    pair_t p;
-    assert_int_equal(pair_init(&p, 0, NULL, NULL), PDX_OK);
-    transfer_mix(&p, 11);
-    unsigned long long map, vm;
-    moved(p.be, &map, &vm);
-    assert_int_equal(map, 0);
-    assert_true(vm > 0);
-    pair_fini(&p);
+    mix_case(0, NULL, NULL, 11, 0);
 }
 
 static void put64(uint8_t *p, uint64_t v)
@@ -345,14 +343,7 @@ static void test_unmappable_keys_fall_back(void **state)
     (void)state;
     key_edit_t edits[] = {edit_inode, edit_fd, edit_offset, edit_huge_offset};
     for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++) {
-        pair_t p;
-        assert_int_equal(pair_init(&p, 1, "0", edits[i]), PDX_OK);
-        transfer_mix(&p, (unsigned)(20 + i));
-        unsigned long long map, vm;
-        moved(p.be, &map, &vm);
-        assert_int_equal(map, 0);
-        assert_true(vm > 0);
-        pair_fini(&p);
+        mix_case(1, "0", edits[i], (unsigned)(20 + i), 0);
     }
 }
 
