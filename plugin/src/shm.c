@@ -158,6 +158,9 @@ pdx_status_t pdx_mem_alloc(size_t len, uint64_t flags, void **ptr_p)
         close(fd);
         return PDX_ERR_NOMEM;
     }
+    /* Not inherited by fork: MAP_SHARED would otherwise give a child the
+     * parent's live KV memory (not a copy, as private memory would be). */
+    (void)madvise(p, len, MADV_DONTFORK);
     pdx_status_t st = insert((uint64_t)(uintptr_t)p, len, fd, 0, true);
     if (st != PDX_OK) {
         munmap(p, len);

@@ -7,7 +7,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -607,6 +609,19 @@ static void test_shared_memory(void **state)
     assert_int_equal(b[0] | b[3 * pg - 1], 0);
     memset(b + pg, 0xa7, pg);
     b[pg + 5] = 0x11;
+    /* A forked child does not inherit it (MADV_DONTFORK): touching it
+     * there is a fault, not a write into the parent's memory. */
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        signal(SIGSEGV, SIG_DFL);
+        b[pg] = 0x55;
+        _exit(0);
+    }
+    int wst = 0;
+    assert_int_equal(waitpid(child, &wst, 0), child);
+    assert_true(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGSEGV);
+    assert_int_equal(b[pg], 0xa7);
 
     pdx_agent_h a;
     assert_int_equal(pdx_agent_create("shm", NULL, &a), PDX_OK);

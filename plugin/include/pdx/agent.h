@@ -128,6 +128,8 @@ PDX_API pdx_status_t pdx_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg);
 
 /* Allocate `len` bytes of zeroed shared memory (memfd_create, MAP_SHARED),
  * page aligned. `flags`: PDX_MEM_F_POPULATE faults every page in now.
+ * The mapping is MADV_DONTFORK: a child made by fork() does not have it
+ * (shared memory would otherwise be the parent's live bytes, not a copy).
  * The caller owns it: free with pdx_mem_free. PDX_ERR_NOMEM or
  * PDX_ERR_IO (with a log line) on failure; *ptr_p is written on success
  * only. */
