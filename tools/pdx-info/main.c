@@ -1,13 +1,60 @@
 /* pdx-info: version and ABI, backends found (caps, or why unavailable), and
  * with --blob FILE a metadata blob decoded or its defect named. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <pdx/backend.h>
 #include <pdx/pdx.h>
 
 static const char *known[] = {"ucx", "cuda_ipc", "cma"};
+
+/* Can a peer on this host map our shared memory? The cma backend takes
+ * the fd with pidfd_getfd (a seccomp filter may refuse it), else opens
+ * /proc/<pid>/fd/<n>. Try both on ourselves. */
+static void shm_line(void)
+{
+    void *m = NULL;
+    pdx_status_t st = pdx_mem_alloc(4096, 0, &m);
+    if (st != PDX_OK) {
+        printf("shared memory: pdx_mem_alloc failed: %s\n",
+               pdx_status_string(st));
+        return;
+    }
+    pdx_mem_free(m);
+    int fd = memfd_create("pdx-info", MFD_CLOEXEC);
+    int pfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+    int got = pfd >= 0 ? (int)syscall(SYS_pidfd_getfd, pfd, fd, 0) : -1;
+    int e = errno;
+    if (got >= 0) {
+        printf("shared memory: peers on this host map pdx_mem_alloc memory "
+               "(pidfd_getfd works): same-host transfers are a memcpy\n");
+    } else {
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)getpid(), fd);
+        got = open(path, O_RDWR | O_CLOEXEC);
+        printf("shared memory: pidfd_getfd refused (%s); %s\n", strerror(e),
+               got >= 0 ? "peers map it through /proc/<pid>/fd instead"
+                        : "peers cannot map it: process_vm_readv/writev");
+    }
+    if (got >= 0) {
+        close(got);
+    }
+    if (pfd >= 0) {
+        close(pfd);
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+}
 
 static void caps_string(uint64_t c, char *buf, size_t len)
 {
@@ -98,5 +145,6 @@ int main(int argc, char **argv)
         }
         pdx_agent_destroy(a);
     }
+    shm_line();
     return 0;
 }
