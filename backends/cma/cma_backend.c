@@ -12,9 +12,11 @@
  * PDX_REGION_F_SHARED has its fd number, inode and file offset in its key.
  * The peer takes a copy of the fd (pidfd_getfd, else /proc/<pid>/fd/<n>),
  * checks the inode and maps the range: a transfer to or from it is then a
- * memcpy by the initiator, inline in post up to `inline_max` bytes, on the
- * worker above. If the mapping cannot be made the region falls back to
- * process_vm_readv/writev (logged at info). */
+ * memcpy by the initiator: inline in post up to `inline_max` bytes (an
+ * option, default 1 MiB), above that in 1 MiB chunks of two lanes that the
+ * worker and the thread in xfer_check share (see help_mapped). If the
+ * mapping cannot be made the region falls back to process_vm_readv/writev
+ * (logged at info). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif

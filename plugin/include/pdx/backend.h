@@ -54,7 +54,8 @@ typedef struct pdx_region {
     /* Valid only with PDX_REGION_F_SHARED in `flags` (set by the agent
      * for local regions in pdx_mem_alloc/pdx_mem_share memory): an fd of
      * this process for a file whose bytes at `shm_offset` are `addr`
-     * (MAP_SHARED). The fd stays open while the region is registered. */
+     * (MAP_SHARED). The fd stays open while the region is registered.
+     * In a peer's region (rmem_load) shm_fd is -1: the key says more. */
     int32_t shm_fd;
     uint32_t reserved;
     uint64_t shm_offset;
