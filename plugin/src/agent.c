@@ -341,17 +341,7 @@ void pdx_agent_destroy(pdx_agent_h a)
         pdx_peer_destroy_locked(a, a->peers);
     }
     for (size_t i = 0; i < a->nregs; i++) {
-        struct pdx_mem_reg *r = a->regs[i];
-        for (uint32_t b = 0; b < a->nbackends; b++) {
-            if (r->md[b] != NULL) {
-                a->backends[b]->ops->mem_deregister(a->backends[b]->be,
-                                                    r->md[b]);
-            }
-        }
-        if (r->region.flags & PDX_REGION_F_SHARED) {
-            pdx_shm_release(r->region.addr, r->region.len);
-        }
-        free(r);
+        pdx_mem_reg_free_locked(a, a->regs[i]);
     }
     free(a->regs);
     while (a->xfer_cache != NULL) {

@@ -166,6 +166,9 @@ bool pdx_shm_acquire(uint64_t addr, uint64_t len, int *fd_p, uint64_t *off_p);
 void pdx_shm_release(uint64_t addr, uint64_t len);
 
 /* Helpers shared by the agent's files; all need agent->lock held. */
+/* Deregister `r` from every backend that took it, release its shared
+ * range, free it. The caller has removed it from agent->regs. */
+void pdx_mem_reg_free_locked(pdx_agent_h agent, struct pdx_mem_reg *r);
 uint64_t pdx_now_ns(void);
 pdx_peer_t *pdx_peer_find(pdx_agent_h agent, const char *name);
 pdx_peer_region_t *pdx_peer_region_find(pdx_peer_t *peer, pdx_mem_type_t t,

@@ -58,6 +58,20 @@ static uint64_t caps_for(pdx_mem_type_t t)
     return t == PDX_MEM_VRAM ? PDX_BACKEND_CAP_VRAM : PDX_BACKEND_CAP_DRAM;
 }
 
+void pdx_mem_reg_free_locked(pdx_agent_h agent, struct pdx_mem_reg *r)
+{
+    for (uint32_t b = 0; b < agent->nbackends; b++) {
+        if (r->md[b] != NULL) {
+            agent->backends[b]->ops->mem_deregister(agent->backends[b]->be,
+                                                    r->md[b]);
+        }
+    }
+    if (r->region.flags & PDX_REGION_F_SHARED) {
+        pdx_shm_release(r->region.addr, r->region.len);
+    }
+    free(r);
+}
+
 pdx_status_t pdx_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
                               uint64_t addr, uint64_t len, uint32_t dev_id,
                               uint64_t flags, pdx_mem_reg_h *reg_p)
@@ -154,16 +168,7 @@ pdx_status_t pdx_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
     goto out;
 
 err_dereg:
-    for (uint32_t b = 0; b < agent->nbackends; b++) {
-        if (r->md[b] != NULL) {
-            agent->backends[b]->ops->mem_deregister(agent->backends[b]->be,
-                                                    r->md[b]);
-        }
-    }
-    if (r->region.flags & PDX_REGION_F_SHARED) {
-        pdx_shm_release(addr, len);
-    }
-    free(r);
+    pdx_mem_reg_free_locked(agent, r);
 out:
     pthread_mutex_unlock(&agent->lock);
     return st;
@@ -184,20 +189,11 @@ pdx_status_t pdx_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg)
             st = PDX_ERR_BUSY;
             break;
         }
-        for (uint32_t b = 0; b < agent->nbackends; b++) {
-            if (reg->md[b] != NULL) {
-                agent->backends[b]->ops->mem_deregister(
-                    agent->backends[b]->be, reg->md[b]);
-            }
-        }
-        if (reg->region.flags & PDX_REGION_F_SHARED) {
-            pdx_shm_release(reg->region.addr, reg->region.len);
-        }
         memmove(&agent->regs[i], &agent->regs[i + 1],
                 (agent->nregs - i - 1) * sizeof(*agent->regs));
         agent->nregs--;
         agent->generation++;
-        free(reg);
+        pdx_mem_reg_free_locked(agent, reg);
         st = PDX_OK;
         break;
     }

@@ -127,8 +127,8 @@ void *bench_mem_alloc(size_t len)
     if (st != PDX_OK) {
         die("pdx_mem_alloc of %zu bytes: %s", len, pdx_status_string(st));
     }
+    /* pdx_mem_alloc already made it MADV_DONTFORK. */
     (void)madvise(p, len, MADV_NOHUGEPAGE);
-    (void)madvise(p, len, MADV_DONTFORK);
     memset(p, 0x5a, len);
     return p;
 }
