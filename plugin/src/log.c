@@ -1,6 +1,8 @@
 /* Process-wide log sink and level (see pdx/log.h for why it is global). */
 #include <pdx/log.h>
 
+#include "pdx_call.h"
+
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -66,7 +68,8 @@ void pdx_log_set_handler(pdx_log_cb_t cb, void *arg)
 void pdx_log(pdx_log_level_t level, const char *fmt, ...)
 {
     static const char *tags[] = {"error", "warn", "info", "debug", "trace"};
-    if ((int)level > (int)pdx_log_get_level()) {
+    int shown = (int)level <= (int)pdx_log_get_level();
+    if (!shown && level > PDX_LOG_WARN) {
         return;
     }
     char line[1024];
@@ -74,6 +77,12 @@ void pdx_log(pdx_log_level_t level, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line, sizeof(line), fmt, ap);
     va_end(ap);
+    /* Error and warning lines of a call also become its pdx_last_error()
+     * text, whatever the log level. */
+    pdx_call_capture(level, line);
+    if (!shown) {
+        return;
+    }
     log_sink_t *s = atomic_load(&g_sink);
     if (s != NULL) {
         s->cb(s->arg, level, line);

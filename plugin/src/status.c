@@ -25,6 +25,7 @@ const char *pdx_status_string(pdx_status_t s)
     case PDX_ERR_IO: return "i/o error";
     case PDX_ERR_CONFIG: return "configuration error";
     case PDX_ERR_NO_SPACE: return "no space";
+    case PDX_ERR_POLICY: return "forbidden by path policy";
     }
     return "unknown status";
 }

@@ -31,10 +31,32 @@ typedef enum pdx_status {
     PDX_ERR_IO = -17,               /* system call failed */
     PDX_ERR_CONFIG = -18,           /* configuration is wrong */
     PDX_ERR_NO_SPACE = -19,         /* pool full of unevictable blocks */
+    PDX_ERR_POLICY = -20,           /* the path policy forbids the only path */
 } pdx_status_t;
 
 /* Static string for a status; never NULL. Thread-safe, non-blocking. */
 PDX_API const char *pdx_status_string(pdx_status_t status);
+
+/* Why the last failing pdx call on the calling thread failed: the error
+ * (and warning) lines it logged, joined by "; " in the order they were
+ * logged (the first is usually the cause, later ones add the context of
+ * outer layers), the same text that went to the log sink whatever the log
+ * level; or "<function>: <status string>" when the failure logged nothing.
+ * Every public function of libpdx.so (agent, transfers, notifications,
+ * connector, layout, hashing, config) records it when it returns an error
+ * status (or a negative count), naming the object and the values, and
+ * leaves it untouched when it succeeds: read it right after the failing
+ * call. A failure inside a callback pdx runs (notification callback) is the
+ * callback's own call. "" before any failure.
+ *
+ * Ownership: a thread-local buffer owned by pdx, valid until the calling
+ * thread's next pdx call; copy it to keep it. Thread-safe (each thread has
+ * its own); non-blocking. */
+PDX_API const char *pdx_last_error(void);
+/* The status of that failing call (PDX_OK before any failure). */
+PDX_API pdx_status_t pdx_last_status(void);
+/* Forget this thread's last error ("" and PDX_OK). */
+PDX_API void pdx_last_error_clear(void);
 
 #ifdef __cplusplus
 }

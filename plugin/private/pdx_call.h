@@ -1,0 +1,71 @@
+/* Private to libpdx.so (plugin/ and connector/ objects): per-call error
+ * capture behind pdx_last_error(), and handle validity tags.
+ *
+ * Every public entry point runs between pdx_call_enter() and
+ * pdx_call_leave(): error and warning lines logged on the calling thread
+ * in between (by pdx, the connector or a backend) are collected, and if the
+ * outermost call fails they become that thread's pdx_last_error() text. A
+ * failure that logged nothing gets "<function>: <status string>". Nested
+ * public calls (the connector calling the agent) count as one call. */
+#ifndef PDX_CALL_H
+#define PDX_CALL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <pdx/log.h>
+#include <pdx/status.h>
+
+void pdx_call_enter(void);
+/* Ends the call; returns `st` unchanged. `fn` names the public function. */
+pdx_status_t pdx_call_leave(const char *fn, pdx_status_t st);
+/* Leave for functions returning an int count where negative is a status. */
+int pdx_call_leave_int(const char *fn, int n);
+/* Log `fmt` at error level (it is captured like any error line) and
+ * return `st`: for refusals found in the entry point itself. */
+pdx_status_t pdx_call_fail(pdx_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Called by pdx_log for every error/warn line, before level filtering. */
+void pdx_call_capture(pdx_log_level_t level, const char *line);
+/* Around user callbacks run inside a call (notification and freed
+ * callbacks): the callback's own pdx calls are outermost calls again. */
+int pdx_call_suspend(void);
+void pdx_call_resume(int saved_depth);
+
+/* Handle tags: the first field of every object a handle points to. A
+ * released object keeps its memory (on a free list or in quarantine) with
+ * the tag PDX_MAGIC_DEAD, so a stale handle reads a wrong tag instead of
+ * freed memory. */
+#define PDX_MAGIC_AGENT 0x70644147u   /* "pdAG" */
+#define PDX_MAGIC_XFER 0x70645846u    /* "pdXF" */
+#define PDX_MAGIC_DLIST 0x7064444cu   /* "pdDL" */
+#define PDX_MAGIC_REG 0x70645247u     /* "pdRG" */
+#define PDX_MAGIC_BACKEND 0x70644245u /* "pdBE" */
+#define PDX_MAGIC_CONN 0x70644b43u    /* "pdKC" */
+#define PDX_MAGIC_LAYOUT 0x70644c59u  /* "pdLY" */
+#define PDX_MAGIC_HASHER 0x70644853u  /* "pdHS" */
+#define PDX_MAGIC_POOL 0x7064504cu    /* "pdPL" */
+#define PDX_MAGIC_DEAD 0xdeadbeefu
+
+/* Is `h` non-NULL with tag `magic`? On failure logs (and so captures)
+ * "<fn>: <what> is NULL" or "<fn>: <what> %p is not a live <what> (used
+ * after release?)" and returns false. */
+bool pdx_handle_check(const void *h, uint32_t magic, const char *fn,
+                      const char *what);
+
+static inline bool pdx_handle_live(const void *h, uint32_t magic)
+{
+    return h != NULL && *(const volatile uint32_t *)h == magic;
+}
+
+/* Objects whose handles are rare to make (agents, connectors, layouts,
+ * hashers, pools, prepared lists): allocated zeroed with their tag, and on
+ * release tagged dead and kept in a process-wide quarantine (FIFO) for
+ * PDX_QUARANTINE_MIN later releases before the memory is really freed, so
+ * a handle used shortly after release is refused, not dereferenced. */
+#define PDX_QUARANTINE_MIN 64
+void *pdx_handle_alloc(size_t size, uint32_t magic);
+void pdx_handle_release(void *h);
+
+#endif

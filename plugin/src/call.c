@@ -1,0 +1,203 @@
+/* Per-thread error text of the last failing call (pdx_last_error) and the
+ * handle tags and quarantine behind "a released handle is refused". */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <pdx/status.h>
+
+#include "pdx_call.h"
+
+#define CALL_TEXT_MAX 1024
+
+typedef struct call_tls {
+    int depth;
+    size_t pending_len;
+    char pending[CALL_TEXT_MAX];
+    char last[CALL_TEXT_MAX];
+    pdx_status_t last_status;
+} call_tls_t;
+
+static __thread call_tls_t g_call;
+
+const char *pdx_last_error(void) { return g_call.last; }
+
+pdx_status_t pdx_last_status(void) { return g_call.last_status; }
+
+void pdx_last_error_clear(void)
+{
+    g_call.last[0] = '\0';
+    g_call.last_status = PDX_OK;
+}
+
+void pdx_call_enter(void)
+{
+    call_tls_t *t = &g_call;
+    if (t->depth++ == 0) {
+        t->pending_len = 0;
+        t->pending[0] = '\0';
+    }
+}
+
+static void call_finish(call_tls_t *t, const char *fn, pdx_status_t st)
+{
+    if (t->pending_len > 0) {
+        memcpy(t->last, t->pending, t->pending_len + 1);
+    } else {
+        snprintf(t->last, sizeof(t->last), "%s: %s", fn,
+                 pdx_status_string(st));
+    }
+    t->last_status = st;
+}
+
+pdx_status_t pdx_call_leave(const char *fn, pdx_status_t st)
+{
+    call_tls_t *t = &g_call;
+    if (--t->depth == 0 && st < 0) {
+        call_finish(t, fn, st);
+    }
+    if (t->depth < 0) {
+        t->depth = 0; /* a leave without an enter: never go negative */
+    }
+    return st;
+}
+
+int pdx_call_leave_int(const char *fn, int n)
+{
+    if (n < 0) {
+        return (int)pdx_call_leave(fn, (pdx_status_t)n);
+    }
+    pdx_call_leave(fn, PDX_OK);
+    return n;
+}
+
+void pdx_call_capture(pdx_log_level_t level, const char *line)
+{
+    call_tls_t *t = &g_call;
+    if (t->depth <= 0 || level > PDX_LOG_WARN) {
+        return;
+    }
+    size_t room = sizeof(t->pending) - 1 - t->pending_len;
+    if (room < 4) {
+        return;
+    }
+    if (t->pending_len > 0) {
+        /* Several lines of one call: the first is usually the cause, the
+         * later ones the context added by outer layers. */
+        memcpy(t->pending + t->pending_len, "; ", 2);
+        t->pending_len += 2;
+        room -= 2;
+    }
+    size_t n = strnlen(line, room);
+    memcpy(t->pending + t->pending_len, line, n);
+    t->pending_len += n;
+    t->pending[t->pending_len] = '\0';
+}
+
+pdx_status_t pdx_call_fail(pdx_status_t st, const char *fmt, ...)
+{
+    char line[CALL_TEXT_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    pdx_log(PDX_LOG_ERROR, "%s", line);
+    return st;
+}
+
+int pdx_call_suspend(void)
+{
+    int d = g_call.depth;
+    g_call.depth = 0;
+    return d;
+}
+
+void pdx_call_resume(int saved_depth)
+{
+    g_call.depth = saved_depth;
+    g_call.pending_len = 0;
+    g_call.pending[0] = '\0';
+}
+
+bool pdx_handle_check(const void *h, uint32_t magic, const char *fn,
+                      const char *what)
+{
+    if (h == NULL) {
+        pdx_log(PDX_LOG_ERROR, "%s: %s is NULL", fn, what);
+        return false;
+    }
+    if (*(const volatile uint32_t *)h != magic) {
+        pdx_log(PDX_LOG_ERROR, "%s: %s %p is not a live %s (used after "
+                "release or destroy?)", fn, what, h, what);
+        return false;
+    }
+    return true;
+}
+
+/* ---- quarantine ---------------------------------------------------------- */
+
+typedef struct qnode {
+    uint32_t magic; /* overlaps the object's tag: PDX_MAGIC_DEAD */
+    uint32_t pad;
+    struct qnode *next;
+} qnode_t;
+
+static pthread_mutex_t g_q_lock = PTHREAD_MUTEX_INITIALIZER;
+static qnode_t *g_q_head, *g_q_tail;
+static size_t g_q_len;
+
+void *pdx_handle_alloc(size_t size, uint32_t magic)
+{
+    if (size < sizeof(qnode_t)) {
+        size = sizeof(qnode_t);
+    }
+    uint32_t *p = calloc(1, size);
+    if (p != NULL) {
+        *p = magic;
+    }
+    return p;
+}
+
+void pdx_handle_release(void *h)
+{
+    if (h == NULL) {
+        return;
+    }
+    qnode_t *n = h;
+    n->magic = PDX_MAGIC_DEAD;
+    n->next = NULL;
+    qnode_t *victim = NULL;
+    pthread_mutex_lock(&g_q_lock);
+    if (g_q_tail != NULL) {
+        g_q_tail->next = n;
+    } else {
+        g_q_head = n;
+    }
+    g_q_tail = n;
+    if (++g_q_len > PDX_QUARANTINE_MIN) {
+        victim = g_q_head;
+        g_q_head = victim->next;
+        if (g_q_head == NULL) {
+            g_q_tail = NULL;
+        }
+        g_q_len--;
+    }
+    pthread_mutex_unlock(&g_q_lock);
+    free(victim);
+}
+
+/* Leak checkers see the quarantine emptied at unload. */
+__attribute__((destructor)) static void quarantine_drain(void)
+{
+    pthread_mutex_lock(&g_q_lock);
+    while (g_q_head != NULL) {
+        qnode_t *n = g_q_head;
+        g_q_head = n->next;
+        free(n);
+    }
+    g_q_tail = NULL;
+    g_q_len = 0;
+    pthread_mutex_unlock(&g_q_lock);
+}
