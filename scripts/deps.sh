@@ -3,7 +3,9 @@
 # by demo.sh and test.sh; needs root (or sudo) when something is missing.
 set -euo pipefail
 PDX_DEPS=(cmake make gcc pkg-config libucx-dev ucx-utils libxxhash-dev
-          libcjson-dev libcmocka-dev libssl-dev)
+          libcjson-dev libcmocka-dev libssl-dev
+          libcurl4-openssl-dev etcd-server etcd-client iproute2
+          python3-dev python3-numpy python3-pytest)
 if [ "${PDX_WITH_CHECK_TOOLS:-0}" = 1 ]; then
     PDX_DEPS+=(valgrind clang libclang-rt-14-dev python3-cbor2 python3-xxhash)
 fi

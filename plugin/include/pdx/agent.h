@@ -25,7 +25,30 @@ enum pdx_agent_params_field {
     PDX_AGENT_PARAM_FLAGS = 1u << 0,
     PDX_AGENT_PARAM_XFER_TIMEOUT = 1u << 1,
     PDX_AGENT_PARAM_PROGRESS_INTERVAL = 1u << 2,
+    PDX_AGENT_PARAM_PATH_POLICY = 1u << 3,
 };
+
+/* Which transfer paths an agent accepts (PDX_AGENT_PARAM_PATH_POLICY).
+ *
+ * A "fallback" is a request to a peer on this host (same host id and pid
+ * namespace) that does not take the same-host fast path for its memory:
+ * host memory not moved by the cma backend's memcpy of a mapped region
+ * (cma missing on either side, the peer's memory not shared or not
+ * mappable here, so process_vm_readv/writev or UCX carries it), or GPU
+ * memory not moved by cuda_ipc. Requests to peers on other hosts are never
+ * fallbacks. Fallbacks are counted (pdx_stats_peer, pdx_stats_backend),
+ * reported per request (pdx_xfer_telemetry) and logged once per peer as a
+ * warning with the reason. */
+typedef enum pdx_path_policy {
+    /* Fallbacks are allowed (the default). */
+    PDX_PATH_POLICY_ANY = 0,
+    /* Same-host peers must use the fast path: making a request that would
+     * fall back fails with PDX_ERR_POLICY, and pdx_last_error() says why
+     * the fast path was refused (e.g. "peer glm52-p-dp0 (same host):
+     * region 0x7f..+1048576 is not shared memory: process_vm would carry
+     * it"). */
+    PDX_PATH_POLICY_SAME_HOST_FAST = 1,
+} pdx_path_policy_t;
 
 /* Run a progress thread that drives every backend, checks peer liveness and
  * delivers notifications, so a peer that never polls still completes work.
@@ -45,6 +68,8 @@ typedef struct pdx_agent_params {
     uint32_t xfer_timeout_ms;
     /* Progress thread sleep when idle, microseconds. Default 50. */
     uint32_t progress_interval_us;
+    /* pdx_path_policy_t; default PDX_PATH_POLICY_ANY. */
+    uint32_t path_policy;
 } pdx_agent_params_t;
 
 /* Create an agent named `name` (1..PDX_NAME_MAX-1 bytes of [A-Za-z0-9._-]).
@@ -174,6 +199,67 @@ PDX_API pdx_status_t pdx_peer_unload(pdx_agent_h agent, const char *name);
 /* PDX_OK if the peer is loaded and alive, PDX_ERR_REMOTE_DISCONNECT if its
  * liveness check failed, PDX_ERR_NOT_FOUND if unknown. Non-blocking. */
 PDX_API pdx_status_t pdx_peer_state(pdx_agent_h agent, const char *name);
+
+/* A loaded peer as data (for bindings: D learns P's region addresses). */
+typedef struct pdx_peer_info {
+    char name[PDX_NAME_MAX];
+    char host_id[128];
+    uint64_t instance;   /* the peer's random instance id */
+    uint32_t generation; /* bumped by the peer at every change */
+    int32_t pid;
+    bool same_host;      /* same host id and a pidfd could be opened */
+    pdx_status_t state;  /* as pdx_peer_state */
+    size_t nregions;
+    char backends[256];  /* connected backends, comma-separated */
+} pdx_peer_info_t;
+
+/* One region of a peer (address in the peer's address space). */
+typedef struct pdx_region_info {
+    uint64_t addr;
+    uint64_t len;
+    uint32_t dev_id;
+    pdx_mem_type_t mem_type;
+    uint64_t flags; /* PDX_REGION_F_SHARED when the peer's memory is shared */
+} pdx_region_info_t;
+
+/* Describe loaded peer `name` into *info_p (caller-owned) and, when
+ * `regions` is not NULL, its first `max_regions` regions sorted by
+ * (mem_type, addr). PDX_ERR_NOT_FOUND if unknown. Non-blocking (agent
+ * lock only); any thread. */
+PDX_API pdx_status_t pdx_peer_info(pdx_agent_h agent, const char *name,
+                                   pdx_peer_info_t *info_p,
+                                   pdx_region_info_t *regions,
+                                   size_t max_regions);
+
+/* Counters, per backend and per peer (a peer's survive its unloading and
+ * reloading: they are kept by name for the agent's life). */
+typedef struct pdx_stats {
+    uint64_t requests;    /* posts */
+    uint64_t completed;   /* posts that ended PDX_OK */
+    uint64_t errors;      /* posts that ended in an error (not canceled) */
+    uint64_t canceled;    /* aborted or released in flight */
+    uint64_t timeouts;    /* ended PDX_ERR_TIMEOUT (also in errors) */
+    uint64_t bytes;       /* bytes of completed posts */
+    uint64_t fallbacks;   /* posts over a fallback path (see policy) */
+    uint64_t refused;     /* requests refused by the path policy */
+    uint64_t dead_events; /* times the peer was found dead */
+    uint64_t notifs_sent;
+    uint64_t notifs_recv;
+    uint64_t reserved[5];
+} pdx_stats_t;
+
+/* Counters of backend `backend` ("ucx", "cma") or of peer `peer`.
+ * PDX_ERR_NOT_FOUND if never seen. Non-blocking; any thread. */
+PDX_API pdx_status_t pdx_stats_backend(pdx_agent_h agent, const char *backend,
+                                       pdx_stats_t *stats_p);
+PDX_API pdx_status_t pdx_stats_peer(pdx_agent_h agent, const char *peer,
+                                    pdx_stats_t *stats_p);
+
+/* Every counter of the agent, its peers (state, host, path of each
+ * backend, last fallback reason) and backends as one JSON object
+ * (malloc'd NUL-terminated text in *json_p; free with pdx_blob_free). What
+ * `pdx-info --stats` prints for a running agent. Non-blocking. */
+PDX_API pdx_status_t pdx_stats_json(pdx_agent_h agent, char **json_p);
 
 /* Invariants: key/value strings that travel in the blob; when a peer is
  * loaded every key set on both sides must match, and a key set on only one

@@ -2,6 +2,7 @@
 #ifndef PDX_TYPES_H
 #define PDX_TYPES_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 

@@ -54,8 +54,35 @@ PDX_API pdx_status_t pdx_xfer_abort(pdx_xfer_h xfer);
  * says nothing more lands, bounded; see pdx/backend.h). Never fails. */
 PDX_API void pdx_xfer_release(pdx_xfer_h xfer);
 
-/* Descriptors after merging (for tools and tests). */
+/* Descriptors after merging (for tools and tests); 0 for an invalid
+ * handle. */
 PDX_API size_t pdx_xfer_segments(pdx_xfer_h xfer);
+
+/* What moved a request (NIXL's transfer telemetry, plus the path). */
+typedef struct pdx_xfer_telemetry {
+    char backend[16];    /* "ucx", "cma", "cuda_ipc" */
+    /* How the backend moves it: cma "memcpy" (mapped shared memory) or
+     * "process_vm" (or both, "memcpy+process_vm"); UCX the transports of
+     * the endpoint's lanes ("sysv/memory,tcp/lo"); "cuda_ipc". */
+    char transport[64];
+    bool fallback;       /* see pdx_path_policy_t */
+    char fallback_why[160]; /* why the fast path was not taken, or "" */
+    pdx_status_t status; /* as pdx_xfer_check last reported */
+    uint64_t descs;      /* descriptors the request was made from */
+    uint64_t segments;   /* after merging */
+    uint64_t bytes;
+    uint64_t posts;      /* times posted */
+    /* Of the last post: wall clock (CLOCK_REALTIME, ns since the epoch)
+     * when it started, how long pdx_xfer_post took, and post to the
+     * completion pdx observed (0 while in flight or never posted). */
+    uint64_t start_time_ns;
+    uint64_t post_duration_ns;
+    uint64_t xfer_duration_ns;
+} pdx_xfer_telemetry_t;
+
+/* Fill *tel_p (caller-owned). Non-blocking; any thread (agent lock). */
+PDX_API pdx_status_t pdx_xfer_telemetry(pdx_xfer_h xfer,
+                                        pdx_xfer_telemetry_t *tel_p);
 
 /* Prepare a descriptor list once: local (`peer` NULL: this agent's memory)
  * or remote (`peer`'s regions). Every descriptor is resolved to its region
