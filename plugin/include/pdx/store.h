@@ -1,0 +1,301 @@
+/* pdx store ABI: the one table a metadata store module exports, and the
+ * agent-side API built on it (discovery by name, liveness through leases,
+ * the block-owner registry).
+ *
+ * A store module is `libpdx_store_<name>.so`, found like a backend
+ * (PDX_PLUGIN_PATH, then <dir of libpdx.so>/pdx/, then that dir), and
+ * exports exactly one symbol, `pdx_store_v1`, a `const pdx_store_ops_t`. The
+ * loader checks `abi_version` and `size` before anything else. The table is
+ * append-only: a newer loader checks `size > offsetof(pdx_store_ops_t, op)`
+ * before calling an op added later. Every op is wired; one a store cannot
+ * do returns PDX_ERR_UNSUPPORTED.
+ *
+ * Model. One instance is one client of one namespace: every key passed to
+ * or reported by an op is relative to the namespace (`agents/glm52-p-dp0`
+ * is stored as `<namespace>/agents/glm52-p-dp0`). The instance owns one
+ * lease, granted when it first reaches the store and kept alive by the
+ * module's own thread; keys put with PDX_STORE_PUT_LEASED live as long as
+ * it does, so a crashed client's keys vanish within the lease TTL. The
+ * module remembers every leased key it was given (until deleted) and puts
+ * it again whenever it holds a new lease (the old one expired while it
+ * could not reach the store), so publication survives outages.
+ *
+ * The store is never on the data path: ops that need the store fail fast
+ * with PDX_ERR_UNAVAILABLE while it is unreachable (after one try within
+ * `timeout_ms`), never retry on the caller's thread, and the module's
+ * thread retries keepalives, watches and leased puts with exponential
+ * backoff. pdx_store_status_t says since when it is unreachable.
+ *
+ * Threading. Ops may be called from any thread, concurrently (the module
+ * locks what it shares); blocking ops block the calling thread for at most
+ * their timeout. The module runs one thread of its own per instance
+ * (keepalive, watch streams, retries). Host callbacks
+ * (pdx_store_host_t) run on that thread only, one at a time, in order,
+ * with no module lock held; a callback may call status, get, put, del and
+ * the owner ops of the same instance (they use their own connections, so
+ * a blocking call delays later events, nothing else), but never destroy,
+ * watch or unwatch. A callback must not wait on anything that waits for
+ * the module's thread.
+ *
+ * Memory: buffers returned through `void **` are malloc'd, freed by the
+ * caller with free(). Strings in events are valid for the callback only. */
+#ifndef PDX_STORE_H
+#define PDX_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <pdx/agent.h>
+#include <pdx/export.h>
+#include <pdx/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PDX_STORE_ABI_VERSION 1u
+#define PDX_STORE_SYMBOL "pdx_store_v1"
+
+#define PDX_STORE_KEY_MAX 512 /* bytes of a relative key, incl. NUL */
+
+/* What the agent gives a store instance. Strings are copied by create. */
+typedef struct pdx_store_params {
+    /* Comma-separated endpoints, e.g. "http://10.0.0.1:2379,
+     * http://10.0.0.2:2379"; tried in order, moving on at each failure. */
+    const char *endpoints;
+    /* Key prefix of every key, without a trailing '/': "pdx" or
+     * "/pdx/glm52-prod". 1..127 bytes of [A-Za-z0-9._/-]. */
+    const char *ns;
+    /* Lease TTL in ms (rounded up to whole seconds for etcd). */
+    uint32_t lease_ttl_ms;
+    /* Deadline of one request to the store, connection included. */
+    uint32_t timeout_ms;
+    /* Backoff of the module's retries: from min, doubling, up to max. */
+    uint32_t retry_min_ms;
+    uint32_t retry_max_ms;
+    /* Most operations in one transaction (etcd's --max-txn-ops, 128 by
+     * default): the owner ops split batches to fit. */
+    uint32_t max_txn_ops;
+    /* Module-specific options (an unknown key is PDX_ERR_CONFIG). */
+    const pdx_kv_t *opts;
+    size_t nopts;
+} pdx_store_params_t;
+
+/* Reachability and lease state of an instance. Append-only. */
+typedef struct pdx_store_status {
+    bool reachable;         /* the last request reached the store */
+    /* When it became unreachable (CLOCK_REALTIME, ns since the epoch; 0
+     * while reachable), and for how long (ms, CLOCK_MONOTONIC). */
+    uint64_t unreachable_since_ns;
+    uint64_t unreachable_ms;
+    int64_t lease;          /* current lease id; 0 while none */
+    uint32_t lease_ttl_s;   /* as granted */
+    uint64_t leases_granted; /* > 1: a lease was lost and replaced */
+    int64_t revision;       /* newest store revision seen */
+    uint64_t requests;      /* requests sent (all threads) */
+    uint64_t failures;      /* requests that did not reach the store */
+    uint32_t leased_keys;   /* keys kept under the lease */
+    uint32_t unpublished;   /* of those, not yet put under this lease */
+    uint32_t watches;       /* watches open */
+    uint32_t watches_down;  /* of those, waiting to reconnect */
+    char endpoint[128];     /* endpoint in use */
+    char last_error[256];   /* the last failure, "" if none */
+} pdx_store_status_t;
+
+typedef enum pdx_store_event_type {
+    PDX_STORE_EV_PUT = 1,
+    PDX_STORE_EV_DELETE = 2, /* deleted, or its lease expired */
+} pdx_store_event_type_t;
+
+/* Set on events made up by the module rather than read from the watch
+ * stream: after the store compacted past a watch's revision (or lost its
+ * history), the module lists the prefix and reports what changed. */
+#define PDX_STORE_EVF_RESYNC (1u << 0)
+
+typedef struct pdx_store_event {
+    pdx_store_event_type_t type;
+    uint32_t flags;      /* PDX_STORE_EVF_* */
+    const char *key;     /* relative key, NUL-terminated */
+    const void *value;   /* PUT: the value (value_len bytes); DELETE: NULL */
+    size_t value_len;
+    int64_t revision;    /* the store revision of this change */
+    int64_t lease;       /* PUT: lease the key is attached to, 0 if none */
+} pdx_store_event_t;
+
+typedef struct pdx_store_host {
+    void *ctx;
+    const char *agent_name; /* for log lines */
+    /* An event of watch `watch_id`. Events of one watch come in revision
+     * order, each once: after a reconnect the watch resumes from the
+     * revision after the last one reported. */
+    void (*watch_event)(void *ctx, uint64_t watch_id,
+                        const pdx_store_event_t *ev);
+    /* Reachability changed, or the lease was replaced. May be NULL. */
+    void (*state_change)(void *ctx, const pdx_store_status_t *status);
+} pdx_store_host_t;
+
+/* pdx_store_ops_t.put flags. */
+/* Attach the key to the instance's lease and keep it there (see Model).
+ * While no lease is held (store unreachable), put returns PDX_INPROGRESS:
+ * the key is remembered and published when the store is back. */
+#define PDX_STORE_PUT_LEASED (1u << 0)
+
+/* pdx_store_ops_t.watch flags. */
+/* Report every key under the prefix as a PUT first (PDX_STORE_EVF_RESYNC
+ * set), then the changes after that listing. */
+#define PDX_STORE_WATCH_INITIAL (1u << 0)
+
+/* Owners of one block, for owners_get. */
+typedef void (*pdx_store_owner_cb_t)(void *arg, size_t index,
+                                     const char *owner);
+
+typedef struct pdx_store_ops {
+    uint32_t abi_version; /* PDX_STORE_ABI_VERSION */
+    uint32_t size;        /* sizeof(pdx_store_ops_t) of the module */
+    const char *name;     /* "etcd" */
+
+    /* Can this store run here? PDX_OK, or PDX_ERR_UNAVAILABLE with a
+     * reason in `why`. No instance needed; non-blocking. */
+    pdx_status_t (*query)(char *why, size_t why_len);
+
+    /* Make an instance and start its thread. Does not wait for the store:
+     * an unreachable store is not an error (status says so, the thread
+     * retries). PDX_ERR_CONFIG (logged) for bad params. `host` must stay
+     * valid until destroy returns. */
+    pdx_status_t (*create)(const pdx_store_host_t *host,
+                           const pdx_store_params_t *params, void **st_p);
+    /* Stop the thread (no callback runs after this returns), revoke the
+     * lease (within timeout_ms; its keys vanish at once) and free.
+     * Blocking. */
+    void (*destroy)(void *st);
+    /* Snapshot of the state. Non-blocking. */
+    void (*status)(void *st, pdx_store_status_t *status_p);
+
+    /* Put `key` = value. flags: PDX_STORE_PUT_LEASED. PDX_OK stored;
+     * PDX_INPROGRESS (leased only) remembered, to be published;
+     * PDX_ERR_UNAVAILABLE unreachable. Blocking (timeout_ms). */
+    pdx_status_t (*put)(void *st, const char *key, const void *value,
+                        size_t len, uint32_t flags);
+    /* Get `key`: *value_p malloc'd (may be NULL when len is 0), the key's
+     * mod revision in *rev_p (may be NULL). PDX_ERR_NOT_FOUND, or
+     * PDX_ERR_UNAVAILABLE. Outputs written on PDX_OK only. Blocking. */
+    pdx_status_t (*get)(void *st, const char *key, void **value_p,
+                        size_t *len_p, int64_t *rev_p);
+    /* Delete `key` (and forget it if leased). PDX_OK also when absent.
+     * Blocking. */
+    pdx_status_t (*del)(void *st, const char *key);
+
+    /* Watch every key starting with `prefix` from store revision
+     * `start_revision` (0: from now) and report events through
+     * host->watch_event. flags: PDX_STORE_WATCH_*. Non-blocking: the
+     * module's thread opens (and reopens) the stream. *id_p (> 0) names it. */
+    pdx_status_t (*watch)(void *st, const char *prefix, int64_t start_revision,
+                          uint32_t flags, uint64_t *id_p);
+    /* Stop a watch; no event of it is reported after this returns. Must
+     * not be called from a callback. */
+    pdx_status_t (*unwatch)(void *st, uint64_t id);
+
+    /* Block-owner registry. A block is named by `blocks[i]` (a hash in
+     * hex: 1..128 bytes of [0-9a-f]); its owners are the keys
+     * `blocks/<block>/<owner>`, put under the lease. */
+
+    /* Register `owner` as an owner of each of the n blocks, in as few
+     * transactions as the store allows (max_txn_ops), and write each
+     * block's live owner count after the registration (this owner
+     * included) to counts[i] (counts may be NULL). Blocking. */
+    pdx_status_t (*owners_add)(void *st, const char *owner,
+                               const char *const *blocks, size_t n,
+                               uint32_t *counts);
+    /* Remove `owner` from each block. Blocking. */
+    pdx_status_t (*owners_del)(void *st, const char *owner,
+                               const char *const *blocks, size_t n);
+    /* Report every live owner of each block: cb(arg, i, owner) once per
+     * (block, owner), on the calling thread, blocks in order. Blocking. */
+    pdx_status_t (*owners_get)(void *st, const char *const *blocks, size_t n,
+                               pdx_store_owner_cb_t cb, void *arg);
+} pdx_store_ops_t;
+
+/* Oldest table a loader accepts: everything up to owners_get. */
+#define PDX_STORE_OPS_MIN_SIZE                                                 \
+    (offsetof(pdx_store_ops_t, owners_get) + sizeof(void (*)(void)))
+
+_Static_assert(offsetof(pdx_store_ops_t, abi_version) == 0,
+               "abi_version first");
+_Static_assert(offsetof(pdx_store_ops_t, size) == 4, "size second");
+
+/* ---- Agent side: discovery and the registry through the agent's store.
+ *
+ * An agent created with a store (PDX_AGENT_PARAM_STORE in
+ * pdx_agent_params_t) loads libpdx_store_<store>.so, watches
+ * `agents/` of its namespace and keeps the newest blob of every agent
+ * there in a local cache (so lookups by name work while the store is
+ * down). Once pdx_agent_publish is called, it keeps its own blob under
+ * `agents/<name>` on its lease, publishing again whenever its generation
+ * changes. For every loaded peer, the watch:
+ * - reloads it when its key gets another instance or generation (requests
+ *   against the old one end PDX_ERR_STALE, as with pdx_peer_load);
+ * - marks it dead when its key is deleted or its lease expires: its
+ *   requests end PDX_ERR_REMOTE_DISCONNECT and new ones are refused until
+ *   it is loaded again.
+ * Peers loaded by hand (pdx_peer_load) are treated the same when their
+ * name is in the namespace.
+ *
+ * While the store is unreachable: loaded peers keep transferring (nothing
+ * on the data path touches the store); pdx_peer_fetch of a cached name
+ * works, of an unknown one fails PDX_ERR_UNAVAILABLE; the death of a peer
+ * is seen only through the transports (pidfd, UCX keepalive), not through
+ * its lease, until the watch resumes (from its revision: changes made
+ * meanwhile are reported then, none lost); this agent's lease is not
+ * renewed, so after the TTL other agents see it as dead; its blob is
+ * published again (under a new lease if the old one expired) when the
+ * store is back. */
+
+/* Start publishing this agent's blob (now, in the background, and again at
+ * every generation change). Call it once the agent is complete (backends,
+ * memory, invariants): a peer that loads it before would see an
+ * incomplete agent. PDX_ERR_UNSUPPORTED without a store. Non-blocking. */
+PDX_API pdx_status_t pdx_agent_publish(pdx_agent_h agent);
+
+/* Make peer `name` loaded: PDX_OK at once if it is loaded and alive;
+ * otherwise its blob is taken from the cache, else from the store, else
+ * waited for (it may not have published yet) until `timeout_ms` has
+ * passed, and loaded with pdx_peer_load (invariants checked: a peer of
+ * another layout or seed is refused with PDX_ERR_MISMATCH naming the
+ * field). A loaded but dead peer is reloaded only from a newer blob
+ * (another instance or generation); else PDX_ERR_REMOTE_DISCONNECT.
+ * PDX_ERR_NOT_FOUND (not published by the deadline), PDX_ERR_UNAVAILABLE
+ * (store unreachable and nothing cached), PDX_ERR_UNSUPPORTED (no store).
+ * Blocking, at most about timeout_ms plus the connection setup. Any thread
+ * but a callback of pdx's. */
+PDX_API pdx_status_t pdx_peer_fetch(pdx_agent_h agent, const char *name,
+                                    uint32_t timeout_ms);
+
+/* The agent's store state (PDX_ERR_UNSUPPORTED without a store).
+ * Non-blocking. */
+PDX_API pdx_status_t pdx_store_status(pdx_agent_h agent,
+                                      pdx_store_status_t *status_p);
+
+/* One line for people: "etcd http://127.0.0.1:2379 ns pdx: reachable,
+ * lease 7587..(5 s), 3 agents known" or "...: unreachable since
+ * 2025-01-02T10:00:00Z (12.3 s): <last error>". Non-blocking. */
+PDX_API pdx_status_t pdx_store_describe(pdx_agent_h agent, char *buf,
+                                        size_t len);
+
+/* Block-owner registry through the agent's store, the agent being the
+ * owner (pdx_store_ops_t.owners_*). PDX_ERR_UNSUPPORTED without a store,
+ * PDX_ERR_UNAVAILABLE while it is unreachable. Blocking. */
+PDX_API pdx_status_t pdx_store_owners_add(pdx_agent_h agent,
+                                          const char *const *blocks, size_t n,
+                                          uint32_t *counts);
+PDX_API pdx_status_t pdx_store_owners_del(pdx_agent_h agent,
+                                          const char *const *blocks,
+                                          size_t n);
+PDX_API pdx_status_t pdx_store_owners_get(pdx_agent_h agent,
+                                          const char *const *blocks, size_t n,
+                                          pdx_store_owner_cb_t cb, void *arg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

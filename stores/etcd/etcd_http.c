@@ -1,0 +1,390 @@
+/* Requests to etcd's v3 JSON gateway (grpc-gateway): POST of a JSON body
+ * with libcurl, response parsed with cJSON, keys and values in base64
+ * (OpenSSL's encoder), int64 fields as strings; reachability bookkeeping
+ * (unreachable since when, fail-fast window, endpoint rotation). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <openssl/evp.h>
+
+#include "etcd_int.h"
+
+uint64_t etcd_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t etcd_realtime_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void etcd_buf_add(etcd_buf_t *b, const void *p, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 1024;
+        while (cap < b->len + n + 1) {
+            cap *= 2;
+        }
+        char *d = realloc(b->data, cap);
+        if (d == NULL) {
+            return; /* the response will not parse: reported as such */
+        }
+        b->data = d;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+}
+
+void etcd_buf_free(etcd_buf_t *b)
+{
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}
+
+char *etcd_b64_enc(const void *p, size_t n)
+{
+    if (n > (size_t)1 << 30) {
+        return NULL;
+    }
+    char *out = malloc(4 * ((n + 2) / 3) + 1);
+    if (out == NULL) {
+        return NULL;
+    }
+    EVP_EncodeBlock((unsigned char *)out, p, (int)n);
+    return out;
+}
+
+void *etcd_b64_dec(const char *s, size_t *len_p)
+{
+    size_t n = strlen(s);
+    if (n % 4 != 0 || n > (size_t)1 << 30) {
+        return NULL;
+    }
+    unsigned char *out = malloc(3 * (n / 4) + 1);
+    if (out == NULL) {
+        return NULL;
+    }
+    int m = n > 0 ? EVP_DecodeBlock(out, (const unsigned char *)s, (int)n)
+                  : 0;
+    if (m < 0) {
+        free(out);
+        return NULL;
+    }
+    /* DecodeBlock counts the padding as zero bytes. */
+    size_t len = (size_t)m;
+    for (size_t i = n; i > 0 && s[i - 1] == '=' && len > 0; i--) {
+        len--;
+    }
+    out[len] = '\0';
+    *len_p = len;
+    return out;
+}
+
+char *etcd_full_key(etcd_store_t *s, const char *rel)
+{
+    size_t n = strlen(s->ns) + 1 + strlen(rel) + 1;
+    char *k = malloc(n);
+    if (k != NULL) {
+        snprintf(k, n, "%s/%s", s->ns, rel);
+    }
+    return k;
+}
+
+char *etcd_key_b64(etcd_store_t *s, const char *rel)
+{
+    char *k = etcd_full_key(s, rel);
+    if (k == NULL) {
+        return NULL;
+    }
+    char *b = etcd_b64_enc(k, strlen(k));
+    free(k);
+    return b;
+}
+
+char *etcd_prefix_end_b64(const char *full)
+{
+    size_t n = strlen(full);
+    unsigned char *e = malloc(n + 1);
+    if (e == NULL) {
+        return NULL;
+    }
+    memcpy(e, full, n);
+    /* Keys are text: the last byte is below 0xff, so +1 never carries. */
+    size_t m = n;
+    while (m > 0 && e[m - 1] == 0xff) {
+        m--;
+    }
+    if (m == 0) {
+        free(e);
+        return etcd_b64_enc("\0", 1); /* every key */
+    }
+    e[m - 1]++;
+    char *b = etcd_b64_enc(e, m);
+    free(e);
+    return b;
+}
+
+int64_t etcd_json_i64(const cJSON *obj, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    if (cJSON_IsString(v)) {
+        return strtoll(v->valuestring, NULL, 10);
+    }
+    if (cJSON_IsNumber(v)) {
+        return (int64_t)v->valuedouble;
+    }
+    return 0; /* proto3 leaves zero values out */
+}
+
+void etcd_json_add_i64(cJSON *obj, const char *name, int64_t v)
+{
+    char buf[24];
+    snprintf(buf, sizeof(buf), "%lld", (long long)v);
+    cJSON_AddStringToObject(obj, name, buf);
+}
+
+static size_t on_data(char *p, size_t size, size_t n, void *arg)
+{
+    etcd_buf_add(arg, p, size * n);
+    return size * n;
+}
+
+void etcd_easy_setup(etcd_store_t *s, CURL *h, const char *endpoint,
+                     const char *path, const char *body, etcd_buf_t *out,
+                     long timeout_ms)
+{
+    char url[512];
+    snprintf(url, sizeof(url), "%s%s", endpoint, path);
+    curl_easy_reset(h); /* keeps the connection cache */
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, s->hdrs);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+    long connect_ms = (long)s->timeout_ms;
+    if (timeout_ms > 0 && timeout_ms < connect_ms) {
+        connect_ms = timeout_ms;
+    }
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
+}
+
+cJSON *etcd_parse_body(const etcd_buf_t *b)
+{
+    if (b->data == NULL) {
+        return NULL;
+    }
+    cJSON *j = cJSON_ParseWithLength(b->data, b->len);
+    if (j != NULL && !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return NULL;
+    }
+    return j;
+}
+
+static void fmt_time(uint64_t rt_ns, char *buf, size_t len)
+{
+    time_t t = (time_t)(rt_ns / 1000000000ull);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(buf, len, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+void etcd_note_ok(etcd_store_t *s, int64_t revision)
+{
+    pthread_mutex_lock(&s->lock);
+    if (!s->reachable) {
+        double down = s->unreach_mono_ns
+                          ? (double)(etcd_now_ns() - s->unreach_mono_ns) / 1e9
+                          : 0.0;
+        if (s->ever_reached || s->unreach_mono_ns) {
+            pdx_warn("store etcd (ns %s, agent %s): %s reachable again "
+                     "after %.1f s", s->ns, s->host.agent_name,
+                     s->endpoints[s->ep], down);
+        }
+        s->reachable = true;
+        s->unreach_rt_ns = s->unreach_mono_ns = 0;
+        s->probe_backoff_ms = 0;
+        s->state_dirty = true;
+    }
+    s->ever_reached = true;
+    if (revision > s->revision) {
+        s->revision = revision;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+void etcd_note_fail(etcd_store_t *s, const char *what)
+{
+    pthread_mutex_lock(&s->lock);
+    s->failures++;
+    snprintf(s->last_error, sizeof(s->last_error), "%s", what);
+    uint64_t now = etcd_now_ns();
+    if (s->reachable || s->unreach_mono_ns == 0) {
+        s->reachable = false;
+        s->unreach_rt_ns = etcd_realtime_ns();
+        s->unreach_mono_ns = now;
+        s->state_dirty = true;
+        char when[32];
+        fmt_time(s->unreach_rt_ns, when, sizeof(when));
+        pdx_warn("store etcd (ns %s, agent %s): unreachable since %s: %s; "
+                 "loaded peers keep working, publication and watches retry "
+                 "with backoff", s->ns, s->host.agent_name, when, what);
+    }
+    /* Callers fail fast for a while; the window grows like the thread's
+     * backoff so a partitioned store does not cost every call a timeout. */
+    s->probe_backoff_ms = s->probe_backoff_ms
+                              ? s->probe_backoff_ms * 2 : s->retry_min_ms;
+    if (s->probe_backoff_ms > s->retry_max_ms) {
+        s->probe_backoff_ms = s->retry_max_ms;
+    }
+    s->probe_at_ns = now + (uint64_t)s->probe_backoff_ms * 1000000ull;
+    if (s->nendpoints > 1) {
+        s->ep = (s->ep + 1) % s->nendpoints;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+static pdx_status_t grpc_status(int code)
+{
+    switch (code) {
+    case 3: /* INVALID_ARGUMENT */
+    case 9: /* FAILED_PRECONDITION */
+        return PDX_ERR_INVALID;
+    case 4: /* DEADLINE_EXCEEDED */
+        return PDX_ERR_TIMEOUT;
+    case 5: /* NOT_FOUND (a lease) */
+        return PDX_ERR_NOT_FOUND;
+    case 8: /* RESOURCE_EXHAUSTED (request too large) */
+        return PDX_ERR_TOO_LARGE;
+    case 11: /* OUT_OF_RANGE (compacted) */
+        return PDX_ERR_STALE;
+    default:
+        return PDX_ERR_IO;
+    }
+}
+
+pdx_status_t etcd_call(etcd_store_t *s, CURL *h, const char *path,
+                       cJSON *req, cJSON **resp_p, bool force, char *err,
+                       size_t err_len)
+{
+    uint64_t now = etcd_now_ns();
+    pthread_mutex_lock(&s->lock);
+    bool fast_fail = !force && !s->reachable && s->unreach_mono_ns != 0 &&
+                     now < s->probe_at_ns;
+    uint32_t ep = s->ep;
+    pthread_mutex_unlock(&s->lock);
+    if (fast_fail) {
+        if (err != NULL) {
+            snprintf(err, err_len, "store unreachable");
+        }
+        return PDX_ERR_UNAVAILABLE;
+    }
+    char *body = cJSON_PrintUnformatted(req);
+    if (body == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    pdx_status_t st = PDX_ERR_UNAVAILABLE;
+    uint64_t deadline = now + (uint64_t)s->timeout_ms * 1000000ull;
+    for (uint32_t t = 0; t < s->nendpoints; t++) {
+        const char *endpoint = s->endpoints[(ep + t) % s->nendpoints];
+        long left = (long)((int64_t)(deadline - now) / 1000000);
+        if (now >= deadline || left <= 0) {
+            break;
+        }
+        etcd_buf_t out = {0};
+        etcd_easy_setup(s, h, endpoint, path, body, &out, left);
+        CURLcode cc = curl_easy_perform(h);
+        pthread_mutex_lock(&s->lock);
+        s->requests++;
+        pthread_mutex_unlock(&s->lock);
+        if (cc != CURLE_OK) {
+            char what[256];
+            snprintf(what, sizeof(what), "%s%s: %s", endpoint, path,
+                     curl_easy_strerror(cc));
+            etcd_note_fail(s, what);
+            if (err != NULL) {
+                snprintf(err, err_len, "%s", what);
+            }
+            etcd_buf_free(&out);
+            now = etcd_now_ns();
+            continue;
+        }
+        long code = 0;
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+        cJSON *resp = etcd_parse_body(&out);
+        etcd_buf_free(&out);
+        if (code == 200 && resp != NULL) {
+            const cJSON *hdr = cJSON_GetObjectItemCaseSensitive(resp, "header");
+            etcd_note_ok(s, hdr ? etcd_json_i64(hdr, "revision") : 0);
+            *resp_p = resp;
+            st = PDX_OK;
+            break;
+        }
+        int g = resp ? (int)etcd_json_i64(resp, "code") : 0;
+        const cJSON *msg = resp ? cJSON_GetObjectItemCaseSensitive(resp,
+                                                                   "message")
+                                : NULL;
+        char what[256];
+        snprintf(what, sizeof(what), "%s%s: HTTP %ld%s%s", endpoint, path,
+                 code, cJSON_IsString(msg) ? ": " : "",
+                 cJSON_IsString(msg) ? msg->valuestring : "");
+        cJSON_Delete(resp);
+        if (err != NULL) {
+            snprintf(err, err_len, "%s", what);
+        }
+        if (g == 14 || code >= 500 || g == 0) {
+            /* No leader, or not etcd answering: as good as unreachable;
+             * another endpoint may do better. */
+            etcd_note_fail(s, what);
+            now = etcd_now_ns();
+            continue;
+        }
+        etcd_note_ok(s, 0);
+        st = grpc_status(g);
+        break;
+    }
+    free(body);
+    return st;
+}
+
+CURL *etcd_handle_get(etcd_store_t *s)
+{
+    CURL *h = NULL;
+    pthread_mutex_lock(&s->lock);
+    if (s->npool > 0) {
+        h = s->pool[--s->npool];
+    }
+    pthread_mutex_unlock(&s->lock);
+    return h != NULL ? h : curl_easy_init();
+}
+
+void etcd_handle_put(etcd_store_t *s, CURL *h)
+{
+    if (h == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    if (s->npool < ETCD_HANDLE_POOL) {
+        s->pool[s->npool++] = h;
+        h = NULL;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (h != NULL) {
+        curl_easy_cleanup(h);
+    }
+}

@@ -1,0 +1,166 @@
+/* Private to the etcd store module: the instance, its requests to etcd's v3
+ * JSON gateway (libcurl + cJSON) and the helpers the ops share. */
+#ifndef PDX_ETCD_INT_H
+#define PDX_ETCD_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+
+#include <pdx/log.h>
+#include <pdx/store.h>
+
+#define ETCD_MAX_ENDPOINTS 8
+#define ETCD_HANDLE_POOL 8
+#define ETCD_PARALLEL 8 /* owner transactions in flight per call */
+
+typedef struct etcd_buf {
+    char *data;
+    size_t len, cap;
+} etcd_buf_t;
+
+/* A key kept under the lease (PDX_STORE_PUT_LEASED). */
+typedef struct etcd_leased {
+    struct etcd_leased *next;
+    char *key; /* relative */
+    void *value;
+    size_t len;
+    int64_t lease_put; /* lease it was last stored under; 0 none */
+} etcd_leased_t;
+
+/* A key a watch has reported present, for resyncs. */
+typedef struct etcd_known {
+    char *key;
+    int64_t rev;
+} etcd_known_t;
+
+/* An event parsed from a stream, waiting to be delivered. */
+typedef struct etcd_event {
+    struct etcd_event *next;
+    uint64_t watch_id;
+    pdx_store_event_t ev; /* key and value point into `mem` */
+    char mem[];
+} etcd_event_t;
+
+typedef struct etcd_watch {
+    struct etcd_watch *next;
+    uint64_t id;
+    char *prefix; /* relative */
+    uint32_t flags;
+    int64_t next_rev;  /* resume from here; 0 = from now */
+    bool need_resync;  /* list the prefix before (re)opening */
+    bool removed;
+    CURL *h;           /* open stream, or NULL */
+    etcd_buf_t rx;     /* partial line */
+    char *body;        /* request body of the open stream */
+    bool created;
+    bool broken;       /* the stream must be closed and reopened */
+    bool up;           /* stream open and created (under the lock) */
+    uint64_t retry_at_ns;
+    uint32_t backoff_ms;
+    etcd_known_t *known;
+    size_t nknown, known_cap;
+} etcd_watch_t;
+
+typedef struct etcd_store {
+    pdx_store_host_t host;
+    char *endpoints[ETCD_MAX_ENDPOINTS];
+    uint32_t nendpoints;
+    char ns[128];
+    uint32_t ttl_s, timeout_ms, retry_min_ms, retry_max_ms, max_txn_ops;
+
+    pthread_mutex_t lock; /* everything below unless said otherwise */
+    uint32_t ep;          /* endpoint in use */
+    /* Reachability. */
+    bool reachable;
+    uint64_t unreach_rt_ns, unreach_mono_ns;
+    uint64_t probe_at_ns; /* caller ops fail fast before this */
+    uint32_t probe_backoff_ms;
+    char last_error[256];
+    uint64_t requests, failures;
+    int64_t revision;
+    bool ever_reached;
+    bool state_dirty; /* reachability or lease changed: tell the host */
+    struct curl_slist *hdrs; /* request headers, shared, read-only */
+    /* Lease. */
+    int64_t lease;
+    uint32_t lease_ttl_s;
+    uint64_t leases_granted;
+    uint64_t keepalive_at_ns, lease_retry_at_ns;
+    uint32_t lease_backoff_ms;
+    etcd_leased_t *leased;
+    pthread_mutex_t pub_lock; /* serialises puts of leased keys */
+    /* Easy handles for callers' requests (connections kept alive). */
+    CURL *pool[ETCD_HANDLE_POOL];
+    uint32_t npool;
+    /* Watches (list shared; their streams are the thread's). */
+    etcd_watch_t *watches;
+    uint64_t next_watch_id;
+    bool stop;
+    bool restart_watches; /* a keepalive failed: streams may be dead */
+
+    /* Thread only. */
+    pthread_t thread;
+    bool thread_running;
+    CURLM *multi;
+    CURL *th; /* the thread's handle for blocking requests */
+    etcd_event_t *evq, *evq_tail;
+    pthread_mutex_t deliver; /* held while callbacks run */
+} etcd_store_t;
+
+/* ---- etcd_http.c ---- */
+
+uint64_t etcd_now_ns(void);
+uint64_t etcd_realtime_ns(void);
+
+void etcd_buf_add(etcd_buf_t *b, const void *p, size_t n);
+void etcd_buf_free(etcd_buf_t *b);
+
+/* Base64 (OpenSSL's EVP_EncodeBlock/DecodeBlock). b64_enc returns a
+ * malloc'd string; b64_dec a malloc'd buffer (NUL-terminated for
+ * convenience) and its length in *len_p, NULL on bad input. */
+char *etcd_b64_enc(const void *p, size_t n);
+void *etcd_b64_dec(const char *s, size_t *len_p);
+
+/* Full key (namespace + "/" + rel) in base64, malloc'd. */
+char *etcd_key_b64(etcd_store_t *s, const char *rel);
+/* Base64 of the end of the range of keys starting with `full` (etcd's
+ * range_end: the prefix with its last byte plus one). */
+char *etcd_prefix_end_b64(const char *full);
+/* Full key of `rel`, malloc'd. */
+char *etcd_full_key(etcd_store_t *s, const char *rel);
+
+/* int64 fields arrive as strings ("revision":"12") or numbers. */
+int64_t etcd_json_i64(const cJSON *obj, const char *name);
+void etcd_json_add_i64(cJSON *obj, const char *name, int64_t v);
+
+/* Prepare `h` for a POST of `body` to <endpoint><path>; the response is
+ * appended to `out`. */
+void etcd_easy_setup(etcd_store_t *s, CURL *h, const char *endpoint,
+                     const char *path, const char *body, etcd_buf_t *out,
+                     long timeout_ms);
+
+/* One request from a caller's thread (fail fast while unreachable unless
+ * `force`; the module's thread passes force). Tries each endpoint once
+ * within timeout_ms. On PDX_OK, *resp_p is the parsed response (cJSON
+ * delete it). A gRPC error from etcd maps to a status (NOT_FOUND for
+ * code 5) and its message goes into `err` when not NULL. */
+pdx_status_t etcd_call(etcd_store_t *s, CURL *h, const char *path,
+                       cJSON *req, cJSON **resp_p, bool force, char *err,
+                       size_t err_len);
+
+/* Handles for callers (from the pool, else new) and back. */
+CURL *etcd_handle_get(etcd_store_t *s);
+void etcd_handle_put(etcd_store_t *s, CURL *h);
+
+/* Record the outcome of a request (caller holds no lock). */
+void etcd_note_ok(etcd_store_t *s, int64_t revision);
+void etcd_note_fail(etcd_store_t *s, const char *what);
+
+/* Parse a response body; NULL (and `why`) when it is not a JSON object. */
+cJSON *etcd_parse_body(const etcd_buf_t *b);
+
+#endif

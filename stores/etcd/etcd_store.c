@@ -1,0 +1,1638 @@
+/* The etcd store module (libpdx_store_etcd.so): pdx's discovery, liveness
+ * and block-owner registry on etcd v3, through its JSON gateway.
+ *
+ * One thread per instance keeps the lease alive (keepalive every TTL/3),
+ * grants a new one when it was lost and puts the leased keys again, and
+ * runs the watch streams (curl multi): a stream that breaks is reopened
+ * with backoff from the revision after the last event reported, and one
+ * whose revision was compacted lists its prefix and reports the difference,
+ * so no change is lost or reported twice. Callers' requests run on their
+ * own threads with pooled connections. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "etcd_int.h"
+
+#define DEFAULT_TIMEOUT_MS 2000
+#define DEFAULT_RETRY_MIN_MS 100
+#define DEFAULT_RETRY_MAX_MS 5000
+#define DEFAULT_TXN_OPS 128
+#define POLL_MAX_MS 200
+
+static pthread_once_t g_curl_once = PTHREAD_ONCE_INIT;
+static CURLcode g_curl_init = CURLE_OK;
+
+static void curl_init_once(void)
+{
+    g_curl_init = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+static bool valid_key(const char *k)
+{
+    size_t n = k ? strlen(k) : 0;
+    if (n == 0 || n >= PDX_STORE_KEY_MAX) {
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (k[i] <= ' ' || k[i] > '~') {
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool valid_block(const char *b)
+{
+    size_t n = b ? strlen(b) : 0;
+    if (n == 0 || n > 128) {
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!((b[i] >= '0' && b[i] <= '9') || (b[i] >= 'a' && b[i] <= 'f'))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool valid_owner(const char *o)
+{
+    size_t n = o ? strlen(o) : 0;
+    if (n == 0 || n >= 64) {
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char c = o[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-')) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static void wake(etcd_store_t *s)
+{
+    if (s->multi != NULL) {
+        curl_multi_wakeup(s->multi);
+    }
+}
+
+static uint32_t backoff_next(etcd_store_t *s, uint32_t cur)
+{
+    uint32_t b = cur ? cur * 2 : s->retry_min_ms;
+    return b > s->retry_max_ms ? s->retry_max_ms : b;
+}
+
+/* ---- events ---- */
+
+static void queue_event(etcd_store_t *s, uint64_t watch_id,
+                        pdx_store_event_type_t type, uint32_t flags,
+                        const char *key, const void *value, size_t vlen,
+                        int64_t rev, int64_t lease)
+{
+    size_t klen = strlen(key);
+    etcd_event_t *e = malloc(sizeof(*e) + klen + 1 + vlen + 1);
+    if (e == NULL) {
+        pdx_error("store etcd: out of memory: dropped an event of %s", key);
+        return;
+    }
+    e->next = NULL;
+    e->watch_id = watch_id;
+    memcpy(e->mem, key, klen + 1);
+    if (vlen > 0) {
+        memcpy(e->mem + klen + 1, value, vlen);
+    }
+    e->mem[klen + 1 + vlen] = '\0';
+    e->ev = (pdx_store_event_t){
+        .type = type, .flags = flags, .key = e->mem,
+        .value = type == PDX_STORE_EV_PUT ? e->mem + klen + 1 : NULL,
+        .value_len = type == PDX_STORE_EV_PUT ? vlen : 0, .revision = rev,
+        .lease = lease};
+    if (s->evq_tail != NULL) {
+        s->evq_tail->next = e;
+    } else {
+        s->evq = e;
+    }
+    s->evq_tail = e;
+}
+
+static etcd_watch_t *find_watch_locked(etcd_store_t *s, uint64_t id)
+{
+    for (etcd_watch_t *w = s->watches; w != NULL; w = w->next) {
+        if (w->id == id && !w->removed) {
+            return w;
+        }
+    }
+    return NULL;
+}
+
+static void fill_status_locked(etcd_store_t *s, pdx_store_status_t *o);
+
+/* Hand queued events and state changes to the host, no lock but
+ * `deliver` held (unwatch waits on it). */
+static void deliver(etcd_store_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    etcd_event_t *list = s->evq;
+    s->evq = s->evq_tail = NULL;
+    bool dirty = s->state_dirty;
+    s->state_dirty = false;
+    pdx_store_status_t status;
+    if (dirty) {
+        fill_status_locked(s, &status);
+    }
+    pthread_mutex_unlock(&s->lock);
+    pthread_mutex_lock(&s->deliver);
+    if (dirty && s->host.state_change != NULL) {
+        s->host.state_change(s->host.ctx, &status);
+    }
+    while (list != NULL) {
+        etcd_event_t *e = list;
+        list = e->next;
+        pthread_mutex_lock(&s->lock);
+        bool live = find_watch_locked(s, e->watch_id) != NULL;
+        pthread_mutex_unlock(&s->lock);
+        if (live && s->host.watch_event != NULL) {
+            s->host.watch_event(s->host.ctx, e->watch_id, &e->ev);
+        }
+        free(e);
+    }
+    pthread_mutex_unlock(&s->deliver);
+}
+
+/* ---- known keys of a watch (for resyncs) ---- */
+
+static ssize_t known_find(const etcd_watch_t *w, const char *key)
+{
+    for (size_t i = 0; i < w->nknown; i++) {
+        if (strcmp(w->known[i].key, key) == 0) {
+            return (ssize_t)i;
+        }
+    }
+    return -1;
+}
+
+static void known_set(etcd_watch_t *w, const char *key, int64_t rev)
+{
+    ssize_t i = known_find(w, key);
+    if (i >= 0) {
+        w->known[i].rev = rev;
+        return;
+    }
+    if (w->nknown == w->known_cap) {
+        size_t cap = w->known_cap ? w->known_cap * 2 : 16;
+        etcd_known_t *k = realloc(w->known, cap * sizeof(*k));
+        if (k == NULL) {
+            return;
+        }
+        w->known = k;
+        w->known_cap = cap;
+    }
+    char *dup = strdup(key);
+    if (dup != NULL) {
+        w->known[w->nknown++] = (etcd_known_t){dup, rev};
+    }
+}
+
+static void known_del(etcd_watch_t *w, const char *key)
+{
+    ssize_t i = known_find(w, key);
+    if (i >= 0) {
+        free(w->known[i].key);
+        w->known[i] = w->known[--w->nknown];
+    }
+}
+
+static void known_free(etcd_watch_t *w)
+{
+    for (size_t i = 0; i < w->nknown; i++) {
+        free(w->known[i].key);
+    }
+    free(w->known);
+    w->known = NULL;
+    w->nknown = w->known_cap = 0;
+}
+
+/* Relative key of a full one from etcd, or NULL when outside the
+ * namespace. */
+static const char *rel_key(etcd_store_t *s, const char *full)
+{
+    size_t n = strlen(s->ns);
+    if (strncmp(full, s->ns, n) != 0 || full[n] != '/') {
+        return NULL;
+    }
+    return full + n + 1;
+}
+
+/* List the watch's prefix and report what changed since what it reported
+ * (thread, blocking). */
+static pdx_status_t watch_resync(etcd_store_t *s, etcd_watch_t *w)
+{
+    char *full = etcd_full_key(s, w->prefix);
+    cJSON *req = cJSON_CreateObject();
+    char *kb = full ? etcd_b64_enc(full, strlen(full)) : NULL;
+    char *eb = full ? etcd_prefix_end_b64(full) : NULL;
+    cJSON *resp = NULL;
+    pdx_status_t st = PDX_ERR_NOMEM;
+    if (req != NULL && kb != NULL && eb != NULL) {
+        cJSON_AddStringToObject(req, "key", kb);
+        cJSON_AddStringToObject(req, "range_end", eb);
+        st = etcd_call(s, s->th, "/v3/kv/range", req, &resp, true, NULL, 0);
+    }
+    free(full);
+    free(kb);
+    free(eb);
+    cJSON_Delete(req);
+    if (st != PDX_OK) {
+        return st;
+    }
+    const cJSON *hdr = cJSON_GetObjectItemCaseSensitive(resp, "header");
+    int64_t rev = etcd_json_i64(hdr, "revision");
+    const cJSON *kvs = cJSON_GetObjectItemCaseSensitive(resp, "kvs");
+    size_t n = (size_t)cJSON_GetArraySize(kvs);
+    char **seen = calloc(n ? n : 1, sizeof(*seen));
+    size_t nseen = 0, puts = 0, dels = 0;
+    const cJSON *kv;
+    cJSON_ArrayForEach(kv, kvs)
+    {
+        const cJSON *k = cJSON_GetObjectItemCaseSensitive(kv, "key");
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(kv, "value");
+        size_t klen = 0, vlen = 0;
+        char *key = cJSON_IsString(k) ? etcd_b64_dec(k->valuestring, &klen)
+                                      : NULL;
+        void *val = cJSON_IsString(v) ? etcd_b64_dec(v->valuestring, &vlen)
+                                      : NULL;
+        const char *rel = key ? rel_key(s, key) : NULL;
+        if (rel != NULL) {
+            int64_t mrev = etcd_json_i64(kv, "mod_revision");
+            ssize_t i = known_find(w, rel);
+            if (i < 0 || w->known[i].rev != mrev) {
+                queue_event(s, w->id, PDX_STORE_EV_PUT, PDX_STORE_EVF_RESYNC,
+                            rel, val, val ? vlen : 0, mrev,
+                            etcd_json_i64(kv, "lease"));
+                known_set(w, rel, mrev);
+                puts++;
+            }
+            if (seen != NULL) {
+                seen[nseen++] = strdup(rel);
+            }
+        }
+        free(key);
+        free(val);
+    }
+    /* Keys reported before and gone now were deleted meanwhile. */
+    for (size_t i = 0; seen != NULL && i < w->nknown;) {
+        bool present = false;
+        for (size_t j = 0; j < nseen && !present; j++) {
+            present = seen[j] != NULL && strcmp(seen[j], w->known[i].key) == 0;
+        }
+        if (present) {
+            i++;
+            continue;
+        }
+        queue_event(s, w->id, PDX_STORE_EV_DELETE, PDX_STORE_EVF_RESYNC,
+                    w->known[i].key, NULL, 0, rev, 0);
+        dels++;
+        free(w->known[i].key);
+        w->known[i] = w->known[--w->nknown];
+    }
+    for (size_t j = 0; j < nseen; j++) {
+        free(seen[j]);
+    }
+    free(seen);
+    cJSON_Delete(resp);
+    pdx_debug("store etcd: watch %s resynced at revision %lld: %zu put, "
+              "%zu deleted", w->prefix, (long long)rev, puts, dels);
+    w->next_rev = rev + 1;
+    w->need_resync = false;
+    return PDX_OK;
+}
+
+/* One line of a watch stream: {"result": {...}} or {"error": {...}}. */
+static void stream_line(etcd_store_t *s, etcd_watch_t *w, const char *line,
+                        size_t n)
+{
+    cJSON *j = cJSON_ParseWithLength(line, n);
+    const cJSON *res = cJSON_GetObjectItemCaseSensitive(j, "result");
+    if (!cJSON_IsObject(res)) {
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(e, "message");
+        pdx_warn("store etcd: watch %s: stream error: %s", w->prefix,
+                 cJSON_IsString(m) ? m->valuestring : "unparsable message");
+        w->broken = true;
+        cJSON_Delete(j);
+        return;
+    }
+    const cJSON *hdr = cJSON_GetObjectItemCaseSensitive(res, "header");
+    int64_t hrev = etcd_json_i64(hdr, "revision");
+    if (hrev > 0) {
+        etcd_note_ok(s, hrev);
+    }
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "created"))) {
+        w->created = true;
+        w->backoff_ms = 0;
+        if (w->next_rev == 0) {
+            w->next_rev = hrev + 1;
+        }
+        pthread_mutex_lock(&s->lock);
+        w->up = true;
+        pthread_mutex_unlock(&s->lock);
+    }
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "canceled"))) {
+        int64_t compact = etcd_json_i64(res, "compact_revision");
+        if (compact > 0) {
+            pdx_info("store etcd: watch %s: revision %lld was compacted "
+                     "(oldest kept %lld): listing the prefix instead",
+                     w->prefix, (long long)w->next_rev, (long long)compact);
+            w->need_resync = true;
+        } else {
+            pdx_warn("store etcd: watch %s canceled by the server",
+                     w->prefix);
+        }
+        w->broken = true;
+    }
+    int64_t last = 0;
+    const cJSON *ev;
+    cJSON_ArrayForEach(ev, cJSON_GetObjectItemCaseSensitive(res, "events"))
+    {
+        const cJSON *kv = cJSON_GetObjectItemCaseSensitive(ev, "kv");
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(ev, "type");
+        bool del = cJSON_IsString(t) && strcmp(t->valuestring, "DELETE") == 0;
+        int64_t mrev = etcd_json_i64(kv, "mod_revision");
+        if (mrev < w->next_rev) {
+            continue; /* reported before the stream was reopened */
+        }
+        if (mrev > last) {
+            last = mrev;
+        }
+        const cJSON *k = cJSON_GetObjectItemCaseSensitive(kv, "key");
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(kv, "value");
+        size_t klen = 0, vlen = 0;
+        char *key = cJSON_IsString(k) ? etcd_b64_dec(k->valuestring, &klen)
+                                      : NULL;
+        void *val = !del && cJSON_IsString(v)
+                        ? etcd_b64_dec(v->valuestring, &vlen) : NULL;
+        const char *rel = key ? rel_key(s, key) : NULL;
+        if (rel != NULL) {
+            queue_event(s, w->id, del ? PDX_STORE_EV_DELETE : PDX_STORE_EV_PUT,
+                        0, rel, val, val ? vlen : 0, mrev,
+                        etcd_json_i64(kv, "lease"));
+            if (del) {
+                known_del(w, rel);
+            } else {
+                known_set(w, rel, mrev);
+            }
+        }
+        free(key);
+        free(val);
+    }
+    if (last >= w->next_rev) {
+        w->next_rev = last + 1;
+    }
+    cJSON_Delete(j);
+}
+
+static size_t stream_data(char *p, size_t size, size_t nmemb, void *arg)
+{
+    etcd_watch_t *w = arg;
+    size_t n = size * nmemb;
+    etcd_buf_add(&w->rx, p, n);
+    return n;
+}
+
+/* Split the watch's received bytes into lines and handle each (thread). */
+static void stream_drain(etcd_store_t *s, etcd_watch_t *w)
+{
+    size_t start = 0;
+    for (size_t i = 0; i < w->rx.len && !w->broken; i++) {
+        if (w->rx.data[i] == '\n') {
+            if (i > start) {
+                stream_line(s, w, w->rx.data + start, i - start);
+            }
+            start = i + 1;
+        }
+    }
+    if (start > 0 && start <= w->rx.len) {
+        memmove(w->rx.data, w->rx.data + start, w->rx.len - start);
+        w->rx.len -= start;
+    }
+}
+
+static void stream_close(etcd_store_t *s, etcd_watch_t *w)
+{
+    if (w->h != NULL) {
+        curl_multi_remove_handle(s->multi, w->h);
+        curl_easy_cleanup(w->h);
+        w->h = NULL;
+    }
+    free(w->body);
+    w->body = NULL;
+    etcd_buf_free(&w->rx);
+    w->created = false;
+    w->broken = false;
+    pthread_mutex_lock(&s->lock);
+    w->up = false;
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void stream_retry_later(etcd_store_t *s, etcd_watch_t *w)
+{
+    w->backoff_ms = backoff_next(s, w->backoff_ms);
+    w->retry_at_ns = etcd_now_ns() + (uint64_t)w->backoff_ms * 1000000ull;
+}
+
+static void stream_open(etcd_store_t *s, etcd_watch_t *w)
+{
+    if (w->need_resync && watch_resync(s, w) != PDX_OK) {
+        stream_retry_later(s, w);
+        return;
+    }
+    char *full = etcd_full_key(s, w->prefix);
+    char *kb = full ? etcd_b64_enc(full, strlen(full)) : NULL;
+    char *eb = full ? etcd_prefix_end_b64(full) : NULL;
+    cJSON *req = cJSON_CreateObject();
+    cJSON *cr = cJSON_AddObjectToObject(req, "create_request");
+    if (kb != NULL && eb != NULL && cr != NULL) {
+        cJSON_AddStringToObject(cr, "key", kb);
+        cJSON_AddStringToObject(cr, "range_end", eb);
+        if (w->next_rev > 0) {
+            etcd_json_add_i64(cr, "start_revision", w->next_rev);
+        }
+        w->body = cJSON_PrintUnformatted(req);
+    }
+    free(full);
+    free(kb);
+    free(eb);
+    cJSON_Delete(req);
+    w->h = w->body ? curl_easy_init() : NULL;
+    if (w->h == NULL) {
+        stream_close(s, w);
+        stream_retry_later(s, w);
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    const char *endpoint = s->endpoints[s->ep];
+    pthread_mutex_unlock(&s->lock);
+    etcd_easy_setup(s, w->h, endpoint, "/v3/watch", w->body, NULL, 0);
+    curl_easy_setopt(w->h, CURLOPT_WRITEFUNCTION, stream_data);
+    curl_easy_setopt(w->h, CURLOPT_WRITEDATA, w);
+    curl_easy_setopt(w->h, CURLOPT_PRIVATE, w);
+    if (curl_multi_add_handle(s->multi, w->h) != CURLM_OK) {
+        stream_close(s, w);
+        stream_retry_later(s, w);
+    }
+}
+
+/* ---- lease (thread) ---- */
+
+static void lease_step(etcd_store_t *s, uint64_t now)
+{
+    pthread_mutex_lock(&s->lock);
+    int64_t lease = s->lease;
+    bool grant = lease == 0 && now >= s->lease_retry_at_ns;
+    bool keep = lease != 0 && now >= s->keepalive_at_ns;
+    pthread_mutex_unlock(&s->lock);
+    if (!grant && !keep) {
+        return;
+    }
+    cJSON *req = cJSON_CreateObject(), *resp = NULL;
+    if (req == NULL) {
+        return;
+    }
+    if (grant) {
+        etcd_json_add_i64(req, "TTL", s->ttl_s);
+    } else {
+        etcd_json_add_i64(req, "ID", lease);
+    }
+    pdx_status_t st = etcd_call(s, s->th, grant ? "/v3/lease/grant"
+                                                : "/v3/lease/keepalive",
+                                req, &resp, true, NULL, 0);
+    cJSON_Delete(req);
+    now = etcd_now_ns();
+    pthread_mutex_lock(&s->lock);
+    if (grant) {
+        int64_t id = st == PDX_OK ? etcd_json_i64(resp, "ID") : 0;
+        if (id != 0) {
+            s->lease = id;
+            s->lease_ttl_s = (uint32_t)etcd_json_i64(resp, "TTL");
+            s->leases_granted++;
+            s->lease_backoff_ms = 0;
+            uint64_t period_ms = (uint64_t)s->lease_ttl_s * 1000 / 3;
+            s->keepalive_at_ns = now + period_ms * 1000000ull;
+            s->state_dirty = true;
+            uint32_t nkeys = 0;
+            for (etcd_leased_t *k = s->leased; k != NULL; k = k->next) {
+                nkeys++;
+            }
+            if (s->leases_granted > 1) {
+                pdx_warn("store etcd (ns %s, agent %s): new lease %llx (TTL "
+                         "%u s) after the last one expired: publishing %u "
+                         "key(s) again", s->ns, s->host.agent_name,
+                         (unsigned long long)id, s->lease_ttl_s, nkeys);
+            } else {
+                pdx_info("store etcd (ns %s, agent %s): lease %llx granted "
+                         "(TTL %u s)", s->ns, s->host.agent_name,
+                         (unsigned long long)id, s->lease_ttl_s);
+            }
+        } else {
+            s->lease_backoff_ms = backoff_next(s, s->lease_backoff_ms);
+            s->lease_retry_at_ns =
+                now + (uint64_t)s->lease_backoff_ms * 1000000ull;
+        }
+    } else {
+        const cJSON *res = cJSON_GetObjectItemCaseSensitive(resp, "result");
+        if (st == PDX_OK && etcd_json_i64(res, "TTL") > 0) {
+            uint64_t period_ms = (uint64_t)s->lease_ttl_s * 1000 / 3;
+            s->keepalive_at_ns = now + period_ms * 1000000ull;
+            s->lease_backoff_ms = 0;
+        } else if (st == PDX_OK || st == PDX_ERR_NOT_FOUND) {
+            pdx_warn("store etcd (ns %s, agent %s): lease %llx expired (the "
+                     "store did not hear from this agent for its TTL): "
+                     "granting a new one", s->ns, s->host.agent_name,
+                     (unsigned long long)lease);
+            s->lease = 0;
+            s->lease_retry_at_ns = now;
+            s->state_dirty = true;
+        } else {
+            /* Unreachable: retry sooner than the period, and the streams
+             * may be dead without knowing it (a partition sends no RST). */
+            s->lease_backoff_ms = backoff_next(s, s->lease_backoff_ms);
+            uint64_t period_ms = (uint64_t)s->lease_ttl_s * 1000 / 3;
+            uint64_t wait_ms = s->lease_backoff_ms < period_ms
+                                   ? s->lease_backoff_ms : period_ms;
+            s->keepalive_at_ns = now + wait_ms * 1000000ull;
+            s->restart_watches = true;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    cJSON_Delete(resp);
+}
+
+/* Put one key under `lease`. */
+static pdx_status_t put_raw(etcd_store_t *s, CURL *h, const char *key,
+                            const void *value, size_t len, int64_t lease,
+                            bool force)
+{
+    char *kb = etcd_key_b64(s, key);
+    char *vb = etcd_b64_enc(value ? value : "", len);
+    cJSON *req = cJSON_CreateObject(), *resp = NULL;
+    pdx_status_t st = PDX_ERR_NOMEM;
+    if (kb != NULL && vb != NULL && req != NULL) {
+        cJSON_AddStringToObject(req, "key", kb);
+        cJSON_AddStringToObject(req, "value", vb);
+        if (lease != 0) {
+            etcd_json_add_i64(req, "lease", lease);
+        }
+        char err[256] = "";
+        st = etcd_call(s, h, "/v3/kv/put", req, &resp, force, err,
+                       sizeof(err));
+        if (st != PDX_OK && st != PDX_ERR_UNAVAILABLE &&
+            st != PDX_ERR_NOT_FOUND) {
+            pdx_warn("store etcd: put %s: %s", key, err);
+        }
+    }
+    free(kb);
+    free(vb);
+    cJSON_Delete(req);
+    cJSON_Delete(resp);
+    return st;
+}
+
+/* Publish leased keys not yet stored under the current lease (thread). */
+static void republish_step(etcd_store_t *s)
+{
+    for (int guard = 0; guard < 1024; guard++) {
+        pthread_mutex_lock(&s->pub_lock);
+        pthread_mutex_lock(&s->lock);
+        int64_t lease = s->lease;
+        etcd_leased_t *k = s->leased;
+        while (k != NULL && k->lease_put == lease) {
+            k = k->next;
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (lease == 0 || k == NULL) {
+            pthread_mutex_unlock(&s->pub_lock);
+            return;
+        }
+        /* Entries change only under pub_lock: k stays valid. */
+        pdx_status_t st = put_raw(s, s->th, k->key, k->value, k->len, lease,
+                                  true);
+        pthread_mutex_lock(&s->lock);
+        if (st == PDX_OK) {
+            k->lease_put = lease;
+            pdx_info("store etcd (ns %s): published %s (%zu bytes) under "
+                     "lease %llx", s->ns, k->key, k->len,
+                     (unsigned long long)lease);
+        } else if (st == PDX_ERR_NOT_FOUND && s->lease == lease) {
+            s->lease = 0; /* lease gone: grant another, then retry */
+            s->lease_retry_at_ns = etcd_now_ns();
+        }
+        pthread_mutex_unlock(&s->lock);
+        pthread_mutex_unlock(&s->pub_lock);
+        if (st != PDX_OK) {
+            return; /* retried at the next pass, after the lease step */
+        }
+    }
+}
+
+static etcd_watch_t *watch_head(etcd_store_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    etcd_watch_t *w = s->watches;
+    pthread_mutex_unlock(&s->lock);
+    return w;
+}
+
+static void watches_step(etcd_store_t *s, uint64_t now)
+{
+    pthread_mutex_lock(&s->lock);
+    bool restart = s->restart_watches;
+    s->restart_watches = false;
+    pthread_mutex_unlock(&s->lock);
+    /* The list only grows from other threads (at its head) and is pruned
+     * here: after reading the head under the lock this thread may walk it
+     * (`removed` is read under the lock). */
+    etcd_watch_t *w = watch_head(s);
+    for (; w != NULL;) {
+        pthread_mutex_lock(&s->lock);
+        bool removed = w->removed;
+        etcd_watch_t *next = w->next;
+        pthread_mutex_unlock(&s->lock);
+        if (removed) {
+            if (w->h != NULL) {
+                stream_close(s, w);
+            }
+        } else if (w->h != NULL && (restart || w->broken)) {
+            bool resync = w->need_resync;
+            stream_close(s, w);
+            if (resync) {
+                w->retry_at_ns = now; /* compacted: list and reopen now */
+            } else {
+                stream_retry_later(s, w);
+            }
+        } else if (w->h == NULL && now >= w->retry_at_ns) {
+            stream_open(s, w);
+        }
+        w = next;
+    }
+    /* Free removed watches (their handles are closed). */
+    pthread_mutex_lock(&s->lock);
+    etcd_watch_t **pp = &s->watches;
+    while (*pp != NULL) {
+        etcd_watch_t *x = *pp;
+        if (x->removed && x->h == NULL) {
+            *pp = x->next;
+            free(x->prefix);
+            known_free(x);
+            free(x);
+        } else {
+            pp = &x->next;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void streams_done(etcd_store_t *s)
+{
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(s->multi, &left)) != NULL) {
+        if (m->msg != CURLMSG_DONE) {
+            continue;
+        }
+        etcd_watch_t *w = NULL;
+        curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&w);
+        if (w == NULL) {
+            continue;
+        }
+        CURLcode cc = m->data.result;
+        stream_drain(s, w);
+        bool resync = w->need_resync;
+        if (cc != CURLE_OK && !w->broken) {
+            char what[256];
+            snprintf(what, sizeof(what), "watch %s: %s", w->prefix,
+                     curl_easy_strerror(cc));
+            etcd_note_fail(s, what);
+        }
+        stream_close(s, w);
+        if (resync) {
+            w->retry_at_ns = etcd_now_ns();
+        } else {
+            stream_retry_later(s, w);
+        }
+    }
+}
+
+static uint64_t next_deadline(etcd_store_t *s, uint64_t now)
+{
+    uint64_t d = now + (uint64_t)POLL_MAX_MS * 1000000ull;
+    pthread_mutex_lock(&s->lock);
+    uint64_t l = s->lease ? s->keepalive_at_ns : s->lease_retry_at_ns;
+    if (l < d) {
+        d = l;
+    }
+    for (etcd_watch_t *w = s->watches; w != NULL; w = w->next) {
+        if (w->h == NULL && !w->removed && w->retry_at_ns < d) {
+            d = w->retry_at_ns;
+        }
+    }
+    for (etcd_leased_t *k = s->leased; k != NULL; k = k->next) {
+        if (s->lease != 0 && k->lease_put != s->lease) {
+            d = now; /* something to publish */
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return d;
+}
+
+static void *etcd_main(void *arg)
+{
+    etcd_store_t *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        bool stop = s->stop;
+        pthread_mutex_unlock(&s->lock);
+        if (stop) {
+            break;
+        }
+        uint64_t now = etcd_now_ns();
+        lease_step(s, now);
+        republish_step(s);
+        watches_step(s, etcd_now_ns());
+        int running = 0;
+        curl_multi_perform(s->multi, &running);
+        for (etcd_watch_t *w = watch_head(s); w != NULL; w = w->next) {
+            if (w->h != NULL) {
+                stream_drain(s, w);
+            }
+        }
+        streams_done(s);
+        deliver(s);
+        now = etcd_now_ns();
+        uint64_t d = next_deadline(s, now);
+        int wait_ms = d > now ? (int)((d - now + 999999) / 1000000) : 0;
+        if (wait_ms > POLL_MAX_MS) {
+            wait_ms = POLL_MAX_MS;
+        }
+        if (wait_ms > 0) {
+            curl_multi_poll(s->multi, NULL, 0, wait_ms, NULL);
+        }
+        curl_multi_perform(s->multi, &running);
+    }
+    for (etcd_watch_t *w = watch_head(s); w != NULL; w = w->next) {
+        if (w->h != NULL) {
+            stream_close(s, w);
+        }
+    }
+    return NULL;
+}
+
+/* ---- ops ---- */
+
+static pdx_status_t etcd_query(char *why, size_t why_len)
+{
+    pthread_once(&g_curl_once, curl_init_once);
+    if (g_curl_init != CURLE_OK) {
+        snprintf(why, why_len, "curl_global_init: %s",
+                 curl_easy_strerror(g_curl_init));
+        return PDX_ERR_UNAVAILABLE;
+    }
+    if (why_len > 0) {
+        why[0] = '\0';
+    }
+    return PDX_OK;
+}
+
+static void fill_status_locked(etcd_store_t *s, pdx_store_status_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->reachable = s->reachable;
+    o->unreachable_since_ns = s->reachable ? 0 : s->unreach_rt_ns;
+    o->unreachable_ms = !s->reachable && s->unreach_mono_ns
+                            ? (etcd_now_ns() - s->unreach_mono_ns) / 1000000
+                            : 0;
+    o->lease = s->lease;
+    o->lease_ttl_s = s->lease_ttl_s;
+    o->leases_granted = s->leases_granted;
+    o->revision = s->revision;
+    o->requests = s->requests;
+    o->failures = s->failures;
+    for (etcd_leased_t *k = s->leased; k != NULL; k = k->next) {
+        o->leased_keys++;
+        o->unpublished += k->lease_put != s->lease || s->lease == 0;
+    }
+    for (etcd_watch_t *w = s->watches; w != NULL; w = w->next) {
+        if (!w->removed) {
+            o->watches++;
+            o->watches_down += !w->up;
+        }
+    }
+    snprintf(o->endpoint, sizeof(o->endpoint), "%s", s->endpoints[s->ep]);
+    snprintf(o->last_error, sizeof(o->last_error), "%s", s->last_error);
+}
+
+static void etcd_status(void *st, pdx_store_status_t *o)
+{
+    etcd_store_t *s = st;
+    pthread_mutex_lock(&s->lock);
+    fill_status_locked(s, o);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void etcd_free(etcd_store_t *s)
+{
+    for (uint32_t i = 0; i < s->nendpoints; i++) {
+        free(s->endpoints[i]);
+    }
+    while (s->leased != NULL) {
+        etcd_leased_t *k = s->leased;
+        s->leased = k->next;
+        free(k->key);
+        free(k->value);
+        free(k);
+    }
+    while (s->watches != NULL) {
+        etcd_watch_t *w = s->watches;
+        s->watches = w->next;
+        free(w->prefix);
+        free(w->body);
+        etcd_buf_free(&w->rx);
+        known_free(w);
+        free(w);
+    }
+    while (s->evq != NULL) {
+        etcd_event_t *e = s->evq;
+        s->evq = e->next;
+        free(e);
+    }
+    for (uint32_t i = 0; i < s->npool; i++) {
+        curl_easy_cleanup(s->pool[i]);
+    }
+    if (s->th != NULL) {
+        curl_easy_cleanup(s->th);
+    }
+    if (s->multi != NULL) {
+        curl_multi_cleanup(s->multi);
+    }
+    curl_slist_free_all(s->hdrs);
+    pthread_mutex_destroy(&s->deliver);
+    pthread_mutex_destroy(&s->pub_lock);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+static pdx_status_t parse_endpoints(etcd_store_t *s, const char *list)
+{
+    const char *p = list;
+    for (int guard = 0; guard < 64 && p != NULL && *p; guard++) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        while (n > 0 && p[0] == ' ') {
+            p++;
+            n--;
+        }
+        while (n > 0 && (p[n - 1] == ' ' || p[n - 1] == '/')) {
+            n--;
+        }
+        if (n > 0) {
+            if (s->nendpoints == ETCD_MAX_ENDPOINTS || n >= 256 ||
+                (strncmp(p, "http://", 7) != 0 &&
+                 strncmp(p, "https://", 8) != 0)) {
+                pdx_error("store etcd: endpoint '%.*s': expected up to %d "
+                          "http:// or https:// URLs", (int)n, p,
+                          ETCD_MAX_ENDPOINTS);
+                return PDX_ERR_CONFIG;
+            }
+            s->endpoints[s->nendpoints++] = strndup(p, n);
+        }
+        p = end ? end + 1 : NULL;
+    }
+    if (s->nendpoints == 0) {
+        pdx_error("store etcd: no endpoint given");
+        return PDX_ERR_CONFIG;
+    }
+    return PDX_OK;
+}
+
+static pdx_status_t etcd_create(const pdx_store_host_t *host,
+                                const pdx_store_params_t *p, void **st_p)
+{
+    char why[128];
+    if (host == NULL || p == NULL || st_p == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    if (etcd_query(why, sizeof(why)) != PDX_OK) {
+        pdx_error("store etcd: %s", why);
+        return PDX_ERR_UNAVAILABLE;
+    }
+    size_t nsl = p->ns ? strlen(p->ns) : 0;
+    if (nsl == 0 || nsl >= 128 || p->ns[nsl - 1] == '/') {
+        pdx_error("store etcd: namespace '%s': expected 1-127 bytes not "
+                  "ending in '/'", p->ns ? p->ns : "(null)");
+        return PDX_ERR_CONFIG;
+    }
+    for (size_t i = 0; i < nsl; i++) {
+        char c = p->ns[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-' ||
+              c == '/')) {
+            pdx_error("store etcd: namespace '%s': character '%c' not in "
+                      "[A-Za-z0-9._/-]", p->ns, c);
+            return PDX_ERR_CONFIG;
+        }
+    }
+    if (p->nopts > 0) {
+        pdx_error("store etcd: unknown option '%s' (the etcd store takes "
+                  "none)", p->opts[0].key ? p->opts[0].key : "(null)");
+        return PDX_ERR_CONFIG;
+    }
+    etcd_store_t *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_mutex_init(&s->pub_lock, NULL);
+    pthread_mutex_init(&s->deliver, NULL);
+    s->host = *host;
+    if (s->host.agent_name == NULL) {
+        s->host.agent_name = "?";
+    }
+    snprintf(s->ns, sizeof(s->ns), "%s", p->ns);
+    pdx_status_t st = parse_endpoints(s, p->endpoints);
+    if (st != PDX_OK) {
+        etcd_free(s);
+        return st;
+    }
+    uint32_t ttl_ms = p->lease_ttl_ms ? p->lease_ttl_ms : 10000;
+    s->ttl_s = (ttl_ms + 999) / 1000;
+    s->timeout_ms = p->timeout_ms ? p->timeout_ms : DEFAULT_TIMEOUT_MS;
+    s->retry_min_ms = p->retry_min_ms ? p->retry_min_ms : DEFAULT_RETRY_MIN_MS;
+    s->retry_max_ms = p->retry_max_ms ? p->retry_max_ms : DEFAULT_RETRY_MAX_MS;
+    if (s->retry_max_ms < s->retry_min_ms) {
+        s->retry_max_ms = s->retry_min_ms;
+    }
+    s->max_txn_ops = p->max_txn_ops >= 2 ? p->max_txn_ops : DEFAULT_TXN_OPS;
+    s->next_watch_id = 1;
+    s->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+    if (s->hdrs != NULL) {
+        /* No "Expect: 100-continue" round trip for large blobs. */
+        struct curl_slist *h2 = curl_slist_append(s->hdrs, "Expect:");
+        s->hdrs = h2 ? h2 : s->hdrs;
+    }
+    s->multi = curl_multi_init();
+    s->th = curl_easy_init();
+    if (s->hdrs == NULL || s->multi == NULL || s->th == NULL) {
+        etcd_free(s);
+        return PDX_ERR_NOMEM;
+    }
+    int rc = pthread_create(&s->thread, NULL, etcd_main, s);
+    if (rc != 0) {
+        pdx_error("store etcd: thread: %s", strerror(rc));
+        etcd_free(s);
+        return PDX_ERR_IO;
+    }
+    s->thread_running = true;
+    pdx_info("store etcd: agent %s: %s, namespace %s, lease TTL %u s, "
+             "timeout %u ms", s->host.agent_name, s->endpoints[0], s->ns,
+             s->ttl_s, s->timeout_ms);
+    *st_p = s;
+    return PDX_OK;
+}
+
+static void etcd_destroy(void *st)
+{
+    etcd_store_t *s = st;
+    if (s == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    s->stop = true;
+    pthread_mutex_unlock(&s->lock);
+    wake(s);
+    if (s->thread_running) {
+        pthread_join(s->thread, NULL);
+    }
+    /* Revoke: our keys vanish now rather than at the TTL, so peers learn
+     * at once that this agent is gone. */
+    pthread_mutex_lock(&s->lock);
+    int64_t lease = s->lease;
+    bool reachable = s->reachable;
+    pthread_mutex_unlock(&s->lock);
+    if (lease != 0 && reachable) {
+        cJSON *req = cJSON_CreateObject(), *resp = NULL;
+        if (req != NULL) {
+            etcd_json_add_i64(req, "ID", lease);
+            if (etcd_call(s, s->th, "/v3/lease/revoke", req, &resp, true,
+                          NULL, 0) == PDX_OK) {
+                pdx_debug("store etcd: lease %llx revoked",
+                          (unsigned long long)lease);
+            }
+            cJSON_Delete(req);
+            cJSON_Delete(resp);
+        }
+    }
+    etcd_free(s);
+}
+
+static etcd_leased_t *leased_find_locked(etcd_store_t *s, const char *key)
+{
+    for (etcd_leased_t *k = s->leased; k != NULL; k = k->next) {
+        if (strcmp(k->key, key) == 0) {
+            return k;
+        }
+    }
+    return NULL;
+}
+
+static pdx_status_t etcd_put(void *st, const char *key, const void *value,
+                             size_t len, uint32_t flags)
+{
+    etcd_store_t *s = st;
+    if (!valid_key(key) || (value == NULL && len > 0)) {
+        pdx_error("store etcd: put: invalid key or value");
+        return PDX_ERR_INVALID;
+    }
+    if (!(flags & PDX_STORE_PUT_LEASED)) {
+        CURL *h = etcd_handle_get(s);
+        if (h == NULL) {
+            return PDX_ERR_NOMEM;
+        }
+        pdx_status_t r = put_raw(s, h, key, value, len, 0, false);
+        etcd_handle_put(s, h);
+        return r;
+    }
+    void *copy = malloc(len ? len : 1);
+    if (copy == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    if (len > 0) {
+        memcpy(copy, value, len);
+    }
+    pthread_mutex_lock(&s->pub_lock);
+    pthread_mutex_lock(&s->lock);
+    etcd_leased_t *k = leased_find_locked(s, key);
+    if (k == NULL) {
+        k = calloc(1, sizeof(*k));
+        char *kd = k ? strdup(key) : NULL;
+        if (kd == NULL) {
+            free(k);
+            free(copy);
+            pthread_mutex_unlock(&s->lock);
+            pthread_mutex_unlock(&s->pub_lock);
+            return PDX_ERR_NOMEM;
+        }
+        k->key = kd;
+        k->next = s->leased;
+        s->leased = k;
+    }
+    free(k->value);
+    k->value = copy;
+    k->len = len;
+    k->lease_put = 0;
+    int64_t lease = s->lease;
+    pthread_mutex_unlock(&s->lock);
+    pdx_status_t r = PDX_INPROGRESS;
+    if (lease != 0) {
+        CURL *h = etcd_handle_get(s);
+        r = h ? put_raw(s, h, key, value, len, lease, false) : PDX_ERR_NOMEM;
+        etcd_handle_put(s, h);
+        pthread_mutex_lock(&s->lock);
+        if (r == PDX_OK) {
+            k->lease_put = lease;
+        } else if (r == PDX_ERR_NOT_FOUND && s->lease == lease) {
+            s->lease = 0; /* expired: the thread grants a new one */
+            s->lease_retry_at_ns = etcd_now_ns();
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (r == PDX_ERR_NOT_FOUND || r == PDX_ERR_UNAVAILABLE) {
+            r = PDX_INPROGRESS;
+        }
+    }
+    pthread_mutex_unlock(&s->pub_lock);
+    if (r == PDX_INPROGRESS) {
+        wake(s);
+    }
+    return r;
+}
+
+static pdx_status_t etcd_get(void *st, const char *key, void **value_p,
+                             size_t *len_p, int64_t *rev_p)
+{
+    etcd_store_t *s = st;
+    if (!valid_key(key) || value_p == NULL || len_p == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    char *kb = etcd_key_b64(s, key);
+    cJSON *req = cJSON_CreateObject(), *resp = NULL;
+    CURL *h = etcd_handle_get(s);
+    pdx_status_t r = PDX_ERR_NOMEM;
+    if (kb != NULL && req != NULL && h != NULL) {
+        cJSON_AddStringToObject(req, "key", kb);
+        r = etcd_call(s, h, "/v3/kv/range", req, &resp, false, NULL, 0);
+    }
+    etcd_handle_put(s, h);
+    free(kb);
+    cJSON_Delete(req);
+    if (r == PDX_OK) {
+        const cJSON *kv = cJSON_GetArrayItem(
+            cJSON_GetObjectItemCaseSensitive(resp, "kvs"), 0);
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(kv, "value");
+        if (kv == NULL) {
+            r = PDX_ERR_NOT_FOUND;
+        } else {
+            size_t len = 0;
+            void *val = cJSON_IsString(v) ? etcd_b64_dec(v->valuestring, &len)
+                                          : calloc(1, 1);
+            if (val == NULL) {
+                r = PDX_ERR_CORRUPT;
+            } else {
+                *value_p = val;
+                *len_p = len;
+                if (rev_p != NULL) {
+                    *rev_p = etcd_json_i64(kv, "mod_revision");
+                }
+            }
+        }
+    }
+    cJSON_Delete(resp);
+    return r;
+}
+
+static pdx_status_t etcd_del(void *st, const char *key)
+{
+    etcd_store_t *s = st;
+    if (!valid_key(key)) {
+        return PDX_ERR_INVALID;
+    }
+    pthread_mutex_lock(&s->pub_lock);
+    pthread_mutex_lock(&s->lock);
+    for (etcd_leased_t **pp = &s->leased; *pp != NULL; pp = &(*pp)->next) {
+        if (strcmp((*pp)->key, key) == 0) {
+            etcd_leased_t *k = *pp;
+            *pp = k->next;
+            free(k->key);
+            free(k->value);
+            free(k);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    char *kb = etcd_key_b64(s, key);
+    cJSON *req = cJSON_CreateObject(), *resp = NULL;
+    CURL *h = etcd_handle_get(s);
+    pdx_status_t r = PDX_ERR_NOMEM;
+    if (kb != NULL && req != NULL && h != NULL) {
+        cJSON_AddStringToObject(req, "key", kb);
+        r = etcd_call(s, h, "/v3/kv/deleterange", req, &resp, false, NULL, 0);
+    }
+    pthread_mutex_unlock(&s->pub_lock);
+    etcd_handle_put(s, h);
+    free(kb);
+    cJSON_Delete(req);
+    cJSON_Delete(resp);
+    return r;
+}
+
+static pdx_status_t etcd_watch(void *st, const char *prefix,
+                               int64_t start_revision, uint32_t flags,
+                               uint64_t *id_p)
+{
+    etcd_store_t *s = st;
+    if (!valid_key(prefix) || start_revision < 0 || id_p == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    etcd_watch_t *w = calloc(1, sizeof(*w));
+    if (w == NULL || (w->prefix = strdup(prefix)) == NULL) {
+        free(w);
+        return PDX_ERR_NOMEM;
+    }
+    w->flags = flags;
+    w->next_rev = start_revision;
+    w->need_resync = (flags & PDX_STORE_WATCH_INITIAL) != 0;
+    pthread_mutex_lock(&s->lock);
+    w->id = s->next_watch_id++;
+    w->next = s->watches;
+    s->watches = w;
+    *id_p = w->id;
+    pthread_mutex_unlock(&s->lock);
+    wake(s);
+    return PDX_OK;
+}
+
+static pdx_status_t etcd_unwatch(void *st, uint64_t id)
+{
+    etcd_store_t *s = st;
+    pthread_mutex_lock(&s->lock);
+    etcd_watch_t *w = find_watch_locked(s, id);
+    if (w != NULL) {
+        w->removed = true;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (w == NULL) {
+        return PDX_ERR_NOT_FOUND;
+    }
+    wake(s);
+    /* A delivery in progress finishes; later ones see `removed`. */
+    pthread_mutex_lock(&s->deliver);
+    pthread_mutex_unlock(&s->deliver);
+    return PDX_OK;
+}
+
+/* ---- block-owner registry: transactions in parallel ---- */
+
+typedef struct txn_job {
+    size_t first, count; /* blocks */
+    char *body;
+    etcd_buf_t out;
+    CURL *h;
+    cJSON *resp;
+    pdx_status_t st;
+} txn_job_t;
+
+/* Run every job's transaction, up to ETCD_PARALLEL at once over pooled
+ * connections. Each job ends with resp set (PDX_OK) or an error status. */
+static pdx_status_t run_txns(etcd_store_t *s, txn_job_t *jobs, size_t njobs)
+{
+    uint64_t now = etcd_now_ns();
+    pthread_mutex_lock(&s->lock);
+    bool fast_fail = !s->reachable && s->unreach_mono_ns != 0 &&
+                     now < s->probe_at_ns;
+    const char *endpoint = s->endpoints[s->ep];
+    pthread_mutex_unlock(&s->lock);
+    if (fast_fail) {
+        return PDX_ERR_UNAVAILABLE;
+    }
+    CURLM *m = curl_multi_init();
+    if (m == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    size_t next = 0, active = 0, done = 0;
+    pdx_status_t st = PDX_OK;
+    /* Each transfer has its own timeout: the loop ends within
+     * njobs / ETCD_PARALLEL + 1 timeouts. */
+    for (uint64_t guard = 0; done < njobs && guard < 10000000; guard++) {
+        while (active < ETCD_PARALLEL && next < njobs) {
+            txn_job_t *j = &jobs[next++];
+            j->h = etcd_handle_get(s);
+            if (j->h == NULL) {
+                j->st = PDX_ERR_NOMEM;
+                done++;
+                continue;
+            }
+            etcd_easy_setup(s, j->h, endpoint, "/v3/kv/txn", j->body, &j->out,
+                            (long)s->timeout_ms);
+            curl_easy_setopt(j->h, CURLOPT_PRIVATE, j);
+            curl_multi_add_handle(m, j->h);
+            active++;
+        }
+        int running = 0;
+        curl_multi_perform(m, &running);
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(m, &left)) != NULL) {
+            if (msg->msg != CURLMSG_DONE) {
+                continue;
+            }
+            txn_job_t *j = NULL;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&j);
+            CURLcode cc = msg->data.result;
+            long code = 0;
+            curl_easy_getinfo(j->h, CURLINFO_RESPONSE_CODE, &code);
+            curl_multi_remove_handle(m, j->h);
+            etcd_handle_put(s, j->h);
+            j->h = NULL;
+            pthread_mutex_lock(&s->lock);
+            s->requests++;
+            pthread_mutex_unlock(&s->lock);
+            if (cc != CURLE_OK) {
+                char what[256];
+                snprintf(what, sizeof(what), "%s/v3/kv/txn: %s", endpoint,
+                         curl_easy_strerror(cc));
+                etcd_note_fail(s, what);
+                j->st = PDX_ERR_UNAVAILABLE;
+            } else {
+                j->resp = etcd_parse_body(&j->out);
+                if (code == 200 && j->resp != NULL) {
+                    const cJSON *hdr =
+                        cJSON_GetObjectItemCaseSensitive(j->resp, "header");
+                    etcd_note_ok(s, etcd_json_i64(hdr, "revision"));
+                    j->st = PDX_OK;
+                } else {
+                    const cJSON *mm = cJSON_GetObjectItemCaseSensitive(
+                        j->resp, "message");
+                    pdx_warn("store etcd: txn of %zu blocks: HTTP %ld: %s",
+                             j->count, code,
+                             cJSON_IsString(mm) ? mm->valuestring : "?");
+                    etcd_note_ok(s, 0);
+                    j->st = code == 400 ? PDX_ERR_INVALID : PDX_ERR_IO;
+                }
+            }
+            etcd_buf_free(&j->out);
+            if (j->st != PDX_OK && st == PDX_OK) {
+                st = j->st;
+            }
+            active--;
+            done++;
+        }
+        if (done < njobs && active > 0) {
+            curl_multi_poll(m, NULL, 0, 100, NULL);
+        }
+    }
+    curl_multi_cleanup(m);
+    return st;
+}
+
+static void jobs_free(txn_job_t *jobs, size_t njobs)
+{
+    for (size_t i = 0; i < njobs; i++) {
+        free(jobs[i].body);
+        cJSON_Delete(jobs[i].resp);
+        etcd_buf_free(&jobs[i].out);
+    }
+    free(jobs);
+}
+
+/* `blocks/<block>/` (or with the owner appended) as a full key. */
+static char *block_key(etcd_store_t *s, const char *block, const char *owner)
+{
+    size_t n = strlen(s->ns) + strlen(block) + (owner ? strlen(owner) : 0) +
+               16;
+    char *k = malloc(n);
+    if (k != NULL) {
+        snprintf(k, n, "%s/blocks/%s/%s", s->ns, block, owner ? owner : "");
+    }
+    return k;
+}
+
+static cJSON *range_op(const char *full, bool count_only, bool keys_only)
+{
+    char *kb = etcd_b64_enc(full, strlen(full));
+    char *eb = etcd_prefix_end_b64(full);
+    cJSON *op = cJSON_CreateObject();
+    cJSON *r = op ? cJSON_AddObjectToObject(op, "request_range") : NULL;
+    if (kb == NULL || eb == NULL || r == NULL) {
+        free(kb);
+        free(eb);
+        cJSON_Delete(op);
+        return NULL;
+    }
+    cJSON_AddStringToObject(r, "key", kb);
+    cJSON_AddStringToObject(r, "range_end", eb);
+    if (count_only) {
+        cJSON_AddBoolToObject(r, "count_only", true);
+    }
+    if (keys_only) {
+        cJSON_AddBoolToObject(r, "keys_only", true);
+        cJSON_AddBoolToObject(r, "serializable", true);
+    }
+    free(kb);
+    free(eb);
+    return op;
+}
+
+static cJSON *put_op(const char *full, int64_t lease)
+{
+    char *kb = etcd_b64_enc(full, strlen(full));
+    cJSON *op = cJSON_CreateObject();
+    cJSON *p = op ? cJSON_AddObjectToObject(op, "request_put") : NULL;
+    if (kb == NULL || p == NULL) {
+        free(kb);
+        cJSON_Delete(op);
+        return NULL;
+    }
+    cJSON_AddStringToObject(p, "key", kb);
+    cJSON_AddStringToObject(p, "value", "");
+    etcd_json_add_i64(p, "lease", lease);
+    free(kb);
+    return op;
+}
+
+static cJSON *del_op(const char *full)
+{
+    char *kb = etcd_b64_enc(full, strlen(full));
+    cJSON *op = cJSON_CreateObject();
+    cJSON *d = op ? cJSON_AddObjectToObject(op, "request_delete_range") : NULL;
+    if (kb == NULL || d == NULL) {
+        free(kb);
+        cJSON_Delete(op);
+        return NULL;
+    }
+    cJSON_AddStringToObject(d, "key", kb);
+    free(kb);
+    return op;
+}
+
+typedef enum { OWN_ADD, OWN_DEL, OWN_GET } own_kind_t;
+
+/* Build the jobs of an owner op: `per` blocks a transaction. */
+static pdx_status_t build_jobs(etcd_store_t *s, own_kind_t kind,
+                               const char *owner, const char *const *blocks,
+                               size_t n, int64_t lease, txn_job_t **jobs_p,
+                               size_t *njobs_p)
+{
+    size_t per = kind == OWN_ADD ? s->max_txn_ops / 2 : s->max_txn_ops;
+    if (per == 0) {
+        per = 1;
+    }
+    size_t njobs = (n + per - 1) / per;
+    txn_job_t *jobs = calloc(njobs ? njobs : 1, sizeof(*jobs));
+    if (jobs == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    for (size_t j = 0; j < njobs; j++) {
+        jobs[j].first = j * per;
+        jobs[j].count = n - jobs[j].first < per ? n - jobs[j].first : per;
+        cJSON *req = cJSON_CreateObject();
+        cJSON *ops = req ? cJSON_AddArrayToObject(req, "success") : NULL;
+        bool ok = ops != NULL;
+        for (size_t i = 0; ok && i < jobs[j].count; i++) {
+            const char *b = blocks[jobs[j].first + i];
+            char *full = block_key(s, b, kind == OWN_GET ? NULL : owner);
+            char *pfx = kind == OWN_ADD ? block_key(s, b, NULL) : NULL;
+            cJSON *op1 = NULL, *op2 = NULL;
+            if (full != NULL) {
+                if (kind == OWN_ADD) {
+                    op1 = put_op(full, lease);
+                    op2 = pfx ? range_op(pfx, true, false) : NULL;
+                    ok = op1 != NULL && op2 != NULL;
+                } else if (kind == OWN_DEL) {
+                    op1 = del_op(full);
+                    ok = op1 != NULL;
+                } else {
+                    op1 = range_op(full, false, true);
+                    ok = op1 != NULL;
+                }
+            } else {
+                ok = false;
+            }
+            if (op1 != NULL) {
+                cJSON_AddItemToArray(ops, op1);
+            }
+            if (op2 != NULL) {
+                cJSON_AddItemToArray(ops, op2);
+            }
+            free(full);
+            free(pfx);
+        }
+        jobs[j].body = ok ? cJSON_PrintUnformatted(req) : NULL;
+        cJSON_Delete(req);
+        if (jobs[j].body == NULL) {
+            jobs_free(jobs, njobs);
+            return PDX_ERR_NOMEM;
+        }
+    }
+    *jobs_p = jobs;
+    *njobs_p = njobs;
+    return PDX_OK;
+}
+
+static pdx_status_t check_blocks(const char *owner, const char *const *blocks,
+                                 size_t n, bool need_owner)
+{
+    if ((need_owner && !valid_owner(owner)) || (blocks == NULL && n > 0)) {
+        pdx_error("store etcd: owner op: invalid owner or block list");
+        return PDX_ERR_INVALID;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!valid_block(blocks[i])) {
+            pdx_error("store etcd: block %zu '%s' is not 1-128 lowercase hex "
+                      "digits", i, blocks[i] ? blocks[i] : "(null)");
+            return PDX_ERR_INVALID;
+        }
+    }
+    return PDX_OK;
+}
+
+static pdx_status_t etcd_owners_add(void *st, const char *owner,
+                                    const char *const *blocks, size_t n,
+                                    uint32_t *counts)
+{
+    etcd_store_t *s = st;
+    pdx_status_t r = check_blocks(owner, blocks, n, true);
+    if (r != PDX_OK || n == 0) {
+        return r;
+    }
+    pthread_mutex_lock(&s->lock);
+    int64_t lease = s->lease;
+    pthread_mutex_unlock(&s->lock);
+    if (lease == 0) {
+        return PDX_ERR_UNAVAILABLE; /* not reached yet, or lease lost */
+    }
+    txn_job_t *jobs;
+    size_t njobs;
+    r = build_jobs(s, OWN_ADD, owner, blocks, n, lease, &jobs, &njobs);
+    if (r != PDX_OK) {
+        return r;
+    }
+    r = run_txns(s, jobs, njobs);
+    for (size_t j = 0; r == PDX_OK && j < njobs; j++) {
+        const cJSON *resps =
+            cJSON_GetObjectItemCaseSensitive(jobs[j].resp, "responses");
+        for (size_t i = 0; i < jobs[j].count; i++) {
+            const cJSON *rr = cJSON_GetObjectItemCaseSensitive(
+                cJSON_GetArrayItem(resps, (int)(2 * i + 1)), "response_range");
+            if (rr == NULL) {
+                r = PDX_ERR_CORRUPT;
+                break;
+            }
+            if (counts != NULL) {
+                counts[jobs[j].first + i] = (uint32_t)etcd_json_i64(rr,
+                                                                    "count");
+            }
+        }
+    }
+    jobs_free(jobs, njobs);
+    return r;
+}
+
+static pdx_status_t etcd_owners_del(void *st, const char *owner,
+                                    const char *const *blocks, size_t n)
+{
+    etcd_store_t *s = st;
+    pdx_status_t r = check_blocks(owner, blocks, n, true);
+    if (r != PDX_OK || n == 0) {
+        return r;
+    }
+    txn_job_t *jobs;
+    size_t njobs;
+    r = build_jobs(s, OWN_DEL, owner, blocks, n, 0, &jobs, &njobs);
+    if (r == PDX_OK) {
+        r = run_txns(s, jobs, njobs);
+        jobs_free(jobs, njobs);
+    }
+    return r;
+}
+
+static pdx_status_t etcd_owners_get(void *st, const char *const *blocks,
+                                    size_t n, pdx_store_owner_cb_t cb,
+                                    void *arg)
+{
+    etcd_store_t *s = st;
+    pdx_status_t r = check_blocks(NULL, blocks, n, false);
+    if (r != PDX_OK || n == 0) {
+        return r;
+    }
+    if (cb == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    txn_job_t *jobs;
+    size_t njobs;
+    r = build_jobs(s, OWN_GET, NULL, blocks, n, 0, &jobs, &njobs);
+    if (r != PDX_OK) {
+        return r;
+    }
+    r = run_txns(s, jobs, njobs);
+    for (size_t j = 0; r == PDX_OK && j < njobs; j++) {
+        const cJSON *resps =
+            cJSON_GetObjectItemCaseSensitive(jobs[j].resp, "responses");
+        for (size_t i = 0; i < jobs[j].count; i++) {
+            size_t bi = jobs[j].first + i;
+            const cJSON *rr = cJSON_GetObjectItemCaseSensitive(
+                cJSON_GetArrayItem(resps, (int)i), "response_range");
+            if (rr == NULL) {
+                r = PDX_ERR_CORRUPT;
+                break;
+            }
+            char *pfx = block_key(s, blocks[bi], NULL);
+            size_t plen = pfx ? strlen(pfx) : 0;
+            const cJSON *kv;
+            cJSON_ArrayForEach(kv, cJSON_GetObjectItemCaseSensitive(rr, "kvs"))
+            {
+                const cJSON *k = cJSON_GetObjectItemCaseSensitive(kv, "key");
+                size_t klen = 0;
+                char *key = cJSON_IsString(k)
+                                ? etcd_b64_dec(k->valuestring, &klen) : NULL;
+                if (key != NULL && pfx != NULL && klen > plen &&
+                    strncmp(key, pfx, plen) == 0 &&
+                    strchr(key + plen, '/') == NULL) {
+                    cb(arg, bi, key + plen);
+                }
+                free(key);
+            }
+            free(pfx);
+        }
+    }
+    jobs_free(jobs, njobs);
+    return r;
+}
+
+PDX_API const pdx_store_ops_t pdx_store_v1 = {
+    .abi_version = PDX_STORE_ABI_VERSION,
+    .size = sizeof(pdx_store_ops_t),
+    .name = "etcd",
+    .query = etcd_query,
+    .create = etcd_create,
+    .destroy = etcd_destroy,
+    .status = etcd_status,
+    .put = etcd_put,
+    .get = etcd_get,
+    .del = etcd_del,
+    .watch = etcd_watch,
+    .unwatch = etcd_unwatch,
+    .owners_add = etcd_owners_add,
+    .owners_del = etcd_owners_del,
+    .owners_get = etcd_owners_get,
+};
