@@ -85,6 +85,8 @@ typedef struct ucx_peer {
     int error_pending;        /* failure not yet reported to the agent */
     ucx_link_t reqs;          /* live transfer requests */
     ucx_link_t sends;         /* standalone notifications in flight */
+    void *close_req;          /* endpoint close in flight, or NULL */
+    char transport[64];       /* lanes' transports, for the path report */
 } ucx_peer_t;
 
 typedef struct ucx_md {
@@ -119,6 +121,9 @@ typedef struct ucx_req {
     void *ucs_req;  /* UCX request in flight, or NULL */
     int aborted;    /* do not start the notification */
     int released;   /* owner gone: the callback frees */
+    /* Draining an aborted READ (see ucx_req_drain_check): when the last
+     * get chunk completed, as far as this request can tell. */
+    uint64_t drain_start_ns, drain_event_ns, drain_gets;
     int has_notif;
     size_t notif_len;
     unsigned char notif[];
@@ -159,6 +164,9 @@ struct ucx_be {
     ucx_link_t orphan_sends;
     ucx_link_t inbox;
 };
+
+static void ucx_reap_zombies(ucx_be_t *be);
+static void ucx_describe_tls(FILE *in, int lanes, char *out, size_t outlen);
 
 static uint64_t ucx_now_ns(void)
 {
@@ -589,10 +597,14 @@ static unsigned ucx_worker_progress_bounded(ucx_be_t *be)
     return total;
 }
 
-/* Close the endpoint of `peer`, progressing for at most
- * UCX_CLOSE_TIMEOUT_NS. Returns 1 when the close finished. */
-static int ucx_ep_close(ucx_be_t *be, ucx_peer_t *peer, int force)
+/* Start closing the endpoint of `peer` without waiting: the close request
+ * (if UCX needs one) is kept in peer->close_req and reaped by progress. */
+static void ucx_ep_close_async(ucx_be_t *be, ucx_peer_t *peer, int force)
 {
+    (void)be;
+    if (peer->ep == NULL) {
+        return;
+    }
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
         .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0,
@@ -600,31 +612,38 @@ static int ucx_ep_close(ucx_be_t *be, ucx_peer_t *peer, int force)
     ucs_status_ptr_t sp = ucp_ep_close_nbx(peer->ep, &p);
     peer->ep = NULL;
     if (sp == NULL) {
-        return 1;
+        return;
     }
     if (UCS_PTR_IS_ERR(sp)) {
         /* The endpoint is released even when closing reports an error. */
         pdx_debug("ucx: peer %s: close: %s", peer->name,
                   ucs_status_string(UCS_PTR_STATUS(sp)));
+        return;
+    }
+    peer->close_req = sp;
+}
+
+/* Has the close of `peer` finished (or was there none)? Frees the close
+ * request when it has. */
+static int ucx_close_done(ucx_peer_t *peer)
+{
+    if (peer->close_req == NULL) {
         return 1;
     }
-    uint64_t deadline = ucx_now_ns() + UCX_CLOSE_TIMEOUT_NS;
-    while (ucp_request_check_status(sp) == UCS_INPROGRESS &&
-           ucx_now_ns() < deadline) {
-        ucp_worker_progress(be->worker);
+    if (ucp_request_check_status(peer->close_req) == UCS_INPROGRESS) {
+        return 0;
     }
-    int done = ucp_request_check_status(sp) != UCS_INPROGRESS;
-    /* Freeing an unfinished request lets UCX release it on completion. */
-    ucp_request_free(sp);
-    if (!done) {
-        pdx_warn("ucx: peer %s: endpoint close did not finish within %llu ms",
-                 peer->name, UCX_CLOSE_TIMEOUT_NS / 1000000ull);
-    }
-    return done;
+    ucp_request_free(peer->close_req);
+    peer->close_req = NULL;
+    return 1;
 }
 
 static void ucx_peer_free(ucx_peer_t *peer)
 {
+    if (peer->close_req != NULL) {
+        /* Only after the worker is gone (destroy): UCX releases it. */
+        peer->close_req = NULL;
+    }
     /* Sends still listed here never completed; UCX is gone or will not
      * touch them again (the worker is destroyed before this runs). */
     while (!ucx_list_empty(&peer->sends)) {
@@ -862,6 +881,25 @@ static void ucx_destroy(void *bev)
         pdx_warn("ucx: destroy: peer %s still connected", peer->name);
         ucx_peer_disconnect(be, peer);
     }
+    /* Let closes finish (queued notifications flush) for a bounded time:
+     * destroy is the one op allowed to wait. */
+    uint64_t deadline = ucx_now_ns() + UCX_CLOSE_TIMEOUT_NS;
+    while (!ucx_list_empty(&be->zombies) && ucx_now_ns() < deadline) {
+        ucp_worker_progress(be->worker);
+        ucx_reap_zombies(be);
+    }
+    for (ucx_link_t *l = be->zombies.next; l != &be->zombies; l = l->next) {
+        ucx_peer_t *peer = UCX_CONTAINER(l, ucx_peer_t, link);
+        if (peer->close_req != NULL) {
+            /* Freeing an unfinished request lets UCX release it when it
+             * completes (or when the worker goes). */
+            pdx_warn("ucx: peer %s: endpoint close did not finish within "
+                     "%llu ms", peer->name,
+                     UCX_CLOSE_TIMEOUT_NS / 1000000ull);
+            ucp_request_free(peer->close_req);
+            peer->close_req = NULL;
+        }
+    }
     /* Destroying the worker completes (or drops) every UCX request, so the
      * lists below are ours alone afterwards. */
     ucp_worker_destroy(be->worker);
@@ -1076,16 +1114,17 @@ static void ucx_peer_disconnect(void *bev, void *peerv)
         ucx_list_del(&r->link);
         ucx_list_push(&be->orphan_reqs, &r->link);
     }
-    int done = 1;
     if (peer->ep != NULL) {
         /* An endpoint UCX failed must be forced; any other flushes, so
          * queued notifications still reach the peer (and UCX 1.13 asserts
-         * when an endpoint still in wireup is forced with requests queued). */
-        done = ucx_ep_close(be, peer, peer->ucx_failed);
+         * when an endpoint still in wireup is forced with requests queued).
+         * Never waits: a hung peer must not stall the agent. */
+        ucx_ep_close_async(be, peer, peer->ucx_failed);
     }
-    if (!done) {
+    if (!ucx_close_done(peer)) {
         /* UCX may still call back into this peer (error handler, sends):
-         * keep it until the worker is destroyed. */
+         * keep it until its close completes (progress reaps it) or the
+         * worker is destroyed. */
         ucx_list_push(&be->zombies, &peer->link);
         return;
     }
@@ -1182,46 +1221,58 @@ static pdx_status_t ucx_check_iov(const ucx_peer_t *peer,
     return PDX_OK;
 }
 
-/* Wait (bounded) for the flush of a READ being released, so that no byte
- * lands in local memory after release returns: UCX 1.13 cannot cancel RMA.
- * A peer that stays silent counts as failed and its endpoint is forced
- * closed, the strongest abort there is; even that does not always stop the
- * replies of emulated gets if the peer wakes up later (seen over tcp with a
- * stopped peer), which is logged. An endpoint still in wireup cannot be
- * forced (UCX asserts); its gets are still queued here. */
-static void ucx_req_drain_read(ucx_be_t *be, ucx_req_t *r)
+static void ucx_ep_close_async(ucx_be_t *be, ucx_peer_t *peer, int force);
+
+/* Give up on a peer that stopped answering: fail it (its requests end with
+ * PDX_ERR_REMOTE_DISCONNECT, the agent hears of it at the next progress)
+ * and force its endpoint closed, without waiting for the close. Even that
+ * does not always stop the replies of emulated gets if the peer wakes up
+ * later (seen over tcp with a stopped peer). An endpoint still in wireup
+ * cannot be forced (UCX asserts); its gets stay queued. */
+static void ucx_peer_give_up(ucx_be_t *be, ucx_peer_t *peer, const char *why)
 {
-    ucx_peer_t *peer = r->peer;
-    uint64_t start = ucx_now_ns();
-    uint64_t last_event = start;
-    uint64_t gets_seen = be->gets_done;
-    while (r->ucs_req != NULL) {
-        ucp_worker_progress(be->worker);
-        uint64_t now = ucx_now_ns();
-        if (be->gets_done != gets_seen) {
-            gets_seen = be->gets_done;
-            last_event = now;
-        }
-        if (now - last_event > UCX_DRAIN_IDLE_NS ||
-            now - start > UCX_DRAIN_MAX_NS) {
-            break;
-        }
-    }
-    if (r->ucs_req == NULL || peer->ep == NULL) {
-        return;
-    }
-    double ms = (double)(ucx_now_ns() - start) / 1e6;
     ucx_peer_set_failed(peer, UCS_ERR_TIMED_OUT);
-    if (!peer->wired) {
-        pdx_error("ucx: peer %s: a released read did not finish within "
-                  "%.0f ms while connecting; the peer is failed, but its "
-                  "queued gets may still land if it wakes", peer->name, ms);
+    if (peer->ep == NULL) {
         return;
     }
-    pdx_error("ucx: peer %s: a released read did not finish within %.0f ms;"
-              " forcing the endpoint closed (late replies may still land "
-              "if the peer wakes)", peer->name, ms);
-    ucx_ep_close(be, peer, 1);
+    if (!peer->wired) {
+        pdx_error("ucx: peer %s: %s while connecting; the peer is failed, "
+                  "but its queued gets may still land if it wakes",
+                  peer->name, why);
+        return;
+    }
+    pdx_error("ucx: peer %s: %s; forcing the endpoint closed (late replies "
+              "may still land if the peer wakes)", peer->name, why);
+    ucx_ep_close_async(be, peer, 1);
+}
+
+/* UCX 1.13 cannot cancel RMA: an aborted READ ends when its flush does, so
+ * that no byte lands after the agent hears of its end. A peer that lets
+ * UCX_DRAIN_IDLE_NS pass without a get chunk completing (or
+ * UCX_DRAIN_MAX_NS in all) is given up on. Never waits: called from
+ * xfer_check. Returns 1 when the request ended. */
+static int ucx_req_drain_check(ucx_be_t *be, ucx_req_t *r)
+{
+    uint64_t now = ucx_now_ns();
+    if (r->drain_start_ns == 0) {
+        r->drain_start_ns = r->drain_event_ns = now;
+        r->drain_gets = be->gets_done;
+        return 0;
+    }
+    if (be->gets_done != r->drain_gets) {
+        r->drain_gets = be->gets_done;
+        r->drain_event_ns = now;
+    }
+    if (now - r->drain_event_ns <= UCX_DRAIN_IDLE_NS &&
+        now - r->drain_start_ns <= UCX_DRAIN_MAX_NS) {
+        return 0;
+    }
+    char why[96];
+    snprintf(why, sizeof(why), "an aborted read did not finish within "
+             "%.0f ms", (double)(now - r->drain_start_ns) / 1e6);
+    ucx_peer_give_up(be, r->peer, why);
+    ucx_req_finish(r, PDX_ERR_REMOTE_DISCONNECT);
+    return 1;
 }
 
 static pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
@@ -1342,21 +1393,11 @@ static pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
 
 err_posted:
     if (posted > 0 && op == PDX_XFER_READ) {
-        /* Make sure the gets already posted stop writing local memory. */
-        sp = ucp_ep_flush_nbx(peer->ep, &fp);
-        if (!UCS_PTR_IS_ERR(sp) && sp != NULL) {
-            r->ucs_req = sp;
-            r->aborted = 1;
-            ucx_list_push(&peer->reqs, &r->link);
-            ucx_req_drain_read(be, r);
-            ucx_list_del(&r->link);
-            if (r->ucs_req != NULL) {
-                r->released = 1;
-                r->peer = NULL;
-                ucx_list_push(&be->orphan_reqs, &r->link);
-                return st;
-            }
-        }
+        /* Gets already posted may still write local memory and UCX cannot
+         * cancel them: the endpoint failed (the usual cause) or is made
+         * to, so the agent fails the peer and its buffers are suspect
+         * until it is reloaded. Never waits here. */
+        ucx_peer_give_up(be, peer, "a read failed half-posted");
     }
     free(r);
     return st;
@@ -1373,6 +1414,11 @@ static pdx_status_t ucx_xfer_check(void *bev, void *reqv)
     }
     if (r->stage != UCX_STAGE_DONE) {
         ucx_progress(be);
+    }
+    if (r->stage != UCX_STAGE_DONE && r->aborted && r->op == PDX_XFER_READ &&
+        r->stage == UCX_STAGE_FLUSH && r->ucs_req != NULL &&
+        r->peer != NULL) {
+        ucx_req_drain_check(be, r);
     }
     return r->stage == UCX_STAGE_DONE ? r->status : PDX_INPROGRESS;
 }
@@ -1404,13 +1450,9 @@ static void ucx_xfer_release(void *bev, void *reqv)
     r->aborted = 1;
     if (r->ucs_req != NULL) {
         /* A no-op for RMA and AM sends in UCX 1.13, but the documented way
-         * to ask; the flush and drain below do the real work. */
+         * to ask. Never waits: the agent released an in-flight READ only
+         * after xfer_check said it ended, or because the peer failed. */
         ucp_request_cancel(be->worker, r->ucs_req);
-    }
-    if (r->op == PDX_XFER_READ && r->stage == UCX_STAGE_FLUSH &&
-        r->ucs_req != NULL && r->peer != NULL && r->peer->ep != NULL &&
-        r->peer->ep_status == UCS_OK) {
-        ucx_req_drain_read(be, r);
     }
     ucx_list_del(&r->link);
     if (r->ucs_req == NULL) {
@@ -1421,6 +1463,66 @@ static void ucx_xfer_release(void *bev, void *reqv)
     r->released = 1;
     r->peer = NULL;
     ucx_list_push(&be->orphan_reqs, &r->link);
+}
+
+/* The agent saw the peer's process exit: fail its requests now and force
+ * the endpoint closed, so nothing waits for a drain that cannot come. */
+static void ucx_peer_failed(void *bev, void *peerv)
+{
+    ucx_be_t *be = bev;
+    ucx_peer_t *peer = peerv;
+    if (be == NULL || peer == NULL) {
+        return;
+    }
+    ucx_peer_set_failed(peer, UCS_ERR_CONNECTION_RESET);
+    peer->error_pending = 0; /* the agent told us */
+    if (peer->ep != NULL && peer->wired) {
+        ucx_ep_close_async(be, peer, 1);
+    }
+}
+
+/* Transport names of the lanes of `peer`'s endpoint ("sysv/memory,tcp/lo"),
+ * computed once. */
+static void ucx_peer_transport(ucx_peer_t *peer)
+{
+    if (peer->transport[0] != '\0' || peer->ep == NULL) {
+        return;
+    }
+    char *dump = NULL;
+    size_t dump_len = 0;
+    FILE *f = open_memstream(&dump, &dump_len);
+    if (f == NULL) {
+        return;
+    }
+    ucp_ep_print_info(peer->ep, f);
+    fclose(f);
+    FILE *in = dump_len > 0 ? fmemopen(dump, dump_len, "r") : NULL;
+    if (in != NULL) {
+        ucx_describe_tls(in, 1, peer->transport, sizeof(peer->transport));
+        fclose(in);
+    }
+    free(dump);
+}
+
+static pdx_status_t ucx_path(void *bev, void *peerv, void *rmd,
+                             char *transport, size_t tlen, char *why,
+                             size_t wlen)
+{
+    ucx_peer_t *peer = peerv;
+    (void)bev;
+    (void)rmd;
+    if (peer == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    ucx_peer_transport(peer);
+    snprintf(transport, tlen, "%s", peer->transport[0] ? peer->transport
+                                                       : "ucx");
+    if (why != NULL && wlen > 0) {
+        why[0] = '\0';
+    }
+    /* UCX's own choice among its transports is its fast path; whether a
+     * same-host peer should have used cma or cuda_ipc is the agent's call. */
+    return PDX_OK;
 }
 
 static pdx_status_t ucx_notif_send(void *bev, void *peerv, const void *msg,
@@ -1466,6 +1568,27 @@ static pdx_status_t ucx_notif_send(void *bev, void *peerv, const void *msg,
     return PDX_OK;
 }
 
+/* Free disconnected peers whose endpoint close has finished. */
+static void ucx_reap_zombies(ucx_be_t *be)
+{
+    ucx_link_t *l = be->zombies.next;
+    while (l != &be->zombies) {
+        ucx_link_t *next = l->next;
+        ucx_peer_t *peer = UCX_CONTAINER(l, ucx_peer_t, link);
+        if (ucx_close_done(peer)) {
+            ucx_list_del(l);
+            while (!ucx_list_empty(&peer->sends)) {
+                ucx_link_t *sl = peer->sends.next;
+                ucx_list_del(sl);
+                ucx_list_push(&be->orphan_sends, sl);
+            }
+            free(peer->name);
+            free(peer);
+        }
+        l = next;
+    }
+}
+
 static int ucx_progress(void *bev)
 {
     ucx_be_t *be = bev;
@@ -1476,6 +1599,7 @@ static int ucx_progress(void *bev)
     int events = n > (unsigned)(INT32_MAX / 2) ? INT32_MAX / 2 : (int)n;
     events += ucx_deliver_errors(be);
     events += ucx_deliver_inbox(be);
+    ucx_reap_zombies(be);
     return events;
 }
 
@@ -1627,4 +1751,6 @@ __attribute__((visibility("default"))) const pdx_backend_ops_t pdx_backend_v1 = 
     .arm = ucx_arm,
     .describe = ucx_describe,
     .xfer_abort = ucx_xfer_abort,
+    .path = ucx_path,
+    .peer_failed = ucx_peer_failed,
 };

@@ -26,6 +26,9 @@ int pdx_call_leave_int(const char *fn, int n);
  * return `st`: for refusals found in the entry point itself. */
 pdx_status_t pdx_call_fail(pdx_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* Record `fmt` as this call's error text without logging it: for states a
+ * caller polls (a request that failed earlier, already logged once). */
+void pdx_call_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Called by pdx_log for every error/warn line, before level filtering. */
 void pdx_call_capture(pdx_log_level_t level, const char *line);
 /* Around user callbacks run inside a call (notification and freed

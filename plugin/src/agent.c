@@ -78,6 +78,10 @@ static void host_notif_recv(void *ctx, const char *peer, const void *msg,
                             size_t len)
 {
     pdx_agent_h agent = ctx;
+    pdx_stats_entry_t *ps = pdx_peer_stats_get(agent, peer);
+    if (ps != NULL) {
+        ps->s.notifs_recv++;
+    }
     pdx_notif_item_t *it = malloc(sizeof(*it) + len);
     if (it == NULL) {
         pdx_error("agent %s: dropped a %zu-byte notification from %s: out "
@@ -107,9 +111,24 @@ void pdx_peer_mark_dead_locked(pdx_agent_h agent, pdx_peer_t *peer,
         return;
     }
     peer->dead = why;
+    snprintf(peer->dead_how, sizeof(peer->dead_how), "%s", how);
+    if (peer->stats != NULL) {
+        peer->stats->s.dead_events++;
+    }
     pdx_warn("agent %s: peer %s (pid %d) is gone (%s): failing its requests",
              agent->name, peer->name, (int)peer->pid, how);
-    pdx_xfer_fail_peer_locked(agent, peer->epoch, why, !in_backend);
+    if (!in_backend) {
+        /* Backends drop the connection without waiting (UCX force-closes
+         * the endpoint), so its requests end now, not after a drain. */
+        for (uint32_t b = 0; b < agent->nbackends; b++) {
+            const pdx_backend_ops_t *ops = agent->backends[b]->ops;
+            if (peer->bpeer[b] != NULL && PDX_BE_HAS(ops, peer_failed)) {
+                ops->peer_failed(agent->backends[b]->be, peer->bpeer[b]);
+            }
+        }
+    }
+    pdx_xfer_fail_peer_locked(agent, peer->epoch, why,
+                              in_backend ? PDX_FAIL_MARK : PDX_FAIL_ABORT);
     pdx_agent_signal(agent);
 }
 
@@ -140,27 +159,6 @@ static void check_liveness(pdx_agent_h agent, uint64_t now)
     }
 }
 
-static void check_timeouts(pdx_agent_h agent, uint64_t now)
-{
-    uint64_t limit = (uint64_t)agent->params.xfer_timeout_ms * 1000000ull;
-    if (limit == 0) {
-        return;
-    }
-    for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
-        if (x->status == PDX_INPROGRESS && now - x->post_ns > limit) {
-            pdx_warn("agent %s: request to %s timed out after %u ms "
-                     "(peer hung?)", agent->name, x->peer_name,
-                     agent->params.xfer_timeout_ms);
-            if (x->breq != NULL) {
-                agent->backends[x->bindex]->ops->xfer_release(
-                    agent->backends[x->bindex]->be, x->breq);
-                x->breq = NULL;
-            }
-            x->status = PDX_ERR_TIMEOUT;
-        }
-    }
-}
-
 int pdx_agent_progress_locked(pdx_agent_h agent)
 {
     int events = 0;
@@ -182,7 +180,7 @@ int pdx_agent_progress_locked(pdx_agent_h agent)
             pdx_xfer_progress_locked(agent, x); /* sweep a failed one */
         }
     }
-    check_timeouts(agent, now);
+    pdx_xfer_timeouts_locked(agent, now);
     return events;
 }
 
@@ -201,7 +199,7 @@ static void arm_backends(pdx_agent_h agent)
     }
 }
 
-int pdx_progress(pdx_agent_h agent)
+int pdxi_progress(pdx_agent_h agent)
 {
     pthread_mutex_lock(&agent->lock);
     drain_event_fd(agent);
@@ -233,7 +231,7 @@ static void *progress_main(void *arg)
     return NULL;
 }
 
-pdx_status_t pdx_agent_create(const char *name,
+pdx_status_t pdxi_agent_create(const char *name,
                               const pdx_agent_params_t *params,
                               pdx_agent_h *agent_p)
 {
@@ -242,7 +240,14 @@ pdx_status_t pdx_agent_create(const char *name,
                   "[A-Za-z0-9._-])", name ? name : "(null)", PDX_NAME_MAX - 1);
         return PDX_ERR_INVALID;
     }
-    pdx_agent_h a = calloc(1, sizeof(*a));
+    if (params != NULL &&
+        (params->field_mask & PDX_AGENT_PARAM_PATH_POLICY) &&
+        params->path_policy > PDX_PATH_POLICY_SAME_HOST_FAST) {
+        pdx_error("agent create %s: unknown path policy %u", name,
+                  params->path_policy);
+        return PDX_ERR_INVALID;
+    }
+    pdx_agent_h a = pdx_handle_alloc(sizeof(*a), PDX_MAGIC_AGENT);
     if (a == NULL) {
         return PDX_ERR_NOMEM;
     }
@@ -258,6 +263,9 @@ pdx_status_t pdx_agent_create(const char *name,
         }
         if (params->field_mask & PDX_AGENT_PARAM_PROGRESS_INTERVAL) {
             a->params.progress_interval_us = params->progress_interval_us;
+        }
+        if (params->field_mask & PDX_AGENT_PARAM_PATH_POLICY) {
+            a->params.path_policy = params->path_policy;
         }
     }
     if (getrandom(&a->instance, sizeof(a->instance), 0) !=
@@ -314,11 +322,11 @@ err_mutex:
     close(a->epoll_fd);
     close(a->event_fd);
 err_free:
-    free(a);
+    pdx_handle_release(a);
     return st;
 }
 
-void pdx_agent_destroy(pdx_agent_h a)
+void pdxi_agent_destroy(pdx_agent_h a)
 {
     if (a == NULL) {
         return;
@@ -349,6 +357,12 @@ void pdx_agent_destroy(pdx_agent_h a)
         a->xfer_cache = x->next;
         free(x);
     }
+    a->xfer_cache_tail = NULL;
+    while (a->peer_stats != NULL) {
+        pdx_stats_entry_t *e = a->peer_stats;
+        a->peer_stats = e->next;
+        free(e);
+    }
     /* Progress once more so backends can complete queued sends. */
     for (uint32_t b = a->nbackends; b-- > 0;) {
         struct pdx_backend *be = a->backends[b];
@@ -368,12 +382,12 @@ void pdx_agent_destroy(pdx_agent_h a)
     pthread_mutex_destroy(&a->lock);
     close(a->epoll_fd);
     close(a->event_fd);
-    free(a);
+    pdx_handle_release(a);
 }
 
-const char *pdx_agent_name(pdx_agent_h agent) { return agent->name; }
+const char *pdxi_agent_name(pdx_agent_h agent) { return agent->name; }
 
-int pdx_agent_event_fd(pdx_agent_h agent) { return agent->epoll_fd; }
+int pdxi_agent_event_fd(pdx_agent_h agent) { return agent->epoll_fd; }
 
 
 static pdx_status_t backend_add(pdx_agent_h a, const pdx_backend_ops_t *ops,
@@ -408,6 +422,7 @@ static pdx_status_t backend_add(pdx_agent_h a, const pdx_backend_ops_t *ops,
     if (b == NULL) {
         return PDX_ERR_NOMEM;
     }
+    b->magic = PDX_MAGIC_BACKEND;
     b->agent = a;
     b->ops = ops;
     b->dl = dl;
@@ -443,7 +458,7 @@ static pdx_status_t backend_add(pdx_agent_h a, const pdx_backend_ops_t *ops,
     return PDX_OK;
 }
 
-pdx_status_t pdx_backend_create(pdx_agent_h agent, const char *name,
+pdx_status_t pdxi_backend_create(pdx_agent_h agent, const char *name,
                                 const pdx_kv_t *opts, size_t nopts,
                                 pdx_backend_h *be_p)
 {
@@ -465,7 +480,7 @@ pdx_status_t pdx_backend_create(pdx_agent_h agent, const char *name,
     return st;
 }
 
-pdx_status_t pdx_backend_create_with_ops(pdx_agent_h agent, const void *ops,
+pdx_status_t pdxi_backend_create_with_ops(pdx_agent_h agent, const void *ops,
                                          const pdx_kv_t *opts, size_t nopts,
                                          pdx_backend_h *be_p)
 {
@@ -482,7 +497,7 @@ pdx_status_t pdx_backend_create_with_ops(pdx_agent_h agent, const void *ops,
     return st;
 }
 
-void pdx_backend_describe(pdx_backend_h be, char *buf, size_t len)
+void pdxi_backend_describe(pdx_backend_h be, char *buf, size_t len)
 {
     pthread_mutex_lock(&be->agent->lock);
     int n = snprintf(buf, len, "%s: ", be->name);
@@ -492,7 +507,7 @@ void pdx_backend_describe(pdx_backend_h be, char *buf, size_t len)
     pthread_mutex_unlock(&be->agent->lock);
 }
 
-pdx_status_t pdx_agent_set_invariant(pdx_agent_h agent, const char *key,
+pdx_status_t pdxi_agent_set_invariant(pdx_agent_h agent, const char *key,
                                      const char *value)
 {
     if (key == NULL || value == NULL || key[0] == '\0' ||

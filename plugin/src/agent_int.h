@@ -12,6 +12,7 @@
 #include <pdx/xfer.h>
 
 #include "blob.h"
+#include "pdx_call.h"
 
 /* The blob's limits are the agent's: what one side writes the other reads. */
 #define PDX_MAX_BACKENDS PDX_BLOB_MAX_BACKENDS
@@ -19,14 +20,28 @@
 #define PDX_INV_VAL_MAX PDX_BLOB_INV_VAL_MAX
 #define PDX_MAX_INVARIANTS PDX_BLOB_MAX_INVARIANTS
 
+/* Counters of one backend or one peer (by name, kept for the agent's
+ * life: requests hold a pointer to their peer's). */
+typedef struct pdx_stats_entry {
+    struct pdx_stats_entry *next;
+    char name[PDX_NAME_MAX];
+    pdx_stats_t s;
+} pdx_stats_entry_t;
+
 struct pdx_backend {
+    uint32_t magic; /* PDX_MAGIC_BACKEND */
     pdx_agent_h agent;
     const pdx_backend_ops_t *ops;
     void *dl; /* dlopen handle, NULL when linked in */
     void *be; /* backend instance */
     uint32_t index;
     char name[PDX_BLOB_BACKEND_NAME_MAX];
+    pdx_stats_t stats;
 };
+
+/* Optional ops of a backend table (appended after the first release). */
+#define PDX_BE_HAS(ops, op)                                                    \
+    ((ops)->size > offsetof(pdx_backend_ops_t, op) && (ops)->op != NULL)
 
 struct pdx_mem_reg {
     pdx_region_t region;
@@ -37,7 +52,12 @@ struct pdx_mem_reg {
 typedef struct pdx_peer_region {
     pdx_region_t region;
     void *rmd[PDX_MAX_BACKENDS];
+    /* Per backend: the backend's path op said this region takes its
+     * fallback (e.g. cma without a mapping: process_vm). */
+    bool slow[PDX_MAX_BACKENDS];
 } pdx_peer_region_t;
+
+#define PDX_WHY_MAX 160
 
 typedef struct pdx_peer {
     char name[PDX_NAME_MAX];
@@ -47,7 +67,17 @@ typedef struct pdx_peer {
     char host_id[PDX_BLOB_HOST_MAX];
     int32_t pid;
     int pidfd; /* -1 when the peer is not on this host */
+    bool same_host; /* same host id: fallbacks are counted for it */
     pdx_status_t dead; /* PDX_OK while alive */
+    char dead_how[64]; /* how it was found dead */
+    pdx_stats_entry_t *stats;
+    /* Path report: per backend its transport name for this peer, and why
+     * host (dram_why) or GPU (vram_why) memory of this same-host peer does
+     * not take the fast path ("" when it does or the peer is remote). */
+    char transport[PDX_MAX_BACKENDS][64];
+    char slow_why[PDX_MAX_BACKENDS][PDX_WHY_MAX];
+    char dram_why[PDX_WHY_MAX];
+    char vram_why[PDX_WHY_MAX];
     void *bpeer[PDX_MAX_BACKENDS];
     pdx_peer_region_t *regions; /* sorted by (mem_type, addr) */
     size_t nregions;
@@ -66,6 +96,7 @@ typedef struct pdx_notif_item {
 #define PDX_XFER_INLINE_REGS 2
 
 struct pdx_xfer {
+    uint32_t magic; /* PDX_MAGIC_XFER; PDX_MAGIC_DEAD once released */
     pdx_agent_h agent;
     pdx_xfer_op_t op;
     char peer_name[PDX_NAME_MAX];
@@ -81,13 +112,28 @@ struct pdx_xfer {
     pdx_status_t status;
     bool posted;
     bool aborting; /* pdx_xfer_abort asked; no notification */
+    bool counted;  /* this post's end is in the counters */
+    bool fallback; /* see pdx_path_policy_t */
+    uint8_t paths; /* 1: a fast piece, 2: a backend-fallback piece */
     uint64_t post_ns;
+    uint64_t done_ns;      /* when pdx saw the end of the last post */
+    uint64_t start_rt_ns;  /* CLOCK_REALTIME at the last post */
+    uint64_t post_dur_ns;
+    uint64_t bytes, ndescs, nposts;
+    pdx_stats_entry_t *pstats;
+    char why[PDX_WHY_MAX]; /* fallback reason */
     struct pdx_xfer *prev, *next; /* agent's list of live requests */
     /* Storage for small requests (no malloc per request): `iov` and
      * `regs` point here when they fit. */
     pdx_backend_iov_t iov_inline[PDX_XFER_INLINE_IOV];
     struct pdx_mem_reg *regs_inline[PDX_XFER_INLINE_REGS];
 };
+
+/* Released requests wait this many later releases before reuse, so a
+ * stale handle reads PDX_MAGIC_DEAD (pdx_xfer_* refuse it); at most
+ * PDX_XFER_CACHE_MAX are kept (the oldest beyond are freed). */
+#define PDX_XFER_QUARANTINE 64
+#define PDX_XFER_CACHE_MAX 1024
 
 typedef struct pdx_dlist_entry {
     uint64_t addr;
@@ -96,6 +142,7 @@ typedef struct pdx_dlist_entry {
 } pdx_dlist_entry_t;
 
 struct pdx_dlist {
+    uint32_t magic; /* PDX_MAGIC_DLIST */
     pdx_agent_h agent;
     bool remote;
     char peer_name[PDX_NAME_MAX];
@@ -113,6 +160,7 @@ typedef struct pdx_invariant {
 } pdx_invariant_t;
 
 struct pdx_agent {
+    uint32_t magic; /* PDX_MAGIC_AGENT */
     char name[PDX_NAME_MAX];
     pthread_mutex_t lock;     /* everything below */
     pthread_mutex_t delivery; /* serialises notification callbacks */
@@ -135,10 +183,12 @@ struct pdx_agent {
     uint32_t ninvariants;
 
     struct pdx_xfer *xfers; /* live requests */
-    /* Released requests kept for reuse (linked by `next`), at most
-     * PDX_XFER_CACHE: malloc/free was a third of a small request's cost. */
-    struct pdx_xfer *xfer_cache;
+    /* Released requests kept for reuse, oldest first (linked by `next`):
+     * malloc/free was a third of a small request's cost, and a request is
+     * reused only after PDX_XFER_QUARANTINE later releases. */
+    struct pdx_xfer *xfer_cache, *xfer_cache_tail;
     uint32_t nxfer_cache;
+    pdx_stats_entry_t *peer_stats;
     pdx_notif_item_t *nq_head, *nq_tail;
 
     int event_fd; /* eventfd: notifications and completions queued */
@@ -176,9 +226,18 @@ pdx_peer_region_t *pdx_peer_region_find(pdx_peer_t *peer, pdx_mem_type_t t,
 struct pdx_mem_reg *pdx_reg_find(pdx_agent_h agent, pdx_mem_type_t t,
                                  uint64_t addr, uint64_t len);
 int pdx_agent_progress_locked(pdx_agent_h agent);
+/* End requests in flight longer than the agent's xfer timeout. */
+void pdx_xfer_timeouts_locked(pdx_agent_h agent, uint64_t now);
 void pdx_agent_signal(pdx_agent_h agent);
+typedef enum pdx_fail_mode {
+    PDX_FAIL_RELEASE, /* the peer is being unloaded: release now */
+    PDX_FAIL_ABORT,   /* the peer died: abort, progress releases */
+    PDX_FAIL_MARK,    /* from inside a backend call: status only */
+} pdx_fail_mode_t;
+/* End every live request of peer incarnation `epoch` with `why`. Never
+ * waits for the peer. */
 void pdx_xfer_fail_peer_locked(pdx_agent_h agent, uint64_t epoch,
-                               pdx_status_t why, bool release_now);
+                               pdx_status_t why, pdx_fail_mode_t mode);
 void pdx_peer_destroy_locked(pdx_agent_h agent, pdx_peer_t *peer);
 /* The peer is gone: fail its requests (released now unless called from
  * inside a backend call) and refuse new ones until it is loaded again. */
@@ -188,6 +247,9 @@ void pdx_peer_mark_dead_locked(pdx_agent_h agent, pdx_peer_t *peer,
 pdx_status_t pdx_notif_send_locked(pdx_agent_h agent, pdx_peer_t *peer,
                                    const void *msg, size_t len);
 void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x);
+/* The counters of peer `name`, made on first use (NULL only without
+ * memory). */
+pdx_stats_entry_t *pdx_peer_stats_get(pdx_agent_h agent, const char *name);
 pdx_status_t pdx_host_id(char *buf, size_t len);
 
 /* Loader (loader.c). */

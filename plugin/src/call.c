@@ -107,6 +107,16 @@ pdx_status_t pdx_call_fail(pdx_status_t st, const char *fmt, ...)
     return st;
 }
 
+void pdx_call_note(const char *fmt, ...)
+{
+    char line[CALL_TEXT_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    pdx_call_capture(PDX_LOG_ERROR, line);
+}
+
 int pdx_call_suspend(void)
 {
     int d = g_call.depth;

@@ -148,7 +148,7 @@ pdx_status_t pdx_loader_open(const char *name, const pdx_backend_ops_t **ops_p,
     return PDX_ERR_NOT_FOUND;
 }
 
-pdx_status_t pdx_backend_probe(const char *name, uint64_t *caps_p, char *why,
+pdx_status_t pdxi_backend_probe(const char *name, uint64_t *caps_p, char *why,
                                size_t why_len)
 {
     const pdx_backend_ops_t *ops;

@@ -72,7 +72,7 @@ void pdx_mem_reg_free_locked(pdx_agent_h agent, struct pdx_mem_reg *r)
     free(r);
 }
 
-pdx_status_t pdx_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
+pdx_status_t pdxi_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
                               uint64_t addr, uint64_t len, uint32_t dev_id,
                               uint64_t flags, pdx_mem_reg_h *reg_p)
 {
@@ -174,7 +174,7 @@ out:
     return st;
 }
 
-pdx_status_t pdx_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg)
+pdx_status_t pdxi_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg)
 {
     pdx_status_t st = PDX_ERR_NOT_FOUND;
     pthread_mutex_lock(&agent->lock);

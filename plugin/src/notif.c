@@ -6,12 +6,9 @@
 
 #include "agent_int.h"
 
-pdx_status_t pdx_notif_send(pdx_agent_h agent, const char *peer,
+pdx_status_t pdxi_notif_send(pdx_agent_h agent, const char *peer,
                             const void *msg, size_t len)
 {
-    if (peer == NULL || (msg == NULL && len > 0)) {
-        return PDX_ERR_INVALID;
-    }
     if (len > PDX_NOTIF_MAX) {
         pdx_error("agent %s: notification of %zu bytes over the %d limit",
                   agent->name, len, PDX_NOTIF_MAX);
@@ -24,19 +21,21 @@ pdx_status_t pdx_notif_send(pdx_agent_h agent, const char *peer,
         pdx_error("agent %s: notif send: unknown peer %s", agent->name, peer);
         st = PDX_ERR_NOT_FOUND;
     } else if (p->dead != PDX_OK) {
+        pdx_error("agent %s: notif send: peer %s is gone (%s)", agent->name,
+                  peer, p->dead_how);
         st = p->dead;
     } else {
         st = pdx_notif_send_locked(agent, p, msg, len);
+        if (st == PDX_OK && p->stats != NULL) {
+            p->stats->s.notifs_sent++;
+        }
     }
     pthread_mutex_unlock(&agent->lock);
     return st;
 }
 
-int pdx_notif_poll(pdx_agent_h agent, pdx_notif_cb_t cb, void *arg)
+int pdxi_notif_poll(pdx_agent_h agent, pdx_notif_cb_t cb, void *arg)
 {
-    if (cb == NULL) {
-        return 0;
-    }
     /* The delivery lock keeps callbacks of concurrent polls in order; the
      * agent lock is dropped while callbacks run so they may call in. */
     pthread_mutex_lock(&agent->delivery);
@@ -53,7 +52,9 @@ int pdx_notif_poll(pdx_agent_h agent, pdx_notif_cb_t cb, void *arg)
     while (list != NULL) {
         pdx_notif_item_t *it = list;
         list = it->next;
+        int depth = pdx_call_suspend();
         cb(arg, it->peer, it->msg, it->len);
+        pdx_call_resume(depth);
         free(it);
         n++;
     }

@@ -9,12 +9,9 @@
 
 #include "agent_int.h"
 
-pdx_status_t pdx_agent_describe(pdx_agent_h agent, void **blob_p,
+pdx_status_t pdxi_agent_describe(pdx_agent_h agent, void **blob_p,
                                 size_t *len_p)
 {
-    if (blob_p == NULL || len_p == NULL) {
-        return PDX_ERR_INVALID;
-    }
     pdx_wbuf_t w = {0};
     pdx_status_t st = PDX_OK;
     pthread_mutex_lock(&agent->lock);
@@ -127,7 +124,8 @@ pdx_peer_region_t *pdx_peer_region_find(pdx_peer_t *peer, pdx_mem_type_t t,
 
 void pdx_peer_destroy_locked(pdx_agent_h agent, pdx_peer_t *peer)
 {
-    pdx_xfer_fail_peer_locked(agent, peer->epoch, PDX_ERR_STALE, true);
+    pdx_xfer_fail_peer_locked(agent, peer->epoch, PDX_ERR_STALE,
+                              PDX_FAIL_RELEASE);
     for (size_t i = 0; i < peer->nregions; i++) {
         for (uint32_t b = 0; b < agent->nbackends; b++) {
             if (peer->regions[i].rmd[b] != NULL) {
@@ -214,6 +212,103 @@ static int open_pidfd(pdx_agent_h agent, const pdx_blob_t *b)
 #else
     return -1;
 #endif
+}
+
+static bool blob_has_backend(const pdx_blob_t *b, const char *name)
+{
+    for (uint16_t i = 0; i < b->nbackends; i++) {
+        if (strcmp(b->backends[i].name, name) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The path report of a new peer: each backend's transport for it, which
+ * regions take a backend's fallback, and for a same-host peer why host or
+ * GPU memory would not take the fast path (warned once here). */
+static void peer_paths(pdx_agent_h agent, pdx_peer_t *p, const pdx_blob_t *b)
+{
+    int cma = -1, cipc = -1;
+    for (uint32_t k = 0; k < agent->nbackends; k++) {
+        struct pdx_backend *be = agent->backends[k];
+        uint64_t caps = be->ops->caps;
+        if (caps & PDX_BACKEND_CAP_SAME_HOST) {
+            if (caps & PDX_BACKEND_CAP_VRAM) {
+                cipc = (int)k;
+            } else {
+                cma = (int)k;
+            }
+        }
+        if (p->bpeer[k] == NULL) {
+            continue;
+        }
+        char why[PDX_WHY_MAX] = "";
+        if (PDX_BE_HAS(be->ops, path)) {
+            be->ops->path(be->be, p->bpeer[k], NULL, p->transport[k],
+                          sizeof(p->transport[k]), why, sizeof(why));
+            for (size_t i = 0; i < p->nregions; i++) {
+                pdx_peer_region_t *g = &p->regions[i];
+                if (g->rmd[k] == NULL) {
+                    continue;
+                }
+                char t[64], w[PDX_WHY_MAX] = "";
+                if (be->ops->path(be->be, p->bpeer[k], g->rmd[k], t,
+                                  sizeof(t), w, sizeof(w)) != PDX_OK) {
+                    g->slow[k] = true;
+                    if (p->slow_why[k][0] == '\0') {
+                        snprintf(p->slow_why[k], sizeof(p->slow_why[k]),
+                                 "region 0x%llx+%llu: %s",
+                                 (unsigned long long)g->region.addr,
+                                 (unsigned long long)g->region.len, w);
+                    }
+                }
+            }
+        } else {
+            snprintf(p->transport[k], sizeof(p->transport[k]), "%s",
+                     be->name);
+        }
+    }
+    if (!p->same_host) {
+        return;
+    }
+    if (cma < 0) {
+        snprintf(p->dram_why, sizeof(p->dram_why),
+                 "the cma backend is not created on agent %s", agent->name);
+    } else if (!blob_has_backend(b, "cma")) {
+        snprintf(p->dram_why, sizeof(p->dram_why),
+                 "peer %s has no cma backend", p->name);
+    } else if (p->bpeer[cma] == NULL) {
+        snprintf(p->dram_why, sizeof(p->dram_why),
+                 "cma declined peer %s (another host to it)", p->name);
+    }
+    if (cipc < 0) {
+        snprintf(p->vram_why, sizeof(p->vram_why),
+                 "the cuda_ipc backend is not created on agent %s",
+                 agent->name);
+    } else if (!blob_has_backend(b, "cuda_ipc")) {
+        snprintf(p->vram_why, sizeof(p->vram_why),
+                 "peer %s has no cuda_ipc backend", p->name);
+    } else if (p->bpeer[cipc] == NULL) {
+        snprintf(p->vram_why, sizeof(p->vram_why),
+                 "cuda_ipc declined peer %s", p->name);
+    }
+    bool has_dram = false, has_vram = false;
+    for (size_t i = 0; i < p->nregions; i++) {
+        has_dram |= p->regions[i].region.mem_type == PDX_MEM_DRAM;
+        has_vram |= p->regions[i].region.mem_type == PDX_MEM_VRAM;
+    }
+    const char *why = has_dram && p->dram_why[0]   ? p->dram_why
+                      : has_vram && p->vram_why[0] ? p->vram_why
+                      : cma >= 0 && p->slow_why[cma][0] ? p->slow_why[cma]
+                                                        : NULL;
+    if (why != NULL) {
+        pdx_warn("agent %s: peer %s is on this host but transfers with it "
+                 "will take a slower path (%s)%s", agent->name, p->name, why,
+                 agent->params.path_policy == PDX_PATH_POLICY_SAME_HOST_FAST
+                     ? ": the path policy will refuse them"
+                     : "");
+    }
 }
 
 /* Build a peer from a parsed blob: connect each backend the peer also has,
@@ -317,6 +412,9 @@ static pdx_status_t peer_build(pdx_agent_h agent, const pdx_blob_t *b,
         }
     }
     p->pidfd = open_pidfd(agent, b);
+    p->same_host = strcmp(b->host_id, agent->host_id) == 0;
+    p->stats = pdx_peer_stats_get(agent, p->name);
+    peer_paths(agent, p, b);
     *peer_p = p;
     return PDX_OK;
 
@@ -341,7 +439,7 @@ err:
     return st;
 }
 
-pdx_status_t pdx_peer_load(pdx_agent_h agent, const void *blob, size_t len,
+pdx_status_t pdxi_peer_load(pdx_agent_h agent, const void *blob, size_t len,
                            char *name_out)
 {
     char why[256];
@@ -396,28 +494,71 @@ out:
     return st;
 }
 
-pdx_status_t pdx_peer_unload(pdx_agent_h agent, const char *name)
+pdx_status_t pdxi_peer_unload(pdx_agent_h agent, const char *name)
 {
-    if (name == NULL) {
-        return PDX_ERR_INVALID;
-    }
     pthread_mutex_lock(&agent->lock);
     pdx_peer_t *p = pdx_peer_find(agent, name);
     if (p != NULL) {
         pdx_peer_destroy_locked(agent, p);
+    } else {
+        pdx_error("agent %s: unload: unknown peer %s", agent->name, name);
     }
     pthread_mutex_unlock(&agent->lock);
     return p != NULL ? PDX_OK : PDX_ERR_NOT_FOUND;
 }
 
-pdx_status_t pdx_peer_state(pdx_agent_h agent, const char *name)
+pdx_status_t pdxi_peer_state(pdx_agent_h agent, const char *name)
 {
-    if (name == NULL) {
-        return PDX_ERR_INVALID;
-    }
     pthread_mutex_lock(&agent->lock);
     pdx_peer_t *p = pdx_peer_find(agent, name);
     pdx_status_t st = p == NULL ? PDX_ERR_NOT_FOUND : p->dead;
+    if (p == NULL) {
+        pdx_call_note("agent %s: peer %s is not loaded", agent->name, name);
+    } else if (st != PDX_OK) {
+        pdx_call_note("agent %s: peer %s is gone (%s)", agent->name, name,
+                      p->dead_how);
+    }
     pthread_mutex_unlock(&agent->lock);
     return st;
+}
+
+pdx_status_t pdxi_peer_info(pdx_agent_h agent, const char *name,
+                            pdx_peer_info_t *info, pdx_region_info_t *regions,
+                            size_t max_regions)
+{
+    pthread_mutex_lock(&agent->lock);
+    pdx_peer_t *p = pdx_peer_find(agent, name);
+    if (p == NULL) {
+        pthread_mutex_unlock(&agent->lock);
+        pdx_error("agent %s: peer info: unknown peer %s", agent->name, name);
+        return PDX_ERR_NOT_FOUND;
+    }
+    memset(info, 0, sizeof(*info));
+    snprintf(info->name, sizeof(info->name), "%s", p->name);
+    snprintf(info->host_id, sizeof(info->host_id), "%s", p->host_id);
+    info->instance = p->instance;
+    info->generation = p->generation;
+    info->pid = p->pid;
+    info->same_host = p->same_host;
+    info->state = p->dead;
+    info->nregions = p->nregions;
+    size_t off = 0;
+    for (uint32_t b = 0; b < agent->nbackends; b++) {
+        if (p->bpeer[b] == NULL || off >= sizeof(info->backends)) {
+            continue;
+        }
+        int n = snprintf(info->backends + off, sizeof(info->backends) - off,
+                         "%s%s", off ? "," : "", agent->backends[b]->name);
+        off += n > 0 ? (size_t)n : 0;
+    }
+    for (size_t i = 0; regions != NULL && i < max_regions && i < p->nregions;
+         i++) {
+        const pdx_region_t *r = &p->regions[i].region;
+        regions[i] = (pdx_region_info_t){.addr = r->addr, .len = r->len,
+                                         .dev_id = r->dev_id,
+                                         .mem_type = r->mem_type,
+                                         .flags = r->flags};
+    }
+    pthread_mutex_unlock(&agent->lock);
+    return PDX_OK;
 }

@@ -12,7 +12,7 @@
 
 const char *pdx_version(void) { return PDX_VERSION_STRING; }
 
-pdx_status_t pdx_blob_describe(const void *blob, size_t len, char **text_p,
+pdx_status_t pdxi_blob_describe(const void *blob, size_t len, char **text_p,
                                char *why, size_t why_len)
 {
     pdx_blob_t *b = NULL;

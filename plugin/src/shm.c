@@ -133,7 +133,7 @@ static shm_ent_t *remove_at(uint64_t a, bool allocated, pdx_status_t *st_p)
     return e;
 }
 
-pdx_status_t pdx_mem_alloc(size_t len, uint64_t flags, void **ptr_p)
+pdx_status_t pdxi_mem_alloc(size_t len, uint64_t flags, void **ptr_p)
 {
     if (len == 0 || ptr_p == NULL || (flags & ~PDX_MEM_F_POPULATE) != 0) {
         pdx_error("mem alloc: invalid arguments (len %zu, flags 0x%llx)", len,
@@ -171,7 +171,7 @@ pdx_status_t pdx_mem_alloc(size_t len, uint64_t flags, void **ptr_p)
     return PDX_OK;
 }
 
-pdx_status_t pdx_mem_free(void *ptr)
+pdx_status_t pdxi_mem_free(void *ptr)
 {
     if (ptr == NULL) {
         return PDX_OK;
@@ -186,7 +186,7 @@ pdx_status_t pdx_mem_free(void *ptr)
     return st;
 }
 
-pdx_status_t pdx_mem_share(void *addr, size_t len, int fd, uint64_t offset)
+pdx_status_t pdxi_mem_share(void *addr, size_t len, int fd, uint64_t offset)
 {
     struct stat sb;
     long pg = sysconf(_SC_PAGESIZE);
@@ -216,7 +216,7 @@ pdx_status_t pdx_mem_share(void *addr, size_t len, int fd, uint64_t offset)
     return st;
 }
 
-pdx_status_t pdx_mem_unshare(void *addr)
+pdx_status_t pdxi_mem_unshare(void *addr)
 {
     pdx_status_t st;
     shm_ent_t *e = remove_at((uint64_t)(uintptr_t)addr, false, &st);

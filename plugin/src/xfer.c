@@ -4,10 +4,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "agent_int.h"
+#include "api_int.h"
 
 #define FULL_PROGRESS_PERIOD_NS 100000ull
+/* pdx_xfer_release of a request still in flight waits (without the agent
+ * lock) for the backend to say nothing more lands, at most this long. */
+#define RELEASE_WAIT_MAX_NS 10000000000ull
 
 static uint64_t op_cap(pdx_xfer_op_t op)
 {
@@ -113,11 +118,18 @@ static struct pdx_xfer *xfer_new(pdx_agent_h agent, pdx_xfer_op_t op,
                                  pdx_peer_t *peer, const void *notif,
                                  size_t notif_len, size_t max_iov)
 {
-    struct pdx_xfer *x = agent->xfer_cache;
-    if (x != NULL) {
+    struct pdx_xfer *x = NULL;
+    if (agent->nxfer_cache > PDX_XFER_QUARANTINE) {
+        /* The oldest released request: at least PDX_XFER_QUARANTINE
+         * releases ago, so a stale handle to it was very likely refused
+         * already. */
+        x = agent->xfer_cache;
         agent->xfer_cache = x->next;
+        if (agent->xfer_cache == NULL) {
+            agent->xfer_cache_tail = NULL;
+        }
         agent->nxfer_cache--;
-        memset(x, 0, sizeof(*x));
+        memset(x, 0, offsetof(struct pdx_xfer, why) + 1);
     } else if ((x = calloc(1, sizeof(*x))) == NULL) {
         return NULL;
     }
@@ -130,6 +142,7 @@ static struct pdx_xfer *xfer_new(pdx_agent_h agent, pdx_xfer_op_t op,
     memcpy(x->peer_name, peer->name, nl);
     x->peer_name[nl] = '\0';
     x->peer_epoch = peer->epoch;
+    x->pstats = peer->stats;
     x->iov = max_iov <= PDX_XFER_INLINE_IOV
                  ? x->iov_inline
                  : malloc(max_iov * sizeof(*x->iov));
@@ -149,10 +162,11 @@ static struct pdx_xfer *xfer_new(pdx_agent_h agent, pdx_xfer_op_t op,
         memcpy(x->notif, notif, notif_len);
         x->notif_len = notif_len;
     }
+    x->magic = PDX_MAGIC_XFER;
     return x;
 }
 
-/* Agent's lock held (the request goes to the agent's cache). */
+/* Agent's lock held (the request goes to the agent's cache, tagged dead). */
 static void xfer_free(struct pdx_xfer *x)
 {
     if (x == NULL) {
@@ -168,14 +182,119 @@ static void xfer_free(struct pdx_xfer *x)
         free(x->iov);
     }
     free(x->notif);
+    x->regs = NULL;
+    x->iov = NULL;
+    x->notif = NULL;
+    x->magic = PDX_MAGIC_DEAD;
     pdx_agent_h agent = x->agent;
-    if (agent->nxfer_cache < PDX_XFER_CACHE) {
-        x->next = agent->xfer_cache;
-        agent->xfer_cache = x;
-        agent->nxfer_cache++;
+    x->next = NULL;
+    if (agent->xfer_cache_tail != NULL) {
+        agent->xfer_cache_tail->next = x;
     } else {
-        free(x);
+        agent->xfer_cache = x;
     }
+    agent->xfer_cache_tail = x;
+    if (++agent->nxfer_cache > PDX_XFER_CACHE_MAX) {
+        struct pdx_xfer *old = agent->xfer_cache;
+        agent->xfer_cache = old->next;
+        agent->nxfer_cache--;
+        free(old);
+    }
+}
+
+/* The end of a post: record it once in the backend's and peer's counters. */
+static void xfer_end(pdx_agent_h agent, struct pdx_xfer *x, pdx_status_t st)
+{
+    x->status = st;
+    if (st == PDX_INPROGRESS || x->counted || !x->posted) {
+        return;
+    }
+    x->counted = true;
+    if (agent->params.flags & PDX_AGENT_F_TELEMETRY) {
+        x->done_ns = pdx_now_ns();
+    }
+    pdx_stats_t *bs = x->bindex >= 0 ? &agent->backends[x->bindex]->stats
+                                     : NULL;
+    pdx_stats_t *ps = x->pstats != NULL ? &x->pstats->s : NULL;
+    for (int i = 0; i < 2; i++) {
+        pdx_stats_t *s = i == 0 ? bs : ps;
+        if (s == NULL) {
+            continue;
+        }
+        if (st == PDX_OK) {
+            s->completed++;
+            s->bytes += x->bytes;
+        } else if (st == PDX_ERR_CANCELED) {
+            s->canceled++;
+        } else {
+            s->errors++;
+            s->timeouts += st == PDX_ERR_TIMEOUT;
+        }
+    }
+}
+
+/* Is a piece between `lreg` and `rreg` over backend `b` a fallback for a
+ * same-host peer (pdx_path_policy_t)? Sets *why when it is. */
+static bool piece_fallback(pdx_agent_h agent, const pdx_peer_t *p, int b,
+                           const struct pdx_mem_reg *lreg,
+                           const pdx_peer_region_t *rreg, const char **why)
+{
+    if (!p->same_host) {
+        return false;
+    }
+    uint64_t caps = agent->backends[b]->ops->caps;
+    bool same_host_be = (caps & PDX_BACKEND_CAP_SAME_HOST) != 0;
+    if (lreg->region.mem_type == PDX_MEM_VRAM ||
+        rreg->region.mem_type == PDX_MEM_VRAM) {
+        if (same_host_be && (caps & PDX_BACKEND_CAP_VRAM) && !rreg->slow[b]) {
+            return false;
+        }
+        *why = same_host_be && rreg->slow[b] ? p->slow_why[b]
+               : p->vram_why[0] ? p->vram_why
+                                : "cuda_ipc does not reach this region";
+        return true;
+    }
+    if (same_host_be && !rreg->slow[b]) {
+        return false;
+    }
+    *why = same_host_be ? p->slow_why[b]
+           : p->dram_why[0] ? p->dram_why
+                            : "the cma backend does not reach this region";
+    return true;
+}
+
+/* Note the path of a new (lreg, rreg) pair of request `x`. */
+static void xfer_note_path(pdx_agent_h agent, struct pdx_xfer *x,
+                           const pdx_peer_t *p,
+                           const struct pdx_mem_reg *lreg,
+                           const pdx_peer_region_t *rreg)
+{
+    const char *why = NULL;
+    x->paths |= rreg->slow[x->bindex] ? 2 : 1;
+    if (piece_fallback(agent, p, x->bindex, lreg, rreg, &why) &&
+        !x->fallback) {
+        x->fallback = true;
+        snprintf(x->why, sizeof(x->why), "%s", why);
+    }
+}
+
+/* The path policy: a request that would fall back is refused. */
+static pdx_status_t xfer_policy(pdx_agent_h agent, struct pdx_xfer *x,
+                                const char *what)
+{
+    if (!x->fallback ||
+        agent->params.path_policy != PDX_PATH_POLICY_SAME_HOST_FAST) {
+        return PDX_OK;
+    }
+    if (x->pstats != NULL) {
+        x->pstats->s.refused++;
+    }
+    agent->backends[x->bindex]->stats.refused++;
+    pdx_error("agent %s: %s: path policy same_host_fast: peer %s is on "
+              "this host but the fast path is refused (%s); %s would carry "
+              "it", agent->name, what, x->peer_name, x->why,
+              agent->backends[x->bindex]->name);
+    return PDX_ERR_POLICY;
 }
 
 static void xfer_link(pdx_agent_h agent, struct pdx_xfer *x)
@@ -233,14 +352,13 @@ static pdx_status_t check_notif(pdx_agent_h agent, const void *notif,
     return PDX_OK;
 }
 
-pdx_status_t pdx_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
+pdx_status_t pdxi_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
                              const pdx_desc_list_t *local,
                              const pdx_desc_list_t *remote, const char *peer,
                              const void *notif, size_t notif_len,
                              pdx_xfer_h *xfer_p)
 {
-    if (local == NULL || remote == NULL || peer == NULL || xfer_p == NULL ||
-        local->count != remote->count || local->count == 0 ||
+    if (local->count != remote->count || local->count == 0 ||
         (op != PDX_XFER_READ && op != PDX_XFER_WRITE)) {
         pdx_error("agent %s: xfer create: invalid arguments (counts %zu/%zu)",
                   agent->name, local ? local->count : 0,
@@ -266,8 +384,8 @@ pdx_status_t pdx_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
         st = PDX_ERR_NOMEM;
         goto out;
     }
-    struct pdx_mem_reg *lreg = NULL;
-    pdx_peer_region_t *rreg = NULL;
+    struct pdx_mem_reg *lreg = NULL, *last_l = NULL;
+    pdx_peer_region_t *rreg = NULL, *last_r = NULL;
     for (size_t i = 0; i < local->count; i++) {
         const pdx_desc_t *l = &local->descs[i], *r = &remote->descs[i];
         if (l->len != r->len || l->len == 0) {
@@ -320,7 +438,17 @@ pdx_status_t pdx_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
             st = PDX_ERR_UNSUPPORTED;
             goto err;
         }
+        if (lreg != last_l || rreg != last_r) {
+            xfer_note_path(agent, x, p, lreg, rreg);
+            last_l = lreg;
+            last_r = rreg;
+        }
+        x->bytes += l->len;
         iov_append(x, l->addr, r->addr, l->len, lmd, rmd);
+    }
+    x->ndescs = local->count;
+    if ((st = xfer_policy(agent, x, "xfer create")) != PDX_OK) {
+        goto err;
     }
     if ((st = hold_regs(x, set, nset)) != PDX_OK) {
         goto err;
@@ -355,17 +483,14 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x)
         return;
     }
     struct pdx_backend *b = agent->backends[x->bindex];
-    if (x->status != PDX_INPROGRESS) {
-        /* Failed by a peer error (see pdx_xfer_fail_peer_locked). */
-        b->ops->xfer_release(b->be, x->breq);
-        x->breq = NULL;
-        return;
-    }
     pdx_status_t st = b->ops->xfer_check(b->be, x->breq);
     if (x->status != PDX_INPROGRESS) {
-        /* The peer failed while the backend was checking: keep that. */
-        b->ops->xfer_release(b->be, x->breq);
-        x->breq = NULL;
+        /* Ended already (peer failed, timed out): the backend request
+         * was aborted and is released once the backend says it ended. */
+        if (st != PDX_INPROGRESS) {
+            b->ops->xfer_release(b->be, x->breq);
+            x->breq = NULL;
+        }
         return;
     }
     if (st == PDX_INPROGRESS) {
@@ -378,7 +503,7 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x)
          * request to it fails too, and new posts are refused. */
         pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
         if (p != NULL && p->epoch == x->peer_epoch) {
-            x->status = st;
+            xfer_end(agent, x, st);
             pdx_peer_mark_dead_locked(agent, p, st, "transfer failed", false);
             return;
         }
@@ -391,56 +516,68 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x)
             st = xfer_finish(agent, x, p);
         }
     }
-    x->status = st;
+    xfer_end(agent, x, st);
 }
 
-pdx_status_t pdx_xfer_abort(pdx_xfer_h x)
+/* Ask the backend to stop `x`'s request without waiting. Returns false
+ * when it has no abort op (then the request was released, blocking). */
+static bool xfer_backend_abort(pdx_agent_h agent, struct pdx_xfer *x)
 {
-    if (x == NULL) {
-        return PDX_ERR_INVALID;
+    struct pdx_backend *b = agent->backends[x->bindex];
+    if (PDX_BE_HAS(b->ops, xfer_abort) &&
+        b->ops->xfer_abort(b->be, x->breq) == PDX_OK) {
+        return true;
     }
+    b->ops->xfer_release(b->be, x->breq);
+    x->breq = NULL;
+    return false;
+}
+
+pdx_status_t pdxi_xfer_abort(pdx_xfer_h x)
+{
     pdx_agent_h agent = x->agent;
     pthread_mutex_lock(&agent->lock);
     if (x->status == PDX_INPROGRESS && x->breq != NULL && !x->aborting) {
-        struct pdx_backend *b = agent->backends[x->bindex];
         x->aborting = true;
-        if (b->ops->size > offsetof(pdx_backend_ops_t, xfer_abort) &&
-            b->ops->xfer_abort != NULL &&
-            b->ops->xfer_abort(b->be, x->breq) == PDX_OK) {
-            /* Completes through progress as PDX_ERR_CANCELED. */
-        } else {
-            b->ops->xfer_release(b->be, x->breq);
-            x->breq = NULL;
-            x->status = PDX_ERR_CANCELED;
+        if (!xfer_backend_abort(agent, x)) {
+            xfer_end(agent, x, PDX_ERR_CANCELED);
         }
+        /* else completes through progress as PDX_ERR_CANCELED */
     }
     pthread_mutex_unlock(&agent->lock);
     return PDX_OK;
 }
 
 void pdx_xfer_fail_peer_locked(pdx_agent_h agent, uint64_t epoch,
-                               pdx_status_t why, bool release_now)
+                               pdx_status_t why, pdx_fail_mode_t mode)
 {
     for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
         if (x->peer_epoch != epoch) {
             continue;
         }
-        if (x->status == PDX_INPROGRESS) {
-            x->status = why;
+        bool was_live = x->status == PDX_INPROGRESS;
+        if (was_live) {
+            xfer_end(agent, x, why);
         }
-        /* From inside a backend call (a peer error reported by its
-         * progress) the backend request may be the one being checked: it
-         * is released on the way out instead (progress, check, post and
-         * release all sweep it). */
-        if (release_now && x->breq != NULL) {
+        if (x->breq == NULL) {
+            continue;
+        }
+        if (mode == PDX_FAIL_RELEASE) {
+            /* The peer is being unloaded: backends want every request
+             * released before the peer; release never waits for it. */
             agent->backends[x->bindex]->ops->xfer_release(
                 agent->backends[x->bindex]->be, x->breq);
             x->breq = NULL;
+        } else if (was_live && mode == PDX_FAIL_ABORT) {
+            /* Stop it; progress releases it once the backend says it
+             * ended (never waiting here, under the lock). From inside a
+             * backend call (PDX_FAIL_MARK) the backend already ended it. */
+            xfer_backend_abort(agent, x);
         }
     }
 }
 
-pdx_status_t pdx_xfer_post(pdx_xfer_h x)
+pdx_status_t pdxi_xfer_post(pdx_xfer_h x)
 {
     pdx_agent_h agent = x->agent;
     pdx_status_t st;
@@ -451,12 +588,6 @@ pdx_status_t pdx_xfer_post(pdx_xfer_h x)
         st = PDX_ERR_BUSY;
         goto out;
     }
-    if (x->breq != NULL) {
-        /* A request failed by a peer error, not yet swept. */
-        agent->backends[x->bindex]->ops->xfer_release(
-            agent->backends[x->bindex]->be, x->breq);
-        x->breq = NULL;
-    }
     pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
     if (p == NULL || p->epoch != x->peer_epoch) {
         pdx_error("agent %s: xfer post: peer %s was %s since this request "
@@ -466,19 +597,55 @@ pdx_status_t pdx_xfer_post(pdx_xfer_h x)
         goto out;
     }
     if (p->dead != PDX_OK) {
+        pdx_error("agent %s: xfer post: peer %s is gone (%s)", agent->name,
+                  x->peer_name, p->dead_how);
         st = x->status = p->dead;
         goto out;
     }
+    if (x->breq != NULL) {
+        /* Ended (peer failed, timed out) but still being stopped. */
+        pdx_xfer_progress_locked(agent, x);
+        if (x->breq != NULL) {
+            pdx_error("agent %s: xfer post: the previous post to %s ended "
+                      "(%s) but its data may still be moving; post again "
+                      "later", agent->name, x->peer_name,
+                      pdx_status_string(x->status));
+            st = PDX_ERR_BUSY;
+            goto out;
+        }
+    }
+
     struct pdx_backend *b = agent->backends[x->bindex];
     int carries = !!(b->ops->caps & PDX_BACKEND_CAP_NOTIF);
+    bool tele = (agent->params.flags & PDX_AGENT_F_TELEMETRY) != 0;
+    uint64_t t0 = 0;
+    if (tele) {
+        struct timespec rt;
+        clock_gettime(CLOCK_REALTIME, &rt);
+        x->start_rt_ns = (uint64_t)rt.tv_sec * 1000000000ull +
+                         (uint64_t)rt.tv_nsec;
+        t0 = pdx_now_ns();
+    }
     x->posted = true;
+    x->counted = false;
     x->aborting = false;
+    x->nposts++;
+    b->stats.requests++;
+    b->stats.fallbacks += x->fallback;
+    if (x->pstats != NULL) {
+        x->pstats->s.requests++;
+        x->pstats->s.fallbacks += x->fallback;
+    }
     st = b->ops->xfer_post(b->be, p->bpeer[x->bindex], x->op, x->iov,
                            x->niov, carries ? x->notif : NULL,
                            carries ? x->notif_len : 0, &x->breq);
     /* The timeout clock starts when the request is in flight; a request
      * done inside post needs no clock read. */
-    x->post_ns = st == PDX_INPROGRESS ? pdx_now_ns() : 0;
+    x->post_ns = st == PDX_INPROGRESS || tele ? pdx_now_ns() : 0;
+    if (tele) {
+        x->post_dur_ns = x->post_ns - t0;
+        x->post_ns = t0;
+    }
     if (st == PDX_OK) {
         x->breq = NULL;
         st = xfer_finish(agent, x, p);
@@ -487,13 +654,13 @@ pdx_status_t pdx_xfer_post(pdx_xfer_h x)
         pdx_error("agent %s: xfer post to %s over %s: %s", agent->name,
                   x->peer_name, b->name, pdx_status_string(st));
     }
-    x->status = st;
+    xfer_end(agent, x, st);
 out:
     pthread_mutex_unlock(&agent->lock);
     return st;
 }
 
-pdx_status_t pdx_xfer_check(pdx_xfer_h x)
+pdx_status_t pdxi_xfer_check(pdx_xfer_h x)
 {
     pdx_agent_h agent = x->agent;
     pthread_mutex_lock(&agent->lock);
@@ -507,19 +674,86 @@ pdx_status_t pdx_xfer_check(pdx_xfer_h x)
              * FULL_PROGRESS_PERIOD_NS, so a polling caller stays cheap. */
             pdx_agent_progress_locked(agent);
         }
+    } else if (x->breq != NULL) {
+        pdx_xfer_progress_locked(agent, x); /* ended, still stopping */
     }
     pdx_status_t st = x->status;
+    if (st < 0) {
+        /* Said once in the log when it happened; here for the caller. */
+        pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
+        bool same = p != NULL && p->epoch == x->peer_epoch;
+        pdx_call_note("agent %s: request to %s (%s over %s): %s%s%s%s",
+                      agent->name, x->peer_name,
+                      x->op == PDX_XFER_READ ? "read" : "write",
+                      agent->backends[x->bindex]->name,
+                      pdx_status_string(st),
+                      st == PDX_ERR_REMOTE_DISCONNECT && same ? ": peer "
+                                                              : "",
+                      st == PDX_ERR_REMOTE_DISCONNECT && same ? p->dead_how
+                                                              : "",
+                      st == PDX_ERR_STALE ? ": the peer was unloaded or "
+                                            "reloaded since it was made"
+                                          : "");
+    }
     pthread_mutex_unlock(&agent->lock);
     return st;
 }
 
-void pdx_xfer_release(pdx_xfer_h x)
+void pdx_xfer_timeouts_locked(pdx_agent_h agent, uint64_t now)
 {
-    if (x == NULL) {
+    uint64_t limit = (uint64_t)agent->params.xfer_timeout_ms * 1000000ull;
+    if (limit == 0) {
         return;
     }
+    for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
+        if (x->status == PDX_INPROGRESS && x->post_ns != 0 &&
+            now - x->post_ns > limit) {
+            pdx_warn("agent %s: request to %s timed out after %u ms "
+                     "(peer hung?)", agent->name, x->peer_name,
+                     agent->params.xfer_timeout_ms);
+            xfer_end(agent, x, PDX_ERR_TIMEOUT);
+            if (x->breq != NULL) {
+                /* Stopped in the background: progress releases it once
+                 * the backend gives up on the peer. */
+                xfer_backend_abort(agent, x);
+            }
+        }
+    }
+}
+
+void pdxi_xfer_release(pdx_xfer_h x)
+{
     pdx_agent_h agent = x->agent;
     pthread_mutex_lock(&agent->lock);
+    if (x->breq != NULL && x->status == PDX_INPROGRESS) {
+        /* Still in flight: stop it and wait until the backend says no byte
+         * of it can land, without the agent lock (other threads and peers
+         * carry on). Bounded: backends give up on a silent peer (UCX fails
+         * it after 1 s without progress). */
+        if (!x->aborting) {
+            x->aborting = true;
+            if (!xfer_backend_abort(agent, x)) {
+                xfer_end(agent, x, PDX_ERR_CANCELED);
+            }
+        }
+        uint64_t start = pdx_now_ns();
+        long sleep_ns = 2000;
+        while (x->breq != NULL && x->status == PDX_INPROGRESS) {
+            pdx_xfer_progress_locked(agent, x);
+            if (x->breq == NULL || x->status != PDX_INPROGRESS ||
+                pdx_now_ns() - start > RELEASE_WAIT_MAX_NS) {
+                break;
+            }
+            pthread_mutex_unlock(&agent->lock);
+            struct timespec ts = {0, sleep_ns};
+            nanosleep(&ts, NULL);
+            sleep_ns = sleep_ns < 1000000 ? sleep_ns * 2 : 1000000;
+            pthread_mutex_lock(&agent->lock);
+        }
+        if (x->status == PDX_INPROGRESS) {
+            xfer_end(agent, x, PDX_ERR_CANCELED);
+        }
+    }
     if (x->breq != NULL) {
         agent->backends[x->bindex]->ops->xfer_release(
             agent->backends[x->bindex]->be, x->breq);
@@ -530,23 +764,21 @@ void pdx_xfer_release(pdx_xfer_h x)
     pthread_mutex_unlock(&agent->lock);
 }
 
-size_t pdx_xfer_segments(pdx_xfer_h x) { return x->niov; }
+size_t pdxi_xfer_segments(pdx_xfer_h x) { return x->niov; }
 
 /* Prepared lists. */
 
-pdx_status_t pdx_dlist_prepare(pdx_agent_h agent, const char *peer,
+pdx_status_t pdxi_dlist_prepare(pdx_agent_h agent, const char *peer,
                                const pdx_desc_list_t *list,
                                pdx_dlist_h *dlist_p)
 {
-    if (list == NULL || dlist_p == NULL || (list->count > 0 &&
-                                            list->descs == NULL)) {
-        return PDX_ERR_INVALID;
-    }
     if (list->count > UINT32_MAX) {
+        pdx_error("agent %s: prepare: %zu descriptors (at most %u)",
+                  agent->name, list->count, UINT32_MAX);
         return PDX_ERR_TOO_LARGE;
     }
     pdx_status_t st = PDX_OK;
-    struct pdx_dlist *d = calloc(1, sizeof(*d));
+    struct pdx_dlist *d = pdx_handle_alloc(sizeof(*d), PDX_MAGIC_DLIST);
     if (d == NULL) {
         return PDX_ERR_NOMEM;
     }
@@ -555,7 +787,7 @@ pdx_status_t pdx_dlist_prepare(pdx_agent_h agent, const char *peer,
     d->count = list->count;
     d->entries = malloc((list->count ? list->count : 1) * sizeof(*d->entries));
     if (d->entries == NULL) {
-        free(d);
+        pdx_handle_release(d);
         return PDX_ERR_NOMEM;
     }
     size_t capset = 0;
@@ -577,6 +809,8 @@ pdx_status_t pdx_dlist_prepare(pdx_agent_h agent, const char *peer,
         const pdx_desc_t *e = &list->descs[i];
         void *region;
         if (e->len == 0) {
+            pdx_error("agent %s: prepare: descriptor %zu has length 0",
+                      agent->name, i);
             st = PDX_ERR_INVALID;
             goto err;
         }
@@ -620,15 +854,12 @@ err:
     pthread_mutex_unlock(&agent->lock);
     free(d->regs);
     free(d->entries);
-    free(d);
+    pdx_handle_release(d);
     return st;
 }
 
-void pdx_dlist_release(pdx_dlist_h d)
+void pdxi_dlist_release(pdx_dlist_h d)
 {
-    if (d == NULL) {
-        return;
-    }
     pthread_mutex_lock(&d->agent->lock);
     for (size_t i = 0; i < d->nregs; i++) {
         d->regs[i]->users--;
@@ -636,20 +867,65 @@ void pdx_dlist_release(pdx_dlist_h d)
     pthread_mutex_unlock(&d->agent->lock);
     free(d->regs);
     free(d->entries);
-    free(d);
+    d->regs = NULL;
+    d->entries = NULL;
+    pdx_handle_release(d);
 }
 
-pdx_status_t pdx_xfer_make(pdx_agent_h agent, pdx_xfer_op_t op,
+pdx_status_t pdxi_xfer_telemetry(pdx_xfer_h x, pdx_xfer_telemetry_t *t)
+{
+    pdx_agent_h agent = x->agent;
+    memset(t, 0, sizeof(*t));
+    pthread_mutex_lock(&agent->lock);
+    if (x->bindex >= 0) {
+        struct pdx_backend *b = agent->backends[x->bindex];
+        snprintf(t->backend, sizeof(t->backend), "%s", b->name);
+        pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
+        const char *tr = p != NULL && p->epoch == x->peer_epoch
+                             ? p->transport[x->bindex]
+                             : "";
+        if ((b->ops->caps & PDX_BACKEND_CAP_SAME_HOST) &&
+            !(b->ops->caps & PDX_BACKEND_CAP_VRAM)) {
+            /* cma: which of its two ways the pieces took */
+            tr = x->paths == 3 ? "memcpy+process_vm"
+                 : x->paths == 2 ? "process_vm"
+                                 : "memcpy";
+        }
+        snprintf(t->transport, sizeof(t->transport), "%s", tr);
+    }
+    t->fallback = x->fallback;
+    snprintf(t->fallback_why, sizeof(t->fallback_why), "%s", x->why);
+    t->status = x->status;
+    t->descs = x->ndescs;
+    t->segments = x->niov;
+    t->bytes = x->bytes;
+    t->posts = x->nposts;
+    t->start_time_ns = x->start_rt_ns;
+    t->post_duration_ns = x->post_dur_ns;
+    if (x->counted && x->done_ns >= x->post_ns && x->post_ns != 0) {
+        t->xfer_duration_ns = x->done_ns - x->post_ns;
+    }
+    pthread_mutex_unlock(&agent->lock);
+    return PDX_OK;
+}
+
+pdx_status_t pdxi_xfer_make(pdx_agent_h agent, pdx_xfer_op_t op,
                            pdx_dlist_h local, const uint32_t *local_idx,
                            pdx_dlist_h remote, const uint32_t *remote_idx,
                            size_t n, const void *notif, size_t notif_len,
                            pdx_xfer_h *xfer_p)
 {
-    if (local == NULL || remote == NULL || local->remote || !remote->remote ||
-        local_idx == NULL || remote_idx == NULL || n == 0 || xfer_p == NULL ||
+    if (local->remote || !remote->remote || n == 0 ||
         local->agent != agent || remote->agent != agent ||
         (op != PDX_XFER_READ && op != PDX_XFER_WRITE)) {
-        pdx_error("agent %s: xfer make: invalid arguments", agent->name);
+        pdx_error("agent %s: xfer make: invalid arguments (%s%s%s%s%s)",
+                  agent->name, local->remote ? "local list is remote " : "",
+                  !remote->remote ? "remote list is local " : "",
+                  n == 0 ? "no indices " : "",
+                  local->agent != agent || remote->agent != agent
+                      ? "list of another agent "
+                      : "",
+                  op != PDX_XFER_READ && op != PDX_XFER_WRITE ? "bad op" : "");
         return PDX_ERR_INVALID;
     }
     pdx_status_t st = check_notif(agent, notif, notif_len);
@@ -697,13 +973,22 @@ pdx_status_t pdx_xfer_make(pdx_agent_h agent, pdx_xfer_op_t op,
             lmd = lr->md[x->bindex];
             rmd = rr->rmd[x->bindex];
             if (lmd == NULL || rmd == NULL) {
+                pdx_error("agent %s: xfer make: pair %zu is not reachable by "
+                          "backend %s like the rest", agent->name, i,
+                          agent->backends[x->bindex]->name);
                 st = PDX_ERR_UNSUPPORTED;
                 goto err;
             }
+            xfer_note_path(agent, x, p, lr, rr);
             lreg_last = lr;
             rreg_last = rr;
         }
+        x->bytes += le[li].len;
         iov_append(x, le[li].addr, re[ri].addr, le[li].len, lmd, rmd);
+    }
+    x->ndescs = n;
+    if ((st = xfer_policy(agent, x, "xfer make")) != PDX_OK) {
+        goto err;
     }
     if ((st = hold_regs(x, local->regs, local->nregs)) != PDX_OK) {
         goto err;

@@ -59,6 +59,11 @@ typedef enum pdx_path_policy {
  * errors (UCX peer error handling and keepalive). A hung peer (alive but not
  * progressing) is caught by the request timeout. */
 #define PDX_AGENT_F_PROGRESS_THREAD (1u << 0)
+/* Record times per request for pdx_xfer_telemetry (start time, post and
+ * transfer durations): two clock reads per post and one per completion,
+ * off by default as NIXL's capture_telemetry. Backend, transport, bytes
+ * and descriptor counts are reported either way. */
+#define PDX_AGENT_F_TELEMETRY (1u << 1)
 
 typedef struct pdx_agent_params {
     uint64_t field_mask; /* PDX_AGENT_PARAM_*; unset fields take defaults */

@@ -148,14 +148,18 @@ typedef struct pdx_backend_ops {
                               const void *notif, size_t notif_len,
                               void **req_p);
     /* PDX_OK (done, notification sent), PDX_INPROGRESS, or an error. May
-     * progress the backend. Non-blocking. */
+     * progress the backend. Non-blocking. For an aborted request, the end
+     * means no byte of it can land any more: a backend that waits for
+     * that (UCX draining gets) gives up after a bounded time by failing
+     * the peer and force-closing its connection, and reports that. */
     pdx_status_t (*xfer_check)(void *be, void *req);
-    /* Free a request; aborts it if still in flight. For READ, no byte is
-     * written to local memory after this returns while the peer is alive
-     * and responsive; a hung peer is waited for a bounded time, then failed
-     * and force-closed, and with UCX 1.13's emulated RMA its late replies
-     * may still land if it wakes before the peer is unloaded. Best effort
-     * for WRITE. */
+    /* Free a request; aborts it if still in flight. Must return in
+     * bounded time without waiting for the peer (the agent's lock is held;
+     * cma waits at most for the chunk or system call being copied). The
+     * agent releases an in-flight request only after xfer_abort and
+     * xfer_check reported its end, unless the peer failed or the request
+     * failed: then bytes of a READ may still land until the connection is
+     * closed (UCX 1.13 cannot cancel emulated RMA). */
     void (*xfer_release)(void *be, void *req);
 
     /* Send a standalone notification. Non-blocking: may queue. */
@@ -182,6 +186,21 @@ typedef struct pdx_backend_ops {
      * no byte of it can land any more, then PDX_ERR_CANCELED (or the error
      * that ended it). Non-blocking. */
     pdx_status_t (*xfer_abort)(void *be, void *req);
+
+    /* How transfers with region `rmd` of `peer` (rmd may be NULL: the
+     * peer as a whole) move, for the path report and the path policy:
+     * a short transport name into `transport` ("memcpy", "process_vm",
+     * "sysv/memory,tcp/lo", "cuda_ipc"); PDX_OK when that is this
+     * backend's fast path, PDX_ERR_UNAVAILABLE when it is its fallback,
+     * with the reason in `why` ("region not in shared memory on the
+     * peer", "pidfd_getfd: Operation not permitted"). Non-blocking. */
+    pdx_status_t (*path)(void *be, void *peer, void *rmd, char *transport,
+                         size_t tlen, char *why, size_t wlen);
+    /* The agent knows `peer` is gone (its process exited): end its
+     * requests with PDX_ERR_REMOTE_DISCONNECT and drop or force-close its
+     * connection without waiting for anything. The peer handle stays valid
+     * until peer_disconnect. Non-blocking. */
+    void (*peer_failed)(void *be, void *peer);
 } pdx_backend_ops_t;
 
 /* Oldest table a loader accepts: everything up to `describe`. */
