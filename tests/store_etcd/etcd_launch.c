@@ -1,0 +1,262 @@
+/* Test helper: start, kill, restart and remove a private etcd. */
+#include "etcd_launch.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *etcd_bin(void)
+{
+    const char *env = getenv("PDX_ETCD");
+    return env && *env ? env : "/usr/bin/etcd";
+}
+
+bool etcd_available(char *why, size_t len)
+{
+    if (access(etcd_bin(), X_OK) != 0) {
+        snprintf(why, len, "%s not installed (Debian package etcd-server; "
+                 "scripts/deps.sh installs it)", etcd_bin());
+        return false;
+    }
+    return true;
+}
+
+static int free_port(const char *ip)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return -1;
+    }
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    inet_pton(AF_INET, ip, &a.sin_addr);
+    socklen_t al = sizeof(a);
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &al) == 0) {
+        port = ntohs(a.sin_port);
+    }
+    close(fd);
+    return port;
+}
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* GET /health over a plain socket: no client library needed here. */
+static int health_ok(const etcd_proc_t *e)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return 0;
+    }
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)e->client_port)};
+    inet_pton(AF_INET, e->ip, &a.sin_addr);
+    struct timeval tv = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    int ok = 0;
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0) {
+        char req[256];
+        int n = snprintf(req, sizeof(req),
+                         "GET /health HTTP/1.0\r\nHost: %s\r\n\r\n", e->ip);
+        if (write(fd, req, (size_t)n) == n) {
+            char buf[1024];
+            size_t got = 0;
+            for (int i = 0; i < 16 && got < sizeof(buf) - 1; i++) {
+                ssize_t r = read(fd, buf + got, sizeof(buf) - 1 - got);
+                if (r <= 0) {
+                    break;
+                }
+                got += (size_t)r;
+            }
+            buf[got] = '\0';
+            ok = strstr(buf, "\"health\":\"true\"") != NULL;
+        }
+    }
+    close(fd);
+    return ok;
+}
+
+int etcd_wait_ready(const etcd_proc_t *e, int timeout_ms)
+{
+    uint64_t end = mono_ms() + (uint64_t)timeout_ms;
+    while (mono_ms() < end) {
+        if (e->pid > 0 && waitpid(e->pid, NULL, WNOHANG) == e->pid) {
+            return -1; /* exited (port taken?) */
+        }
+        if (health_ok(e)) {
+            return 0;
+        }
+        usleep(50000);
+    }
+    return -1;
+}
+
+static int spawn(etcd_proc_t *e)
+{
+    char data[300], log[300], curl_[160], purl[160], cluster[200];
+    snprintf(data, sizeof(data), "%s/data", e->dir);
+    snprintf(log, sizeof(log), "%s/etcd.log", e->dir);
+    snprintf(curl_, sizeof(curl_), "http://%s:%d", e->ip, e->client_port);
+    snprintf(purl, sizeof(purl), "http://%s:%d", e->ip, e->peer_port);
+    snprintf(cluster, sizeof(cluster), "default=%s", purl);
+    snprintf(e->url, sizeof(e->url), "%s", curl_);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        return -1;
+    }
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) {
+            _exit(127);
+        }
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        char *argv[64];
+        int n = 0;
+        argv[n++] = (char *)etcd_bin();
+        argv[n++] = "--name=default";
+        char a1[400], a2[200], a3[200], a4[200], a5[200], a6[240];
+        snprintf(a1, sizeof(a1), "--data-dir=%s", data);
+        snprintf(a2, sizeof(a2), "--listen-client-urls=%s", curl_);
+        snprintf(a3, sizeof(a3), "--advertise-client-urls=%s", curl_);
+        snprintf(a4, sizeof(a4), "--listen-peer-urls=%s", purl);
+        snprintf(a5, sizeof(a5), "--initial-advertise-peer-urls=%s", purl);
+        snprintf(a6, sizeof(a6), "--initial-cluster=%s", cluster);
+        argv[n++] = a1;
+        argv[n++] = a2;
+        argv[n++] = a3;
+        argv[n++] = a4;
+        argv[n++] = a5;
+        argv[n++] = a6;
+        argv[n++] = "--logger=zap";
+        argv[n++] = "--log-level=warn";
+        char extra[256];
+        snprintf(extra, sizeof(extra), "%s", e->extra);
+        for (char *t = strtok(extra, " "); t != NULL && n < 62;
+             t = strtok(NULL, " ")) {
+            argv[n++] = t;
+        }
+        argv[n] = NULL;
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    e->pid = pid;
+    return 0;
+}
+
+int etcd_start(etcd_proc_t *e, const char *ip, const char *extra, char *err,
+               size_t err_len)
+{
+    memset(e, 0, sizeof(*e));
+    snprintf(e->ip, sizeof(e->ip), "%s", ip ? ip : "127.0.0.1");
+    snprintf(e->extra, sizeof(e->extra), "%s", extra ? extra : "");
+    const char *tmp = getenv("TMPDIR");
+    snprintf(e->dir, sizeof(e->dir), "%s/pdx-etcd-XXXXXX",
+             tmp && *tmp ? tmp : "/tmp");
+    if (mkdtemp(e->dir) == NULL) {
+        snprintf(err, err_len, "mkdtemp: %s", strerror(errno));
+        return -1;
+    }
+    /* A port found free can be taken before etcd binds it: try again. */
+    for (int attempt = 0; attempt < 4; attempt++) {
+        e->client_port = free_port(e->ip);
+        e->peer_port = free_port(e->ip);
+        if (e->client_port <= 0 || e->peer_port <= 0 ||
+            e->client_port == e->peer_port) {
+            continue;
+        }
+        if (spawn(e) != 0) {
+            snprintf(err, err_len, "fork: %s", strerror(errno));
+            return -1;
+        }
+        if (etcd_wait_ready(e, 15000) == 0) {
+            return 0;
+        }
+        etcd_kill(e, SIGKILL);
+    }
+    snprintf(err, err_len, "etcd did not start on %s (log: %s/etcd.log)",
+             e->ip, e->dir);
+    return -1;
+}
+
+int etcd_restart(etcd_proc_t *e, char *err, size_t err_len)
+{
+    if (e->pid > 0) {
+        etcd_kill(e, SIGKILL);
+    }
+    /* The old process's ports may linger briefly: a few tries. */
+    for (int attempt = 0; attempt < 4; attempt++) {
+        if (spawn(e) != 0) {
+            snprintf(err, err_len, "fork: %s", strerror(errno));
+            return -1;
+        }
+        if (etcd_wait_ready(e, 15000) == 0) {
+            return 0;
+        }
+        etcd_kill(e, SIGKILL);
+        usleep(200000);
+    }
+    snprintf(err, err_len, "etcd did not restart (log: %s/etcd.log)", e->dir);
+    return -1;
+}
+
+void etcd_kill(etcd_proc_t *e, int sig)
+{
+    if (e->pid <= 0) {
+        return;
+    }
+    kill(e->pid, sig);
+    for (int i = 0; i < 100; i++) { /* 10 s for a clean stop */
+        if (waitpid(e->pid, NULL, WNOHANG) == e->pid) {
+            e->pid = -1;
+            return;
+        }
+        usleep(100000);
+    }
+    kill(e->pid, SIGKILL);
+    waitpid(e->pid, NULL, 0);
+    e->pid = -1;
+}
+
+static void rm_tree(const char *dir)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/rm", "rm", "-rf", "--", dir, (char *)NULL);
+        _exit(127);
+    }
+    if (pid > 0) {
+        waitpid(pid, NULL, 0);
+    }
+}
+
+void etcd_cleanup(etcd_proc_t *e)
+{
+    etcd_kill(e, SIGKILL);
+    if (e->dir[0] != '\0' && getenv("PDX_KEEP_ETCD") == NULL) {
+        rm_tree(e->dir);
+        e->dir[0] = '\0';
+    }
+}

@@ -1,0 +1,36 @@
+/* Test helper: an etcd of the test's own, on 127.0.0.1 (or a given
+ * address) with free ports and a temporary data directory; killed,
+ * restarted on the same ports and data, stopped and removed. */
+#ifndef PDX_TEST_ETCD_LAUNCH_H
+#define PDX_TEST_ETCD_LAUNCH_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+typedef struct etcd_proc {
+    pid_t pid;
+    char ip[64];
+    int client_port, peer_port;
+    char dir[256];  /* temporary directory (data in dir/data, log) */
+    char url[128];  /* http://ip:client_port */
+    char extra[256]; /* extra etcd flags, space-separated */
+} etcd_proc_t;
+
+/* Is an etcd binary installed? (tests skip with this reason if not) */
+bool etcd_available(char *why, size_t len);
+
+/* Start a new etcd (new directory, free ports) on `ip` (NULL:
+ * 127.0.0.1), with `extra` flags (NULL: none), and wait until it answers
+ * (at most 15 s). 0 on success, else -1 with `err` filled. */
+int etcd_start(etcd_proc_t *e, const char *ip, const char *extra, char *err,
+               size_t err_len);
+/* Start it again on the same ports and data after a kill. */
+int etcd_restart(etcd_proc_t *e, char *err, size_t err_len);
+/* Send `sig` and reap it (SIGKILL: a crash; SIGTERM: a clean stop). */
+void etcd_kill(etcd_proc_t *e, int sig);
+/* Kill if running and remove the directory. */
+void etcd_cleanup(etcd_proc_t *e);
+/* Wait until it answers on its client URL; 0 when it does. */
+int etcd_wait_ready(const etcd_proc_t *e, int timeout_ms);
+
+#endif

@@ -1,0 +1,746 @@
+/* etcd store module against a private etcd: keys, leases that expire when
+ * their holder dies, watches that resume after an etcd restart without
+ * losing or repeating an event (and resync after compaction), a lease lost
+ * while the store was frozen and replaced with its keys published again,
+ * batched owner registrations, and the unreachable state. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include <pdx/store.h>
+
+#include "etcd_int.h"
+#include "etcd_launch.h"
+
+extern const pdx_store_ops_t pdx_store_v1;
+static const pdx_store_ops_t *ops = &pdx_store_v1;
+
+static etcd_proc_t g_etcd;
+static bool g_have_etcd;
+static char g_skip[256];
+
+static uint64_t ms_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* ---- events recorded by a host ---- */
+
+#define MAX_EV 256
+typedef struct rec_ev {
+    pdx_store_event_type_t type;
+    uint32_t flags;
+    char key[128];
+    char value[64];
+    int64_t rev;
+} rec_ev_t;
+
+typedef struct recorder {
+    pthread_mutex_t lock;
+    rec_ev_t ev[MAX_EV];
+    int n;
+    int state_changes;
+    bool last_reachable;
+} recorder_t;
+
+static void on_event(void *ctx, uint64_t id, const pdx_store_event_t *ev)
+{
+    (void)id;
+    recorder_t *r = ctx;
+    pthread_mutex_lock(&r->lock);
+    if (r->n < MAX_EV) {
+        rec_ev_t *e = &r->ev[r->n++];
+        e->type = ev->type;
+        e->flags = ev->flags;
+        snprintf(e->key, sizeof(e->key), "%s", ev->key);
+        snprintf(e->value, sizeof(e->value), "%.*s",
+                 (int)(ev->value_len < 63 ? ev->value_len : 63),
+                 ev->value ? (const char *)ev->value : "");
+        e->rev = ev->revision;
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
+static void on_state(void *ctx, const pdx_store_status_t *s)
+{
+    recorder_t *r = ctx;
+    pthread_mutex_lock(&r->lock);
+    r->state_changes++;
+    r->last_reachable = s->reachable;
+    pthread_mutex_unlock(&r->lock);
+}
+
+static int rec_count(recorder_t *r)
+{
+    pthread_mutex_lock(&r->lock);
+    int n = r->n;
+    pthread_mutex_unlock(&r->lock);
+    return n;
+}
+
+/* Index of the first event of `key` of `type` at or after `from`, or -1. */
+static int rec_find(recorder_t *r, int from, pdx_store_event_type_t type,
+                    const char *key)
+{
+    pthread_mutex_lock(&r->lock);
+    int found = -1;
+    for (int i = from; i < r->n && found < 0; i++) {
+        if (r->ev[i].type == type && strcmp(r->ev[i].key, key) == 0) {
+            found = i;
+        }
+    }
+    pthread_mutex_unlock(&r->lock);
+    return found;
+}
+
+static int rec_wait(recorder_t *r, int from, pdx_store_event_type_t type,
+                    const char *key, int timeout_ms)
+{
+    uint64_t end = ms_now() + (uint64_t)timeout_ms;
+    int i;
+    while ((i = rec_find(r, from, type, key)) < 0 && ms_now() < end) {
+        usleep(10000);
+    }
+    return i;
+}
+
+typedef struct client {
+    recorder_t rec;
+    pdx_store_host_t host;
+    void *st;
+} client_t;
+
+static void client_open(client_t *c, const char *name, const char *endpoints,
+                        const char *ns, uint32_t ttl_ms, uint32_t retry_min,
+                        uint32_t txn_ops)
+{
+    memset(c, 0, sizeof(*c));
+    pthread_mutex_init(&c->rec.lock, NULL);
+    c->host = (pdx_store_host_t){.ctx = &c->rec, .agent_name = name,
+                                 .watch_event = on_event,
+                                 .state_change = on_state};
+    pdx_store_params_t p = {.endpoints = endpoints, .ns = ns,
+                            .lease_ttl_ms = ttl_ms, .timeout_ms = 1000,
+                            .retry_min_ms = retry_min, .retry_max_ms = 1000,
+                            .max_txn_ops = txn_ops};
+    assert_int_equal(ops->create(&c->host, &p, &c->st), PDX_OK);
+}
+
+static void client_close(client_t *c)
+{
+    ops->destroy(c->st);
+    pthread_mutex_destroy(&c->rec.lock);
+}
+
+static bool wait_lease(client_t *c, int timeout_ms)
+{
+    uint64_t end = ms_now() + (uint64_t)timeout_ms;
+    pdx_store_status_t s;
+    do {
+        ops->status(c->st, &s);
+        if (s.lease != 0 && s.unpublished == 0) {
+            return true;
+        }
+        usleep(10000);
+    } while (ms_now() < end);
+    return false;
+}
+
+#define NEED_ETCD()                                                            \
+    do {                                                                       \
+        if (!g_have_etcd) {                                                    \
+            print_message("skipped: %s\n", g_skip);                            \
+            skip();                                                            \
+        }                                                                      \
+    } while (0)
+
+/* ---- tests ---- */
+
+static void test_abi(void **state)
+{
+    (void)state;
+    assert_int_equal(ops->abi_version, PDX_STORE_ABI_VERSION);
+    assert_int_equal(ops->size, sizeof(pdx_store_ops_t));
+    assert_true(ops->size >= PDX_STORE_OPS_MIN_SIZE);
+    assert_string_equal(ops->name, "etcd");
+    char why[64];
+    assert_int_equal(ops->query(why, sizeof(why)), PDX_OK);
+}
+
+static void test_bad_params(void **state)
+{
+    (void)state;
+    pdx_store_host_t host = {.agent_name = "t"};
+    void *st = NULL;
+    pdx_store_params_t p = {.endpoints = "127.0.0.1:2379", .ns = "pdx"};
+    assert_int_equal(ops->create(&host, &p, &st), PDX_ERR_CONFIG);
+    p.endpoints = "http://127.0.0.1:1";
+    p.ns = "pdx/";
+    assert_int_equal(ops->create(&host, &p, &st), PDX_ERR_CONFIG);
+    p.ns = "p dx";
+    assert_int_equal(ops->create(&host, &p, &st), PDX_ERR_CONFIG);
+    pdx_kv_t opt = {"bogus", "1"};
+    p.ns = "pdx";
+    p.opts = &opt;
+    p.nopts = 1;
+    assert_int_equal(ops->create(&host, &p, &st), PDX_ERR_CONFIG);
+    assert_null(st);
+}
+
+static void test_b64_and_range_end(void **state)
+{
+    (void)state;
+    const char *cases[] = {"", "a", "ab", "abc", "abcd", "\x01\xff\x80"};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *e = etcd_b64_enc(cases[i], strlen(cases[i]));
+        size_t n = 99;
+        char *d = etcd_b64_dec(e, &n);
+        assert_non_null(d);
+        assert_int_equal(n, strlen(cases[i]));
+        assert_memory_equal(d, cases[i], n);
+        free(e);
+        free(d);
+    }
+    size_t n;
+    assert_null(etcd_b64_dec("abc", &n)); /* not a multiple of 4 */
+    char *end = etcd_prefix_end_b64("pdx/agents/");
+    size_t len;
+    char *raw = etcd_b64_dec(end, &len);
+    assert_string_equal(raw, "pdx/agents0");
+    free(end);
+    free(raw);
+}
+
+static void test_kv(void **state)
+{
+    (void)state;
+    NEED_ETCD();
+    client_t c;
+    client_open(&c, "kv", g_etcd.url, "t-kv", 5000, 100, 128);
+    assert_int_equal(ops->put(c.st, "a/x", "hello", 5, 0), PDX_OK);
+    void *v = NULL;
+    size_t len = 0;
+    int64_t rev = 0;
+    assert_int_equal(ops->get(c.st, "a/x", &v, &len, &rev), PDX_OK);
+    assert_int_equal(len, 5);
+    assert_memory_equal(v, "hello", 5);
+    assert_true(rev > 0);
+    free(v);
+    /* Binary values survive. */
+    unsigned char bin[300];
+    for (int i = 0; i < 300; i++) {
+        bin[i] = (unsigned char)(i * 7);
+    }
+    assert_int_equal(ops->put(c.st, "a/bin", bin, sizeof(bin), 0), PDX_OK);
+    assert_int_equal(ops->get(c.st, "a/bin", &v, &len, NULL), PDX_OK);
+    assert_int_equal(len, sizeof(bin));
+    assert_memory_equal(v, bin, sizeof(bin));
+    free(v);
+    assert_int_equal(ops->del(c.st, "a/x"), PDX_OK);
+    assert_int_equal(ops->get(c.st, "a/x", &v, &len, NULL), PDX_ERR_NOT_FOUND);
+    assert_int_equal(ops->put(c.st, "bad key", "x", 1, 0), PDX_ERR_INVALID);
+    pdx_store_status_t s;
+    ops->status(c.st, &s);
+    assert_true(s.reachable);
+    assert_int_equal(s.unreachable_since_ns, 0);
+    client_close(&c);
+}
+
+/* A child process holding a leased key, killed without revoking. */
+static pid_t leased_child(const char *ns, const char *key, uint32_t ttl_ms)
+{
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        client_t c;
+        memset(&c, 0, sizeof(c));
+        c.host = (pdx_store_host_t){.agent_name = "child"};
+        pdx_store_params_t p = {.endpoints = g_etcd.url, .ns = ns,
+                                .lease_ttl_ms = ttl_ms, .timeout_ms = 1000};
+        if (ops->create(&c.host, &p, &c.st) != PDX_OK) {
+            _exit(2);
+        }
+        pdx_status_t st = ops->put(c.st, key, "alive", 5, PDX_STORE_PUT_LEASED);
+        uint64_t end = ms_now() + 10000;
+        pdx_store_status_t s;
+        do {
+            ops->status(c.st, &s);
+            usleep(10000);
+        } while ((s.lease == 0 || s.unpublished) && ms_now() < end);
+        char ok = (st == PDX_OK || st == PDX_INPROGRESS) && !s.unpublished
+                      ? 'y' : 'n';
+        if (write(pfd[1], &ok, 1) != 1) {
+            _exit(3);
+        }
+        for (int i = 0; i < 600; i++) { /* until killed (bounded) */
+            usleep(100000);
+        }
+        _exit(0);
+    }
+    close(pfd[1]);
+    char ok = 0;
+    assert_int_equal(read(pfd[0], &ok, 1), 1);
+    close(pfd[0]);
+    assert_int_equal(ok, 'y');
+    return pid;
+}
+
+static void test_lease_expiry(void **state)
+{
+    (void)state;
+    NEED_ETCD();
+    client_t w;
+    client_open(&w, "watcher", g_etcd.url, "t-lease", 5000, 100, 128);
+    uint64_t id = 0;
+    assert_int_equal(ops->watch(w.st, "agents/", 0, PDX_STORE_WATCH_INITIAL,
+                                &id),
+                     PDX_OK);
+    pid_t pid = leased_child("t-lease", "agents/p0", 2000);
+    assert_true(rec_wait(&w.rec, 0, PDX_STORE_EV_PUT, "agents/p0", 5000) >= 0);
+    uint64_t t0 = ms_now();
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    int i = rec_wait(&w.rec, 0, PDX_STORE_EV_DELETE, "agents/p0", 8000);
+    uint64_t dt = ms_now() - t0;
+    print_message("lease expiry: key of a killed holder (TTL 2 s) deleted "
+                  "after %llu ms\n", (unsigned long long)dt);
+    assert_true(i >= 0);
+    assert_true(dt <= 2000 + 1500); /* TTL + etcd's expiry check + watch */
+    /* A clean destroy revokes: the key goes at once. */
+    client_t a;
+    client_open(&a, "a", g_etcd.url, "t-lease", 5000, 100, 128);
+    assert_true(ops->put(a.st, "agents/a", "x", 1, PDX_STORE_PUT_LEASED) >= 0);
+    assert_true(wait_lease(&a, 5000));
+    int from = rec_count(&w.rec);
+    t0 = ms_now();
+    client_close(&a);
+    assert_true(rec_wait(&w.rec, from, PDX_STORE_EV_DELETE, "agents/a", 3000) >=
+                0);
+    print_message("revoked at destroy: deleted after %llu ms\n",
+                  (unsigned long long)(ms_now() - t0));
+    assert_int_equal(ops->unwatch(w.st, id), PDX_OK);
+    assert_int_equal(ops->unwatch(w.st, id), PDX_ERR_NOT_FOUND);
+    client_close(&w);
+}
+
+static void test_watch_resume_after_restart(void **state)
+{
+    (void)state;
+    NEED_ETCD();
+    client_t w, pub;
+    client_open(&w, "watcher", g_etcd.url, "t-resume", 5000, 300, 128);
+    client_open(&pub, "pub", g_etcd.url, "t-resume", 3000, 100, 128);
+    uint64_t id;
+    assert_int_equal(ops->put(pub.st, "k/1", "v1", 2, 0), PDX_OK);
+    assert_int_equal(ops->watch(w.st, "k/", 0, PDX_STORE_WATCH_INITIAL, &id),
+                     PDX_OK);
+    assert_true(rec_wait(&w.rec, 0, PDX_STORE_EV_PUT, "k/1", 5000) >= 0);
+    /* A leased key of a live client must survive the restart. */
+    assert_true(ops->put(pub.st, "k/leased", "L", 1, PDX_STORE_PUT_LEASED) >=
+                0);
+    assert_true(wait_lease(&pub, 5000));
+    assert_true(rec_wait(&w.rec, 0, PDX_STORE_EV_PUT, "k/leased", 5000) >= 0);
+
+    etcd_kill(&g_etcd, SIGKILL);
+    /* Both clients notice; status says since when. */
+    uint64_t end = ms_now() + 5000;
+    pdx_store_status_t s;
+    do {
+        usleep(20000);
+        ops->status(w.st, &s);
+    } while (s.reachable && ms_now() < end);
+    assert_false(s.reachable);
+    assert_true(s.unreachable_since_ns > 0);
+    assert_true(strlen(s.last_error) > 0);
+    print_message("while down: %s\n", s.last_error);
+    /* Leased put while down: remembered, published when etcd is back. */
+    assert_int_equal(ops->put(pub.st, "k/late", "late", 4,
+                              PDX_STORE_PUT_LEASED),
+                     PDX_INPROGRESS);
+    void *v;
+    size_t len;
+    uint64_t t0 = ms_now();
+    assert_int_equal(ops->get(w.st, "k/1", &v, &len, NULL),
+                     PDX_ERR_UNAVAILABLE);
+    assert_true(ms_now() - t0 < 1500);
+
+    char err[256];
+    assert_int_equal(etcd_restart(&g_etcd, err, sizeof(err)), 0);
+    /* Changes made before the watcher reconnects must all be reported. */
+    client_t other;
+    client_open(&other, "other", g_etcd.url, "t-resume", 5000, 100, 128);
+    assert_int_equal(ops->put(other.st, "k/2", "v2", 2, 0), PDX_OK);
+    assert_int_equal(ops->del(other.st, "k/1"), PDX_OK);
+    assert_int_equal(ops->put(other.st, "k/3", "v3", 2, 0), PDX_OK);
+    assert_int_equal(ops->put(other.st, "k/2", "v2b", 3, 0), PDX_OK);
+    int i2 = rec_wait(&w.rec, 0, PDX_STORE_EV_PUT, "k/2", 10000);
+    int d1 = rec_wait(&w.rec, 0, PDX_STORE_EV_DELETE, "k/1", 10000);
+    int i3 = rec_wait(&w.rec, 0, PDX_STORE_EV_PUT, "k/3", 10000);
+    int i2b = i2 >= 0 ? rec_wait(&w.rec, i2 + 1, PDX_STORE_EV_PUT, "k/2", 10000)
+                      : -1;
+    int il = rec_wait(&w.rec, 0, PDX_STORE_EV_PUT, "k/late", 10000);
+    assert_true(i2 >= 0 && d1 > i2 && i3 > d1 && i2b > i3);
+    assert_true(il >= 0);
+    /* In revision order, each once. */
+    pthread_mutex_lock(&w.rec.lock);
+    for (int i = 1; i < w.rec.n; i++) {
+        assert_true(w.rec.ev[i].rev >= w.rec.ev[i - 1].rev);
+        if (w.rec.ev[i].rev == w.rec.ev[i - 1].rev) {
+            assert_true(strcmp(w.rec.ev[i].key, w.rec.ev[i - 1].key) != 0);
+        }
+    }
+    assert_string_equal(w.rec.ev[i2b].value, "v2b");
+    pthread_mutex_unlock(&w.rec.lock);
+    /* The leased key of the live client is still there. */
+    assert_int_equal(ops->get(other.st, "k/leased", &v, &len, NULL), PDX_OK);
+    free(v);
+    ops->status(w.st, &s);
+    assert_true(s.reachable);
+    assert_int_equal(s.watches, 1);
+    client_close(&other);
+    client_close(&pub);
+    client_close(&w);
+}
+
+static void test_watch_resync_after_compaction(void **state)
+{
+    (void)state;
+    NEED_ETCD();
+    client_t c, w;
+    client_open(&c, "c", g_etcd.url, "t-compact", 5000, 100, 128);
+    assert_int_equal(ops->put(c.st, "x/a", "1", 1, 0), PDX_OK);
+    void *v;
+    size_t len;
+    int64_t rev_a;
+    assert_int_equal(ops->get(c.st, "x/a", &v, &len, &rev_a), PDX_OK);
+    free(v);
+    assert_int_equal(ops->put(c.st, "x/b", "2", 1, 0), PDX_OK);
+    assert_int_equal(ops->del(c.st, "x/a"), PDX_OK);
+    assert_int_equal(ops->put(c.st, "x/c", "3", 1, 0), PDX_OK);
+    pdx_store_status_t s;
+    ops->status(c.st, &s);
+    /* Compact everything up to now with a raw request. */
+    cJSON *req = cJSON_CreateObject(), *resp = NULL;
+    etcd_json_add_i64(req, "revision", s.revision);
+    CURL *h = etcd_handle_get(c.st);
+    assert_int_equal(etcd_call(c.st, h, "/v3/kv/compaction", req, &resp, true,
+                               NULL, 0),
+                     PDX_OK);
+    etcd_handle_put(c.st, h);
+    cJSON_Delete(req);
+    cJSON_Delete(resp);
+    /* A watch from before the compaction lists the prefix instead. */
+    client_open(&w, "w", g_etcd.url, "t-compact", 5000, 100, 128);
+    uint64_t id;
+    assert_int_equal(ops->watch(w.st, "x/", rev_a, 0, &id), PDX_OK);
+    int ib = rec_wait(&w.rec, 0, PDX_STORE_EV_PUT, "x/b", 5000);
+    int ic = rec_wait(&w.rec, 0, PDX_STORE_EV_PUT, "x/c", 5000);
+    assert_true(ib >= 0 && ic >= 0);
+    pthread_mutex_lock(&w.rec.lock);
+    assert_true(w.rec.ev[ib].flags & PDX_STORE_EVF_RESYNC);
+    pthread_mutex_unlock(&w.rec.lock);
+    assert_true(rec_find(&w.rec, 0, PDX_STORE_EV_PUT, "x/a") < 0);
+    /* Then live events. */
+    int from = rec_count(&w.rec);
+    assert_int_equal(ops->put(c.st, "x/d", "4", 1, 0), PDX_OK);
+    int id_ = rec_wait(&w.rec, from, PDX_STORE_EV_PUT, "x/d", 5000);
+    assert_true(id_ >= 0);
+    pthread_mutex_lock(&w.rec.lock);
+    assert_false(w.rec.ev[id_].flags & PDX_STORE_EVF_RESYNC);
+    pthread_mutex_unlock(&w.rec.lock);
+    client_close(&w);
+    client_close(&c);
+}
+
+/* etcd frozen (SIGSTOP) longer than the TTL: requests time out (no RST,
+ * like a partition), the lease expires when it wakes, and the client gets
+ * a new one and publishes its keys again. */
+static void test_lease_lost_and_replaced(void **state)
+{
+    (void)state;
+    NEED_ETCD();
+    client_t c, w;
+    client_open(&c, "c", g_etcd.url, "t-lost", 2000, 100, 128);
+    client_open(&w, "w", g_etcd.url, "t-lost", 30000, 100, 128);
+    assert_true(ops->put(c.st, "agents/c", "blob1", 5, PDX_STORE_PUT_LEASED) >=
+                0);
+    assert_true(wait_lease(&c, 5000));
+    pdx_store_status_t s0;
+    ops->status(c.st, &s0);
+    assert_int_equal(s0.leases_granted, 1);
+    uint64_t id;
+    assert_int_equal(ops->watch(w.st, "agents/", 0, PDX_STORE_WATCH_INITIAL,
+                                &id),
+                     PDX_OK);
+    assert_true(rec_wait(&w.rec, 0, PDX_STORE_EV_PUT, "agents/c", 5000) >= 0);
+    kill(g_etcd.pid, SIGSTOP);
+    sleep(4);
+    pdx_store_status_t s;
+    ops->status(c.st, &s);
+    assert_false(s.reachable);
+    print_message("frozen: %s\n", s.last_error);
+    kill(g_etcd.pid, SIGCONT);
+    /* The old lease expired while frozen (etcd checks on wake), so the key
+     * is deleted, then published again under a new lease. */
+    int d = rec_wait(&w.rec, 0, PDX_STORE_EV_DELETE, "agents/c", 10000);
+    int p = d >= 0 ? rec_wait(&w.rec, d, PDX_STORE_EV_PUT, "agents/c", 10000)
+                   : -1;
+    uint64_t end = ms_now() + 10000;
+    do {
+        usleep(20000);
+        ops->status(c.st, &s);
+    } while ((s.leases_granted < 2 || s.unpublished) && ms_now() < end);
+    print_message("lease lost: delete event %d, republished %d, leases %llu\n",
+                  d, p, (unsigned long long)s.leases_granted);
+    if (d < 0) {
+        /* etcd renews every lease when it regains leadership after a
+         * stall; then the old lease simply lives on. */
+        assert_int_equal(s.lease, s0.lease);
+    } else {
+        assert_true(p > d);
+        assert_true(s.leases_granted >= 2);
+        assert_true(s.lease != s0.lease);
+    }
+    assert_true(s.reachable);
+    assert_int_equal(s.unpublished, 0);
+    client_close(&w);
+    client_close(&c);
+}
+
+typedef struct owners_acc {
+    uint32_t *n;
+    char (*first)[64];
+} owners_acc_t;
+
+static void on_owner(void *arg, size_t i, const char *owner)
+{
+    owners_acc_t *a = arg;
+    if (a->n[i] == 0) {
+        snprintf(a->first[i], 64, "%s", owner);
+    }
+    a->n[i]++;
+}
+
+static void test_owners_batched(void **state)
+{
+    (void)state;
+    NEED_ETCD();
+    enum { N = 300 };
+    char *hex[N];
+    for (int i = 0; i < N; i++) {
+        hex[i] = malloc(65);
+        snprintf(hex[i], 65, "%064x", i * 2654435761u);
+    }
+    client_t a, b;
+    client_open(&a, "own-a", g_etcd.url, "t-own", 5000, 100, 128);
+    client_open(&b, "own-b", g_etcd.url, "t-own", 5000, 100, 128);
+    assert_true(wait_lease(&a, 5000) && wait_lease(&b, 5000));
+    uint32_t counts[N];
+    pdx_store_status_t s0, s1;
+    ops->status(a.st, &s0);
+    assert_int_equal(ops->owners_add(a.st, "own-a", (const char *const *)hex,
+                                     N, counts),
+                     PDX_OK);
+    ops->status(a.st, &s1);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(counts[i], 1);
+    }
+    /* One transaction per 64 blocks (128 ops: put + count each). */
+    assert_int_equal(s1.requests - s0.requests, (N + 63) / 64);
+    assert_int_equal(ops->owners_add(b.st, "own-b", (const char *const *)hex,
+                                     N, counts),
+                     PDX_OK);
+    assert_int_equal(counts[0], 2);
+    assert_int_equal(counts[N - 1], 2);
+    /* A third owner in a child, killed later: its entries vanish. */
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        client_t c;
+        memset(&c, 0, sizeof(c));
+        c.host = (pdx_store_host_t){.agent_name = "own-c"};
+        pdx_store_params_t p = {.endpoints = g_etcd.url, .ns = "t-own",
+                                .lease_ttl_ms = 2000, .timeout_ms = 1000};
+        if (ops->create(&c.host, &p, &c.st) != PDX_OK) {
+            _exit(2);
+        }
+        pdx_store_status_t s;
+        for (int i = 0; i < 500; i++) {
+            ops->status(c.st, &s);
+            if (s.lease) {
+                break;
+            }
+            usleep(10000);
+        }
+        uint32_t cc[N];
+        char ok = ops->owners_add(c.st, "own-c", (const char *const *)hex, N,
+                                  cc) == PDX_OK &&
+                          cc[0] == 3 && cc[N - 1] == 3
+                      ? 'y' : 'n';
+        if (write(pfd[1], &ok, 1) != 1) {
+            _exit(3);
+        }
+        for (int i = 0; i < 600; i++) { /* until killed (bounded) */
+            usleep(100000);
+        }
+        _exit(0);
+    }
+    close(pfd[1]);
+    char ok = 0;
+    assert_int_equal(read(pfd[0], &ok, 1), 1);
+    close(pfd[0]);
+    if (ok != 'y') {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    assert_int_equal(ok, 'y');
+    uint32_t n[N];
+    char first[N][64];
+    owners_acc_t acc = {n, first};
+    memset(n, 0, sizeof(n));
+    assert_int_equal(ops->owners_get(a.st, (const char *const *)hex, N,
+                                     on_owner, &acc),
+                     PDX_OK);
+    for (int i = 0; i < N; i++) {
+        if (n[i] != 3) {
+            kill(pid, SIGKILL);
+        }
+        assert_int_equal(n[i], 3);
+    }
+    assert_string_equal(first[0], "own-a");
+    uint64_t t0 = ms_now();
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    do {
+        usleep(50000);
+        memset(n, 0, sizeof(n));
+        assert_int_equal(ops->owners_get(a.st, (const char *const *)hex, N,
+                                         on_owner, &acc),
+                         PDX_OK);
+    } while (n[0] > 2 && ms_now() - t0 < 8000);
+    print_message("owner killed: its entries gone after %llu ms\n",
+                  (unsigned long long)(ms_now() - t0));
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(n[i], 2);
+    }
+    /* Unregistering b leaves a alone. */
+    assert_int_equal(ops->owners_del(b.st, "own-b", (const char *const *)hex,
+                                     N),
+                     PDX_OK);
+    memset(n, 0, sizeof(n));
+    assert_int_equal(ops->owners_get(a.st, (const char *const *)hex, N,
+                                     on_owner, &acc),
+                     PDX_OK);
+    assert_int_equal(n[7], 1);
+    assert_string_equal(first[7], "own-a");
+    const char *bad[] = {"XYZ"};
+    assert_int_equal(ops->owners_add(a.st, "own-a", bad, 1, counts),
+                     PDX_ERR_INVALID);
+    client_close(&b);
+    client_close(&a);
+    for (int i = 0; i < N; i++) {
+        free(hex[i]);
+    }
+}
+
+static void test_unreachable_from_start(void **state)
+{
+    (void)state;
+    /* A port nobody listens on: create succeeds, status says why. */
+    char url[64];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d", 1);
+    client_t c;
+    client_open(&c, "lonely", url, "t-none", 2000, 100, 128);
+    assert_int_equal(ops->put(c.st, "agents/x", "b", 1, PDX_STORE_PUT_LEASED),
+                     PDX_INPROGRESS);
+    uint64_t end = ms_now() + 3000;
+    pdx_store_status_t s;
+    do {
+        usleep(20000);
+        ops->status(c.st, &s);
+    } while (s.unreachable_since_ns == 0 && ms_now() < end);
+    assert_false(s.reachable);
+    assert_true(s.unreachable_since_ns > 0);
+    assert_int_equal(s.lease, 0);
+    assert_int_equal(s.leased_keys, 1);
+    assert_int_equal(s.unpublished, 1);
+    assert_non_null(strstr(s.last_error, "127.0.0.1:1"));
+    void *v;
+    size_t len;
+    uint64_t t0 = ms_now();
+    for (int i = 0; i < 20; i++) { /* fail fast: no timeout each */
+        assert_int_equal(ops->get(c.st, "agents/x", &v, &len, NULL),
+                         PDX_ERR_UNAVAILABLE);
+    }
+    assert_true(ms_now() - t0 < 2000);
+    const char *blk[] = {"ab"};
+    assert_int_equal(ops->owners_add(c.st, "lonely", blk, 1, NULL),
+                     PDX_ERR_UNAVAILABLE);
+    int changes;
+    pthread_mutex_lock(&c.rec.lock);
+    changes = c.rec.state_changes;
+    pthread_mutex_unlock(&c.rec.lock);
+    assert_true(changes >= 1);
+    client_close(&c);
+}
+
+static int setup_all(void **state)
+{
+    (void)state;
+    if (!etcd_available(g_skip, sizeof(g_skip))) {
+        return 0;
+    }
+    char err[256];
+    if (etcd_start(&g_etcd, NULL, NULL, err, sizeof(err)) != 0) {
+        snprintf(g_skip, sizeof(g_skip), "%s", err);
+        fprintf(stderr, "etcd: %s\n", err);
+        return -1;
+    }
+    g_have_etcd = true;
+    return 0;
+}
+
+static int teardown_all(void **state)
+{
+    (void)state;
+    if (g_have_etcd) {
+        etcd_cleanup(&g_etcd);
+    }
+    return 0;
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_abi),
+        cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_b64_and_range_end),
+        cmocka_unit_test(test_unreachable_from_start),
+        cmocka_unit_test(test_kv),
+        cmocka_unit_test(test_lease_expiry),
+        cmocka_unit_test(test_owners_batched),
+        cmocka_unit_test(test_watch_resync_after_compaction),
+        cmocka_unit_test(test_watch_resume_after_restart),
+        cmocka_unit_test(test_lease_lost_and_replaced),
+    };
+    return cmocka_run_group_tests(tests, setup_all, teardown_all);
+}
