@@ -1,0 +1,129 @@
+/* pdx Python binding: declarations shared by the extension's C files.
+ *
+ * Every object that wraps a pdx handle counts the calls in progress on it
+ * ("uses", changed only with the GIL held) and is closed in two steps:
+ * mark it closing (new calls raise pdx.Closed), wait with the GIL released
+ * until no call is running, then free the handle. Children (registrations,
+ * prepared lists, requests) hold a strong reference to their Agent and are
+ * dead once it is closed: pdx_agent_destroy freed their handles, so they
+ * never touch them again. */
+#ifndef PDXPY_H
+#define PDXPY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+
+#include <pdx/kv_connector.h>
+#include <pdx/pdx.h>
+
+/* ---- optional C API (declared, maybe not exported by this libpdx.so) */
+
+typedef pdx_status_t (*pdxpy_peer_info_fn)(pdx_agent_h, const char *,
+                                           pdx_peer_info_t *,
+                                           pdx_region_info_t *, size_t);
+typedef pdx_status_t (*pdxpy_telemetry_fn)(pdx_xfer_h,
+                                           pdx_xfer_telemetry_t *);
+typedef pdx_status_t (*pdxpy_stats_fn)(pdx_agent_h, const char *,
+                                       pdx_stats_t *);
+typedef pdx_status_t (*pdxpy_stats_json_fn)(pdx_agent_h, char **);
+
+typedef struct pdxpy_optional {
+    pdxpy_peer_info_fn peer_info;
+    pdxpy_telemetry_fn xfer_telemetry;
+    pdxpy_stats_fn stats_backend;
+    pdxpy_stats_fn stats_peer;
+    pdxpy_stats_json_fn stats_json;
+} pdxpy_optional_t;
+
+extern pdxpy_optional_t pdxpy_opt;
+
+/* Raise pdx.Unsupported naming `fn` when it is NULL. */
+int pdxpy_require(const void *fn, const char *name);
+
+/* ---- errors */
+
+/* Raise the exception class of `st` with `msg` (NULL: pdx_last_error(),
+ * else "<what>: <status string>"). Always returns NULL. */
+PyObject *pdxpy_raise(pdx_status_t st, const char *what, const char *msg);
+/* The exception for using a closed or released object. */
+PyObject *pdxpy_closed(const char *what);
+/* Copy pdx_last_error() (or a fallback) into buf. */
+void pdxpy_last_error(char *buf, size_t len, pdx_status_t st,
+                      const char *what);
+extern PyObject *pdxpy_Error;
+PyObject *pdxpy_exc_for(pdx_status_t st);
+
+/* ---- helpers */
+
+/* "DRAM"/"VRAM"/"cpu"/"cuda"/0/1/None(default) -> mem type. */
+int pdxpy_mem_type(PyObject *o, pdx_mem_type_t dflt, pdx_mem_type_t *out);
+/* Wait with the GIL released until *uses is 0. */
+void pdxpy_wait_unused(int *uses);
+/* The bytes-like or str argument `o` as (ptr, len); `view` must be
+ * released with PyBuffer_Release when view->obj is set. */
+int pdxpy_bytes_arg(PyObject *o, Py_buffer *view, const char **p,
+                    Py_ssize_t *len);
+/* A sequence of ints or a 1-D integer buffer as a malloc'd (or `stack`)
+ * array of uint32 or uint64 (elem 4 or 8). */
+int pdxpy_int_array(PyObject *o, size_t elem, void *stack, size_t stack_n,
+                    void **out, size_t *n);
+/* (addr, len) of an object: buffer, tuple, data_ptr()/CUDA interface. */
+typedef struct pdxpy_mem {
+    uint64_t addr;
+    uint64_t len;
+    pdx_mem_type_t mem_type;
+    uint32_t dev;
+    Py_buffer view; /* held when view.obj != NULL */
+    PyObject *owner; /* new reference to keep alive, or NULL */
+} pdxpy_mem_t;
+int pdxpy_mem_from_object(PyObject *o, PyObject *mem_type, PyObject *device,
+                          int writable, pdxpy_mem_t *m);
+void pdxpy_mem_clear(pdxpy_mem_t *m);
+/* Monotonic seconds. */
+double pdxpy_now(void);
+
+/* ---- types */
+
+typedef struct AgentObject {
+    PyObject_HEAD
+    pdx_agent_h h;
+    int closing;
+    int uses;
+    int progress_thread;
+    PyObject *name;
+    PyObject *weakreflist;
+} AgentObject;
+
+typedef struct DescListObject {
+    PyObject_HEAD
+    pdx_desc_t *descs;
+    size_t count;
+    pdx_mem_type_t mem_type;
+} DescListObject;
+
+extern PyTypeObject pdxpy_AgentType;
+extern PyTypeObject pdxpy_MemRegType;
+extern PyTypeObject pdxpy_DescListType;
+extern PyTypeObject pdxpy_DListType;
+extern PyTypeObject pdxpy_XferType;
+extern PyTypeObject pdxpy_SharedMemoryType;
+extern PyTypeObject pdxpy_KVConfigType;
+extern PyTypeObject pdxpy_HasherType;
+extern PyTypeObject pdxpy_LayoutType;
+extern PyTypeObject pdxpy_KVConnectorType;
+
+/* DescList from a DescList, a list of (addr, len[, dev[, ...]]) tuples or
+ * an N x 3 integer buffer. New reference. */
+DescListObject *pdxpy_desclist_from(PyObject *o, PyObject *mem_type);
+/* An uninitialised DescList of n descriptors. */
+DescListObject *pdxpy_desclist_new(size_t n, pdx_mem_type_t mt);
+
+int pdxpy_agent_enter(AgentObject *a);
+#define pdxpy_agent_leave(a) ((a)->uses--)
+
+PyObject *pdxpy_mem_alloc(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *pdxpy_mem_attach(PyObject *self, PyObject *args, PyObject *kw);
+
+#endif
