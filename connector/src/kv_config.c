@@ -17,6 +17,8 @@
 #include <pdx/kv_config.h>
 #include <pdx/kv_hash.h>
 
+#include "kv_call.h"
+
 /* Integers JSON carries exactly (IEEE doubles): 2^53. */
 #define JSON_INT_MAX 9007199254740992ull
 #define PATH_MAX_LEN 192
@@ -40,18 +42,34 @@ typedef struct cfg_ctx {
 static pdx_status_t fail_st(cfg_ctx_t *c, pdx_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* The message goes to `err` and, as an error line, to the log (and so to
+ * pdx_last_error()), whether or not the caller gave a buffer. */
 static pdx_status_t fail_st(cfg_ctx_t *c, pdx_status_t st, const char *fmt, ...)
 {
-    if (c->err == NULL || c->err_len == 0)
-        return st;
-    int n = snprintf(c->err, c->err_len, "%s: ", c->name);
-    if (n >= 0 && (size_t)n < c->err_len) {
+    char msg[1024];
+    int n = snprintf(msg, sizeof(msg), "%s: ", c->name);
+    if (n >= 0 && (size_t)n < sizeof(msg)) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(c->err + n, c->err_len - (size_t)n, fmt, ap);
+        vsnprintf(msg + n, sizeof(msg) - (size_t)n, fmt, ap);
         va_end(ap);
     }
+    if (c->err != NULL && c->err_len > 0)
+        snprintf(c->err, c->err_len, "%s", msg);
+    pdx_error("kv config %s", msg);
     return st;
+}
+
+/* A NULL required argument: logged with the function named, and in `err`. */
+static bool cfg_arg_ok(const void *p, const char *fn, const char *what,
+                       char *err, size_t err_len)
+{
+    if (p != NULL)
+        return true;
+    kv_arg_ok(p, fn, what);
+    if (err != NULL && err_len > 0)
+        snprintf(err, err_len, "%s: %s is NULL", fn, what);
+    return false;
 }
 
 #define fail(c, ...) fail_st((c), PDX_ERR_CONFIG, __VA_ARGS__)
@@ -1247,9 +1265,9 @@ static pdx_status_t check_text(cfg_ctx_t *c, const char *text, size_t len,
 
 /* ---- public ------------------------------------------------------- */
 
-pdx_status_t pdx_kv_config_parse(const char *json, size_t len, const char *name,
-                                 pdx_kv_config_t *cfg, char *err,
-                                 size_t err_len)
+static pdx_status_t config_parse(const char *json, size_t len,
+                                 const char *name, pdx_kv_config_t *cfg,
+                                 char *err, size_t err_len)
 {
     cfg_ctx_t c = {.name = name != NULL ? name : "<memory>",
                    .err = err,
@@ -1258,8 +1276,6 @@ pdx_status_t pdx_kv_config_parse(const char *json, size_t len, const char *name,
                    .path_len = 1};
     if (err != NULL && err_len > 0)
         err[0] = '\0';
-    if ((json == NULL && len > 0) || cfg == NULL)
-        return fail_st(&c, PDX_ERR_INVALID, "NULL argument");
     if (len > PDX_KV_CONFIG_MAX_BYTES)
         return fail(&c, "%zu bytes, more than the %u a config may have", len,
                     PDX_KV_CONFIG_MAX_BYTES);
@@ -1339,15 +1355,23 @@ pdx_status_t pdx_kv_config_parse(const char *json, size_t len, const char *name,
     return st;
 }
 
-pdx_status_t pdx_kv_config_load(const char *path, pdx_kv_config_t *cfg,
+pdx_status_t pdx_kv_config_parse(const char *json, size_t len, const char *name,
+                                 pdx_kv_config_t *cfg, char *err,
+                                 size_t err_len)
+{
+    KV_ENTER();
+    if ((len > 0 && !cfg_arg_ok(json, __func__, "json", err, err_len)) ||
+        !cfg_arg_ok(cfg, __func__, "cfg", err, err_len))
+        KV_LEAVE(PDX_ERR_INVALID);
+    KV_LEAVE(config_parse(json, len, name, cfg, err, err_len));
+}
+
+static pdx_status_t config_load(const char *path, pdx_kv_config_t *cfg,
                                 char *err, size_t err_len)
 {
-    cfg_ctx_t c = {
-        .name = path != NULL ? path : "<NULL>", .err = err, .err_len = err_len};
+    cfg_ctx_t c = {.name = path, .err = err, .err_len = err_len};
     if (err != NULL && err_len > 0)
         err[0] = '\0';
-    if (path == NULL || cfg == NULL)
-        return fail_st(&c, PDX_ERR_INVALID, "NULL argument");
 
     char ebuf[128];
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -1404,29 +1428,43 @@ pdx_status_t pdx_kv_config_load(const char *path, pdx_kv_config_t *cfg,
     }
     close(fd);
     if (st == PDX_OK)
-        st = pdx_kv_config_parse(buf, len, path, cfg, err, err_len);
+        st = config_parse(buf, len, path, cfg, err, err_len);
     free(buf);
     return st;
 }
 
+pdx_status_t pdx_kv_config_load(const char *path, pdx_kv_config_t *cfg,
+                                char *err, size_t err_len)
+{
+    KV_ENTER();
+    if (!cfg_arg_ok(path, __func__, "path", err, err_len) ||
+        !cfg_arg_ok(cfg, __func__, "cfg", err, err_len))
+        KV_LEAVE(PDX_ERR_INVALID);
+    KV_LEAVE(config_load(path, cfg, err, err_len));
+}
+
 uint64_t pdx_kv_config_bytes_per_block(const pdx_kv_config_t *cfg)
 {
-    if (cfg == NULL)
-        return 0;
+    KV_ENTER();
+    if (!KV_ARG_OK(cfg, "cfg"))
+        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
     uint64_t per_token =
         (uint64_t)cfg->num_layers * cfg->mla_bytes_per_token +
         (uint64_t)cfg->n_index_k_layers * cfg->index_k_bytes_per_token +
         (uint64_t)cfg->mtp_layers *
             ((uint64_t)cfg->mla_bytes_per_token + cfg->index_k_bytes_per_token);
-    return per_token * cfg->block_tokens;
+    KV_LEAVE_VAL(PDX_OK, per_token * cfg->block_tokens);
 }
 
 uint32_t pdx_kv_config_num_arenas(const pdx_kv_config_t *cfg)
 {
-    if (cfg == NULL)
-        return 0;
-    return cfg->num_layers + cfg->n_index_k_layers +
-           cfg->mtp_layers * (cfg->index_k_bytes_per_token > 0 ? 2u : 1u);
+    KV_ENTER();
+    if (!KV_ARG_OK(cfg, "cfg"))
+        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    KV_LEAVE_VAL(PDX_OK,
+                 cfg->num_layers + cfg->n_index_k_layers +
+                     cfg->mtp_layers *
+                         (cfg->index_k_bytes_per_token > 0 ? 2u : 1u));
 }
 
 static pdx_status_t add_arena(pdx_layout_h l, const pdx_kv_config_t *cfg,
@@ -1438,12 +1476,17 @@ static pdx_status_t add_arena(pdx_layout_h l, const pdx_kv_config_t *cfg,
         cfg->mem_type == PDX_MEM_VRAM ? cfg->device : 0);
 }
 
-pdx_status_t pdx_kv_config_layout(const pdx_kv_config_t *cfg,
-                                  pdx_layout_h *layout_p)
+static pdx_status_t config_layout(const pdx_kv_config_t *cfg,
+                                 pdx_layout_h *layout_p)
 {
-    if (cfg == NULL || layout_p == NULL || cfg->block_tokens == 0 ||
-        cfg->n_index_k_layers > PDX_KV_MAX_INDEX_LAYERS)
+    if (cfg->block_tokens == 0 ||
+        cfg->n_index_k_layers > PDX_KV_MAX_INDEX_LAYERS) {
+        pdx_error("kv config %.256s: layout: block_tokens %u (must be > 0), "
+                  "%u index-K layers (at most %d)",
+                  cfg->source, cfg->block_tokens, cfg->n_index_k_layers,
+                  PDX_KV_MAX_INDEX_LAYERS);
         return PDX_ERR_INVALID;
+    }
     pdx_layout_h l;
     pdx_status_t st = pdx_layout_create(cfg->block_tokens, &l);
     if (st != PDX_OK)
@@ -1461,8 +1504,13 @@ pdx_status_t pdx_kv_config_layout(const pdx_kv_config_t *cfg,
     }
     /* A list that is not increasing or runs past num_layers (a struct not
      * made by the loader) would silently drop arenas. */
-    if (st == PDX_OK && next_idx != cfg->n_index_k_layers)
+    if (st == PDX_OK && next_idx != cfg->n_index_k_layers) {
+        pdx_error("kv config %.256s: layout: index_k_layers is not an "
+                  "increasing list below num_layers %u (%u of %u used)",
+                  cfg->source, cfg->num_layers, next_idx,
+                  cfg->n_index_k_layers);
         st = PDX_ERR_INVALID;
+    }
     for (uint32_t i = 0; i < cfg->mtp_layers && st == PDX_OK; i++) {
         uint32_t layer = cfg->num_layers + i;
         st = add_arena(l, cfg, "mtp", layer, PDX_KV_KIND_MLA, 1,
@@ -1479,11 +1527,27 @@ pdx_status_t pdx_kv_config_layout(const pdx_kv_config_t *cfg,
     return PDX_OK;
 }
 
+pdx_status_t pdx_kv_config_layout(const pdx_kv_config_t *cfg,
+                                  pdx_layout_h *layout_p)
+{
+    KV_ENTER();
+    if (!KV_ARG_OK(cfg, "cfg") || !KV_ARG_OK(layout_p, "layout_p"))
+        KV_LEAVE(PDX_ERR_INVALID);
+    KV_LEAVE(config_layout(cfg, layout_p));
+}
+
 size_t pdx_kv_config_backend_opts(const pdx_kv_config_t *cfg, uint32_t backend,
                                   pdx_kv_t *out, size_t max)
 {
-    if (cfg == NULL || backend >= cfg->nbackends)
-        return 0;
+    KV_ENTER();
+    if (!KV_ARG_OK(cfg, "cfg"))
+        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    if (backend >= cfg->nbackends) {
+        pdx_error("kv config %.256s: backend index %u out of range (%u "
+                  "backends)",
+                  cfg->source, backend, cfg->nbackends);
+        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    }
     size_t n = 0;
     for (uint32_t i = 0; i < cfg->nbackend_opts && i < PDX_KV_MAX_BACKEND_OPTS;
          i++) {
@@ -1495,5 +1559,5 @@ size_t pdx_kv_config_backend_opts(const pdx_kv_config_t *cfg, uint32_t backend,
         }
         n++;
     }
-    return n;
+    KV_LEAVE_VAL(PDX_OK, n);
 }

@@ -15,6 +15,8 @@
 #include <pdx/notif.h>
 #include <pdx/xfer.h>
 
+#include "kv_call.h"
+
 #define MSG_PREFIX "pdxkv:"
 #define SAVE_QUEUE 4096
 
@@ -64,6 +66,7 @@ typedef struct waiter {
 } waiter_t;
 
 struct pdx_kv_connector {
+    uint32_t magic; /* PDX_MAGIC_CONN; first, as pdx_call.h requires */
     pthread_mutex_t lock;
     pthread_cond_t cv; /* save progress */
     pdx_kv_config_t cfg;
@@ -98,7 +101,12 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-void pdx_kv_free(void *p) { free(p); }
+void pdx_kv_free(void *p)
+{
+    KV_ENTER();
+    free(p);
+    KV_LEAVE_VOID(PDX_OK);
+}
 
 static pdx_offload_key_t key_of(const pdx_block_hash_t *h)
 {
@@ -120,6 +128,29 @@ static int valid_req(const char *req)
         }
     }
     return 1;
+}
+
+/* `req` of an entry point, whose id must be valid (logged otherwise). */
+static bool req_arg_ok(pdx_kv_connector_h c, const char *fn,
+                       const pdx_kv_request_t *r)
+{
+    if (!kv_arg_ok(r, fn, "req") || !kv_arg_ok(r->req_id, fn, "req->req_id")) {
+        return false;
+    }
+    if (!valid_req(r->req_id)) {
+        pdx_call_fail(PDX_ERR_INVALID,
+                      "%s: kv connector %s: req->req_id of %zu bytes is not "
+                      "1..%d printable ASCII characters",
+                      fn, c->cfg.agent_name, strnlen(r->req_id, 4096),
+                      PDX_KV_REQ_ID_MAX - 1);
+        return false;
+    }
+    if (r->nfull > 0 && r->hashes == NULL) {
+        pdx_call_fail(PDX_ERR_INVALID, "%s: req->hashes is NULL (nfull %zu)",
+                      fn, r->nfull);
+        return false;
+    }
+    return true;
 }
 
 /* Save worker: gathers each block's arena slices into a reserved pool slot
@@ -195,7 +226,12 @@ static pdx_status_t set_invariants(pdx_kv_connector_h c)
              "%zu arenas, %llu B per block", c->cfg.agent_name, hex,
              c->cfg.hash_algo, (unsigned long long)fp, c->narenas,
              (unsigned long long)c->block_bytes);
-    return st == PDX_OK ? PDX_OK : PDX_ERR_INVALID;
+    if (st != PDX_OK) {
+        pdx_error("kv connector %s: cannot set the invariants on its agent",
+                  c->cfg.agent_name);
+        return PDX_ERR_INVALID;
+    }
+    return PDX_OK;
 }
 
 static pdx_status_t setup_children(pdx_kv_connector_h c)
@@ -237,27 +273,30 @@ static pdx_status_t setup_children(pdx_kv_connector_h c)
     }
     c->queue = calloc(SAVE_QUEUE, sizeof(*c->queue));
     if (c->queue == NULL) {
+        pdx_error("kv connector %s: out of memory for the save queue",
+                  c->cfg.agent_name);
         return PDX_ERR_NOMEM;
     }
-    if (pthread_create(&c->worker, NULL, save_main, c) != 0) {
+    int rc = pthread_create(&c->worker, NULL, save_main, c);
+    if (rc != 0) {
+        pdx_error("kv connector %s: cannot start the save worker: %s",
+                  c->cfg.agent_name, strerror(rc));
         return PDX_ERR_IO;
     }
     c->worker_running = true;
     return PDX_OK;
 }
 
-pdx_status_t pdx_kv_connector_create(const pdx_kv_connector_params_t *params,
+static void connector_destroy(pdx_kv_connector_h c);
+
+static pdx_status_t connector_create(const pdx_kv_connector_params_t *params,
                                      pdx_kv_connector_h *conn_p)
 {
-    if (params == NULL || conn_p == NULL ||
-        !(params->field_mask & PDX_KV_PARAM_CONFIG) ||
-        !(params->field_mask & PDX_KV_PARAM_LAYOUT) ||
-        params->config == NULL || params->layout == NULL) {
-        return PDX_ERR_INVALID;
-    }
     pdx_status_t st;
-    pdx_kv_connector_h c = calloc(1, sizeof(*c));
+    pdx_kv_connector_h c = pdx_handle_alloc(sizeof(*c), PDX_MAGIC_CONN);
     if (c == NULL) {
+        pdx_error("kv connector %s: out of memory",
+                  params->config->agent_name);
         return PDX_ERR_NOMEM;
     }
     pthread_mutex_init(&c->lock, NULL);
@@ -272,12 +311,16 @@ pdx_status_t pdx_kv_connector_create(const pdx_kv_connector_params_t *params,
     c->block_tokens = pdx_layout_block_tokens(c->layout);
     c->block_bytes = pdx_layout_bytes_per_block(c->layout);
     if (c->narenas == 0) {
+        pdx_error("kv connector %s: the layout has no arenas",
+                  c->cfg.agent_name);
         st = PDX_ERR_INVALID;
         goto err;
     }
     c->arenas = calloc(c->narenas, sizeof(*c->arenas));
     c->arena_off = calloc(c->narenas, sizeof(*c->arena_off));
     if (c->arenas == NULL || c->arena_off == NULL) {
+        pdx_error("kv connector %s: out of memory for %zu arenas",
+                  c->cfg.agent_name, c->narenas);
         st = PDX_ERR_NOMEM;
         goto err;
     }
@@ -348,8 +391,33 @@ pdx_status_t pdx_kv_connector_create(const pdx_kv_connector_params_t *params,
     *conn_p = c;
     return PDX_OK;
 err:
-    pdx_kv_connector_destroy(c);
+    connector_destroy(c);
     return st;
+}
+
+pdx_status_t pdx_kv_connector_create(const pdx_kv_connector_params_t *params,
+                                     pdx_kv_connector_h *conn_p)
+{
+    KV_ENTER();
+    if (!KV_ARG_OK(params, "params") || !KV_ARG_OK(conn_p, "conn_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if (!(params->field_mask & PDX_KV_PARAM_CONFIG) ||
+        params->config == NULL) {
+        pdx_call_fail(PDX_ERR_INVALID,
+                      "%s: params->config is NULL or not in field_mask",
+                      __func__);
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if (!(params->field_mask & PDX_KV_PARAM_LAYOUT)) {
+        pdx_call_fail(PDX_ERR_INVALID, "%s: params->layout not in field_mask",
+                      __func__);
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if (!KV_LAYOUT_OK(params->layout, "params->layout")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    KV_LEAVE(connector_create(params, conn_p));
 }
 
 static void free_held(pdx_kv_connector_h c, held_t *h,
@@ -372,11 +440,8 @@ static void free_held(pdx_kv_connector_h c, held_t *h,
     free(h);
 }
 
-void pdx_kv_connector_destroy(pdx_kv_connector_h c)
+static void connector_destroy(pdx_kv_connector_h c)
 {
-    if (c == NULL) {
-        return;
-    }
     pthread_mutex_lock(&c->lock);
     c->stop = true;
     pthread_cond_broadcast(&c->cv);
@@ -423,30 +488,64 @@ void pdx_kv_connector_destroy(pdx_kv_connector_h c)
     free(c->arena_off);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->lock);
-    free(c);
+    pdx_handle_release(c);
 }
 
-pdx_agent_h pdx_kv_connector_agent(pdx_kv_connector_h c) { return c->agent; }
+void pdx_kv_connector_destroy(pdx_kv_connector_h c)
+{
+    KV_ENTER();
+    if (c == NULL) { /* like free(NULL) */
+        KV_LEAVE_VOID(PDX_OK);
+    }
+    if (!KV_CONN_OK(c)) {
+        KV_LEAVE_VOID(PDX_ERR_INVALID);
+    }
+    connector_destroy(c);
+    KV_LEAVE_VOID(PDX_OK);
+}
+
+pdx_agent_h pdx_kv_connector_agent(pdx_kv_connector_h c)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c)) {
+        KV_LEAVE_VAL(PDX_ERR_INVALID, NULL);
+    }
+    KV_LEAVE_VAL(PDX_OK, c->agent);
+}
+
 pdx_hasher_h pdx_kv_connector_hasher(pdx_kv_connector_h c)
 {
-    return c->hasher;
+    KV_ENTER();
+    if (!KV_CONN_OK(c)) {
+        KV_LEAVE_VAL(PDX_ERR_INVALID, NULL);
+    }
+    KV_LEAVE_VAL(PDX_OK, c->hasher);
 }
 
 pdx_status_t pdx_kv_connector_describe(pdx_kv_connector_h c, void **blob_p,
                                        size_t *len_p)
 {
-    return pdx_agent_describe(c->agent, blob_p, len_p);
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !KV_ARG_OK(blob_p, "blob_p") ||
+        !KV_ARG_OK(len_p, "len_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    KV_LEAVE(pdx_agent_describe(c->agent, blob_p, len_p));
 }
 
 pdx_status_t pdx_kv_connector_connect(pdx_kv_connector_h c, const void *blob,
                                       size_t len, char *peer_name_out)
 {
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !KV_ARG_OK(blob, "blob")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
     pdx_status_t st = pdx_peer_load(c->agent, blob, len, peer_name_out);
     if (st == PDX_ERR_MISMATCH) {
         pdx_error("kv: node %s refuses the peer: invariants differ (see the "
                   "line above for the field)", c->cfg.agent_name);
     }
-    return st;
+    KV_LEAVE(st);
 }
 
 /* Handoff parameters, parsed. */
@@ -542,6 +641,8 @@ static pdx_status_t handoff_parse(const char *json, size_t narenas,
     h->n = (size_t)cJSON_GetArraySize(hs);
     h->hashes = calloc(h->n ? h->n : 1, sizeof(*h->hashes));
     if (h->hashes == NULL) {
+        pdx_error("kv: handoff of %s: out of memory for %zu hashes", h->req,
+                  h->n);
         st = PDX_ERR_NOMEM;
         goto out;
     }
@@ -601,12 +702,14 @@ out:
 pdx_status_t pdx_kv_params_check(const char *params, size_t len,
                                  size_t narenas)
 {
-    if (params == NULL) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_ARG_OK(params, "params")) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
-    char *text = malloc(len + 1);
+    char *text = len < SIZE_MAX ? malloc(len + 1) : NULL;
     if (text == NULL) {
-        return PDX_ERR_NOMEM;
+        pdx_error("kv: params check: out of memory for %zu bytes", len);
+        KV_LEAVE(PDX_ERR_NOMEM);
     }
     memcpy(text, params, len);
     text[len] = '\0';
@@ -616,7 +719,7 @@ pdx_status_t pdx_kv_params_check(const char *params, size_t len,
         handoff_free(&h);
     }
     free(text);
-    return st;
+    KV_LEAVE(st);
 }
 
 static size_t cap_tokens(const pdx_kv_request_t *r, size_t tokens)
@@ -670,13 +773,9 @@ static bool save_in_flight(pdx_kv_connector_h c, const pdx_offload_key_t *k)
     return false;
 }
 
-pdx_status_t pdx_kv_lookup(pdx_kv_connector_h c, const pdx_kv_request_t *r,
+static pdx_status_t lookup(pdx_kv_connector_h c, const pdx_kv_request_t *r,
                            pdx_kv_match_t *match_p)
 {
-    if (r == NULL || match_p == NULL || !valid_req(r->req_id) ||
-        (r->nfull > 0 && r->hashes == NULL)) {
-        return PDX_ERR_INVALID;
-    }
     pdx_kv_match_t m = {0};
     pdx_status_t st = PDX_OK;
     pthread_mutex_lock(&c->lock);
@@ -704,6 +803,9 @@ pdx_status_t pdx_kv_lookup(pdx_kv_connector_h c, const pdx_kv_request_t *r,
                    ch->mode != PDX_KV_OFFLOAD_SAVE_ONLY && r->nfull > 0) {
             pdx_offload_key_t *keys = malloc(r->nfull * sizeof(*keys));
             if (keys == NULL) {
+                pdx_error("kv connector %s: lookup %s: out of memory for %zu "
+                          "keys",
+                          c->cfg.agent_name, r->req_id, r->nfull);
                 st = PDX_ERR_NOMEM;
                 break;
             }
@@ -765,6 +867,17 @@ pdx_status_t pdx_kv_lookup(pdx_kv_connector_h c, const pdx_kv_request_t *r,
     return st;
 }
 
+pdx_status_t pdx_kv_lookup(pdx_kv_connector_h c, const pdx_kv_request_t *r,
+                           pdx_kv_match_t *match_p)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !req_arg_ok(c, __func__, r) ||
+        !KV_ARG_OK(match_p, "match_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    KV_LEAVE(lookup(c, r, match_p));
+}
+
 static load_rec_t *find_load(pdx_kv_connector_h c, const char *req)
 {
     for (load_rec_t *l = c->loads; l != NULL; l = l->next) {
@@ -794,8 +907,23 @@ static pdx_status_t load_remote(pdx_kv_connector_h c,
     }
     size_t nb = m->blocks + (m->tail ? 1 : 0);
     size_t n = nb * c->narenas, j = 0;
-    pdx_desc_t *l = malloc(n * sizeof(*l)), *rm = malloc(n * sizeof(*rm));
+    pdx_desc_t *l = NULL, *rm = NULL;
+    if (m->blocks > h.n || (m->tail && !h.has_tail)) {
+        /* A match that is not this handoff's: never index past it. */
+        pdx_error("kv connector %s: load %s: match of %zu blocks%s exceeds "
+                  "the handoff's %zu blocks%s",
+                  c->cfg.agent_name, r->req_id, m->blocks,
+                  m->tail ? " and a tail" : "", h.n,
+                  h.has_tail ? " and a tail" : "");
+        st = PDX_ERR_INVALID;
+        goto out;
+    }
+    l = malloc(n * sizeof(*l));
+    rm = malloc(n * sizeof(*rm));
     if (l == NULL || rm == NULL) {
+        pdx_error("kv connector %s: load %s: out of memory for %zu "
+                  "descriptors",
+                  c->cfg.agent_name, r->req_id, n);
         st = PDX_ERR_NOMEM;
         goto out;
     }
@@ -846,6 +974,10 @@ static pdx_status_t load_remote(pdx_kv_connector_h c,
                   nb, h.agent, pdx_xfer_segments(rec->xfer));
         st = PDX_OK;
     } else {
+        pdx_error("kv connector %s: load %s: the read from %s did not start: "
+                  "%s",
+                  c->cfg.agent_name, r->req_id, h.agent,
+                  pdx_status_string(st));
         pdx_xfer_release(rec->xfer);
         rec->xfer = NULL;
     }
@@ -863,6 +995,8 @@ static pdx_status_t load_offload(pdx_kv_connector_h c,
     size_t nb = m->blocks + (m->tail ? 1 : 0);
     pdx_offload_key_t *keys = malloc((nb ? nb : 1) * sizeof(*keys));
     if (keys == NULL) {
+        pdx_error("kv connector %s: load %s: out of memory for %zu keys",
+                  c->cfg.agent_name, r->req_id, nb);
         return PDX_ERR_NOMEM;
     }
     for (size_t b = 0; b < m->blocks; b++) {
@@ -896,13 +1030,9 @@ static pdx_status_t load_offload(pdx_kv_connector_h c,
     return PDX_OK;
 }
 
-pdx_status_t pdx_kv_load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
+static pdx_status_t load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
                          const pdx_kv_match_t *m, const uint64_t *ids)
 {
-    if (r == NULL || m == NULL || !valid_req(r->req_id) ||
-        (ids == NULL && (m->blocks > 0 || m->tail))) {
-        return PDX_ERR_INVALID;
-    }
     pdx_status_t st, copied = PDX_OK;
     if (m->source == PDX_KV_SOURCE_OFFLOAD && c->pool != NULL &&
         (m->blocks > 0 || m->tail)) {
@@ -919,6 +1049,8 @@ pdx_status_t pdx_kv_load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
     load_rec_t *rec = calloc(1, sizeof(*rec));
     if (rec == NULL) {
         pthread_mutex_unlock(&c->lock);
+        pdx_error("kv connector %s: load %s: out of memory",
+                  c->cfg.agent_name, r->req_id);
         return PDX_ERR_NOMEM;
     }
     snprintf(rec->req, sizeof(rec->req), "%s", r->req_id);
@@ -933,6 +1065,10 @@ pdx_status_t pdx_kv_load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
         st = copied;
         rec->status = st;
     } else {
+        pdx_error("kv connector %s: load %s: match source %d has no child "
+                  "here to load from (remote needs req->params and a remote "
+                  "child, offload an offload child)",
+                  c->cfg.agent_name, r->req_id, (int)m->source);
         st = PDX_ERR_INVALID;
     }
     if (st != PDX_OK && st != PDX_ERR_NOT_FOUND) {
@@ -949,16 +1085,45 @@ pdx_status_t pdx_kv_load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
     return PDX_OK;
 }
 
+pdx_status_t pdx_kv_load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
+                         const pdx_kv_match_t *m, const uint64_t *ids)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !req_arg_ok(c, __func__, r) ||
+        !KV_ARG_OK(m, "match")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if ((m->blocks > 0 || m->tail) && !KV_ARG_OK(ids, "block_ids")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if (m->blocks > r->nfull || (m->tail && !r->has_tail)) {
+        pdx_error("kv connector %s: load %s: match of %zu blocks%s exceeds "
+                  "the request's %zu blocks%s",
+                  c->cfg.agent_name, r->req_id, m->blocks,
+                  m->tail ? " and a tail" : "", r->nfull,
+                  r->has_tail ? " and a tail" : "");
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    KV_LEAVE(load(c, r, m, ids));
+}
+
 pdx_status_t pdx_kv_load_abort(pdx_kv_connector_h c, const char *req_id)
 {
-    if (req_id == NULL) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !KV_ARG_OK(req_id, "req_id")) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&c->lock);
     load_rec_t *l = find_load(c, req_id);
     if (l == NULL || l->aborted) {
+        bool aborting = l != NULL;
         pthread_mutex_unlock(&c->lock);
-        return PDX_ERR_NOT_FOUND;
+        pdx_error("kv connector %s: load abort: %s request %.*s",
+                  c->cfg.agent_name,
+                  aborting ? "already aborting the load of"
+                           : "no load is known of",
+                  PDX_KV_REQ_ID_MAX, req_id);
+        KV_LEAVE(PDX_ERR_NOT_FOUND);
     }
     l->aborted = true;
     if (l->xfer != NULL) {
@@ -972,15 +1137,12 @@ pdx_status_t pdx_kv_load_abort(pdx_kv_connector_h c, const char *req_id)
         }
     }
     pthread_mutex_unlock(&c->lock);
-    return PDX_OK;
+    KV_LEAVE(PDX_OK);
 }
 
-pdx_status_t pdx_kv_load_check(pdx_kv_connector_h c, const char *req_id,
+static pdx_status_t load_check(pdx_kv_connector_h c, const char *req_id,
                                size_t *tokens_p)
 {
-    if (req_id == NULL || tokens_p == NULL) {
-        return PDX_ERR_INVALID;
-    }
     pthread_mutex_lock(&c->lock);
     load_rec_t **pp = &c->loads;
     while (*pp != NULL && strcmp((*pp)->req, req_id) != 0) {
@@ -989,6 +1151,9 @@ pdx_status_t pdx_kv_load_check(pdx_kv_connector_h c, const char *req_id,
     load_rec_t *l = *pp;
     if (l == NULL) {
         pthread_mutex_unlock(&c->lock);
+        pdx_error("kv connector %s: load check: no load of request %.*s is "
+                  "known",
+                  c->cfg.agent_name, PDX_KV_REQ_ID_MAX, req_id);
         return PDX_ERR_NOT_FOUND;
     }
     if (l->xfer != NULL) {
@@ -1014,6 +1179,9 @@ pdx_status_t pdx_kv_load_check(pdx_kv_connector_h c, const char *req_id,
             *tokens_p = tokens;
             return PDX_OK;
         }
+        pdx_error("kv connector %s: load %.*s: aborted (%s when it stopped)",
+                  c->cfg.agent_name, PDX_KV_REQ_ID_MAX, req_id,
+                  pdx_status_string(st));
         return PDX_ERR_CANCELED;
     }
     if (st != PDX_OK) {
@@ -1040,15 +1208,29 @@ pdx_status_t pdx_kv_load_check(pdx_kv_connector_h c, const char *req_id,
     return st;
 }
 
+pdx_status_t pdx_kv_load_check(pdx_kv_connector_h c, const char *req_id,
+                               size_t *tokens_p)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !KV_ARG_OK(req_id, "req_id") ||
+        !KV_ARG_OK(tokens_p, "tokens_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    KV_LEAVE(load_check(c, req_id, tokens_p));
+}
+
 pdx_status_t pdx_kv_save(pdx_kv_connector_h c, const pdx_kv_request_t *r,
                          const uint64_t *ids)
 {
-    if (r == NULL || !valid_req(r->req_id) ||
-        (ids == NULL && (r->nfull > 0 || r->has_tail))) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !req_arg_ok(c, __func__, r)) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if ((r->nfull > 0 || r->has_tail) && !KV_ARG_OK(ids, "block_ids")) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
     if (c->pool == NULL || c->offload->mode == PDX_KV_OFFLOAD_LOAD_ONLY) {
-        return PDX_OK; /* no child saves */
+        KV_LEAVE(PDX_OK); /* no child saves */
     }
     size_t n = r->nfull + (r->has_tail && c->offload->save_tail ? 1 : 0);
     pthread_mutex_lock(&c->lock);
@@ -1062,7 +1244,9 @@ pdx_status_t pdx_kv_save(pdx_kv_connector_h c, const pdx_kv_request_t *r,
         s = calloc(1, sizeof(*s));
         if (s == NULL) {
             pthread_mutex_unlock(&c->lock);
-            return PDX_ERR_NOMEM;
+            pdx_error("kv connector %s: save %s: out of memory",
+                      c->cfg.agent_name, r->req_id);
+            KV_LEAVE(PDX_ERR_NOMEM);
         }
         snprintf(s->req, sizeof(s->req), "%s", r->req_id);
         s->next = c->saves;
@@ -1071,6 +1255,11 @@ pdx_status_t pdx_kv_save(pdx_kv_connector_h c, const pdx_kv_request_t *r,
     for (size_t i = 0; i < n; i++) {
         uint64_t id = ids[i];
         if (id >= c->arenas[0].num_blocks) {
+            /* Reported by pdx_kv_save_check, as a failed copy would be. */
+            pdx_error("kv connector %s: save %s: block id %llu out of range "
+                      "(%llu blocks)",
+                      c->cfg.agent_name, r->req_id, (unsigned long long)id,
+                      (unsigned long long)c->arenas[0].num_blocks);
             s->status = PDX_ERR_INVALID;
             break;
         }
@@ -1080,6 +1269,9 @@ pdx_status_t pdx_kv_save(pdx_kv_connector_h c, const pdx_kv_request_t *r,
             pthread_cond_wait(&c->cv, &c->lock);
         }
         if (c->q_len == SAVE_QUEUE) {
+            pdx_error("kv connector %s: save %s: the save queue stayed full "
+                      "(%d blocks); %zu of %zu blocks queued",
+                      c->cfg.agent_name, r->req_id, SAVE_QUEUE, i, n);
             s->status = PDX_ERR_BUSY;
             break;
         }
@@ -1092,13 +1284,14 @@ pdx_status_t pdx_kv_save(pdx_kv_connector_h c, const pdx_kv_request_t *r,
     }
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->lock);
-    return PDX_OK;
+    KV_LEAVE(PDX_OK);
 }
 
 pdx_status_t pdx_kv_save_check(pdx_kv_connector_h c, const char *req_id)
 {
-    if (req_id == NULL) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !KV_ARG_OK(req_id, "req_id")) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&c->lock);
     save_rec_t **pp = &c->saves;
@@ -1117,7 +1310,11 @@ pdx_status_t pdx_kv_save_check(pdx_kv_connector_h c, const char *req_id)
         }
     }
     pthread_mutex_unlock(&c->lock);
-    return st;
+    if (st < 0) {
+        pdx_error("kv connector %s: save %.*s failed: %s", c->cfg.agent_name,
+                  PDX_KV_REQ_ID_MAX, req_id, pdx_status_string(st));
+    }
+    KV_LEAVE(st);
 }
 
 static void json_add_u64s(cJSON *obj, const char *name, const uint64_t *v,
@@ -1163,24 +1360,31 @@ static pdx_status_t merge_params(cJSON *a, const cJSON *b, const char *an,
 
 pdx_status_t pdx_kv_params_merge(const char *a, const char *b, char **out_p)
 {
-    if (a == NULL || b == NULL || out_p == NULL) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_ARG_OK(a, "a") || !KV_ARG_OK(b, "b") ||
+        !KV_ARG_OK(out_p, "out_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
     cJSON *ja = cJSON_Parse(a), *jb = cJSON_Parse(b);
     pdx_status_t st = PDX_ERR_CORRUPT;
     if (ja != NULL && jb != NULL) {
         st = merge_params(ja, jb, "first", "second");
+    } else {
+        pdx_error("kv: params merge: the %s parameters are not JSON",
+                  ja == NULL ? "first" : "second");
     }
     if (st == PDX_OK) {
         char *text = cJSON_PrintUnformatted(ja);
         st = text ? PDX_OK : PDX_ERR_NOMEM;
         if (text) {
             *out_p = text;
+        } else {
+            pdx_error("kv: params merge: out of memory");
         }
     }
     cJSON_Delete(ja);
     cJSON_Delete(jb);
-    return st;
+    KV_LEAVE(st);
 }
 
 /* Wait (bounded) until the worker saved everything queued for `req`. */
@@ -1209,22 +1413,21 @@ static void wait_saved(pdx_kv_connector_h c, const char *req,
     }
 }
 
-pdx_status_t pdx_kv_request_finished(pdx_kv_connector_h c,
+static pdx_status_t request_finished(pdx_kv_connector_h c,
                                      const pdx_kv_request_t *r,
                                      const uint64_t *ids, size_t tokens,
                                      pdx_kv_handoff_from_t from,
                                      char **params_p)
 {
-    if (r == NULL || params_p == NULL || !valid_req(r->req_id) ||
-        (from == PDX_KV_FROM_ARENA && ids == NULL && r->nfull > 0)) {
-        return PDX_ERR_INVALID;
-    }
     if (c->remote == NULL) {
         pdx_error("kv: request_finished %s: no remote child configured",
                   r->req_id);
         return PDX_ERR_UNSUPPORTED;
     }
     if (from == PDX_KV_FROM_POOL && c->pool == NULL) {
+        pdx_error("kv connector %s: request_finished %s: a handoff from the "
+                  "pool needs an offload child",
+                  c->cfg.agent_name, r->req_id);
         return PDX_ERR_UNSUPPORTED;
     }
     pdx_status_t st = PDX_OK;
@@ -1342,6 +1545,10 @@ pdx_status_t pdx_kv_request_finished(pdx_kv_connector_h c,
 unlock:
     pthread_mutex_unlock(&c->lock);
 out:
+    if (st == PDX_ERR_NOMEM) {
+        pdx_error("kv connector %s: request_finished %s: out of memory",
+                  c->cfg.agent_name, r->req_id);
+    }
     if (h != NULL) {
         if (h->lease) {
             pdx_offload_release(c->pool, h->lease);
@@ -1353,21 +1560,46 @@ out:
     return st;
 }
 
+pdx_status_t pdx_kv_request_finished(pdx_kv_connector_h c,
+                                     const pdx_kv_request_t *r,
+                                     const uint64_t *ids, size_t tokens,
+                                     pdx_kv_handoff_from_t from,
+                                     char **params_p)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !req_arg_ok(c, __func__, r) ||
+        !KV_ARG_OK(params_p, "params_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if (from != PDX_KV_FROM_ARENA && from != PDX_KV_FROM_POOL) {
+        pdx_call_fail(PDX_ERR_INVALID,
+                      "%s: from %d is not a pdx_kv_handoff_from_t", __func__,
+                      (int)from);
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if (from == PDX_KV_FROM_ARENA && (r->nfull > 0 || r->has_tail) &&
+        !KV_ARG_OK(ids, "block_ids")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    KV_LEAVE(request_finished(c, r, ids, tokens, from, params_p));
+}
+
 pdx_status_t pdx_kv_reject(pdx_kv_connector_h c, const char *params)
 {
-    if (params == NULL) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !KV_ARG_OK(params, "params")) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
     handoff_t h;
     pdx_status_t st = handoff_parse(params, c->narenas, &h);
     if (st != PDX_OK) {
-        return st;
+        KV_LEAVE(st);
     }
     char note[128];
     snprintf(note, sizeof(note), MSG_PREFIX "reject %s", h.req);
     st = pdx_notif_send(c->agent, h.agent, note, strlen(note));
     handoff_free(&h);
-    return st;
+    KV_LEAVE(st);
 }
 
 static void on_note(void *arg, const char *peer, const void *msg, size_t len)
@@ -1406,6 +1638,10 @@ static void on_note(void *arg, const char *peer, const void *msg, size_t len)
 
 int pdx_kv_progress(pdx_kv_connector_h c)
 {
+    KV_ENTER();
+    if (!KV_CONN_OK(c)) {
+        KV_LEAVE_INT(PDX_ERR_INVALID);
+    }
     int events = 0;
     pthread_mutex_lock(&c->lock);
     events += pdx_notif_poll(c->agent, on_note, c);
@@ -1434,11 +1670,15 @@ int pdx_kv_progress(pdx_kv_connector_h c)
         }
     }
     pthread_mutex_unlock(&c->lock);
-    return events;
+    KV_LEAVE_INT(events);
 }
 
 int pdx_kv_poll_freed(pdx_kv_connector_h c, pdx_kv_freed_cb_t cb, void *arg)
 {
+    KV_ENTER();
+    if (!KV_CONN_OK(c)) {
+        KV_LEAVE_INT(PDX_ERR_INVALID);
+    }
     pthread_mutex_lock(&c->lock);
     freed_t *list = c->freed;
     c->freed = c->freed_tail = NULL;
@@ -1448,30 +1688,44 @@ int pdx_kv_poll_freed(pdx_kv_connector_h c, pdx_kv_freed_cb_t cb, void *arg)
         freed_t *f = list;
         list = f->next;
         if (cb != NULL) {
+            /* The caller's code: its own pdx calls record their own
+             * errors, not this call's. */
+            int d = pdx_call_suspend();
             cb(arg, f->req, f->why);
+            pdx_call_resume(d);
         }
         free(f);
         n++;
     }
-    return n;
+    KV_LEAVE_INT(n);
 }
 
 size_t pdx_kv_held_requests(pdx_kv_connector_h c)
 {
+    KV_ENTER();
+    if (!KV_CONN_OK(c)) {
+        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    }
     size_t n = 0;
     pthread_mutex_lock(&c->lock);
     for (held_t *h = c->held; h != NULL; h = h->next) {
         n++;
     }
     pthread_mutex_unlock(&c->lock);
-    return n;
+    KV_LEAVE_VAL(PDX_OK, n);
 }
 
 pdx_status_t pdx_kv_offload_stats(pdx_kv_connector_h c,
                                   pdx_offload_stats_t *stats_p)
 {
-    if (c->pool == NULL) {
-        return PDX_ERR_NOT_FOUND;
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !KV_ARG_OK(stats_p, "stats_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
-    return pdx_offload_stats(c->pool, stats_p);
+    if (c->pool == NULL) {
+        pdx_error("kv connector %s: offload stats: no offload child",
+                  c->cfg.agent_name);
+        KV_LEAVE(PDX_ERR_NOT_FOUND);
+    }
+    KV_LEAVE(pdx_offload_stats(c->pool, stats_p));
 }

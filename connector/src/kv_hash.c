@@ -11,8 +11,10 @@
 #include <pdx/log.h>
 
 #include "cbor.h"
+#include "kv_call.h"
 
 struct pdx_hasher {
+    uint32_t magic; /* PDX_MAGIC_HASHER; first, as pdx_call.h requires */
     pdx_hash_algo_t algo;
     uint32_t block_size;
     uint8_t digest_len;
@@ -32,20 +34,24 @@ typedef struct hash_call {
 
 pdx_status_t pdx_hash_algo_from_string(const char *name,
                                        pdx_hash_algo_t *algo_p) {
-    if (name == NULL || algo_p == NULL)
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_ARG_OK(name, "name") || !KV_ARG_OK(algo_p, "algo_p"))
+        KV_LEAVE(PDX_ERR_INVALID);
     if (strcmp(name, "xxhash_cbor") == 0) {
         *algo_p = PDX_HASH_XXHASH_CBOR;
-        return PDX_OK;
+        KV_LEAVE(PDX_OK);
     }
     if (strcmp(name, "sha256_cbor") == 0) {
         *algo_p = PDX_HASH_SHA256_CBOR;
-        return PDX_OK;
+        KV_LEAVE(PDX_OK);
     }
-    return PDX_ERR_INVALID;
+    pdx_error("hash algorithm '%.32s' is not supported (xxhash_cbor or "
+              "sha256_cbor)",
+              name);
+    KV_LEAVE(PDX_ERR_INVALID);
 }
 
-const char *pdx_hash_algo_to_string(pdx_hash_algo_t algo) {
+static const char *algo_name(pdx_hash_algo_t algo) {
     switch (algo) {
     case PDX_HASH_XXHASH_CBOR:
         return "xxhash_cbor";
@@ -55,7 +61,18 @@ const char *pdx_hash_algo_to_string(pdx_hash_algo_t algo) {
     return NULL;
 }
 
-size_t pdx_hash_algo_digest_len(pdx_hash_algo_t algo) {
+const char *pdx_hash_algo_to_string(pdx_hash_algo_t algo) {
+    KV_ENTER();
+    const char *s = algo_name(algo);
+    if (s == NULL) {
+        pdx_call_fail(PDX_ERR_INVALID, "%s: algo %d is not a pdx_hash_algo_t",
+                      __func__, (int)algo);
+        KV_LEAVE_VAL(PDX_ERR_INVALID, NULL);
+    }
+    KV_LEAVE_VAL(PDX_OK, s);
+}
+
+static size_t algo_digest_len(pdx_hash_algo_t algo) {
     switch (algo) {
     case PDX_HASH_XXHASH_CBOR:
         return 16;
@@ -65,21 +82,35 @@ size_t pdx_hash_algo_digest_len(pdx_hash_algo_t algo) {
     return 0;
 }
 
+size_t pdx_hash_algo_digest_len(pdx_hash_algo_t algo) {
+    KV_ENTER();
+    size_t n = algo_digest_len(algo);
+    if (n == 0) {
+        pdx_call_fail(PDX_ERR_INVALID, "%s: algo %d is not a pdx_hash_algo_t",
+                      __func__, (int)algo);
+        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    }
+    KV_LEAVE_VAL(PDX_OK, n);
+}
+
 size_t pdx_block_hash_to_hex(const pdx_block_hash_t *hash, char *buf,
                              size_t buflen) {
     static const char digits[] = "0123456789abcdef";
+    KV_ENTER();
+    if (!KV_ARG_OK(hash, "hash") || (buflen > 0 && !KV_ARG_OK(buf, "buf")))
+        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
     size_t len =
         hash->len > PDX_BLOCK_HASH_MAX ? PDX_BLOCK_HASH_MAX : hash->len;
     size_t need = 2 * len;
     if (buflen == 0)
-        return need;
+        KV_LEAVE_VAL(PDX_OK, need);
     size_t n = need < buflen - 1 ? need : buflen - 1;
     for (size_t i = 0; i < n; i++) {
         uint8_t b = hash->bytes[i / 2];
         buf[i] = digits[(i & 1) ? (b & 0xf) : (b >> 4)];
     }
     buf[n] = '\0';
-    return need;
+    KV_LEAVE_VAL(PDX_OK, need);
 }
 
 static int hex_value(char c) {
@@ -94,27 +125,40 @@ static int hex_value(char c) {
 
 pdx_status_t pdx_block_hash_from_hex(const char *hex,
                                      pdx_block_hash_t *hash_p) {
-    if (hex == NULL || hash_p == NULL)
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_ARG_OK(hex, "hex") || !KV_ARG_OK(hash_p, "hash_p"))
+        KV_LEAVE(PDX_ERR_INVALID);
     size_t n = strnlen(hex, 2 * PDX_BLOCK_HASH_MAX + 1);
-    if (n != 32 && n != 64)
-        return PDX_ERR_INVALID;
+    if (n != 32 && n != 64) {
+        pdx_error("block hash hex: %s%zu characters, expected 32 or 64 hex "
+                  "digits",
+                  n > 2 * PDX_BLOCK_HASH_MAX ? "more than " : "",
+                  n > 2 * PDX_BLOCK_HASH_MAX ? (size_t)2 * PDX_BLOCK_HASH_MAX
+                                             : n);
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
     pdx_block_hash_t h;
     memset(&h, 0, sizeof(h));
     for (size_t i = 0; i < n / 2; i++) {
         int hi = hex_value(hex[2 * i]), lo = hex_value(hex[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return PDX_ERR_INVALID;
+        if (hi < 0 || lo < 0) {
+            pdx_error("block hash hex: character %zu is not a hex digit",
+                      hi < 0 ? 2 * i : 2 * i + 1);
+            KV_LEAVE(PDX_ERR_INVALID);
+        }
         h.bytes[i] = (uint8_t)(hi << 4 | lo);
     }
     h.len = (uint8_t)(n / 2);
     *hash_p = h;
-    return PDX_OK;
+    KV_LEAVE(PDX_OK);
 }
 
 int pdx_block_hash_equal(const pdx_block_hash_t *a, const pdx_block_hash_t *b) {
-    return a->len == b->len && a->len <= PDX_BLOCK_HASH_MAX &&
-           memcmp(a->bytes, b->bytes, a->len) == 0;
+    KV_ENTER();
+    if (!KV_ARG_OK(a, "a") || !KV_ARG_OK(b, "b"))
+        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    KV_LEAVE_VAL(PDX_OK, a->len == b->len && a->len <= PDX_BLOCK_HASH_MAX &&
+                             memcmp(a->bytes, b->bytes, a->len) == 0);
 }
 
 static pdx_status_t call_init(hash_call_t *c, const struct pdx_hasher *h) {
@@ -122,8 +166,10 @@ static pdx_status_t call_init(hash_call_t *c, const struct pdx_hasher *h) {
     c->ctx = NULL;
     if (h->algo == PDX_HASH_SHA256_CBOR) {
         c->ctx = EVP_MD_CTX_new();
-        if (c->ctx == NULL)
+        if (c->ctx == NULL) {
+            pdx_error("sha256_cbor: openssl cannot allocate a digest context");
             return PDX_ERR_NOMEM;
+        }
     }
     return PDX_OK;
 }
@@ -249,14 +295,20 @@ static pdx_status_t hash_one(hash_call_t *c, pdx_cbor_writer_t *w,
 
 /* The encode buffer for a call: the stack one, or one heap allocation. */
 static pdx_status_t buf_get(size_t need, uint8_t *stack, uint8_t **buf_p) {
-    if (need == 0)
+    if (need == 0) {
+        pdx_error("block hash: one block's encoding would overflow size_t");
         return PDX_ERR_TOO_LARGE;
+    }
     if (need <= HASH_STACK_BUF) {
         *buf_p = stack;
         return PDX_OK;
     }
     *buf_p = malloc(need);
-    return *buf_p == NULL ? PDX_ERR_NOMEM : PDX_OK;
+    if (*buf_p == NULL) {
+        pdx_error("block hash: out of memory for a %zu B encode buffer", need);
+        return PDX_ERR_NOMEM;
+    }
+    return PDX_OK;
 }
 
 static void buf_put(uint8_t *buf, uint8_t *stack) {
@@ -264,20 +316,28 @@ static void buf_put(uint8_t *buf, uint8_t *stack) {
         free(buf);
 }
 
-pdx_status_t pdx_hasher_create(pdx_hash_algo_t algo, const char *seed,
-                               uint32_t block_size, pdx_hasher_h *hasher_p) {
-    if (seed == NULL || hasher_p == NULL || block_size == 0 ||
-        block_size > PDX_HASH_BLOCK_SIZE_MAX ||
-        pdx_hash_algo_digest_len(algo) == 0)
+static pdx_status_t hasher_create(pdx_hash_algo_t algo, const char *seed,
+                                  uint32_t block_size,
+                                  pdx_hasher_h *hasher_p) {
+    if (block_size == 0 || block_size > PDX_HASH_BLOCK_SIZE_MAX) {
+        pdx_error("hasher: block_size %u out of range 1..%u", block_size,
+                  PDX_HASH_BLOCK_SIZE_MAX);
         return PDX_ERR_INVALID;
+    }
+    if (algo_digest_len(algo) == 0) {
+        pdx_error("hasher: algo %d is not a pdx_hash_algo_t", (int)algo);
+        return PDX_ERR_INVALID;
+    }
 
     pdx_status_t st;
-    struct pdx_hasher *h = calloc(1, sizeof(*h));
-    if (h == NULL)
+    struct pdx_hasher *h = pdx_handle_alloc(sizeof(*h), PDX_MAGIC_HASHER);
+    if (h == NULL) {
+        pdx_error("hasher: out of memory");
         return PDX_ERR_NOMEM;
+    }
     h->algo = algo;
     h->block_size = block_size;
-    h->digest_len = (uint8_t)pdx_hash_algo_digest_len(algo);
+    h->digest_len = (uint8_t)algo_digest_len(algo);
     if (algo == PDX_HASH_SHA256_CBOR) {
         h->md = EVP_MD_fetch(NULL, "SHA256", NULL);
         if (h->md == NULL) {
@@ -291,6 +351,7 @@ pdx_status_t pdx_hasher_create(pdx_hash_algo_t algo, const char *seed,
     size_t seed_len = strlen(seed);
     uint8_t *buf = malloc(seed_len + PDX_CBOR_HEAD_MAX);
     if (buf == NULL) {
+        pdx_error("hasher: out of memory for a %zu-byte seed", seed_len);
         st = PDX_ERR_NOMEM;
         goto err_md;
     }
@@ -312,39 +373,63 @@ pdx_status_t pdx_hasher_create(pdx_hash_algo_t algo, const char *seed,
 err_md:
     EVP_MD_free(h->md);
 err_free:
-    free(h);
+    pdx_handle_release(h);
     return st;
 }
 
-void pdx_hasher_destroy(pdx_hasher_h hasher) {
-    if (hasher == NULL)
-        return;
-    EVP_MD_free(hasher->md);
-    free(hasher);
+pdx_status_t pdx_hasher_create(pdx_hash_algo_t algo, const char *seed,
+                               uint32_t block_size, pdx_hasher_h *hasher_p) {
+    KV_ENTER();
+    if (!KV_ARG_OK(seed, "seed") || !KV_ARG_OK(hasher_p, "hasher_p"))
+        KV_LEAVE(PDX_ERR_INVALID);
+    KV_LEAVE(hasher_create(algo, seed, block_size, hasher_p));
 }
 
-pdx_hash_algo_t pdx_hasher_algo(pdx_hasher_h hasher) { return hasher->algo; }
+void pdx_hasher_destroy(pdx_hasher_h hasher) {
+    KV_ENTER();
+    if (hasher == NULL) /* like free(NULL) */
+        KV_LEAVE_VOID(PDX_OK);
+    if (!KV_HASHER_OK(hasher))
+        KV_LEAVE_VOID(PDX_ERR_INVALID);
+    EVP_MD_free(hasher->md);
+    pdx_handle_release(hasher);
+    KV_LEAVE_VOID(PDX_OK);
+}
+
+pdx_hash_algo_t pdx_hasher_algo(pdx_hasher_h hasher) {
+    KV_ENTER();
+    if (!KV_HASHER_OK(hasher))
+        KV_LEAVE_VAL(PDX_ERR_INVALID, (pdx_hash_algo_t)-1);
+    KV_LEAVE_VAL(PDX_OK, hasher->algo);
+}
 
 uint32_t pdx_hasher_block_size(pdx_hasher_h hasher) {
-    return hasher->block_size;
+    KV_ENTER();
+    if (!KV_HASHER_OK(hasher))
+        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    KV_LEAVE_VAL(PDX_OK, hasher->block_size);
 }
 
 void pdx_hasher_none_hash(pdx_hasher_h hasher, pdx_block_hash_t *hash_p) {
+    KV_ENTER();
+    if (!KV_HASHER_OK(hasher) || !KV_ARG_OK(hash_p, "hash_p"))
+        KV_LEAVE_VOID(PDX_ERR_INVALID);
     *hash_p = hasher->none_hash;
+    KV_LEAVE_VOID(PDX_OK);
 }
 
-pdx_status_t
-pdx_hasher_hash_blocks(pdx_hasher_h h, const uint64_t *tokens, size_t ntokens,
-                       const pdx_hash_extra_t *extra, pdx_block_hash_t *out,
-                       size_t max_out, size_t *nblocks_p,
-                       pdx_block_hash_t *tail_out, int *has_tail_p) {
-    if (h == NULL || nblocks_p == NULL || (tokens == NULL && ntokens > 0) ||
-        (tail_out != NULL && has_tail_p == NULL))
-        return PDX_ERR_INVALID;
+static pdx_status_t hash_blocks(pdx_hasher_h h, const uint64_t *tokens,
+                                size_t ntokens, const pdx_hash_extra_t *extra,
+                                pdx_block_hash_t *out, size_t max_out,
+                                size_t *nblocks_p, pdx_block_hash_t *tail_out,
+                                int *has_tail_p) {
     size_t bs = h->block_size;
     size_t nblocks = ntokens / bs, tail_len = ntokens % bs;
-    if (nblocks > max_out || (nblocks > 0 && out == NULL))
+    if (nblocks > max_out || (nblocks > 0 && out == NULL)) {
+        pdx_error("hasher: %zu tokens make %zu blocks of %zu, out holds %zu",
+                  ntokens, nblocks, bs, out == NULL ? (size_t)0 : max_out);
         return PDX_ERR_TOO_LARGE;
+    }
 
     extra_keys_t k;
     extra_resolve(extra, &k);
@@ -396,16 +481,34 @@ out_buf:
     return st;
 }
 
-pdx_status_t pdx_hasher_hash_next(pdx_hasher_h h,
-                                  const pdx_block_hash_t *parent,
-                                  const uint64_t *tokens, size_t ntokens,
-                                  const pdx_hash_extra_t *extra,
-                                  pdx_block_hash_t *hash_p) {
-    if (h == NULL || tokens == NULL || hash_p == NULL || ntokens == 0 ||
-        ntokens > h->block_size)
+pdx_status_t
+pdx_hasher_hash_blocks(pdx_hasher_h h, const uint64_t *tokens, size_t ntokens,
+                       const pdx_hash_extra_t *extra, pdx_block_hash_t *out,
+                       size_t max_out, size_t *nblocks_p,
+                       pdx_block_hash_t *tail_out, int *has_tail_p) {
+    KV_ENTER();
+    if (!KV_HASHER_OK(h) || !KV_ARG_OK(nblocks_p, "nblocks_p") ||
+        (ntokens > 0 && !KV_ARG_OK(tokens, "tokens")) ||
+        (tail_out != NULL && !KV_ARG_OK(has_tail_p, "has_tail_p")))
+        KV_LEAVE(PDX_ERR_INVALID);
+    KV_LEAVE(hash_blocks(h, tokens, ntokens, extra, out, max_out, nblocks_p,
+                         tail_out, has_tail_p));
+}
+
+static pdx_status_t hash_next(pdx_hasher_h h, const pdx_block_hash_t *parent,
+                              const uint64_t *tokens, size_t ntokens,
+                              const pdx_hash_extra_t *extra,
+                              pdx_block_hash_t *hash_p) {
+    if (ntokens == 0 || ntokens > h->block_size) {
+        pdx_error("hasher: %zu tokens out of range 1..%u for one block",
+                  ntokens, h->block_size);
         return PDX_ERR_INVALID;
-    if (parent != NULL && parent->len != h->digest_len)
+    }
+    if (parent != NULL && parent->len != h->digest_len) {
+        pdx_error("hasher: parent hash of %u bytes, %s digests have %u",
+                  parent->len, algo_name(h->algo), h->digest_len);
         return PDX_ERR_INVALID;
+    }
 
     extra_keys_t k;
     extra_resolve(extra, &k);
@@ -428,4 +531,16 @@ pdx_status_t pdx_hasher_hash_next(pdx_hasher_h h,
     }
     buf_put(buf, stack);
     return st;
+}
+
+pdx_status_t pdx_hasher_hash_next(pdx_hasher_h h,
+                                  const pdx_block_hash_t *parent,
+                                  const uint64_t *tokens, size_t ntokens,
+                                  const pdx_hash_extra_t *extra,
+                                  pdx_block_hash_t *hash_p) {
+    KV_ENTER();
+    if (!KV_HASHER_OK(h) || !KV_ARG_OK(tokens, "tokens") ||
+        !KV_ARG_OK(hash_p, "hash_p"))
+        KV_LEAVE(PDX_ERR_INVALID);
+    KV_LEAVE(hash_next(h, parent, tokens, ntokens, extra, hash_p));
 }

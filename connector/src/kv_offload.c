@@ -14,6 +14,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "kv_call.h"
+
 #define NIL UINT32_MAX
 #define SLOT_ALIGN 64u
 #define MAX_BLOCKS (1u << 30)
@@ -69,6 +71,7 @@ typedef struct {
 } save_req_t;
 
 struct pdx_offload_pool {
+    uint32_t magic; /* PDX_MAGIC_POOL; first, as pdx_call.h requires */
     /* Immutable after create. */
     uint64_t block_bytes;
     uint64_t slot_bytes;
@@ -395,7 +398,10 @@ static inline void copy_block(const struct pdx_offload_pool *pool, void *dst,
                               const void *src)
 {
     if (pool->copy_cb != NULL) {
+        /* The caller's code: its own pdx calls record their own errors. */
+        int d = pdx_call_suspend();
         pool->copy_cb(pool->copy_arg, dst, src, pool->block_bytes);
+        pdx_call_resume(d);
     } else {
         memcpy(dst, src, pool->block_bytes);
     }
@@ -615,7 +621,7 @@ static pdx_status_t map_slab(struct pdx_offload_pool *pool)
     return PDX_OK;
 }
 
-pdx_status_t pdx_offload_create(const pdx_offload_params_t *params,
+static pdx_status_t pool_create(const pdx_offload_params_t *params,
                                 pdx_offload_pool_h *pool_p)
 {
     struct pdx_offload_pool *pool;
@@ -626,15 +632,13 @@ pdx_status_t pdx_offload_create(const pdx_offload_params_t *params,
     pdx_status_t st;
     int rc;
 
-    if (params == NULL || pool_p == NULL) {
-        return PDX_ERR_INVALID;
-    }
     st = check_params(params, &slot_bytes, &cap, &tab_size);
     if (st != PDX_OK) {
         return st;
     }
-    pool = calloc(1, sizeof(*pool));
+    pool = pdx_handle_alloc(sizeof(*pool), PDX_MAGIC_POOL);
     if (pool == NULL) {
+        pdx_error("offload: out of memory for a pool");
         return PDX_ERR_NOMEM;
     }
     pool->block_bytes = params->block_bytes;
@@ -681,27 +685,35 @@ pdx_status_t pdx_offload_create(const pdx_offload_params_t *params,
     }
     pool->q = calloc(pool->q_depth, sizeof(*pool->q));
     if (pool->q == NULL) {
+        pdx_error("offload: out of memory for a %u-entry save queue",
+                  pool->q_depth);
         goto err_unmap_tab;
     }
     if (pthread_mutex_init(&pool->lock, NULL) != 0) {
+        pdx_error("offload: cannot initialise the pool lock");
         goto err_free_q;
     }
     if (pthread_mutex_init(&pool->qlock, NULL) != 0) {
+        pdx_error("offload: cannot initialise the queue lock");
         goto err_destroy_lock;
     }
     if (pthread_cond_init(&pool->q_nonempty, NULL) != 0) {
+        pdx_error("offload: cannot initialise the queue condition");
         goto err_destroy_qlock;
     }
     if (pthread_cond_init(&pool->q_space, NULL) != 0) {
+        pdx_error("offload: cannot initialise the queue condition");
         goto err_destroy_nonempty;
     }
     if (pthread_condattr_init(&cattr) != 0) {
+        pdx_error("offload: cannot initialise a condition attribute");
         goto err_destroy_space;
     }
     pthread_condattr_setclock(&cattr, CLOCK_MONOTONIC);
     rc = pthread_cond_init(&pool->q_done, &cattr);
     pthread_condattr_destroy(&cattr);
     if (rc != 0) {
+        pdx_error("offload: cannot initialise the flush condition");
         goto err_destroy_space;
     }
     if (pool->flags & PDX_OFFLOAD_FLAG_ASYNC_SAVE) {
@@ -739,15 +751,22 @@ err_unmap_meta:
 err_unmap_slab:
     unmap_slab(pool);
 err_free_pool:
-    free(pool);
+    pdx_handle_release(pool);
     return st;
 }
 
-void pdx_offload_destroy(pdx_offload_pool_h pool)
+pdx_status_t pdx_offload_create(const pdx_offload_params_t *params,
+                                pdx_offload_pool_h *pool_p)
 {
-    if (pool == NULL) {
-        return;
+    KV_ENTER();
+    if (!KV_ARG_OK(params, "params") || !KV_ARG_OK(pool_p, "pool_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
+    KV_LEAVE(pool_create(params, pool_p));
+}
+
+static void pool_destroy(pdx_offload_pool_h pool)
+{
     if (pool->worker_started) {
         pthread_mutex_lock(&pool->qlock);
         pool->q_stop = true;
@@ -769,17 +788,76 @@ void pdx_offload_destroy(pdx_offload_pool_h pool)
     munmap(pool->tab, pool->tab_len);
     munmap(pool->meta, pool->meta_len);
     unmap_slab(pool);
-    free(pool);
+    pdx_handle_release(pool);
+}
+
+void pdx_offload_destroy(pdx_offload_pool_h pool)
+{
+    KV_ENTER();
+    if (pool == NULL) { /* like free(NULL) */
+        KV_LEAVE_VOID(PDX_OK);
+    }
+    if (!KV_POOL_OK(pool)) {
+        KV_LEAVE_VOID(PDX_ERR_INVALID);
+    }
+    pool_destroy(pool);
+    KV_LEAVE_VOID(PDX_OK);
 }
 
 /* ---- query / lease / load / release ----------------------------------- */
 
-static bool keys_ok(const pdx_offload_key_t *keys, size_t n)
+/* Argument checks of the entry points, logged with the function named. */
+static bool keys_arg_ok(const char *fn, const pdx_offload_key_t *keys,
+                        size_t n)
 {
+    if (n > 0 && !kv_arg_ok(keys, fn, "keys")) {
+        return false;
+    }
     for (size_t i = 0; i < n; i++) {
         if (!key_ok(&keys[i])) {
+            pdx_call_fail(PDX_ERR_INVALID,
+                          "%s: keys[%zu] has length %u (must be 1..%d)", fn, i,
+                          keys[i].len, PDX_OFFLOAD_KEY_MAX);
             return false;
         }
+    }
+    return true;
+}
+
+static bool key_arg_ok(const char *fn, const pdx_offload_key_t *key)
+{
+    if (!kv_arg_ok(key, fn, "key")) {
+        return false;
+    }
+    if (!key_ok(key)) {
+        pdx_call_fail(PDX_ERR_INVALID, "%s: key has length %u (must be 1..%d)",
+                      fn, key->len, PDX_OFFLOAD_KEY_MAX);
+        return false;
+    }
+    return true;
+}
+
+static bool class_arg_ok(const char *fn, pdx_offload_class_t cls)
+{
+    if (cls == PDX_OFFLOAD_RETAINED || cls == PDX_OFFLOAD_RECLAIMABLE) {
+        return true;
+    }
+    pdx_call_fail(PDX_ERR_INVALID, "%s: class %d is not a pdx_offload_class_t",
+                  fn, (int)cls);
+    return false;
+}
+
+/* The lease of `pool` that `lease` must be. */
+static bool lease_arg_ok(const char *fn, pdx_offload_pool_h pool,
+                         pdx_offload_lease_h lease)
+{
+    if (!kv_arg_ok(lease, fn, "lease")) {
+        return false;
+    }
+    if (lease->pool != pool) {
+        pdx_call_fail(PDX_ERR_INVALID, "%s: lease %p is not from pool %p", fn,
+                      (const void *)lease, (const void *)pool);
+        return false;
     }
     return true;
 }
@@ -906,15 +984,16 @@ pdx_status_t pdx_offload_query(pdx_offload_pool_h pool,
 {
     size_t found;
 
-    if (pool == NULL || prefix_p == NULL || (keys == NULL && n > 0) ||
-        !keys_ok(keys, n)) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_POOL_OK(pool) || !KV_ARG_OK(prefix_p, "prefix_p") ||
+        !keys_arg_ok(__func__, keys, n)) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&pool->lock);
     found = prefix_locked(pool, keys, n, SIZE_MAX, NULL);
     pthread_mutex_unlock(&pool->lock);
     *prefix_p = found;
-    return PDX_OK;
+    KV_LEAVE(PDX_OK);
 }
 
 pdx_status_t pdx_offload_lease(pdx_offload_pool_h pool,
@@ -925,14 +1004,16 @@ pdx_status_t pdx_offload_lease(pdx_offload_pool_h pool,
     size_t max;
     size_t found;
 
-    if (pool == NULL || lease_p == NULL || count_p == NULL ||
-        (keys == NULL && n > 0) || !keys_ok(keys, n)) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_POOL_OK(pool) || !KV_ARG_OK(lease_p, "lease_p") ||
+        !KV_ARG_OK(count_p, "count_p") || !keys_arg_ok(__func__, keys, n)) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
     max = n < pool->capacity ? n : pool->capacity;
     lease = malloc(sizeof(*lease) + (max ? max : 1) * sizeof(uint32_t));
     if (lease == NULL) {
-        return PDX_ERR_NOMEM;
+        pdx_error("offload: out of memory for a lease of %zu blocks", max);
+        KV_LEAVE(PDX_ERR_NOMEM);
     }
     pthread_mutex_lock(&pool->lock);
     found = prefix_locked(pool, keys, n, max, lease->slots);
@@ -942,30 +1023,47 @@ pdx_status_t pdx_offload_lease(pdx_offload_pool_h pool,
     pthread_mutex_unlock(&pool->lock);
     if (found == 0) {
         free(lease);
-        return PDX_ERR_NOT_FOUND;
+        if (n == 0) {
+            pdx_error("offload: lease of 0 keys: nothing to pin");
+        } else {
+            pdx_error("offload: lease: the first of %zu keys is not in the "
+                      "pool (saved blocks only; evicted or never saved)",
+                      n);
+        }
+        KV_LEAVE(PDX_ERR_NOT_FOUND);
     }
     lease->pool = pool;
     lease->count = (uint32_t)found;
     *lease_p = lease;
     *count_p = found;
-    return PDX_OK;
+    KV_LEAVE(PDX_OK);
 }
 
 size_t pdx_offload_lease_count(pdx_offload_lease_h lease)
 {
-    return lease == NULL ? 0 : lease->count;
+    KV_ENTER();
+    if (!KV_ARG_OK(lease, "lease")) {
+        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    }
+    KV_LEAVE_VAL(PDX_OK, lease->count);
 }
 
 pdx_status_t pdx_offload_lease_block(pdx_offload_pool_h pool,
                                      pdx_offload_lease_h lease, size_t index,
                                      const void **addr_p)
 {
-    if (pool == NULL || lease == NULL || lease->pool != pool ||
-        addr_p == NULL || index >= lease->count) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_POOL_OK(pool) || !lease_arg_ok(__func__, pool, lease) ||
+        !KV_ARG_OK(addr_p, "addr_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if (index >= lease->count) {
+        pdx_error("offload: lease block index %zu out of range (%u blocks)",
+                  index, lease->count);
+        KV_LEAVE(PDX_ERR_INVALID);
     }
     *addr_p = slot_addr(pool, lease->slots[index]);
-    return PDX_OK;
+    KV_LEAVE(PDX_OK);
 }
 
 pdx_status_t pdx_offload_load(pdx_offload_pool_h pool,
@@ -975,17 +1073,26 @@ pdx_status_t pdx_offload_load(pdx_offload_pool_h pool,
     uintptr_t slab_lo;
     uintptr_t slab_hi;
 
-    if (pool == NULL || lease == NULL || lease->pool != pool ||
-        (items == NULL && n > 0)) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_POOL_OK(pool) || !lease_arg_ok(__func__, pool, lease) ||
+        (n > 0 && !KV_ARG_OK(items, "items"))) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
     slab_lo = (uintptr_t)pool->slab;
     slab_hi = slab_lo + pool->slab_len;
     for (size_t i = 0; i < n; i++) {
         uintptr_t d = (uintptr_t)items[i].dst;
-        if (items[i].index >= lease->count || d == 0 ||
-            (d < slab_hi && d + pool->block_bytes > slab_lo)) {
-            return PDX_ERR_INVALID;
+        if (items[i].index >= lease->count) {
+            pdx_error("offload: load item %zu: index %zu out of range (lease "
+                      "of %u blocks)",
+                      i, items[i].index, lease->count);
+            KV_LEAVE(PDX_ERR_INVALID);
+        }
+        if (d == 0 || (d < slab_hi && d + pool->block_bytes > slab_lo)) {
+            pdx_error("offload: load item %zu: destination %p is NULL or "
+                      "overlaps the slab",
+                      i, items[i].dst);
+            KV_LEAVE(PDX_ERR_INVALID);
         }
     }
     /* The lease pins every slot: no lock, nobody writes them meanwhile. */
@@ -995,19 +1102,22 @@ pdx_status_t pdx_offload_load(pdx_offload_pool_h pool,
     }
     atomic_fetch_add_explicit(&pool->bytes_loaded, n * pool->block_bytes,
                               memory_order_relaxed);
-    return PDX_OK;
+    KV_LEAVE(PDX_OK);
 }
 
 void pdx_offload_release(pdx_offload_pool_h pool, pdx_offload_lease_h lease)
 {
     uint32_t last[PDX_OFFLOAD_NUM_CLASSES] = {NIL, NIL};
 
-    if (pool == NULL || lease == NULL) {
-        return;
+    KV_ENTER();
+    if (!KV_POOL_OK(pool)) {
+        KV_LEAVE_VOID(PDX_ERR_INVALID);
     }
-    if (lease->pool != pool) {
-        pdx_error("offload: lease released to a pool it is not from");
-        return;
+    if (lease == NULL) { /* like free(NULL) */
+        KV_LEAVE_VOID(PDX_OK);
+    }
+    if (!lease_arg_ok(__func__, pool, lease)) {
+        KV_LEAVE_VOID(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&pool->lock);
     for (uint32_t i = 0; i < lease->count; i++) {
@@ -1020,24 +1130,34 @@ void pdx_offload_release(pdx_offload_pool_h pool, pdx_offload_lease_h lease)
     pool->live_leases--;
     pthread_mutex_unlock(&pool->lock);
     free(lease);
+    KV_LEAVE_VOID(PDX_OK);
 }
 
 /* ---- saves ------------------------------------------------------------- */
 
-static bool class_ok(pdx_offload_class_t cls)
+/* The refusal of a save or reservation for lack of room, logged by the
+ * entry points (the async worker reports it to the callback instead). */
+static pdx_status_t no_space(const struct pdx_offload_pool *pool,
+                             pdx_status_t st)
 {
-    return cls == PDX_OFFLOAD_RETAINED || cls == PDX_OFFLOAD_RECLAIMABLE;
+    if (st == PDX_ERR_NO_SPACE) {
+        pdx_error("offload: no slot for a block: all %u slots are leased or "
+                  "being filled",
+                  pool->capacity);
+    }
+    return st;
 }
 
 pdx_status_t pdx_offload_save(pdx_offload_pool_h pool,
                               const pdx_offload_key_t *key, const void *src,
                               pdx_offload_class_t cls)
 {
-    if (pool == NULL || key == NULL || src == NULL || !key_ok(key) ||
-        !class_ok(cls)) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_POOL_OK(pool) || !key_arg_ok(__func__, key) ||
+        !KV_ARG_OK(src, "src") || !class_arg_ok(__func__, cls)) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
-    return do_save(pool, key, src, cls);
+    KV_LEAVE(no_space(pool, do_save(pool, key, src, cls)));
 }
 
 pdx_status_t pdx_offload_save_async(pdx_offload_pool_h pool,
@@ -1049,30 +1169,37 @@ pdx_status_t pdx_offload_save_async(pdx_offload_pool_h pool,
     save_req_t *req;
     pdx_status_t st;
 
-    if (pool == NULL || key == NULL || src == NULL || !key_ok(key) ||
-        !class_ok(cls)) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_POOL_OK(pool) || !key_arg_ok(__func__, key) ||
+        !KV_ARG_OK(src, "src") || !class_arg_ok(__func__, cls)) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
     if (!pool->worker_started) {
-        st = do_save(pool, key, src, cls);
+        st = no_space(pool, do_save(pool, key, src, cls));
         if (st == PDX_OK && cb != NULL) {
+            /* The caller's code: its pdx calls are calls of their own. */
+            int d = pdx_call_suspend();
             cb(cb_arg, key, st);
+            pdx_call_resume(d);
         }
-        return st;
+        KV_LEAVE(st);
     }
     pthread_mutex_lock(&pool->qlock);
     /* Each wait ends when the worker takes an entry or the pool stops. */
     while (pool->q_count == pool->q_depth && !pool->q_stop) {
         if (!(flags & PDX_OFFLOAD_SAVE_WAIT)) {
+            /* Counted, not logged: a full queue under load would flood
+             * the log (dropped_saves in pdx_offload_stats). */
             pool->q_dropped++;
             pthread_mutex_unlock(&pool->qlock);
-            return PDX_ERR_BUSY;
+            KV_LEAVE(PDX_ERR_BUSY);
         }
         pthread_cond_wait(&pool->q_space, &pool->qlock);
     }
     if (pool->q_stop) {
         pthread_mutex_unlock(&pool->qlock);
-        return PDX_ERR_CANCELED;
+        pdx_error("offload: save refused: the pool is being destroyed");
+        KV_LEAVE(PDX_ERR_CANCELED);
     }
     req = &pool->q[(pool->q_head + pool->q_count) % pool->q_depth];
     req->key = *key;
@@ -1084,17 +1211,19 @@ pdx_status_t pdx_offload_save_async(pdx_offload_pool_h pool,
     pool->q_accepted++;
     pthread_cond_signal(&pool->q_nonempty);
     pthread_mutex_unlock(&pool->qlock);
-    return PDX_OK;
+    KV_LEAVE(PDX_OK);
 }
 
 pdx_status_t pdx_offload_flush(pdx_offload_pool_h pool, int64_t timeout_ms)
 {
     struct timespec deadline;
     uint64_t target;
+    uint64_t left = 0;
     pdx_status_t st = PDX_OK;
 
-    if (pool == NULL) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_POOL_OK(pool)) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
     if (timeout_ms > 0) {
         clock_gettime(CLOCK_MONOTONIC, &deadline);
@@ -1122,8 +1251,17 @@ pdx_status_t pdx_offload_flush(pdx_offload_pool_h pool, int64_t timeout_ms)
             break;
         }
     }
+    if (st != PDX_OK) {
+        left = target - pool->q_completed;
+    }
     pthread_mutex_unlock(&pool->qlock);
-    return st;
+    /* A poll (timeout 0) that finds saves pending is an answer, not worth
+     * a log line each time. */
+    if (st != PDX_OK && timeout_ms > 0) {
+        pdx_error("offload: flush: %llu saves still pending after %lld ms",
+                  (unsigned long long)left, (long long)timeout_ms);
+    }
+    KV_LEAVE(st);
 }
 
 /* ---- zero-copy saves --------------------------------------------------- */
@@ -1137,9 +1275,10 @@ pdx_status_t pdx_offload_reserve(pdx_offload_pool_h pool,
     uint32_t gen = 0;
     pdx_status_t st;
 
-    if (pool == NULL || key == NULL || resv_p == NULL || !key_ok(key) ||
-        !class_ok(cls)) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_POOL_OK(pool) || !key_arg_ok(__func__, key) ||
+        !class_arg_ok(__func__, cls) || !KV_ARG_OK(resv_p, "resv_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&pool->lock);
     st = reserve_locked(pool, key, cls, &s);
@@ -1148,12 +1287,14 @@ pdx_status_t pdx_offload_reserve(pdx_offload_pool_h pool,
     }
     pthread_mutex_unlock(&pool->lock);
     if (st != PDX_OK) {
-        return st;
+        /* PDX_ERR_EXISTS (a duplicate, the common case of a repeated
+         * prefix) is an answer and stays quiet. */
+        KV_LEAVE(no_space(pool, st));
     }
     resv_p->dst = slot_addr(pool, s);
     resv_p->slot = s;
     resv_p->gen = gen;
-    return PDX_OK;
+    KV_LEAVE(PDX_OK);
 }
 
 static bool resv_live(const struct pdx_offload_pool *pool,
@@ -1165,13 +1306,21 @@ static bool resv_live(const struct pdx_offload_pool *pool,
            resv->dst == slot_addr(pool, resv->slot);
 }
 
+static void resv_dead(const char *what, const pdx_offload_resv_t *resv)
+{
+    pdx_error("offload: %s: reservation of slot %u (gen %u) is not live "
+              "(committed, aborted or never made)",
+              what, resv->slot, resv->gen);
+}
+
 pdx_status_t pdx_offload_commit(pdx_offload_pool_h pool,
                                 const pdx_offload_resv_t *resv)
 {
     pdx_status_t st = PDX_ERR_INVALID;
 
-    if (pool == NULL || resv == NULL) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_POOL_OK(pool) || !KV_ARG_OK(resv, "resv")) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&pool->lock);
     if (resv_live(pool, resv)) {
@@ -1179,7 +1328,10 @@ pdx_status_t pdx_offload_commit(pdx_offload_pool_h pool,
         st = PDX_OK;
     }
     pthread_mutex_unlock(&pool->lock);
-    return st;
+    if (st != PDX_OK) {
+        resv_dead("commit", resv);
+    }
+    KV_LEAVE(st);
 }
 
 pdx_status_t pdx_offload_abort(pdx_offload_pool_h pool,
@@ -1187,8 +1339,9 @@ pdx_status_t pdx_offload_abort(pdx_offload_pool_h pool,
 {
     pdx_status_t st = PDX_ERR_INVALID;
 
-    if (pool == NULL || resv == NULL) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_POOL_OK(pool) || !KV_ARG_OK(resv, "resv")) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&pool->lock);
     if (resv_live(pool, resv)) {
@@ -1196,11 +1349,16 @@ pdx_status_t pdx_offload_abort(pdx_offload_pool_h pool,
         st = PDX_OK;
     }
     pthread_mutex_unlock(&pool->lock);
-    return st;
+    if (st != PDX_OK) {
+        resv_dead("abort", resv);
+    }
+    KV_LEAVE(st);
 }
 
 /* ---- owner hints, introspection ---------------------------------------- */
 
+/* A key that is not present is an answer (PDX_ERR_NOT_FOUND), not logged:
+ * owner hints about blocks evicted meanwhile are routine. */
 static pdx_status_t owner_hint(pdx_offload_pool_h pool,
                                const pdx_offload_key_t *key, bool add)
 {
@@ -1208,9 +1366,6 @@ static pdx_status_t owner_hint(pdx_offload_pool_h pool,
     slot_meta_t *m;
     uint32_t s;
 
-    if (pool == NULL || key == NULL || !key_ok(key)) {
-        return PDX_ERR_INVALID;
-    }
     pthread_mutex_lock(&pool->lock);
     s = idx_find(pool, key, key_hash(key), NULL);
     if (s == NIL || pool->meta[s].state != ST_VALID) {
@@ -1244,15 +1399,24 @@ out:
 pdx_status_t pdx_offload_add_owner(pdx_offload_pool_h pool,
                                    const pdx_offload_key_t *key)
 {
-    return owner_hint(pool, key, true);
+    KV_ENTER();
+    if (!KV_POOL_OK(pool) || !key_arg_ok(__func__, key)) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    KV_LEAVE(owner_hint(pool, key, true));
 }
 
 pdx_status_t pdx_offload_drop_owner(pdx_offload_pool_h pool,
                                     const pdx_offload_key_t *key)
 {
-    return owner_hint(pool, key, false);
+    KV_ENTER();
+    if (!KV_POOL_OK(pool) || !key_arg_ok(__func__, key)) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    KV_LEAVE(owner_hint(pool, key, false));
 }
 
+/* Absent is an answer (PDX_ERR_NOT_FOUND), not logged. */
 pdx_status_t pdx_offload_class_of(pdx_offload_pool_h pool,
                                   const pdx_offload_key_t *key,
                                   pdx_offload_class_t *cls_p)
@@ -1260,8 +1424,10 @@ pdx_status_t pdx_offload_class_of(pdx_offload_pool_h pool,
     pdx_status_t st = PDX_ERR_NOT_FOUND;
     uint32_t s;
 
-    if (pool == NULL || key == NULL || cls_p == NULL || !key_ok(key)) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_POOL_OK(pool) || !key_arg_ok(__func__, key) ||
+        !KV_ARG_OK(cls_p, "cls_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&pool->lock);
     s = idx_find(pool, key, key_hash(key), NULL);
@@ -1270,18 +1436,20 @@ pdx_status_t pdx_offload_class_of(pdx_offload_pool_h pool,
         st = PDX_OK;
     }
     pthread_mutex_unlock(&pool->lock);
-    return st;
+    KV_LEAVE(st);
 }
 
 pdx_status_t pdx_offload_slab(pdx_offload_pool_h pool, void **addr_p,
                               size_t *len_p)
 {
-    if (pool == NULL || addr_p == NULL || len_p == NULL) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_POOL_OK(pool) || !KV_ARG_OK(addr_p, "addr_p") ||
+        !KV_ARG_OK(len_p, "len_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
     *addr_p = pool->slab;
     *len_p = pool->slab_len;
-    return PDX_OK;
+    KV_LEAVE(PDX_OK);
 }
 
 pdx_status_t pdx_offload_stats(pdx_offload_pool_h pool,
@@ -1289,8 +1457,9 @@ pdx_status_t pdx_offload_stats(pdx_offload_pool_h pool,
 {
     pdx_offload_stats_t s;
 
-    if (pool == NULL || stats_p == NULL) {
-        return PDX_ERR_INVALID;
+    KV_ENTER();
+    if (!KV_POOL_OK(pool) || !KV_ARG_OK(stats_p, "stats_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&pool->lock);
     s = pool->st;
@@ -1308,5 +1477,5 @@ pdx_status_t pdx_offload_stats(pdx_offload_pool_h pool,
     s.index_bytes = pool->meta_len + pool->tab_len;
     s.index_bytes_per_block = s.index_bytes / pool->capacity;
     *stats_p = s;
-    return PDX_OK;
+    KV_LEAVE(PDX_OK);
 }

@@ -1,6 +1,14 @@
 /* Deployment configuration: one JSON file per role (cJSON), loaded into
  * plain structs the connector and the example take. Every key, its type and
- * default is listed in configs/README.md. */
+ * default is listed in configs/README.md.
+ *
+ * NULL arguments: a NULL config or a NULL required pointer is refused
+ * without being dereferenced (PDX_ERR_INVALID, or 0 from the functions that
+ * return a size), and pdx_last_error() (pdx/status.h) names the function
+ * and the argument, e.g. "pdx_kv_config_layout: cfg is NULL". Every failure
+ * leaves its reason there (a load or parse error is also logged, with the
+ * text it writes to `err`). There are no handles here; the layout built by
+ * pdx_kv_config_layout follows pdx/kv_layout.h. */
 #ifndef PDX_KV_CONFIG_H
 #define PDX_KV_CONFIG_H
 
@@ -109,8 +117,9 @@ typedef struct pdx_kv_config {
 
 /* Load and validate `path`. On failure returns PDX_ERR_CONFIG (or
  * PDX_ERR_NOT_FOUND for a missing file, PDX_ERR_IO for one that cannot be
- * read, PDX_ERR_INVALID for NULL arguments) and writes into `err` a
- * message naming the file, the JSON path and what was expected, e.g.
+ * read, PDX_ERR_INVALID for NULL arguments) and writes into `err` (and logs
+ * at error level) a message naming the file, the JSON path and what was
+ * expected, e.g.
  * "configs/x.json: $.connector.children[1].budget_bytes: 1024 is smaller
  * than one block (3502592 bytes)". Unknown keys, repeated keys and wrong
  * types are errors; the text must be UTF-8 of at most
@@ -131,11 +140,11 @@ PDX_API pdx_status_t pdx_kv_config_parse(const char *json, size_t len,
 
 /* Bytes of one KV block over all arenas for the shape in `cfg`:
  * (num_layers * mla + n_index_k_layers * index_k
- *  + mtp_layers * (mla + index_k)) * block_tokens. */
+ *  + mtp_layers * (mla + index_k)) * block_tokens. 0 for NULL. */
 PDX_API uint64_t pdx_kv_config_bytes_per_block(const pdx_kv_config_t *cfg);
 
 /* Arenas of that shape: num_layers + n_index_k_layers + mtp_layers (times 2
- * when index_k_bytes_per_token > 0). 101 for GLM-5.2. */
+ * when index_k_bytes_per_token > 0). 101 for GLM-5.2; 0 for NULL. */
 PDX_API uint32_t pdx_kv_config_num_arenas(const pdx_kv_config_t *cfg);
 
 /* Builds the layout `cfg` describes, in the arena order and names of
@@ -152,8 +161,9 @@ PDX_API pdx_status_t pdx_kv_config_layout(const pdx_kv_config_t *cfg,
 
 /* Options of backends[backend] as key/value pairs pointing into
  * cfg->opt_buf (valid while *cfg lives unchanged): writes up to `max`
- * entries to `out` and returns how many that backend has (0 for an index
- * out of range). Works on any copy of a loaded config. */
+ * entries to `out` (NULL: count only) and returns how many that backend has
+ * (0 for a NULL cfg or an index out of range, both errors recorded in
+ * pdx_last_error()). Works on any copy of a loaded config. */
 PDX_API size_t pdx_kv_config_backend_opts(const pdx_kv_config_t *cfg,
                                           uint32_t backend, pdx_kv_t *out,
                                           size_t max);

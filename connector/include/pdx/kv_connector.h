@@ -20,7 +20,22 @@
  * agent's own). Loads and saves are asynchronous; pdx_kv_progress drives
  * leases, heartbeats and notifications (the agent's progress thread moves
  * the data). Strings returned through `char **` are malloc'd: free them
- * with pdx_kv_free. */
+ * with pdx_kv_free.
+ *
+ * Bad handles and errors: a NULL connector, a NULL required pointer (a
+ * request, its req_id, hashes when nfull > 0, block ids when blocks are
+ * named, an output), or a connector already destroyed is refused without
+ * being dereferenced: functions returning a status return PDX_ERR_INVALID,
+ * the int ones PDX_ERR_INVALID (negative), the others NULL or 0, void ones
+ * do nothing; pdx_last_error() (pdx/status.h) names the function and the
+ * argument, e.g. "pdx_kv_lookup: conn is NULL". Every failure leaves its
+ * reason there, naming the node and the request. Catching a destroyed
+ * connector is best effort: it works while the released object is among
+ * the 64 most recent releases kept in quarantine, not once its memory has
+ * been reused or freed. The same holds for the hasher a connector handed
+ * out (pdx_kv_connector_hasher), released with it; the agent it handed out
+ * is the agent API's to check (pdx/agent.h), and a handle used after its
+ * owner (agent or connector) was destroyed is not caught beyond that. */
 #ifndef PDX_KV_CONNECTOR_H
 #define PDX_KV_CONNECTOR_H
 
@@ -66,10 +81,12 @@ pdx_kv_connector_create(const pdx_kv_connector_params_t *params,
                         pdx_kv_connector_h *conn_p);
 
 /* Destroy: releases leases (freeing held blocks), aborts loads, waits for
- * queued saves, destroys the pool and the agent. Blocking. */
+ * queued saves, destroys the pool and the agent. Blocking. NULL is a no-op;
+ * a connector already destroyed is refused as above (best effort). */
 PDX_API void pdx_kv_connector_destroy(pdx_kv_connector_h conn);
 
-/* The connector's agent and hasher (owned by the connector). */
+/* The connector's agent and hasher (owned by the connector; NULL for a
+ * bad handle). */
 PDX_API pdx_agent_h pdx_kv_connector_agent(pdx_kv_connector_h conn);
 PDX_API pdx_hasher_h pdx_kv_connector_hasher(pdx_kv_connector_h conn);
 
@@ -78,7 +95,8 @@ PDX_API pdx_status_t pdx_kv_connector_describe(pdx_kv_connector_h conn,
                                                void **blob_p, size_t *len_p);
 
 /* Load a peer's blob: PDX_ERR_MISMATCH (field named in the log) when its
- * invariants differ, else as pdx_peer_load. Blocking. */
+ * invariants differ, else as pdx_peer_load. `peer_name_out` may be NULL.
+ * Blocking. */
 PDX_API pdx_status_t pdx_kv_connector_connect(pdx_kv_connector_h conn,
                                               const void *blob, size_t len,
                                               char *peer_name_out);
@@ -144,7 +162,8 @@ PDX_API pdx_status_t pdx_kv_load_check(pdx_kv_connector_h conn,
  * Keep calling pdx_kv_load_check: it returns PDX_INPROGRESS while bytes may
  * still land, then PDX_ERR_CANCELED (or PDX_OK if the load had completed
  * first); only then are the blocks the caller's again. PDX_ERR_NOT_FOUND if
- * no load of that id is known (or it is already aborting). */
+ * no load of that id is known (or it is already aborting). The final
+ * PDX_ERR_CANCELED is logged like any error, for pdx_last_error(). */
 PDX_API pdx_status_t pdx_kv_load_abort(pdx_kv_connector_h conn,
                                        const char *req_id);
 
@@ -188,7 +207,8 @@ PDX_API pdx_status_t pdx_kv_reject(pdx_kv_connector_h conn,
 
 /* Drive the connector: handle peers' notifications (heartbeat, done,
  * reject), expire leases, send heartbeats for loads in flight. Returns
- * events handled. Non-blocking; call it from the step loop. */
+ * events handled (PDX_ERR_INVALID for a bad handle). Non-blocking; call it
+ * from the step loop. */
 PDX_API int pdx_kv_progress(pdx_kv_connector_h conn);
 
 /* Why held blocks were freed. */
@@ -202,11 +222,15 @@ typedef void (*pdx_kv_freed_cb_t)(void *arg, const char *req_id,
                                   pdx_kv_free_reason_t why);
 
 /* Report each request whose held blocks were freed since the last call
- * (vLLM's finished_sending), once. Returns how many. */
+ * (vLLM's finished_sending), once. Returns how many (PDX_ERR_INVALID for a
+ * bad handle; then cb never runs). `cb` may be NULL (the reports are
+ * dropped, counted only). It runs on the calling thread without the
+ * connector lock, outside this call's error capture: pdx calls it makes
+ * record their own errors. */
 PDX_API int pdx_kv_poll_freed(pdx_kv_connector_h conn, pdx_kv_freed_cb_t cb,
                               void *arg);
 
-/* Requests whose blocks are still held for a peer. */
+/* Requests whose blocks are still held for a peer (0 for a bad handle). */
 PDX_API size_t pdx_kv_held_requests(pdx_kv_connector_h conn);
 
 /* Offload pool counters (PDX_ERR_NOT_FOUND without an offload child). */
@@ -227,7 +251,7 @@ PDX_API pdx_status_t pdx_kv_params_check(const char *params, size_t len,
 PDX_API pdx_status_t pdx_kv_params_merge(const char *a, const char *b,
                                          char **out_p);
 
-/* Free a string the connector returned. */
+/* Free a string the connector returned (NULL is a no-op). */
 PDX_API void pdx_kv_free(void *p);
 
 /* Connector version (an invariant): "pdx-kv/1". */

@@ -13,7 +13,17 @@
  * here.
  *
  * A hasher is immutable after creation: any number of threads may use one
- * hasher at once. No function blocks on anything but the CPU. */
+ * hasher at once. No function blocks on anything but the CPU.
+ *
+ * Bad handles: a NULL hasher, a NULL required pointer, or a hasher already
+ * destroyed (by pdx_hasher_destroy, or with the connector that owned it) is
+ * refused without being dereferenced: functions returning a status return
+ * PDX_ERR_INVALID, the others 0 (or the value their comment gives; void ones
+ * do nothing), and pdx_last_error() (pdx/status.h) names the function and
+ * the argument, e.g. "pdx_hasher_hash_next: hasher is NULL". Every failure
+ * leaves its reason there. Catching a destroyed hasher is best effort: it
+ * works while the released object is among the 64 most recent releases
+ * kept in quarantine, not once its memory has been reused or freed. */
 #ifndef PDX_KV_HASH_H
 #define PDX_KV_HASH_H
 
@@ -40,11 +50,11 @@ PDX_API pdx_status_t pdx_hash_algo_from_string(const char *name,
                                                pdx_hash_algo_t *algo_p);
 
 /* vLLM's name for `algo`, a static string; NULL for a value outside the
- * enum. */
+ * enum (an error, recorded in pdx_last_error()). */
 PDX_API const char *pdx_hash_algo_to_string(pdx_hash_algo_t algo);
 
 /* Digest length in bytes of `algo` (16 or 32); 0 for a value outside the
- * enum. */
+ * enum (an error, recorded in pdx_last_error()). */
 PDX_API size_t pdx_hash_algo_digest_len(pdx_hash_algo_t algo);
 
 #define PDX_BLOCK_HASH_MAX 32
@@ -60,7 +70,8 @@ typedef struct pdx_block_hash {
 
 /* Lower-case hex of `hash` into `buf`, snprintf-style: writes at most
  * buflen - 1 digits and a NUL (nothing when buflen is 0) and returns
- * 2 * hash->len, the length the whole string needs. */
+ * 2 * hash->len, the length the whole string needs. `buf` may be NULL when
+ * buflen is 0; a NULL hash, or a NULL buf with buflen > 0, returns 0. */
 PDX_API size_t pdx_block_hash_to_hex(const pdx_block_hash_t *hash, char *buf,
                                      size_t buflen);
 
@@ -69,7 +80,8 @@ PDX_API size_t pdx_block_hash_to_hex(const pdx_block_hash_t *hash, char *buf,
 PDX_API pdx_status_t pdx_block_hash_from_hex(const char *hex,
                                              pdx_block_hash_t *hash_p);
 
-/* 1 when both hashes have the same length and bytes, else 0. */
+/* 1 when both hashes have the same length and bytes, else 0 (also when
+ * either is NULL, an error recorded in pdx_last_error()). */
 PDX_API int pdx_block_hash_equal(const pdx_block_hash_t *a,
                                  const pdx_block_hash_t *b);
 
@@ -108,14 +120,17 @@ PDX_API pdx_status_t pdx_hasher_create(pdx_hash_algo_t algo, const char *seed,
                                        uint32_t block_size,
                                        pdx_hasher_h *hasher_p);
 
-/* Frees `hasher` (NULL is a no-op). No call on it may be running or follow. */
+/* Frees `hasher` (NULL is a no-op). No call on it may be running; one that
+ * follows is refused as above (best effort). */
 PDX_API void pdx_hasher_destroy(pdx_hasher_h hasher);
 
+/* The hasher's algorithm; (pdx_hash_algo_t)-1, outside the enum, for a bad
+ * handle. */
 PDX_API pdx_hash_algo_t pdx_hasher_algo(pdx_hasher_h hasher);
 PDX_API uint32_t pdx_hasher_block_size(pdx_hasher_h hasher);
 
 /* Copies NONE_HASH (the seed's hash, the invariant peers compare) to
- * *hash_p. */
+ * *hash_p; writes nothing for a bad handle or a NULL hash_p. */
 PDX_API void pdx_hasher_none_hash(pdx_hasher_h hasher,
                                   pdx_block_hash_t *hash_p);
 

@@ -6,7 +6,16 @@
  * A layout is built by one thread (create, add_arena, set_base, carve);
  * once built, every read-only function may run concurrently. Nothing here
  * allocates or touches arena memory: base addresses are numbers supplied by
- * the caller (or carved out of one caller buffer). No function blocks. */
+ * the caller (or carved out of one caller buffer). No function blocks.
+ *
+ * Bad handles: a NULL layout, a NULL required pointer, or a layout already
+ * destroyed is refused without being dereferenced: functions returning a
+ * status return PDX_ERR_INVALID, the others 0 (or the value their comment
+ * gives), and pdx_last_error() (pdx/status.h) names the function and the
+ * argument, e.g. "pdx_layout_num_blocks: layout is NULL". Every failure
+ * leaves its reason there. Catching a destroyed layout is best effort: it
+ * works while the released object is among the 64 most recent releases
+ * kept in quarantine, not once its memory has been reused or freed. */
 #ifndef PDX_KV_LAYOUT_H
 #define PDX_KV_LAYOUT_H
 
@@ -29,7 +38,8 @@ typedef enum pdx_kv_kind {
     PDX_KV_KIND_KV = 2,      /* plain attention K and V pages */
 } pdx_kv_kind_t;
 
-/* Static name ("mla", "index_k", "kv"); NULL outside the enum. */
+/* Static name ("mla", "index_k", "kv"); NULL outside the enum (an error,
+ * recorded in pdx_last_error()). */
 PDX_API const char *pdx_kv_kind_to_string(pdx_kv_kind_t kind);
 
 /* Longest arena name, without its NUL. */
@@ -72,7 +82,8 @@ typedef struct pdx_layout *pdx_layout_h;
 PDX_API pdx_status_t pdx_layout_create(uint32_t block_tokens,
                                        pdx_layout_h *layout_p);
 
-/* Frees `layout` (NULL is a no-op). */
+/* Frees `layout` (NULL is a no-op; an already destroyed layout is refused
+ * as above, best effort). */
 PDX_API void pdx_layout_destroy(pdx_layout_h layout);
 
 /* Appends a copy of *arena (the name is copied) and writes its index to
@@ -107,7 +118,8 @@ PDX_API pdx_status_t pdx_layout_set_base(pdx_layout_h layout, size_t index,
 
 PDX_API uint32_t pdx_layout_block_tokens(pdx_layout_h layout);
 
-/* Memory type shared by the arenas (PDX_MEM_DRAM while there are none). */
+/* Memory type shared by the arenas (PDX_MEM_DRAM while there are none);
+ * (pdx_mem_type_t)-1, outside the enum, for a bad handle. */
 PDX_API pdx_mem_type_t pdx_layout_mem_type(pdx_layout_h layout);
 
 /* Usable block ids are 0..num_blocks-1: the smallest arena's block count
@@ -125,7 +137,7 @@ PDX_API uint64_t pdx_layout_bytes_per_block(pdx_layout_h layout);
  * devices (each side's own memory), block counts (P and D pools differ in
  * size), strides (descriptors are computed per side, so a padded pool still
  * pairs with a packed one) and memory type (an offload tier in DRAM pairs
- * with a GPU pool). */
+ * with a GPU pool). 0 for a bad handle. */
 PDX_API uint64_t pdx_layout_fingerprint(pdx_layout_h layout);
 
 /* Per block per arena: for arena a (in order) and ids[i], desc
@@ -164,8 +176,8 @@ PDX_API pdx_status_t pdx_layout_paired_descs(
 
 /* Bytes needed to carve every arena (num_blocks * stride each) out of one
  * buffer, each arena starting at a multiple of `align` (a power of two, 0
- * or 1 for none) from the buffer start. UINT64_MAX for a bad align or a
- * total that overflows. */
+ * or 1 for none) from the buffer start. UINT64_MAX for a bad align, a
+ * total that overflows or a bad handle. */
 PDX_API uint64_t pdx_layout_carve_size(pdx_layout_h layout, uint64_t align);
 
 /* Assigns arena bases consecutively from `base` (arena order, each aligned

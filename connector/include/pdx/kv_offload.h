@@ -36,7 +36,26 @@
  * Cost: a query walks its keys as a software pipeline (prefetching buckets,
  * slots and LRU neighbours several keys ahead), so a prefix of many keys
  * costs far less per key than single-key queries, whose cache misses are
- * serial. */
+ * serial.
+ *
+ * Bad handles and errors: a NULL pool, a NULL required pointer, or a pool
+ * already destroyed is refused without being dereferenced: functions
+ * returning a status return PDX_ERR_INVALID, pdx_offload_lease_count 0,
+ * void ones do nothing, and pdx_last_error() (pdx/status.h) names the
+ * function and the argument, e.g. "pdx_offload_query: pool is NULL".
+ * Catching a destroyed pool is best effort: it works while the released
+ * object is among the 64 most recent releases kept in quarantine, not once
+ * its memory has been reused or freed; a lease is only checked for NULL and
+ * for coming from the pool it is used with (a released lease is not
+ * caught). Every failure logs its reason (and so leaves it in
+ * pdx_last_error()) except the answers of routine calls, which would flood
+ * the log: PDX_ERR_EXISTS from pdx_offload_reserve, PDX_ERR_NOT_FOUND from
+ * the owner hints and pdx_offload_class_of, PDX_ERR_BUSY from
+ * pdx_offload_save_async (counted in dropped_saves) and PDX_ERR_TIMEOUT
+ * from pdx_offload_flush with timeout 0; for those pdx_last_error() reads
+ * "<function>: <status string>". Callbacks (copy and save callbacks) run
+ * outside the calling function's error capture: pdx calls they make record
+ * their own errors. */
 #ifndef PDX_KV_OFFLOAD_H
 #define PDX_KV_OFFLOAD_H
 
@@ -166,8 +185,9 @@ PDX_API pdx_status_t pdx_offload_create(const pdx_offload_params_t *params,
 /* Destroy a pool: the worker stops, the save it is copying completes, the
  * callback of every save still queued runs with PDX_ERR_CANCELED, then the
  * slab is unmapped. Every lease must have been released and no other call
- * may be in progress or follow; live leases are logged as an error (and
- * leaked). Blocks until the worker has exited. NULL is a no-op. */
+ * may be in progress; live leases are logged as an error (and leaked). A
+ * call that follows is refused as above (best effort). Blocks until the
+ * worker has exited. NULL is a no-op. */
 PDX_API void pdx_offload_destroy(pdx_offload_pool_h pool);
 
 /* Longest prefix of keys[0..n) present in the pool, in *prefix_p. Hits
@@ -190,7 +210,8 @@ PDX_API pdx_status_t pdx_offload_lease(pdx_offload_pool_h pool,
                                        pdx_offload_lease_h *lease_p,
                                        size_t *count_p);
 
-/* Number of blocks a lease pins. Thread-safe while the lease is live. */
+/* Number of blocks a lease pins (0 for NULL). Thread-safe while the lease
+ * is live. */
 PDX_API size_t pdx_offload_lease_count(pdx_offload_lease_h lease);
 
 /* Address of leased block `index` in the slab (block_bytes readable), for
@@ -219,7 +240,9 @@ PDX_API pdx_status_t pdx_offload_load(pdx_offload_pool_h pool,
 
 /* Unpin a lease's blocks and free the lease; they return to the head of
  * their class's LRU (first block most recent). The lease must not be used
- * afterwards and no load from it may be running. NULL is a no-op. */
+ * afterwards and no load from it may be running. A NULL lease is a no-op; a
+ * bad pool, or a lease of another pool, is refused (logged, nothing
+ * released). */
 PDX_API void pdx_offload_release(pdx_offload_pool_h pool,
                                  pdx_offload_lease_h lease);
 
