@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "agent_int.h"
+#include "api_int.h"
 
 #define LIVENESS_PERIOD_NS 1000000ull /* pidfd poll at most once a ms */
 
@@ -313,6 +314,11 @@ pdx_status_t pdxi_agent_create(const char *name,
     }
     pdx_info("agent %s: created (host %s, instance %016llx)", a->name,
              a->host_id, (unsigned long long)a->instance);
+    if (params != NULL && (params->field_mask & PDX_AGENT_PARAM_STORE) &&
+        (st = pdx_store_agent_init(a, params)) != PDX_OK) {
+        pdxi_agent_destroy(a);
+        return st;
+    }
     *agent_p = a;
     return PDX_OK;
 
@@ -331,6 +337,7 @@ void pdxi_agent_destroy(pdx_agent_h a)
     if (a == NULL) {
         return;
     }
+    pdx_store_agent_fini(a); /* store.c: no store event after this */
     if (a->thread_running) {
         __atomic_store_n(&a->stop, 1, __ATOMIC_RELEASE);
         pthread_join(a->progress_thread, NULL);

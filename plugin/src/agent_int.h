@@ -198,6 +198,7 @@ struct pdx_agent {
     pthread_t progress_thread;
     bool thread_running;
     volatile int stop;
+    struct pdx_store_agent *store; /* store.c: discovery; NULL if none */
 };
 
 /* Does `r` hold [addr, addr+len)? The one containment check of the agent:
@@ -256,5 +257,17 @@ pdx_status_t pdx_host_id(char *buf, size_t len);
 pdx_status_t pdx_loader_open(const char *name, const pdx_backend_ops_t **ops_p,
                              void **dl_p, char *why, size_t why_len);
 void dlclose_backend(void *dl);
+struct pdx_store_ops;
+pdx_status_t pdx_loader_open_store(const char *name,
+                                   const struct pdx_store_ops **ops_p,
+                                   void **dl_p, char *why, size_t why_len);
+
+/* Store glue (store.c). init: load the agent's store module and start
+ * watching (PDX_AGENT_PARAM_STORE); called last in agent create, which
+ * destroys the agent if it fails. fini: stop publishing and watching,
+ * revoke the lease; called first in agent destroy, without the lock. */
+pdx_status_t pdx_store_agent_init(pdx_agent_h agent,
+                                  const pdx_agent_params_t *params);
+void pdx_store_agent_fini(pdx_agent_h agent);
 
 #endif

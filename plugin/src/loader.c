@@ -1,12 +1,15 @@
-/* Backend module loader: finds libpdx_backend_<name>.so in PDX_PLUGIN_PATH,
- * then next to libpdx.so, checks the ABI before any other call and dlcloses
- * what it rejects, saying why. */
+/* Module loader: finds libpdx_backend_<name>.so (and the store modules,
+ * libpdx_store_<name>.so) in PDX_PLUGIN_PATH, then next to libpdx.so,
+ * checks the ABI before any other call and dlcloses what it rejects,
+ * saying why. */
 #include <dlfcn.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <pdx/store.h>
 
 #include "agent_int.h"
 
@@ -42,9 +45,65 @@ static int valid_name(const char *name)
     return 1;
 }
 
+/* What kind of module is searched: backends and stores share the search
+ * path and the dlopen rules, and differ in their file prefix, symbol and
+ * table checks. */
+typedef struct module_kind {
+    const char *what;   /* "backend", "store" (log lines) */
+    const char *prefix; /* file name prefix */
+    const char *symbol;
+    /* The table's ABI version, size and name are acceptable: NULL, else
+     * the reason (in `detail` or static). */
+    const char *(*check)(const void *table, const char *name, char *detail,
+                         size_t len);
+} module_kind_t;
+
+static const char *check_backend(const void *table, const char *name,
+                                 char *detail, size_t len)
+{
+    const pdx_backend_ops_t *ops = table;
+    if (ops->abi_version != PDX_BACKEND_ABI_VERSION) {
+        snprintf(detail, len, "abi version %u, need %u", ops->abi_version,
+                 PDX_BACKEND_ABI_VERSION);
+    } else if (ops->size < PDX_BACKEND_OPS_MIN_SIZE) {
+        snprintf(detail, len, "ops table of %u bytes, need %zu", ops->size,
+                 (size_t)PDX_BACKEND_OPS_MIN_SIZE);
+    } else if (ops->name == NULL || strcmp(ops->name, name) != 0) {
+        snprintf(detail, len, "module names itself '%s'",
+                 ops->name ? ops->name : "(null)");
+    } else {
+        return NULL;
+    }
+    return detail;
+}
+
+static const char *check_store(const void *table, const char *name,
+                               char *detail, size_t len)
+{
+    const pdx_store_ops_t *ops = table;
+    if (ops->abi_version != PDX_STORE_ABI_VERSION) {
+        snprintf(detail, len, "abi version %u, need %u", ops->abi_version,
+                 PDX_STORE_ABI_VERSION);
+    } else if (ops->size < PDX_STORE_OPS_MIN_SIZE) {
+        snprintf(detail, len, "ops table of %u bytes, need %zu", ops->size,
+                 (size_t)PDX_STORE_OPS_MIN_SIZE);
+    } else if (ops->name == NULL || strcmp(ops->name, name) != 0) {
+        snprintf(detail, len, "module names itself '%s'",
+                 ops->name ? ops->name : "(null)");
+    } else {
+        return NULL;
+    }
+    return detail;
+}
+
+static const module_kind_t g_backend_kind = {
+    "backend", "libpdx_backend_", PDX_BACKEND_SYMBOL, check_backend};
+static const module_kind_t g_store_kind = {"store", "libpdx_store_",
+                                           PDX_STORE_SYMBOL, check_store};
+
 /* Try one path; 1 = accepted, 0 = absent, -1 = rejected (reason logged). */
-static int try_path(const char *path, const char *name,
-                    const pdx_backend_ops_t **ops_p, void **dl_p,
+static int try_path(const module_kind_t *kind, const char *path,
+                    const char *name, const void **table_p, void **dl_p,
                     char *why, size_t why_len)
 {
     if (access(path, F_OK) != 0) {
@@ -55,30 +114,21 @@ static int try_path(const char *path, const char *name,
         const char *err = dlerror();
         snprintf(why, why_len, "%s: dlopen failed: %s", path,
                  err ? err : "?");
-        pdx_warn("backend %s: rejected %s", name, why);
+        pdx_warn("%s %s: rejected %s", kind->what, name, why);
         return -1;
     }
-    const pdx_backend_ops_t *ops = dlsym(dl, PDX_BACKEND_SYMBOL);
+    const void *table = dlsym(dl, kind->symbol);
     const char *reason = NULL;
     char detail[128];
-    if (ops == NULL) {
-        reason = "no " PDX_BACKEND_SYMBOL " symbol";
-    } else if (ops->abi_version != PDX_BACKEND_ABI_VERSION) {
-        snprintf(detail, sizeof(detail), "abi version %u, need %u",
-                 ops->abi_version, PDX_BACKEND_ABI_VERSION);
+    if (table == NULL) {
+        snprintf(detail, sizeof(detail), "no %s symbol", kind->symbol);
         reason = detail;
-    } else if (ops->size < PDX_BACKEND_OPS_MIN_SIZE) {
-        snprintf(detail, sizeof(detail), "ops table of %u bytes, need %zu",
-                 ops->size, (size_t)PDX_BACKEND_OPS_MIN_SIZE);
-        reason = detail;
-    } else if (ops->name == NULL || strcmp(ops->name, name) != 0) {
-        snprintf(detail, sizeof(detail), "module names itself '%s'",
-                 ops->name ? ops->name : "(null)");
-        reason = detail;
+    } else {
+        reason = kind->check(table, name, detail, sizeof(detail));
     }
     if (reason != NULL) {
         snprintf(why, why_len, "%s: %s", path, reason);
-        pdx_warn("backend %s: rejected %s", name, why);
+        pdx_warn("%s %s: rejected %s", kind->what, name, why);
         dlclose(dl);
         return -1;
     }
@@ -89,22 +139,23 @@ static int try_path(const char *path, const char *name,
     if (pin != NULL) {
         dlclose(pin);
     }
-    *ops_p = ops;
+    *table_p = table;
     *dl_p = dl;
     return 1;
 }
 
-pdx_status_t pdx_loader_open(const char *name, const pdx_backend_ops_t **ops_p,
-                             void **dl_p, char *why, size_t why_len)
+static pdx_status_t module_open(const module_kind_t *kind, const char *name,
+                                const void **table_p, void **dl_p, char *why,
+                                size_t why_len)
 {
     char file[64], path[PATH_MAX], dir[PATH_MAX];
     int rejected = 0;
     why[0] = '\0';
     if (!valid_name(name)) {
-        snprintf(why, why_len, "invalid backend name");
+        snprintf(why, why_len, "invalid %s name", kind->what);
         return PDX_ERR_INVALID;
     }
-    snprintf(file, sizeof(file), "libpdx_backend_%s.so", name);
+    snprintf(file, sizeof(file), "%s%s.so", kind->prefix, name);
 
     const char *env = getenv("PDX_PLUGIN_PATH");
     if (env != NULL) {
@@ -116,7 +167,8 @@ pdx_status_t pdx_loader_open(const char *name, const pdx_backend_ops_t **ops_p,
                 memcpy(dir, p, n);
                 dir[n] = '\0';
                 snprintf(path, sizeof(path), "%s/%s", dir, file);
-                int r = try_path(path, name, ops_p, dl_p, why, why_len);
+                int r = try_path(kind, path, name, table_p, dl_p, why,
+                                 why_len);
                 if (r > 0) {
                     return PDX_OK;
                 }
@@ -133,7 +185,7 @@ pdx_status_t pdx_loader_open(const char *name, const pdx_backend_ops_t **ops_p,
         const char *subs[] = {"/pdx/", "/"};
         for (int i = 0; i < 2; i++) {
             snprintf(path, sizeof(path), "%s%s%s", dir, subs[i], file);
-            int r = try_path(path, name, ops_p, dl_p, why, why_len);
+            int r = try_path(kind, path, name, table_p, dl_p, why, why_len);
             if (r > 0) {
                 return PDX_OK;
             }
@@ -146,6 +198,31 @@ pdx_status_t pdx_loader_open(const char *name, const pdx_backend_ops_t **ops_p,
     snprintf(why, why_len, "%s not found in PDX_PLUGIN_PATH (%s) or %s/pdx",
              file, env ? env : "unset", dir[0] ? dir : "?");
     return PDX_ERR_NOT_FOUND;
+}
+
+pdx_status_t pdx_loader_open(const char *name, const pdx_backend_ops_t **ops_p,
+                             void **dl_p, char *why, size_t why_len)
+{
+    const void *t = NULL;
+    pdx_status_t st = module_open(&g_backend_kind, name, &t, dl_p, why,
+                                  why_len);
+    if (st == PDX_OK) {
+        *ops_p = t;
+    }
+    return st;
+}
+
+pdx_status_t pdx_loader_open_store(const char *name,
+                                   const pdx_store_ops_t **ops_p, void **dl_p,
+                                   char *why, size_t why_len)
+{
+    const void *t = NULL;
+    pdx_status_t st = module_open(&g_store_kind, name, &t, dl_p, why,
+                                  why_len);
+    if (st == PDX_OK) {
+        *ops_p = t;
+    }
+    return st;
 }
 
 pdx_status_t pdxi_backend_probe(const char *name, uint64_t *caps_p, char *why,

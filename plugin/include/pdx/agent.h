@@ -26,6 +26,7 @@ enum pdx_agent_params_field {
     PDX_AGENT_PARAM_XFER_TIMEOUT = 1u << 1,
     PDX_AGENT_PARAM_PROGRESS_INTERVAL = 1u << 2,
     PDX_AGENT_PARAM_PATH_POLICY = 1u << 3,
+    PDX_AGENT_PARAM_STORE = 1u << 4, /* the store_* fields */
 };
 
 /* Which transfer paths an agent accepts (PDX_AGENT_PARAM_PATH_POLICY).
@@ -75,6 +76,15 @@ typedef struct pdx_agent_params {
     uint32_t progress_interval_us;
     /* pdx_path_policy_t; default PDX_PATH_POLICY_ANY. */
     uint32_t path_policy;
+    /* Discovery store (PDX_AGENT_PARAM_STORE; pdx/store.h): the agent
+     * watches `<store_namespace>/agents/`, and publishes its own blob there
+     * under a lease once pdx_agent_publish is called. Without the bit,
+     * peers meet only through blobs passed by hand. Strings are copied. */
+    const char *store;           /* module libpdx_store_<store>.so; "etcd" */
+    const char *store_endpoints; /* "http://10.0.0.1:2379,..."; required */
+    const char *store_namespace; /* key prefix; default "pdx" */
+    uint32_t store_lease_ttl_ms; /* a dead agent vanishes after it; 10000 */
+    uint32_t store_timeout_ms;   /* one request to the store; 2000 */
 } pdx_agent_params_t;
 
 /* Create an agent named `name` (1..PDX_NAME_MAX-1 bytes of [A-Za-z0-9._-]).
