@@ -116,6 +116,8 @@ typedef struct cma_region {
     uint8_t *base;
     void *map;
     size_t map_len;
+    /* Remote, not mapped: why (for the agent's path report). */
+    char why[160];
 } cma_region_t;
 
 static void put_le(uint8_t *p, uint64_t v, unsigned n)
@@ -638,10 +640,18 @@ static pdx_status_t cma_rmem_load(void *bev, void *peer,
     m->shm_fd = -1;
     char why[256] = "";
     if (len == CMA_KEY_SHARED && !map_shared(peer, m, k, why, sizeof(why))) {
+        /* The agent warns once per peer with this reason (path report). */
         pdx_info("cma: shared region 0x%llx+%llu of pid %d not mapped (%s): "
                  "process_vm_readv/writev instead",
                  (unsigned long long)r->addr, (unsigned long long)r->len,
                  (int)((cma_peer_t *)peer)->pid, why);
+        snprintf(m->why, sizeof(m->why), "shared memory of pid %d not "
+                 "mappable here (%s): process_vm_readv/writev",
+                 (int)((cma_peer_t *)peer)->pid, why);
+    } else if (len == CMA_KEY_PLAIN) {
+        snprintf(m->why, sizeof(m->why), "not shared memory on the peer "
+                 "(not from pdx_mem_alloc or pdx_mem_share): "
+                 "process_vm_readv/writev");
     }
     *rmd_p = m;
     return PDX_OK;
@@ -767,6 +777,24 @@ static void cma_xfer_release(void *bev, void *reqv)
     free(r);
 }
 
+static pdx_status_t cma_path(void *bev, void *peer, void *rmdv,
+                             char *transport, size_t tlen, char *why,
+                             size_t wlen)
+{
+    const cma_region_t *m = rmdv;
+    if (m == NULL) {
+        snprintf(transport, tlen, "memcpy|process_vm");
+        return PDX_OK;
+    }
+    if (m->base != NULL) {
+        snprintf(transport, tlen, "memcpy");
+        return PDX_OK;
+    }
+    snprintf(transport, tlen, "process_vm");
+    snprintf(why, wlen, "%s", m->why);
+    return PDX_ERR_UNAVAILABLE;
+}
+
 static pdx_status_t cma_notif_send(void *bev, void *peer, const void *msg,
                                    size_t len)
 {
@@ -815,4 +843,5 @@ __attribute__((visibility("default"))) const pdx_backend_ops_t
         .arm = cma_arm,
         .describe = cma_describe,
         .xfer_abort = cma_xfer_abort,
+        .path = cma_path,
 };

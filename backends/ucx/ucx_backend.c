@@ -34,6 +34,7 @@
 #define UCX_DRAIN_MAX_NS 5000000000ull
 /* ucp_worker_progress calls per progress op; keeps one call short. */
 #define UCX_PROGRESS_ROUNDS 64
+#define UCX_PROGRESS_MAX_NS 500000ull
 
 #define UCX_CONTAINER(ptr, type, member)                                       \
     ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
@@ -587,10 +588,19 @@ static int ucx_has_pending_events(ucx_be_t *be)
 static unsigned ucx_worker_progress_bounded(ucx_be_t *be)
 {
     unsigned total = 0;
+    uint64_t start = 0;
     for (int i = 0; i < UCX_PROGRESS_ROUNDS; i++) {
         unsigned n = ucp_worker_progress(be->worker);
         total += n;
         if (n == 0) {
+            break;
+        }
+        /* Over tcp one round can copy megabytes (emulated RMA): the agent
+         * lock is held, so stop after UCX_PROGRESS_MAX_NS. */
+        if (i == 0) {
+            start = ucx_now_ns();
+        } else if ((i & 3) == 0 &&
+                   ucx_now_ns() - start > UCX_PROGRESS_MAX_NS) {
             break;
         }
     }

@@ -124,4 +124,11 @@ const pdx_plugin_v1_t pdx_plugin_v1 = {
     .mem_free = pdx_mem_free,
     .mem_share = pdx_mem_share,
     .mem_unshare = pdx_mem_unshare,
+    .last_error = pdx_last_error,
+    .last_status = pdx_last_status,
+    .xfer_telemetry = pdx_xfer_telemetry,
+    .peer_info = pdx_peer_info,
+    .stats_backend = pdx_stats_backend,
+    .stats_peer = pdx_stats_peer,
+    .stats_json = pdx_stats_json,
 };

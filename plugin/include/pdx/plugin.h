@@ -120,6 +120,16 @@ typedef struct pdx_plugin_v1 {
     pdx_status_t (*mem_free)(void *);
     pdx_status_t (*mem_share)(void *, size_t, int, uint64_t);
     pdx_status_t (*mem_unshare)(void *);
+    /* Appended for the error, telemetry and stats API (pdx/status.h,
+     * agent.h, xfer.h). */
+    const char *(*last_error)(void);
+    pdx_status_t (*last_status)(void);
+    pdx_status_t (*xfer_telemetry)(pdx_xfer_h, pdx_xfer_telemetry_t *);
+    pdx_status_t (*peer_info)(pdx_agent_h, const char *, pdx_peer_info_t *,
+                              pdx_region_info_t *, size_t);
+    pdx_status_t (*stats_backend)(pdx_agent_h, const char *, pdx_stats_t *);
+    pdx_status_t (*stats_peer)(pdx_agent_h, const char *, pdx_stats_t *);
+    pdx_status_t (*stats_json)(pdx_agent_h, char **);
 } pdx_plugin_v1_t;
 
 _Static_assert(offsetof(pdx_plugin_v1_t, abi_version) == 0, "abi first");

@@ -1,0 +1,563 @@
+/* No stall while a peer dies or hangs: D holds READs in flight to two
+ * target processes P1 and P2; P1 is killed (SIGKILL) or stopped (SIGSTOP)
+ * mid-run. A second thread of D calls pdx_peer_state, pdx_xfer_check (on
+ * its own requests) and pdx_notif_poll in a loop the whole time, timing
+ * every call. Passes when
+ *   - P1's requests end with PDX_ERR_REMOTE_DISCONNECT or PDX_ERR_TIMEOUT
+ *     (or, over shared memory, complete byte-exact: a stopped peer's
+ *     mapped memory needs no CPU of its own),
+ *   - P2's transfers complete byte-exact during the fault,
+ *   - the other thread's longest single call is under 50 ms,
+ *   - every wait is bounded (the whole run is under a minute).
+ * Prints p50, p99 and max of the other thread's calls.
+ *
+ * stall --mode kill|stop [--path ucx|ucx-tcp|shm] */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include <pdx/pdx.h>
+
+#define REGION (16u << 20)
+#define PIECE (64u << 10)
+#define PIECES 64 /* one READ: 64 x 64 KiB = 4 MiB */
+#define INFLIGHT 4 /* READs in flight per peer from the main thread */
+#define SAMPLES (4u << 20)
+
+const char *ctl_name = "stall";
+static const char *g_self;
+static const char *g_path = "ucx"; /* ucx (sm), ucx-tcp, shm (cma) */
+static int g_stop;                 /* SIGSTOP instead of SIGKILL */
+
+#define CHECK(call)                                                            \
+    do {                                                                       \
+        pdx_status_t st_ = (call);                                             \
+        if (st_ < 0)                                                           \
+            die("%s: %s (%s)", #call, pdx_status_string(st_),                  \
+                pdx_last_error());                                             \
+    } while (0)
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static unsigned char pattern(uint64_t off, unsigned salt)
+{
+    uint64_t x = (off >> 3) * 0x9e3779b97f4a7c15ull + salt * 0x1234567ull;
+    return (unsigned char)((x >> 31) ^ (off & 7) ^ salt);
+}
+
+static void backends(pdx_agent_h a)
+{
+    pdx_kv_t tls = {"tls", strcmp(g_path, "ucx-tcp") == 0 ? "tcp" : "sm"};
+    CHECK(pdx_backend_create(a, "ucx", &tls, 1, NULL));
+    if (strcmp(g_path, "shm") == 0) {
+        CHECK(pdx_backend_create(a, "cma", NULL, 0, NULL));
+    }
+}
+
+static void *region_alloc(size_t len)
+{
+    void *p = NULL;
+    if (strcmp(g_path, "shm") == 0) {
+        CHECK(pdx_mem_alloc(len, PDX_MEM_F_POPULATE, &p));
+    } else if (posix_memalign(&p, 4096, len) != 0) {
+        die("out of memory");
+    }
+    return p;
+}
+
+/* ---- target ------------------------------------------------------------ */
+
+static void on_any_note(void *arg, const char *peer, const void *m, size_t n)
+{
+    (void)arg, (void)peer, (void)m, (void)n;
+}
+
+/* A target: one region of pattern(salt), its blob to the parent, then D's
+ * blob back; sends D a heartbeat notification every 10 ms until killed or
+ * the control socket closes. */
+static int target_main(int fd, const char *name, unsigned salt)
+{
+    pdx_agent_params_t ap = {.field_mask = PDX_AGENT_PARAM_FLAGS,
+                             .flags = PDX_AGENT_F_PROGRESS_THREAD};
+    pdx_agent_h a;
+    CHECK(pdx_agent_create(name, &ap, &a));
+    backends(a);
+    unsigned char *mem = region_alloc(REGION);
+    for (uint64_t o = 0; o < REGION; o++) {
+        mem[o] = pattern(o, salt);
+    }
+    pdx_mem_reg_h reg;
+    CHECK(pdx_mem_register(a, PDX_MEM_DRAM, (uint64_t)(uintptr_t)mem, REGION,
+                           0, 0, &reg));
+    void *blob;
+    size_t blen;
+    CHECK(pdx_agent_describe(a, &blob, &blen));
+    send_msg(fd, blob, (uint32_t)blen);
+    pdx_blob_free(blob);
+    uint32_t dlen;
+    char *dblob = recv_msg(fd, &dlen);
+    if (dblob == NULL) {
+        die("no blob from D");
+    }
+    char dname[PDX_NAME_MAX];
+    CHECK(pdx_peer_load(a, dblob, dlen, dname));
+    free(dblob);
+    send_msg(fd, "ready", 5);
+    for (unsigned i = 0;; i++) {
+        char hb[32];
+        int n = snprintf(hb, sizeof(hb), "hb %u", i);
+        pdx_notif_send(a, dname, hb, (size_t)n);
+        pdx_notif_poll(a, on_any_note, NULL);
+        struct timeval tv = {0, 10000};
+        fd_set rd;
+        FD_ZERO(&rd);
+        FD_SET(fd, &rd);
+        if (select(fd + 1, &rd, NULL, NULL, &tv) > 0) {
+            break; /* the parent closed the socket or said stop */
+        }
+    }
+    pdx_mem_deregister(a, reg);
+    pdx_agent_destroy(a);
+    return 0;
+}
+
+typedef struct target {
+    pid_t pid;
+    int fd;
+    char name[PDX_NAME_MAX];
+    unsigned salt;
+    uint64_t base; /* its region, from its blob */
+} target_t;
+
+static void target_start(target_t *t, const char *name, unsigned salt)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        die("socketpair: %s", strerror(errno));
+    }
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    t->salt = salt;
+    t->pid = fork();
+    if (t->pid < 0) {
+        die("fork: %s", strerror(errno));
+    }
+    if (t->pid == 0) {
+        close(sv[0]);
+        char fdarg[16], saltarg[16];
+        snprintf(fdarg, sizeof(fdarg), "%d", sv[1]);
+        snprintf(saltarg, sizeof(saltarg), "%u", salt);
+        int fl = fcntl(sv[1], F_GETFD);
+        fcntl(sv[1], F_SETFD, fl & ~FD_CLOEXEC);
+        execl(g_self, g_self, "--target", fdarg, name, saltarg, "--path",
+              g_path, (char *)NULL);
+        _exit(127);
+    }
+    close(sv[1]);
+    t->fd = sv[0];
+}
+
+static void target_connect(target_t *t, pdx_agent_h d, const void *dblob,
+                           size_t dlen)
+{
+    uint32_t len;
+    char *blob = recv_msg(t->fd, &len);
+    if (blob == NULL) {
+        die("no blob from %s", t->name);
+    }
+    char name[PDX_NAME_MAX];
+    CHECK(pdx_peer_load(d, blob, len, name));
+    free(blob);
+    pdx_region_info_t r;
+    pdx_peer_info_t info;
+    CHECK(pdx_peer_info(d, name, &info, &r, 1));
+    if (info.nregions != 1 || r.len != REGION) {
+        die("%s: %zu regions", name, info.nregions);
+    }
+    t->base = r.addr;
+    send_msg(t->fd, dblob, (uint32_t)dlen);
+    char *ready = recv_msg(t->fd, NULL);
+    if (ready == NULL) {
+        die("%s did not get ready", t->name);
+    }
+    free(ready);
+}
+
+/* ---- D ----------------------------------------------------------------- */
+
+typedef struct monitor {
+    pdx_agent_h d;
+    target_t *t[2];
+    unsigned char *buf; /* two 4 MiB halves, one per peer */
+    atomic_int stop;
+    uint64_t *samples;
+    size_t nsamples;
+    uint64_t max_ns;
+    char max_what[32];
+    unsigned notifs, reads_ok[2], reads_err[2];
+} monitor_t;
+
+static void on_note(void *arg, const char *peer, const void *m, size_t n)
+{
+    (void)peer, (void)m, (void)n;
+    ((monitor_t *)arg)->notifs++;
+}
+
+static void sample(monitor_t *m, uint64_t t0, const char *what)
+{
+    uint64_t dt = now_ns() - t0;
+    if (m->nsamples < SAMPLES) {
+        m->samples[m->nsamples++] = dt;
+    }
+    if (dt > m->max_ns) {
+        m->max_ns = dt;
+        snprintf(m->max_what, sizeof(m->max_what), "%s", what);
+    }
+}
+
+/* The other thread: its own READ (64 KiB) to each peer, reposted when
+ * done, plus peer_state and notif_poll, every call timed. */
+static void *monitor_main(void *arg)
+{
+    monitor_t *m = arg;
+    pdx_xfer_h x[2] = {NULL, NULL};
+    bool live[2] = {true, true};
+    for (int i = 0; i < 2; i++) {
+        pdx_desc_t l = {(uint64_t)(uintptr_t)(m->buf + (size_t)i * PIECE),
+                        PIECE, 0, 0};
+        pdx_desc_t r = {m->t[i]->base + (uint64_t)i * 12345, PIECE, 0, 0};
+        pdx_desc_list_t ll = {PDX_MEM_DRAM, &l, 1}, rl = {PDX_MEM_DRAM, &r, 1};
+        CHECK(pdx_xfer_create(m->d, PDX_XFER_READ, &ll, &rl, m->t[i]->name,
+                              NULL, 0, &x[i]));
+        CHECK(pdx_xfer_post(x[i]));
+    }
+    while (!atomic_load(&m->stop)) {
+        for (int i = 0; i < 2; i++) {
+            uint64_t t0 = now_ns();
+            pdx_peer_state(m->d, m->t[i]->name);
+            sample(m, t0, "pdx_peer_state");
+            if (!live[i]) {
+                continue;
+            }
+            t0 = now_ns();
+            pdx_status_t st = pdx_xfer_check(x[i]);
+            sample(m, t0, "pdx_xfer_check");
+            if (st == PDX_INPROGRESS) {
+                continue;
+            }
+            if (st == PDX_OK) {
+                m->reads_ok[i]++;
+                const unsigned char *got = m->buf + (size_t)i * PIECE;
+                for (uint64_t o = 0; o < PIECE; o++) {
+                    if (got[o] != pattern(o + (uint64_t)i * 12345,
+                                          m->t[i]->salt)) {
+                        die("monitor: read from %s differs at %llu",
+                            m->t[i]->name, (unsigned long long)o);
+                    }
+                }
+                memset(m->buf + (size_t)i * PIECE, 0, PIECE);
+                t0 = now_ns();
+                st = pdx_xfer_post(x[i]);
+                sample(m, t0, "pdx_xfer_post");
+                if (st >= 0) {
+                    continue;
+                }
+            }
+            m->reads_err[i]++;
+            live[i] = false; /* that peer failed: stop using it */
+        }
+        uint64_t t0 = now_ns();
+        pdx_notif_poll(m->d, on_note, m);
+        sample(m, t0, "pdx_notif_poll");
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    for (int i = 0; i < 2; i++) {
+        pdx_xfer_release(x[i]);
+    }
+    return NULL;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct slot {
+    pdx_xfer_h x;
+    uint64_t roff; /* remote offset of its first piece */
+    bool busy;
+} slot_t;
+
+/* Post a READ of PIECES scattered 64 KiB pieces of target `t` into slot
+ * `s`'s part of `buf`. */
+static pdx_status_t read_post(pdx_agent_h d, target_t *t, unsigned char *buf,
+                              slot_t *s, unsigned round)
+{
+    pdx_desc_t l[PIECES], r[PIECES];
+    s->roff = ((uint64_t)round * 7919u * 4096u) % (REGION / 2);
+    for (unsigned i = 0; i < PIECES; i++) {
+        l[i] = (pdx_desc_t){(uint64_t)(uintptr_t)(buf + (size_t)i * PIECE),
+                            PIECE, 0, 0};
+        /* Every other piece skipped: no merging into one. */
+        r[i] = (pdx_desc_t){t->base + s->roff + (uint64_t)i * 2 * PIECE,
+                            PIECE, 0, 0};
+    }
+    pdx_desc_list_t ll = {PDX_MEM_DRAM, l, PIECES}, rl = {PDX_MEM_DRAM, r,
+                                                           PIECES};
+    pdx_status_t st = pdx_xfer_create(d, PDX_XFER_READ, &ll, &rl, t->name,
+                                      NULL, 0, &s->x);
+    if (st != PDX_OK) {
+        return st;
+    }
+    memset(buf, 0, (size_t)PIECES * PIECE);
+    st = pdx_xfer_post(s->x);
+    s->busy = st == PDX_INPROGRESS || st == PDX_OK;
+    return st;
+}
+
+static void read_verify(const target_t *t, const unsigned char *buf,
+                        const slot_t *s)
+{
+    for (unsigned i = 0; i < PIECES; i++) {
+        uint64_t ro = s->roff + (uint64_t)i * 2 * PIECE;
+        const unsigned char *g = buf + (size_t)i * PIECE;
+        for (uint64_t o = 0; o < PIECE; o++) {
+            if (g[o] != pattern(ro + o, t->salt)) {
+                die("read from %s differs at remote offset %llu", t->name,
+                    (unsigned long long)(ro + o));
+            }
+        }
+    }
+}
+
+static int d_main(void)
+{
+    pdx_agent_params_t ap = {
+        .field_mask = PDX_AGENT_PARAM_FLAGS | PDX_AGENT_PARAM_XFER_TIMEOUT,
+        .flags = PDX_AGENT_F_PROGRESS_THREAD,
+        .xfer_timeout_ms = 1500};
+    pdx_agent_h d;
+    CHECK(pdx_agent_create("stall-d", &ap, &d));
+    backends(d);
+    size_t slot_bytes = (size_t)PIECES * PIECE;
+    size_t local_len = 2 * PIECE + 2 * INFLIGHT * slot_bytes;
+    unsigned char *local = region_alloc(local_len);
+    pdx_mem_reg_h reg;
+    CHECK(pdx_mem_register(d, PDX_MEM_DRAM, (uint64_t)(uintptr_t)local,
+                           local_len, 0, 0, &reg));
+    target_t t[2];
+    target_start(&t[0], "stall-p1", 11);
+    target_start(&t[1], "stall-p2", 22);
+    void *dblob;
+    size_t dlen;
+    CHECK(pdx_agent_describe(d, &dblob, &dlen));
+    target_connect(&t[0], d, dblob, dlen);
+    target_connect(&t[1], d, dblob, dlen);
+    pdx_blob_free(dblob);
+
+    monitor_t m = {.d = d, .t = {&t[0], &t[1]}, .buf = local};
+    m.samples = malloc(SAMPLES * sizeof(*m.samples));
+    if (m.samples == NULL) {
+        die("out of memory");
+    }
+    pthread_t mon;
+    if (pthread_create(&mon, NULL, monitor_main, &m) != 0) {
+        die("pthread_create");
+    }
+
+    slot_t slots[2][INFLIGHT];
+    memset(slots, 0, sizeof(slots));
+    unsigned round = 0, done_ok[2] = {0, 0}, done_during[2] = {0, 0};
+    pdx_status_t p1_end = PDX_OK;
+    unsigned p1_failed = 0;
+    uint64_t start = now_ns(), fault_at = start + 400000000ull,
+             end_at = fault_at + 3500000000ull, fault_ns = 0,
+             p1_first_fail_ns = 0;
+    bool faulted = false, p1_dead = false;
+    uint64_t main_max = 0;
+    while (now_ns() < end_at) {
+        if (!faulted && now_ns() >= fault_at) {
+            if (kill(t[0].pid, g_stop ? SIGSTOP : SIGKILL) != 0) {
+                die("kill: %s", strerror(errno));
+            }
+            fault_ns = now_ns();
+            faulted = true;
+            printf("fault: %s sent to %s with %u + %u READs in flight\n",
+                   g_stop ? "SIGSTOP" : "SIGKILL", t[0].name, INFLIGHT,
+                   INFLIGHT);
+        }
+        for (int p = 0; p < 2; p++) {
+            if (p == 0 && p1_dead) {
+                continue;
+            }
+            for (int k = 0; k < INFLIGHT; k++) {
+                slot_t *s = &slots[p][k];
+                unsigned char *buf =
+                    local + 2 * PIECE + ((size_t)p * INFLIGHT + k) * slot_bytes;
+                uint64_t t0 = now_ns();
+                if (!s->busy) {
+                    pdx_status_t st = read_post(d, &t[p], buf, s, round++);
+                    if (st < 0 && s->x != NULL) {
+                        pdx_xfer_release(s->x);
+                        s->x = NULL;
+                    }
+                    if (st < 0 && p == 0 && faulted) {
+                        p1_dead = true;
+                        p1_end = p1_end == PDX_OK ? st : p1_end;
+                        continue;
+                    }
+                    if (st < 0) {
+                        die("post to %s: %s (%s)", t[p].name,
+                            pdx_status_string(st), pdx_last_error());
+                    }
+                    continue;
+                }
+                pdx_status_t st = pdx_xfer_check(s->x);
+                uint64_t dt = now_ns() - t0;
+                main_max = dt > main_max ? dt : main_max;
+                if (st == PDX_INPROGRESS) {
+                    continue;
+                }
+                if (st == PDX_OK) {
+                    read_verify(&t[p], buf, s);
+                    done_ok[p]++;
+                    done_during[p] += faulted;
+                } else if (p == 0 && faulted) {
+                    if (p1_failed++ == 0) {
+                        p1_first_fail_ns = now_ns();
+                        p1_end = st;
+                        printf("%s: first request ended '%s' %.1f ms after "
+                               "the fault: %s\n", t[0].name,
+                               pdx_status_string(st),
+                               (double)(p1_first_fail_ns - fault_ns) / 1e6,
+                               pdx_last_error());
+                    }
+                } else {
+                    die("READ from %s failed: %s (%s)", t[p].name,
+                        pdx_status_string(st), pdx_last_error());
+                }
+                t0 = now_ns();
+                pdx_xfer_release(s->x);
+                dt = now_ns() - t0;
+                main_max = dt > main_max ? dt : main_max;
+                s->x = NULL;
+                s->busy = false;
+            }
+        }
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
+    atomic_store(&m.stop, 1);
+    pthread_join(mon, NULL);
+    for (int p = 0; p < 2; p++) {
+        for (int k = 0; k < INFLIGHT; k++) {
+            if (slots[p][k].x != NULL) {
+                pdx_xfer_release(slots[p][k].x);
+            }
+        }
+    }
+
+    qsort(m.samples, m.nsamples, sizeof(*m.samples), cmp_u64);
+    double p50 = (double)m.samples[m.nsamples / 2] / 1e6;
+    double p99 = (double)m.samples[m.nsamples * 99 / 100] / 1e6;
+    double mx = (double)m.max_ns / 1e6;
+    pdx_stats_t s1;
+    pdx_stats_peer(d, t[0].name, &s1);
+    printf("path %s, %s: other thread %zu calls: p50 %.3f ms, p99 %.3f ms, "
+           "max %.3f ms (%s); main thread longest check/release %.3f ms\n",
+           g_path, g_stop ? "stop" : "kill", m.nsamples, p50, p99, mx,
+           m.max_what, (double)main_max / 1e6);
+    printf("%s: %u READs byte-exact (%u during the fault); %s: %u "
+           "byte-exact before, %u failed (%s), dead events %llu; monitor "
+           "reads ok %u/%u, notifications %u\n", t[1].name, done_ok[1],
+           done_during[1], t[0].name, done_ok[0] - done_during[0], p1_failed,
+           pdx_status_string(p1_end), (unsigned long long)s1.dead_events,
+           m.reads_ok[0], m.reads_ok[1], m.notifs);
+
+    int bad = 0;
+    if (mx >= 50.0) {
+        fprintf(stderr, "FAIL: a call of the other thread took %.1f ms\n", mx);
+        bad = 1;
+    }
+    if (done_during[1] < 3) {
+        fprintf(stderr, "FAIL: %s completed %u READs during the fault\n",
+                t[1].name, done_during[1]);
+        bad = 1;
+    }
+    bool shm_stop = g_stop && strcmp(g_path, "shm") == 0;
+    if (!shm_stop && p1_failed == 0 && !p1_dead) {
+        fprintf(stderr, "FAIL: no request to %s failed\n", t[0].name);
+        bad = 1;
+    }
+    if (p1_failed > 0 && p1_end != PDX_ERR_REMOTE_DISCONNECT &&
+        p1_end != PDX_ERR_TIMEOUT) {
+        fprintf(stderr, "FAIL: %s's requests ended '%s'\n", t[0].name,
+                pdx_status_string(p1_end));
+        bad = 1;
+    }
+    if (shm_stop) {
+        printf("%s stopped, shared memory: its READs %s (memcpy needs no "
+               "CPU of the target)\n", t[0].name,
+               done_during[0] > 0 ? "kept completing byte-exact"
+                                  : "did not complete");
+    }
+
+    if (g_stop) {
+        kill(t[0].pid, SIGCONT);
+    }
+    kill(t[0].pid, SIGKILL);
+    close(t[0].fd);
+    close(t[1].fd); /* P2 exits on EOF */
+    for (int p = 0; p < 2; p++) {
+        int status;
+        waitpid(t[p].pid, &status, 0);
+    }
+    free(m.samples);
+    pdx_mem_deregister(d, reg);
+    pdx_agent_destroy(d);
+    if (strcmp(g_path, "shm") == 0) {
+        pdx_mem_free(local);
+    } else {
+        free(local);
+    }
+    printf("%s\n", bad ? "FAIL" : "PASS");
+    return bad;
+}
+
+int main(int argc, char **argv)
+{
+    g_self = argv[0];
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--path") == 0 && i + 1 < argc) {
+            g_path = argv[++i];
+        } else if (strcmp(argv[i], "--mode") == 0 && i + 1 < argc) {
+            g_stop = strcmp(argv[++i], "stop") == 0;
+        }
+    }
+    if (strcmp(g_path, "ucx") != 0 && strcmp(g_path, "ucx-tcp") != 0 &&
+        strcmp(g_path, "shm") != 0) {
+        die("--path ucx|ucx-tcp|shm");
+    }
+    if (argc >= 5 && strcmp(argv[1], "--target") == 0) {
+        return target_main(atoi(argv[2]), argv[3], (unsigned)atoi(argv[4]));
+    }
+    alarm(120); /* bounded whatever happens */
+    return d_main();
+}
