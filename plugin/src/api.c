@@ -15,6 +15,12 @@
         pdx_call_leave(__func__, PDX_OK);                                      \
         return;                                                                \
     } while (0)
+/* A void function that refused its argument: recorded as PDX_ERR_INVALID. */
+#define LEAVE_REFUSED()                                                        \
+    do {                                                                       \
+        pdx_call_leave(__func__, PDX_ERR_INVALID);                             \
+        return;                                                                \
+    } while (0)
 
 #define AGENT_OK(a) pdx_handle_check((a), PDX_MAGIC_AGENT, __func__, "agent")
 #define XFER_OK(x) pdx_handle_check((x), PDX_MAGIC_XFER, __func__, "xfer")
@@ -48,9 +54,10 @@ void pdx_agent_destroy(pdx_agent_h agent)
     if (agent == NULL) { /* like free(NULL) */
         LEAVE_VOID();
     }
-    if (AGENT_OK(agent)) {
-        pdxi_agent_destroy(agent);
+    if (!AGENT_OK(agent)) {
+        LEAVE_REFUSED();
     }
+    pdxi_agent_destroy(agent);
     LEAVE_VOID();
 }
 
@@ -121,12 +128,13 @@ void pdx_backend_describe(pdx_backend_h be, char *buf, size_t len)
     ENTER();
     if (buf == NULL || len == 0) {
         pdx_log(PDX_LOG_ERROR, "%s: buf is NULL or empty", __func__);
-        LEAVE_VOID();
+        LEAVE_REFUSED();
     }
     buf[0] = '\0';
-    if (pdx_handle_check(be, PDX_MAGIC_BACKEND, __func__, "backend")) {
-        pdxi_backend_describe(be, buf, len);
+    if (!pdx_handle_check(be, PDX_MAGIC_BACKEND, __func__, "backend")) {
+        LEAVE_REFUSED();
     }
+    pdxi_backend_describe(be, buf, len);
     LEAVE_VOID();
 }
 
@@ -327,9 +335,10 @@ void pdx_xfer_release(pdx_xfer_h xfer)
     if (xfer == NULL) { /* like free(NULL) */
         LEAVE_VOID();
     }
-    if (XFER_OK(xfer)) {
-        pdxi_xfer_release(xfer);
+    if (!XFER_OK(xfer)) {
+        LEAVE_REFUSED();
     }
+    pdxi_xfer_release(xfer);
     LEAVE_VOID();
 }
 
@@ -374,9 +383,10 @@ void pdx_dlist_release(pdx_dlist_h dlist)
     if (dlist == NULL) {
         LEAVE_VOID();
     }
-    if (DLIST_OK(dlist, "dlist")) {
-        pdxi_dlist_release(dlist);
+    if (!DLIST_OK(dlist, "dlist")) {
+        LEAVE_REFUSED();
     }
+    pdxi_dlist_release(dlist);
     LEAVE_VOID();
 }
 

@@ -76,7 +76,7 @@ pdx_status_t pdxi_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
                               uint64_t addr, uint64_t len, uint32_t dev_id,
                               uint64_t flags, pdx_mem_reg_h *reg_p)
 {
-    if (len == 0 || addr + len < addr || reg_p == NULL ||
+    if (len == 0 || addr + len < addr ||
         (type != PDX_MEM_DRAM && type != PDX_MEM_VRAM)) {
         pdx_error("agent %s: register: invalid region 0x%llx+%llu",
                   agent->name, (unsigned long long)addr,
@@ -176,7 +176,7 @@ out:
 
 pdx_status_t pdxi_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg)
 {
-    pdx_status_t st = PDX_ERR_NOT_FOUND;
+    pdx_status_t st = PDX_ERR_INVALID;
     pthread_mutex_lock(&agent->lock);
     for (size_t i = 0; i < agent->nregs; i++) {
         if (agent->regs[i] != reg) {
@@ -196,6 +196,11 @@ pdx_status_t pdxi_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg)
         pdx_mem_reg_free_locked(agent, reg);
         st = PDX_OK;
         break;
+    }
+    if (st == PDX_ERR_INVALID) {
+        pdx_error("agent %s: deregister: reg %p is not a registration of "
+                  "this agent (deregistered already?)", agent->name,
+                  (void *)reg);
     }
     pthread_mutex_unlock(&agent->lock);
     return st;

@@ -1,15 +1,748 @@
-/* Store glue: discovery, liveness and the block-owner registry through a
- * store module (pdx/store.h). Being written: stubs keep the build whole. */
+/* Store glue: an agent's discovery, liveness and block-owner registry
+ * through a store module (pdx/store.h).
+ *
+ * The module's thread reports changes under `agents/`; its callback only
+ * updates the local cache (newest blob of every agent, by name) and queues
+ * the event. One glue thread per agent does the agent work the events ask
+ * for (reload a loaded peer whose instance or generation changed, mark one
+ * whose key vanished dead) and publishes the agent's blob whenever its
+ * generation differs from the one published (checked every PUBLISH_POLL_MS
+ * under the agent lock, so no hook is needed where the generation
+ * changes). Neither thread holds the agent lock while calling the store,
+ * and the store's thread never takes the agent lock. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
 #include <pdx/store.h>
 
 #include "agent_int.h"
+#include "api_int.h"
+#include "pdx_call.h"
 
-pdx_status_t pdx_store_agent_init(pdx_agent_h agent,
-                                  const pdx_agent_params_t *params)
+#define PUBLISH_POLL_MS 20
+#define CACHE_MAX 4096 /* agents remembered per namespace */
+
+typedef struct cached {
+    struct cached *next;
+    char name[PDX_NAME_MAX];
+    uint64_t instance;
+    uint32_t generation;
+    int64_t revision;
+    size_t len;
+    unsigned char *blob;
+} cached_t;
+
+typedef struct gev {
+    struct gev *next;
+    pdx_store_event_type_t type;
+    char name[PDX_NAME_MAX];
+    uint64_t instance; /* PUT: from the blob; DELETE: of the entry removed */
+    uint32_t generation;
+    size_t len;
+    unsigned char blob[];
+} gev_t;
+
+struct pdx_store_agent {
+    pdx_agent_h agent;
+    const pdx_store_ops_t *ops;
+    void *dl;
+    void *st;
+    pdx_store_host_t host;
+    char module[32];
+    char endpoints[512];
+    char ns[128];
+    uint64_t watch_id;
+
+    pthread_mutex_t lock; /* everything below */
+    pthread_cond_t cv;    /* events queued, cache changed, stop */
+    bool stop;
+    bool publish;
+    bool published_any;
+    uint32_t published_gen;
+    uint64_t publish_retry_ns;
+    gev_t *evq, *evq_tail;
+    cached_t *cache;
+    uint32_t ncache;
+    uint64_t reloads, deaths;
+    bool warned_name_clash;
+
+    pthread_t thread;
+    bool thread_running;
+};
+
+static uint64_t now_ns(void)
 {
-    (void)params;
-    pdx_error("agent %s: stores are not available yet", agent->name);
-    return PDX_ERR_UNSUPPORTED;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-void pdx_store_agent_fini(pdx_agent_h agent) { (void)agent; }
+static cached_t *cache_find(struct pdx_store_agent *g, const char *name)
+{
+    for (cached_t *c = g->cache; c != NULL; c = c->next) {
+        if (strcmp(c->name, name) == 0) {
+            return c;
+        }
+    }
+    return NULL;
+}
+
+static void cache_drop(struct pdx_store_agent *g, const char *name,
+                       uint64_t *instance_p)
+{
+    for (cached_t **pp = &g->cache; *pp != NULL; pp = &(*pp)->next) {
+        if (strcmp((*pp)->name, name) == 0) {
+            cached_t *c = *pp;
+            *pp = c->next;
+            if (instance_p != NULL) {
+                *instance_p = c->instance;
+            }
+            free(c->blob);
+            free(c);
+            g->ncache--;
+            return;
+        }
+    }
+}
+
+/* The agent name of key `agents/<name>`, or NULL. */
+static const char *agent_of_key(const char *key)
+{
+    static const char pfx[] = "agents/";
+    if (strncmp(key, pfx, sizeof(pfx) - 1) != 0) {
+        return NULL;
+    }
+    const char *name = key + sizeof(pfx) - 1;
+    size_t n = strlen(name);
+    if (n == 0 || n >= PDX_NAME_MAX || strchr(name, '/') != NULL) {
+        return NULL;
+    }
+    return name;
+}
+
+static void queue_ev(struct pdx_store_agent *g, pdx_store_event_type_t type,
+                     const char *name, uint64_t instance, uint32_t generation,
+                     const void *blob, size_t len)
+{
+    gev_t *e = malloc(sizeof(*e) + len);
+    if (e == NULL) {
+        pdx_error("agent %s: store event of %s dropped: out of memory",
+                  g->agent->name, name);
+        return;
+    }
+    e->next = NULL;
+    e->type = type;
+    snprintf(e->name, sizeof(e->name), "%s", name);
+    e->instance = instance;
+    e->generation = generation;
+    e->len = len;
+    if (len > 0) {
+        memcpy(e->blob, blob, len);
+    }
+    if (g->evq_tail != NULL) {
+        g->evq_tail->next = e;
+    } else {
+        g->evq = e;
+    }
+    g->evq_tail = e;
+}
+
+/* Store thread: never takes the agent lock. */
+static void on_store_event(void *ctx, uint64_t watch_id,
+                           const pdx_store_event_t *ev)
+{
+    struct pdx_store_agent *g = ctx;
+    (void)watch_id;
+    const char *name = agent_of_key(ev->key);
+    if (name == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&g->lock);
+    if (ev->type == PDX_STORE_EV_PUT) {
+        pdx_blob_t *b = NULL;
+        char why[128];
+        if (pdx_blob_parse(ev->value, ev->value_len, &b, why, sizeof(why)) !=
+                PDX_OK ||
+            strcmp(b->name, name) != 0) {
+            pdx_warn("agent %s: store key agents/%s holds no valid blob of "
+                     "that agent (%s): ignored", g->agent->name, name,
+                     b ? "name differs" : why);
+            pdx_blob_free_parsed(b);
+            pthread_mutex_unlock(&g->lock);
+            return;
+        }
+        cached_t *c = cache_find(g, name);
+        unsigned char *copy = malloc(ev->value_len);
+        if (copy == NULL || (c == NULL && g->ncache >= CACHE_MAX)) {
+            pdx_warn("agent %s: store cache full or out of memory: agents/%s "
+                     "not cached", g->agent->name, name);
+            free(copy);
+        } else {
+            if (c == NULL) {
+                c = calloc(1, sizeof(*c));
+                if (c != NULL) {
+                    snprintf(c->name, sizeof(c->name), "%s", name);
+                    c->next = g->cache;
+                    g->cache = c;
+                    g->ncache++;
+                }
+            }
+            if (c != NULL) {
+                memcpy(copy, ev->value, ev->value_len);
+                free(c->blob);
+                c->blob = copy;
+                c->len = ev->value_len;
+                c->instance = b->instance;
+                c->generation = b->generation;
+                c->revision = ev->revision;
+            } else {
+                free(copy);
+            }
+        }
+        queue_ev(g, ev->type, name, b->instance, b->generation, ev->value,
+                 ev->value_len);
+        pdx_blob_free_parsed(b);
+    } else {
+        uint64_t inst = 0;
+        cache_drop(g, name, &inst);
+        queue_ev(g, ev->type, name, inst, 0, NULL, 0);
+    }
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->lock);
+}
+
+static void on_store_state(void *ctx, const pdx_store_status_t *s)
+{
+    struct pdx_store_agent *g = ctx;
+    pthread_mutex_lock(&g->lock);
+    pthread_cond_broadcast(&g->cv); /* fetch waiters re-evaluate */
+    pthread_mutex_unlock(&g->lock);
+    pdx_debug("agent %s: store %s (lease %llx)", g->agent->name,
+              s->reachable ? "reachable" : "unreachable",
+              (unsigned long long)s->lease);
+}
+
+/* Glue thread: one event's agent work. */
+static void handle_event(struct pdx_store_agent *g, gev_t *e)
+{
+    pdx_agent_h a = g->agent;
+    if (strcmp(e->name, a->name) == 0) {
+        if (e->type == PDX_STORE_EV_PUT && e->instance != a->instance) {
+            pthread_mutex_lock(&g->lock);
+            bool warned = g->warned_name_clash;
+            g->warned_name_clash = true;
+            pthread_mutex_unlock(&g->lock);
+            if (!warned) {
+                pdx_warn("agent %s: the store's agents/%s is instance %016llx, "
+                         "not this agent (%016llx): an earlier run, or two "
+                         "agents with one name in namespace %s", a->name,
+                         a->name, (unsigned long long)e->instance,
+                         (unsigned long long)a->instance, g->ns);
+            }
+        } else if (e->type == PDX_STORE_EV_DELETE) {
+            /* Our key went (deleted by hand, or our lease expired while
+             * the module could not renew it): publish it again. */
+            pthread_mutex_lock(&g->lock);
+            g->published_any = false;
+            pthread_mutex_unlock(&g->lock);
+        }
+        return;
+    }
+    pthread_mutex_lock(&a->lock);
+    pdx_peer_t *p = pdx_peer_find(a, e->name);
+    bool loaded = p != NULL;
+    bool changed = p != NULL && (p->instance != e->instance ||
+                                 p->generation != e->generation);
+    uint32_t old_gen = p ? p->generation : 0;
+    uint64_t old_inst = p ? p->instance : 0;
+    if (e->type == PDX_STORE_EV_DELETE && p != NULL && p->dead == PDX_OK) {
+        pdx_peer_mark_dead_locked(a, p, PDX_ERR_REMOTE_DISCONNECT,
+                                  "store: lease expired or key deleted",
+                                  false);
+        pthread_mutex_lock(&g->lock);
+        g->deaths++;
+        pthread_mutex_unlock(&g->lock);
+    }
+    pthread_mutex_unlock(&a->lock);
+    if (e->type != PDX_STORE_EV_PUT || !loaded || !changed) {
+        return;
+    }
+    pdx_info("agent %s: store: peer %s has a new description (generation %u "
+             "-> %u%s): reloading", a->name, e->name, old_gen, e->generation,
+             old_inst != e->instance ? ", new instance" : "");
+    pdx_status_t st = pdxi_peer_load(a, e->blob, e->len, NULL);
+    if (st == PDX_OK) {
+        pthread_mutex_lock(&g->lock);
+        g->reloads++;
+        pthread_mutex_unlock(&g->lock);
+    } else if (old_inst != e->instance) {
+        /* Refused (another layout or seed...): the old incarnation is gone
+         * anyway, since another one publishes under its name. */
+        pthread_mutex_lock(&a->lock);
+        p = pdx_peer_find(a, e->name);
+        if (p != NULL && p->instance == old_inst) {
+            pdx_peer_mark_dead_locked(a, p, PDX_ERR_REMOTE_DISCONNECT,
+                                      "store: replaced by an instance this "
+                                      "agent refuses", false);
+        }
+        pthread_mutex_unlock(&a->lock);
+    }
+}
+
+static void publish_step(struct pdx_store_agent *g, uint64_t now)
+{
+    pdx_agent_h a = g->agent;
+    pthread_mutex_lock(&g->lock);
+    bool on = g->publish && now >= g->publish_retry_ns;
+    bool any = g->published_any;
+    uint32_t done = g->published_gen;
+    pthread_mutex_unlock(&g->lock);
+    if (!on) {
+        return;
+    }
+    pthread_mutex_lock(&a->lock);
+    uint32_t gen = a->generation;
+    pthread_mutex_unlock(&a->lock);
+    if (any && gen == done) {
+        return;
+    }
+    void *blob = NULL;
+    size_t len = 0;
+    pdx_status_t st = pdxi_agent_describe(a, &blob, &len);
+    char key[PDX_NAME_MAX + 16];
+    snprintf(key, sizeof(key), "agents/%s", a->name);
+    if (st == PDX_OK) {
+        st = g->ops->put(g->st, key, blob, len, PDX_STORE_PUT_LEASED);
+    }
+    free(blob);
+    pthread_mutex_lock(&g->lock);
+    if (st == PDX_OK || st == PDX_INPROGRESS) {
+        /* INPROGRESS: the module holds it and publishes when it can. */
+        g->published_any = true;
+        g->published_gen = gen;
+        pdx_debug("agent %s: generation %u %s as %s", a->name, gen,
+                  st == PDX_OK ? "published" : "handed to the store", key);
+    } else {
+        pdx_warn("agent %s: publishing %s failed: %s; retrying in 1 s",
+                 a->name, key, pdx_status_string(st));
+        g->publish_retry_ns = now + 1000000000ull;
+    }
+    pthread_mutex_unlock(&g->lock);
+}
+
+static void *glue_main(void *arg)
+{
+    struct pdx_store_agent *g = arg;
+    pthread_mutex_lock(&g->lock);
+    while (!g->stop) {
+        gev_t *list = g->evq;
+        g->evq = g->evq_tail = NULL;
+        pthread_mutex_unlock(&g->lock);
+        while (list != NULL) {
+            gev_t *e = list;
+            list = e->next;
+            handle_event(g, e);
+            free(e);
+        }
+        publish_step(g, now_ns());
+        pthread_mutex_lock(&g->lock);
+        if (g->evq == NULL && !g->stop) {
+            struct timespec dl;
+            clock_gettime(CLOCK_REALTIME, &dl);
+            dl.tv_nsec += PUBLISH_POLL_MS * 1000000L;
+            if (dl.tv_nsec >= 1000000000L) {
+                dl.tv_sec++;
+                dl.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&g->cv, &g->lock, &dl);
+        }
+    }
+    pthread_mutex_unlock(&g->lock);
+    return NULL;
+}
+
+static void glue_free(struct pdx_store_agent *g)
+{
+    while (g->evq != NULL) {
+        gev_t *e = g->evq;
+        g->evq = e->next;
+        free(e);
+    }
+    while (g->cache != NULL) {
+        cached_t *c = g->cache;
+        g->cache = c->next;
+        free(c->blob);
+        free(c);
+    }
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->lock);
+    free(g);
+}
+
+pdx_status_t pdx_store_agent_init(pdx_agent_h a,
+                                  const pdx_agent_params_t *params)
+{
+    const char *module = params->store ? params->store : "etcd";
+    const char *ns = params->store_namespace ? params->store_namespace
+                                             : "pdx";
+    if (params->store_endpoints == NULL || params->store_endpoints[0] == 0 ||
+        strlen(params->store_endpoints) >= 512) {
+        pdx_error("agent %s: PDX_AGENT_PARAM_STORE needs store_endpoints "
+                  "(e.g. \"http://127.0.0.1:2379\")", a->name);
+        return PDX_ERR_INVALID;
+    }
+    const pdx_store_ops_t *ops;
+    void *dl;
+    char why[512];
+    pdx_status_t st = pdx_loader_open_store(module, &ops, &dl, why,
+                                            sizeof(why));
+    if (st != PDX_OK) {
+        pdx_error("agent %s: store %s: %s", a->name, module, why);
+        return st;
+    }
+    if (ops->query(why, sizeof(why)) != PDX_OK) {
+        pdx_error("agent %s: store %s unavailable: %s", a->name, module, why);
+        dlclose_backend(dl);
+        return PDX_ERR_UNAVAILABLE;
+    }
+    struct pdx_store_agent *g = calloc(1, sizeof(*g));
+    if (g == NULL) {
+        dlclose_backend(dl);
+        return PDX_ERR_NOMEM;
+    }
+    pthread_mutex_init(&g->lock, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->agent = a;
+    g->ops = ops;
+    g->dl = dl;
+    snprintf(g->module, sizeof(g->module), "%s", module);
+    snprintf(g->endpoints, sizeof(g->endpoints), "%s",
+             params->store_endpoints);
+    snprintf(g->ns, sizeof(g->ns), "%s", ns);
+    g->host = (pdx_store_host_t){.ctx = g, .agent_name = a->name,
+                                 .watch_event = on_store_event,
+                                 .state_change = on_store_state};
+    pdx_store_params_t sp = {
+        .endpoints = g->endpoints, .ns = g->ns,
+        .lease_ttl_ms = params->store_lease_ttl_ms
+                            ? params->store_lease_ttl_ms : 10000,
+        .timeout_ms = params->store_timeout_ms ? params->store_timeout_ms
+                                               : 2000,
+        .retry_min_ms = 100, .retry_max_ms = 5000,
+        .max_txn_ops = params->store_max_txn_ops};
+    st = ops->create(&g->host, &sp, &g->st);
+    if (st != PDX_OK) {
+        pdx_error("agent %s: store %s: create failed: %s", a->name, module,
+                  pdx_status_string(st));
+        goto err;
+    }
+    st = ops->watch(g->st, "agents/", 0, PDX_STORE_WATCH_INITIAL,
+                    &g->watch_id);
+    if (st != PDX_OK) {
+        pdx_error("agent %s: store %s: watch failed: %s", a->name, module,
+                  pdx_status_string(st));
+        goto err_store;
+    }
+    int rc = pthread_create(&g->thread, NULL, glue_main, g);
+    if (rc != 0) {
+        pdx_error("agent %s: store thread: %s", a->name, strerror(rc));
+        st = PDX_ERR_IO;
+        goto err_store;
+    }
+    g->thread_running = true;
+    a->store = g;
+    pdx_info("agent %s: store %s at %s, namespace %s (lease TTL %u ms)",
+             a->name, module, g->endpoints, g->ns, sp.lease_ttl_ms);
+    return PDX_OK;
+err_store:
+    ops->destroy(g->st);
+err:
+    dlclose_backend(g->dl);
+    glue_free(g);
+    return st;
+}
+
+void pdx_store_agent_fini(pdx_agent_h a)
+{
+    struct pdx_store_agent *g = a->store;
+    if (g == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&g->lock);
+    g->stop = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->lock);
+    if (g->thread_running) {
+        pthread_join(g->thread, NULL);
+    }
+    /* Stops the module's thread (no callback after this) and revokes the
+     * lease: peers see this agent gone at once. */
+    g->ops->destroy(g->st);
+    dlclose_backend(g->dl);
+    a->store = NULL;
+    glue_free(g);
+}
+
+/* ---- public API (pdx/store.h) ---- */
+
+#define AGENT_OK(a) pdx_handle_check((a), PDX_MAGIC_AGENT, __func__, "agent")
+
+static bool need_store(pdx_agent_h agent, const char *fn)
+{
+    if (agent->store == NULL) {
+        pdx_log(PDX_LOG_ERROR, "%s: agent %s has no store (create it with "
+                "PDX_AGENT_PARAM_STORE)", fn, agent->name);
+        return false;
+    }
+    return true;
+}
+
+pdx_status_t pdx_agent_publish(pdx_agent_h agent)
+{
+    pdx_call_enter();
+    if (!AGENT_OK(agent)) {
+        return pdx_call_leave(__func__, PDX_ERR_INVALID);
+    }
+    if (!need_store(agent, __func__)) {
+        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+    }
+    struct pdx_store_agent *g = agent->store;
+    pthread_mutex_lock(&g->lock);
+    g->publish = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->lock);
+    return pdx_call_leave(__func__, PDX_OK);
+}
+
+static bool valid_peer_name(const char *n)
+{
+    size_t len = n ? strlen(n) : 0;
+    if (len == 0 || len >= PDX_NAME_MAX) {
+        return false;
+    }
+    for (size_t i = 0; i < len; i++) {
+        char c = n[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-')) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static pdx_status_t fetch(pdx_agent_h a, const char *name,
+                          uint32_t timeout_ms)
+{
+    struct pdx_store_agent *g = a->store;
+    pthread_mutex_lock(&a->lock);
+    pdx_peer_t *p = pdx_peer_find(a, name);
+    pdx_status_t state = p ? p->dead : PDX_ERR_NOT_FOUND;
+    uint64_t inst = p ? p->instance : 0;
+    uint32_t gen = p ? p->generation : 0;
+    pthread_mutex_unlock(&a->lock);
+    if (state == PDX_OK) {
+        return PDX_OK;
+    }
+    uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    bool asked = false;
+    pdx_status_t store_st = PDX_OK;
+    for (uint64_t guard = 0; guard < 1000000; guard++) {
+        pthread_mutex_lock(&g->lock);
+        cached_t *c = cache_find(g, name);
+        unsigned char *blob = NULL;
+        size_t len = 0;
+        if (c != NULL && (p == NULL || c->instance != inst ||
+                          c->generation != gen)) {
+            blob = malloc(c->len);
+            if (blob != NULL) {
+                memcpy(blob, c->blob, c->len);
+                len = c->len;
+            }
+        }
+        pthread_mutex_unlock(&g->lock);
+        if (blob == NULL && !asked) {
+            /* Not in the cache (the watch may not have listed it yet):
+             * ask the store once. */
+            asked = true;
+            char key[PDX_NAME_MAX + 16];
+            snprintf(key, sizeof(key), "agents/%s", name);
+            void *v = NULL;
+            size_t vlen = 0;
+            store_st = g->ops->get(g->st, key, &v, &vlen, NULL);
+            if (store_st == PDX_OK) {
+                pdx_blob_t *b = NULL;
+                char why[128];
+                if (pdx_blob_parse(v, vlen, &b, why, sizeof(why)) == PDX_OK &&
+                    (p == NULL || b->instance != inst ||
+                     b->generation != gen)) {
+                    blob = v;
+                    len = vlen;
+                    v = NULL;
+                }
+                pdx_blob_free_parsed(b);
+                free(v);
+            }
+        }
+        if (blob != NULL) {
+            pdx_status_t st = pdxi_peer_load(a, blob, len, NULL);
+            free(blob);
+            return st;
+        }
+        uint64_t now = now_ns();
+        if (now >= deadline) {
+            break;
+        }
+        /* Wait for the watch to bring it (or a newer one). */
+        pthread_mutex_lock(&g->lock);
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        uint64_t left = deadline - now;
+        uint64_t step = left < 50000000ull ? left : 50000000ull;
+        dl.tv_nsec += (long)step;
+        while (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&g->cv, &g->lock, &dl);
+        pthread_mutex_unlock(&g->lock);
+    }
+    if (p != NULL) {
+        pdx_error("agent %s: peer %s is dead and the store has no newer "
+                  "description of it after %u ms", a->name, name, timeout_ms);
+        return PDX_ERR_REMOTE_DISCONNECT;
+    }
+    if (store_st == PDX_ERR_UNAVAILABLE) {
+        char line[512];
+        pdx_store_describe(a, line, sizeof(line));
+        pdx_error("agent %s: peer %s: not cached and the store cannot be "
+                  "reached (%s)", a->name, name, line);
+        return PDX_ERR_UNAVAILABLE;
+    }
+    pdx_error("agent %s: peer %s not published in %s/agents/ within %u ms",
+              a->name, name, g->ns, timeout_ms);
+    return PDX_ERR_NOT_FOUND;
+}
+
+pdx_status_t pdx_peer_fetch(pdx_agent_h agent, const char *name,
+                            uint32_t timeout_ms)
+{
+    pdx_call_enter();
+    if (!AGENT_OK(agent)) {
+        return pdx_call_leave(__func__, PDX_ERR_INVALID);
+    }
+    if (!valid_peer_name(name)) {
+        pdx_log(PDX_LOG_ERROR, "%s: invalid peer name '%s'", __func__,
+                name ? name : "(null)");
+        return pdx_call_leave(__func__, PDX_ERR_INVALID);
+    }
+    if (!need_store(agent, __func__)) {
+        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+    }
+    return pdx_call_leave(__func__, fetch(agent, name, timeout_ms));
+}
+
+pdx_status_t pdx_store_status(pdx_agent_h agent, pdx_store_status_t *status_p)
+{
+    pdx_call_enter();
+    if (!AGENT_OK(agent) || status_p == NULL) {
+        return pdx_call_leave(__func__, PDX_ERR_INVALID);
+    }
+    if (!need_store(agent, __func__)) {
+        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+    }
+    agent->store->ops->status(agent->store->st, status_p);
+    return pdx_call_leave(__func__, PDX_OK);
+}
+
+pdx_status_t pdx_store_describe(pdx_agent_h agent, char *buf, size_t len)
+{
+    pdx_call_enter();
+    if (!AGENT_OK(agent) || buf == NULL || len == 0) {
+        return pdx_call_leave(__func__, PDX_ERR_INVALID);
+    }
+    if (!need_store(agent, __func__)) {
+        snprintf(buf, len, "no store");
+        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+    }
+    struct pdx_store_agent *g = agent->store;
+    pdx_store_status_t s;
+    g->ops->status(g->st, &s);
+    pthread_mutex_lock(&g->lock);
+    uint32_t known = g->ncache;
+    uint32_t gen = g->published_gen;
+    bool pub = g->publish && g->published_any;
+    pthread_mutex_unlock(&g->lock);
+    char pubs[64] = "not published";
+    if (pub) {
+        snprintf(pubs, sizeof(pubs), "%s generation %u",
+                 s.unpublished ? "publishing" : "published", gen);
+    }
+    if (s.reachable) {
+        snprintf(buf, len, "%s %s ns %s: reachable, lease %llx (TTL %u s), "
+                 "%s, %u agents known, revision %lld", g->module, s.endpoint,
+                 g->ns, (unsigned long long)s.lease, s.lease_ttl_s, pubs,
+                 known, (long long)s.revision);
+    } else {
+        char when[32] = "start";
+        if (s.unreachable_since_ns != 0) {
+            time_t t = (time_t)(s.unreachable_since_ns / 1000000000ull);
+            struct tm tm;
+            gmtime_r(&t, &tm);
+            strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+        }
+        snprintf(buf, len, "%s %s ns %s: unreachable since %s (%.1f s): %s; "
+                 "%s, %u agents cached", g->module, s.endpoint, g->ns, when,
+                 (double)s.unreachable_ms / 1000.0,
+                 s.last_error[0] ? s.last_error : "no answer yet", pubs,
+                 known);
+    }
+    return pdx_call_leave(__func__, PDX_OK);
+}
+
+pdx_status_t pdx_store_owners_add(pdx_agent_h agent, const char *const *blocks,
+                                  size_t n, uint32_t *counts)
+{
+    pdx_call_enter();
+    if (!AGENT_OK(agent) || (blocks == NULL && n > 0)) {
+        return pdx_call_leave(__func__, PDX_ERR_INVALID);
+    }
+    if (!need_store(agent, __func__)) {
+        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+    }
+    struct pdx_store_agent *g = agent->store;
+    return pdx_call_leave(__func__, g->ops->owners_add(g->st, agent->name,
+                                                       blocks, n, counts));
+}
+
+pdx_status_t pdx_store_owners_del(pdx_agent_h agent, const char *const *blocks,
+                                  size_t n)
+{
+    pdx_call_enter();
+    if (!AGENT_OK(agent) || (blocks == NULL && n > 0)) {
+        return pdx_call_leave(__func__, PDX_ERR_INVALID);
+    }
+    if (!need_store(agent, __func__)) {
+        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+    }
+    struct pdx_store_agent *g = agent->store;
+    return pdx_call_leave(__func__, g->ops->owners_del(g->st, agent->name,
+                                                       blocks, n));
+}
+
+pdx_status_t pdx_store_owners_get(pdx_agent_h agent, const char *const *blocks,
+                                  size_t n, pdx_store_owner_cb_t cb, void *arg)
+{
+    pdx_call_enter();
+    if (!AGENT_OK(agent) || (blocks == NULL && n > 0) || cb == NULL) {
+        return pdx_call_leave(__func__, PDX_ERR_INVALID);
+    }
+    if (!need_store(agent, __func__)) {
+        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+    }
+    struct pdx_store_agent *g = agent->store;
+    return pdx_call_leave(__func__,
+                          g->ops->owners_get(g->st, blocks, n, cb, arg));
+}

@@ -85,6 +85,9 @@ typedef struct pdx_agent_params {
     const char *store_namespace; /* key prefix; default "pdx" */
     uint32_t store_lease_ttl_ms; /* a dead agent vanishes after it; 10000 */
     uint32_t store_timeout_ms;   /* one request to the store; 2000 */
+    /* Most operations in one store transaction (etcd's --max-txn-ops);
+     * default 128, etcd's default. */
+    uint32_t store_max_txn_ops;
 } pdx_agent_params_t;
 
 /* Create an agent named `name` (1..PDX_NAME_MAX-1 bytes of [A-Za-z0-9._-]).
