@@ -852,7 +852,9 @@ static pdx_status_t parse_agent(cfg_ctx_t *c, const cJSON *root,
                      sizeof(cfg->peer_address), 0, STR_ANY, 0, "");
     if (st != PDX_OK)
         return st;
-    if (cfg->role != PDX_KV_ROLE_BOTH && cfg->peer_name[0] == '\0') {
+    /* With a store, peers come from handoff parameters, found by name. */
+    if (cfg->role != PDX_KV_ROLE_BOTH && cfg->peer_name[0] == '\0' &&
+        member(root, "store") == NULL) {
         path_push_key(c, "peer");
         return fail_at(c,
                        "missing (required for role %s: the %s agent's name, "
@@ -1131,12 +1133,126 @@ static pdx_status_t parse_backends(cfg_ctx_t *c, const cJSON *root,
     return PDX_OK;
 }
 
+/* The `store` section: a store module (etcd) for discovery by name,
+ * liveness through leases and the block-owner registry. */
+static pdx_status_t parse_store(cfg_ctx_t *c, const cJSON *root,
+                                pdx_kv_config_t *cfg)
+{
+    static const char *const keys[] = {
+        "type",          "endpoints",      "namespace",
+        "lease_ttl_ms",  "timeout_ms",     "fetch_timeout_ms",
+        "max_txn_ops",   "registry",       "demote_owners",
+        "remote_offload", "remote_offload_timeout_ms"};
+    const cJSON *s;
+    size_t old;
+    cfg->has_store = false;
+    pdx_status_t st = get_object(c, root, "store", 0, &s, &old);
+    if (st != PDX_OK)
+        return st;
+    if (s == NULL) {
+        path_pop(c, old);
+        return PDX_OK;
+    }
+    st = check_keys(c, s, keys, sizeof(keys) / sizeof(keys[0]), "store");
+    if (st == PDX_OK)
+        st = get_str(c, s, "type", cfg->store_type, sizeof(cfg->store_type),
+                     1, STR_LOWER, 0, "etcd");
+    if (st != PDX_OK)
+        return st;
+    /* endpoints: one URL string (commas allowed) or an array of them. */
+    const cJSON *e = member(s, "endpoints");
+    size_t o1 = path_push_key(c, "endpoints");
+    const char *exp = "an array of 1 to 8 \"http://host:port\" strings";
+    if (e == NULL)
+        return fail_at(c, "missing (required: %s)", exp);
+    size_t n = 0, used = 0, i = 0;
+    cfg->store_endpoints[0] = '\0';
+    const cJSON *first = cJSON_IsArray(e) ? e->child : e;
+    if (!cJSON_IsArray(e) && !cJSON_IsString(e))
+        return fail_type(c, e, exp);
+    if (cJSON_IsArray(e) &&
+        (cJSON_GetArraySize(e) < 1 || cJSON_GetArraySize(e) > 8))
+        return fail_at(c, "expected %s, got %d", exp, cJSON_GetArraySize(e));
+    for (const cJSON *u = first; u != NULL;
+         u = cJSON_IsArray(e) ? u->next : NULL, i++) {
+        size_t o2 = cJSON_IsArray(e) ? path_push_index(c, i) : c->path_len;
+        if (!cJSON_IsString(u) || u->valuestring == NULL)
+            return fail_type(c, u, "a \"http://host:port\" string");
+        const char *v = u->valuestring;
+        size_t len = strlen(v);
+        bool ok = len > 7 && len < 256 && str_ok(v, STR_ANY) &&
+                  (strncmp(v, "http://", 7) == 0 ||
+                   strncmp(v, "https://", 8) == 0) &&
+                  strchr(v, ' ') == NULL;
+        if (ok && cJSON_IsArray(e))
+            ok = strchr(v, ',') == NULL;
+        if (!ok)
+            return fail_type(c, u, "a \"http://host:port\" URL (http or "
+                                   "https, no spaces)");
+        if (used + len + 2 > sizeof(cfg->store_endpoints))
+            return fail_at(c, "%s", "endpoints longer than 511 bytes in all");
+        used += (size_t)snprintf(cfg->store_endpoints + used,
+                                 sizeof(cfg->store_endpoints) - used, "%s%s",
+                                 n ? "," : "", v);
+        n++;
+        path_pop(c, o2);
+    }
+    path_pop(c, o1);
+    st = get_str(c, s, "namespace", cfg->store_namespace,
+                 sizeof(cfg->store_namespace), 1, STR_ANY, 0, "pdx");
+    if (st != PDX_OK)
+        return st;
+    {
+        const char *v = cfg->store_namespace;
+        size_t len = strlen(v);
+        bool ok = v[len - 1] != '/';
+        for (size_t k = 0; k < len && ok; k++)
+            ok = (v[k] >= 'a' && v[k] <= 'z') || (v[k] >= 'A' && v[k] <= 'Z') ||
+                 (v[k] >= '0' && v[k] <= '9') || v[k] == '.' || v[k] == '_' ||
+                 v[k] == '-' || v[k] == '/';
+        if (!ok) {
+            path_push_key(c, "namespace");
+            return fail_type(c, member(s, "namespace"),
+                             "a string of 1 to 127 bytes of [A-Za-z0-9._/-] "
+                             "not ending in '/'");
+        }
+    }
+    st = get_u32(c, s, "lease_ttl_ms", 1000, 3600000, 0, 10000,
+                 &cfg->store_lease_ttl_ms);
+    if (st == PDX_OK)
+        st = get_u32(c, s, "timeout_ms", 1, 600000, 0, 2000,
+                     &cfg->store_timeout_ms);
+    if (st == PDX_OK)
+        st = get_u32(c, s, "fetch_timeout_ms", 0, MS_MAX, 0, 5000,
+                     &cfg->store_fetch_timeout_ms);
+    if (st == PDX_OK)
+        st = get_u32(c, s, "max_txn_ops", 2, 1000000, 0, 128,
+                     &cfg->store_max_txn_ops);
+    if (st == PDX_OK)
+        st = get_bool(c, s, "registry", true, &cfg->store_registry);
+    if (st == PDX_OK)
+        st = get_u32(c, s, "demote_owners", 1, 65535, 0, 3,
+                     &cfg->store_demote_owners);
+    if (st == PDX_OK)
+        st = get_bool(c, s, "remote_offload", true,
+                      &cfg->store_remote_offload);
+    if (st == PDX_OK)
+        st = get_u32(c, s, "remote_offload_timeout_ms", 0, MS_MAX, 0, 1000,
+                     &cfg->store_remote_offload_timeout_ms);
+    if (st != PDX_OK)
+        return st;
+    cfg->has_store = true;
+    path_pop(c, old);
+    return PDX_OK;
+}
+
 static pdx_status_t parse_root(cfg_ctx_t *c, const cJSON *root,
                                pdx_kv_config_t *cfg)
 {
     static const char *const keys[] = {"version",   "description", "model",
                                        "parallel",  "kv",          "hashing",
-                                       "connector", "agent",       "backends"};
+                                       "connector", "agent",       "backends",
+                                       "store"};
     uint32_t version;
     if (!cJSON_IsObject(root))
         return fail_type(c, root, "an object at the top level");
@@ -1167,6 +1283,8 @@ static pdx_status_t parse_root(cfg_ctx_t *c, const cJSON *root,
         st = parse_connector(c, root, cfg);
     if (st == PDX_OK)
         st = parse_backends(c, root, cfg);
+    if (st == PDX_OK)
+        st = parse_store(c, root, cfg);
     return st;
 }
 

@@ -110,6 +110,24 @@ typedef struct pdx_kv_config {
     char opt_buf[PDX_KV_MAX_BACKEND_OPTS][2][64];
     /* backend_opts[i] belongs to backends[backend_opt_owner[i]]. */
     uint32_t backend_opt_owner[PDX_KV_MAX_BACKEND_OPTS];
+
+    /* `store` section (configs/README.md): discovery, liveness and the
+     * block-owner registry on a store such as etcd. has_store false: no
+     * store, peers meet through blobs passed by hand. */
+    bool has_store;
+    char store_type[16];         /* module name; "etcd" */
+    char store_endpoints[512];   /* comma-separated URLs; required */
+    char store_namespace[128];   /* key prefix; "pdx" */
+    uint32_t store_lease_ttl_ms; /* 10000 */
+    uint32_t store_timeout_ms;   /* one request; 2000 */
+    uint32_t store_fetch_timeout_ms; /* wait for a peer named by handoff
+                                      * parameters; 5000 */
+    uint32_t store_max_txn_ops;  /* 128 */
+    bool store_registry;         /* register saved blocks' owners; true */
+    uint32_t store_demote_owners; /* owners that make a replica
+                                   * reclaimable; 3 */
+    bool store_remote_offload;   /* a local miss asks the registry; true */
+    uint32_t store_remote_offload_timeout_ms; /* owner's answer; 1000 */
 } pdx_kv_config_t;
 
 /* Largest config text accepted, in bytes. */
