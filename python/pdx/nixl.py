@@ -57,6 +57,11 @@ nixlCancelledError = _pdx.Canceled
 nixlNotPostedError = _pdx.Closed
 
 _STATE = {0: "DONE", 1: "PROC"}
+_HAVE_TELEMETRY = _pdx.HAVE["xfer_telemetry"]
+_NO_TELEMETRY = {"start_time_ns": 0, "post_duration_ns": 0,
+                 "xfer_duration_ns": 0, "bytes": 0, "descs": 0,
+                 "backend": "", "transport": "", "fallback": False,
+                 "fallback_why": ""}
 
 
 def _backend_modules(names):
@@ -341,6 +346,11 @@ class nixl_agent:
         return _STATE.get(handle._check_raw(), "ERR")
 
     def get_xfer_telemetry(self, handle):
+        if not _HAVE_TELEMETRY:
+            # libpdx.so without pdx_xfer_telemetry: zeros rather than an
+            # exception in the stack's completion path.
+            handle.segments  # still raises for a released handle
+            return nixlXferTelemetry(_NO_TELEMETRY)
         return nixlXferTelemetry(handle.telemetry())
 
     def query_xfer_backend(self, handle):

@@ -208,12 +208,15 @@ static int Agent_init(AgentObject *self, PyObject *args, PyObject *kw)
     self->h = h;
     self->progress_thread = progress;
     self->name = PyUnicode_FromString(name);
-    return self->name == NULL ? -1 : 0;
+    self->regs = PySet_New(NULL);
+    return self->name == NULL || self->regs == NULL ? -1 : 0;
 fail_specs:
     Py_XDECREF(seq);
     PyMem_Free(specs);
     return -1;
 }
+
+static void memregs_forget(PyObject *regs);
 
 static void agent_close_impl(AgentObject *self)
 {
@@ -227,6 +230,13 @@ static void agent_close_impl(AgentObject *self)
     Py_BEGIN_ALLOW_THREADS
     pdx_agent_destroy(h);
     Py_END_ALLOW_THREADS
+    /* The registrations died with the agent: unpin their memory. */
+    PyObject *regs = self->regs;
+    self->regs = NULL;
+    if (regs != NULL) {
+        memregs_forget(regs);
+        Py_DECREF(regs);
+    }
 }
 
 static void Agent_dealloc(AgentObject *self)
@@ -236,6 +246,7 @@ static void Agent_dealloc(AgentObject *self)
     }
     agent_close_impl(self);
     Py_XDECREF(self->name);
+    Py_XDECREF(self->regs);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -734,13 +745,38 @@ static PyObject *Agent_get_closed(AgentObject *self, void *c)
 
 /* ----------------------------------------------------------------- MemReg */
 
+/* The agent holds every registration (in its `regs` set) until it is
+ * deregistered or the agent closes, as NIXL does; a MemReg refers back to
+ * its agent weakly, so no reference cycle keeps an agent alive. */
 typedef struct MemRegObject {
     PyObject_HEAD
-    AgentObject *agent;
+    PyObject *agent_ref; /* weakref to the AgentObject */
     pdx_mem_reg_h h;
     pdxpy_mem_t mem;
-    int uses;
 } MemRegObject;
+
+static AgentObject *memreg_agent(MemRegObject *r)
+{
+    PyObject *a = r->agent_ref ? PyWeakref_GetObject(r->agent_ref) : NULL;
+    if (a == NULL || a == Py_None || !agent_alive((AgentObject *)a)) {
+        return NULL;
+    }
+    return (AgentObject *)a;
+}
+
+static void memregs_forget(PyObject *regs)
+{
+    PyObject *it = PyObject_GetIter(regs);
+    PyObject *o;
+    while (it != NULL && (o = PyIter_Next(it)) != NULL) {
+        MemRegObject *r = (MemRegObject *)o;
+        r->h = NULL;
+        pdxpy_mem_clear(&r->mem);
+        Py_DECREF(o);
+    }
+    Py_XDECREF(it);
+    PyErr_Clear();
+}
 
 static PyObject *Agent_register(AgentObject *self, PyObject *args,
                                 PyObject *kw)
@@ -755,9 +791,8 @@ static PyObject *Agent_register(AgentObject *self, PyObject *args,
     if (r == NULL) {
         return NULL;
     }
-    r->agent = NULL;
+    r->agent_ref = NULL;
     r->h = NULL;
-    r->uses = 0;
     if (pdxpy_mem_from_object(obj, mt, dev, 1, &r->mem) < 0) {
         memset(&r->mem, 0, sizeof(r->mem));
         Py_DECREF(r);
@@ -782,60 +817,70 @@ static PyObject *Agent_register(AgentObject *self, PyObject *args,
         Py_DECREF(r);
         return pdxpy_raise(st, "register", err);
     }
-    r->agent = (AgentObject *)Py_NewRef(self);
+    r->agent_ref = PyWeakref_NewRef((PyObject *)self, NULL);
+    if (r->agent_ref == NULL || PySet_Add(self->regs, (PyObject *)r) < 0) {
+        /* Undo: nothing else knows of it yet. */
+        self->uses++;
+        Py_BEGIN_ALLOW_THREADS
+        pdx_mem_deregister(self->h, r->h);
+        Py_END_ALLOW_THREADS
+        self->uses--;
+        r->h = NULL;
+        Py_DECREF(r);
+        return NULL;
+    }
     return (PyObject *)r;
 }
 
-/* 0 deregistered (or nothing to do), -1 with an exception. */
-static int memreg_release(MemRegObject *r, int raise)
+/* Deregister; 0 done (or nothing to do), -1 with an exception set. */
+static int memreg_release(MemRegObject *r)
 {
     if (r->h == NULL) {
         pdxpy_mem_clear(&r->mem);
         return 0;
     }
-    pdxpy_wait_unused(&r->uses);
-    if (r->h != NULL && agent_alive(r->agent)) {
-        AgentObject *a = r->agent;
-        a->uses++;
-        pdx_status_t st;
-        char err[2048];
-        Py_BEGIN_ALLOW_THREADS
-        st = pdx_mem_deregister(a->h, r->h);
-        if (st != PDX_OK) {
-            pdxpy_last_error(err, sizeof(err), st, "deregister");
-        }
-        Py_END_ALLOW_THREADS
-        a->uses--;
-        if (st != PDX_OK) {
-            if (raise) {
-                pdxpy_raise(st, "deregister", err);
-            }
-            return -1; /* still registered: keep the buffer pinned */
-        }
+    AgentObject *a = memreg_agent(r);
+    if (a == NULL) {
+        r->h = NULL; /* freed by the agent's destruction */
+        pdxpy_mem_clear(&r->mem);
+        return 0;
+    }
+    Py_INCREF(a);
+    a->uses++;
+    pdx_status_t st;
+    char err[2048];
+    pdx_mem_reg_h h = r->h;
+    Py_BEGIN_ALLOW_THREADS
+    st = pdx_mem_deregister(a->h, h);
+    if (st != PDX_OK) {
+        pdxpy_last_error(err, sizeof(err), st, "deregister");
+    }
+    Py_END_ALLOW_THREADS
+    a->uses--;
+    if (st != PDX_OK) {
+        Py_DECREF(a);
+        pdxpy_raise(st, "deregister", err);
+        return -1; /* still registered: the buffer stays pinned */
     }
     r->h = NULL;
     pdxpy_mem_clear(&r->mem);
-    return 0;
+    int rc = a->regs ? PySet_Discard(a->regs, (PyObject *)r) : 0;
+    Py_DECREF(a);
+    return rc < 0 ? -1 : 0;
 }
 
 static void MemReg_dealloc(MemRegObject *r)
 {
-    if (memreg_release(r, 0) < 0) {
-        /* Busy at collection time (a request in flight uses it): leave it
-         * registered (the agent frees it at close) and keep the memory's
-         * owner alive for good: a leak, never a use after free. */
-        PyErr_Clear();
-        Py_XDECREF(r->agent);
-        PyObject_Free(r);
-        return;
-    }
-    Py_XDECREF(r->agent);
+    /* Only reached once the agent no longer holds it: deregistered, or the
+     * agent is gone. */
+    pdxpy_mem_clear(&r->mem);
+    Py_XDECREF(r->agent_ref);
     PyObject_Free(r);
 }
 
 static PyObject *MemReg_deregister(MemRegObject *r, PyObject *unused)
 {
-    if (memreg_release(r, 1) < 0) {
+    if (memreg_release(r) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -847,7 +892,14 @@ static PyObject *Agent_deregister(AgentObject *self, PyObject *arg)
         PyErr_SetString(PyExc_TypeError, "deregister: expected a pdx.MemReg");
         return NULL;
     }
-    return MemReg_deregister((MemRegObject *)arg, NULL);
+    MemRegObject *r = (MemRegObject *)arg;
+    if (r->h != NULL && memreg_agent(r) != NULL &&
+        memreg_agent(r) != self) {
+        PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID),
+                        "deregister: registration of another agent");
+        return NULL;
+    }
+    return MemReg_deregister(r, NULL);
 }
 
 static PyObject *MemReg_get(MemRegObject *r, void *which)
@@ -858,8 +910,7 @@ static PyObject *MemReg_get(MemRegObject *r, void *which)
     case 2: return PyUnicode_FromString(mem_name(r->mem.mem_type));
     case 3: return PyLong_FromUnsignedLong(r->mem.dev);
     default:
-        return PyBool_FromLong(r->h != NULL && r->agent != NULL &&
-                               agent_alive(r->agent));
+        return PyBool_FromLong(r->h != NULL && memreg_agent(r) != NULL);
     }
 }
 
@@ -894,9 +945,9 @@ PyTypeObject pdxpy_MemRegType = {
     .tp_dealloc = (destructor)(void (*)(void))MemReg_dealloc,
     .tp_repr = (reprfunc)(void (*)(void))MemReg_repr,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A registered region (from Agent.register). Keeps the "
-              "registered object alive and its buffer exported until "
-              "deregistered.",
+    .tp_doc = "A registered region (from Agent.register). The agent holds "
+              "it, and it keeps the registered object alive and its buffer "
+              "exported, until deregister() or the agent's close().",
     .tp_methods = MemReg_methods,
     .tp_getset = MemReg_getset,
 };
@@ -1750,9 +1801,12 @@ static PyObject *Xfer_release(XferObject *x, PyObject *u)
 
 static PyObject *Xfer_telemetry(XferObject *x, PyObject *u)
 {
+    if (xfer_enter(x) < 0) {
+        return NULL;
+    }
     if (pdxpy_require((const void *)pdxpy_opt.xfer_telemetry,
-                      "pdx_xfer_telemetry") < 0 ||
-        xfer_enter(x) < 0) {
+                      "pdx_xfer_telemetry") < 0) {
+        xfer_leave(x);
         return NULL;
     }
     pdx_xfer_telemetry_t t;

@@ -93,6 +93,7 @@ typedef struct AgentObject {
     int uses;
     int progress_thread;
     PyObject *name;
+    PyObject *regs; /* set of live MemReg objects */
     PyObject *weakreflist;
 } AgentObject;
 

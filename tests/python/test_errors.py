@@ -1,0 +1,164 @@
+"""Errors from Python: exceptions per status carrying pdx_last_error()'s
+text; a garbage or damaged blob raises pdx.Corrupt with the reason; a
+killed peer raises pdx.RemoteDisconnect within a bound; released or closed
+objects raise pdx.Closed, never crash; a wrong config file raises
+pdx.ConfigError naming the JSON path."""
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+import pdx
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+CONFIGS = os.path.join(ROOT, "configs", "glm52-fp8-mtp")
+
+
+def test_exception_classes():
+    assert issubclass(pdx.Timeout, TimeoutError)
+    assert issubclass(pdx.RemoteDisconnect, ConnectionError)
+    assert issubclass(pdx.InvalidArgument, ValueError)
+    assert issubclass(pdx.NotFound, LookupError)
+    assert issubclass(pdx.Closed, pdx.Error)
+    for cls in (pdx.Corrupt, pdx.Mismatch, pdx.Stale, pdx.ConfigError,
+                pdx.Busy, pdx.Unsupported, pdx.PolicyError):
+        assert issubclass(cls, pdx.Error)
+    assert pdx.status_string(-6)
+
+
+def test_garbage_blob():
+    with pdx.Agent("blob-a") as a, pdx.Agent("blob-b") as b:
+        b.register(bytearray(4096))
+        good = b.describe()
+        for bad in (b"garbage, not a pdx blob" * 4, good[:len(good) // 2]):
+            with pytest.raises((pdx.Corrupt, pdx.VersionError)) as e:
+                a.load_peer(bad)
+            assert e.value.reason and str(e.value) == e.value.reason
+            assert e.value.status in (-9, -10)
+        flipped = bytearray(good)
+        flipped[len(flipped) // 2] ^= 0x40
+        with pytest.raises(pdx.Corrupt) as e:
+            a.load_peer(bytes(flipped))
+        assert e.value.status == -9 and len(str(e.value)) > 10
+        with pytest.raises(pdx.Corrupt):
+            pdx.blob_describe(b"\x00" * 64)
+        assert "blob-b" in pdx.blob_describe(good)
+        # Still usable afterwards.
+        assert a.load_peer(good) == "blob-b"
+        with pytest.raises(pdx.NotFound):
+            a.peer_state("nobody")
+
+
+def test_killed_peer_raises_remote_disconnect(spawn):
+    size = 1 << 20
+    v = spawn("victim", size)
+    blob, raddr, pid = v.recv()
+    with pdx.Agent("survivor") as a:
+        dst = pdx.mem_alloc(size)
+        a.register(dst)
+        peer = a.load_peer(blob)
+        x = a.create_xfer("READ", [(dst.addr, size, 0)],
+                          [(raddr, size, 0)], peer)
+        x.post()
+        x.wait(timeout=20)
+        v.kill()
+        t0 = time.monotonic()
+        err = None
+        while time.monotonic() - t0 < 10:
+            try:
+                x.post()
+                x.wait(timeout=5)
+            except pdx.RemoteDisconnect as e:
+                err = e
+                break
+            time.sleep(0.01)
+        took = time.monotonic() - t0
+        assert err is not None, "no RemoteDisconnect within 10 s"
+        assert took < 5, took
+        assert err.status == -6 and err.reason
+        assert a.peer_state(peer) == "disconnected"
+        x.release()
+        # A new request to the dead peer fails the same way.
+        with pytest.raises(pdx.RemoteDisconnect):
+            y = a.create_xfer("READ", [(dst.addr, 64, 0)],
+                              [(raddr, 64, 0)], peer)
+            try:
+                y.post()
+                y.wait(timeout=5)
+            finally:
+                y.release()
+        a.unload_peer(peer)
+
+
+def test_released_and_closed_objects_raise():
+    a = pdx.Agent("rel-a")
+    b = pdx.Agent("rel-b")
+    src = pdx.mem_alloc(8192)
+    dst = np.zeros(8192, np.uint8)
+    rs = b.register(src)
+    rd = a.register(dst)
+    peer = a.load_peer(b.describe())
+    local = a.prep_dlist([(dst.ctypes.data, 4096, 0)])
+    remote = a.prep_dlist([(src.addr, 4096, 0)], peer)
+    x = a.make_xfer("READ", local, [0], remote, [0])
+    x.release()
+    x.release()  # idempotent
+    for call in (x.post, x.check, x.abort, x.telemetry,
+                 lambda: x.wait(timeout=1), lambda: x.segments):
+        with pytest.raises(pdx.Closed):
+            call()
+    remote.release()
+    with pytest.raises(pdx.Closed):
+        a.make_xfer("READ", local, [0], remote, [0])
+    y = a.make_xfer("WRITE", local, [0],
+                    a.prep_dlist([(src.addr, 4096, 0)], peer), [0])
+    a.close()
+    a.close()  # idempotent
+    for call in (a.describe, lambda: a.load_peer(b.describe()),
+                 lambda: a.register(bytearray(10)), y.post, y.check,
+                 lambda: a.get_notifs(), lambda: a.prep_dlist([(1, 1, 0)]),
+                 lambda: a.make_xfer("READ", local, [0], local, [0])):
+        with pytest.raises(pdx.Closed):
+            call()
+    assert not rd.registered and a.closed
+    rd.deregister()  # after close: releases the buffer, no call into pdx
+    y.release()
+    local.release()
+    with pytest.raises(pdx.Closed):
+        with a:
+            pass
+    rs.deregister()
+    b.close()
+    src.close()
+    with pytest.raises(pdx.Closed):
+        np.frombuffer(src, np.uint8)
+    with pytest.raises(pdx.InvalidArgument):
+        pdx.Agent("bad name with spaces")
+    with pytest.raises(pdx.NotFound):
+        pdx.Agent("no-such-backend", backends=["nonexistent"])
+
+
+def test_wrong_config_names_json_path(tmp_path):
+    with open(os.path.join(CONFIGS, "prefill.json")) as f:
+        cfg = json.load(f)
+    cfg["kv"]["num_blocks"] = "many"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(pdx.ConfigError) as e:
+        pdx.KVConfig.load(str(path))
+    assert "$.kv.num_blocks" in str(e.value) and "bad.json" in str(e.value)
+    cfg["kv"]["num_blocks"] = 16
+    cfg["connector"]["children"][1]["budget_bytes"] = 1024
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(pdx.ConfigError) as e:
+        pdx.KVConfig.load(path)
+    assert "$.connector.children[1].budget_bytes" in str(e.value)
+    with pytest.raises(pdx.NotFound):
+        pdx.KVConfig.load(str(tmp_path / "missing.json"))
+    good = pdx.KVConfig.load(os.path.join(CONFIGS, "prefill.json"))
+    assert good.role == "producer" and good.num_arenas == 101
+    assert good.bytes_per_block == 3502592
+    assert [b["name"] for b in good.backends] == ["ucx", "cuda_ipc"]
