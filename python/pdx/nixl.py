@@ -4,10 +4,10 @@ with the calls vLLM's NixlConnector (and SGLang's, Dynamo's) makes on
 
 Use it in place of NIXL without changing the stack's code:
 
-* put ``<build>/python/nixl_shim`` (or, after ``pip install ./python``, the
-  installed ``pdx_nixl_shim`` directory, see README) first on PYTHONPATH:
-  its ``nixl`` package re-exports this module as ``nixl._api`` and
-  ``nixl._bindings``; or
+* put ``pdx.nixl.SHIM_PATH`` (``<build>/python/pdx/_nixl_shim``, or the
+  same folder of an installed pdx) first on PYTHONPATH: its ``nixl``
+  package re-exports this module as ``nixl._api`` and ``nixl._bindings``;
+  or
 * call ``pdx.nixl.install()`` before the stack imports ``nixl``.
 
 Where pdx behaves differently from NIXL:
@@ -33,6 +33,7 @@ Where pdx behaves differently from NIXL:
   the agent's own name are not supported.
 """
 
+import os
 import sys
 import types
 
@@ -41,6 +42,10 @@ import pdx as _pdx
 nixl_backend_handle = object
 nixl_prepped_dlist_handle = _pdx.PreparedList
 nixl_xfer_handle = _pdx.Xfer
+
+# The folder holding a 'nixl' package backed by this module.
+SHIM_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                         "_nixl_shim")
 
 NIXL_INIT_AGENT = "NIXL_INIT_AGENT"
 DEFAULT_COMM_PORT = 8888

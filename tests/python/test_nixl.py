@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 import pdx
+import pdx.nixl
 from pdx_workers import (NIXL_BLOCKS, NIXL_BLOCK_LEN, NIXL_LAYERS,
                          block_descs, layer_bytes)
 
-SHIM = os.path.join(os.path.dirname(os.path.dirname(pdx.__file__)),
-                    "nixl_shim")
+SHIM = pdx.nixl.SHIM_PATH
 
 
 def wait_state(w, h, timeout=20.0):
