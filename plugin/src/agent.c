@@ -211,6 +211,9 @@ int pdxi_progress(pdx_agent_h agent)
     }
     arm_backends(agent);
     pthread_mutex_unlock(&agent->lock);
+    if (!agent->thread_running) {
+        pdx_stats_sock_serve(agent);
+    }
     return n;
 }
 
@@ -225,6 +228,7 @@ static void *progress_main(void *arg)
             pdx_agent_signal(agent);
         }
         pthread_mutex_unlock(&agent->lock);
+        pdx_stats_sock_serve(agent);
         if (n == 0) {
             nanosleep(&idle, NULL);
         }
@@ -303,6 +307,7 @@ pdx_status_t pdxi_agent_create(const char *name,
     }
     pthread_mutex_init(&a->lock, NULL);
     pthread_mutex_init(&a->delivery, NULL);
+    pdx_stats_sock_open(a);
     if (a->params.flags & PDX_AGENT_F_PROGRESS_THREAD) {
         int rc = pthread_create(&a->progress_thread, NULL, progress_main, a);
         if (rc != 0) {
@@ -323,6 +328,7 @@ pdx_status_t pdxi_agent_create(const char *name,
     return PDX_OK;
 
 err_mutex:
+    pdx_stats_sock_close(a);
     pthread_mutex_destroy(&a->delivery);
     pthread_mutex_destroy(&a->lock);
     close(a->epoll_fd);
@@ -385,6 +391,7 @@ void pdxi_agent_destroy(pdx_agent_h a)
         free(it);
     }
     pthread_mutex_unlock(&a->lock);
+    pdx_stats_sock_close(a);
     pthread_mutex_destroy(&a->delivery);
     pthread_mutex_destroy(&a->lock);
     close(a->epoll_fd);

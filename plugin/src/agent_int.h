@@ -191,6 +191,8 @@ struct pdx_agent {
     pdx_stats_entry_t *peer_stats;
     pdx_notif_item_t *nq_head, *nq_tail;
 
+    int stats_fd; /* listening socket for pdx-info --stats, or -1 */
+    uint64_t stats_served_ns; /* atomic */
     int event_fd; /* eventfd: notifications and completions queued */
     int epoll_fd; /* event_fd + every backend's event fd (what users see) */
     uint64_t last_liveness_ns;
@@ -252,6 +254,11 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x);
  * memory). */
 pdx_stats_entry_t *pdx_peer_stats_get(pdx_agent_h agent, const char *name);
 pdx_status_t pdx_host_id(char *buf, size_t len);
+
+/* The stats socket (stats_sock.c). */
+void pdx_stats_sock_open(pdx_agent_h agent);
+void pdx_stats_sock_serve(pdx_agent_h agent); /* without the lock */
+void pdx_stats_sock_close(pdx_agent_h agent);
 
 /* Loader (loader.c). */
 pdx_status_t pdx_loader_open(const char *name, const pdx_backend_ops_t **ops_p,

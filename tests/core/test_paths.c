@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -201,6 +202,24 @@ static void test_paths(void **state)
     load(fu, p);
     assert_int_equal(read_once(fu, fdst, shared, 4096, &t), PDX_ERR_POLICY);
     assert_non_null(strstr(pdx_last_error(), "cma backend is not created"));
+
+    /* pdx-info --stats of this running process shows the same counters. */
+    const char *info_bin = getenv("PDX_INFO_BIN");
+    if (info_bin != NULL) {
+        char cmd[1024];
+        snprintf(cmd, sizeof(cmd), "%s --stats %d", info_bin, (int)getpid());
+        FILE *pf = popen(cmd, "r");
+        assert_non_null(pf);
+        char out[65536];
+        size_t got = fread(out, 1, sizeof(out) - 1, pf);
+        out[got] = '\0';
+        assert_int_equal(pclose(pf), 0);
+        printf("pdx-info --stats: %zu bytes\n", got);
+        assert_non_null(strstr(out, "\"agent\": \"path-d\""));
+        assert_non_null(strstr(out, "\"agent\": \"path-f\""));
+        assert_non_null(strstr(out, "\"refused\": 1"));
+        assert_non_null(strstr(out, "not shared memory on the peer"));
+    }
 
     pdx_agent_destroy(fu);
     pdx_agent_destroy(f);

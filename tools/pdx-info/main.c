@@ -1,15 +1,20 @@
-/* pdx-info: version and ABI, backends found (caps, or why unavailable), and
- * with --blob FILE a metadata blob decoded or its defect named. */
+/* pdx-info: version and ABI, backends found (caps, or why unavailable),
+ * with --blob FILE a metadata blob decoded or its defect named, and with
+ * --stats [PID] the counters of running agents (each agent answers on an
+ * abstract unix socket "pdx-stats.<pid>.<agent>" of its network namespace). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <pdx/backend.h>
@@ -107,13 +112,94 @@ static int show_blob(const char *path)
     return 0;
 }
 
+/* Print the stats JSON of one agent socket (abstract name `name`). */
+static int show_one_stats(const char *name)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return 0;
+    }
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    size_t n = strlen(name);
+    if (n + 1 >= sizeof(sa.sun_path)) {
+        close(fd);
+        return 0;
+    }
+    memcpy(sa.sun_path + 1, name, n);
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+    struct timeval tv = {2, 0}; /* an agent answers within ~10 ms */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (connect(fd, (struct sockaddr *)&sa, len) != 0) {
+        close(fd);
+        return 0;
+    }
+    char buf[65536];
+    size_t got = 0;
+    ssize_t r;
+    while (got < sizeof(buf) - 1 &&
+           (r = read(fd, buf + got, sizeof(buf) - 1 - got)) > 0) {
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got == 0) {
+        fprintf(stderr, "pdx-info: %s: no answer within 2 s (agent without "
+                "progress?)\n", name);
+        return 0;
+    }
+    buf[got] = '\0';
+    fputs(buf, stdout);
+    return 1;
+}
+
+/* Every agent socket of process `pid` (0: all) listed in /proc/net/unix. */
+static int show_stats(int pid)
+{
+    FILE *f = fopen("/proc/net/unix", "r");
+    if (f == NULL) {
+        fprintf(stderr, "pdx-info: /proc/net/unix: %s\n", strerror(errno));
+        return 2;
+    }
+    char line[512], prefix[64];
+    snprintf(prefix, sizeof(prefix), pid > 0 ? "@pdx-stats.%d." : "@pdx-stats.",
+             pid);
+    int found = 0;
+    char seen[64][128];
+    int nseen = 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        char *p = strstr(line, prefix);
+        if (p == NULL) {
+            continue;
+        }
+        p[strcspn(p, " \n")] = '\0';
+        int dup = 0;
+        for (int i = 0; i < nseen && !dup; i++) {
+            dup = strcmp(seen[i], p + 1) == 0;
+        }
+        if (dup || nseen == 64) {
+            continue; /* listening and accepted sockets share the name */
+        }
+        snprintf(seen[nseen++], sizeof(seen[0]), "%s", p + 1);
+        found += show_one_stats(p + 1);
+    }
+    fclose(f);
+    if (found == 0) {
+        fprintf(stderr, "pdx-info: no running pdx agent%s in this network "
+                "namespace\n", pid > 0 ? " of that process" : "");
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "--blob") == 0) {
         return show_blob(argv[2]);
     }
+    if ((argc == 2 || argc == 3) && strcmp(argv[1], "--stats") == 0) {
+        return show_stats(argc == 3 ? atoi(argv[2]) : 0);
+    }
     if (argc != 1) {
-        fprintf(stderr, "usage: pdx-info [--blob FILE]\n");
+        fprintf(stderr, "usage: pdx-info [--blob FILE | --stats [PID]]\n");
         return 2;
     }
     printf("pdx %s, plugin ABI %u (table %u bytes), backend ABI %u\n",

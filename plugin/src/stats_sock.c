@@ -1,0 +1,91 @@
+/* The stats socket: every agent answers `pdx-info --stats` with its
+ * pdx_stats_json over an abstract unix socket "pdx-stats.<pid>.<agent>"
+ * (per network namespace; only the same uid or root may read it). Served
+ * by the progress thread, or by pdx_progress without one, at most every
+ * 10 ms and never under the agent lock while writing. PDX_STATS_SOCKET=0
+ * in the environment turns it off. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "agent_int.h"
+#include "api_int.h"
+
+#define STATS_SERVE_PERIOD_NS 10000000ull
+
+void pdx_stats_sock_open(pdx_agent_h agent)
+{
+    agent->stats_fd = -1;
+    const char *env = getenv("PDX_STATS_SOCKET");
+    if (env != NULL && strcmp(env, "0") == 0) {
+        return;
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        pdx_debug("agent %s: no stats socket: %s", agent->name,
+                  strerror(errno));
+        return;
+    }
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    /* Abstract: sun_path[0] is NUL; nothing on disk to clean up. */
+    int n = snprintf(sa.sun_path + 1, sizeof(sa.sun_path) - 1,
+                     "pdx-stats.%d.%s", (int)getpid(), agent->name);
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
+                                (size_t)n);
+    if (bind(fd, (struct sockaddr *)&sa, len) != 0 || listen(fd, 4) != 0) {
+        pdx_debug("agent %s: no stats socket: %s", agent->name,
+                  strerror(errno));
+        close(fd);
+        return;
+    }
+    agent->stats_fd = fd;
+}
+
+void pdx_stats_sock_close(pdx_agent_h agent)
+{
+    if (agent->stats_fd >= 0) {
+        close(agent->stats_fd);
+        agent->stats_fd = -1;
+    }
+}
+
+/* Answer waiting `pdx-info --stats` clients. Called without the lock. */
+void pdx_stats_sock_serve(pdx_agent_h agent)
+{
+    if (agent->stats_fd < 0) {
+        return;
+    }
+    uint64_t now = pdx_now_ns();
+    uint64_t last = __atomic_load_n(&agent->stats_served_ns, __ATOMIC_RELAXED);
+    if (now - last < STATS_SERVE_PERIOD_NS ||
+        !__atomic_compare_exchange_n(&agent->stats_served_ns, &last, now,
+                                     false, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED)) {
+        return;
+    }
+    for (int i = 0; i < 4; i++) {
+        int c = accept4(agent->stats_fd, NULL, NULL,
+                        SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (c < 0) {
+            return; /* EAGAIN: nobody waiting */
+        }
+        struct ucred cr;
+        socklen_t crl = sizeof(cr);
+        char *json = NULL;
+        if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &crl) == 0 &&
+            (cr.uid == getuid() || cr.uid == 0) &&
+            pdxi_stats_json(agent, &json) == PDX_OK) {
+            /* A few KiB into an empty socket buffer: never blocks; a
+             * reader that does not read gets what fitted. */
+            size_t len = strlen(json);
+            ssize_t w = send(c, json, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+            (void)w;
+            free(json);
+        }
+        close(c);
+    }
+}
