@@ -821,17 +821,22 @@ static void model_short(const char *id, char *out, size_t len)
 static pdx_status_t parse_agent(cfg_ctx_t *c, const cJSON *root,
                                 pdx_kv_config_t *cfg)
 {
-    static const char *const keys[] = {"name", "role", "peer", "peer_address"};
+    static const char *const keys[] = {"name", "role", "peer", "peer_address",
+                                       "path_policy"};
+    static const char *const policies[] = {"any", "same_host_fast"};
     const cJSON *a;
-    size_t old, role = 0;
+    size_t old, role = 0, policy = 0;
     pdx_status_t st = get_object(c, root, "agent", 1, &a, &old);
     if (st == PDX_OK)
-        st = check_keys(c, a, keys, 4, "agent");
+        st = check_keys(c, a, keys, 5, "agent");
     if (st == PDX_OK)
         st = get_enum(c, a, "role", ROLE_NAMES, 3, 1, 0, &role);
+    if (st == PDX_OK)
+        st = get_enum(c, a, "path_policy", policies, 2, 0, 0, &policy);
     if (st != PDX_OK)
         return st;
     cfg->role = ROLES[role];
+    cfg->path_policy = (uint32_t)policy;
 
     char def[64], shortname[32];
     static const char *const tag[] = {"p", "d", "pd"};
@@ -1082,7 +1087,7 @@ static pdx_status_t parse_backend_opts(cfg_ctx_t *c, const cJSON *opts,
 static pdx_status_t parse_backends(cfg_ctx_t *c, const cJSON *root,
                                    pdx_kv_config_t *cfg)
 {
-    static const char *const keys[] = {"name", "options"};
+    static const char *const keys[] = {"name", "options", "required"};
     const cJSON *b = member(root, "backends");
     size_t old = path_push_key(c, "backends");
     char exp[64];
@@ -1106,10 +1111,12 @@ static pdx_status_t parse_backends(cfg_ctx_t *c, const cJSON *root,
         size_t o2 = path_push_index(c, i);
         if (!cJSON_IsObject(e))
             return fail_type(c, e, "a backend object");
-        pdx_status_t st = check_keys(c, e, keys, 2, "a backend");
+        pdx_status_t st = check_keys(c, e, keys, 3, "a backend");
         if (st == PDX_OK)
             st = get_str(c, e, "name", cfg->backends[i],
                          sizeof(cfg->backends[i]), 1, STR_LOWER, 1, "");
+        if (st == PDX_OK)
+            st = get_bool(c, e, "required", false, &cfg->backend_required[i]);
         if (st != PDX_OK)
             return st;
         for (size_t j = 0; j < i; j++)

@@ -348,6 +348,10 @@ static pdx_status_t connector_create(const pdx_kv_connector_params_t *params,
         params->agent_params != NULL) {
         ap = *params->agent_params;
     }
+    if (!(ap.field_mask & PDX_AGENT_PARAM_PATH_POLICY)) {
+        ap.field_mask |= PDX_AGENT_PARAM_PATH_POLICY;
+        ap.path_policy = c->cfg.path_policy;
+    }
     st = pdx_agent_create(c->cfg.agent_name, &ap, &c->agent);
     if (st != PDX_OK) {
         goto err;
@@ -357,14 +361,32 @@ static pdx_status_t connector_create(const pdx_kv_connector_params_t *params,
         pdx_kv_t opts[PDX_KV_MAX_BACKEND_OPTS];
         size_t nopts = pdx_kv_config_backend_opts(&c->cfg, b, opts,
                                                   PDX_KV_MAX_BACKEND_OPTS);
-        st = pdx_backend_create(c->agent, c->cfg.backends[b], opts, nopts,
-                                NULL);
-        if (st == PDX_ERR_UNAVAILABLE || st == PDX_ERR_NOT_FOUND) {
-            pdx_warn("kv: backend %s not usable here, going on without it",
-                     c->cfg.backends[b]);
+        /* Probe first: a backend this host cannot run is one warning
+         * naming the config and the reason (or a refusal when the config
+         * requires it), not an error from the loader. */
+        char why[512] = "";
+        st = pdx_backend_probe(c->cfg.backends[b], NULL, why, sizeof(why));
+        if (st == PDX_OK) {
+            st = pdx_backend_create(c->agent, c->cfg.backends[b], opts, nopts,
+                                    NULL);
+            if (st == PDX_ERR_UNAVAILABLE || st == PDX_ERR_NOT_FOUND) {
+                snprintf(why, sizeof(why), "%s (see the line above)",
+                         pdx_status_string(st));
+            }
+        }
+        if ((st == PDX_ERR_UNAVAILABLE || st == PDX_ERR_NOT_FOUND ||
+             st == PDX_ERR_VERSION) &&
+            !c->cfg.backend_required[b]) {
+            pdx_warn("kv %s: config %s: backend %s cannot be used here (%s); "
+                     "going on without it (set \"required\": true to refuse "
+                     "instead)", c->cfg.agent_name, c->cfg.source,
+                     c->cfg.backends[b], why);
             continue;
         }
         if (st != PDX_OK) {
+            pdx_error("kv %s: config %s: required backend %s cannot be used "
+                      "here: %s", c->cfg.agent_name, c->cfg.source,
+                      c->cfg.backends[b], why[0] ? why : pdx_status_string(st));
             goto err;
         }
     }
@@ -962,6 +984,10 @@ static pdx_status_t load_remote(pdx_kv_connector_h c,
     st = pdx_xfer_create(c->agent, PDX_XFER_READ, &ll, &rl, h.agent, note,
                          strlen(note), &rec->xfer);
     if (st != PDX_OK) {
+        pdx_error("kv connector %s: load %s: cannot prepare the read of %zu "
+                  "blocks from %s: %s",
+                  c->cfg.agent_name, r->req_id, nb, h.agent,
+                  pdx_status_string(st));
         goto out;
     }
     st = pdx_xfer_post(rec->xfer);
@@ -1598,6 +1624,10 @@ pdx_status_t pdx_kv_reject(pdx_kv_connector_h c, const char *params)
     char note[128];
     snprintf(note, sizeof(note), MSG_PREFIX "reject %s", h.req);
     st = pdx_notif_send(c->agent, h.agent, note, strlen(note));
+    if (st != PDX_OK) {
+        pdx_error("kv connector %s: reject of %s: cannot notify %s: %s",
+                  c->cfg.agent_name, h.req, h.agent, pdx_status_string(st));
+    }
     handoff_free(&h);
     KV_LEAVE(st);
 }

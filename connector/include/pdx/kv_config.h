@@ -110,6 +110,13 @@ typedef struct pdx_kv_config {
     char opt_buf[PDX_KV_MAX_BACKEND_OPTS][2][64];
     /* backend_opts[i] belongs to backends[backend_opt_owner[i]]. */
     uint32_t backend_opt_owner[PDX_KV_MAX_BACKEND_OPTS];
+    /* backends[i] has "required": true: the connector refuses to start
+     * when it cannot be created here (otherwise: one warning naming the
+     * config and the reason, and the connector goes on without it). */
+    bool backend_required[PDX_KV_MAX_BACKENDS];
+    /* agent.path_policy: "any" (0, default) or "same_host_fast" (1), a
+     * pdx_path_policy_t for the connector's agent (pdx/agent.h). */
+    uint32_t path_policy;
 
     /* `store` section (configs/README.md): discovery, liveness and the
      * block-owner registry on a store such as etcd. has_store false: no
