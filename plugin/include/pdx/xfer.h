@@ -24,21 +24,27 @@ typedef struct pdx_dlist *pdx_dlist_h;
  * other; lengths must match pairwise. Adjacent pairs that are contiguous on
  * both sides are merged. `notif` (may be NULL, <= PDX_NOTIF_MAX bytes) is
  * delivered to the peer after every byte has landed. Copies what it needs.
- * Fails with PDX_ERR_NOT_FOUND naming the unregistered address, or
- * PDX_ERR_INVALID. Blocking only on the agent lock. */
+ * Fails with PDX_ERR_NOT_FOUND naming the unregistered address,
+ * PDX_ERR_INVALID, or, under the path policy
+ * PDX_PATH_POLICY_SAME_HOST_FAST (pdx/agent.h), PDX_ERR_POLICY with the
+ * reason the fast path was refused. Blocking only on the agent lock. */
 PDX_API pdx_status_t pdx_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
                                      const pdx_desc_list_t *local,
                                      const pdx_desc_list_t *remote,
                                      const char *peer, const void *notif,
                                      size_t notif_len, pdx_xfer_h *xfer_p);
 
-/* Post; never blocks. PDX_OK if already complete, PDX_INPROGRESS, or an
- * error (PDX_ERR_STALE when the peer was reloaded since creation,
- * PDX_ERR_REMOTE_DISCONNECT when it is dead). */
+/* Post; never blocks (see "Bounded calls" in pdx/agent.h). PDX_OK if
+ * already complete, PDX_INPROGRESS, or an error (PDX_ERR_STALE when the
+ * peer was reloaded since creation, PDX_ERR_REMOTE_DISCONNECT when it is
+ * dead, PDX_ERR_BUSY while the previous post is still in flight or still
+ * being stopped after it failed). */
 PDX_API pdx_status_t pdx_xfer_post(pdx_xfer_h xfer);
 
-/* State of the last post: PDX_OK, PDX_INPROGRESS or the error. Drives
- * progress. Never blocks. */
+/* State of the last post: PDX_OK, PDX_INPROGRESS or the error (then
+ * pdx_last_error() names the peer and why: "peer process exited", timed
+ * out, ...). Drives progress. Never blocks (see "Bounded calls" in
+ * pdx/agent.h). */
 PDX_API pdx_status_t pdx_xfer_check(pdx_xfer_h xfer);
 
 /* Ask an in-flight request to stop, without waiting (the agent lock is
@@ -50,8 +56,17 @@ PDX_API pdx_status_t pdx_xfer_check(pdx_xfer_h xfer);
  * Non-blocking (backends without the op fall back to a blocking release). */
 PDX_API pdx_status_t pdx_xfer_abort(pdx_xfer_h xfer);
 
-/* Free the request, aborting in-flight work (blocking until the backend
- * says nothing more lands, bounded; see pdx/backend.h). Never fails. */
+/* Free the request. A request still in flight (PDX_INPROGRESS) is aborted
+ * and release blocks until the backend says no byte of it can land any
+ * more, without holding the agent lock (other threads and peers carry
+ * on); bounded: UCX gives a silent peer 1 s without progress, then fails
+ * it; 10 s at most in all. A request that already ended (done, failed,
+ * timed out, peer dead) is freed at once; for a READ that ended in an
+ * error, bytes from a hung peer may still land in its local memory until
+ * that peer is unloaded (UCX 1.13 cannot cancel emulated RMA): reload the
+ * peer before reusing those buffers. To stop a request without blocking,
+ * pdx_xfer_abort then pdx_xfer_check until it ends, then release. A NULL
+ * handle is a no-op; a released one is refused (logged). */
 PDX_API void pdx_xfer_release(pdx_xfer_h xfer);
 
 /* Descriptors after merging (for tools and tests); 0 for an invalid
