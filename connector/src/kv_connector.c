@@ -16,6 +16,7 @@
 #include <pdx/xfer.h>
 
 #include "kv_call.h"
+#include "kv_store.h"
 
 #define MSG_PREFIX "pdxkv:"
 #define SAVE_QUEUE 4096
@@ -92,6 +93,7 @@ struct pdx_kv_connector {
     pthread_t worker;
     bool worker_running;
     bool stop;
+    kv_store_t *store; /* kv_store.c: the `store` section; NULL without */
 };
 
 static uint64_t now_ns(void)
@@ -186,6 +188,9 @@ static void *save_main(void *arg)
                        bb);
             }
             st = pdx_offload_commit(c->pool, &resv);
+            if (st == PDX_OK) {
+                kv_store_saved(c->store, &it.key); /* owner registry */
+            }
         } else if (st == PDX_ERR_EXISTS) {
             st = PDX_OK; /* already saved: a duplicate costs nothing */
         }
@@ -247,14 +252,23 @@ static pdx_status_t setup_children(pdx_kv_connector_h c)
     if (c->offload == NULL) {
         return PDX_OK;
     }
+    /* No PDX_OFFLOAD_FLAG_HUGEPAGE: huge pages would make the slab
+     * anonymous memory (THP does not back shared memory by default), and a
+     * same-host peer loading saved blocks (D-to-P reuse) would fall back to
+     * process_vm_readv; shared, it maps the slab and copies with memcpy. */
     pdx_offload_params_t op = {
         .field_mask = PDX_OFFLOAD_PARAM_BUDGET_BYTES |
                       PDX_OFFLOAD_PARAM_NRANKS_PER_HOST |
-                      PDX_OFFLOAD_PARAM_BLOCK_BYTES,
+                      PDX_OFFLOAD_PARAM_BLOCK_BYTES | PDX_OFFLOAD_PARAM_FLAGS,
+        .flags = PDX_OFFLOAD_FLAG_ASYNC_SAVE | PDX_OFFLOAD_FLAG_PREFAULT,
         .budget_bytes = c->offload->budget_bytes,
         .nranks_per_host = c->offload->ranks_per_host
                                ? c->offload->ranks_per_host : 1,
         .block_bytes = c->block_bytes};
+    if (c->cfg.has_store) { /* owner counts from the registry */
+        op.field_mask |= PDX_OFFLOAD_PARAM_DEMOTE_OWNERS;
+        op.demote_owners = c->cfg.store_demote_owners;
+    }
     pdx_status_t st = pdx_offload_create(&op, &c->pool);
     if (st != PDX_OK) {
         return st;
@@ -352,6 +366,7 @@ static pdx_status_t connector_create(const pdx_kv_connector_params_t *params,
         ap.field_mask |= PDX_AGENT_PARAM_PATH_POLICY;
         ap.path_policy = c->cfg.path_policy;
     }
+    kv_store_agent_params(&c->cfg, &ap);
     st = pdx_agent_create(c->cfg.agent_name, &ap, &c->agent);
     if (st != PDX_OK) {
         goto err;
@@ -407,7 +422,9 @@ static pdx_status_t connector_create(const pdx_kv_connector_params_t *params,
         }
     }
     if ((st = set_invariants(c)) != PDX_OK ||
-        (st = setup_children(c)) != PDX_OK) {
+        (st = setup_children(c)) != PDX_OK ||
+        (st = kv_store_start(&c->cfg, c->agent, c->pool, c->block_tokens,
+                             &c->store)) != PDX_OK) {
         goto err;
     }
     *conn_p = c;
@@ -471,6 +488,8 @@ static void connector_destroy(pdx_kv_connector_h c)
     if (c->worker_running) {
         pthread_join(c->worker, NULL);
     }
+    kv_store_stop(c->store); /* before the agent and the pool */
+    c->store = NULL;
     while (c->held) {
         held_t *h = c->held;
         c->held = h->next;
@@ -800,6 +819,10 @@ static pdx_status_t lookup(pdx_kv_connector_h c, const pdx_kv_request_t *r,
 {
     pdx_kv_match_t m = {0};
     pdx_status_t st = PDX_OK;
+    if (c->store != NULL && r->params != NULL) {
+        /* The handoff's agent, by name through the store (bounded). */
+        kv_store_discover(c->store, r->params);
+    }
     pthread_mutex_lock(&c->lock);
     for (uint32_t i = 0; i < c->cfg.nchildren && m.blocks == 0 && !m.tail;
          i++) {
@@ -871,6 +894,13 @@ static pdx_status_t lookup(pdx_kv_connector_h c, const pdx_kv_request_t *r,
             if (prefix > 0 || tail) {
                 m = (pdx_kv_match_t){.source = PDX_KV_SOURCE_OFFLOAD,
                                      .blocks = prefix, .tail = tail};
+            }
+            if (c->store != NULL) {
+                /* Another node's pool may hold a longer prefix. */
+                st = kv_store_match(c->store, r, prefix, &m);
+                if (st == PDX_INPROGRESS) {
+                    break;
+                }
             }
         }
     }
@@ -1081,9 +1111,18 @@ static pdx_status_t load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
     }
     snprintf(rec->req, sizeof(rec->req), "%s", r->req_id);
     rec->tokens = m->tokens;
+    char *xparams = NULL;
     if (m->blocks == 0 && !m->tail) {
         rec->status = PDX_OK;
         st = PDX_OK;
+    } else if (m->source == PDX_KV_SOURCE_REMOTE && c->store != NULL &&
+               (xparams = kv_store_take_params(c->store, r->req_id)) !=
+                   NULL) {
+        /* A cross-node offload hit: a handoff from the owner's pool. */
+        pdx_kv_request_t r2 = *r;
+        r2.params = xparams;
+        st = load_remote(c, &r2, m, ids, rec);
+        free(xparams);
     } else if (m->source == PDX_KV_SOURCE_REMOTE && r->params != NULL &&
                c->remote != NULL) {
         st = load_remote(c, r, m, ids, rec);
@@ -1635,6 +1674,9 @@ pdx_status_t pdx_kv_reject(pdx_kv_connector_h c, const char *params)
 static void on_note(void *arg, const char *peer, const void *msg, size_t len)
 {
     pdx_kv_connector_h c = arg; /* c->lock is held by pdx_kv_progress */
+    if (kv_store_on_note(c->store, peer, msg, len)) {
+        return; /* cross-node offload messages */
+    }
     char text[160];
     if (len >= sizeof(text) || len < sizeof(MSG_PREFIX) - 1 ||
         memcmp(msg, MSG_PREFIX, sizeof(MSG_PREFIX) - 1) != 0) {
@@ -1656,6 +1698,7 @@ static void on_note(void *arg, const char *peer, const void *msg, size_t len)
         return;
     }
     held_t *h = *pp;
+    snprintf(h->peer, sizeof(h->peer), "%s", peer); /* its reader */
     if (strcmp(verb, "hb") == 0) {
         h->deadline_ns = now_ns() + (uint64_t)c->remote->lease_ms * 1000000ull;
     } else if (strcmp(verb, "done") == 0 || strcmp(verb, "reject") == 0) {
@@ -1675,6 +1718,8 @@ int pdx_kv_progress(pdx_kv_connector_h c)
     int events = 0;
     pthread_mutex_lock(&c->lock);
     events += pdx_notif_poll(c->agent, on_note, c);
+    bool check_dead = false;
+    events += kv_store_progress(c->store, &check_dead);
     uint64_t now = now_ns();
     for (held_t **pp = &c->held; *pp != NULL;) {
         held_t *h = *pp;
@@ -1683,6 +1728,17 @@ int pdx_kv_progress(pdx_kv_connector_h c)
             pdx_warn("kv: lease of %s expired (peer %s never read it or "
                      "died): freeing its blocks", h->req, h->peer);
             free_held(c, h, PDX_KV_FREED_EXPIRED);
+            events++;
+        } else if (check_dead && h->peer[0] != '\0' &&
+                   pdx_peer_state(c->agent, h->peer) ==
+                       PDX_ERR_REMOTE_DISCONNECT) {
+            /* Its reader is gone (store lease or connection): free now
+             * rather than at the handoff lease. */
+            *pp = h->next;
+            pdx_warn("kv: reader %s of %s is gone: freeing its blocks",
+                     h->peer, h->req);
+            kv_store_note_peer_gone(c->store);
+            free_held(c, h, PDX_KV_FREED_PEER_GONE);
             events++;
         } else {
             pp = &h->next;
@@ -1758,4 +1814,20 @@ pdx_status_t pdx_kv_offload_stats(pdx_kv_connector_h c,
         KV_LEAVE(PDX_ERR_NOT_FOUND);
     }
     KV_LEAVE(pdx_offload_stats(c->pool, stats_p));
+}
+
+pdx_status_t pdx_kv_store_stats(pdx_kv_connector_h c,
+                                pdx_kv_store_stats_t *stats_p)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !KV_ARG_OK(stats_p, "stats_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if (c->store == NULL) {
+        pdx_error("kv connector %s: store stats: no store section",
+                  c->cfg.agent_name);
+        KV_LEAVE(PDX_ERR_NOT_FOUND);
+    }
+    kv_store_stats(c->store, stats_p);
+    KV_LEAVE(PDX_OK);
 }

@@ -628,6 +628,9 @@ static void test_connector_null(void **state)
     REFUSED_AS(pdx_kv_held_requests(NULL), 0, "conn is NULL");
     REFUSED(pdx_kv_offload_stats(NULL, &stats), "conn is NULL");
     REFUSED(pdx_kv_offload_stats(c, NULL), "stats_p is NULL");
+    pdx_kv_store_stats_t sstats;
+    REFUSED(pdx_kv_store_stats(NULL, &sstats), "conn is NULL");
+    REFUSED(pdx_kv_store_stats(c, NULL), "stats_p is NULL");
     REFUSED(pdx_kv_params_check(NULL, 2, 101), "params is NULL");
     REFUSED(pdx_kv_params_merge(NULL, "{}", &params), "a is NULL");
     REFUSED(pdx_kv_params_merge("{}", NULL, &params), "b is NULL");
@@ -733,6 +736,8 @@ static void test_connector_dead(void **state)
     assert_int_equal(seen.calls, 0); /* refused: the callback never ran */
     DEAD_AS(pdx_kv_held_requests(c), 0, "conn");
     DEAD(pdx_kv_offload_stats(c, &stats), "conn");
+    pdx_kv_store_stats_t sstats;
+    DEAD(pdx_kv_store_stats(c, &sstats), "conn");
     /* The hasher the connector handed out went with it. */
     DEAD_AS(pdx_hasher_block_size(hasher), 0, "hasher");
 

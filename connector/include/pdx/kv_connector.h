@@ -216,6 +216,9 @@ typedef enum pdx_kv_free_reason {
     PDX_KV_FREED_DONE = 0,    /* the peer read them */
     PDX_KV_FREED_REJECT = 1,  /* the peer rejected or aborted */
     PDX_KV_FREED_EXPIRED = 2, /* the lease expired */
+    /* The reader died (its store lease expired or its connection failed)
+     * before reading them: only with a `store` section. */
+    PDX_KV_FREED_PEER_GONE = 3,
 } pdx_kv_free_reason_t;
 
 typedef void (*pdx_kv_freed_cb_t)(void *arg, const char *req_id,
@@ -250,6 +253,28 @@ PDX_API pdx_status_t pdx_kv_params_check(const char *params, size_t len,
  * PDX_ERR_EXISTS, logged with the key. *out_p is malloc'd (pdx_kv_free). */
 PDX_API pdx_status_t pdx_kv_params_merge(const char *a, const char *b,
                                          char **out_p);
+
+/* What the connector did with its `store` section (configs/README.md).
+ * Append-only. */
+typedef struct pdx_kv_store_stats {
+    uint64_t registrations;         /* registration calls (batches) */
+    uint64_t registered_blocks;     /* blocks registered as owned here */
+    uint64_t registration_failures; /* batches that failed (retried) */
+    uint64_t pending_registrations; /* blocks waiting to be registered */
+    uint64_t demoted;     /* replicas made reclaimable: enough owners */
+    uint64_t discovered;  /* peers loaded by name for handoff parameters */
+    uint64_t remote_queries;    /* registry lookups after a local miss */
+    uint64_t remote_hits;       /* cross-node offload hits matched */
+    uint64_t remote_hit_blocks; /* blocks of those hits */
+    uint64_t remote_served;     /* prefixes this pool pinned for others */
+    uint64_t peers_gone; /* handoffs freed because their reader died */
+    uint64_t reserved[5];
+} pdx_kv_store_stats_t;
+
+/* Snapshot of those counters. PDX_ERR_NOT_FOUND without a store section.
+ * Non-blocking; any thread. */
+PDX_API pdx_status_t pdx_kv_store_stats(pdx_kv_connector_h conn,
+                                        pdx_kv_store_stats_t *stats_p);
 
 /* Free a string the connector returned (NULL is a no-op). */
 PDX_API void pdx_kv_free(void *p);
