@@ -962,6 +962,7 @@ DescListObject *pdxpy_desclist_new(size_t n, pdx_mem_type_t mt)
     }
     d->count = n;
     d->mem_type = mt;
+    d->view.obj = NULL;
     d->descs = PyMem_Malloc((n ? n : 1) * sizeof(pdx_desc_t));
     if (d->descs == NULL) {
         d->count = 0;
@@ -1015,6 +1016,41 @@ static DescListObject *desclist_from_buffer(PyObject *o, pdx_mem_type_t mt)
     }
     sgn = f[0] == 'q' || f[0] == 'l' || f[0] == 'n';
     size_t n = (size_t)v.shape[0];
+    _Static_assert(sizeof(pdx_desc_t) == 24 &&
+                       offsetof(pdx_desc_t, len) == 8 &&
+                       offsetof(pdx_desc_t, dev_id) == 16,
+                   "pdx_desc_t is three little-endian u64 words");
+    if (v.strides[1] == 8 && v.strides[0] == 24 && n > 0) {
+        /* A C-contiguous N x 3 array of 64-bit integers has pdx_desc_t's
+         * layout (dev_id, reserved = the low and high halves of the third
+         * word): view it without a copy once every device fits 32 bits.
+         * Addresses and lengths are pdx's to check. */
+        const uint64_t *p = v.buf;
+        uint64_t high = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (size_t i = 0; i < n; i++) {
+            high |= p[3 * i + 2];
+        }
+        Py_END_ALLOW_THREADS
+        if ((high >> 32) != 0) {
+            PyBuffer_Release(&v);
+            PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID),
+                            "descriptor array: device above 2**32-1 or "
+                            "negative");
+            return NULL;
+        }
+        DescListObject *d = PyObject_New(DescListObject,
+                                         &pdxpy_DescListType);
+        if (d == NULL) {
+            PyBuffer_Release(&v);
+            return NULL;
+        }
+        d->count = n;
+        d->mem_type = mt;
+        d->view = v; /* keeps the array exported (unresizable) */
+        d->descs = (pdx_desc_t *)v.buf;
+        return d;
+    }
     DescListObject *d = pdxpy_desclist_new(n, mt);
     if (d == NULL) {
         PyBuffer_Release(&v);
@@ -1159,7 +1195,11 @@ static PyObject *DescList_new(PyTypeObject *t, PyObject *args, PyObject *kw)
 
 static void DescList_dealloc(DescListObject *d)
 {
-    PyMem_Free(d->descs);
+    if (d->view.obj != NULL) {
+        PyBuffer_Release(&d->view);
+    } else {
+        PyMem_Free(d->descs);
+    }
     PyObject_Free(d);
 }
 
@@ -1221,7 +1261,9 @@ PyTypeObject pdxpy_DescListType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "DescList(descs, mem_type='DRAM'): descriptors (addr, len, "
               "device) held in C, from a list of tuples or an N x 3 integer "
-              "array (converted without a Python loop).",
+              "array (converted without a Python loop; a C-contiguous "
+              "64-bit one is used in place, without a copy: do not modify "
+              "it while the DescList lives).",
     .tp_new = DescList_new,
 };
 
@@ -1924,6 +1966,103 @@ PyTypeObject pdxpy_XferType = {
     .tp_getset = Xfer_getset,
 };
 
+/* ------------------------------------------------------------ benchmark */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* _bench_make_post_check(op, local, local_idx, remote, remote_idx, iters,
+ * notif=None) -> [ns per iteration]: the C baseline of python_bench.py,
+ * the loop a C stack runs per request (make, post, check until done,
+ * release), timed per iteration with the GIL released throughout. */
+static PyObject *Agent_bench(AgentObject *self, PyObject *args)
+{
+    PyObject *opo, *lo, *lio, *ro, *rio, *notif = Py_None;
+    Py_ssize_t iters;
+    if (!PyArg_ParseTuple(args, "OO!OO!On|O", &opo, &pdxpy_DListType, &lo,
+                          &lio, &pdxpy_DListType, &ro, &rio, &iters,
+                          &notif)) {
+        return NULL;
+    }
+    pdx_xfer_op_t op;
+    if (parse_op(opo, &op) < 0 || iters <= 0) {
+        return NULL;
+    }
+    DListObject *ld = (DListObject *)lo, *rd = (DListObject *)ro;
+    void *li = NULL, *ri = NULL;
+    size_t ln, rn;
+    Py_buffer nv = {0};
+    const char *np = NULL;
+    Py_ssize_t nlen = 0;
+    uint64_t *ns = PyMem_Malloc((size_t)iters * sizeof(*ns));
+    PyObject *res = NULL;
+    if (ns == NULL) {
+        return PyErr_NoMemory();
+    }
+    if (pdxpy_int_array(lio, 4, NULL, 0, &li, &ln) < 0 ||
+        pdxpy_int_array(rio, 4, NULL, 0, &ri, &rn) < 0 ||
+        pdxpy_bytes_arg(notif, &nv, &np, &nlen) < 0) {
+        goto out;
+    }
+    if (ln != rn) {
+        PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID), "index counts");
+        goto out;
+    }
+    if (pdxpy_agent_enter(self) < 0) {
+        goto out;
+    }
+    if (dlist_enter(ld, "local") < 0) {
+        pdxpy_agent_leave(self);
+        goto out;
+    }
+    if (dlist_enter(rd, "remote") < 0) {
+        ld->uses--;
+        pdxpy_agent_leave(self);
+        goto out;
+    }
+    pdx_status_t st = PDX_OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < iters && st >= 0; i++) {
+        uint64_t t0 = now_ns();
+        pdx_xfer_h h;
+        st = pdx_xfer_make(self->h, op, ld->h, li, rd->h, ri, ln, np,
+                           (size_t)nlen, &h);
+        if (st != PDX_OK) {
+            break;
+        }
+        st = pdx_xfer_post(h);
+        while (st == PDX_INPROGRESS) {
+            st = pdx_xfer_check(h);
+        }
+        pdx_xfer_release(h);
+        ns[i] = now_ns() - t0;
+    }
+    Py_END_ALLOW_THREADS
+    ld->uses--;
+    rd->uses--;
+    pdxpy_agent_leave(self);
+    if (st < 0) {
+        pdxpy_raise(st, "bench", NULL);
+        goto out;
+    }
+    res = PyList_New(iters);
+    for (Py_ssize_t i = 0; res != NULL && i < iters; i++) {
+        PyList_SET_ITEM(res, i, PyLong_FromUnsignedLongLong(ns[i]));
+    }
+out:
+    if (nv.obj) {
+        PyBuffer_Release(&nv);
+    }
+    PyMem_Free(li);
+    PyMem_Free(ri);
+    PyMem_Free(ns);
+    return res;
+}
+
 /* ------------------------------------------------------------ Agent type */
 
 static PyMethodDef Agent_methods[] = {
@@ -1983,6 +2122,9 @@ static PyMethodDef Agent_methods[] = {
      "stats(backend=None, peer=None) -> dict of counters."},
     {"stats_json", (PyCFunction)(void (*)(void))Agent_stats_json, METH_NOARGS,
      "stats_json() -> str: every counter as JSON."},
+    {"_bench_make_post_check", (PyCFunction)(void (*)(void))Agent_bench,
+     METH_VARARGS,
+     "The C loop python_bench.py compares against: [ns per request]."},
     {NULL},
 };
 

@@ -99,9 +99,10 @@ typedef struct AgentObject {
 
 typedef struct DescListObject {
     PyObject_HEAD
-    pdx_desc_t *descs;
+    pdx_desc_t *descs; /* owned, or view.buf when view.obj is set */
     size_t count;
     pdx_mem_type_t mem_type;
+    Py_buffer view;
 } DescListObject;
 
 extern PyTypeObject pdxpy_AgentType;
