@@ -45,7 +45,7 @@ fi
 if [ $tsan = 1 ]; then
     echo "== ThreadSanitizer (thread-contract tests)"
     cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DPDX_TSAN=ON >/dev/null
-    tsan_tests=(test_threads test_kv_offload test_backend_cma)
+    tsan_tests=(test_threads test_kv_offload test_backend_cma test_api)
     cmake --build build-tsan -j "$jobs" --target "${tsan_tests[@]}"
     for t in "${tsan_tests[@]}"; do
         TSAN_OPTIONS=halt_on_error=1 build-tsan/bin/$t >build-tsan/$t.log 2>&1 \
@@ -69,7 +69,7 @@ if [ $tsan = 1 ]; then
 fi
 if [ $vg = 1 ]; then
     echo "== valgrind (core tests)"
-    for t in test_core test_threads test_kv_hash test_kv_layout test_kv_offload test_kv_config; do
+    for t in test_core test_threads test_api test_kv_hash test_kv_layout test_kv_offload test_kv_config; do
         [ -x build/bin/$t ] || continue
         valgrind -q --error-exitcode=1 --leak-check=full \
             --errors-for-leak-kinds=definite,indirect \

@@ -34,6 +34,16 @@
 #define PIECES 64 /* one READ: 64 x 64 KiB = 4 MiB */
 #define INFLIGHT 4 /* READs in flight per peer from the main thread */
 #define SAMPLES (4u << 20)
+/* The bound the issue sets for the other thread's longest call. Under a
+ * sanitizer every instruction costs several times more and the bound is
+ * not meaningful: it is relaxed there (and printed). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define MAX_CALL_MS 250.0
+#define MAX_CALL_NOTE " (relaxed: sanitizer build)"
+#else
+#define MAX_CALL_MS 50.0
+#define MAX_CALL_NOTE ""
+#endif
 
 const char *ctl_name = "stall";
 static const char *g_self;
@@ -492,7 +502,8 @@ static int d_main(void)
            m.reads_ok[0], m.reads_ok[1], m.notifs);
 
     int bad = 0;
-    if (mx >= 50.0) {
+    printf("bound on one call: %.0f ms%s\n", MAX_CALL_MS, MAX_CALL_NOTE);
+    if (mx >= MAX_CALL_MS) {
         fprintf(stderr, "FAIL: a call of the other thread took %.1f ms\n", mx);
         bad = 1;
     }
