@@ -42,7 +42,8 @@ static inline bool kv_arg_ok(const void *p, const char *fn, const char *what)
 
 #define KV_LAYOUT_OK(l, what)                                                  \
     pdx_handle_check((l), PDX_MAGIC_LAYOUT, __func__, (what))
-#define KV_HASHER_OK(h) pdx_handle_check((h), PDX_MAGIC_HASHER, __func__, "hasher")
+#define KV_HASHER_OK(h)                                                        \
+    pdx_handle_check((h), PDX_MAGIC_HASHER, __func__, "hasher")
 #define KV_POOL_OK(p) pdx_handle_check((p), PDX_MAGIC_POOL, __func__, "pool")
 #define KV_CONN_OK(c) pdx_handle_check((c), PDX_MAGIC_CONN, __func__, "conn")
 

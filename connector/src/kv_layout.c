@@ -672,21 +672,22 @@ static pdx_status_t layout_glm52(uint64_t num_blocks, pdx_mem_type_t mem_type,
     for (uint32_t layer = 0; layer < PDX_GLM52_NUM_LAYERS && st == PDX_OK;
          layer++) {
         st = add_layer_arena(l, "layer", layer, PDX_KV_KIND_MLA, 0,
-                       PDX_GLM52_MLA_BYTES_PER_TOKEN, num_blocks, mem_type,
-                       dev_id);
+                             PDX_GLM52_MLA_BYTES_PER_TOKEN, num_blocks,
+                             mem_type, dev_id);
         if (st == PDX_OK && glm52_has_index_k(layer))
             st = add_layer_arena(l, "layer", layer, PDX_KV_KIND_INDEX_K, 0,
-                           PDX_GLM52_INDEX_K_BYTES_PER_TOKEN, num_blocks,
-                           mem_type, dev_id);
+                                 PDX_GLM52_INDEX_K_BYTES_PER_TOKEN,
+                                 num_blocks, mem_type, dev_id);
     }
     if (st == PDX_OK)
-        st = add_layer_arena(l, "mtp", PDX_GLM52_MTP_LAYER, PDX_KV_KIND_MLA, 1,
-                       PDX_GLM52_MLA_BYTES_PER_TOKEN, num_blocks, mem_type,
-                       dev_id);
+        st = add_layer_arena(l, "mtp", PDX_GLM52_MTP_LAYER, PDX_KV_KIND_MLA,
+                             1, PDX_GLM52_MLA_BYTES_PER_TOKEN, num_blocks,
+                             mem_type, dev_id);
     if (st == PDX_OK)
-        st = add_layer_arena(l, "mtp", PDX_GLM52_MTP_LAYER, PDX_KV_KIND_INDEX_K, 1,
-                       PDX_GLM52_INDEX_K_BYTES_PER_TOKEN, num_blocks, mem_type,
-                       dev_id);
+        st = add_layer_arena(l, "mtp", PDX_GLM52_MTP_LAYER,
+                             PDX_KV_KIND_INDEX_K, 1,
+                             PDX_GLM52_INDEX_K_BYTES_PER_TOKEN, num_blocks,
+                             mem_type, dev_id);
     if (st != PDX_OK) {
         layout_destroy(l);
         return st;
