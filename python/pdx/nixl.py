@@ -24,8 +24,10 @@ Where pdx behaves differently from NIXL:
   at creation (pdx fixes it when the request is made).
 * check_xfer_state/transfer return "ERR" for any failure (the pdx
   exception text is in ``handle.error``); they raise only for a released
-  handle. Telemetry is always captured; times are microseconds as in NIXL
-  (startTime since the epoch).
+  handle. get_xfer_telemetry never raises for a live handle: without
+  ``capture_telemetry=True`` its times are 0 (NIXL raises), while byte and
+  descriptor counts and the backend are always there. Times are
+  microseconds as in NIXL (startTime since the epoch).
 * Exactly repeated registrations of one region are reference-counted
   (NIXL accepts them); partly overlapping ones are refused.
 * No listener thread or metadata server: exchange ``get_agent_metadata()``
@@ -173,9 +175,10 @@ class nixl_agent:
         self.notifs = {}
         self.config = nixl_conf
         self._mods = _backend_modules(names)
-        self.agent = _pdx.Agent(agent_name,
-                                progress_thread=bool(nixl_conf.enable_pthread),
-                                backends=self._mods)
+        self.agent = _pdx.Agent(
+            agent_name, progress_thread=bool(nixl_conf.enable_pthread),
+            backends=self._mods,
+            telemetry=bool(getattr(nixl_conf, "capture_telemetry", False)))
         # NIXL exposes created backends as name -> handle.
         self.backends = {n: n for n in names if n.upper() in
                          ("UCX", "CMA", "CUDA_IPC")}

@@ -73,23 +73,30 @@ static int Agent_init(AgentObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"name", "progress_thread", "backends",
                              "xfer_timeout", "progress_interval_us",
-                             "path_policy", "backend_options", NULL};
+                             "path_policy", "backend_options", "telemetry",
+                             NULL};
     const char *name;
-    int progress = 1;
+    int progress = 1, telemetry = 0;
     PyObject *backends = Py_None, *timeout = Py_None, *interval = Py_None;
     PyObject *policy = Py_None, *bopts = Py_None;
     if (self->h != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Agent already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|$pOOOOO", kwlist, &name,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|$pOOOOOp", kwlist, &name,
                                      &progress, &backends, &timeout,
-                                     &interval, &policy, &bopts)) {
+                                     &interval, &policy, &bopts,
+                                     &telemetry)) {
         return -1;
     }
     pdx_agent_params_t ap = {.field_mask = PDX_AGENT_PARAM_FLAGS,
                              .flags = progress ? PDX_AGENT_F_PROGRESS_THREAD
                                                : 0};
+    if (telemetry) {
+#ifdef PDX_AGENT_F_TELEMETRY
+        ap.flags |= PDX_AGENT_F_TELEMETRY;
+#endif
+    }
     if (timeout != Py_None) {
         double t = PyFloat_AsDouble(timeout);
         if (t == -1.0 && PyErr_Occurred()) {
@@ -2143,7 +2150,8 @@ PyTypeObject pdxpy_AgentType = {
     .tp_doc = "Agent(name, *, progress_thread=True, backends=None "
               "(['ucx', 'cma']), xfer_timeout=None (s), "
               "progress_interval_us=None, path_policy=None ('any' | "
-              "'same_host_fast'), backend_options=None ({backend: {k: v}})). "
+              "'same_host_fast'), backend_options=None ({backend: {k: v}}), "
+              "telemetry=False (per-request times in Xfer.telemetry())). "
               "A context manager; close() destroys it.",
     .tp_weaklistoffset = offsetof(AgentObject, weakreflist),
     .tp_methods = Agent_methods,
