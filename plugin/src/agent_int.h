@@ -254,6 +254,8 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x);
  * memory). */
 pdx_stats_entry_t *pdx_peer_stats_get(pdx_agent_h agent, const char *name);
 pdx_status_t pdx_host_id(char *buf, size_t len);
+/* Host ids of one kernel (boot) that differ only by pid namespace. */
+bool pdx_host_same_kernel(const char *a, const char *b);
 
 /* The stats socket (stats_sock.c). */
 void pdx_stats_sock_open(pdx_agent_h agent);

@@ -413,6 +413,11 @@ static pdx_status_t peer_build(pdx_agent_h agent, const pdx_blob_t *b,
     }
     p->pidfd = open_pidfd(agent, b);
     p->same_host = strcmp(b->host_id, agent->host_id) == 0;
+    if (!p->same_host && pdx_host_same_kernel(b->host_id, agent->host_id)) {
+        pdx_info("peer %s: same kernel, another pid namespace (%s): no "
+                 "pidfd, cma or cuda_ipc across it, so UCX carries its "
+                 "transfers by design", p->name, b->host_id);
+    }
     p->stats = pdx_peer_stats_get(agent, p->name);
     peer_paths(agent, p, b);
     *peer_p = p;
