@@ -8,6 +8,7 @@
 
 #include <pdx/kv_config.h>
 #include <pdx/kv_layout.h>
+#include <pdx/log.h>
 
 #define CHECK(cond)                                                            \
     do {                                                                       \
@@ -19,8 +20,16 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+static void drop(void *arg, pdx_log_level_t level, const char *msg) {}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    static int quiet;
+    if (!quiet) {
+        /* Rejections are the common case; their log lines are noise. */
+        pdx_log_set_handler(drop, NULL);
+        quiet = 1;
+    }
     /* A copy of exactly `size` bytes, no terminator: ASan then catches any
      * read past the end. */
     char *text = malloc(size ? size : 1);
