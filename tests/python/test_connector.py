@@ -177,6 +177,14 @@ def test_glm52_handoff_p_to_d(spawn):
         off = a["base"] - mem.addr + 20 * a["stride"]
         assert not view[off:off + a["block_bytes"]].any()
         del view
+        # D saves what it loaded into its offload pool (save_only).
+        d.save(req, d_ids)
+        end = time.monotonic() + 20
+        while not d.save_check("d-glm") and time.monotonic() < end:
+            time.sleep(0.001)
+        assert d.save_check("d-glm")
+        st = d.offload_stats()
+        assert st["saves"] >= 8 and st["block_bytes"] == 3502592, st
         _, freed, held = p.recv()
         assert freed == [("req-glm", "done")] and held == 0
         p.send("quit")

@@ -306,3 +306,64 @@ def test_stats_and_peer_info():
         if pdx.HAVE["stats_json"]:
             import json
             assert isinstance(json.loads(a.stats_json()), dict)
+
+
+class FakeDevice:
+    def __init__(self, type, index):
+        self.type, self.index = type, index
+
+
+class FakeTensor:
+    """What pdx reads of a torch.Tensor (torch itself is not needed)."""
+
+    def __init__(self, arr, device="cpu", index=None):
+        self._arr = arr
+        self.device = FakeDevice(device, index)
+
+    def data_ptr(self):
+        return self._arr.ctypes.data
+
+    def numel(self):
+        return self._arr.size
+
+    def element_size(self):
+        return self._arr.itemsize
+
+
+class FakeCudaArray:
+    """An object with __cuda_array_interface__ (CuPy, Numba)."""
+
+    def __init__(self, ptr, shape, typestr, strides=None, dev=1):
+        self.__cuda_array_interface__ = {
+            "data": (ptr, False), "shape": shape, "typestr": typestr,
+            "strides": strides, "version": 3}
+        self.device = type("D", (), {"id": dev})()
+
+
+def test_tensor_like_objects():
+    """Objects with data_ptr() (torch) or __cuda_array_interface__
+    (CuPy) register without importing torch."""
+    arr = pattern(1 << 16, 41).view(np.uint16)
+    t = FakeTensor(arr)
+    assert pdx.mem_info(t) == (arr.ctypes.data, 1 << 16, "DRAM", 0)
+    assert pdx.mem_info(FakeTensor(arr, "cuda", 3))[2:] == ("VRAM", 3)
+    cai = FakeCudaArray(0x7f0000000000, (4, 256), "<f4")
+    assert pdx.mem_info(cai) == (0x7f0000000000, 4096, "VRAM", 1)
+    strided = FakeCudaArray(0x7f0000000000, (4, 8), "<f2", (64, 2))
+    assert pdx.mem_info(strided)[1] == 3 * 64 + 7 * 2 + 2
+    with pdx.Agent("tens-a") as a, pdx.Agent("tens-b") as b:
+        reg = a.register(t)
+        assert reg.len == 1 << 16 and reg.mem_type == "DRAM"
+        dst = FakeTensor(np.zeros(1 << 15, np.uint16))
+        b.register(dst)
+        peer = b.load_peer(a.describe())
+        x = b.create_xfer("READ", [(dst.data_ptr(), 1 << 16, 0)],
+                          [(t.data_ptr(), 1 << 16, 0)], peer)
+        x.post()
+        x.wait(timeout=20)
+        x.release()
+        assert np.array_equal(dst._arr, arr)
+        # GPU memory needs cuda_ipc (or UCX with CUDA): refused here.
+        if not pdx.backend_probe("cuda_ipc")["available"]:
+            with pytest.raises(pdx.Error):
+                a.register(cai)
