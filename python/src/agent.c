@@ -355,7 +355,10 @@ static PyObject *Agent_peer_state(AgentObject *self, PyObject *arg)
     if (name == NULL || pdxpy_agent_enter(self) < 0) {
         return NULL;
     }
-    pdx_status_t st = pdx_peer_state(self->h, name);
+    pdx_status_t st;
+    Py_BEGIN_ALLOW_THREADS /* waits on the agent lock */
+    st = pdx_peer_state(self->h, name);
+    Py_END_ALLOW_THREADS
     pdxpy_agent_leave(self);
     if (st == PDX_OK) {
         return PyUnicode_FromString("alive");
@@ -463,7 +466,10 @@ static PyObject *Agent_set_invariant(AgentObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "ss", &k, &v) || pdxpy_agent_enter(self) < 0) {
         return NULL;
     }
-    pdx_status_t st = pdx_agent_set_invariant(self->h, k, v);
+    pdx_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = pdx_agent_set_invariant(self->h, k, v);
+    Py_END_ALLOW_THREADS
     pdxpy_agent_leave(self);
     if (st != PDX_OK) {
         return pdxpy_raise(st, "set_invariant", NULL);
@@ -704,7 +710,11 @@ static PyObject *Agent_stats(AgentObject *self, PyObject *args, PyObject *kw)
     }
     pdx_stats_t s;
     memset(&s, 0, sizeof(s));
-    pdx_status_t st = fn(self->h, backend ? backend : peer, &s);
+    pdx_status_t st;
+    const char *which = backend ? backend : peer;
+    Py_BEGIN_ALLOW_THREADS
+    st = fn(self->h, which, &s);
+    Py_END_ALLOW_THREADS
     pdxpy_agent_leave(self);
     if (st != PDX_OK) {
         return pdxpy_raise(st, "stats", NULL);
@@ -1860,7 +1870,10 @@ static PyObject *Xfer_telemetry(XferObject *x, PyObject *u)
     }
     pdx_xfer_telemetry_t t;
     memset(&t, 0, sizeof(t));
-    pdx_status_t st = pdxpy_opt.xfer_telemetry(x->h, &t);
+    pdx_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = pdxpy_opt.xfer_telemetry(x->h, &t);
+    Py_END_ALLOW_THREADS
     xfer_leave(x);
     if (st != PDX_OK) {
         return pdxpy_raise(st, "telemetry", NULL);

@@ -81,8 +81,10 @@ static PyObject *KVConfig_parse(PyTypeObject *cls, PyObject *args,
         return PyErr_NoMemory();
     }
     char err[1024] = "";
-    pdx_status_t st = pdx_kv_config_parse(text, (size_t)len, name, cfg, err,
-                                          sizeof(err));
+    pdx_status_t st;
+    Py_BEGIN_ALLOW_THREADS /* up to 1 MiB of JSON; text is immutable */
+    st = pdx_kv_config_parse(text, (size_t)len, name, cfg, err, sizeof(err));
+    Py_END_ALLOW_THREADS
     if (st != PDX_OK) {
         PyMem_Free(cfg);
         return pdxpy_raise(st, "config parse", err[0] ? err : NULL);
@@ -1223,7 +1225,10 @@ static PyObject *KVConn_peer_state(KVConnObject *c, PyObject *arg)
     if (name == NULL || conn_enter(c) < 0) {
         return NULL;
     }
-    pdx_status_t st = pdx_peer_state(pdx_kv_connector_agent(c->h), name);
+    pdx_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = pdx_peer_state(pdx_kv_connector_agent(c->h), name);
+    Py_END_ALLOW_THREADS
     conn_leave(c);
     if (st == PDX_OK) {
         return PyUnicode_FromString("alive");
@@ -1771,7 +1776,10 @@ static PyObject *KVConn_held(KVConnObject *c, PyObject *u)
     if (conn_enter(c) < 0) {
         return NULL;
     }
-    size_t n = pdx_kv_held_requests(c->h);
+    size_t n;
+    Py_BEGIN_ALLOW_THREADS
+    n = pdx_kv_held_requests(c->h);
+    Py_END_ALLOW_THREADS
     conn_leave(c);
     return PyLong_FromSize_t(n);
 }
@@ -1783,7 +1791,10 @@ static PyObject *KVConn_offload_stats(KVConnObject *c, PyObject *u)
     }
     pdx_offload_stats_t s;
     memset(&s, 0, sizeof(s));
-    pdx_status_t st = pdx_kv_offload_stats(c->h, &s);
+    pdx_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = pdx_kv_offload_stats(c->h, &s);
+    Py_END_ALLOW_THREADS
     conn_leave(c);
     if (st != PDX_OK) {
         return pdxpy_raise(st, "offload_stats", NULL);

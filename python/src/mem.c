@@ -152,10 +152,15 @@ static int shm_close(ShmObject *s, int raise)
         }
         s->shared = 0;
     }
-    munmap(s->addr, s->maplen);
-    close(s->fd);
+    void *addr = s->addr;
+    size_t len = s->maplen;
+    int fd = s->fd;
     s->addr = NULL;
     s->fd = -1;
+    Py_BEGIN_ALLOW_THREADS /* unmapping gigabytes takes milliseconds */
+    munmap(addr, len);
+    close(fd);
+    Py_END_ALLOW_THREADS
     return 0;
 }
 
