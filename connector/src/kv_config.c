@@ -1024,7 +1024,8 @@ static pdx_status_t parse_connector(cfg_ctx_t *c, const cJSON *root,
     cfg->nchildren = (uint32_t)i;
     path_pop(c, o1);
 
-    if ((types_seen & 1u) && cfg->peer_name[0] == '\0') {
+    if ((types_seen & 1u) && cfg->peer_name[0] == '\0' &&
+        member(root, "store") == NULL) { /* with a store: found by name */
         path_pop(c, 1); /* back to "$" */
         path_push_key(c, "agent");
         path_push_key(c, "peer");

@@ -72,6 +72,7 @@ typedef struct xserve {
     pdx_offload_key_t *keys;
     pdx_offload_lease_h lease;
     uint64_t deadline_ns;
+    bool to_answer; /* every hash arrived: the thread answers */
 } xserve_t;
 
 struct kv_store {
@@ -96,6 +97,11 @@ struct kv_store {
     uint64_t last_dead_check_ns;
     pdx_kv_store_stats_t stats;
 };
+
+static xserve_t **find_serve(kv_store_t *s, const char *peer,
+                             const char *rid);
+static void serve_free(kv_store_t *s, xserve_t *v);
+static void serve_answer(kv_store_t *s, xserve_t *v);
 
 static uint64_t now_ns(void)
 {
@@ -351,6 +357,32 @@ static void *reg_main(void *arg)
     pthread_mutex_lock(&s->lock);
     while (!s->stop) {
         uint64_t now = now_ns();
+        xserve_t *v = s->serves;
+        while (v != NULL && !v->to_answer) {
+            v = v->next;
+        }
+        if (v != NULL) {
+            v->to_answer = false;
+            char peer[PDX_NAME_MAX], rid[PDX_KV_REQ_ID_MAX];
+            snprintf(peer, sizeof(peer), "%s", v->peer);
+            snprintf(rid, sizeof(rid), "%s", v->rid);
+            pthread_mutex_unlock(&s->lock);
+            /* The reader, by name (it published before asking). */
+            pdx_status_t st = pdx_peer_fetch(s->agent, peer,
+                                             s->fetch_timeout_ms);
+            pthread_mutex_lock(&s->lock);
+            xserve_t **pp = find_serve(s, peer, rid);
+            if (*pp != NULL && st == PDX_OK) {
+                serve_answer(s, *pp);
+            } else if (*pp != NULL) {
+                pdx_warn("kv: cannot answer %s's fetch %s: %s", peer, rid,
+                         pdx_status_string(st));
+                xserve_t *dead = *pp;
+                *pp = dead->next;
+                serve_free(s, dead);
+            }
+            continue;
+        }
         xfetch_t *q = s->fetches;
         while (q != NULL && q->state != XF_QUERY) {
             q = q->next;
@@ -782,7 +814,10 @@ static void on_fetch(kv_store_t *s, const char *peer, char *text)
         v->got++;
     }
     if (v->got == v->total) {
-        serve_answer(s, v);
+        /* Answered by the registry thread: the reader may not be loaded
+         * here yet (found by name, which may wait). */
+        v->to_answer = true;
+        pthread_cond_broadcast(&s->cv);
     }
 }
 
