@@ -40,7 +40,6 @@
 #define REG_COALESCE_NS 2000000ull
 #define SERVE_LEASE_NS 30000000000ull /* a served prefix without hb/done */
 #define FAILED_KEEP_NS 5000000000ull  /* no second query meanwhile */
-#define MAX_OWNERS 64
 
 typedef enum {
     XF_QUERY = 0, /* waiting for the registry thread */
@@ -238,38 +237,6 @@ static void do_register(kv_store_t *s, pdx_offload_key_t *keys, size_t n)
     }
 }
 
-typedef struct owners_acc {
-    const char *self;
-    char names[MAX_OWNERS][PDX_NAME_MAX];
-    size_t prefix[MAX_OWNERS];
-    size_t n;
-} owners_acc_t;
-
-/* Blocks come in order: an owner's prefix grows while it owns block i
- * right after owning block i-1. */
-static void on_owner(void *arg, size_t i, const char *owner)
-{
-    owners_acc_t *a = arg;
-    if (strcmp(owner, a->self) == 0) {
-        return;
-    }
-    size_t k = 0;
-    while (k < a->n && strcmp(a->names[k], owner) != 0) {
-        k++;
-    }
-    if (k == a->n) {
-        if (a->n == MAX_OWNERS || i != 0) {
-            return;
-        }
-        snprintf(a->names[k], PDX_NAME_MAX, "%s", owner);
-        a->prefix[k] = 0;
-        a->n++;
-    }
-    if (a->prefix[k] == i) {
-        a->prefix[k] = i + 1;
-    }
-}
-
 static bool send_fetch(kv_store_t *s, const char *owner, const char *rid,
                        const pdx_offload_key_t *keys, size_t n)
 {
@@ -297,24 +264,16 @@ static bool send_fetch(kv_store_t *s, const char *owner, const char *rid,
 static void do_query(kv_store_t *s, xfetch_t *x, pdx_offload_key_t *keys,
                      size_t n, size_t local)
 {
-    owners_acc_t *acc = calloc(1, sizeof(*acc));
     char **hex = hex_list(keys, n);
     pdx_status_t st = PDX_ERR_NOMEM;
     char owner[PDX_NAME_MAX] = "";
     size_t best = 0;
-    if (acc != NULL && hex != NULL) {
-        acc->self = pdx_agent_name(s->agent);
-        st = pdx_store_owners_get(s->agent, (const char *const *)hex, n,
-                                  on_owner, acc);
-        for (size_t k = 0; st == PDX_OK && k < acc->n; k++) {
-            if (acc->prefix[k] > best) {
-                best = acc->prefix[k];
-                snprintf(owner, sizeof(owner), "%s", acc->names[k]);
-            }
-        }
+    if (hex != NULL) {
+        /* Sampled rounds, not every block: see pdx/store.h. */
+        st = pdx_store_owners_longest(s->agent, (const char *const *)hex, n,
+                                      owner, &best);
     }
     hex_free(hex, n);
-    free(acc);
     bool ok = st == PDX_OK && best > local;
     if (ok) {
         /* The owner by name, invariants checked like any peer. */

@@ -746,3 +746,80 @@ pdx_status_t pdx_store_owners_get(pdx_agent_h agent, const char *const *blocks,
     return pdx_call_leave(__func__,
                           g->ops->owners_get(g->st, blocks, n, cb, arg));
 }
+
+typedef struct longest_acc {
+    const char *self;
+    size_t nsamples;
+    /* Per sample: the first other owner seen (enough to pick one). */
+    char (*first)[PDX_NAME_MAX];
+} longest_acc_t;
+
+static void on_sample_owner(void *arg, size_t i, const char *owner)
+{
+    longest_acc_t *a = arg;
+    if (i < a->nsamples && strcmp(owner, a->self) != 0 &&
+        a->first[i][0] == '\0') {
+        snprintf(a->first[i], PDX_NAME_MAX, "%s", owner);
+    }
+}
+
+pdx_status_t pdx_store_owners_longest(pdx_agent_h agent,
+                                      const char *const *blocks, size_t n,
+                                      char *owner_out, size_t *prefix_p)
+{
+    pdx_call_enter();
+    if (!AGENT_OK(agent) || (blocks == NULL && n > 0) || owner_out == NULL ||
+        prefix_p == NULL) {
+        return pdx_call_leave(__func__, PDX_ERR_INVALID);
+    }
+    if (!need_store(agent, __func__)) {
+        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+    }
+    enum { S = 64 };
+    struct pdx_store_agent *g = agent->store;
+    const char *sample[S];
+    size_t idx[S];
+    char first[S][PDX_NAME_MAX];
+    char best[PDX_NAME_MAX] = "";
+    size_t lo = 0, hi = n, prefix = 0;
+    pdx_status_t st = PDX_OK;
+    /* Each round narrows [lo, hi) to the gap after the last sampled block
+     * that someone else owns: ceil(log64(n)) rounds. */
+    for (int round = 0; round < 16 && lo < hi; round++) {
+        size_t span = hi - lo, ns = span < S ? span : S;
+        for (size_t j = 0; j < ns; j++) {
+            idx[j] = ns == 1 ? lo : lo + (span - 1) * j / (ns - 1);
+            sample[j] = blocks[idx[j]];
+            first[j][0] = '\0';
+        }
+        longest_acc_t acc = {agent->name, ns, first};
+        st = g->ops->owners_get(g->st, sample, ns, on_sample_owner, &acc);
+        if (st != PDX_OK) {
+            break;
+        }
+        if (round == 0 && first[0][0] == '\0') {
+            break; /* nobody else has block 0: no prefix */
+        }
+        size_t last = ns;
+        for (size_t j = 0; j < ns; j++) {
+            if (first[j][0] != '\0') {
+                last = j;
+            }
+        }
+        if (last == ns) {
+            break; /* nobody else past `lo - 1` */
+        }
+        prefix = idx[last] + 1;
+        snprintf(best, sizeof(best), "%s", first[last]);
+        if (last + 1 == ns) {
+            break; /* the last sample is owned: as far as we can see */
+        }
+        lo = idx[last] + 1;
+        hi = idx[last + 1];
+    }
+    if (st == PDX_OK) {
+        snprintf(owner_out, PDX_NAME_MAX, "%s", best);
+        *prefix_p = best[0] ? prefix : 0;
+    }
+    return pdx_call_leave(__func__, st);
+}

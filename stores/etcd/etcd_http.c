@@ -196,7 +196,7 @@ cJSON *etcd_parse_body(const etcd_buf_t *b)
     return j;
 }
 
-static void fmt_time(uint64_t rt_ns, char *buf, size_t len)
+void etcd_fmt_time(uint64_t rt_ns, char *buf, size_t len)
 {
     time_t t = (time_t)(rt_ns / 1000000000ull);
     struct tm tm;
@@ -240,7 +240,7 @@ void etcd_note_fail(etcd_store_t *s, const char *what)
         s->unreach_mono_ns = now;
         s->state_dirty = true;
         char when[32];
-        fmt_time(s->unreach_rt_ns, when, sizeof(when));
+        etcd_fmt_time(s->unreach_rt_ns, when, sizeof(when));
         pdx_warn("store etcd (ns %s, agent %s): unreachable since %s: %s; "
                  "loaded peers keep working, publication and watches retry "
                  "with backoff", s->ns, s->host.agent_name, when, what);

@@ -102,6 +102,12 @@ typedef struct etcd_store {
     bool stop;
     bool restart_watches; /* a keepalive failed: streams may be dead */
 
+    /* Owner transactions over gRPC (etcd_pb.c): handles for the streams
+     * of one call; calls serialised by glock. */
+    pthread_mutex_t glock;
+    CURL *gh[ETCD_PARALLEL];
+    struct curl_slist *ghdrs;
+
     /* Thread only. */
     pthread_t thread;
     bool thread_running;
@@ -162,5 +168,26 @@ void etcd_note_fail(etcd_store_t *s, const char *what);
 
 /* Parse a response body; NULL (and `why`) when it is not a JSON object. */
 cJSON *etcd_parse_body(const etcd_buf_t *b);
+void etcd_fmt_time(uint64_t rt_ns, char *buf, size_t len);
+
+/* ---- etcd_pb.c: TxnRequest ops and TxnResponse decoding ---- */
+
+/* Append one RequestOp to a TxnRequest being built in `txn`. */
+void etcd_pb_put(etcd_buf_t *txn, const char *key, int64_t lease);
+void etcd_pb_range(etcd_buf_t *txn, const char *key, const char *end,
+                   bool count_only, bool keys_only);
+void etcd_pb_delete(etcd_buf_t *txn, const char *key);
+/* Each ResponseOp of a TxnResponse: its index, which one (1 range, 2 put,
+ * 3 delete) and its bytes. */
+typedef void (*etcd_pb_op_cb_t)(void *arg, size_t index, uint32_t kind,
+                                const uint8_t *p, size_t n);
+typedef void (*etcd_pb_key_cb_t)(void *arg, const char *key, size_t len);
+/* Returns the number of ResponseOps, -1 when malformed; *rev_p gets the
+ * header's revision. */
+int etcd_pb_txn(const uint8_t *p, size_t n, int64_t *rev_p,
+                etcd_pb_op_cb_t cb, void *arg);
+int64_t etcd_pb_range_count(const uint8_t *p, size_t n);
+void etcd_pb_range_keys(const uint8_t *p, size_t n, etcd_pb_key_cb_t cb,
+                        void *arg);
 
 #endif

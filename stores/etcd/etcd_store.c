@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "etcd_int.h"
 
@@ -878,6 +879,13 @@ static void etcd_free(etcd_store_t *s)
         curl_multi_cleanup(s->multi);
     }
     curl_slist_free_all(s->hdrs);
+    for (size_t i = 0; i < ETCD_PARALLEL; i++) {
+        if (s->gh[i] != NULL) {
+            curl_easy_cleanup(s->gh[i]);
+        }
+    }
+    curl_slist_free_all(s->ghdrs);
+    pthread_mutex_destroy(&s->glock);
     pthread_mutex_destroy(&s->deliver);
     pthread_mutex_destroy(&s->pub_lock);
     pthread_mutex_destroy(&s->lock);
@@ -956,6 +964,7 @@ static pdx_status_t etcd_create(const pdx_store_host_t *host,
     pthread_mutex_init(&s->lock, NULL);
     pthread_mutex_init(&s->pub_lock, NULL);
     pthread_mutex_init(&s->deliver, NULL);
+    pthread_mutex_init(&s->glock, NULL);
     s->host = *host;
     if (s->host.agent_name == NULL) {
         s->host.agent_name = "?";
@@ -984,7 +993,18 @@ static pdx_status_t etcd_create(const pdx_store_host_t *host,
     }
     s->multi = curl_multi_init();
     s->th = curl_easy_init();
-    if (s->hdrs == NULL || s->multi == NULL || s->th == NULL) {
+    s->ghdrs = curl_slist_append(NULL, "content-type: application/grpc");
+    if (s->ghdrs != NULL) {
+        struct curl_slist *h2 = curl_slist_append(s->ghdrs, "te: trailers");
+        s->ghdrs = h2 ? h2 : s->ghdrs;
+    }
+    bool handles = true;
+    for (size_t i = 0; i < ETCD_PARALLEL; i++) {
+        s->gh[i] = curl_easy_init();
+        handles = handles && s->gh[i] != NULL;
+    }
+    if (s->hdrs == NULL || s->multi == NULL || s->th == NULL ||
+        s->ghdrs == NULL || !handles) {
         etcd_free(s);
         return PDX_ERR_NOMEM;
     }
@@ -1241,19 +1261,114 @@ static pdx_status_t etcd_unwatch(void *st, uint64_t id)
     return PDX_OK;
 }
 
-/* ---- block-owner registry: transactions in parallel ---- */
+/* ---- block-owner registry: gRPC transactions in parallel ---- */
 
 typedef struct txn_job {
     size_t first, count; /* blocks */
-    char *body;
+    etcd_buf_t body;     /* gRPC frame: flag, length, TxnRequest */
     etcd_buf_t out;
     CURL *h;
-    cJSON *resp;
+    int grpc_status; /* -1 until a grpc-status header or trailer */
+    char grpc_msg[160];
     pdx_status_t st;
 } txn_job_t;
 
-/* Run every job's transaction, up to ETCD_PARALLEL at once over pooled
- * connections. Each job ends with resp set (PDX_OK) or an error status. */
+static size_t on_grpc_header(char *p, size_t size, size_t n, void *arg)
+{
+    txn_job_t *j = arg;
+    size_t len = size * n;
+    static const char gs[] = "grpc-status:", gm[] = "grpc-message:";
+    if (len > sizeof(gs) - 1 && strncasecmp(p, gs, sizeof(gs) - 1) == 0) {
+        j->grpc_status = atoi(p + sizeof(gs) - 1);
+    } else if (len > sizeof(gm) - 1 &&
+               strncasecmp(p, gm, sizeof(gm) - 1) == 0) {
+        size_t m = len - (sizeof(gm) - 1);
+        const char *v = p + sizeof(gm) - 1;
+        while (m > 0 && (*v == ' ')) {
+            v++;
+            m--;
+        }
+        while (m > 0 && (v[m - 1] == '\r' || v[m - 1] == '\n')) {
+            m--;
+        }
+        snprintf(j->grpc_msg, sizeof(j->grpc_msg), "%.*s", (int)m, v);
+    }
+    return len;
+}
+
+static size_t on_grpc_data(char *p, size_t size, size_t n, void *arg)
+{
+    etcd_buf_add(&((txn_job_t *)arg)->out, p, size * n);
+    return size * n;
+}
+
+static pdx_status_t grpc_code_status(int code)
+{
+    switch (code) {
+    case 3:
+    case 9:
+        return PDX_ERR_INVALID;
+    case 4:
+        return PDX_ERR_TIMEOUT;
+    case 5:
+        return PDX_ERR_NOT_FOUND; /* lease gone */
+    case 8:
+        return PDX_ERR_TOO_LARGE;
+    case 14:
+        return PDX_ERR_UNAVAILABLE;
+    default:
+        return PDX_ERR_IO;
+    }
+}
+
+/* The TxnResponse of a finished job (after its 5-byte gRPC prefix). */
+static bool job_msg(const txn_job_t *j, const uint8_t **p, size_t *n)
+{
+    if (j->out.len < 5 || (uint8_t)j->out.data[0] != 0) {
+        return false;
+    }
+    const uint8_t *b = (const uint8_t *)j->out.data;
+    size_t len = (size_t)b[1] << 24 | (size_t)b[2] << 16 |
+                 (size_t)b[3] << 8 | (size_t)b[4];
+    if (len > j->out.len - 5) {
+        return false;
+    }
+    *p = b + 5;
+    *n = len;
+    return true;
+}
+
+static void grpc_setup(etcd_store_t *s, txn_job_t *j, CURL *h,
+                       const char *endpoint)
+{
+    char url[512];
+    snprintf(url, sizeof(url), "%s/etcdserverpb.KV/Txn", endpoint);
+    curl_easy_reset(h);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTP_VERSION,
+                     strncmp(endpoint, "https://", 8) == 0
+                         ? (long)CURL_HTTP_VERSION_2TLS
+                         : (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE);
+    curl_easy_setopt(h, CURLOPT_POST, 1L);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, j->body.data);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)j->body.len);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, s->ghdrs);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_grpc_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, j);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_grpc_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, j);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(h, CURLOPT_FORBID_REUSE, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)s->timeout_ms);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)s->timeout_ms);
+    curl_easy_setopt(h, CURLOPT_PRIVATE, j);
+}
+
+/* Run every job's transaction, up to ETCD_PARALLEL streams at once on one
+ * HTTP/2 connection kept between calls. Each job ends PDX_OK with its
+ * response in `out`, or an error. */
 static pdx_status_t run_txns(etcd_store_t *s, txn_job_t *jobs, size_t njobs)
 {
     uint64_t now = etcd_now_ns();
@@ -1265,34 +1380,41 @@ static pdx_status_t run_txns(etcd_store_t *s, txn_job_t *jobs, size_t njobs)
     if (fast_fail) {
         return PDX_ERR_UNAVAILABLE;
     }
-    CURLM *m = curl_multi_init();
-    if (m == NULL) {
+    /* A multi per call, without CURLOPT_PIPEWAIT: with curl 7.88, streams
+     * that waited to share one prior-knowledge h2c connection to etcd
+     * failed ("Error in the HTTP2 framing layer"); a connection per
+     * stream costs a loopback round trip. */
+    CURLM *gm = curl_multi_init();
+    if (gm == NULL) {
         return PDX_ERR_NOMEM;
+    }
+    curl_multi_setopt(gm, CURLMOPT_PIPELINING, (long)CURLPIPE_NOTHING);
+    pthread_mutex_lock(&s->glock);
+    CURL *free_h[ETCD_PARALLEL];
+    size_t nfree = 0;
+    for (size_t i = 0; i < ETCD_PARALLEL; i++) {
+        if (s->gh[i] != NULL) {
+            free_h[nfree++] = s->gh[i];
+        }
     }
     size_t next = 0, active = 0, done = 0;
     pdx_status_t st = PDX_OK;
     /* Each transfer has its own timeout: the loop ends within
      * njobs / ETCD_PARALLEL + 1 timeouts. */
     for (uint64_t guard = 0; done < njobs && guard < 10000000; guard++) {
-        while (active < ETCD_PARALLEL && next < njobs) {
+        while (nfree > 0 && next < njobs) {
             txn_job_t *j = &jobs[next++];
-            j->h = etcd_handle_get(s);
-            if (j->h == NULL) {
-                j->st = PDX_ERR_NOMEM;
-                done++;
-                continue;
-            }
-            etcd_easy_setup(s, j->h, endpoint, "/v3/kv/txn", j->body, &j->out,
-                            (long)s->timeout_ms);
-            curl_easy_setopt(j->h, CURLOPT_PRIVATE, j);
-            curl_multi_add_handle(m, j->h);
+            j->h = free_h[--nfree];
+            j->grpc_status = -1;
+            grpc_setup(s, j, j->h, endpoint);
+            curl_multi_add_handle(gm, j->h);
             active++;
         }
         int running = 0;
-        curl_multi_perform(m, &running);
+        curl_multi_perform(gm, &running);
         CURLMsg *msg;
         int left;
-        while ((msg = curl_multi_info_read(m, &left)) != NULL) {
+        while ((msg = curl_multi_info_read(gm, &left)) != NULL) {
             if (msg->msg != CURLMSG_DONE) {
                 continue;
             }
@@ -1301,36 +1423,41 @@ static pdx_status_t run_txns(etcd_store_t *s, txn_job_t *jobs, size_t njobs)
             CURLcode cc = msg->data.result;
             long code = 0;
             curl_easy_getinfo(j->h, CURLINFO_RESPONSE_CODE, &code);
-            curl_multi_remove_handle(m, j->h);
-            etcd_handle_put(s, j->h);
+            curl_multi_remove_handle(gm, j->h);
+            free_h[nfree++] = j->h;
             j->h = NULL;
             pthread_mutex_lock(&s->lock);
             s->requests++;
             pthread_mutex_unlock(&s->lock);
+            const uint8_t *p;
+            size_t n;
+            int64_t rev = 0;
             if (cc != CURLE_OK) {
                 char what[256];
-                snprintf(what, sizeof(what), "%s/v3/kv/txn: %s", endpoint,
-                         curl_easy_strerror(cc));
+                snprintf(what, sizeof(what), "%s/etcdserverpb.KV/Txn: %s",
+                         endpoint, curl_easy_strerror(cc));
                 etcd_note_fail(s, what);
                 j->st = PDX_ERR_UNAVAILABLE;
-            } else {
-                j->resp = etcd_parse_body(&j->out);
-                if (code == 200 && j->resp != NULL) {
-                    const cJSON *hdr =
-                        cJSON_GetObjectItemCaseSensitive(j->resp, "header");
-                    etcd_note_ok(s, etcd_json_i64(hdr, "revision"));
-                    j->st = PDX_OK;
+            } else if (j->grpc_status > 0 || code != 200) {
+                j->st = code != 200 ? PDX_ERR_IO
+                                    : grpc_code_status(j->grpc_status);
+                if (j->st == PDX_ERR_UNAVAILABLE) {
+                    etcd_note_fail(s, j->grpc_msg);
                 } else {
-                    const cJSON *mm = cJSON_GetObjectItemCaseSensitive(
-                        j->resp, "message");
-                    pdx_warn("store etcd: txn of %zu blocks: HTTP %ld: %s",
-                             j->count, code,
-                             cJSON_IsString(mm) ? mm->valuestring : "?");
                     etcd_note_ok(s, 0);
-                    j->st = code == 400 ? PDX_ERR_INVALID : PDX_ERR_IO;
+                    pdx_warn("store etcd: transaction of %zu blocks: HTTP "
+                             "%ld, grpc-status %d: %s", j->count, code,
+                             j->grpc_status, j->grpc_msg);
                 }
+            } else if (!job_msg(j, &p, &n) ||
+                       etcd_pb_txn(p, n, &rev, NULL, NULL) < 0) {
+                pdx_warn("store etcd: transaction of %zu blocks: malformed "
+                         "answer (%zu bytes)", j->count, j->out.len);
+                j->st = PDX_ERR_CORRUPT;
+            } else {
+                etcd_note_ok(s, rev);
+                j->st = PDX_OK;
             }
-            etcd_buf_free(&j->out);
             if (j->st != PDX_OK && st == PDX_OK) {
                 st = j->st;
             }
@@ -1338,24 +1465,24 @@ static pdx_status_t run_txns(etcd_store_t *s, txn_job_t *jobs, size_t njobs)
             done++;
         }
         if (done < njobs && active > 0) {
-            curl_multi_poll(m, NULL, 0, 100, NULL);
+            curl_multi_poll(gm, NULL, 0, 100, NULL);
         }
     }
-    curl_multi_cleanup(m);
+    pthread_mutex_unlock(&s->glock);
+    curl_multi_cleanup(gm);
     return st;
 }
 
 static void jobs_free(txn_job_t *jobs, size_t njobs)
 {
     for (size_t i = 0; i < njobs; i++) {
-        free(jobs[i].body);
-        cJSON_Delete(jobs[i].resp);
+        etcd_buf_free(&jobs[i].body);
         etcd_buf_free(&jobs[i].out);
     }
     free(jobs);
 }
 
-/* `blocks/<block>/` (or with the owner appended) as a full key. */
+/* `<ns>/blocks/<block>/` (or with the owner appended) as a full key. */
 static char *block_key(etcd_store_t *s, const char *block, const char *owner)
 {
     size_t n = strlen(s->ns) + strlen(block) + (owner ? strlen(owner) : 0) +
@@ -1365,64 +1492,6 @@ static char *block_key(etcd_store_t *s, const char *block, const char *owner)
         snprintf(k, n, "%s/blocks/%s/%s", s->ns, block, owner ? owner : "");
     }
     return k;
-}
-
-static cJSON *range_op(const char *full, bool count_only, bool keys_only)
-{
-    char *kb = etcd_b64_enc(full, strlen(full));
-    char *eb = etcd_prefix_end_b64(full);
-    cJSON *op = cJSON_CreateObject();
-    cJSON *r = op ? cJSON_AddObjectToObject(op, "request_range") : NULL;
-    if (kb == NULL || eb == NULL || r == NULL) {
-        free(kb);
-        free(eb);
-        cJSON_Delete(op);
-        return NULL;
-    }
-    cJSON_AddStringToObject(r, "key", kb);
-    cJSON_AddStringToObject(r, "range_end", eb);
-    if (count_only) {
-        cJSON_AddBoolToObject(r, "count_only", true);
-    }
-    if (keys_only) {
-        cJSON_AddBoolToObject(r, "keys_only", true);
-        cJSON_AddBoolToObject(r, "serializable", true);
-    }
-    free(kb);
-    free(eb);
-    return op;
-}
-
-static cJSON *put_op(const char *full, int64_t lease)
-{
-    char *kb = etcd_b64_enc(full, strlen(full));
-    cJSON *op = cJSON_CreateObject();
-    cJSON *p = op ? cJSON_AddObjectToObject(op, "request_put") : NULL;
-    if (kb == NULL || p == NULL) {
-        free(kb);
-        cJSON_Delete(op);
-        return NULL;
-    }
-    cJSON_AddStringToObject(p, "key", kb);
-    cJSON_AddStringToObject(p, "value", "");
-    etcd_json_add_i64(p, "lease", lease);
-    free(kb);
-    return op;
-}
-
-static cJSON *del_op(const char *full)
-{
-    char *kb = etcd_b64_enc(full, strlen(full));
-    cJSON *op = cJSON_CreateObject();
-    cJSON *d = op ? cJSON_AddObjectToObject(op, "request_delete_range") : NULL;
-    if (kb == NULL || d == NULL) {
-        free(kb);
-        cJSON_Delete(op);
-        return NULL;
-    }
-    cJSON_AddStringToObject(d, "key", kb);
-    free(kb);
-    return op;
 }
 
 typedef enum { OWN_ADD, OWN_DEL, OWN_GET } own_kind_t;
@@ -1445,41 +1514,43 @@ static pdx_status_t build_jobs(etcd_store_t *s, own_kind_t kind,
     for (size_t j = 0; j < njobs; j++) {
         jobs[j].first = j * per;
         jobs[j].count = n - jobs[j].first < per ? n - jobs[j].first : per;
-        cJSON *req = cJSON_CreateObject();
-        cJSON *ops = req ? cJSON_AddArrayToObject(req, "success") : NULL;
-        bool ok = ops != NULL;
+        etcd_buf_t txn = {0};
+        bool ok = true;
         for (size_t i = 0; ok && i < jobs[j].count; i++) {
             const char *b = blocks[jobs[j].first + i];
-            char *full = block_key(s, b, kind == OWN_GET ? NULL : owner);
-            char *pfx = kind == OWN_ADD ? block_key(s, b, NULL) : NULL;
-            cJSON *op1 = NULL, *op2 = NULL;
-            if (full != NULL) {
-                if (kind == OWN_ADD) {
-                    op1 = put_op(full, lease);
-                    op2 = pfx ? range_op(pfx, true, false) : NULL;
-                    ok = op1 != NULL && op2 != NULL;
-                } else if (kind == OWN_DEL) {
-                    op1 = del_op(full);
-                    ok = op1 != NULL;
-                } else {
-                    op1 = range_op(full, false, true);
-                    ok = op1 != NULL;
+            char *pfx = block_key(s, b, NULL);
+            char *full = kind == OWN_GET ? NULL : block_key(s, b, owner);
+            ok = pfx != NULL && (kind == OWN_GET || full != NULL);
+            if (ok) {
+                /* Keys are text: the prefix's last byte ('/') + 1. */
+                char *end = strdup(pfx);
+                ok = end != NULL;
+                if (ok) {
+                    end[strlen(end) - 1]++;
+                    if (kind == OWN_ADD) {
+                        etcd_pb_put(&txn, full, lease);
+                        etcd_pb_range(&txn, pfx, end, true, false);
+                    } else if (kind == OWN_DEL) {
+                        etcd_pb_delete(&txn, full);
+                    } else {
+                        etcd_pb_range(&txn, pfx, end, false, true);
+                    }
                 }
-            } else {
-                ok = false;
+                free(end);
             }
-            if (op1 != NULL) {
-                cJSON_AddItemToArray(ops, op1);
-            }
-            if (op2 != NULL) {
-                cJSON_AddItemToArray(ops, op2);
-            }
-            free(full);
             free(pfx);
+            free(full);
         }
-        jobs[j].body = ok ? cJSON_PrintUnformatted(req) : NULL;
-        cJSON_Delete(req);
-        if (jobs[j].body == NULL) {
+        if (ok && txn.len > 0) {
+            uint8_t hdr[5] = {0, (uint8_t)(txn.len >> 24),
+                              (uint8_t)(txn.len >> 16),
+                              (uint8_t)(txn.len >> 8), (uint8_t)txn.len};
+            etcd_buf_add(&jobs[j].body, hdr, 5);
+            etcd_buf_add(&jobs[j].body, txn.data, txn.len);
+            ok = jobs[j].body.len == txn.len + 5;
+        }
+        etcd_buf_free(&txn);
+        if (!ok) {
             jobs_free(jobs, njobs);
             return PDX_ERR_NOMEM;
         }
@@ -1506,6 +1577,22 @@ static pdx_status_t check_blocks(const char *owner, const char *const *blocks,
     return PDX_OK;
 }
 
+typedef struct add_acc {
+    uint32_t *counts; /* of the job's first block */
+    size_t nblocks;
+    size_t seen;
+} add_acc_t;
+
+static void on_add_op(void *arg, size_t index, uint32_t kind,
+                      const uint8_t *p, size_t n)
+{
+    add_acc_t *a = arg;
+    if (index % 2 == 1 && kind == 1 && index / 2 < a->nblocks) {
+        a->counts[index / 2] = (uint32_t)etcd_pb_range_count(p, n);
+        a->seen++;
+    }
+}
+
 static pdx_status_t etcd_owners_add(void *st, const char *owner,
                                     const char *const *blocks, size_t n,
                                     uint32_t *counts)
@@ -1528,22 +1615,30 @@ static pdx_status_t etcd_owners_add(void *st, const char *owner,
         return r;
     }
     r = run_txns(s, jobs, njobs);
+    if (r == PDX_ERR_NOT_FOUND) {
+        /* Our lease is gone: the thread grants a new one. */
+        pthread_mutex_lock(&s->lock);
+        if (s->lease == lease) {
+            s->lease = 0;
+            s->lease_retry_at_ns = etcd_now_ns();
+        }
+        pthread_mutex_unlock(&s->lock);
+        wake(s);
+        r = PDX_ERR_UNAVAILABLE;
+    }
+    uint32_t *tmp = counts ? NULL : calloc(n, sizeof(*tmp));
     for (size_t j = 0; r == PDX_OK && j < njobs; j++) {
-        const cJSON *resps =
-            cJSON_GetObjectItemCaseSensitive(jobs[j].resp, "responses");
-        for (size_t i = 0; i < jobs[j].count; i++) {
-            const cJSON *rr = cJSON_GetObjectItemCaseSensitive(
-                cJSON_GetArrayItem(resps, (int)(2 * i + 1)), "response_range");
-            if (rr == NULL) {
-                r = PDX_ERR_CORRUPT;
-                break;
-            }
-            if (counts != NULL) {
-                counts[jobs[j].first + i] = (uint32_t)etcd_json_i64(rr,
-                                                                    "count");
-            }
+        const uint8_t *p;
+        size_t len;
+        add_acc_t a = {.counts = (counts ? counts : tmp) + jobs[j].first,
+                       .nblocks = jobs[j].count};
+        if (a.counts == NULL || !job_msg(&jobs[j], &p, &len) ||
+            etcd_pb_txn(p, len, NULL, on_add_op, &a) < 0 ||
+            a.seen != jobs[j].count) {
+            r = PDX_ERR_CORRUPT;
         }
     }
+    free(tmp);
     jobs_free(jobs, njobs);
     return r;
 }
@@ -1566,6 +1661,44 @@ static pdx_status_t etcd_owners_del(void *st, const char *owner,
     return r;
 }
 
+typedef struct get_acc {
+    etcd_store_t *s;
+    const char *const *blocks;
+    size_t first, count;
+    pdx_store_owner_cb_t cb;
+    void *arg;
+    size_t bi;
+    size_t seen;
+} get_acc_t;
+
+static void on_owner_key(void *arg, const char *key, size_t len)
+{
+    get_acc_t *a = arg;
+    char *pfx = block_key(a->s, a->blocks[a->bi], NULL);
+    size_t plen = pfx ? strlen(pfx) : 0;
+    if (pfx != NULL && len > plen && len - plen < 64 &&
+        memcmp(key, pfx, plen) == 0 &&
+        memchr(key + plen, '/', len - plen) == NULL) {
+        char owner[64];
+        memcpy(owner, key + plen, len - plen);
+        owner[len - plen] = '\0';
+        a->cb(a->arg, a->bi, owner);
+    }
+    free(pfx);
+}
+
+static void on_get_op(void *arg, size_t index, uint32_t kind,
+                      const uint8_t *p, size_t n)
+{
+    get_acc_t *a = arg;
+    if (kind != 1 || index >= a->count) {
+        return;
+    }
+    a->bi = a->first + index;
+    a->seen++;
+    etcd_pb_range_keys(p, n, on_owner_key, a);
+}
+
 static pdx_status_t etcd_owners_get(void *st, const char *const *blocks,
                                     size_t n, pdx_store_owner_cb_t cb,
                                     void *arg)
@@ -1585,34 +1718,16 @@ static pdx_status_t etcd_owners_get(void *st, const char *const *blocks,
         return r;
     }
     r = run_txns(s, jobs, njobs);
+    /* Blocks in order: jobs are in block order. */
     for (size_t j = 0; r == PDX_OK && j < njobs; j++) {
-        const cJSON *resps =
-            cJSON_GetObjectItemCaseSensitive(jobs[j].resp, "responses");
-        for (size_t i = 0; i < jobs[j].count; i++) {
-            size_t bi = jobs[j].first + i;
-            const cJSON *rr = cJSON_GetObjectItemCaseSensitive(
-                cJSON_GetArrayItem(resps, (int)i), "response_range");
-            if (rr == NULL) {
-                r = PDX_ERR_CORRUPT;
-                break;
-            }
-            char *pfx = block_key(s, blocks[bi], NULL);
-            size_t plen = pfx ? strlen(pfx) : 0;
-            const cJSON *kv;
-            cJSON_ArrayForEach(kv, cJSON_GetObjectItemCaseSensitive(rr, "kvs"))
-            {
-                const cJSON *k = cJSON_GetObjectItemCaseSensitive(kv, "key");
-                size_t klen = 0;
-                char *key = cJSON_IsString(k)
-                                ? etcd_b64_dec(k->valuestring, &klen) : NULL;
-                if (key != NULL && pfx != NULL && klen > plen &&
-                    strncmp(key, pfx, plen) == 0 &&
-                    strchr(key + plen, '/') == NULL) {
-                    cb(arg, bi, key + plen);
-                }
-                free(key);
-            }
-            free(pfx);
+        const uint8_t *p;
+        size_t len;
+        get_acc_t a = {.s = s, .blocks = blocks, .first = jobs[j].first,
+                       .count = jobs[j].count, .cb = cb, .arg = arg};
+        if (!job_msg(&jobs[j], &p, &len) ||
+            etcd_pb_txn(p, len, NULL, on_get_op, &a) < 0 ||
+            a.seen != jobs[j].count) {
+            r = PDX_ERR_CORRUPT;
         }
     }
     jobs_free(jobs, njobs);

@@ -295,6 +295,20 @@ PDX_API pdx_status_t pdx_store_owners_get(pdx_agent_h agent,
                                           const char *const *blocks, size_t n,
                                           pdx_store_owner_cb_t cb, void *arg);
 
+/* Which agent (other than this one) holds the longest prefix of
+ * blocks[0..n): its name in owner_out (PDX_NAME_MAX bytes) and the prefix
+ * length in *prefix_p (0, owner_out "", when nobody else holds block 0).
+ * Samples owners in rounds of up to 64 blocks (two rounds for 2,000
+ * blocks) instead of asking for every block, on the assumption that an
+ * owner of block i owns blocks 0..i (prefixes are saved whole and pools
+ * evict tails first); the owner's pool has the last word when asked for
+ * the blocks. PDX_ERR_UNSUPPORTED without a store, PDX_ERR_UNAVAILABLE
+ * while it is unreachable. Blocking. */
+PDX_API pdx_status_t pdx_store_owners_longest(pdx_agent_h agent,
+                                              const char *const *blocks,
+                                              size_t n, char *owner_out,
+                                              size_t *prefix_p);
+
 #ifdef __cplusplus
 }
 #endif
