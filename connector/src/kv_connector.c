@@ -1660,6 +1660,9 @@ pdx_status_t pdx_kv_reject(pdx_kv_connector_h c, const char *params)
     if (st != PDX_OK) {
         KV_LEAVE(st);
     }
+    if (c->store != NULL) {
+        kv_store_discover(c->store, params); /* the holder, by name */
+    }
     char note[128];
     snprintf(note, sizeof(note), MSG_PREFIX "reject %s", h.req);
     st = pdx_notif_send(c->agent, h.agent, note, strlen(note));

@@ -25,6 +25,7 @@
 
 #include <pdx/kv_config.h>
 #include <pdx/kv_connector.h>
+#include <pdx/store.h>
 #include <pdx/log.h>
 
 #include "pd_model.h"
@@ -1047,6 +1048,29 @@ static cJSON *stats_json(node_t *nd)
         cJSON_AddNumberToObject(o, "no_space", (double)os.no_space);
         cJSON_AddNumberToObject(o, "bytes_saved", (double)os.bytes_saved);
         cJSON_AddNumberToObject(o, "bytes_loaded", (double)os.bytes_loaded);
+    }
+    /* The agent's peers and their paths (pdx-validate --multi-node shows
+     * the cross-host path), and what the store section did. */
+    char *aj = NULL;
+    if (pdx_stats_json(pdx_kv_connector_agent(nd->conn), &aj) == PDX_OK) {
+        cJSON_AddItemToObject(s, "agent_stats", cJSON_Parse(aj));
+        pdx_blob_free(aj);
+    }
+    pdx_kv_store_stats_t ks;
+    if (nd->cfg.has_store && pdx_kv_store_stats(nd->conn, &ks) == PDX_OK) {
+        cJSON *k = cJSON_AddObjectToObject(s, "store");
+        cJSON_AddNumberToObject(k, "discovered", (double)ks.discovered);
+        cJSON_AddNumberToObject(k, "registered_blocks",
+                                (double)ks.registered_blocks);
+        cJSON_AddNumberToObject(k, "demoted", (double)ks.demoted);
+        cJSON_AddNumberToObject(k, "remote_hits", (double)ks.remote_hits);
+        cJSON_AddNumberToObject(k, "remote_hit_blocks",
+                                (double)ks.remote_hit_blocks);
+        cJSON_AddNumberToObject(k, "remote_served", (double)ks.remote_served);
+        char line[512];
+        pdx_store_describe(pdx_kv_connector_agent(nd->conn), line,
+                           sizeof(line));
+        cJSON_AddStringToObject(k, "describe", line);
     }
     return s;
 }
