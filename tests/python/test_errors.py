@@ -162,3 +162,105 @@ def test_wrong_config_names_json_path(tmp_path):
     assert good.role == "producer" and good.num_arenas == 101
     assert good.bytes_per_block == 3502592
     assert [b["name"] for b in good.backends] == ["ucx", "cuda_ipc"]
+
+
+def test_close_while_other_threads_wait():
+    """Closing an agent while other threads wait in it: they get
+    pdx.Closed (or their result) promptly; nothing crashes."""
+    import threading
+    a = pdx.Agent("thr-a")
+    b = pdx.Agent("thr-b")
+    src = pdx.mem_alloc(1 << 20)
+    b.register(src)
+    dst = np.zeros(1 << 20, np.uint8)
+    a.register(dst)
+    peer = a.load_peer(b.describe())
+    local = a.prep_dlist([(dst.ctypes.data + i * 4096, 4096, 0)
+                          for i in range(256)])
+    remote = a.prep_dlist([(src.addr + i * 4096, 4096, 0)
+                           for i in range(256)], peer)
+    errors, done = [], []
+
+    def notif_waiter():
+        try:
+            a.get_notifs(timeout=30)
+            done.append("notifs")
+        except pdx.Closed:
+            done.append("closed")
+        except BaseException as e:  # pragma: no cover
+            errors.append(e)
+
+    def mover(k):
+        try:
+            for i in range(200000):
+                x = a.make_xfer("READ", local, [(i + k) % 256], remote,
+                                [(i * 7 + k) % 256])
+                x.post()
+                x.wait(timeout=10)
+                x.release()
+        except pdx.Closed:
+            done.append("closed")
+        except BaseException as e:  # pragma: no cover
+            errors.append(e)
+
+    threads = [threading.Thread(target=notif_waiter)] + \
+        [threading.Thread(target=mover, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    # One request used from two threads at once is refused, not raced.
+    x = a.make_xfer("READ", local, list(range(256)), remote,
+                    list(range(256)))
+    x.post()
+    t0 = time.monotonic()
+    a.close()
+    for t in threads:
+        t.join(20)
+        assert not t.is_alive()
+    assert time.monotonic() - t0 < 10
+    assert errors == [] and done.count("closed") >= 1, (errors, done)
+    with pytest.raises(pdx.Closed):
+        x.check()
+    x.release()
+    b.close()
+    src.close()
+
+
+def test_one_request_two_threads():
+    import threading
+    with pdx.Agent("busy-a") as a, pdx.Agent("busy-b") as b:
+        src = pdx.mem_alloc(64 << 20)
+        b.register(src)
+        dst = pdx.mem_alloc(64 << 20)
+        a.register(dst)
+        peer = a.load_peer(b.describe())
+        x = a.create_xfer("READ", [(dst.addr, 64 << 20, 0)],
+                          [(src.addr, 64 << 20, 0)], peer)
+        seen = []
+        stop = threading.Event()
+
+        def spin():
+            while not stop.is_set():
+                try:
+                    x.check()
+                except pdx.Busy:
+                    seen.append("busy")
+                except pdx.Error:
+                    pass
+
+        t = threading.Thread(target=spin)
+        t.start()
+        for _ in range(20):
+            try:
+                x.post()
+                x.wait(timeout=10)
+            except pdx.Busy:
+                seen.append("busy")  # refused, not raced
+                time.sleep(0.01)
+        stop.set()
+        t.join(10)
+        x.release()
+        assert not t.is_alive()
+        x.wait  # the object is still a valid Python object
+        with pytest.raises(pdx.Closed):
+            x.check()
