@@ -2024,8 +2024,15 @@ static void cleanup(void)
     }
 }
 
+int pd_multinode_main(int argc, char **argv); /* multinode.c */
+
 int main(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--multi-node") == 0) {
+            return pd_multinode_main(argc, argv);
+        }
+    }
     int rc = validate(argc, argv);
     cleanup();
     return rc;
