@@ -947,13 +947,13 @@ static PyGetSetDef MemReg_getset[] = {
     {"mem_type", (getter)(void (*)(void))MemReg_get, NULL, "'DRAM' or 'VRAM'", (void *)2},
     {"device", (getter)(void (*)(void))MemReg_get, NULL, "device id", (void *)3},
     {"registered", (getter)(void (*)(void))MemReg_get, NULL, "still registered", (void *)4},
-    {NULL},
+    {0},
 };
 
 static PyMethodDef MemReg_methods[] = {
     {"deregister", (PyCFunction)(void (*)(void))MemReg_deregister, METH_NOARGS,
      "Deregister (pdx.Busy while a request uses it); idempotent."},
-    {NULL},
+    {0},
 };
 
 PyTypeObject pdxpy_MemRegType = {
@@ -1265,7 +1265,7 @@ static PyGetSetDef DescList_getset[] = {
     {"mem_type", (getter)(void (*)(void))DescList_get_mem_type, NULL, "'DRAM' or 'VRAM'",
      NULL},
     {"total_bytes", (getter)(void (*)(void))DescList_total, NULL, "sum of the lengths", NULL},
-    {NULL},
+    {0},
 };
 
 PyTypeObject pdxpy_DescListType = {
@@ -1399,13 +1399,13 @@ static PyObject *DList_repr(DListObject *r)
 static PyMethodDef DList_methods[] = {
     {"release", (PyCFunction)(void (*)(void))DList_release, METH_NOARGS,
      "Release the prepared list; idempotent."},
-    {NULL},
+    {0},
 };
 
 static PyGetSetDef DList_getset[] = {
     {"peer", (getter)(void (*)(void))DList_get, NULL, "peer name, or None for local", NULL},
     {"valid", (getter)(void (*)(void))DList_get, NULL, "not released", (void *)1},
-    {NULL},
+    {0},
 };
 
 static PySequenceMethods DList_seq = {.sq_length = (lenfunc)(void (*)(void))DList_len};
@@ -1978,7 +1978,7 @@ static PyMethodDef Xfer_methods[] = {
      "check, returning the status code (errors kept in .error)."},
     {"__enter__", (PyCFunction)(void (*)(void))Xfer_enter_ctx, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)(void (*)(void))Xfer_exit_ctx, METH_VARARGS, NULL},
-    {NULL},
+    {0},
 };
 
 static PyGetSetDef Xfer_getset[] = {
@@ -1988,7 +1988,7 @@ static PyGetSetDef Xfer_getset[] = {
     {"segments", (getter)(void (*)(void))Xfer_get, NULL, "descriptors after merging",
      (void *)2},
     {"valid", (getter)(void (*)(void))Xfer_get, NULL, "not released", (void *)3},
-    {NULL},
+    {0},
 };
 
 PyTypeObject pdxpy_XferType = {
@@ -2162,13 +2162,13 @@ static PyMethodDef Agent_methods[] = {
     {"_bench_make_post_check", (PyCFunction)(void (*)(void))Agent_bench,
      METH_VARARGS,
      "The C loop python_bench.py compares against: [ns per request]."},
-    {NULL},
+    {0},
 };
 
 static PyGetSetDef Agent_getset[] = {
     {"name", (getter)(void (*)(void))Agent_get_name, NULL, "agent name", NULL},
     {"closed", (getter)(void (*)(void))Agent_get_closed, NULL, "True after close()", NULL},
-    {NULL},
+    {0},
 };
 
 PyTypeObject pdxpy_AgentType = {

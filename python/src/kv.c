@@ -311,7 +311,7 @@ static PyGetSetDef KVConfig_getset[] = {
     CFG("backends", CF_BACKENDS, "[{'name', 'options'}]"),
     CFG("children", CF_CHILDREN, "the MultiConnector's children, in order"),
     CFG("num_arenas", CF_NARENAS, "arenas of the layout it describes"),
-    {NULL},
+    {0},
 };
 
 static PyMethodDef KVConfig_methods[] = {
@@ -321,7 +321,7 @@ static PyMethodDef KVConfig_methods[] = {
     {"parse", (PyCFunction)(void (*)(void))KVConfig_parse,
      METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      "KVConfig.parse(text, name='<string>'): the same from JSON text."},
-    {NULL},
+    {0},
 };
 
 PyTypeObject pdxpy_KVConfigType = {
@@ -556,7 +556,7 @@ static PyMethodDef Hasher_methods[] = {
      METH_VARARGS | METH_KEYWORDS,
      "hash_next(parent, tokens, *, lora_name=None, cache_salt=None) -> "
      "bytes: one block given its parent (None for the first)."},
-    {NULL},
+    {0},
 };
 
 static PyGetSetDef Hasher_getset[] = {
@@ -564,7 +564,7 @@ static PyGetSetDef Hasher_getset[] = {
      (void *)0},
     {"algo", (getter)(void (*)(void))Hasher_get, NULL, "vLLM's algorithm name", (void *)1},
     {"block_size", (getter)(void (*)(void))Hasher_get, NULL, "tokens per block", (void *)2},
-    {NULL},
+    {0},
 };
 
 PyTypeObject pdxpy_HasherType = {
@@ -1017,7 +1017,7 @@ static PyMethodDef Layout_methods[] = {
     {"block_descs", (PyCFunction)(void (*)(void))Layout_block_descs,
      METH_VARARGS | METH_KEYWORDS,
      "block_descs(ids, *, merged=False) -> DescList: per arena, per id."},
-    {NULL},
+    {0},
 };
 
 static PyGetSetDef Layout_getset[] = {
@@ -1028,7 +1028,7 @@ static PyGetSetDef Layout_getset[] = {
     {"fingerprint", (getter)(void (*)(void))Layout_get, NULL, "XXH3-64 of the shape",
      (void *)4},
     {"mem_type", (getter)(void (*)(void))Layout_get, NULL, NULL, (void *)5},
-    {NULL},
+    {0},
 };
 
 static PySequenceMethods Layout_seq = {.sq_length = (lenfunc)(void (*)(void))Layout_len};
@@ -1907,7 +1907,7 @@ static PyMethodDef KVConn_methods[] = {
      "The offload pool's counters."},
     {"check_params", (PyCFunction)(void (*)(void))KVConn_check_params, METH_O,
      "check_params(params): validate handoff parameters (pdx.Corrupt)."},
-    {NULL},
+    {0},
 };
 
 static PyGetSetDef KVConn_getset[] = {
@@ -1915,7 +1915,7 @@ static PyGetSetDef KVConn_getset[] = {
     {"layout", (getter)(void (*)(void))KVConn_get, NULL, NULL, (void *)1},
     {"config", (getter)(void (*)(void))KVConn_get, NULL, NULL, (void *)2},
     {"closed", (getter)(void (*)(void))KVConn_get, NULL, NULL, (void *)3},
-    {NULL},
+    {0},
 };
 
 PyTypeObject pdxpy_KVConnectorType = {

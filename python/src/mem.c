@@ -264,7 +264,7 @@ static PyMethodDef Shm_methods[] = {
      "Pickled through multiprocessing, the receiver maps the same pages."},
     {"__enter__", (PyCFunction)(void (*)(void))Shm_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)(void (*)(void))Shm_exit, METH_VARARGS, NULL},
-    {NULL},
+    {0},
 };
 
 static PyGetSetDef Shm_getset[] = {
@@ -273,7 +273,7 @@ static PyGetSetDef Shm_getset[] = {
     {"fd", (getter)(void (*)(void))Shm_get, NULL,
      "the memfd (owned by this object: dup it to pass it on)", (void *)2},
     {"closed", (getter)(void (*)(void))Shm_get, NULL, "True after close()", (void *)3},
-    {NULL},
+    {0},
 };
 
 static PySequenceMethods Shm_seq = {.sq_length = (lenfunc)(void (*)(void))Shm_len};
