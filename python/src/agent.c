@@ -71,9 +71,14 @@ static int parse_backend_opts(PyObject *opts, backend_spec_t *b)
 
 static int Agent_init(AgentObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"name", "progress_thread", "backends",
-                             "xfer_timeout", "progress_interval_us",
-                             "path_policy", "backend_options", "telemetry",
+    static char *kwlist[] = {"name",
+                             "progress_thread",
+                             "backends",
+                             "xfer_timeout",
+                             "progress_interval_us",
+                             "path_policy",
+                             "backend_options",
+                             "telemetry",
                              NULL};
     const char *name;
     int progress = 1, telemetry = 0;
@@ -84,14 +89,13 @@ static int Agent_init(AgentObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     if (!PyArg_ParseTupleAndKeywords(args, kw, "s|$pOOOOOp", kwlist, &name,
-                                     &progress, &backends, &timeout,
-                                     &interval, &policy, &bopts,
-                                     &telemetry)) {
+                                     &progress, &backends, &timeout, &interval,
+                                     &policy, &bopts, &telemetry)) {
         return -1;
     }
     pdx_agent_params_t ap = {.field_mask = PDX_AGENT_PARAM_FLAGS,
-                             .flags = progress ? PDX_AGENT_F_PROGRESS_THREAD
-                                               : 0};
+                             .flags =
+                                 progress ? PDX_AGENT_F_PROGRESS_THREAD : 0};
     if (telemetry) {
 #ifdef PDX_AGENT_F_TELEMETRY
         ap.flags |= PDX_AGENT_F_TELEMETRY;
@@ -122,8 +126,8 @@ static int Agent_init(AgentObject *self, PyObject *args, PyObject *kw)
         ap.progress_interval_us = (uint32_t)us;
     }
     if (policy != Py_None) {
-        const char *p = PyUnicode_Check(policy) ? PyUnicode_AsUTF8(policy)
-                                                : NULL;
+        const char *p =
+            PyUnicode_Check(policy) ? PyUnicode_AsUTF8(policy) : NULL;
         if (p != NULL && !strcmp(p, "any")) {
             ap.path_policy = PDX_PATH_POLICY_ANY;
         } else if (p != NULL && !strcmp(p, "same_host_fast")) {
@@ -177,8 +181,8 @@ static int Agent_init(AgentObject *self, PyObject *args, PyObject *kw)
                                 "backend_options: {backend: {key: value}}");
                 goto fail_specs;
             }
-            if (parse_backend_opts(PyDict_GetItemString(bopts, bn),
-                                   &specs[i]) < 0) {
+            if (parse_backend_opts(PyDict_GetItemString(bopts, bn), &specs[i]) <
+                0) {
                 goto fail_specs;
             }
         }
@@ -189,14 +193,13 @@ static int Agent_init(AgentObject *self, PyObject *args, PyObject *kw)
     pdx_status_t st;
     char err[2048] = "";
     const char *what = "agent create";
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_agent_create(name, &ap, &h);
+    Py_BEGIN_ALLOW_THREADS st = pdx_agent_create(name, &ap, &h);
     if (st != PDX_OK) {
         pdxpy_last_error(err, sizeof(err), st, what);
     }
     for (Py_ssize_t i = 0; st == PDX_OK && i < nb; i++) {
-        st = pdx_backend_create(h, specs[i].name, specs[i].opts,
-                                specs[i].nopts, NULL);
+        st = pdx_backend_create(h, specs[i].name, specs[i].opts, specs[i].nopts,
+                                NULL);
         if (st != PDX_OK) {
             char e[1800];
             pdxpy_last_error(e, sizeof(e), st, "backend create");
@@ -206,8 +209,7 @@ static int Agent_init(AgentObject *self, PyObject *args, PyObject *kw)
             h = NULL;
         }
     }
-    Py_END_ALLOW_THREADS
-    PyMem_Free(specs);
+    Py_END_ALLOW_THREADS PyMem_Free(specs);
     if (st != PDX_OK) {
         pdxpy_raise(st, what, err);
         return -1;
@@ -234,11 +236,10 @@ static void agent_close_impl(AgentObject *self)
     pdxpy_wait_unused(&self->uses);
     pdx_agent_h h = self->h;
     self->h = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    pdx_agent_destroy(h);
+    Py_BEGIN_ALLOW_THREADS pdx_agent_destroy(h);
     Py_END_ALLOW_THREADS
-    /* The registrations died with the agent: unpin their memory. */
-    PyObject *regs = self->regs;
+        /* The registrations died with the agent: unpin their memory. */
+        PyObject *regs = self->regs;
     self->regs = NULL;
     if (regs != NULL) {
         memregs_forget(regs);
@@ -286,13 +287,11 @@ static PyObject *Agent_describe(AgentObject *self, PyObject *unused)
     size_t len = 0;
     pdx_status_t st;
     char err[2048];
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_agent_describe(self->h, &blob, &len);
+    Py_BEGIN_ALLOW_THREADS st = pdx_agent_describe(self->h, &blob, &len);
     if (st != PDX_OK) {
         pdxpy_last_error(err, sizeof(err), st, "describe");
     }
-    Py_END_ALLOW_THREADS
-    pdxpy_agent_leave(self);
+    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
     if (st != PDX_OK) {
         return pdxpy_raise(st, "describe", err);
     }
@@ -314,13 +313,12 @@ static PyObject *Agent_load_peer(AgentObject *self, PyObject *arg)
     char name[PDX_NAME_MAX] = "";
     char err[2048];
     pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_peer_load(self->h, v.buf, (size_t)v.len, name);
+    Py_BEGIN_ALLOW_THREADS st =
+        pdx_peer_load(self->h, v.buf, (size_t)v.len, name);
     if (st != PDX_OK) {
         pdxpy_last_error(err, sizeof(err), st, "load_peer");
     }
-    Py_END_ALLOW_THREADS
-    pdxpy_agent_leave(self);
+    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
     PyBuffer_Release(&v);
     if (st != PDX_OK) {
         return pdxpy_raise(st, "load_peer", err);
@@ -336,13 +334,11 @@ static PyObject *Agent_unload_peer(AgentObject *self, PyObject *arg)
     }
     char err[2048];
     pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_peer_unload(self->h, name);
+    Py_BEGIN_ALLOW_THREADS st = pdx_peer_unload(self->h, name);
     if (st != PDX_OK) {
         pdxpy_last_error(err, sizeof(err), st, "unload_peer");
     }
-    Py_END_ALLOW_THREADS
-    pdxpy_agent_leave(self);
+    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
     if (st != PDX_OK) {
         return pdxpy_raise(st, "unload_peer", err);
     }
@@ -357,9 +353,8 @@ static PyObject *Agent_peer_state(AgentObject *self, PyObject *arg)
     }
     pdx_status_t st;
     Py_BEGIN_ALLOW_THREADS /* waits on the agent lock */
-    st = pdx_peer_state(self->h, name);
-    Py_END_ALLOW_THREADS
-    pdxpy_agent_leave(self);
+        st = pdx_peer_state(self->h, name);
+    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
     if (st == PDX_OK) {
         return PyUnicode_FromString("alive");
     }
@@ -378,8 +373,7 @@ static PyObject *Agent_peer_info(AgentObject *self, PyObject *arg)
 {
     const char *name = PyUnicode_AsUTF8(arg);
     if (name == NULL ||
-        pdxpy_require((const void *)pdxpy_opt.peer_info, "pdx_peer_info") <
-            0 ||
+        pdxpy_require((const void *)pdxpy_opt.peer_info, "pdx_peer_info") < 0 ||
         pdxpy_agent_enter(self) < 0) {
         return NULL;
     }
@@ -388,8 +382,7 @@ static PyObject *Agent_peer_info(AgentObject *self, PyObject *arg)
     pdx_status_t st;
     char err[2048];
     size_t cap = 0;
-    Py_BEGIN_ALLOW_THREADS
-    memset(&info, 0, sizeof(info));
+    Py_BEGIN_ALLOW_THREADS memset(&info, 0, sizeof(info));
     st = pdxpy_opt.peer_info(self->h, name, &info, NULL, 0);
     /* Regions may be added between the two calls: retry until they fit. */
     while (st == PDX_OK) {
@@ -408,8 +401,7 @@ static PyObject *Agent_peer_info(AgentObject *self, PyObject *arg)
     if (st != PDX_OK) {
         pdxpy_last_error(err, sizeof(err), st, "peer_info");
     }
-    Py_END_ALLOW_THREADS
-    pdxpy_agent_leave(self);
+    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
     if (st != PDX_OK) {
         free(regs);
         return pdxpy_raise(st, "peer_info", err);
@@ -423,8 +415,8 @@ static PyObject *Agent_peer_info(AgentObject *self, PyObject *arg)
             (unsigned long long)regs[i].len, "mem_type",
             mem_name(regs[i].mem_type), "device", (unsigned)regs[i].dev_id,
             "shared",
-            (regs[i].flags & PDX_REGION_F_SHARED) ? Py_True : Py_False,
-            "flags", (unsigned long long)regs[i].flags);
+            (regs[i].flags & PDX_REGION_F_SHARED) ? Py_True : Py_False, "flags",
+            (unsigned long long)regs[i].flags);
         if (d == NULL) {
             Py_CLEAR(list);
             break;
@@ -437,8 +429,8 @@ static PyObject *Agent_peer_info(AgentObject *self, PyObject *arg)
     }
     PyObject *backends = PyUnicode_FromString(info.backends);
     PyObject *comma = PyUnicode_FromString(",");
-    PyObject *bl = backends && comma ? PyUnicode_Split(backends, comma, -1)
-                                     : NULL;
+    PyObject *bl =
+        backends && comma ? PyUnicode_Split(backends, comma, -1) : NULL;
     Py_XDECREF(backends);
     Py_XDECREF(comma);
     if (bl == NULL) {
@@ -467,10 +459,8 @@ static PyObject *Agent_set_invariant(AgentObject *self, PyObject *args)
         return NULL;
     }
     pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_agent_set_invariant(self->h, k, v);
-    Py_END_ALLOW_THREADS
-    pdxpy_agent_leave(self);
+    Py_BEGIN_ALLOW_THREADS st = pdx_agent_set_invariant(self->h, k, v);
+    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
     if (st != PDX_OK) {
         return pdxpy_raise(st, "set_invariant", NULL);
     }
@@ -483,10 +473,8 @@ static PyObject *Agent_progress(AgentObject *self, PyObject *unused)
         return NULL;
     }
     int n;
-    Py_BEGIN_ALLOW_THREADS
-    n = pdx_progress(self->h);
-    Py_END_ALLOW_THREADS
-    pdxpy_agent_leave(self);
+    Py_BEGIN_ALLOW_THREADS n = pdx_progress(self->h);
+    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
     return PyLong_FromLong(n);
 }
 
@@ -566,8 +554,7 @@ static PyObject *notif_dict(notif_vec_t *v)
         PyObject *l = PyDict_GetItemString(d, v->items[i].peer);
         if (l == NULL) {
             l = PyList_New(0);
-            if (l == NULL || PyDict_SetItemString(d, v->items[i].peer, l) <
-                                 0) {
+            if (l == NULL || PyDict_SetItemString(d, v->items[i].peer, l) < 0) {
                 Py_XDECREF(l);
                 Py_CLEAR(d);
                 break;
@@ -605,8 +592,7 @@ static PyObject *Agent_get_notifs(AgentObject *self, PyObject *args,
     }
     notif_vec_t v = {0};
     int closed = 0;
-    Py_BEGIN_ALLOW_THREADS
-    double end = pdxpy_now() + timeout;
+    Py_BEGIN_ALLOW_THREADS double end = pdxpy_now() + timeout;
     int spins = 0;
     for (;;) {
         pdx_notif_poll(self->h, notif_collect, &v);
@@ -621,11 +607,9 @@ static PyObject *Agent_get_notifs(AgentObject *self, PyObject *args,
             closed = 1;
             break;
         }
-        agent_sleep(self->h, left > 0.05 ? 50 : (int)(left * 1000) + 1,
-                    &spins);
+        agent_sleep(self->h, left > 0.05 ? 50 : (int)(left * 1000) + 1, &spins);
     }
-    Py_END_ALLOW_THREADS
-    pdxpy_agent_leave(self);
+    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
     PyObject *d = notif_dict(&v);
     if (closed && d != NULL && PyDict_GET_SIZE(d) == 0) {
         Py_DECREF(d);
@@ -655,13 +639,11 @@ static PyObject *Agent_send_notif(AgentObject *self, PyObject *args)
     }
     char err[2048];
     pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_notif_send(self->h, peer, p, (size_t)len);
+    Py_BEGIN_ALLOW_THREADS st = pdx_notif_send(self->h, peer, p, (size_t)len);
     if (st != PDX_OK) {
         pdxpy_last_error(err, sizeof(err), st, "send_notif");
     }
-    Py_END_ALLOW_THREADS
-    pdxpy_agent_leave(self);
+    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
     if (v.obj) {
         PyBuffer_Release(&v);
     }
@@ -673,19 +655,18 @@ static PyObject *Agent_send_notif(AgentObject *self, PyObject *args)
 
 static PyObject *stats_dict(const pdx_stats_t *s)
 {
-    return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "requests",
-        (unsigned long long)s->requests, "completed",
-        (unsigned long long)s->completed, "errors",
-        (unsigned long long)s->errors, "canceled",
-        (unsigned long long)s->canceled, "timeouts",
-        (unsigned long long)s->timeouts, "bytes",
-        (unsigned long long)s->bytes, "fallbacks",
-        (unsigned long long)s->fallbacks, "refused",
-        (unsigned long long)s->refused, "dead_events",
-        (unsigned long long)s->dead_events, "notifs_sent",
-        (unsigned long long)s->notifs_sent, "notifs_recv",
-        (unsigned long long)s->notifs_recv);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}",
+                         "requests", (unsigned long long)s->requests,
+                         "completed", (unsigned long long)s->completed,
+                         "errors", (unsigned long long)s->errors, "canceled",
+                         (unsigned long long)s->canceled, "timeouts",
+                         (unsigned long long)s->timeouts, "bytes",
+                         (unsigned long long)s->bytes, "fallbacks",
+                         (unsigned long long)s->fallbacks, "refused",
+                         (unsigned long long)s->refused, "dead_events",
+                         (unsigned long long)s->dead_events, "notifs_sent",
+                         (unsigned long long)s->notifs_sent, "notifs_recv",
+                         (unsigned long long)s->notifs_recv);
 }
 
 static PyObject *Agent_stats(AgentObject *self, PyObject *args, PyObject *kw)
@@ -701,10 +682,10 @@ static PyObject *Agent_stats(AgentObject *self, PyObject *args, PyObject *kw)
                         "stats: give exactly one of backend= or peer=");
         return NULL;
     }
-    pdxpy_stats_fn fn = backend ? pdxpy_opt.stats_backend
-                                : pdxpy_opt.stats_peer;
-    if (pdxpy_require((const void *)fn, backend ? "pdx_stats_backend"
-                                                : "pdx_stats_peer") < 0 ||
+    pdxpy_stats_fn fn =
+        backend ? pdxpy_opt.stats_backend : pdxpy_opt.stats_peer;
+    if (pdxpy_require((const void *)fn,
+                      backend ? "pdx_stats_backend" : "pdx_stats_peer") < 0 ||
         pdxpy_agent_enter(self) < 0) {
         return NULL;
     }
@@ -712,10 +693,8 @@ static PyObject *Agent_stats(AgentObject *self, PyObject *args, PyObject *kw)
     memset(&s, 0, sizeof(s));
     pdx_status_t st;
     const char *which = backend ? backend : peer;
-    Py_BEGIN_ALLOW_THREADS
-    st = fn(self->h, which, &s);
-    Py_END_ALLOW_THREADS
-    pdxpy_agent_leave(self);
+    Py_BEGIN_ALLOW_THREADS st = fn(self->h, which, &s);
+    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
     if (st != PDX_OK) {
         return pdxpy_raise(st, "stats", NULL);
     }
@@ -724,17 +703,15 @@ static PyObject *Agent_stats(AgentObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *Agent_stats_json(AgentObject *self, PyObject *unused)
 {
-    if (pdxpy_require((const void *)pdxpy_opt.stats_json,
-                      "pdx_stats_json") < 0 ||
+    if (pdxpy_require((const void *)pdxpy_opt.stats_json, "pdx_stats_json") <
+            0 ||
         pdxpy_agent_enter(self) < 0) {
         return NULL;
     }
     char *json = NULL;
     pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pdxpy_opt.stats_json(self->h, &json);
-    Py_END_ALLOW_THREADS
-    pdxpy_agent_leave(self);
+    Py_BEGIN_ALLOW_THREADS st = pdxpy_opt.stats_json(self->h, &json);
+    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
     if (st != PDX_OK) {
         return pdxpy_raise(st, "stats_json", NULL);
     }
@@ -745,8 +722,8 @@ static PyObject *Agent_stats_json(AgentObject *self, PyObject *unused)
 
 static PyObject *Agent_repr(AgentObject *self)
 {
-    return PyUnicode_FromFormat("<pdx.Agent %R%s>", self->name ? self->name
-                                                              : Py_None,
+    return PyUnicode_FromFormat("<pdx.Agent %R%s>",
+                                self->name ? self->name : Py_None,
                                 self->h ? "" : " closed");
 }
 
@@ -766,8 +743,7 @@ static PyObject *Agent_get_closed(AgentObject *self, void *c)
  * deregistered or the agent closes, as NIXL does; a MemReg refers back to
  * its agent weakly, so no reference cycle keeps an agent alive. */
 typedef struct MemRegObject {
-    PyObject_HEAD
-    PyObject *agent_ref; /* weakref to the AgentObject */
+    PyObject_HEAD PyObject *agent_ref; /* weakref to the AgentObject */
     pdx_mem_reg_h h;
     pdxpy_mem_t mem;
 } MemRegObject;
@@ -795,8 +771,7 @@ static void memregs_forget(PyObject *regs)
     PyErr_Clear();
 }
 
-static PyObject *Agent_register(AgentObject *self, PyObject *args,
-                                PyObject *kw)
+static PyObject *Agent_register(AgentObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"obj", "mem_type", "device", NULL};
     PyObject *obj, *mt = Py_None, *dev = Py_None;
@@ -821,14 +796,13 @@ static PyObject *Agent_register(AgentObject *self, PyObject *args,
     }
     pdx_status_t st;
     char err[2048];
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_mem_register(self->h, r->mem.mem_type, r->mem.addr, r->mem.len,
-                          r->mem.dev, 0, &r->h);
+    Py_BEGIN_ALLOW_THREADS st =
+        pdx_mem_register(self->h, r->mem.mem_type, r->mem.addr, r->mem.len,
+                         r->mem.dev, 0, &r->h);
     if (st != PDX_OK) {
         pdxpy_last_error(err, sizeof(err), st, "register");
     }
-    Py_END_ALLOW_THREADS
-    pdxpy_agent_leave(self);
+    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
     if (st != PDX_OK) {
         r->h = NULL;
         Py_DECREF(r);
@@ -838,10 +812,8 @@ static PyObject *Agent_register(AgentObject *self, PyObject *args,
     if (r->agent_ref == NULL || PySet_Add(self->regs, (PyObject *)r) < 0) {
         /* Undo: nothing else knows of it yet. */
         self->uses++;
-        Py_BEGIN_ALLOW_THREADS
-        pdx_mem_deregister(self->h, r->h);
-        Py_END_ALLOW_THREADS
-        self->uses--;
+        Py_BEGIN_ALLOW_THREADS pdx_mem_deregister(self->h, r->h);
+        Py_END_ALLOW_THREADS self->uses--;
         r->h = NULL;
         Py_DECREF(r);
         return NULL;
@@ -867,13 +839,11 @@ static int memreg_release(MemRegObject *r)
     pdx_status_t st;
     char err[2048];
     pdx_mem_reg_h h = r->h;
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_mem_deregister(a->h, h);
+    Py_BEGIN_ALLOW_THREADS st = pdx_mem_deregister(a->h, h);
     if (st != PDX_OK) {
         pdxpy_last_error(err, sizeof(err), st, "deregister");
     }
-    Py_END_ALLOW_THREADS
-    a->uses--;
+    Py_END_ALLOW_THREADS a->uses--;
     if (st != PDX_OK) {
         Py_DECREF(a);
         pdxpy_raise(st, "deregister", err);
@@ -910,8 +880,7 @@ static PyObject *Agent_deregister(AgentObject *self, PyObject *arg)
         return NULL;
     }
     MemRegObject *r = (MemRegObject *)arg;
-    if (r->h != NULL && memreg_agent(r) != NULL &&
-        memreg_agent(r) != self) {
+    if (r->h != NULL && memreg_agent(r) != NULL && memreg_agent(r) != self) {
         PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID),
                         "deregister: registration of another agent");
         return NULL;
@@ -922,10 +891,14 @@ static PyObject *Agent_deregister(AgentObject *self, PyObject *arg)
 static PyObject *MemReg_get(MemRegObject *r, void *which)
 {
     switch ((intptr_t)which) {
-    case 0: return PyLong_FromUnsignedLongLong(r->mem.addr);
-    case 1: return PyLong_FromUnsignedLongLong(r->mem.len);
-    case 2: return PyUnicode_FromString(mem_name(r->mem.mem_type));
-    case 3: return PyLong_FromUnsignedLong(r->mem.dev);
+    case 0:
+        return PyLong_FromUnsignedLongLong(r->mem.addr);
+    case 1:
+        return PyLong_FromUnsignedLongLong(r->mem.len);
+    case 2:
+        return PyUnicode_FromString(mem_name(r->mem.mem_type));
+    case 3:
+        return PyLong_FromUnsignedLong(r->mem.dev);
     default:
         return PyBool_FromLong(r->h != NULL && memreg_agent(r) != NULL);
     }
@@ -933,20 +906,23 @@ static PyObject *MemReg_get(MemRegObject *r, void *which)
 
 static PyObject *MemReg_repr(MemRegObject *r)
 {
-    return PyUnicode_FromFormat("<pdx.MemReg %s 0x%llx+%llu dev %u%s>",
-                                mem_name(r->mem.mem_type),
-                                (unsigned long long)r->mem.addr,
-                                (unsigned long long)r->mem.len,
-                                (unsigned)r->mem.dev,
-                                r->h ? "" : " deregistered");
+    return PyUnicode_FromFormat(
+        "<pdx.MemReg %s 0x%llx+%llu dev %u%s>", mem_name(r->mem.mem_type),
+        (unsigned long long)r->mem.addr, (unsigned long long)r->mem.len,
+        (unsigned)r->mem.dev, r->h ? "" : " deregistered");
 }
 
 static PyGetSetDef MemReg_getset[] = {
-    {"addr", (getter)(void (*)(void))MemReg_get, NULL, "start address", (void *)0},
-    {"len", (getter)(void (*)(void))MemReg_get, NULL, "length in bytes", (void *)1},
-    {"mem_type", (getter)(void (*)(void))MemReg_get, NULL, "'DRAM' or 'VRAM'", (void *)2},
-    {"device", (getter)(void (*)(void))MemReg_get, NULL, "device id", (void *)3},
-    {"registered", (getter)(void (*)(void))MemReg_get, NULL, "still registered", (void *)4},
+    {"addr", (getter)(void (*)(void))MemReg_get, NULL, "start address",
+     (void *)0},
+    {"len", (getter)(void (*)(void))MemReg_get, NULL, "length in bytes",
+     (void *)1},
+    {"mem_type", (getter)(void (*)(void))MemReg_get, NULL, "'DRAM' or 'VRAM'",
+     (void *)2},
+    {"device", (getter)(void (*)(void))MemReg_get, NULL, "device id",
+     (void *)3},
+    {"registered", (getter)(void (*)(void))MemReg_get, NULL, "still registered",
+     (void *)4},
     {0},
 };
 
@@ -1005,7 +981,8 @@ static int read_u64(PyObject *o, uint64_t *v)
         PyErr_Clear();
         PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
                      "descriptor field must be an integer in 0..2**64-1, "
-                     "not %R", o);
+                     "not %R",
+                     o);
         return -1;
     }
     return 0;
@@ -1022,8 +999,8 @@ static DescListObject *desclist_from_buffer(PyObject *o, pdx_mem_type_t mt)
         f++;
     }
     int sgn = 0;
-    if (v.ndim != 2 || v.shape[1] != 3 || v.itemsize != 8 ||
-        f[1] != '\0' || !strchr("qQlLnN", f[0])) {
+    if (v.ndim != 2 || v.shape[1] != 3 || v.itemsize != 8 || f[1] != '\0' ||
+        !strchr("qQlLnN", f[0])) {
         PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
                      "descriptor array: expected N x 3 of 64-bit integers "
                      "(addr, len, device), got %d dimensions, format %s",
@@ -1033,8 +1010,7 @@ static DescListObject *desclist_from_buffer(PyObject *o, pdx_mem_type_t mt)
     }
     sgn = f[0] == 'q' || f[0] == 'l' || f[0] == 'n';
     size_t n = (size_t)v.shape[0];
-    _Static_assert(sizeof(pdx_desc_t) == 24 &&
-                       offsetof(pdx_desc_t, len) == 8 &&
+    _Static_assert(sizeof(pdx_desc_t) == 24 && offsetof(pdx_desc_t, len) == 8 &&
                        offsetof(pdx_desc_t, dev_id) == 16,
                    "pdx_desc_t is three little-endian u64 words");
     if (v.strides[1] == 8 && v.strides[0] == 24 && n > 0) {
@@ -1044,20 +1020,19 @@ static DescListObject *desclist_from_buffer(PyObject *o, pdx_mem_type_t mt)
          * Addresses and lengths are pdx's to check. */
         const uint64_t *p = v.buf;
         uint64_t high = 0;
-        Py_BEGIN_ALLOW_THREADS
-        for (size_t i = 0; i < n; i++) {
+        Py_BEGIN_ALLOW_THREADS for (size_t i = 0; i < n; i++)
+        {
             high |= p[3 * i + 2];
         }
-        Py_END_ALLOW_THREADS
-        if ((high >> 32) != 0) {
+        Py_END_ALLOW_THREADS if ((high >> 32) != 0)
+        {
             PyBuffer_Release(&v);
             PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID),
                             "descriptor array: device above 2**32-1 or "
                             "negative");
             return NULL;
         }
-        DescListObject *d = PyObject_New(DescListObject,
-                                         &pdxpy_DescListType);
+        DescListObject *d = PyObject_New(DescListObject, &pdxpy_DescListType);
         if (d == NULL) {
             PyBuffer_Release(&v);
             return NULL;
@@ -1077,8 +1052,7 @@ static DescListObject *desclist_from_buffer(PyObject *o, pdx_mem_type_t mt)
     const char *base = v.buf;
     int64_t neg = 0;
     uint64_t bigdev = 0;
-    Py_BEGIN_ALLOW_THREADS
-    pdx_desc_t *out = d->descs;
+    Py_BEGIN_ALLOW_THREADS pdx_desc_t *out = d->descs;
     if (s1 == 8 && s0 == 24) {
         const uint64_t *p = (const uint64_t *)(const void *)base;
         for (size_t i = 0; i < n; i++) {
@@ -1105,8 +1079,7 @@ static DescListObject *desclist_from_buffer(PyObject *o, pdx_mem_type_t mt)
             out[i].reserved = 0;
         }
     }
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&v);
+    Py_END_ALLOW_THREADS PyBuffer_Release(&v);
     if ((sgn && neg < 0) || bigdev != 0) {
         Py_DECREF(d);
         PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID),
@@ -1176,7 +1149,8 @@ DescListObject *pdxpy_desclist_from(PyObject *o, PyObject *mem_type)
         if (k < 2 || k > 4) {
             PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
                          "descriptor %zu: expected (addr, len[, device[, "
-                         "meta]]), got %R", i, t);
+                         "meta]]), got %R",
+                         i, t);
             goto fail;
         }
         if (read_u64(f[0], &a) < 0 || read_u64(f[1], &l) < 0 ||
@@ -1189,8 +1163,7 @@ DescListObject *pdxpy_desclist_from(PyObject *o, PyObject *mem_type)
                          (unsigned long long)dv);
             goto fail;
         }
-        d->descs[i] = (pdx_desc_t){.addr = a, .len = l,
-                                   .dev_id = (uint32_t)dv};
+        d->descs[i] = (pdx_desc_t){.addr = a, .len = l, .dev_id = (uint32_t)dv};
     }
     Py_DECREF(seq);
     return d;
@@ -1262,9 +1235,10 @@ static PySequenceMethods DescList_seq = {
 };
 
 static PyGetSetDef DescList_getset[] = {
-    {"mem_type", (getter)(void (*)(void))DescList_get_mem_type, NULL, "'DRAM' or 'VRAM'",
-     NULL},
-    {"total_bytes", (getter)(void (*)(void))DescList_total, NULL, "sum of the lengths", NULL},
+    {"mem_type", (getter)(void (*)(void))DescList_get_mem_type, NULL,
+     "'DRAM' or 'VRAM'", NULL},
+    {"total_bytes", (getter)(void (*)(void))DescList_total, NULL,
+     "sum of the lengths", NULL},
     {0},
 };
 
@@ -1287,8 +1261,7 @@ PyTypeObject pdxpy_DescListType = {
 /* ------------------------------------------------------------ PreparedList */
 
 typedef struct DListObject {
-    PyObject_HEAD
-    AgentObject *agent;
+    PyObject_HEAD AgentObject *agent;
     pdx_dlist_h h;
     size_t count;
     int uses;
@@ -1313,18 +1286,16 @@ static PyObject *Agent_prep_dlist(AgentObject *self, PyObject *args,
         Py_DECREF(d);
         return NULL;
     }
-    pdx_desc_list_t l = {.mem_type = d->mem_type, .descs = d->descs,
-                         .count = d->count};
+    pdx_desc_list_t l = {
+        .mem_type = d->mem_type, .descs = d->descs, .count = d->count};
     pdx_dlist_h h = NULL;
     pdx_status_t st;
     char err[2048];
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_dlist_prepare(self->h, peer, &l, &h);
+    Py_BEGIN_ALLOW_THREADS st = pdx_dlist_prepare(self->h, peer, &l, &h);
     if (st != PDX_OK) {
         pdxpy_last_error(err, sizeof(err), st, "prep_dlist");
     }
-    Py_END_ALLOW_THREADS
-    pdxpy_agent_leave(self);
+    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
     size_t count = d->count;
     Py_DECREF(d);
     if (st != PDX_OK) {
@@ -1333,10 +1304,8 @@ static PyObject *Agent_prep_dlist(AgentObject *self, PyObject *args,
     DListObject *r = PyObject_New(DListObject, &pdxpy_DListType);
     if (r == NULL) {
         self->uses++;
-        Py_BEGIN_ALLOW_THREADS
-        pdx_dlist_release(h);
-        Py_END_ALLOW_THREADS
-        self->uses--;
+        Py_BEGIN_ALLOW_THREADS pdx_dlist_release(h);
+        Py_END_ALLOW_THREADS self->uses--;
         return NULL;
     }
     r->agent = (AgentObject *)Py_NewRef(self);
@@ -1358,10 +1327,8 @@ static void dlist_release(DListObject *r)
     if (agent_alive(r->agent)) {
         AgentObject *a = r->agent;
         a->uses++;
-        Py_BEGIN_ALLOW_THREADS
-        pdx_dlist_release(h);
-        Py_END_ALLOW_THREADS
-        a->uses--;
+        Py_BEGIN_ALLOW_THREADS pdx_dlist_release(h);
+        Py_END_ALLOW_THREADS a->uses--;
     }
 }
 
@@ -1379,7 +1346,10 @@ static PyObject *DList_release(DListObject *r, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static Py_ssize_t DList_len(DListObject *r) { return (Py_ssize_t)r->count; }
+static Py_ssize_t DList_len(DListObject *r)
+{
+    return (Py_ssize_t)r->count;
+}
 
 static PyObject *DList_get(DListObject *r, void *which)
 {
@@ -1392,8 +1362,8 @@ static PyObject *DList_get(DListObject *r, void *which)
 static PyObject *DList_repr(DListObject *r)
 {
     return PyUnicode_FromFormat("<pdx.PreparedList %zu descriptors, peer "
-                                "%R%s>", r->count, r->peer,
-                                r->h ? "" : " released");
+                                "%R%s>",
+                                r->count, r->peer, r->h ? "" : " released");
 }
 
 static PyMethodDef DList_methods[] = {
@@ -1403,12 +1373,15 @@ static PyMethodDef DList_methods[] = {
 };
 
 static PyGetSetDef DList_getset[] = {
-    {"peer", (getter)(void (*)(void))DList_get, NULL, "peer name, or None for local", NULL},
-    {"valid", (getter)(void (*)(void))DList_get, NULL, "not released", (void *)1},
+    {"peer", (getter)(void (*)(void))DList_get, NULL,
+     "peer name, or None for local", NULL},
+    {"valid", (getter)(void (*)(void))DList_get, NULL, "not released",
+     (void *)1},
     {0},
 };
 
-static PySequenceMethods DList_seq = {.sq_length = (lenfunc)(void (*)(void))DList_len};
+static PySequenceMethods DList_seq = {.sq_length =
+                                          (lenfunc)(void (*)(void))DList_len};
 
 PyTypeObject pdxpy_DListType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pdx.PreparedList",
@@ -1426,8 +1399,7 @@ PyTypeObject pdxpy_DListType = {
 /* ------------------------------------------------------------------- Xfer */
 
 typedef struct XferObject {
-    PyObject_HEAD
-    AgentObject *agent;
+    PyObject_HEAD AgentObject *agent;
     pdx_xfer_h h;
     int uses;
     int released;
@@ -1465,10 +1437,8 @@ static XferObject *xfer_wrap(AgentObject *a, pdx_xfer_h h)
     XferObject *x = PyObject_New(XferObject, &pdxpy_XferType);
     if (x == NULL) {
         a->uses++;
-        Py_BEGIN_ALLOW_THREADS
-        pdx_xfer_release(h);
-        Py_END_ALLOW_THREADS
-        a->uses--;
+        Py_BEGIN_ALLOW_THREADS pdx_xfer_release(h);
+        Py_END_ALLOW_THREADS a->uses--;
         return NULL;
     }
     x->agent = (AgentObject *)Py_NewRef(a);
@@ -1509,7 +1479,8 @@ static PyObject *Agent_make_xfer(AgentObject *self, PyObject *const *args,
     }
     for (Py_ssize_t i = 0; i < nkw; i++) {
         if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i),
-                                             "notif") != 0 || nargs == 6) {
+                                             "notif") != 0 ||
+            nargs == 6) {
             PyErr_SetString(PyExc_TypeError,
                             "make_xfer: the only keyword is notif");
             return NULL;
@@ -1522,9 +1493,8 @@ static PyObject *Agent_make_xfer(AgentObject *self, PyObject *const *args,
     }
     if (!PyObject_TypeCheck(args[1], &pdxpy_DListType) ||
         !PyObject_TypeCheck(args[3], &pdxpy_DListType)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "make_xfer: local and remote must be "
-                        "pdx.PreparedList");
+        PyErr_SetString(PyExc_TypeError, "make_xfer: local and remote must be "
+                                         "pdx.PreparedList");
         return NULL;
     }
     DListObject *ld = (DListObject *)args[1], *rd = (DListObject *)args[3];
@@ -1567,14 +1537,12 @@ static PyObject *Agent_make_xfer(AgentObject *self, PyObject *const *args,
     char err[2048];
     /* Released even for small requests: make waits on the agent lock,
      * which the progress thread may hold. */
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_xfer_make(self->h, op, ld->h, li, rd->h, ri, ln, np,
-                       (size_t)nlen, &h);
+    Py_BEGIN_ALLOW_THREADS st = pdx_xfer_make(self->h, op, ld->h, li, rd->h, ri,
+                                              ln, np, (size_t)nlen, &h);
     if (st != PDX_OK) {
         pdxpy_last_error(err, sizeof(err), st, "make_xfer");
     }
-    Py_END_ALLOW_THREADS
-    ld->uses--;
+    Py_END_ALLOW_THREADS ld->uses--;
     rd->uses--;
     pdxpy_agent_leave(self);
     if (st != PDX_OK) {
@@ -1598,10 +1566,9 @@ out:
 static PyObject *Agent_create_xfer(AgentObject *self, PyObject *args,
                                    PyObject *kw)
 {
-    static char *kwlist[] = {"op", "local", "remote", "peer", "notif",
-                             "mem_type", "remote_mem_type", NULL};
-    PyObject *opo, *lo, *ro, *notif = Py_None, *mt = Py_None,
-                             *rmt = Py_None;
+    static char *kwlist[] = {"op",    "local",    "remote",          "peer",
+                             "notif", "mem_type", "remote_mem_type", NULL};
+    PyObject *opo, *lo, *ro, *notif = Py_None, *mt = Py_None, *rmt = Py_None;
     const char *peer;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOs|OOO", kwlist, &opo, &lo,
                                      &ro, &peer, &notif, &mt, &rmt)) {
@@ -1633,13 +1600,12 @@ static PyObject *Agent_create_xfer(AgentObject *self, PyObject *args,
     pdx_xfer_h h = NULL;
     pdx_status_t st;
     char err[2048];
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_xfer_create(self->h, op, &ll, &rl, peer, np, (size_t)nlen, &h);
+    Py_BEGIN_ALLOW_THREADS st =
+        pdx_xfer_create(self->h, op, &ll, &rl, peer, np, (size_t)nlen, &h);
     if (st != PDX_OK) {
         pdxpy_last_error(err, sizeof(err), st, "create_xfer");
     }
-    Py_END_ALLOW_THREADS
-    pdxpy_agent_leave(self);
+    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
     if (st != PDX_OK) {
         pdxpy_raise(st, "create_xfer", err);
         goto out;
@@ -1683,8 +1649,7 @@ static void xfer_leave(XferObject *x)
 
 static void xfer_note_error(XferObject *x, pdx_status_t st, const char *err)
 {
-    PyObject *e = PyUnicode_DecodeUTF8(err, (Py_ssize_t)strlen(err),
-                                       "replace");
+    PyObject *e = PyUnicode_DecodeUTF8(err, (Py_ssize_t)strlen(err), "replace");
     if (e != NULL) {
         Py_SETREF(x->error, e);
     } else {
@@ -1701,13 +1666,12 @@ static PyObject *xfer_raw(XferObject *x, int post)
     }
     pdx_status_t st;
     char err[2048];
-    Py_BEGIN_ALLOW_THREADS
-    st = post ? pdx_xfer_post(x->h) : pdx_xfer_check(x->h);
+    Py_BEGIN_ALLOW_THREADS st =
+        post ? pdx_xfer_post(x->h) : pdx_xfer_check(x->h);
     if (st < 0) {
         pdxpy_last_error(err, sizeof(err), st, post ? "post" : "check");
     }
-    Py_END_ALLOW_THREADS
-    xfer_leave(x);
+    Py_END_ALLOW_THREADS xfer_leave(x);
     x->last = st;
     if (st < 0) {
         xfer_note_error(x, st, err);
@@ -1756,10 +1720,8 @@ static PyObject *Xfer_abort(XferObject *x, PyObject *u)
         return NULL;
     }
     pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_xfer_abort(x->h);
-    Py_END_ALLOW_THREADS
-    xfer_leave(x);
+    Py_BEGIN_ALLOW_THREADS st = pdx_xfer_abort(x->h);
+    Py_END_ALLOW_THREADS xfer_leave(x);
     if (st < 0) {
         return pdxpy_raise(st, "abort", NULL);
     }
@@ -1792,8 +1754,7 @@ static PyObject *Xfer_wait(XferObject *x, PyObject *args, PyObject *kw)
     pdx_status_t st;
     char err[2048];
     int closed = 0;
-    Py_BEGIN_ALLOW_THREADS
-    double start = pdxpy_now();
+    Py_BEGIN_ALLOW_THREADS double start = pdxpy_now();
     double end = start + timeout, busy = start;
     int spins = 0;
     for (;;) {
@@ -1829,8 +1790,7 @@ static PyObject *Xfer_wait(XferObject *x, PyObject *args, PyObject *kw)
     if (st < 0) {
         pdxpy_last_error(err, sizeof(err), st, "wait");
     }
-    Py_END_ALLOW_THREADS
-    xfer_leave(x);
+    Py_END_ALLOW_THREADS xfer_leave(x);
     x->last = st;
     if (closed) {
         return pdxpy_closed("agent closed while waiting");
@@ -1843,7 +1803,8 @@ static PyObject *Xfer_wait(XferObject *x, PyObject *args, PyObject *kw)
         char buf[160];
         snprintf(buf, sizeof(buf),
                  "wait: request still in flight after %.3f s (it is not "
-                 "aborted)", timeout);
+                 "aborted)",
+                 timeout);
         return pdxpy_raise(PDX_ERR_TIMEOUT, "wait", buf);
     }
     Py_RETURN_NONE;
@@ -1862,10 +1823,8 @@ static void xfer_release(XferObject *x)
     if (agent_alive(x->agent)) {
         AgentObject *a = x->agent;
         a->uses++;
-        Py_BEGIN_ALLOW_THREADS
-        pdx_xfer_release(h);
-        Py_END_ALLOW_THREADS
-        a->uses--;
+        Py_BEGIN_ALLOW_THREADS pdx_xfer_release(h);
+        Py_END_ALLOW_THREADS a->uses--;
     }
 }
 
@@ -1888,10 +1847,8 @@ static PyObject *Xfer_telemetry(XferObject *x, PyObject *u)
     pdx_xfer_telemetry_t t;
     memset(&t, 0, sizeof(t));
     pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pdxpy_opt.xfer_telemetry(x->h, &t);
-    Py_END_ALLOW_THREADS
-    xfer_leave(x);
+    Py_BEGIN_ALLOW_THREADS st = pdxpy_opt.xfer_telemetry(x->h, &t);
+    Py_END_ALLOW_THREADS xfer_leave(x);
     if (st != PDX_OK) {
         return pdxpy_raise(st, "telemetry", NULL);
     }
@@ -1921,8 +1878,10 @@ static void Xfer_dealloc(XferObject *x)
 static PyObject *Xfer_get(XferObject *x, void *which)
 {
     switch ((intptr_t)which) {
-    case 0: return PyLong_FromLong((long)x->last);
-    case 1: return Py_NewRef(x->error);
+    case 0:
+        return PyLong_FromLong((long)x->last);
+    case 1:
+        return Py_NewRef(x->error);
     case 2:
         if (xfer_enter(x) < 0) {
             return NULL;
@@ -1976,18 +1935,22 @@ static PyMethodDef Xfer_methods[] = {
      "post, returning the status code (errors kept in .error)."},
     {"_check_raw", (PyCFunction)(void (*)(void))Xfer_check_raw, METH_NOARGS,
      "check, returning the status code (errors kept in .error)."},
-    {"__enter__", (PyCFunction)(void (*)(void))Xfer_enter_ctx, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)(void (*)(void))Xfer_exit_ctx, METH_VARARGS, NULL},
+    {"__enter__", (PyCFunction)(void (*)(void))Xfer_enter_ctx, METH_NOARGS,
+     NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))Xfer_exit_ctx, METH_VARARGS,
+     NULL},
     {0},
 };
 
 static PyGetSetDef Xfer_getset[] = {
-    {"status", (getter)(void (*)(void))Xfer_get, NULL, "last status code", (void *)0},
-    {"error", (getter)(void (*)(void))Xfer_get, NULL, "text of the last failure or None",
-     (void *)1},
-    {"segments", (getter)(void (*)(void))Xfer_get, NULL, "descriptors after merging",
-     (void *)2},
-    {"valid", (getter)(void (*)(void))Xfer_get, NULL, "not released", (void *)3},
+    {"status", (getter)(void (*)(void))Xfer_get, NULL, "last status code",
+     (void *)0},
+    {"error", (getter)(void (*)(void))Xfer_get, NULL,
+     "text of the last failure or None", (void *)1},
+    {"segments", (getter)(void (*)(void))Xfer_get, NULL,
+     "descriptors after merging", (void *)2},
+    {"valid", (getter)(void (*)(void))Xfer_get, NULL, "not released",
+     (void *)3},
     {0},
 };
 
@@ -2020,9 +1983,8 @@ static PyObject *Agent_bench(AgentObject *self, PyObject *args)
 {
     PyObject *opo, *lo, *lio, *ro, *rio, *notif = Py_None;
     Py_ssize_t iters;
-    if (!PyArg_ParseTuple(args, "OO!OO!On|O", &opo, &pdxpy_DListType, &lo,
-                          &lio, &pdxpy_DListType, &ro, &rio, &iters,
-                          &notif)) {
+    if (!PyArg_ParseTuple(args, "OO!OO!On|O", &opo, &pdxpy_DListType, &lo, &lio,
+                          &pdxpy_DListType, &ro, &rio, &iters, &notif)) {
         return NULL;
     }
     pdx_xfer_op_t op;
@@ -2062,8 +2024,8 @@ static PyObject *Agent_bench(AgentObject *self, PyObject *args)
         goto out;
     }
     pdx_status_t st = PDX_OK;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < iters && st >= 0; i++) {
+    Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < iters && st >= 0; i++)
+    {
         uint64_t t0 = now_ns();
         pdx_xfer_h h;
         st = pdx_xfer_make(self->h, op, ld->h, li, rd->h, ri, ln, np,
@@ -2078,8 +2040,7 @@ static PyObject *Agent_bench(AgentObject *self, PyObject *args)
         pdx_xfer_release(h);
         ns[i] = now_ns() - t0;
     }
-    Py_END_ALLOW_THREADS
-    ld->uses--;
+    Py_END_ALLOW_THREADS ld->uses--;
     rd->uses--;
     pdxpy_agent_leave(self);
     if (st < 0) {
@@ -2121,8 +2082,8 @@ static PyMethodDef Agent_methods[] = {
     {"peer_info", (PyCFunction)(void (*)(void))Agent_peer_info, METH_O,
      "peer_info(name) -> dict with the peer's regions (addr, len, "
      "mem_type, device, shared)."},
-    {"set_invariant", (PyCFunction)(void (*)(void))Agent_set_invariant, METH_VARARGS,
-     "set_invariant(key, value): must match on every peer."},
+    {"set_invariant", (PyCFunction)(void (*)(void))Agent_set_invariant,
+     METH_VARARGS, "set_invariant(key, value): must match on every peer."},
     {"progress", (PyCFunction)(void (*)(void))Agent_progress, METH_NOARGS,
      "Drive backends once; returns events handled."},
     {"event_fd", (PyCFunction)(void (*)(void))Agent_event_fd, METH_NOARGS,
@@ -2167,7 +2128,8 @@ static PyMethodDef Agent_methods[] = {
 
 static PyGetSetDef Agent_getset[] = {
     {"name", (getter)(void (*)(void))Agent_get_name, NULL, "agent name", NULL},
-    {"closed", (getter)(void (*)(void))Agent_get_closed, NULL, "True after close()", NULL},
+    {"closed", (getter)(void (*)(void))Agent_get_closed, NULL,
+     "True after close()", NULL},
     {0},
 };
 

@@ -26,8 +26,7 @@ static int json_init(void)
 /* --------------------------------------------------------------- KVConfig */
 
 typedef struct KVConfigObject {
-    PyObject_HEAD
-    pdx_kv_config_t *cfg;
+    PyObject_HEAD pdx_kv_config_t *cfg;
 } KVConfigObject;
 
 static PyObject *config_wrap(PyTypeObject *cls, pdx_kv_config_t *cfg)
@@ -55,10 +54,8 @@ static PyObject *KVConfig_load(PyTypeObject *cls, PyObject *arg)
     char err[1024] = "";
     pdx_status_t st;
     const char *p = PyBytes_AS_STRING(path);
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_kv_config_load(p, cfg, err, sizeof(err));
-    Py_END_ALLOW_THREADS
-    Py_DECREF(path);
+    Py_BEGIN_ALLOW_THREADS st = pdx_kv_config_load(p, cfg, err, sizeof(err));
+    Py_END_ALLOW_THREADS Py_DECREF(path);
     if (st != PDX_OK) {
         PyMem_Free(cfg);
         return pdxpy_raise(st, "config load", err[0] ? err : NULL);
@@ -66,8 +63,7 @@ static PyObject *KVConfig_load(PyTypeObject *cls, PyObject *arg)
     return config_wrap(cls, cfg);
 }
 
-static PyObject *KVConfig_parse(PyTypeObject *cls, PyObject *args,
-                                PyObject *kw)
+static PyObject *KVConfig_parse(PyTypeObject *cls, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"text", "name", NULL};
     const char *text, *name = "<string>";
@@ -83,9 +79,10 @@ static PyObject *KVConfig_parse(PyTypeObject *cls, PyObject *args,
     char err[1024] = "";
     pdx_status_t st;
     Py_BEGIN_ALLOW_THREADS /* up to 1 MiB of JSON; text is immutable */
-    st = pdx_kv_config_parse(text, (size_t)len, name, cfg, err, sizeof(err));
-    Py_END_ALLOW_THREADS
-    if (st != PDX_OK) {
+        st =
+            pdx_kv_config_parse(text, (size_t)len, name, cfg, err, sizeof(err));
+    Py_END_ALLOW_THREADS if (st != PDX_OK)
+    {
         PyMem_Free(cfg);
         return pdxpy_raise(st, "config parse", err[0] ? err : NULL);
     }
@@ -106,10 +103,32 @@ static PyObject *KVConfig_new(PyTypeObject *t, PyObject *a, PyObject *k)
 }
 
 enum {
-    CF_SOURCE, CF_MODEL, CF_ROLE, CF_AGENT, CF_PEER, CF_PEER_ADDR, CF_DP_SIZE,
-    CF_DP_RANK, CF_TP_SIZE, CF_TP_RANK, CF_DTYPE, CF_LAYERS, CF_MLA, CF_IDXK,
-    CF_IDXK_LAYERS, CF_MTP, CF_BLOCK_TOKENS, CF_NUM_BLOCKS, CF_BPB, CF_MEM,
-    CF_DEVICE, CF_ALGO, CF_SEED, CF_BACKENDS, CF_CHILDREN, CF_NARENAS,
+    CF_SOURCE,
+    CF_MODEL,
+    CF_ROLE,
+    CF_AGENT,
+    CF_PEER,
+    CF_PEER_ADDR,
+    CF_DP_SIZE,
+    CF_DP_RANK,
+    CF_TP_SIZE,
+    CF_TP_RANK,
+    CF_DTYPE,
+    CF_LAYERS,
+    CF_MLA,
+    CF_IDXK,
+    CF_IDXK_LAYERS,
+    CF_MTP,
+    CF_BLOCK_TOKENS,
+    CF_NUM_BLOCKS,
+    CF_BPB,
+    CF_MEM,
+    CF_DEVICE,
+    CF_ALGO,
+    CF_SEED,
+    CF_BACKENDS,
+    CF_CHILDREN,
+    CF_NARENAS,
 };
 
 static PyObject *children_list(const pdx_kv_config_t *c)
@@ -124,8 +143,7 @@ static PyObject *children_list(const pdx_kv_config_t *c)
                 "{s:s,s:I,s:I,s:s,s:O}", "type", "remote", "lease_ms",
                 ch->lease_ms, "heartbeat_ms", ch->heartbeat_ms,
                 "failure_policy",
-                ch->failure_policy == PDX_KV_FAIL_FAIL ? "fail"
-                                                       : "recompute",
+                ch->failure_policy == PDX_KV_FAIL_FAIL ? "fail" : "recompute",
                 "load_tail", ch->load_tail ? Py_True : Py_False);
         } else {
             d = Py_BuildValue(
@@ -152,8 +170,8 @@ static PyObject *backends_list(const pdx_kv_config_t *c)
     PyObject *l = PyList_New(0);
     for (uint32_t b = 0; l != NULL && b < c->nbackends; b++) {
         pdx_kv_t opts[PDX_KV_MAX_BACKEND_OPTS];
-        size_t n = pdx_kv_config_backend_opts(c, b, opts,
-                                              PDX_KV_MAX_BACKEND_OPTS);
+        size_t n =
+            pdx_kv_config_backend_opts(c, b, opts, PDX_KV_MAX_BACKEND_OPTS);
         PyObject *o = PyDict_New();
         for (size_t i = 0; o != NULL && i < n && i < PDX_KV_MAX_BACKEND_OPTS;
              i++) {
@@ -163,9 +181,9 @@ static PyObject *backends_list(const pdx_kv_config_t *c)
             }
             Py_XDECREF(v);
         }
-        PyObject *d = o ? Py_BuildValue("{s:s,s:N}", "name", c->backends[b],
-                                        "options", o)
-                        : NULL;
+        PyObject *d =
+            o ? Py_BuildValue("{s:s,s:N}", "name", c->backends[b], "options", o)
+              : NULL;
         if (d == NULL || PyList_Append(l, d) < 0) {
             Py_CLEAR(l);
         }
@@ -178,46 +196,68 @@ static PyObject *KVConfig_get(KVConfigObject *o, void *which)
 {
     const pdx_kv_config_t *c = o->cfg;
     switch ((intptr_t)which) {
-    case CF_SOURCE: return PyUnicode_FromString(c->source);
-    case CF_MODEL: return PyUnicode_FromString(c->model_id);
+    case CF_SOURCE:
+        return PyUnicode_FromString(c->source);
+    case CF_MODEL:
+        return PyUnicode_FromString(c->model_id);
     case CF_ROLE:
-        return PyUnicode_FromString(c->role == PDX_KV_ROLE_PRODUCER
-                                        ? "producer"
+        return PyUnicode_FromString(c->role == PDX_KV_ROLE_PRODUCER ? "producer"
                                     : c->role == PDX_KV_ROLE_CONSUMER
                                         ? "consumer"
                                         : "both");
-    case CF_AGENT: return PyUnicode_FromString(c->agent_name);
-    case CF_PEER: return PyUnicode_FromString(c->peer_name);
-    case CF_PEER_ADDR: return PyUnicode_FromString(c->peer_address);
-    case CF_DP_SIZE: return PyLong_FromUnsignedLong(c->dp_size);
-    case CF_DP_RANK: return PyLong_FromUnsignedLong(c->dp_rank);
-    case CF_TP_SIZE: return PyLong_FromUnsignedLong(c->tp_size);
-    case CF_TP_RANK: return PyLong_FromUnsignedLong(c->tp_rank);
-    case CF_DTYPE: return PyUnicode_FromString(c->kv_dtype);
-    case CF_LAYERS: return PyLong_FromUnsignedLong(c->num_layers);
-    case CF_MLA: return PyLong_FromUnsignedLong(c->mla_bytes_per_token);
-    case CF_IDXK: return PyLong_FromUnsignedLong(c->index_k_bytes_per_token);
+    case CF_AGENT:
+        return PyUnicode_FromString(c->agent_name);
+    case CF_PEER:
+        return PyUnicode_FromString(c->peer_name);
+    case CF_PEER_ADDR:
+        return PyUnicode_FromString(c->peer_address);
+    case CF_DP_SIZE:
+        return PyLong_FromUnsignedLong(c->dp_size);
+    case CF_DP_RANK:
+        return PyLong_FromUnsignedLong(c->dp_rank);
+    case CF_TP_SIZE:
+        return PyLong_FromUnsignedLong(c->tp_size);
+    case CF_TP_RANK:
+        return PyLong_FromUnsignedLong(c->tp_rank);
+    case CF_DTYPE:
+        return PyUnicode_FromString(c->kv_dtype);
+    case CF_LAYERS:
+        return PyLong_FromUnsignedLong(c->num_layers);
+    case CF_MLA:
+        return PyLong_FromUnsignedLong(c->mla_bytes_per_token);
+    case CF_IDXK:
+        return PyLong_FromUnsignedLong(c->index_k_bytes_per_token);
     case CF_IDXK_LAYERS: {
         PyObject *l = PyList_New(c->n_index_k_layers);
         for (uint32_t i = 0; l != NULL && i < c->n_index_k_layers; i++) {
-            PyList_SET_ITEM(l, i, PyLong_FromUnsignedLong(
-                                      c->index_k_layers[i]));
+            PyList_SET_ITEM(l, i,
+                            PyLong_FromUnsignedLong(c->index_k_layers[i]));
         }
         return l;
     }
-    case CF_MTP: return PyLong_FromUnsignedLong(c->mtp_layers);
-    case CF_BLOCK_TOKENS: return PyLong_FromUnsignedLong(c->block_tokens);
-    case CF_NUM_BLOCKS: return PyLong_FromUnsignedLong(c->num_blocks);
-    case CF_BPB: return PyLong_FromUnsignedLongLong(c->bytes_per_block);
+    case CF_MTP:
+        return PyLong_FromUnsignedLong(c->mtp_layers);
+    case CF_BLOCK_TOKENS:
+        return PyLong_FromUnsignedLong(c->block_tokens);
+    case CF_NUM_BLOCKS:
+        return PyLong_FromUnsignedLong(c->num_blocks);
+    case CF_BPB:
+        return PyLong_FromUnsignedLongLong(c->bytes_per_block);
     case CF_MEM:
         return PyUnicode_FromString(c->mem_type == PDX_MEM_VRAM ? "VRAM"
                                                                 : "DRAM");
-    case CF_DEVICE: return PyLong_FromUnsignedLong(c->device);
-    case CF_ALGO: return PyUnicode_FromString(c->hash_algo);
-    case CF_SEED: return PyUnicode_FromString(c->hash_seed);
-    case CF_BACKENDS: return backends_list(c);
-    case CF_CHILDREN: return children_list(c);
-    default: return PyLong_FromUnsignedLong(pdx_kv_config_num_arenas(c));
+    case CF_DEVICE:
+        return PyLong_FromUnsignedLong(c->device);
+    case CF_ALGO:
+        return PyUnicode_FromString(c->hash_algo);
+    case CF_SEED:
+        return PyUnicode_FromString(c->hash_seed);
+    case CF_BACKENDS:
+        return backends_list(c);
+    case CF_CHILDREN:
+        return children_list(c);
+    default:
+        return PyLong_FromUnsignedLong(pdx_kv_config_num_arenas(c));
     }
 }
 
@@ -268,8 +308,7 @@ static int KVConfig_set(KVConfigObject *o, PyObject *v, void *which)
             PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID), "name too long");
             return -1;
         }
-        char *dst = (intptr_t)which == CF_AGENT ? c->agent_name
-                                                : c->peer_name;
+        char *dst = (intptr_t)which == CF_AGENT ? c->agent_name : c->peer_name;
         snprintf(dst, 64, "%s", s);
         return 0;
     }
@@ -279,10 +318,15 @@ static int KVConfig_set(KVConfigObject *o, PyObject *v, void *which)
 }
 
 #define CFG(name, id, doc)                                                     \
-    {name, (getter)(void (*)(void))KVConfig_get, NULL, doc, (void *)(intptr_t)(id)}
+    {                                                                          \
+        name, (getter)(void (*)(void))KVConfig_get, NULL, doc,                 \
+            (void *)(intptr_t)(id)                                             \
+    }
 #define CFGW(name, id, doc)                                                    \
-    {name, (getter)(void (*)(void))KVConfig_get, (setter)(void (*)(void))KVConfig_set, doc,                    \
-     (void *)(intptr_t)(id)}
+    {                                                                          \
+        name, (getter)(void (*)(void))KVConfig_get,                            \
+            (setter)(void (*)(void))KVConfig_set, doc, (void *)(intptr_t)(id)  \
+    }
 
 static PyGetSetDef KVConfig_getset[] = {
     CFG("source", CF_SOURCE, "file the config came from"),
@@ -338,8 +382,7 @@ PyTypeObject pdxpy_KVConfigType = {
 /* ----------------------------------------------------------------- Hasher */
 
 typedef struct HasherObject {
-    PyObject_HEAD
-    pdx_hasher_h h;
+    PyObject_HEAD pdx_hasher_h h;
 } HasherObject;
 
 static PyObject *hash_bytes(const pdx_block_hash_t *h)
@@ -364,8 +407,10 @@ static int hash_from(PyObject *o, pdx_block_hash_t *h)
     char *p;
     Py_ssize_t n;
     if (!PyBytes_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "block hash: bytes (or hex str), not "
-                                      "%.80s", Py_TYPE(o)->tp_name);
+        PyErr_Format(PyExc_TypeError,
+                     "block hash: bytes (or hex str), not "
+                     "%.80s",
+                     Py_TYPE(o)->tp_name);
         return -1;
     }
     PyBytes_AsStringAndSize(o, &p, &n);
@@ -436,8 +481,7 @@ static int parse_extra(PyObject *lora, PyObject *salt, pdx_hash_extra_t *e)
 static PyObject *Hasher_hash_blocks(HasherObject *o, PyObject *args,
                                     PyObject *kw)
 {
-    static char *kwlist[] = {"tokens", "lora_name", "cache_salt", "tail",
-                             NULL};
+    static char *kwlist[] = {"tokens", "lora_name", "cache_salt", "tail", NULL};
     PyObject *tok, *lora = Py_None, *salt = Py_None;
     int want_tail = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOp", kwlist, &tok, &lora,
@@ -466,12 +510,11 @@ static PyObject *Hasher_hash_blocks(HasherObject *o, PyObject *args,
     int has_tail = 0;
     size_t nb = 0;
     pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_hasher_hash_blocks(o->h, t, n, &extra, out, max, &nb,
-                                want_tail ? &tail : NULL,
-                                want_tail ? &has_tail : NULL);
-    Py_END_ALLOW_THREADS
-    if (st != PDX_OK) {
+    Py_BEGIN_ALLOW_THREADS st = pdx_hasher_hash_blocks(
+        o->h, t, n, &extra, out, max, &nb, want_tail ? &tail : NULL,
+        want_tail ? &has_tail : NULL);
+    Py_END_ALLOW_THREADS if (st != PDX_OK)
+    {
         pdxpy_raise(st, "hash_blocks", NULL);
         goto done;
     }
@@ -498,14 +541,13 @@ done:
     return res;
 }
 
-static PyObject *Hasher_hash_next(HasherObject *o, PyObject *args,
-                                  PyObject *kw)
+static PyObject *Hasher_hash_next(HasherObject *o, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"parent", "tokens", "lora_name", "cache_salt",
                              NULL};
     PyObject *parent, *tok, *lora = Py_None, *salt = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OO", kwlist, &parent,
-                                     &tok, &lora, &salt)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OO", kwlist, &parent, &tok,
+                                     &lora, &salt)) {
         return NULL;
     }
     pdx_hash_extra_t extra;
@@ -520,8 +562,7 @@ static PyObject *Hasher_hash_next(HasherObject *o, PyObject *args,
     if (pdxpy_int_array(tok, 8, stack, 512, &t, &n) < 0) {
         return NULL;
     }
-    pdx_status_t st = pdx_hasher_hash_next(o->h, parent == Py_None ? NULL
-                                                                   : &ph,
+    pdx_status_t st = pdx_hasher_hash_next(o->h, parent == Py_None ? NULL : &ph,
                                            t, n, &extra, &out);
     if (t != stack) {
         PyMem_Free(t);
@@ -540,9 +581,11 @@ static PyObject *Hasher_get(HasherObject *o, void *which)
         pdx_hasher_none_hash(o->h, &h);
         return hash_bytes(&h);
     }
-    case 1: return PyUnicode_FromString(
-                pdx_hash_algo_to_string(pdx_hasher_algo(o->h)));
-    default: return PyLong_FromUnsignedLong(pdx_hasher_block_size(o->h));
+    case 1:
+        return PyUnicode_FromString(
+            pdx_hash_algo_to_string(pdx_hasher_algo(o->h)));
+    default:
+        return PyLong_FromUnsignedLong(pdx_hasher_block_size(o->h));
     }
 }
 
@@ -560,10 +603,12 @@ static PyMethodDef Hasher_methods[] = {
 };
 
 static PyGetSetDef Hasher_getset[] = {
-    {"none_hash", (getter)(void (*)(void))Hasher_get, NULL, "NONE_HASH of the seed",
-     (void *)0},
-    {"algo", (getter)(void (*)(void))Hasher_get, NULL, "vLLM's algorithm name", (void *)1},
-    {"block_size", (getter)(void (*)(void))Hasher_get, NULL, "tokens per block", (void *)2},
+    {"none_hash", (getter)(void (*)(void))Hasher_get, NULL,
+     "NONE_HASH of the seed", (void *)0},
+    {"algo", (getter)(void (*)(void))Hasher_get, NULL, "vLLM's algorithm name",
+     (void *)1},
+    {"block_size", (getter)(void (*)(void))Hasher_get, NULL, "tokens per block",
+     (void *)2},
     {0},
 };
 
@@ -583,8 +628,7 @@ PyTypeObject pdxpy_HasherType = {
 /* ----------------------------------------------------------------- Layout */
 
 typedef struct LayoutObject {
-    PyObject_HEAD
-    pdx_layout_h h;
+    PyObject_HEAD pdx_layout_h h;
     PyObject *keep; /* list: memory owners the arenas point into */
     int frozen;     /* in use by a connector */
 } LayoutObject;
@@ -627,8 +671,7 @@ static void Layout_dealloc(LayoutObject *o)
     Py_TYPE(o)->tp_free((PyObject *)o);
 }
 
-static PyObject *Layout_glm52(PyTypeObject *cls, PyObject *args,
-                              PyObject *kw)
+static PyObject *Layout_glm52(PyTypeObject *cls, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"num_blocks", "mem_type", "device", NULL};
     unsigned long long nb;
@@ -697,9 +740,8 @@ static int kind_of(PyObject *o, pdx_kv_kind_t *k)
 }
 
 /* base: an int address, or a memory object (kept alive by the layout). */
-static int base_of(LayoutObject *o, PyObject *b, uint64_t need,
-                   uint64_t *addr, int *dev_set, uint32_t *dev,
-                   pdx_mem_type_t *mt)
+static int base_of(LayoutObject *o, PyObject *b, uint64_t need, uint64_t *addr,
+                   int *dev_set, uint32_t *dev, pdx_mem_type_t *mt)
 {
     *dev_set = 0;
     if (PyLong_Check(b)) {
@@ -725,12 +767,12 @@ static int base_of(LayoutObject *o, PyObject *b, uint64_t need,
     return PyList_Append(o->keep, b);
 }
 
-static PyObject *Layout_add_arena(LayoutObject *o, PyObject *args,
-                                  PyObject *kw)
+static PyObject *Layout_add_arena(LayoutObject *o, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"name", "layer", "kind", "bytes_per_token",
-                             "num_blocks", "is_mtp", "stride", "base",
-                             "mem_type", "device", NULL};
+    static char *kwlist[] = {
+        "name",       "layer",  "kind",   "bytes_per_token",
+        "num_blocks", "is_mtp", "stride", "base",
+        "mem_type",   "device", NULL};
     const char *name;
     unsigned int layer, bpt;
     unsigned long long nb;
@@ -738,14 +780,17 @@ static PyObject *Layout_add_arena(LayoutObject *o, PyObject *args,
                     *dev = Py_None;
     int is_mtp = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "sIOIK|$pOOOO", kwlist, &name,
-                                     &layer, &kind, &bpt, &nb, &is_mtp,
-                                     &stride, &base, &mt, &dev) ||
+                                     &layer, &kind, &bpt, &nb, &is_mtp, &stride,
+                                     &base, &mt, &dev) ||
         layout_mutable(o) < 0) {
         return NULL;
     }
-    pdx_arena_t a = {.field_mask = PDX_ARENA_FIELD_IS_MTP, .name = name,
-                     .layer = layer, .is_mtp = is_mtp,
-                     .bytes_per_token = bpt, .num_blocks = nb};
+    pdx_arena_t a = {.field_mask = PDX_ARENA_FIELD_IS_MTP,
+                     .name = name,
+                     .layer = layer,
+                     .is_mtp = is_mtp,
+                     .bytes_per_token = bpt,
+                     .num_blocks = nb};
     if (kind_of(kind, &a.kind) < 0) {
         return NULL;
     }
@@ -818,8 +863,7 @@ static int arena_index(LayoutObject *o, PyObject *which, size_t *idx)
     return 0;
 }
 
-static PyObject *Layout_set_base(LayoutObject *o, PyObject *args,
-                                 PyObject *kw)
+static PyObject *Layout_set_base(LayoutObject *o, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"arena", "base", "device", NULL};
     PyObject *which, *base, *dev = Py_None;
@@ -838,8 +882,8 @@ static PyObject *Layout_set_base(LayoutObject *o, PyObject *args,
     uint32_t d = 0;
     int dev_set;
     pdx_mem_type_t bmt;
-    if (base_of(o, base, a.num_blocks * a.stride, &addr, &dev_set, &d,
-                &bmt) < 0) {
+    if (base_of(o, base, a.num_blocks * a.stride, &addr, &dev_set, &d, &bmt) <
+        0) {
         return NULL;
     }
     if (dev != Py_None) {
@@ -934,8 +978,7 @@ static PyObject *Layout_block_descs(LayoutObject *o, PyObject *args,
     static char *kwlist[] = {"ids", "merged", NULL};
     PyObject *ids;
     int merged = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$p", kwlist, &ids,
-                                     &merged)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$p", kwlist, &ids, &merged)) {
         return NULL;
     }
     uint64_t stack[256];
@@ -951,10 +994,9 @@ static PyObject *Layout_block_descs(LayoutObject *o, PyObject *args,
         goto out;
     }
     pdx_desc_t *buf = d->descs;
-    pdx_status_t st = merged ? pdx_layout_merged_descs(o->h, v, n, buf, cap,
-                                                       &cnt)
-                             : pdx_layout_block_descs(o->h, v, n, buf, cap,
-                                                      &cnt);
+    pdx_status_t st = merged
+                          ? pdx_layout_merged_descs(o->h, v, n, buf, cap, &cnt)
+                          : pdx_layout_block_descs(o->h, v, n, buf, cap, &cnt);
     if (st != PDX_OK) {
         Py_DECREF(d);
         pdxpy_raise(st, "block_descs", NULL);
@@ -972,9 +1014,12 @@ out:
 static PyObject *Layout_get(LayoutObject *o, void *which)
 {
     switch ((intptr_t)which) {
-    case 0: return PyLong_FromSize_t(pdx_layout_num_arenas(o->h));
-    case 1: return PyLong_FromUnsignedLong(pdx_layout_block_tokens(o->h));
-    case 2: return PyLong_FromUnsignedLongLong(pdx_layout_num_blocks(o->h));
+    case 0:
+        return PyLong_FromSize_t(pdx_layout_num_arenas(o->h));
+    case 1:
+        return PyLong_FromUnsignedLong(pdx_layout_block_tokens(o->h));
+    case 2:
+        return PyLong_FromUnsignedLongLong(pdx_layout_num_blocks(o->h));
     case 3:
         return PyLong_FromUnsignedLongLong(pdx_layout_bytes_per_block(o->h));
     case 4:
@@ -995,7 +1040,8 @@ static PyMethodDef Layout_methods[] = {
      METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      "Layout.glm52(num_blocks, mem_type='DRAM', device=0): the GLM-5.2 "
      "FP8+MTP reference layout (101 arenas)."},
-    {"from_config", (PyCFunction)(void (*)(void))Layout_from_config, METH_O | METH_CLASS,
+    {"from_config", (PyCFunction)(void (*)(void))Layout_from_config,
+     METH_O | METH_CLASS,
      "Layout.from_config(cfg): the layout a KVConfig describes (bases 0)."},
     {"add_arena", (PyCFunction)(void (*)(void))Layout_add_arena,
      METH_VARARGS | METH_KEYWORDS,
@@ -1023,15 +1069,18 @@ static PyMethodDef Layout_methods[] = {
 static PyGetSetDef Layout_getset[] = {
     {"num_arenas", (getter)(void (*)(void))Layout_get, NULL, NULL, (void *)0},
     {"block_tokens", (getter)(void (*)(void))Layout_get, NULL, NULL, (void *)1},
-    {"num_blocks", (getter)(void (*)(void))Layout_get, NULL, "usable block ids", (void *)2},
-    {"bytes_per_block", (getter)(void (*)(void))Layout_get, NULL, NULL, (void *)3},
-    {"fingerprint", (getter)(void (*)(void))Layout_get, NULL, "XXH3-64 of the shape",
-     (void *)4},
+    {"num_blocks", (getter)(void (*)(void))Layout_get, NULL, "usable block ids",
+     (void *)2},
+    {"bytes_per_block", (getter)(void (*)(void))Layout_get, NULL, NULL,
+     (void *)3},
+    {"fingerprint", (getter)(void (*)(void))Layout_get, NULL,
+     "XXH3-64 of the shape", (void *)4},
     {"mem_type", (getter)(void (*)(void))Layout_get, NULL, NULL, (void *)5},
     {0},
 };
 
-static PySequenceMethods Layout_seq = {.sq_length = (lenfunc)(void (*)(void))Layout_len};
+static PySequenceMethods Layout_seq = {.sq_length =
+                                           (lenfunc)(void (*)(void))Layout_len};
 
 PyTypeObject pdxpy_LayoutType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pdx.Layout",
@@ -1049,8 +1098,7 @@ PyTypeObject pdxpy_LayoutType = {
 /* ------------------------------------------------------------ KVConnector */
 
 typedef struct KVConnObject {
-    PyObject_HEAD
-    pdx_kv_connector_h h;
+    PyObject_HEAD pdx_kv_connector_h h;
     int closing;
     int uses;
     PyObject *layout;
@@ -1080,15 +1128,14 @@ static int KVConn_init(KVConnObject *self, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_RuntimeError, "already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!|$pO", kwlist,
-                                     &pdxpy_KVConfigType, &cfg,
-                                     &pdxpy_LayoutType, &lay, &progress,
-                                     &timeout)) {
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kw, "O!O!|$pO", kwlist, &pdxpy_KVConfigType, &cfg,
+            &pdxpy_LayoutType, &lay, &progress, &timeout)) {
         return -1;
     }
     pdx_agent_params_t ap = {.field_mask = PDX_AGENT_PARAM_FLAGS,
-                             .flags = progress ? PDX_AGENT_F_PROGRESS_THREAD
-                                               : 0};
+                             .flags =
+                                 progress ? PDX_AGENT_F_PROGRESS_THREAD : 0};
     if (timeout != Py_None) {
         double t = PyFloat_AsDouble(timeout);
         if (t == -1.0 && PyErr_Occurred()) {
@@ -1098,22 +1145,22 @@ static int KVConn_init(KVConnObject *self, PyObject *args, PyObject *kw)
         ap.xfer_timeout_ms = (uint32_t)(t * 1000.0 + 0.5);
     }
     LayoutObject *l = (LayoutObject *)lay;
-    pdx_kv_connector_params_t p = {
-        .field_mask = PDX_KV_PARAM_CONFIG | PDX_KV_PARAM_LAYOUT |
-                      PDX_KV_PARAM_AGENT_PARAMS,
-        .config = ((KVConfigObject *)cfg)->cfg, .layout = l->h,
-        .agent_params = &ap};
+    pdx_kv_connector_params_t p = {.field_mask = PDX_KV_PARAM_CONFIG |
+                                                 PDX_KV_PARAM_LAYOUT |
+                                                 PDX_KV_PARAM_AGENT_PARAMS,
+                                   .config = ((KVConfigObject *)cfg)->cfg,
+                                   .layout = l->h,
+                                   .agent_params = &ap};
     pdx_kv_connector_h h = NULL;
     pdx_status_t st;
     char err[2048];
     l->frozen++;
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_kv_connector_create(&p, &h);
+    Py_BEGIN_ALLOW_THREADS st = pdx_kv_connector_create(&p, &h);
     if (st != PDX_OK) {
         pdxpy_last_error(err, sizeof(err), st, "connector create");
     }
-    Py_END_ALLOW_THREADS
-    if (st != PDX_OK) {
+    Py_END_ALLOW_THREADS if (st != PDX_OK)
+    {
         l->frozen--;
         pdxpy_raise(st, "connector create", err);
         return -1;
@@ -1121,8 +1168,8 @@ static int KVConn_init(KVConnObject *self, PyObject *args, PyObject *kw)
     self->h = h;
     self->layout = Py_NewRef(lay);
     self->config = Py_NewRef(cfg);
-    self->name = PyUnicode_FromString(
-        pdx_agent_name(pdx_kv_connector_agent(h)));
+    self->name =
+        PyUnicode_FromString(pdx_agent_name(pdx_kv_connector_agent(h)));
     return self->name ? 0 : -1;
 }
 
@@ -1135,10 +1182,9 @@ static void conn_close(KVConnObject *c)
     pdxpy_wait_unused(&c->uses);
     pdx_kv_connector_h h = c->h;
     c->h = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    pdx_kv_connector_destroy(h);
-    Py_END_ALLOW_THREADS
-    if (c->layout != NULL) {
+    Py_BEGIN_ALLOW_THREADS pdx_kv_connector_destroy(h);
+    Py_END_ALLOW_THREADS if (c->layout != NULL)
+    {
         ((LayoutObject *)c->layout)->frozen--;
     }
 }
@@ -1180,10 +1226,8 @@ static PyObject *KVConn_describe(KVConnObject *c, PyObject *u)
     void *blob;
     size_t len;
     pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_kv_connector_describe(c->h, &blob, &len);
-    Py_END_ALLOW_THREADS
-    conn_leave(c);
+    Py_BEGIN_ALLOW_THREADS st = pdx_kv_connector_describe(c->h, &blob, &len);
+    Py_END_ALLOW_THREADS conn_leave(c);
     if (st != PDX_OK) {
         return pdxpy_raise(st, "describe", NULL);
     }
@@ -1205,13 +1249,12 @@ static PyObject *KVConn_connect(KVConnObject *c, PyObject *arg)
     char name[PDX_NAME_MAX] = "";
     char err[2048];
     pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_kv_connector_connect(c->h, v.buf, (size_t)v.len, name);
+    Py_BEGIN_ALLOW_THREADS st =
+        pdx_kv_connector_connect(c->h, v.buf, (size_t)v.len, name);
     if (st != PDX_OK) {
         pdxpy_last_error(err, sizeof(err), st, "connect");
     }
-    Py_END_ALLOW_THREADS
-    conn_leave(c);
+    Py_END_ALLOW_THREADS conn_leave(c);
     PyBuffer_Release(&v);
     if (st != PDX_OK) {
         return pdxpy_raise(st, "connect", err);
@@ -1226,10 +1269,9 @@ static PyObject *KVConn_peer_state(KVConnObject *c, PyObject *arg)
         return NULL;
     }
     pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_peer_state(pdx_kv_connector_agent(c->h), name);
-    Py_END_ALLOW_THREADS
-    conn_leave(c);
+    Py_BEGIN_ALLOW_THREADS st =
+        pdx_peer_state(pdx_kv_connector_agent(c->h), name);
+    Py_END_ALLOW_THREADS conn_leave(c);
     if (st == PDX_OK) {
         return PyUnicode_FromString("alive");
     }
@@ -1394,13 +1436,11 @@ static PyObject *KVConn_lookup(KVConnObject *c, PyObject *arg)
     memset(&m, 0, sizeof(m));
     pdx_status_t st;
     char err[2048];
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_kv_lookup(c->h, &q.r, &m);
+    Py_BEGIN_ALLOW_THREADS st = pdx_kv_lookup(c->h, &q.r, &m);
     if (st < 0) {
         pdxpy_last_error(err, sizeof(err), st, "lookup");
     }
-    Py_END_ALLOW_THREADS
-    conn_leave(c);
+    Py_END_ALLOW_THREADS conn_leave(c);
     kvreq_clear(&q);
     if (st < 0) {
         return pdxpy_raise(st, "lookup", err);
@@ -1421,8 +1461,7 @@ static int match_parse(PyObject *o, pdx_kv_match_t *m)
     PyObject *t = field(o, "tail"), *k = field(o, "tokens");
     int rc = -1;
     if (s == NULL || b == NULL) {
-        PyErr_SetString(PyExc_TypeError,
-                        "match: the dict lookup() returned");
+        PyErr_SetString(PyExc_TypeError, "match: the dict lookup() returned");
         goto out;
     }
     if (PyUnicode_Check(s)) {
@@ -1476,13 +1515,11 @@ static PyObject *KVConn_load(KVConnObject *c, PyObject *args)
     }
     pdx_status_t st;
     char err[2048];
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_kv_load(c->h, &q.r, &m, v);
+    Py_BEGIN_ALLOW_THREADS st = pdx_kv_load(c->h, &q.r, &m, v);
     if (st < 0) {
         pdxpy_last_error(err, sizeof(err), st, "load");
     }
-    Py_END_ALLOW_THREADS
-    conn_leave(c);
+    Py_END_ALLOW_THREADS conn_leave(c);
     if (st < 0) {
         pdxpy_raise(st, "load", err);
         goto out;
@@ -1505,13 +1542,11 @@ static PyObject *KVConn_load_check(KVConnObject *c, PyObject *arg)
     size_t tokens = 0;
     pdx_status_t st;
     char err[2048];
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_kv_load_check(c->h, id, &tokens);
+    Py_BEGIN_ALLOW_THREADS st = pdx_kv_load_check(c->h, id, &tokens);
     if (st < 0) {
         pdxpy_last_error(err, sizeof(err), st, "load_check");
     }
-    Py_END_ALLOW_THREADS
-    conn_leave(c);
+    Py_END_ALLOW_THREADS conn_leave(c);
     if (st < 0) {
         return pdxpy_raise(st, "load_check", err);
     }
@@ -1544,15 +1579,13 @@ static PyObject *KVConn_str_call(KVConnObject *c, PyObject *arg, int which)
     pdx_status_t st;
     char err[2048];
     static const char *names[] = {"load_abort", "save_check", "reject"};
-    Py_BEGIN_ALLOW_THREADS
-    st = which == 0   ? pdx_kv_load_abort(c->h, s)
-         : which == 1 ? pdx_kv_save_check(c->h, s)
-                      : pdx_kv_reject(c->h, s);
+    Py_BEGIN_ALLOW_THREADS st = which == 0   ? pdx_kv_load_abort(c->h, s)
+                                : which == 1 ? pdx_kv_save_check(c->h, s)
+                                             : pdx_kv_reject(c->h, s);
     if (st < 0) {
         pdxpy_last_error(err, sizeof(err), st, names[which]);
     }
-    Py_END_ALLOW_THREADS
-    conn_leave(c);
+    Py_END_ALLOW_THREADS conn_leave(c);
     Py_XDECREF(txt);
     if (st < 0) {
         return pdxpy_raise(st, names[which], err);
@@ -1607,13 +1640,11 @@ static PyObject *KVConn_save(KVConnObject *c, PyObject *args)
     }
     pdx_status_t st;
     char err[2048];
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_kv_save(c->h, &q.r, v);
+    Py_BEGIN_ALLOW_THREADS st = pdx_kv_save(c->h, &q.r, v);
     if (st < 0) {
         pdxpy_last_error(err, sizeof(err), st, "save");
     }
-    Py_END_ALLOW_THREADS
-    conn_leave(c);
+    Py_END_ALLOW_THREADS conn_leave(c);
     if (st < 0) {
         pdxpy_raise(st, "save", err);
         goto out;
@@ -1660,8 +1691,7 @@ static PyObject *KVConn_request_finished(KVConnObject *c, PyObject *args,
         return NULL;
     }
     PyObject *res = NULL;
-    if (from == PDX_KV_FROM_ARENA &&
-        n < q.r.nfull + (q.r.has_tail ? 1 : 0)) {
+    if (from == PDX_KV_FROM_ARENA && n < q.r.nfull + (q.r.has_tail ? 1 : 0)) {
         PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
                      "request_finished: %zu block ids for %zu hashes%s", n,
                      q.r.nfull, q.r.has_tail ? " and a tail" : "");
@@ -1673,14 +1703,12 @@ static PyObject *KVConn_request_finished(KVConnObject *c, PyObject *args,
     char *params = NULL;
     pdx_status_t st;
     char err[2048];
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_kv_request_finished(c->h, &q.r, v, (size_t)tokens, from,
-                                 &params);
+    Py_BEGIN_ALLOW_THREADS st =
+        pdx_kv_request_finished(c->h, &q.r, v, (size_t)tokens, from, &params);
     if (st < 0) {
         pdxpy_last_error(err, sizeof(err), st, "request_finished");
     }
-    Py_END_ALLOW_THREADS
-    conn_leave(c);
+    Py_END_ALLOW_THREADS conn_leave(c);
     if (st < 0) {
         pdxpy_raise(st, "request_finished", err);
         goto out;
@@ -1709,10 +1737,8 @@ static PyObject *KVConn_progress(KVConnObject *c, PyObject *u)
         return NULL;
     }
     int n;
-    Py_BEGIN_ALLOW_THREADS
-    n = pdx_kv_progress(c->h);
-    Py_END_ALLOW_THREADS
-    conn_leave(c);
+    Py_BEGIN_ALLOW_THREADS n = pdx_kv_progress(c->h);
+    Py_END_ALLOW_THREADS conn_leave(c);
     return PyLong_FromLong(n);
 }
 
@@ -1751,16 +1777,13 @@ static PyObject *KVConn_poll_freed(KVConnObject *c, PyObject *u)
         return NULL;
     }
     freed_vec_t f = {0};
-    Py_BEGIN_ALLOW_THREADS
-    pdx_kv_poll_freed(c->h, on_freed, &f);
-    Py_END_ALLOW_THREADS
-    conn_leave(c);
+    Py_BEGIN_ALLOW_THREADS pdx_kv_poll_freed(c->h, on_freed, &f);
+    Py_END_ALLOW_THREADS conn_leave(c);
     PyObject *l = PyList_New(0);
     for (size_t i = 0; l != NULL && i < f.n; i++) {
-        PyObject *t = Py_BuildValue("(ss)", f.ids[i],
-                                    why[f.why[i] >= 0 && f.why[i] <= 2
-                                            ? f.why[i]
-                                            : 0]);
+        PyObject *t =
+            Py_BuildValue("(ss)", f.ids[i],
+                          why[f.why[i] >= 0 && f.why[i] <= 2 ? f.why[i] : 0]);
         if (t == NULL || PyList_Append(l, t) < 0) {
             Py_CLEAR(l);
         }
@@ -1777,10 +1800,8 @@ static PyObject *KVConn_held(KVConnObject *c, PyObject *u)
         return NULL;
     }
     size_t n;
-    Py_BEGIN_ALLOW_THREADS
-    n = pdx_kv_held_requests(c->h);
-    Py_END_ALLOW_THREADS
-    conn_leave(c);
+    Py_BEGIN_ALLOW_THREADS n = pdx_kv_held_requests(c->h);
+    Py_END_ALLOW_THREADS conn_leave(c);
     return PyLong_FromSize_t(n);
 }
 
@@ -1792,22 +1813,20 @@ static PyObject *KVConn_offload_stats(KVConnObject *c, PyObject *u)
     pdx_offload_stats_t s;
     memset(&s, 0, sizeof(s));
     pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_kv_offload_stats(c->h, &s);
-    Py_END_ALLOW_THREADS
-    conn_leave(c);
+    Py_BEGIN_ALLOW_THREADS st = pdx_kv_offload_stats(c->h, &s);
+    Py_END_ALLOW_THREADS conn_leave(c);
     if (st != PDX_OK) {
         return pdxpy_raise(st, "offload_stats", NULL);
     }
     return Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}",
-        "capacity_blocks", (unsigned long long)s.capacity_blocks,
-        "block_bytes", (unsigned long long)s.block_bytes, "retained",
+        "capacity_blocks", (unsigned long long)s.capacity_blocks, "block_bytes",
+        (unsigned long long)s.block_bytes, "retained",
         (unsigned long long)s.blocks[PDX_OFFLOAD_RETAINED], "reclaimable",
-        (unsigned long long)s.blocks[PDX_OFFLOAD_RECLAIMABLE],
-        "leased_blocks", (unsigned long long)s.leased_blocks, "hits",
-        (unsigned long long)s.hits, "misses", (unsigned long long)s.misses,
-        "saves", (unsigned long long)s.saves, "dup_saves",
+        (unsigned long long)s.blocks[PDX_OFFLOAD_RECLAIMABLE], "leased_blocks",
+        (unsigned long long)s.leased_blocks, "hits", (unsigned long long)s.hits,
+        "misses", (unsigned long long)s.misses, "saves",
+        (unsigned long long)s.saves, "dup_saves",
         (unsigned long long)s.dup_saves, "no_space",
         (unsigned long long)s.no_space, "dropped_saves",
         (unsigned long long)s.dropped_saves, "queued_saves",
@@ -1836,11 +1855,11 @@ static PyObject *KVConn_check_params(KVConnObject *c, PyObject *arg)
     }
     Py_ssize_t len;
     const char *s = PyUnicode_AsUTF8AndSize(txt, &len);
-    pdx_status_t st = s ? pdx_kv_params_check(
-                              s, (size_t)len,
-                              pdx_layout_num_arenas(
-                                  ((LayoutObject *)c->layout)->h))
-                        : PDX_ERR_INVALID;
+    pdx_status_t st =
+        s ? pdx_kv_params_check(
+                s, (size_t)len,
+                pdx_layout_num_arenas(((LayoutObject *)c->layout)->h))
+          : PDX_ERR_INVALID;
     Py_DECREF(txt);
     if (s == NULL) {
         return NULL;
@@ -1854,10 +1873,14 @@ static PyObject *KVConn_check_params(KVConnObject *c, PyObject *arg)
 static PyObject *KVConn_get(KVConnObject *c, void *which)
 {
     switch ((intptr_t)which) {
-    case 0: return Py_NewRef(c->name ? c->name : Py_None);
-    case 1: return Py_NewRef(c->layout ? c->layout : Py_None);
-    case 2: return Py_NewRef(c->config ? c->config : Py_None);
-    default: return PyBool_FromLong(c->h == NULL);
+    case 0:
+        return Py_NewRef(c->name ? c->name : Py_None);
+    case 1:
+        return Py_NewRef(c->layout ? c->layout : Py_None);
+    case 2:
+        return Py_NewRef(c->config ? c->config : Py_None);
+    default:
+        return PyBool_FromLong(c->h == NULL);
     }
 }
 
@@ -1903,8 +1926,8 @@ static PyMethodDef KVConn_methods[] = {
      "freed since the last call (vLLM's finished_sending)."},
     {"held_requests", (PyCFunction)(void (*)(void))KVConn_held, METH_NOARGS,
      "Requests whose blocks are still held for a peer."},
-    {"offload_stats", (PyCFunction)(void (*)(void))KVConn_offload_stats, METH_NOARGS,
-     "The offload pool's counters."},
+    {"offload_stats", (PyCFunction)(void (*)(void))KVConn_offload_stats,
+     METH_NOARGS, "The offload pool's counters."},
     {"check_params", (PyCFunction)(void (*)(void))KVConn_check_params, METH_O,
      "check_params(params): validate handoff parameters (pdx.Corrupt)."},
     {0},

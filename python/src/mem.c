@@ -15,8 +15,7 @@
 #include <unistd.h>
 
 typedef struct ShmObject {
-    PyObject_HEAD
-    void *addr;
+    PyObject_HEAD void *addr;
     size_t len;    /* bytes exposed */
     size_t maplen; /* bytes mapped (page multiple) */
     int fd;
@@ -38,11 +37,13 @@ static PyObject *shm_map(int fd, size_t len, int populate, int created)
     int err = 0;
     pdx_status_t st = PDX_OK;
     char msg[1024] = "";
-    Py_BEGIN_ALLOW_THREADS
-    if (created && ftruncate(fd, (off_t)maplen) != 0) {
+    Py_BEGIN_ALLOW_THREADS if (created && ftruncate(fd, (off_t)maplen) != 0)
+    {
         err = errno;
         p = MAP_FAILED;
-    } else {
+    }
+    else
+    {
         p = mmap(NULL, maplen, PROT_READ | PROT_WRITE,
                  MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
         if (p == MAP_FAILED) {
@@ -59,8 +60,8 @@ static PyObject *shm_map(int fd, size_t len, int populate, int created)
             p = MAP_FAILED;
         }
     }
-    Py_END_ALLOW_THREADS
-    if (p == MAP_FAILED) {
+    Py_END_ALLOW_THREADS if (p == MAP_FAILED)
+    {
         close(fd);
         if (err != 0) {
             snprintf(msg, sizeof(msg), "shared memory of %zu bytes: %s", len,
@@ -91,8 +92,7 @@ PyObject *pdxpy_mem_alloc(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"nbytes", "populate", NULL};
     Py_ssize_t n;
     int populate = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "n|p", kwlist, &n,
-                                     &populate)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "n|p", kwlist, &n, &populate)) {
         return NULL;
     }
     if (n <= 0) {
@@ -123,7 +123,8 @@ PyObject *pdxpy_mem_attach(PyObject *self, PyObject *args, PyObject *kw)
         char msg[256];
         snprintf(msg, sizeof(msg),
                  "mem_attach: fd %d is not a shared memory file of at least "
-                 "%zd bytes", fd, n);
+                 "%zd bytes",
+                 fd, n);
         return pdxpy_raise(PDX_ERR_INVALID, "mem_attach", msg);
     }
     return shm_map(fd, (size_t)n, 0, 0);
@@ -138,7 +139,8 @@ static int shm_close(ShmObject *s, int raise)
         if (raise) {
             PyErr_Format(PyExc_BufferError,
                          "SharedMemory: %d buffer export(s) still alive "
-                         "(numpy arrays or memoryviews of it)", s->exports);
+                         "(numpy arrays or memoryviews of it)",
+                         s->exports);
         }
         return -1;
     }
@@ -158,10 +160,9 @@ static int shm_close(ShmObject *s, int raise)
     s->addr = NULL;
     s->fd = -1;
     Py_BEGIN_ALLOW_THREADS /* unmapping gigabytes takes milliseconds */
-    munmap(addr, len);
+        munmap(addr, len);
     close(fd);
-    Py_END_ALLOW_THREADS
-    return 0;
+    Py_END_ALLOW_THREADS return 0;
 }
 
 static void Shm_dealloc(ShmObject *s)
@@ -189,8 +190,8 @@ static int Shm_getbuffer(ShmObject *s, Py_buffer *view, int flags)
         view->obj = NULL;
         return -1;
     }
-    if (PyBuffer_FillInfo(view, (PyObject *)s, s->addr, (Py_ssize_t)s->len,
-                          0, flags) < 0) {
+    if (PyBuffer_FillInfo(view, (PyObject *)s, s->addr, (Py_ssize_t)s->len, 0,
+                          flags) < 0) {
         return -1;
     }
     s->exports++;
@@ -207,7 +208,10 @@ static PyBufferProcs Shm_buffer = {
     .bf_releasebuffer = (releasebufferproc)(void (*)(void))Shm_releasebuffer,
 };
 
-static Py_ssize_t Shm_len(ShmObject *s) { return (Py_ssize_t)s->len; }
+static Py_ssize_t Shm_len(ShmObject *s)
+{
+    return (Py_ssize_t)s->len;
+}
 
 static PyObject *Shm_get(ShmObject *s, void *which)
 {
@@ -215,10 +219,14 @@ static PyObject *Shm_get(ShmObject *s, void *which)
         return pdxpy_closed("SharedMemory is closed");
     }
     switch ((intptr_t)which) {
-    case 0: return PyLong_FromUnsignedLongLong((uintptr_t)s->addr);
-    case 1: return PyLong_FromSize_t(s->len);
-    case 2: return PyLong_FromLong(s->fd);
-    default: return PyBool_FromLong(s->addr == NULL);
+    case 0:
+        return PyLong_FromUnsignedLongLong((uintptr_t)s->addr);
+    case 1:
+        return PyLong_FromSize_t(s->len);
+    case 2:
+        return PyLong_FromLong(s->fd);
+    default:
+        return PyBool_FromLong(s->addr == NULL);
     }
 }
 
@@ -237,7 +245,10 @@ static PyObject *Shm_reduce(ShmObject *s, PyObject *u)
     return r;
 }
 
-static PyObject *Shm_enter(ShmObject *s, PyObject *u) { return Py_NewRef(s); }
+static PyObject *Shm_enter(ShmObject *s, PyObject *u)
+{
+    return Py_NewRef(s);
+}
 
 static PyObject *Shm_exit(ShmObject *s, PyObject *a)
 {
@@ -269,14 +280,17 @@ static PyMethodDef Shm_methods[] = {
 
 static PyGetSetDef Shm_getset[] = {
     {"addr", (getter)(void (*)(void))Shm_get, NULL, "start address", (void *)0},
-    {"nbytes", (getter)(void (*)(void))Shm_get, NULL, "length in bytes", (void *)1},
+    {"nbytes", (getter)(void (*)(void))Shm_get, NULL, "length in bytes",
+     (void *)1},
     {"fd", (getter)(void (*)(void))Shm_get, NULL,
      "the memfd (owned by this object: dup it to pass it on)", (void *)2},
-    {"closed", (getter)(void (*)(void))Shm_get, NULL, "True after close()", (void *)3},
+    {"closed", (getter)(void (*)(void))Shm_get, NULL, "True after close()",
+     (void *)3},
     {0},
 };
 
-static PySequenceMethods Shm_seq = {.sq_length = (lenfunc)(void (*)(void))Shm_len};
+static PySequenceMethods Shm_seq = {.sq_length =
+                                        (lenfunc)(void (*)(void))Shm_len};
 
 PyTypeObject pdxpy_SharedMemoryType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pdx.SharedMemory",

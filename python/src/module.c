@@ -69,8 +69,8 @@ void pdxpy_last_error(char *buf, size_t len, pdx_status_t st, const char *what)
 
 static PyObject *raise_with(PyObject *cls, pdx_status_t st, const char *msg)
 {
-    PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg),
-                                          "replace");
+    PyObject *text =
+        PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
     if (text == NULL) {
         return NULL;
     }
@@ -135,8 +135,7 @@ double pdxpy_now(void)
 void pdxpy_wait_unused(int *uses)
 {
     while (*uses > 0) {
-        Py_BEGIN_ALLOW_THREADS
-        struct timespec ts = {0, 100000};
+        Py_BEGIN_ALLOW_THREADS struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
         Py_END_ALLOW_THREADS
     }
@@ -172,7 +171,8 @@ int pdxpy_mem_type(PyObject *o, pdx_mem_type_t dflt, pdx_mem_type_t *out)
     }
     PyErr_Format(g_exc[-PDX_ERR_INVALID],
                  "memory type must be 'DRAM' or 'VRAM' (or pdx.DRAM, "
-                 "pdx.VRAM), not %R", o);
+                 "pdx.VRAM), not %R",
+                 o);
     return -1;
 }
 
@@ -217,7 +217,10 @@ static char int_format(const char *fmt)
     return strchr("bBhHiIlLqQnN", fmt[0]) != NULL ? fmt[0] : 0;
 }
 
-static int is_signed_format(char c) { return c >= 'a' && c <= 'z'; }
+static int is_signed_format(char c)
+{
+    return c >= 'a' && c <= 'z';
+}
 
 /* Read element at p of a buffer of integer kind `c` and size `sz`. */
 static int read_int(const char *p, char c, Py_ssize_t sz, uint64_t *v)
@@ -225,10 +228,24 @@ static int read_int(const char *p, char c, Py_ssize_t sz, uint64_t *v)
     if (is_signed_format(c)) {
         int64_t x;
         switch (sz) {
-        case 1: x = *(const int8_t *)p; break;
-        case 2: { int16_t t; memcpy(&t, p, 2); x = t; break; }
-        case 4: { int32_t t; memcpy(&t, p, 4); x = t; break; }
-        default: memcpy(&x, p, 8); break;
+        case 1:
+            x = *(const int8_t *)p;
+            break;
+        case 2: {
+            int16_t t;
+            memcpy(&t, p, 2);
+            x = t;
+            break;
+        }
+        case 4: {
+            int32_t t;
+            memcpy(&t, p, 4);
+            x = t;
+            break;
+        }
+        default:
+            memcpy(&x, p, 8);
+            break;
         }
         if (x < 0) {
             return -1;
@@ -236,10 +253,24 @@ static int read_int(const char *p, char c, Py_ssize_t sz, uint64_t *v)
         *v = (uint64_t)x;
     } else {
         switch (sz) {
-        case 1: *v = *(const uint8_t *)p; break;
-        case 2: { uint16_t t; memcpy(&t, p, 2); *v = t; break; }
-        case 4: { uint32_t t; memcpy(&t, p, 4); *v = t; break; }
-        default: memcpy(v, p, 8); break;
+        case 1:
+            *v = *(const uint8_t *)p;
+            break;
+        case 2: {
+            uint16_t t;
+            memcpy(&t, p, 2);
+            *v = t;
+            break;
+        }
+        case 4: {
+            uint32_t t;
+            memcpy(&t, p, 4);
+            *v = t;
+            break;
+        }
+        default:
+            memcpy(v, p, 8);
+            break;
         }
     }
     return 0;
@@ -313,7 +344,8 @@ int pdxpy_int_array(PyObject *o, size_t elem, void *stack, size_t stack_n,
             for (size_t i = 0; i < cnt; i++) {
                 uint64_t x;
                 if (read_int(p + (Py_ssize_t)i * stride, c, v.itemsize, &x) <
-                        0 || x > max) {
+                        0 ||
+                    x > max) {
                     goto range;
                 }
                 if (elem == 4) {
@@ -356,9 +388,8 @@ int pdxpy_int_array(PyObject *o, size_t elem, void *stack, size_t stack_n,
             goto fail;
         }
         if (x > max) {
-            PyErr_Format(g_exc[-PDX_ERR_INVALID],
-                         "index %llu is above %llu", (unsigned long long)x,
-                         (unsigned long long)max);
+            PyErr_Format(g_exc[-PDX_ERR_INVALID], "index %llu is above %llu",
+                         (unsigned long long)x, (unsigned long long)max);
             goto fail;
         }
         if (elem == 4) {
@@ -554,8 +585,7 @@ int pdxpy_mem_from_object(PyObject *o, PyObject *mem_type, PyObject *device,
     } else if (PyObject_CheckBuffer(o)) {
         int flags = PyBUF_ANY_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
         if (PyObject_GetBuffer(o, &m->view, flags) < 0) {
-            if (!writable ||
-                !PyErr_ExceptionMatches(PyExc_BufferError)) {
+            if (!writable || !PyErr_ExceptionMatches(PyExc_BufferError)) {
                 return -1;
             }
             /* Read-only memory is fine as a WRITE source or READ target of
@@ -646,10 +676,9 @@ static PyObject *py_blob_describe(PyObject *self, PyObject *arg)
     char *text = NULL;
     char why[512] = "";
     pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_blob_describe(v.buf, (size_t)v.len, &text, why, sizeof(why));
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&v);
+    Py_BEGIN_ALLOW_THREADS st =
+        pdx_blob_describe(v.buf, (size_t)v.len, &text, why, sizeof(why));
+    Py_END_ALLOW_THREADS PyBuffer_Release(&v);
     if (st != PDX_OK) {
         return pdxpy_raise(st, "blob_describe", why[0] ? why : NULL);
     }
@@ -667,30 +696,27 @@ static PyObject *py_backend_probe(PyObject *self, PyObject *arg)
     uint64_t caps = 0;
     char why[512] = "";
     pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pdx_backend_probe(name, &caps, why, sizeof(why));
-    Py_END_ALLOW_THREADS
-    return Py_BuildValue("{s:O,s:K,s:s}", "available",
-                         st == PDX_OK ? Py_True : Py_False, "caps",
-                         (unsigned long long)caps, "why", why);
+    Py_BEGIN_ALLOW_THREADS st =
+        pdx_backend_probe(name, &caps, why, sizeof(why));
+    Py_END_ALLOW_THREADS return Py_BuildValue(
+        "{s:O,s:K,s:s}", "available", st == PDX_OK ? Py_True : Py_False, "caps",
+        (unsigned long long)caps, "why", why);
 }
 
 static PyObject *py_mem_info(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"obj", "mem_type", "device", NULL};
     PyObject *o, *mt = Py_None, *dev = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO", kwlist, &o, &mt,
-                                     &dev)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO", kwlist, &o, &mt, &dev)) {
         return NULL;
     }
     pdxpy_mem_t m;
     if (pdxpy_mem_from_object(o, mt, dev, 0, &m) < 0) {
         return NULL;
     }
-    PyObject *r = Py_BuildValue("(KKsI)", (unsigned long long)m.addr,
-                                (unsigned long long)m.len,
-                                m.mem_type == PDX_MEM_VRAM ? "VRAM" : "DRAM",
-                                (unsigned)m.dev);
+    PyObject *r = Py_BuildValue(
+        "(KKsI)", (unsigned long long)m.addr, (unsigned long long)m.len,
+        m.mem_type == PDX_MEM_VRAM ? "VRAM" : "DRAM", (unsigned)m.dev);
     pdxpy_mem_clear(&m);
     return r;
 }
@@ -777,8 +803,8 @@ PyMODINIT_FUNC PyInit__pdx(void)
         "Base of every pdx error. Attributes: status (the pdx_status_t "
         "code), status_name, reason (pdx_last_error() text).",
         PyExc_Exception, NULL);
-    if (pdxpy_Error == NULL || PyModule_AddObjectRef(m, "Error",
-                                                     pdxpy_Error) < 0) {
+    if (pdxpy_Error == NULL ||
+        PyModule_AddObjectRef(m, "Error", pdxpy_Error) < 0) {
         goto fail;
     }
     PyObject *builtins = PyEval_GetBuiltins();
@@ -787,8 +813,7 @@ PyMODINIT_FUNC PyInit__pdx(void)
         snprintf(qual, sizeof(qual), "pdx.%s", g_exc_defs[i].name);
         PyObject *bases;
         if (g_exc_defs[i].mixin != NULL) {
-            PyObject *mix = PyDict_GetItemString(builtins,
-                                                 g_exc_defs[i].mixin);
+            PyObject *mix = PyDict_GetItemString(builtins, g_exc_defs[i].mixin);
             bases = PyTuple_Pack(2, pdxpy_Error, mix);
         } else {
             bases = PyTuple_Pack(1, pdxpy_Error);
@@ -796,8 +821,8 @@ PyMODINIT_FUNC PyInit__pdx(void)
         if (bases == NULL) {
             goto fail;
         }
-        PyObject *cls = PyErr_NewExceptionWithDoc(qual, g_exc_defs[i].doc,
-                                                  bases, NULL);
+        PyObject *cls =
+            PyErr_NewExceptionWithDoc(qual, g_exc_defs[i].doc, bases, NULL);
         Py_DECREF(bases);
         if (cls == NULL) {
             goto fail;

@@ -23,8 +23,7 @@
 typedef pdx_status_t (*pdxpy_peer_info_fn)(pdx_agent_h, const char *,
                                            pdx_peer_info_t *,
                                            pdx_region_info_t *, size_t);
-typedef pdx_status_t (*pdxpy_telemetry_fn)(pdx_xfer_h,
-                                           pdx_xfer_telemetry_t *);
+typedef pdx_status_t (*pdxpy_telemetry_fn)(pdx_xfer_h, pdx_xfer_telemetry_t *);
 typedef pdx_status_t (*pdxpy_stats_fn)(pdx_agent_h, const char *,
                                        pdx_stats_t *);
 typedef pdx_status_t (*pdxpy_stats_json_fn)(pdx_agent_h, char **);
@@ -50,8 +49,7 @@ PyObject *pdxpy_raise(pdx_status_t st, const char *what, const char *msg);
 /* The exception for using a closed or released object. */
 PyObject *pdxpy_closed(const char *what);
 /* Copy pdx_last_error() (or a fallback) into buf. */
-void pdxpy_last_error(char *buf, size_t len, pdx_status_t st,
-                      const char *what);
+void pdxpy_last_error(char *buf, size_t len, pdx_status_t st, const char *what);
 extern PyObject *pdxpy_Error;
 PyObject *pdxpy_exc_for(pdx_status_t st);
 
@@ -75,7 +73,7 @@ typedef struct pdxpy_mem {
     uint64_t len;
     pdx_mem_type_t mem_type;
     uint32_t dev;
-    Py_buffer view; /* held when view.obj != NULL */
+    Py_buffer view;  /* held when view.obj != NULL */
     PyObject *owner; /* new reference to keep alive, or NULL */
 } pdxpy_mem_t;
 int pdxpy_mem_from_object(PyObject *o, PyObject *mem_type, PyObject *device,
@@ -87,8 +85,7 @@ double pdxpy_now(void);
 /* ---- types */
 
 typedef struct AgentObject {
-    PyObject_HEAD
-    pdx_agent_h h;
+    PyObject_HEAD pdx_agent_h h;
     int closing;
     int uses;
     int progress_thread;
@@ -98,8 +95,8 @@ typedef struct AgentObject {
 } AgentObject;
 
 typedef struct DescListObject {
-    PyObject_HEAD
-    pdx_desc_t *descs; /* owned, or view.buf when view.obj is set */
+    PyObject_HEAD pdx_desc_t
+        *descs; /* owned, or view.buf when view.obj is set */
     size_t count;
     pdx_mem_type_t mem_type;
     Py_buffer view;
