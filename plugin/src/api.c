@@ -214,6 +214,17 @@ pdx_status_t pdx_mem_unshare(void *addr)
     LEAVE(pdxi_mem_unshare(addr));
 }
 
+pdx_status_t pdx_mem_fd(const void *ptr, uint64_t len, int *fd_p,
+                        uint64_t *offset_p)
+{
+    ENTER();
+    if (!ARG_OK(ptr, "ptr") || !ARG_OK(fd_p, "fd_p") ||
+        !ARG_OK(offset_p, "offset_p")) {
+        LEAVE(PDX_ERR_INVALID);
+    }
+    LEAVE(pdxi_mem_fd(ptr, len, fd_p, offset_p));
+}
+
 pdx_status_t pdx_peer_load(pdx_agent_h agent, const void *blob, size_t len,
                            char *name_out)
 {
@@ -353,6 +364,15 @@ size_t pdx_xfer_segments(pdx_xfer_h xfer)
         pdx_call_leave(__func__, PDX_ERR_INVALID);
     }
     return n;
+}
+
+pdx_status_t pdx_xfer_set_notif(pdx_xfer_h xfer, const void *msg, size_t len)
+{
+    ENTER();
+    if (!XFER_OK(xfer) || (len > 0 && !ARG_OK(msg, "msg"))) {
+        LEAVE(PDX_ERR_INVALID);
+    }
+    LEAVE(pdxi_xfer_set_notif(xfer, msg, len));
 }
 
 pdx_status_t pdx_xfer_telemetry(pdx_xfer_h xfer, pdx_xfer_telemetry_t *tel_p)

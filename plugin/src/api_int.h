@@ -36,6 +36,10 @@ pdx_status_t pdxi_mem_alloc(size_t len, uint64_t flags, void **ptr_p);
 pdx_status_t pdxi_mem_free(void *ptr);
 pdx_status_t pdxi_mem_share(void *addr, size_t len, int fd, uint64_t offset);
 pdx_status_t pdxi_mem_unshare(void *addr);
+pdx_status_t pdxi_mem_fd(const void *ptr, uint64_t len, int *fd_p,
+                         uint64_t *offset_p);
+pdx_status_t pdxi_xfer_set_notif(pdx_xfer_h xfer, const void *msg,
+                                 size_t len);
 pdx_status_t pdxi_peer_load(pdx_agent_h agent, const void *blob, size_t len,
                             char *name_out);
 pdx_status_t pdxi_peer_unload(pdx_agent_h agent, const char *name);

@@ -131,4 +131,6 @@ const pdx_plugin_v1_t pdx_plugin_v1 = {
     .stats_backend = pdx_stats_backend,
     .stats_peer = pdx_stats_peer,
     .stats_json = pdx_stats_json,
+    .mem_fd = pdx_mem_fd,
+    .xfer_set_notif = pdx_xfer_set_notif,
 };

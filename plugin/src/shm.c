@@ -227,6 +227,25 @@ pdx_status_t pdxi_mem_unshare(void *addr)
     return st;
 }
 
+pdx_status_t pdxi_mem_fd(const void *ptr, uint64_t len, int *fd_p,
+                         uint64_t *offset_p)
+{
+    pdx_status_t st = PDX_ERR_NOT_FOUND;
+    pthread_mutex_lock(&g_lock);
+    shm_ent_t *e = find((uint64_t)(uintptr_t)ptr, len ? len : 1);
+    if (e != NULL) {
+        *fd_p = e->fd;
+        *offset_p = e->fd_off + ((uint64_t)(uintptr_t)ptr - e->addr);
+        st = PDX_OK;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (st != PDX_OK) {
+        pdx_error("mem fd: %p+%llu is not in memory from pdx_mem_alloc or "
+                  "pdx_mem_share", ptr, (unsigned long long)len);
+    }
+    return st;
+}
+
 bool pdx_shm_acquire(uint64_t addr, uint64_t len, int *fd_p, uint64_t *off_p)
 {
     bool found = false;

@@ -872,6 +872,37 @@ void pdxi_dlist_release(pdx_dlist_h d)
     pdx_handle_release(d);
 }
 
+pdx_status_t pdxi_xfer_set_notif(pdx_xfer_h x, const void *msg, size_t len)
+{
+    pdx_agent_h agent = x->agent;
+    pdx_status_t st = check_notif(agent, msg, len);
+    if (st != PDX_OK) {
+        return st;
+    }
+    unsigned char *copy = NULL;
+    if (msg != NULL) {
+        copy = malloc(len ? len : 1);
+        if (copy == NULL) {
+            pdx_error("agent %s: set notif: out of memory", agent->name);
+            return PDX_ERR_NOMEM;
+        }
+        memcpy(copy, msg, len);
+    }
+    pthread_mutex_lock(&agent->lock);
+    if (x->status == PDX_INPROGRESS || x->breq != NULL) {
+        pthread_mutex_unlock(&agent->lock);
+        free(copy);
+        pdx_error("agent %s: set notif: the request to %s is in flight",
+                  agent->name, x->peer_name);
+        return PDX_ERR_BUSY;
+    }
+    free(x->notif);
+    x->notif = copy;
+    x->notif_len = copy != NULL ? len : 0;
+    pthread_mutex_unlock(&agent->lock);
+    return PDX_OK;
+}
+
 pdx_status_t pdxi_xfer_telemetry(pdx_xfer_h x, pdx_xfer_telemetry_t *t)
 {
     pdx_agent_h agent = x->agent;

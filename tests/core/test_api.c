@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -56,6 +57,18 @@ static void quiet(void *arg, pdx_log_level_t level, const char *msg)
 static void on_note(void *arg, const char *peer, const void *msg, size_t len)
 {
     (void)arg, (void)peer, (void)msg, (void)len;
+}
+
+static void on_note_keep(void *arg, const char *peer, const void *msg,
+                         size_t len)
+{
+    struct {
+        int n;
+        char last[16];
+    } *g = arg;
+    (void)peer;
+    g->n++;
+    snprintf(g->last, sizeof(g->last), "%.*s", (int)len, (const char *)msg);
 }
 
 typedef struct side {
@@ -135,6 +148,22 @@ static void test_null_handles(void **state)
     EXPECT_INVALID(pdx_mem_alloc(4096, 0, NULL), "ptr_p");
     EXPECT_INVALID(pdx_mem_share(NULL, 4096, 0, 0), "addr");
     EXPECT_INVALID(pdx_mem_unshare(NULL), "addr");
+    int fd;
+    uint64_t off;
+    EXPECT_INVALID(pdx_mem_fd(NULL, 1, &fd, &off), "ptr");
+    EXPECT_INVALID(pdx_mem_fd(&desc, 1, NULL, &off), "fd_p");
+    /* The real thing: the memfd behind pdx_mem_alloc memory. */
+    unsigned char *shm;
+    assert_int_equal(pdx_mem_alloc(3 * 4096, 0, (void **)&shm), PDX_OK);
+    assert_int_equal(pdx_mem_fd(shm + 4096, 100, &fd, &off), PDX_OK);
+    assert_int_equal(off, 4096);
+    shm[4096] = 0x5a;
+    unsigned char byte = 0;
+    assert_int_equal(pread(fd, &byte, 1, (off_t)off), 1);
+    assert_int_equal(byte, 0x5a);
+    assert_int_equal(pdx_mem_fd(&desc, 1, &fd, &off), PDX_ERR_NOT_FOUND);
+    ASSERT_ERR_NAMES("not in memory from pdx_mem_alloc");
+    assert_int_equal(pdx_mem_free(shm), PDX_OK);
     EXPECT_INVALID(pdx_agent_describe(a, &blob, &len), "agent");
     EXPECT_INVALID(pdx_peer_load(a, "x", 1, NULL), "agent");
     EXPECT_INVALID(pdx_peer_unload(a, "p"), "agent");
@@ -158,6 +187,7 @@ static void test_null_handles(void **state)
     EXPECT_INVALID(pdx_xfer_abort(x), "xfer");
     EXPECT_VOID_REFUSED(assert_int_equal(pdx_xfer_segments(x), 0), "xfer");
     EXPECT_INVALID(pdx_xfer_telemetry(x, &tel), "xfer");
+    EXPECT_INVALID(pdx_xfer_set_notif(x, "m", 1), "xfer");
     EXPECT_VOID_REFUSED(pdx_xfer_release(x), ""); /* a no-op, like free */
     EXPECT_INVALID(pdx_dlist_prepare(a, NULL, &list, &d), "agent");
     EXPECT_VOID_REFUSED(pdx_dlist_release(d), "");
@@ -233,6 +263,7 @@ static void test_released_handles(void **state)
     EXPECT_INVALID(pdx_xfer_check(x), "xfer");
     EXPECT_INVALID(pdx_xfer_abort(x), "xfer");
     EXPECT_INVALID(pdx_xfer_telemetry(x, &tel), "xfer");
+    EXPECT_INVALID(pdx_xfer_set_notif(x, "m", 1), "xfer");
     EXPECT_VOID_REFUSED(assert_int_equal(pdx_xfer_segments(x), 0), "xfer");
     EXPECT_VOID_REFUSED(pdx_xfer_release(x), "not a live xfer");
 
@@ -406,17 +437,36 @@ static void test_telemetry_and_stats(void **state)
     assert_int_equal(t.posts, 3);
     assert_int_equal(t.status, PDX_OK);
     assert_true(t.start_time_ns > 1600000000ull * 1000000000ull);
+    /* A new message for the next post (NIXL's transfer(h, notif_msg)). */
+    struct {
+        int n;
+        char last[16];
+    } got = {0, ""};
+    while (pdx_notif_poll(b.agent, on_note, NULL) > 0) {
+    }
+    assert_int_equal(pdx_xfer_set_notif(x, "second", 6), PDX_OK);
+    assert_true(pdx_xfer_post(x) >= 0);
+    pdx_status_t st2 = PDX_INPROGRESS;
+    for (int i = 0; i < 100000 && st2 == PDX_INPROGRESS; i++) {
+        st2 = pdx_xfer_check(x);
+    }
+    assert_int_equal(st2, PDX_OK);
+    for (int i = 0; i < 1000 && got.n == 0; i++) {
+        pdx_notif_poll(b.agent, on_note_keep, &got);
+    }
+    assert_int_equal(got.n, 1);
+    assert_string_equal(got.last, "second");
     pdx_xfer_release(x);
 
     pdx_stats_t s;
     assert_int_equal(pdx_stats_peer(a.agent, a.peer, &s), PDX_OK);
-    assert_int_equal(s.requests, 3);
-    assert_int_equal(s.completed, 3);
-    assert_int_equal(s.bytes, 3 * 8 * 4096);
+    assert_int_equal(s.requests, 4);
+    assert_int_equal(s.completed, 4);
+    assert_int_equal(s.bytes, 4 * 8 * 4096);
     assert_int_equal(s.errors, 0);
     assert_int_equal(pdx_stats_backend(a.agent, mock_backend_ops.name, &s),
                      PDX_OK);
-    assert_int_equal(s.completed, 3);
+    assert_int_equal(s.completed, 4);
     assert_int_equal(pdx_stats_backend(a.agent, "nope", &s),
                      PDX_ERR_NOT_FOUND);
     ASSERT_ERR_NAMES("nope");
@@ -429,12 +479,12 @@ static void test_telemetry_and_stats(void **state)
     pdx_xfer_release(x);
     mock_hold_completion = 0;
     assert_int_equal(pdx_stats_peer(a.agent, a.peer, &s), PDX_OK);
-    assert_int_equal(s.requests, 4);
+    assert_int_equal(s.requests, 5);
     assert_int_equal(s.canceled, 1);
     char *json = NULL;
     assert_int_equal(pdx_stats_json(a.agent, &json), PDX_OK);
     assert_non_null(strstr(json, "\"name\": \"tel-d\""));
-    assert_non_null(strstr(json, "\"completed\": 3"));
+    assert_non_null(strstr(json, "\"completed\": 4"));
     pdx_blob_free(json);
     pdx_peer_info_t info;
     pdx_region_info_t reg[2];

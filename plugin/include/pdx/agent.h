@@ -273,6 +273,15 @@ typedef struct pdx_region_info {
     uint64_t flags; /* PDX_REGION_F_SHARED when the peer's memory is shared */
 } pdx_region_info_t;
 
+/* The file behind shared memory: the fd pdx keeps for [ptr, +len) (memory
+ * from pdx_mem_alloc or declared with pdx_mem_share) and the file offset of
+ * `ptr`, e.g. to hand the memory to a worker process (send the fd over a
+ * unix socket, or /proc/<pid>/fd/<fd>) that maps it. The fd stays owned by
+ * pdx (dup it to keep it past pdx_mem_free). PDX_ERR_NOT_FOUND if the range
+ * is not such memory. Thread-safe; non-blocking. */
+PDX_API pdx_status_t pdx_mem_fd(const void *ptr, uint64_t len, int *fd_p,
+                                uint64_t *offset_p);
+
 /* Describe loaded peer `name` into *info_p (caller-owned) and, when
  * `regions` is not NULL, its first `max_regions` regions sorted by
  * (mem_type, addr). PDX_ERR_NOT_FOUND if unknown. Non-blocking (agent

@@ -130,6 +130,8 @@ typedef struct pdx_plugin_v1 {
     pdx_status_t (*stats_backend)(pdx_agent_h, const char *, pdx_stats_t *);
     pdx_status_t (*stats_peer)(pdx_agent_h, const char *, pdx_stats_t *);
     pdx_status_t (*stats_json)(pdx_agent_h, char **);
+    pdx_status_t (*mem_fd)(const void *, uint64_t, int *, uint64_t *);
+    pdx_status_t (*xfer_set_notif)(pdx_xfer_h, const void *, size_t);
 } pdx_plugin_v1_t;
 
 _Static_assert(offsetof(pdx_plugin_v1_t, abi_version) == 0, "abi first");

@@ -69,6 +69,13 @@ PDX_API pdx_status_t pdx_xfer_abort(pdx_xfer_h xfer);
  * handle is a no-op; a released one is refused (logged). */
 PDX_API void pdx_xfer_release(pdx_xfer_h xfer);
 
+/* Replace the notification a request delivers (NULL: none) before its next
+ * post (NIXL's transfer(handle, notif_msg)). PDX_ERR_BUSY while the
+ * request is in flight; PDX_ERR_TOO_LARGE over PDX_NOTIF_MAX. Copies
+ * `msg`. Non-blocking. */
+PDX_API pdx_status_t pdx_xfer_set_notif(pdx_xfer_h xfer, const void *msg,
+                                        size_t len);
+
 /* Descriptors after merging (for tools and tests); 0 for an invalid
  * handle. */
 PDX_API size_t pdx_xfer_segments(pdx_xfer_h xfer);
