@@ -149,6 +149,7 @@ struct pdx_dlist {
     uint64_t peer_epoch;
     pdx_mem_type_t mem_type;
     pdx_dlist_entry_t *entries;
+    size_t entries_map_len; /* mmapped (huge pages) when > 0 */
     size_t count;
     struct pdx_mem_reg **regs; /* local: distinct regions, users held */
     size_t nregs;

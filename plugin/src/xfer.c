@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "agent_int.h"
@@ -768,9 +769,57 @@ size_t pdxi_xfer_segments(pdx_xfer_h x) { return x->niov; }
 
 /* Prepared lists. */
 
+/* Entries of a prepared list. Large arrays (a 1M-descriptor model is 24 MB)
+ * are mapped on huge pages and populated up front: first-touch faults of a
+ * fresh malloc cost more than resolving the descriptors (15-20 vs 5-8
+ * ns/desc measured from Python). */
+#define DLIST_MAP_MIN (2u << 20)
+#define DLIST_HUGE (2u << 20)
+/* Descriptors resolved per hold of the agent lock: other threads wait at
+ * most for one chunk (about 0.1 ms), not for the whole list. */
+#define DLIST_CHUNK 16384
+
+static pdx_dlist_entry_t *entries_alloc(size_t n, size_t *map_len_p)
+{
+    size_t bytes = (n ? n : 1) * sizeof(pdx_dlist_entry_t);
+    *map_len_p = 0;
+    if (bytes >= DLIST_MAP_MIN) {
+        size_t len = (bytes + DLIST_HUGE - 1) & ~(size_t)(DLIST_HUGE - 1);
+        void *m = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m != MAP_FAILED) {
+            madvise(m, len, MADV_HUGEPAGE);
+#ifdef MADV_POPULATE_WRITE
+            madvise(m, len, MADV_POPULATE_WRITE); /* best effort */
+#endif
+            *map_len_p = len;
+            return m;
+        }
+    }
+    return malloc(bytes);
+}
+
+static void entries_free(pdx_dlist_entry_t *e, size_t map_len)
+{
+    if (map_len > 0) {
+        munmap(e, map_len);
+    } else {
+        free(e);
+    }
+}
+
+/* Drop the users a list under construction holds (lock held). */
+static void dlist_unhold(struct pdx_dlist *d)
+{
+    for (size_t i = 0; i < d->nregs; i++) {
+        d->regs[i]->users--;
+    }
+    d->nregs = 0;
+}
+
 pdx_status_t pdxi_dlist_prepare(pdx_agent_h agent, const char *peer,
-                               const pdx_desc_list_t *list,
-                               pdx_dlist_h *dlist_p)
+                                const pdx_desc_list_t *list,
+                                pdx_dlist_h *dlist_p)
 {
     if (list->count > UINT32_MAX) {
         pdx_error("agent %s: prepare: %zu descriptors (at most %u)",
@@ -785,8 +834,10 @@ pdx_status_t pdxi_dlist_prepare(pdx_agent_h agent, const char *peer,
     d->agent = agent;
     d->mem_type = list->mem_type;
     d->count = list->count;
-    d->entries = malloc((list->count ? list->count : 1) * sizeof(*d->entries));
+    d->entries = entries_alloc(list->count, &d->entries_map_len);
     if (d->entries == NULL) {
+        pdx_error("agent %s: prepare: out of memory for %zu descriptors",
+                  agent->name, list->count);
         pdx_handle_release(d);
         return PDX_ERR_NOMEM;
     }
@@ -806,6 +857,22 @@ pdx_status_t pdxi_dlist_prepare(pdx_agent_h agent, const char *peer,
     }
     void *last = NULL;
     for (size_t i = 0; i < list->count; i++) {
+        if (i > 0 && i % DLIST_CHUNK == 0) {
+            /* Let other threads in. Local regions found so far hold users
+             * (they cannot be deregistered); a peer's are valid while the
+             * peer keeps its incarnation. */
+            pthread_mutex_unlock(&agent->lock);
+            pthread_mutex_lock(&agent->lock);
+            if (p != NULL) {
+                p = pdx_peer_find(agent, peer);
+                if (p == NULL || p->epoch != d->peer_epoch) {
+                    pdx_error("agent %s: prepare: peer %s was unloaded or "
+                              "reloaded meanwhile", agent->name, peer);
+                    st = PDX_ERR_STALE;
+                    goto err;
+                }
+            }
+        }
         const pdx_desc_t *e = &list->descs[i];
         void *region;
         if (e->len == 0) {
@@ -824,10 +891,15 @@ pdx_status_t pdxi_dlist_prepare(pdx_agent_h agent, const char *peer,
             struct pdx_mem_reg *r = last;
             if (r == NULL || !pdx_region_holds(&r->region, e->addr, e->len)) {
                 r = pdx_reg_find(agent, list->mem_type, e->addr, e->len);
-                if (r != NULL &&
-                    (st = distinct_add(&d->regs, &d->nregs, &capset, r)) !=
-                        PDX_OK) {
-                    goto err;
+                if (r != NULL) {
+                    size_t before = d->nregs;
+                    if ((st = distinct_add(&d->regs, &d->nregs, &capset,
+                                           r)) != PDX_OK) {
+                        goto err;
+                    }
+                    if (d->nregs > before) {
+                        r->users++; /* held from now: see the chunks */
+                    }
                 }
             }
             region = r;
@@ -844,16 +916,14 @@ pdx_status_t pdxi_dlist_prepare(pdx_agent_h agent, const char *peer,
         d->entries[i] = (pdx_dlist_entry_t){.addr = e->addr, .len = e->len,
                                             .region = region};
     }
-    for (size_t i = 0; i < d->nregs; i++) {
-        d->regs[i]->users++;
-    }
     pthread_mutex_unlock(&agent->lock);
     *dlist_p = d;
     return PDX_OK;
 err:
+    dlist_unhold(d);
     pthread_mutex_unlock(&agent->lock);
     free(d->regs);
-    free(d->entries);
+    entries_free(d->entries, d->entries_map_len);
     pdx_handle_release(d);
     return st;
 }
@@ -866,7 +936,7 @@ void pdxi_dlist_release(pdx_dlist_h d)
     }
     pthread_mutex_unlock(&d->agent->lock);
     free(d->regs);
-    free(d->entries);
+    entries_free(d->entries, d->entries_map_len);
     d->regs = NULL;
     d->entries = NULL;
     pdx_handle_release(d);
