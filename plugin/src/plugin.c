@@ -133,4 +133,13 @@ const pdx_plugin_v1_t pdx_plugin_v1 = {
     .stats_json = pdx_stats_json,
     .mem_fd = pdx_mem_fd,
     .xfer_set_notif = pdx_xfer_set_notif,
+    .agent_publish = pdx_agent_publish,
+    .peer_fetch = pdx_peer_fetch,
+    .store_status = pdx_store_status,
+    .store_describe = pdx_store_describe,
+    .store_owners_add = pdx_store_owners_add,
+    .store_owners_del = pdx_store_owners_del,
+    .store_owners_get = pdx_store_owners_get,
+    .store_owners_longest = pdx_store_owners_longest,
+    .kv_store_stats = pdx_kv_store_stats,
 };

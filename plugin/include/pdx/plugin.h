@@ -16,6 +16,7 @@
 #include <pdx/kv_connector.h>
 #include <pdx/log.h>
 #include <pdx/notif.h>
+#include <pdx/store.h>
 #include <pdx/xfer.h>
 
 #ifdef __cplusplus
@@ -132,6 +133,22 @@ typedef struct pdx_plugin_v1 {
     pdx_status_t (*stats_json)(pdx_agent_h, char **);
     pdx_status_t (*mem_fd)(const void *, uint64_t, int *, uint64_t *);
     pdx_status_t (*xfer_set_notif)(pdx_xfer_h, const void *, size_t);
+    /* Appended for multi-node on a store (pdx/store.h,
+     * pdx/kv_connector.h). */
+    pdx_status_t (*agent_publish)(pdx_agent_h);
+    pdx_status_t (*peer_fetch)(pdx_agent_h, const char *, uint32_t);
+    pdx_status_t (*store_status)(pdx_agent_h, pdx_store_status_t *);
+    pdx_status_t (*store_describe)(pdx_agent_h, char *, size_t);
+    pdx_status_t (*store_owners_add)(pdx_agent_h, const char *const *,
+                                     size_t, uint32_t *);
+    pdx_status_t (*store_owners_del)(pdx_agent_h, const char *const *,
+                                     size_t);
+    pdx_status_t (*store_owners_get)(pdx_agent_h, const char *const *, size_t,
+                                     pdx_store_owner_cb_t, void *);
+    pdx_status_t (*store_owners_longest)(pdx_agent_h, const char *const *,
+                                         size_t, char *, size_t *);
+    pdx_status_t (*kv_store_stats)(pdx_kv_connector_h,
+                                   pdx_kv_store_stats_t *);
 } pdx_plugin_v1_t;
 
 _Static_assert(offsetof(pdx_plugin_v1_t, abi_version) == 0, "abi first");
