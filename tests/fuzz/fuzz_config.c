@@ -59,8 +59,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(cfg->nbackend_opts <= PDX_KV_MAX_BACKEND_OPTS);
         CHECK(cfg->n_index_k_layers <= PDX_KV_MAX_INDEX_LAYERS);
         CHECK(cfg->bytes_per_block == pdx_kv_config_bytes_per_block(cfg));
-        CHECK(cfg->role != PDX_KV_ROLE_PRODUCER || cfg->peer_name[0]);
-        CHECK(cfg->role != PDX_KV_ROLE_CONSUMER || cfg->peer_name[0]);
+        /* With a store, peers are found by name from handoffs. */
+        CHECK(cfg->role != PDX_KV_ROLE_PRODUCER || cfg->peer_name[0] ||
+              cfg->has_store);
+        CHECK(cfg->role != PDX_KV_ROLE_CONSUMER || cfg->peer_name[0] ||
+              cfg->has_store);
+        CHECK(!cfg->has_store || (cfg->store_endpoints[0] &&
+                                  cfg->store_namespace[0] &&
+                                  cfg->store_demote_owners >= 1));
         for (uint32_t i = 0; i < cfg->nchildren; i++)
             if (cfg->children[i].type == PDX_KV_CHILD_OFFLOAD)
                 CHECK(cfg->children[i].budget_bytes /
