@@ -28,6 +28,9 @@
 #define UCX_MAX_NAME 255u
 /* Bounds on waits inside an op: closing an endpoint, draining a READ. */
 #define UCX_CLOSE_TIMEOUT_NS 1000000000ull
+/* What disconnect spends progressing a close before leaving it to progress
+ * (the agent lock is held). */
+#define UCX_CLOSE_SPIN_NS 2000000ull
 /* Draining a released READ gives up after this long without a get chunk
  * completing (a stalled peer), or after the cap even while data flows. */
 #define UCX_DRAIN_IDLE_NS 1000000000ull
@@ -1130,6 +1133,15 @@ static void ucx_peer_disconnect(void *bev, void *peerv)
          * when an endpoint still in wireup is forced with requests queued).
          * Never waits: a hung peer must not stall the agent. */
         ucx_ep_close_async(be, peer, peer->ucx_failed);
+        /* A responsive peer completes the close within a few round
+         * trips: give it UCX_CLOSE_SPIN_NS of progress (bounded, like a
+         * progress pass) so the common case needs no zombie. */
+        uint64_t until = ucx_now_ns() + UCX_CLOSE_SPIN_NS;
+        while (peer->close_req != NULL && !peer->ucx_failed &&
+               ucp_request_check_status(peer->close_req) == UCS_INPROGRESS &&
+               ucx_now_ns() < until) {
+            ucp_worker_progress(be->worker);
+        }
     }
     if (!ucx_close_done(peer)) {
         /* UCX may still call back into this peer (error handler, sends):
@@ -1259,8 +1271,11 @@ static void ucx_peer_give_up(ucx_be_t *be, ucx_peer_t *peer, const char *why)
 /* UCX 1.13 cannot cancel RMA: an aborted READ ends when its flush does, so
  * that no byte lands after the agent hears of its end. A peer that lets
  * UCX_DRAIN_IDLE_NS pass without a get chunk completing (or
- * UCX_DRAIN_MAX_NS in all) is given up on. Never waits: called from
- * xfer_check. Returns 1 when the request ended. */
+ * UCX_DRAIN_MAX_NS in all) is given up on. An aborted WRITE (a timed-out
+ * one to a hung peer) has no such progress to watch: its peer is given up
+ * on after UCX_DRAIN_IDLE_NS, or its request would never end and could
+ * never be posted again. Never waits: called from xfer_check. Returns 1
+ * when the request ended. */
 static int ucx_req_drain_check(ucx_be_t *be, ucx_req_t *r)
 {
     uint64_t now = ucx_now_ns();
@@ -1269,7 +1284,7 @@ static int ucx_req_drain_check(ucx_be_t *be, ucx_req_t *r)
         r->drain_gets = be->gets_done;
         return 0;
     }
-    if (be->gets_done != r->drain_gets) {
+    if (r->op == PDX_XFER_READ && be->gets_done != r->drain_gets) {
         r->drain_gets = be->gets_done;
         r->drain_event_ns = now;
     }
@@ -1278,8 +1293,9 @@ static int ucx_req_drain_check(ucx_be_t *be, ucx_req_t *r)
         return 0;
     }
     char why[96];
-    snprintf(why, sizeof(why), "an aborted read did not finish within "
-             "%.0f ms", (double)(now - r->drain_start_ns) / 1e6);
+    snprintf(why, sizeof(why), "an aborted %s did not finish within %.0f ms",
+             r->op == PDX_XFER_READ ? "read" : "write",
+             (double)(now - r->drain_start_ns) / 1e6);
     ucx_peer_give_up(be, r->peer, why);
     ucx_req_finish(r, PDX_ERR_REMOTE_DISCONNECT);
     return 1;
@@ -1425,7 +1441,7 @@ static pdx_status_t ucx_xfer_check(void *bev, void *reqv)
     if (r->stage != UCX_STAGE_DONE) {
         ucx_progress(be);
     }
-    if (r->stage != UCX_STAGE_DONE && r->aborted && r->op == PDX_XFER_READ &&
+    if (r->stage != UCX_STAGE_DONE && r->aborted &&
         r->stage == UCX_STAGE_FLUSH && r->ucs_req != NULL &&
         r->peer != NULL) {
         ucx_req_drain_check(be, r);

@@ -317,6 +317,13 @@ static int pair_teardown(void **state)
     bg_start(&bg, p->a);
     ops->peer_disconnect(p->b, p->peer_ba);
     bg_stop(&bg);
+    /* Disconnect never waits for the peer (it may be hung): closes still
+     * in flight finish with progress, as an agent's progress thread gives
+     * them. Both sides progress until they are done (bounded). */
+    for (int i = 0; i < 200; i++) {
+        progress_both(p);
+        usleep(500);
+    }
     ops->mem_deregister(p->a, p->md_a);
     ops->mem_deregister(p->b, p->md_b);
     ops->destroy(p->a);
