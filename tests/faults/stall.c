@@ -11,7 +11,9 @@
  *   - every wait is bounded (the whole run is under a minute).
  * Prints p50, p99 and max of the other thread's calls.
  *
- * stall --mode kill|stop [--path ucx|ucx-tcp|shm] */
+ * stall --mode kill|stop [--path ucx|ucx-tcp|shm] [--p1-write]
+ * (--p1-write: P1's requests are WRITEs, whose flush a stopped peer never
+ * acknowledges: they must end too, and the peer be given up on.) */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -49,6 +51,7 @@ const char *ctl_name = "stall";
 static const char *g_self;
 static const char *g_path = "ucx"; /* ucx (sm), ucx-tcp, shm (cma) */
 static int g_stop;                 /* SIGSTOP instead of SIGKILL */
+static int g_p1_write;             /* P1's requests are WRITEs */
 
 #define CHECK(call)                                                            \
     do {                                                                       \
@@ -222,6 +225,14 @@ typedef struct monitor {
     unsigned notifs, reads_ok[2], reads_err[2];
 } monitor_t;
 
+/* Where the monitor reads in peer i: in P1, the top piece, which the main
+ * thread's requests (offsets below REGION / 2 + 63 * 2 * PIECE + PIECE)
+ * never write when they are WRITEs. */
+static uint64_t mon_off(int i)
+{
+    return i == 0 ? REGION - PIECE : 12345;
+}
+
 static void on_note(void *arg, const char *peer, const void *m, size_t n)
 {
     (void)peer, (void)m, (void)n;
@@ -250,7 +261,7 @@ static void *monitor_main(void *arg)
     for (int i = 0; i < 2; i++) {
         pdx_desc_t l = {(uint64_t)(uintptr_t)(m->buf + (size_t)i * PIECE),
                         PIECE, 0, 0};
-        pdx_desc_t r = {m->t[i]->base + (uint64_t)i * 12345, PIECE, 0, 0};
+        pdx_desc_t r = {m->t[i]->base + mon_off(i), PIECE, 0, 0};
         pdx_desc_list_t ll = {PDX_MEM_DRAM, &l, 1}, rl = {PDX_MEM_DRAM, &r, 1};
         CHECK(pdx_xfer_create(m->d, PDX_XFER_READ, &ll, &rl, m->t[i]->name,
                               NULL, 0, &x[i]));
@@ -274,8 +285,7 @@ static void *monitor_main(void *arg)
                 m->reads_ok[i]++;
                 const unsigned char *got = m->buf + (size_t)i * PIECE;
                 for (uint64_t o = 0; o < PIECE; o++) {
-                    if (got[o] != pattern(o + (uint64_t)i * 12345,
-                                          m->t[i]->salt)) {
+                    if (got[o] != pattern(o + mon_off(i), m->t[i]->salt)) {
                         die("monitor: read from %s differs at %llu",
                             m->t[i]->name, (unsigned long long)o);
                     }
@@ -318,7 +328,7 @@ typedef struct slot {
 /* Post a READ of PIECES scattered 64 KiB pieces of target `t` into slot
  * `s`'s part of `buf`. */
 static pdx_status_t read_post(pdx_agent_h d, target_t *t, unsigned char *buf,
-                              slot_t *s, unsigned round)
+                              slot_t *s, unsigned round, pdx_xfer_op_t op)
 {
     pdx_desc_t l[PIECES], r[PIECES];
     s->roff = ((uint64_t)round * 7919u * 4096u) % (REGION / 2);
@@ -331,12 +341,14 @@ static pdx_status_t read_post(pdx_agent_h d, target_t *t, unsigned char *buf,
     }
     pdx_desc_list_t ll = {PDX_MEM_DRAM, l, PIECES}, rl = {PDX_MEM_DRAM, r,
                                                            PIECES};
-    pdx_status_t st = pdx_xfer_create(d, PDX_XFER_READ, &ll, &rl, t->name,
-                                      NULL, 0, &s->x);
+    pdx_status_t st = pdx_xfer_create(d, op, &ll, &rl, t->name, NULL, 0,
+                                      &s->x);
     if (st != PDX_OK) {
         return st;
     }
-    memset(buf, 0, (size_t)PIECES * PIECE);
+    if (op == PDX_XFER_READ) {
+        memset(buf, 0, (size_t)PIECES * PIECE);
+    }
     st = pdx_xfer_post(s->x);
     s->busy = st == PDX_INPROGRESS || st == PDX_OK;
     return st;
@@ -423,7 +435,9 @@ static int d_main(void)
                     local + 2 * PIECE + ((size_t)p * INFLIGHT + k) * slot_bytes;
                 uint64_t t0 = now_ns();
                 if (!s->busy) {
-                    pdx_status_t st = read_post(d, &t[p], buf, s, round++);
+                    pdx_xfer_op_t op = p == 0 && g_p1_write ? PDX_XFER_WRITE
+                                                            : PDX_XFER_READ;
+                    pdx_status_t st = read_post(d, &t[p], buf, s, round++, op);
                     if (st < 0 && s->x != NULL) {
                         pdx_xfer_release(s->x);
                         s->x = NULL;
@@ -446,7 +460,9 @@ static int d_main(void)
                     continue;
                 }
                 if (st == PDX_OK) {
-                    read_verify(&t[p], buf, s);
+                    if (!(p == 0 && g_p1_write)) {
+                        read_verify(&t[p], buf, s);
+                    }
                     done_ok[p]++;
                     done_during[p] += faulted;
                 } else if (p == 0 && faulted) {
@@ -560,6 +576,8 @@ int main(int argc, char **argv)
             g_path = argv[++i];
         } else if (strcmp(argv[i], "--mode") == 0 && i + 1 < argc) {
             g_stop = strcmp(argv[++i], "stop") == 0;
+        } else if (strcmp(argv[i], "--p1-write") == 0) {
+            g_p1_write = 1;
         }
     }
     if (strcmp(g_path, "ucx") != 0 && strcmp(g_path, "ucx-tcp") != 0 &&
