@@ -90,6 +90,8 @@ struct pdx_offload_pool {
     uint32_t tab_mask;
     pdx_offload_copy_cb_t copy_cb;
     void *copy_arg;
+    pdx_offload_evict_cb_t evict_cb;
+    void *evict_arg;
 
     /* Guarded by `lock`: the table, the metadata, the LRUs, the counters. */
     pthread_mutex_t lock;
@@ -285,10 +287,24 @@ static void lru_touch_run(struct pdx_offload_pool *pool, uint32_t s,
 
 /* ---- slots (under pool->lock) ------------------------------------------ */
 
-static void slot_evict(struct pdx_offload_pool *pool, uint32_t s)
+/* A block evicted under the lock, reported to evict_cb once it is dropped
+ * (the callback may take locks that are held around pool calls). */
+typedef struct {
+    bool any;
+    uint8_t cls;
+    pdx_offload_key_t key;
+} evicted_t;
+
+static void slot_evict(struct pdx_offload_pool *pool, uint32_t s, evicted_t *ev)
 {
     slot_meta_t *m = &pool->meta[s];
 
+    if (ev != NULL) {
+        ev->any = true;
+        ev->cls = m->cls;
+        memcpy(ev->key.bytes, m->key, m->len);
+        ev->key.len = m->len;
+    }
     lru_unlink(pool, s);
     idx_remove(pool, s);
     pool->st.blocks[m->cls]--;
@@ -299,7 +315,7 @@ static void slot_evict(struct pdx_offload_pool *pool, uint32_t s)
 /* A slot to fill: free, never used, or evicted (reclaimable LRU tail, then
  * retained LRU tail). Leased and filling slots are in no LRU, so the tails
  * are always evictable. NIL when every slot is pinned. */
-static uint32_t slot_acquire(struct pdx_offload_pool *pool)
+static uint32_t slot_acquire(struct pdx_offload_pool *pool, evicted_t *ev)
 {
     static const uint8_t order[] = {PDX_OFFLOAD_RECLAIMABLE,
                                     PDX_OFFLOAD_RETAINED};
@@ -316,7 +332,7 @@ static uint32_t slot_acquire(struct pdx_offload_pool *pool)
     for (size_t i = 0; i < sizeof(order); i++) {
         s = pool->lru[order[i]].tail;
         if (s != NIL) {
-            slot_evict(pool, s);
+            slot_evict(pool, s, ev);
             return s;
         }
     }
@@ -338,7 +354,8 @@ static inline uint8_t *slot_addr(const struct pdx_offload_pool *pool,
 
 static pdx_status_t reserve_locked(struct pdx_offload_pool *pool,
                                    const pdx_offload_key_t *key,
-                                   pdx_offload_class_t cls, uint32_t *slot_p)
+                                   pdx_offload_class_t cls, uint32_t *slot_p,
+                                   evicted_t *ev)
 {
     uint64_t h = key_hash(key);
     uint32_t s = idx_find(pool, key, h, NULL);
@@ -353,7 +370,7 @@ static pdx_status_t reserve_locked(struct pdx_offload_pool *pool,
         }
         return PDX_ERR_EXISTS;
     }
-    s = slot_acquire(pool);
+    s = slot_acquire(pool, ev);
     if (s == NIL) {
         pool->st.no_space++;
         return PDX_ERR_NO_SPACE;
@@ -394,6 +411,18 @@ static void abort_locked(struct pdx_offload_pool *pool, uint32_t s)
     pool->st.filling_blocks--;
 }
 
+/* After the pool lock is released. */
+static void report_evicted(const struct pdx_offload_pool *pool,
+                           const evicted_t *ev)
+{
+    if (ev->any && pool->evict_cb != NULL) {
+        /* The caller's code: its own pdx calls record their own errors. */
+        int d = pdx_call_suspend();
+        pool->evict_cb(pool->evict_arg, &ev->key, (pdx_offload_class_t)ev->cls);
+        pdx_call_resume(d);
+    }
+}
+
 static inline void copy_block(const struct pdx_offload_pool *pool, void *dst,
                               const void *src)
 {
@@ -414,11 +443,13 @@ static pdx_status_t do_save(struct pdx_offload_pool *pool,
                             pdx_offload_class_t cls)
 {
     uint32_t s = NIL;
+    evicted_t ev = {0};
     pdx_status_t st;
 
     pthread_mutex_lock(&pool->lock);
-    st = reserve_locked(pool, key, cls, &s);
+    st = reserve_locked(pool, key, cls, &s, &ev);
     pthread_mutex_unlock(&pool->lock);
+    report_evicted(pool, &ev);
     if (st == PDX_ERR_EXISTS) {
         return PDX_OK;
     }
@@ -658,6 +689,10 @@ static pdx_status_t pool_create(const pdx_offload_params_t *params,
     if (params->field_mask & PDX_OFFLOAD_PARAM_COPY) {
         pool->copy_cb = params->copy_cb;
         pool->copy_arg = params->copy_arg;
+    }
+    if (params->field_mask & PDX_OFFLOAD_PARAM_EVICT) {
+        pool->evict_cb = params->evict_cb;
+        pool->evict_arg = params->evict_arg;
     }
     pool->tab_mask = tab_size - 1;
     pool->free_head = NIL;
@@ -1273,6 +1308,7 @@ pdx_status_t pdx_offload_reserve(pdx_offload_pool_h pool,
 {
     uint32_t s = NIL;
     uint32_t gen = 0;
+    evicted_t ev = {0};
     pdx_status_t st;
 
     KV_ENTER();
@@ -1281,11 +1317,12 @@ pdx_status_t pdx_offload_reserve(pdx_offload_pool_h pool,
         KV_LEAVE(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&pool->lock);
-    st = reserve_locked(pool, key, cls, &s);
+    st = reserve_locked(pool, key, cls, &s, &ev);
     if (st == PDX_OK) {
         gen = pool->meta[s].gen;
     }
     pthread_mutex_unlock(&pool->lock);
+    report_evicted(pool, &ev);
     if (st != PDX_OK) {
         /* PDX_ERR_EXISTS (a duplicate, the common case of a repeated
          * prefix) is an answer and stays quiet. */
@@ -1437,6 +1474,46 @@ pdx_status_t pdx_offload_class_of(pdx_offload_pool_h pool,
     }
     pthread_mutex_unlock(&pool->lock);
     KV_LEAVE(st);
+}
+
+/* Slots one pdx_offload_keys call looks at: bounds its hold of the lock
+ * (a few tens of microseconds) however sparse the pool is. */
+#define KEYS_SCAN_MAX 16384u
+
+pdx_status_t pdx_offload_keys(pdx_offload_pool_h pool, uint64_t *cursor_p,
+                              pdx_offload_key_t *keys, size_t max, size_t *n_p)
+{
+    size_t n = 0;
+    uint64_t s;
+
+    KV_ENTER();
+    if (!KV_POOL_OK(pool) || !KV_ARG_OK(cursor_p, "cursor_p") ||
+        !KV_ARG_OK(n_p, "n_p") || !KV_ARG_OK(keys, "keys")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if (max == 0) {
+        /* Would make no progress: a cursor of 0 would read as the end. */
+        pdx_call_fail(PDX_ERR_INVALID, "%s: max is 0", __func__);
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    s = *cursor_p;
+    pthread_mutex_lock(&pool->lock);
+    /* Slots past next_unused were never used. */
+    uint64_t end = pool->next_unused;
+    uint64_t stop = s + KEYS_SCAN_MAX < end ? s + KEYS_SCAN_MAX : end;
+    for (; s < stop && n < max; s++) {
+        const slot_meta_t *m = &pool->meta[s];
+        if (m->state == ST_VALID) {
+            memset(&keys[n], 0, sizeof(keys[n]));
+            memcpy(keys[n].bytes, m->key, m->len);
+            keys[n].len = m->len;
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+    *cursor_p = s < end ? s : 0;
+    *n_p = n;
+    KV_LEAVE(PDX_OK);
 }
 
 pdx_status_t pdx_offload_slab(pdx_offload_pool_h pool, void **addr_p,

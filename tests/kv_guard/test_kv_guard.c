@@ -442,6 +442,12 @@ static void test_offload_null(void **state)
     REFUSED(pdx_offload_class_of(NULL, &k, &cls), "pool is NULL");
     REFUSED(pdx_offload_class_of(pool, NULL, &cls), "key is NULL");
     REFUSED(pdx_offload_class_of(pool, &k, NULL), "cls_p is NULL");
+    uint64_t cursor = 0;
+    REFUSED(pdx_offload_keys(NULL, &cursor, &k, 1, &n), "pool is NULL");
+    REFUSED(pdx_offload_keys(pool, NULL, &k, 1, &n), "cursor_p is NULL");
+    REFUSED(pdx_offload_keys(pool, &cursor, NULL, 1, &n), "keys is NULL");
+    REFUSED(pdx_offload_keys(pool, &cursor, &k, 1, NULL), "n_p is NULL");
+    REFUSED(pdx_offload_keys(pool, &cursor, &k, 0, &n), "max is 0");
     REFUSED(pdx_offload_slab(NULL, &slab, &len), "pool is NULL");
     REFUSED(pdx_offload_slab(pool, NULL, &len), "addr_p is NULL");
     REFUSED(pdx_offload_slab(pool, &slab, NULL), "len_p is NULL");
@@ -491,6 +497,8 @@ static void test_offload_dead(void **state)
     DEAD(pdx_offload_add_owner(pool, &k), "pool");
     DEAD(pdx_offload_drop_owner(pool, &k), "pool");
     DEAD(pdx_offload_class_of(pool, &k, &cls), "pool");
+    uint64_t cursor = 0;
+    DEAD(pdx_offload_keys(pool, &cursor, &k, 1, &n), "pool");
     DEAD(pdx_offload_slab(pool, &slab, &len), "pool");
     DEAD(pdx_offload_stats(pool, &stats), "pool");
 }

@@ -558,6 +558,119 @@ static void test_reserve_commit(void **state)
     pdx_offload_destroy(pool);
 }
 
+/* ---- eviction callback, key walk ---------------------------------------- */
+
+typedef struct evict_log {
+    pdx_offload_pool_h pool;
+    uint64_t ids[16];
+    pdx_offload_class_t cls[16];
+    int n;
+    int absent; /* the key was gone from the pool when reported */
+} evict_log_t;
+
+static void on_evict(void *arg, const pdx_offload_key_t *key,
+                     pdx_offload_class_t cls)
+{
+    evict_log_t *l = arg;
+    uint64_t id;
+    pdx_offload_class_t c;
+    memcpy(&id, key->bytes, sizeof(id));
+    /* No pool lock held: pool calls work, and the block is already gone. */
+    l->absent += pdx_offload_class_of(l->pool, key, &c) == PDX_ERR_NOT_FOUND;
+    if (l->n < 16) {
+        l->ids[l->n] = id;
+        l->cls[l->n] = cls;
+    }
+    l->n++;
+}
+
+static void test_evict_callback(void **state)
+{
+    evict_log_t log = {0};
+    pdx_offload_params_t p = {
+        .field_mask = PDX_OFFLOAD_PARAM_BUDGET_BYTES |
+                      PDX_OFFLOAD_PARAM_BLOCK_BYTES | PDX_OFFLOAD_PARAM_FLAGS |
+                      PDX_OFFLOAD_PARAM_EVICT,
+        .budget_bytes = 3 * BLK, .block_bytes = BLK,
+        .flags = PDX_OFFLOAD_FLAG_ASYNC_SAVE, .evict_cb = on_evict,
+        .evict_arg = &log};
+    pdx_offload_pool_h pool = NULL;
+    pdx_offload_resv_t r;
+    uint8_t buf[BLK];
+    (void)state;
+
+    assert_int_equal(pdx_offload_create(&p, &pool), PDX_OK);
+    log.pool = pool;
+    save_id(pool, 1, PDX_OFFLOAD_RETAINED);
+    save_id(pool, 2, PDX_OFFLOAD_RECLAIMABLE);
+    save_id(pool, 3, PDX_OFFLOAD_RETAINED);
+    save_id(pool, 3, PDX_OFFLOAD_RETAINED); /* duplicate: nothing evicted */
+    assert_int_equal(log.n, 0);
+    save_id(pool, 4, PDX_OFFLOAD_RETAINED); /* evicts 2 (reclaimable) */
+    assert_int_equal(log.n, 1);
+    assert_int_equal(log.ids[0], 2);
+    assert_int_equal(log.cls[0], PDX_OFFLOAD_RECLAIMABLE);
+    /* A reservation that makes room reports too (retained 1). */
+    pdx_offload_key_t k5 = key_of(5);
+    assert_int_equal(pdx_offload_reserve(pool, &k5, PDX_OFFLOAD_RETAINED, &r),
+                     PDX_OK);
+    assert_int_equal(log.n, 2);
+    assert_int_equal(log.ids[1], 1);
+    assert_int_equal(log.cls[1], PDX_OFFLOAD_RETAINED);
+    fill_block(r.dst, BLK, 5);
+    assert_int_equal(pdx_offload_commit(pool, &r), PDX_OK);
+    /* Async saves report on the worker, before the save is complete. */
+    pdx_offload_key_t k6 = key_of(6);
+    fill_block(buf, BLK, 6);
+    assert_int_equal(pdx_offload_save_async(pool, &k6, buf,
+                                            PDX_OFFLOAD_RETAINED, 0, NULL,
+                                            NULL),
+                     PDX_OK);
+    assert_int_equal(pdx_offload_flush(pool, 5000), PDX_OK);
+    assert_int_equal(log.n, 3);
+    assert_int_equal(log.ids[2], 3);
+    assert_int_equal(log.absent, 3);
+    assert_int_equal(stats_of(pool).evictions[PDX_OFFLOAD_RETAINED] +
+                         stats_of(pool).evictions[PDX_OFFLOAD_RECLAIMABLE],
+                     3);
+
+    /* The walk reports what is present (4, 5, 6), each once, whatever the
+     * piece size. */
+    for (size_t max = 1; max <= 4; max++) {
+        pdx_offload_key_t keys[4];
+        uint64_t cursor = 0, seen = 0;
+        int calls = 0;
+        do {
+            size_t n = 99;
+            assert_int_equal(pdx_offload_keys(pool, &cursor, keys, max, &n),
+                             PDX_OK);
+            assert_true(n <= max);
+            for (size_t i = 0; i < n; i++) {
+                uint64_t id;
+                memcpy(&id, keys[i].bytes, sizeof(id));
+                assert_int_equal(keys[i].len, 16);
+                assert_true(id >= 4 && id <= 6);
+                assert_false(seen & (1ull << id));
+                seen |= 1ull << id;
+            }
+        } while (cursor != 0 && ++calls < 100);
+        assert_int_equal(seen, (1ull << 4) | (1ull << 5) | (1ull << 6));
+    }
+    uint64_t cursor = 0;
+    size_t n = 0;
+    pdx_offload_key_t one;
+    atomic_store(&g_quiet, 1);
+    assert_int_equal(pdx_offload_keys(pool, &cursor, &one, 0, &n),
+                     PDX_ERR_INVALID);
+    assert_int_equal(pdx_offload_keys(NULL, &cursor, &one, 1, &n),
+                     PDX_ERR_INVALID);
+    assert_int_equal(pdx_offload_keys(pool, &cursor, NULL, 1, &n),
+                     PDX_ERR_INVALID);
+    atomic_store(&g_quiet, 0);
+    pdx_offload_destroy(pool); /* dropped blocks are not reported */
+    assert_int_equal(log.n, 3);
+}
+
 /* ---- owner hints ------------------------------------------------------- */
 
 static void test_owner_demotion(void **state)
@@ -1057,6 +1170,7 @@ int main(void)
         cmocka_unit_test(test_longest_prefix),
         cmocka_unit_test(test_leases_block_eviction),
         cmocka_unit_test(test_reserve_commit),
+        cmocka_unit_test(test_evict_callback),
         cmocka_unit_test(test_owner_demotion),
         cmocka_unit_test(test_pure_l2_restore),
         cmocka_unit_test(test_async_save_flush),

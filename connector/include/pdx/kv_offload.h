@@ -53,9 +53,9 @@
  * the owner hints and pdx_offload_class_of, PDX_ERR_BUSY from
  * pdx_offload_save_async (counted in dropped_saves) and PDX_ERR_TIMEOUT
  * from pdx_offload_flush with timeout 0; for those pdx_last_error() reads
- * "<function>: <status string>". Callbacks (copy and save callbacks) run
- * outside the calling function's error capture: pdx calls they make record
- * their own errors. */
+ * "<function>: <status string>". Callbacks (copy, save and eviction
+ * callbacks) run outside the calling function's error capture: pdx calls
+ * they make record their own errors. */
 #ifndef PDX_KV_OFFLOAD_H
 #define PDX_KV_OFFLOAD_H
 
@@ -116,6 +116,20 @@ enum {
 typedef void (*pdx_offload_copy_cb_t)(void *arg, void *dst, const void *src,
                                       size_t len);
 
+/* A block left the pool to make room for a save or a reservation (LRU
+ * eviction); `cls` is the class it had. Runs once per evicted block, on the
+ * thread that made room (the save worker for async saves, else the caller
+ * of pdx_offload_save, save_async or reserve), after the pool lock is
+ * released and before that call returns (for an async save, before its
+ * save callback). Blocks dropped by pdx_offload_destroy are not reported.
+ * Keep it short (the save waits for it): e.g. queue the key for another
+ * thread. It may call pool functions that do not wait on the save queue
+ * (not pdx_offload_flush(), pdx_offload_destroy(), nor save_async with
+ * PDX_OFFLOAD_SAVE_WAIT); `key` is valid during the call only. Lets an
+ * owner registry forget blocks this pool no longer has. */
+typedef void (*pdx_offload_evict_cb_t)(void *arg, const pdx_offload_key_t *key,
+                                       pdx_offload_class_t cls);
+
 /* pdx_offload_params_t.field_mask bits. */
 enum {
     PDX_OFFLOAD_PARAM_BUDGET_BYTES = 1u << 0,    /* required */
@@ -125,6 +139,7 @@ enum {
     PDX_OFFLOAD_PARAM_QUEUE_DEPTH = 1u << 4,     /* default 256 */
     PDX_OFFLOAD_PARAM_DEMOTE_OWNERS = 1u << 5,   /* default 3 */
     PDX_OFFLOAD_PARAM_COPY = 1u << 6,            /* default memcpy */
+    PDX_OFFLOAD_PARAM_EVICT = 1u << 7,           /* default: none */
 };
 
 typedef struct pdx_offload_params {
@@ -146,6 +161,9 @@ typedef struct pdx_offload_params {
     /* Copy function and its argument (PDX_OFFLOAD_PARAM_COPY). */
     pdx_offload_copy_cb_t copy_cb;
     void *copy_arg;
+    /* Eviction callback and its argument (PDX_OFFLOAD_PARAM_EVICT). */
+    pdx_offload_evict_cb_t evict_cb;
+    void *evict_arg;
 } pdx_offload_params_t;
 
 /* Counters; a snapshot taken under the pool lock. Append-only. */
@@ -337,6 +355,21 @@ PDX_API pdx_status_t pdx_offload_drop_owner(pdx_offload_pool_h pool,
 PDX_API pdx_status_t pdx_offload_class_of(pdx_offload_pool_h pool,
                                           const pdx_offload_key_t *key,
                                           pdx_offload_class_t *cls_p);
+
+/* Walk the keys of the blocks present (committed), in pieces, like a
+ * SCAN: start with *cursor_p = 0; each call writes up to `max` keys to
+ * keys[] and their number to *n_p, and sets *cursor_p to where the next
+ * call goes on, or to 0 when the walk is over. A call looks at a bounded
+ * number of slots (the pool lock is held for one piece only), so it may
+ * return fewer than `max` keys, even none, before the end. Blocks saved or
+ * evicted during a walk may or may not be reported; a block present from
+ * its start to its end is reported exactly once. No LRU refresh, no hit
+ * counted. PDX_ERR_INVALID for max 0. Lets an owner registry register
+ * every block again (e.g. after its lease was lost). */
+PDX_API pdx_status_t pdx_offload_keys(pdx_offload_pool_h pool,
+                                      uint64_t *cursor_p,
+                                      pdx_offload_key_t *keys, size_t max,
+                                      size_t *n_p);
 
 /* The slab, for registering it with a transport or cudaHostRegister. */
 PDX_API pdx_status_t pdx_offload_slab(pdx_offload_pool_h pool, void **addr_p,
