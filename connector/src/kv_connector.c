@@ -239,6 +239,16 @@ static pdx_status_t set_invariants(pdx_kv_connector_h c)
     return PDX_OK;
 }
 
+/* Pool eviction (save worker, no lock held): the owner registry forgets
+ * the block, batched on its own thread. */
+static void on_pool_evict(void *arg, const pdx_offload_key_t *key,
+                          pdx_offload_class_t cls)
+{
+    pdx_kv_connector_h c = arg;
+    (void)cls;
+    kv_store_evicted(c->store, key);
+}
+
 static pdx_status_t setup_children(pdx_kv_connector_h c)
 {
     for (uint32_t i = 0; i < c->cfg.nchildren; i++) {
@@ -266,8 +276,11 @@ static pdx_status_t setup_children(pdx_kv_connector_h c)
                                ? c->offload->ranks_per_host : 1,
         .block_bytes = c->block_bytes};
     if (c->cfg.has_store) { /* owner counts from the registry */
-        op.field_mask |= PDX_OFFLOAD_PARAM_DEMOTE_OWNERS;
+        op.field_mask |= PDX_OFFLOAD_PARAM_DEMOTE_OWNERS |
+                         PDX_OFFLOAD_PARAM_EVICT;
         op.demote_owners = c->cfg.store_demote_owners;
+        op.evict_cb = on_pool_evict;
+        op.evict_arg = c;
     }
     pdx_status_t st = pdx_offload_create(&op, &c->pool);
     if (st != PDX_OK) {

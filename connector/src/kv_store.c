@@ -1,7 +1,8 @@
 /* The connector's use of the agent's store: publication, discovery of the
  * agents handoff parameters name, the block-owner registry of the offload
- * pool (batched registrations, demotion of replicas with enough owners),
- * and cross-node offload hits.
+ * pool (batched registrations of saves and unregistrations of evictions,
+ * demotion of replicas with enough owners, the whole pool registered again
+ * when the store grants a new lease), and cross-node offload hits.
  *
  * A cross-node hit, between a reader R whose pool misses and an owner O:
  *   R lookup -> PDX_INPROGRESS; R's registry thread asks the store for the
@@ -38,6 +39,8 @@
 #define REG_BATCH 4096      /* blocks in one registration call */
 #define REG_QUEUE_MAX 65536 /* registrations waiting; older ones dropped */
 #define REG_COALESCE_NS 2000000ull
+#define REG_RETRY_NS 1000000000ull  /* after the store was unreachable */
+#define LEASE_CHECK_NS 100000000ull /* how often a new lease is looked for */
 #define SERVE_LEASE_NS 30000000000ull /* a served prefix without hb/done */
 #define FAILED_KEEP_NS 5000000000ull  /* no second query meanwhile */
 
@@ -89,11 +92,23 @@ struct kv_store {
     pdx_offload_key_t *regq;
     size_t nregq;
     uint64_t last_push_ns, reg_retry_ns;
+    bool reg_dropped; /* regq overflowed: some saves never registered */
+    /* Evicted blocks to unregister (kv_store_evicted), batched likewise. */
+    pdx_offload_key_t *delq;
+    size_t ndelq;
+    uint64_t last_del_ns, del_retry_ns;
+    /* A new lease (the old one expired, and its entries with it): the
+     * whole pool is registered again, REG_BATCH blocks at a time. */
+    uint64_t leases_seen, lease_check_ns;
+    bool resync;
+    uint64_t resync_cursor, resync_retry_ns, resync_blocks;
+    uint32_t resync_gen; /* bumped at each start */
     xfetch_t *fetches;
     xserve_t *serves;
     uint32_t rid_base;
     uint64_t rid_seq;
     uint64_t last_dead_check_ns;
+    pdx_offload_key_t *batch; /* REG_BATCH keys: the registry thread's */
     pdx_kv_store_stats_t stats;
 };
 
@@ -182,8 +197,35 @@ static void hex_free(char **hex, size_t n)
     free(hex);
 }
 
-static void do_register(kv_store_t *s, pdx_offload_key_t *keys, size_t n)
+/* Moves the keys of keys[0..n) that the pool holds (present) or does not
+ * hold (!present) to the front; returns their number. Checked when a batch
+ * goes out, on the registry thread that sends every batch: whatever order
+ * saves and evictions of one block were queued in, the last batch sent for
+ * it matches whether the pool has it (an eviction after the check queues
+ * an unregistration, a save after it a registration, both sent later). */
+static size_t keep_if(kv_store_t *s, pdx_offload_key_t *keys, size_t n,
+                      bool present)
 {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        pdx_offload_class_t cls;
+        bool in = pdx_offload_class_of(s->pool, &keys[i], &cls) == PDX_OK;
+        if (in == present) {
+            keys[k++] = keys[i];
+        }
+    }
+    return k;
+}
+
+/* Register this agent as an owner of the n blocks (one call, transactions
+ * of max_txn_ops), demoting replicas with enough owners. `again`: a walk
+ * after a new lease. Registry thread. */
+static pdx_status_t do_register(kv_store_t *s, pdx_offload_key_t *keys,
+                                size_t n, bool again)
+{
+    if (n == 0) {
+        return PDX_OK;
+    }
     char **hex = hex_list(keys, n);
     uint32_t *counts = calloc(n, sizeof(*counts));
     pdx_status_t st = PDX_ERR_NOMEM;
@@ -218,23 +260,159 @@ static void do_register(kv_store_t *s, pdx_offload_key_t *keys, size_t n)
         s->stats.registrations++;
         s->stats.registered_blocks += n;
         s->stats.demoted += demoted;
+        if (again) {
+            s->stats.reregistered_blocks += n;
+            s->resync_blocks += n;
+        }
     } else {
         s->stats.registration_failures++;
-        if (st == PDX_ERR_UNAVAILABLE) {
-            /* Store down (or no lease yet): keep them for later. */
-            size_t room = REG_QUEUE_MAX - s->nregq;
-            size_t keep = n < room ? n : room;
-            memmove(s->regq + keep, s->regq, s->nregq * sizeof(*s->regq));
-            memcpy(s->regq, keys, keep * sizeof(*keys));
-            s->nregq += keep;
-            s->reg_retry_ns = now_ns() + 1000000000ull;
-        }
     }
     pthread_mutex_unlock(&s->lock);
     if (st != PDX_OK && st != PDX_ERR_UNAVAILABLE) {
         pdx_warn("kv: registering %zu block owners failed: %s", n,
                  pdx_status_string(st));
     }
+    return st;
+}
+
+/* A batch of saves from regq. */
+static void register_saved(kv_store_t *s, pdx_offload_key_t *keys, size_t n)
+{
+    n = keep_if(s, keys, n, true); /* evicted meanwhile: nothing to own */
+    pdx_status_t st = do_register(s, keys, n, false);
+    if (st != PDX_ERR_UNAVAILABLE) {
+        return;
+    }
+    /* Store down (or no lease yet): keep them for later. */
+    pthread_mutex_lock(&s->lock);
+    size_t room = REG_QUEUE_MAX - s->nregq;
+    size_t keep = n < room ? n : room;
+    if (keep < n) {
+        s->reg_dropped = true;
+    }
+    memmove(s->regq + keep, s->regq, s->nregq * sizeof(*s->regq));
+    memcpy(s->regq, keys, keep * sizeof(*keys));
+    s->nregq += keep;
+    s->reg_retry_ns = now_ns() + REG_RETRY_NS;
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Remove this agent as the owner of the evicted blocks of keys[0..n) that
+ * the pool does not hold again. Registry thread. */
+static void unregister_evicted(kv_store_t *s, pdx_offload_key_t *keys, size_t n)
+{
+    n = keep_if(s, keys, n, false); /* saved again meanwhile: still owned */
+    if (n == 0) {
+        return;
+    }
+    char **hex = hex_list(keys, n);
+    pdx_status_t st = PDX_ERR_NOMEM;
+    if (hex != NULL) {
+        st = pdx_store_owners_del(s->agent, (const char *const *)hex, n);
+    }
+    hex_free(hex, n);
+    pthread_mutex_lock(&s->lock);
+    if (st == PDX_OK) {
+        s->stats.unregistrations++;
+        s->stats.unregistered_blocks += n;
+    } else {
+        s->stats.registration_failures++;
+        if (st == PDX_ERR_UNAVAILABLE) {
+            /* Entries of a lease that expires meanwhile go with it; those
+             * of a lease that lives on must still go: retry. */
+            size_t room = REG_QUEUE_MAX - s->ndelq;
+            size_t keep = n < room ? n : room;
+            memmove(s->delq + keep, s->delq, s->ndelq * sizeof(*s->delq));
+            memcpy(s->delq, keys, keep * sizeof(*keys));
+            s->ndelq += keep;
+            s->del_retry_ns = now_ns() + REG_RETRY_NS;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (st != PDX_OK && st != PDX_ERR_UNAVAILABLE) {
+        pdx_warn("kv: unregistering %zu evicted blocks failed: %s", n,
+                 pdx_status_string(st));
+    }
+}
+
+/* Registry thread, without the lock: has the store granted a new lease
+ * since the last look? Then the entries of the old one are gone: start
+ * walking the pool to register every block again. The first lease starts
+ * a walk only when saves made before it were dropped from the queue. */
+static void check_lease(kv_store_t *s, uint64_t now)
+{
+    pdx_store_status_t st;
+    if (pdx_store_status(s->agent, &st) != PDX_OK) {
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    s->lease_check_ns = now + LEASE_CHECK_NS;
+    bool start = st.leases_granted > s->leases_seen &&
+                 (s->leases_seen > 0 || s->reg_dropped);
+    s->leases_seen = st.leases_granted;
+    if (start) {
+        /* Queued saves the pool still holds are in the walk. */
+        s->nregq = 0;
+        s->reg_dropped = false;
+        s->resync = true;
+        s->resync_cursor = 0;
+        s->resync_retry_ns = 0;
+        s->resync_blocks = 0;
+        s->resync_gen++;
+        s->stats.lease_resyncs++;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (start) {
+        pdx_offload_stats_t os = {0};
+        pdx_offload_stats(s->pool, &os);
+        pdx_info("kv: agent %s: store lease %llx is new (%llu granted): "
+                 "registering the %llu blocks of the pool again",
+                 pdx_agent_name(s->agent), (unsigned long long)st.lease,
+                 (unsigned long long)st.leases_granted,
+                 (unsigned long long)(os.blocks[PDX_OFFLOAD_RETAINED] +
+                                      os.blocks[PDX_OFFLOAD_RECLAIMABLE]));
+    }
+}
+
+/* Registry thread, without the lock: the next REG_BATCH blocks of the
+ * walk. */
+static void resync_step(kv_store_t *s, pdx_offload_key_t *keys)
+{
+    pthread_mutex_lock(&s->lock);
+    uint64_t cur = s->resync_cursor;
+    uint32_t gen = s->resync_gen;
+    pthread_mutex_unlock(&s->lock);
+    size_t n = 0;
+    /* Each call looks at a bounded number of slots; the pool has at most
+     * 2^30 of them. */
+    for (int guard = 0; guard < (1 << 17) && n < REG_BATCH; guard++) {
+        size_t got = 0;
+        if (pdx_offload_keys(s->pool, &cur, keys + n, REG_BATCH - n, &got) !=
+            PDX_OK) {
+            cur = 0;
+            break;
+        }
+        n += got;
+        if (cur == 0) {
+            break;
+        }
+    }
+    n = keep_if(s, keys, n, true);
+    pdx_status_t st = do_register(s, keys, n, true);
+    pthread_mutex_lock(&s->lock);
+    if (s->resync_gen != gen) {
+        /* Restarted meanwhile (yet another lease): nothing to move. */
+    } else if (st == PDX_ERR_UNAVAILABLE) {
+        s->resync_retry_ns = now_ns() + REG_RETRY_NS;
+    } else if (cur == 0) {
+        s->resync = false;
+        pdx_info("kv: agent %s: %llu blocks registered again under the new "
+                 "lease", pdx_agent_name(s->agent),
+                 (unsigned long long)s->resync_blocks);
+    } else {
+        s->resync_cursor = cur;
+    }
+    pthread_mutex_unlock(&s->lock);
 }
 
 static bool send_fetch(kv_store_t *s, const char *owner, const char *rid,
@@ -364,26 +542,46 @@ static void *reg_main(void *arg)
             }
             continue;
         }
+        if (s->registry && now >= s->lease_check_ns) {
+            pthread_mutex_unlock(&s->lock);
+            check_lease(s, now);
+            pthread_mutex_lock(&s->lock);
+            continue;
+        }
         if (s->nregq > 0 && now >= s->reg_retry_ns &&
             (now - s->last_push_ns >= REG_COALESCE_NS ||
              s->nregq >= REG_BATCH)) {
             size_t n = s->nregq < REG_BATCH ? s->nregq : REG_BATCH;
-            pdx_offload_key_t *keys = malloc(n * sizeof(*keys));
-            if (keys != NULL) {
-                memcpy(keys, s->regq, n * sizeof(*keys));
-                memmove(s->regq, s->regq + n,
-                        (s->nregq - n) * sizeof(*s->regq));
-                s->nregq -= n;
-                pthread_mutex_unlock(&s->lock);
-                do_register(s, keys, n);
-                free(keys);
-                pthread_mutex_lock(&s->lock);
-                continue;
-            }
+            memcpy(s->batch, s->regq, n * sizeof(*s->batch));
+            memmove(s->regq, s->regq + n, (s->nregq - n) * sizeof(*s->regq));
+            s->nregq -= n;
+            pthread_mutex_unlock(&s->lock);
+            register_saved(s, s->batch, n);
+            pthread_mutex_lock(&s->lock);
+            continue;
         }
+        if (s->ndelq > 0 && now >= s->del_retry_ns &&
+            (now - s->last_del_ns >= REG_COALESCE_NS ||
+             s->ndelq >= REG_BATCH)) {
+            size_t n = s->ndelq < REG_BATCH ? s->ndelq : REG_BATCH;
+            memcpy(s->batch, s->delq, n * sizeof(*s->batch));
+            memmove(s->delq, s->delq + n, (s->ndelq - n) * sizeof(*s->delq));
+            s->ndelq -= n;
+            pthread_mutex_unlock(&s->lock);
+            unregister_evicted(s, s->batch, n);
+            pthread_mutex_lock(&s->lock);
+            continue;
+        }
+        if (s->resync && now >= s->resync_retry_ns) {
+            pthread_mutex_unlock(&s->lock);
+            resync_step(s, s->batch);
+            pthread_mutex_lock(&s->lock);
+            continue;
+        }
+        bool pending = s->nregq > 0 || s->ndelq > 0 || s->resync;
         struct timespec dl;
         clock_gettime(CLOCK_REALTIME, &dl);
-        dl.tv_nsec += s->nregq > 0 ? 2000000L : 100000000L;
+        dl.tv_nsec += pending ? 2000000L : 100000000L;
         if (dl.tv_nsec >= 1000000000L) {
             dl.tv_sec++;
             dl.tv_nsec -= 1000000000L;
@@ -422,7 +620,9 @@ pdx_status_t kv_store_start(const pdx_kv_config_t *cfg, pdx_agent_h agent,
     pthread_cond_init(&s->cv, NULL);
     if (s->registry) {
         s->regq = malloc(REG_QUEUE_MAX * sizeof(*s->regq));
-        if (s->regq == NULL) {
+        s->delq = malloc(REG_QUEUE_MAX * sizeof(*s->delq));
+        s->batch = malloc(REG_BATCH * sizeof(*s->batch));
+        if (s->regq == NULL || s->delq == NULL || s->batch == NULL) {
             kv_store_stop(s);
             return PDX_ERR_NOMEM;
         }
@@ -472,6 +672,8 @@ void kv_store_stop(kv_store_t *s)
         free(v);
     }
     free(s->regq);
+    free(s->delq);
+    free(s->batch);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->lock);
     free(s);
@@ -484,15 +686,37 @@ void kv_store_saved(kv_store_t *s, const pdx_offload_key_t *key)
     }
     pthread_mutex_lock(&s->lock);
     if (s->nregq == REG_QUEUE_MAX) {
-        /* The store has been down long: the oldest registrations go. */
+        /* The store has been down long: the oldest registrations go (the
+         * next lease's walk registers what the pool still holds). */
         memmove(s->regq, s->regq + 1, (s->nregq - 1) * sizeof(*s->regq));
         s->nregq--;
         s->stats.registration_failures++;
+        s->reg_dropped = true;
     }
     s->regq[s->nregq++] = *key;
     s->last_push_ns = now_ns();
     if (s->nregq == 1 || s->nregq >= REG_BATCH) {
         pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+void kv_store_evicted(kv_store_t *s, const pdx_offload_key_t *key)
+{
+    if (s == NULL || !s->registry) {
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    if (s->ndelq == REG_QUEUE_MAX) {
+        /* The store has been down long: this entry stays until the lease
+         * ends (the newest is dropped: O(1) on the save path). */
+        s->stats.registration_failures++;
+    } else {
+        s->delq[s->ndelq++] = *key;
+        s->last_del_ns = now_ns();
+        if (s->ndelq == 1 || s->ndelq >= REG_BATCH) {
+            pthread_cond_broadcast(&s->cv);
+        }
     }
     pthread_mutex_unlock(&s->lock);
 }
@@ -947,5 +1171,6 @@ void kv_store_stats(kv_store_t *s, pdx_kv_store_stats_t *out)
     pthread_mutex_lock(&s->lock);
     *out = s->stats;
     out->pending_registrations = s->nregq;
+    out->pending_unregistrations = s->ndelq;
     pthread_mutex_unlock(&s->lock);
 }

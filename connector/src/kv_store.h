@@ -31,6 +31,10 @@ void kv_store_stop(kv_store_t *s);
 /* A block was stored in the pool (save worker, no connector lock): its
  * owner registration is queued (one transaction per batch). */
 void kv_store_saved(kv_store_t *s, const pdx_offload_key_t *key);
+/* The pool evicted a block (save worker, no lock held: the pool's eviction
+ * callback): its owner entry is queued for removal, batched like the
+ * registrations. Never blocks on the store. */
+void kv_store_evicted(kv_store_t *s, const pdx_offload_key_t *key);
 
 /* The agent named by handoff parameters, loaded through the store when it
  * is not loaded yet (bounded by fetch_timeout_ms). Without the connector

@@ -9,6 +9,7 @@
 #include <pdx/agent.h>
 #include <pdx/backend.h>
 #include <pdx/notif.h>
+#include <pdx/store.h>
 #include <pdx/xfer.h>
 
 #include "blob.h"
@@ -279,5 +280,26 @@ pdx_status_t pdx_loader_open_store(const char *name,
 pdx_status_t pdx_store_agent_init(pdx_agent_h agent,
                                   const pdx_agent_params_t *params);
 void pdx_store_agent_fini(pdx_agent_h agent);
+
+/* What pdx_stats_json shows of the agent's store. */
+typedef struct pdx_store_snapshot {
+    char module[32];
+    char endpoints[512];
+    char ns[128];
+    pdx_store_status_t status;
+    bool publishing;               /* pdx_agent_publish was called */
+    bool published;                /* a generation was handed to the store */
+    uint32_t published_generation;
+    uint32_t agents_known;         /* blobs in the local cache */
+    uint64_t reloads, deaths;      /* peers reloaded / failed by the watch */
+    /* pdx_store_owners_* calls, the blocks of those that succeeded, and
+     * the failed calls. */
+    uint64_t owners_add_calls, owners_add_blocks, owners_add_failures;
+    uint64_t owners_del_calls, owners_del_blocks, owners_del_failures;
+    uint64_t owners_get_calls, owners_get_blocks, owners_get_failures;
+} pdx_store_snapshot_t;
+/* false without a store. With the agent lock held (the store is attached
+ * and detached under it). Non-blocking. */
+bool pdx_store_agent_snapshot(pdx_agent_h agent, pdx_store_snapshot_t *out);
 
 #endif

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "agent_int.h"
@@ -94,8 +95,89 @@ static void json_stats(FILE *f, const pdx_stats_t *s)
             (unsigned long long)s->notifs_recv);
 }
 
+/* The agent's store (store.c's snapshot) as the "store" member. */
+static void json_store(FILE *f, const pdx_store_snapshot_t *sn)
+{
+    const pdx_store_status_t *s = &sn->status;
+    char since[32] = "";
+    if (!s->reachable && s->unreachable_since_ns != 0) {
+        time_t t = (time_t)(s->unreachable_since_ns / 1000000000ull);
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        strftime(since, sizeof(since), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    }
+    char state[512];
+    if (s->reachable) {
+        snprintf(state, sizeof(state), "reachable");
+    } else {
+        snprintf(state, sizeof(state), "unreachable since %s (%.1f s): %s",
+                 since[0] ? since : "start",
+                 (double)s->unreachable_ms / 1000.0,
+                 s->last_error[0] ? s->last_error : "no answer yet");
+    }
+    char lease[24];
+    snprintf(lease, sizeof(lease), "%llx", (unsigned long long)s->lease);
+    fputs(", \"store\": {\"module\": ", f);
+    json_str(f, sn->module);
+    fputs(", \"endpoints\": ", f);
+    json_str(f, sn->endpoints);
+    fputs(", \"endpoint\": ", f);
+    json_str(f, s->endpoint);
+    fputs(", \"namespace\": ", f);
+    json_str(f, sn->ns);
+    fputs(", \"state\": ", f);
+    json_str(f, state);
+    fprintf(f, ", \"reachable\": %s, \"unreachable_since\": ",
+            s->reachable ? "true" : "false");
+    if (since[0]) {
+        json_str(f, since);
+    } else {
+        fputs("null", f);
+    }
+    fprintf(f, ", \"unreachable_ms\": %llu, \"last_error\": ",
+            (unsigned long long)s->unreachable_ms);
+    json_str(f, s->last_error);
+    /* The lease id in hex, as the logs and pdx_store_describe write it. */
+    fputs(", \"lease\": ", f);
+    json_str(f, lease);
+    fprintf(f,
+            ", \"lease_ttl_s\": %u, \"leases_granted\": %llu, "
+            "\"revision\": %lld, \"requests\": %llu, \"failures\": %llu, "
+            "\"leased_keys\": %u, \"unpublished\": %u, \"watches\": %u, "
+            "\"watches_down\": %u, \"publishing\": %s, "
+            "\"published_generation\": ",
+            s->lease_ttl_s, (unsigned long long)s->leases_granted,
+            (long long)s->revision, (unsigned long long)s->requests,
+            (unsigned long long)s->failures, s->leased_keys, s->unpublished,
+            s->watches, s->watches_down, sn->publishing ? "true" : "false");
+    if (sn->published) {
+        fprintf(f, "%u", sn->published_generation);
+    } else {
+        fputs("null", f);
+    }
+    fprintf(f,
+            ", \"agents_known\": %u, \"peer_reloads\": %llu, "
+            "\"peer_deaths\": %llu, \"registry\": {\"add_calls\": %llu, "
+            "\"added_blocks\": %llu, \"add_failures\": %llu, "
+            "\"del_calls\": %llu, \"deleted_blocks\": %llu, "
+            "\"del_failures\": %llu, \"get_calls\": %llu, "
+            "\"looked_up_blocks\": %llu, \"get_failures\": %llu}}",
+            sn->agents_known, (unsigned long long)sn->reloads,
+            (unsigned long long)sn->deaths,
+            (unsigned long long)sn->owners_add_calls,
+            (unsigned long long)sn->owners_add_blocks,
+            (unsigned long long)sn->owners_add_failures,
+            (unsigned long long)sn->owners_del_calls,
+            (unsigned long long)sn->owners_del_blocks,
+            (unsigned long long)sn->owners_del_failures,
+            (unsigned long long)sn->owners_get_calls,
+            (unsigned long long)sn->owners_get_blocks,
+            (unsigned long long)sn->owners_get_failures);
+}
+
 pdx_status_t pdxi_stats_json(pdx_agent_h agent, char **json_p)
 {
+    pdx_store_snapshot_t store;
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
@@ -168,7 +250,11 @@ pdx_status_t pdxi_stats_json(pdx_agent_h agent, char **json_p)
         json_stats(f, &e->s);
         fputc('}', f);
     }
-    fputs("]}\n", f);
+    fputc(']', f);
+    if (pdx_store_agent_snapshot(agent, &store)) {
+        json_store(f, &store);
+    }
+    fputs("}\n", f);
     pthread_mutex_unlock(&agent->lock);
     if (fclose(f) != 0 || text == NULL) {
         free(text);

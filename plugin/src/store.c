@@ -68,6 +68,10 @@ struct pdx_store_agent {
     uint32_t ncache;
     uint64_t reloads, deaths;
     bool warned_name_clash;
+    /* Owner registry calls through this agent (pdx_store_owners_*). */
+    uint64_t own_add_calls, own_add_blocks, own_add_failures;
+    uint64_t own_del_calls, own_del_blocks, own_del_failures;
+    uint64_t own_get_calls, own_get_blocks, own_get_failures;
 
     pthread_t thread;
     bool thread_running;
@@ -453,7 +457,9 @@ pdx_status_t pdx_store_agent_init(pdx_agent_h a,
         goto err_store;
     }
     g->thread_running = true;
+    pthread_mutex_lock(&a->lock); /* pdx_stats_json reads it under it */
     a->store = g;
+    pthread_mutex_unlock(&a->lock);
     pdx_info("agent %s: store %s at %s, namespace %s (lease TTL %u ms)",
              a->name, module, g->endpoints, g->ns, sp.lease_ttl_ms);
     return PDX_OK;
@@ -467,7 +473,10 @@ err:
 
 void pdx_store_agent_fini(pdx_agent_h a)
 {
+    pthread_mutex_lock(&a->lock);
     struct pdx_store_agent *g = a->store;
+    a->store = NULL; /* pdx_stats_json no longer looks at it */
+    pthread_mutex_unlock(&a->lock);
     if (g == NULL) {
         return;
     }
@@ -482,8 +491,54 @@ void pdx_store_agent_fini(pdx_agent_h a)
      * lease: peers see this agent gone at once. */
     g->ops->destroy(g->st);
     dlclose_backend(g->dl);
-    a->store = NULL;
     glue_free(g);
+}
+
+bool pdx_store_agent_snapshot(pdx_agent_h a, pdx_store_snapshot_t *out)
+{
+    struct pdx_store_agent *g = a->store;
+    if (g == NULL) {
+        return false;
+    }
+    memset(out, 0, sizeof(*out));
+    /* Lock order agent -> glue -> module, as the glue thread takes them. */
+    g->ops->status(g->st, &out->status);
+    snprintf(out->module, sizeof(out->module), "%s", g->module);
+    snprintf(out->endpoints, sizeof(out->endpoints), "%s", g->endpoints);
+    snprintf(out->ns, sizeof(out->ns), "%s", g->ns);
+    pthread_mutex_lock(&g->lock);
+    out->publishing = g->publish;
+    out->published = g->publish && g->published_any;
+    out->published_generation = g->published_gen;
+    out->agents_known = g->ncache;
+    out->reloads = g->reloads;
+    out->deaths = g->deaths;
+    out->owners_add_calls = g->own_add_calls;
+    out->owners_add_blocks = g->own_add_blocks;
+    out->owners_add_failures = g->own_add_failures;
+    out->owners_del_calls = g->own_del_calls;
+    out->owners_del_blocks = g->own_del_blocks;
+    out->owners_del_failures = g->own_del_failures;
+    out->owners_get_calls = g->own_get_calls;
+    out->owners_get_blocks = g->own_get_blocks;
+    out->owners_get_failures = g->own_get_failures;
+    pthread_mutex_unlock(&g->lock);
+    return true;
+}
+
+/* Count one owner call of n blocks. */
+static void count_owner_call(struct pdx_store_agent *g, uint64_t *calls,
+                             uint64_t *blocks, uint64_t *failures, size_t n,
+                             pdx_status_t st)
+{
+    pthread_mutex_lock(&g->lock);
+    (*calls)++;
+    if (st == PDX_OK) {
+        *blocks += n;
+    } else {
+        (*failures)++;
+    }
+    pthread_mutex_unlock(&g->lock);
 }
 
 /* ---- public API (pdx/store.h) ---- */
@@ -713,8 +768,11 @@ pdx_status_t pdx_store_owners_add(pdx_agent_h agent, const char *const *blocks,
         return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
     }
     struct pdx_store_agent *g = agent->store;
-    return pdx_call_leave(__func__, g->ops->owners_add(g->st, agent->name,
-                                                       blocks, n, counts));
+    pdx_status_t st = g->ops->owners_add(g->st, agent->name, blocks, n,
+                                         counts);
+    count_owner_call(g, &g->own_add_calls, &g->own_add_blocks,
+                     &g->own_add_failures, n, st);
+    return pdx_call_leave(__func__, st);
 }
 
 pdx_status_t pdx_store_owners_del(pdx_agent_h agent, const char *const *blocks,
@@ -728,8 +786,10 @@ pdx_status_t pdx_store_owners_del(pdx_agent_h agent, const char *const *blocks,
         return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
     }
     struct pdx_store_agent *g = agent->store;
-    return pdx_call_leave(__func__, g->ops->owners_del(g->st, agent->name,
-                                                       blocks, n));
+    pdx_status_t st = g->ops->owners_del(g->st, agent->name, blocks, n);
+    count_owner_call(g, &g->own_del_calls, &g->own_del_blocks,
+                     &g->own_del_failures, n, st);
+    return pdx_call_leave(__func__, st);
 }
 
 pdx_status_t pdx_store_owners_get(pdx_agent_h agent, const char *const *blocks,
@@ -743,8 +803,10 @@ pdx_status_t pdx_store_owners_get(pdx_agent_h agent, const char *const *blocks,
         return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
     }
     struct pdx_store_agent *g = agent->store;
-    return pdx_call_leave(__func__,
-                          g->ops->owners_get(g->st, blocks, n, cb, arg));
+    pdx_status_t st = g->ops->owners_get(g->st, blocks, n, cb, arg);
+    count_owner_call(g, &g->own_get_calls, &g->own_get_blocks,
+                     &g->own_get_failures, n, st);
+    return pdx_call_leave(__func__, st);
 }
 
 typedef struct longest_acc {
@@ -794,6 +856,8 @@ pdx_status_t pdx_store_owners_longest(pdx_agent_h agent,
         }
         longest_acc_t acc = {agent->name, ns, first};
         st = g->ops->owners_get(g->st, sample, ns, on_sample_owner, &acc);
+        count_owner_call(g, &g->own_get_calls, &g->own_get_blocks,
+                         &g->own_get_failures, ns, st);
         if (st != PDX_OK) {
             break;
         }

@@ -93,6 +93,51 @@ static int health_ok(const etcd_proc_t *e)
     return ok;
 }
 
+int etcd_post(const etcd_proc_t *e, const char *path, const char *body,
+              char *out, size_t out_len)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return -1;
+    }
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)e->client_port)};
+    inet_pton(AF_INET, e->ip, &a.sin_addr);
+    struct timeval tv = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    int rc = -1;
+    char req[2048];
+    int n = snprintf(req, sizeof(req),
+                     "POST %s HTTP/1.0\r\nHost: %s\r\nContent-Type: "
+                     "application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                     path, e->ip, strlen(body), body);
+    if (n > 0 && (size_t)n < sizeof(req) &&
+        connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+        write(fd, req, (size_t)n) == n) {
+        char buf[4096];
+        size_t got = 0;
+        for (int i = 0; i < 64 && got < sizeof(buf) - 1; i++) {
+            ssize_t r = read(fd, buf + got, sizeof(buf) - 1 - got);
+            if (r <= 0) {
+                break; /* HTTP/1.0: the server closes at the end */
+            }
+            got += (size_t)r;
+        }
+        buf[got] = '\0';
+        const char *sp = strchr(buf, ' ');
+        const char *bodyp = strstr(buf, "\r\n\r\n");
+        if (sp != NULL && strncmp(sp + 1, "200", 3) == 0) {
+            rc = 0;
+        }
+        if (out != NULL && out_len > 0) {
+            snprintf(out, out_len, "%s", bodyp ? bodyp + 4 : buf);
+        }
+    }
+    close(fd);
+    return rc;
+}
+
 int etcd_wait_ready(const etcd_proc_t *e, int timeout_ms)
 {
     uint64_t end = mono_ms() + (uint64_t)timeout_ms;

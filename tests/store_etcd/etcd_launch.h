@@ -32,5 +32,10 @@ void etcd_kill(etcd_proc_t *e, int sig);
 void etcd_cleanup(etcd_proc_t *e);
 /* Wait until it answers on its client URL; 0 when it does. */
 int etcd_wait_ready(const etcd_proc_t *e, int timeout_ms);
+/* POST a JSON `body` to the v3 gateway `path` (e.g. "/v3/lease/revoke")
+ * over a plain socket (1 s timeouts); the response body into `out`. 0 on
+ * HTTP 200, else -1. For tests that act on etcd behind a client's back. */
+int etcd_post(const etcd_proc_t *e, const char *path, const char *body,
+              char *out, size_t out_len);
 
 #endif

@@ -268,7 +268,16 @@ typedef struct pdx_kv_store_stats {
     uint64_t remote_hit_blocks; /* blocks of those hits */
     uint64_t remote_served;     /* prefixes this pool pinned for others */
     uint64_t peers_gone; /* handoffs freed because their reader died */
-    uint64_t reserved[5];
+    /* Evicted blocks whose owner entry was removed, the calls (batches)
+     * that removed them, and the blocks waiting for it. */
+    uint64_t unregistered_blocks;
+    uint64_t unregistrations;
+    uint64_t pending_unregistrations;
+    /* Walks registering the whole pool again after the store granted a
+     * new lease (the old one expired with its entries), and the blocks
+     * they registered. */
+    uint64_t lease_resyncs;
+    uint64_t reregistered_blocks;
 } pdx_kv_store_stats_t;
 
 /* Snapshot of those counters. PDX_ERR_NOT_FOUND without a store section.

@@ -316,9 +316,12 @@ PDX_API pdx_status_t pdx_stats_peer(pdx_agent_h agent, const char *peer,
                                     pdx_stats_t *stats_p);
 
 /* Every counter of the agent, its peers (state, host, path of each
- * backend, last fallback reason) and backends as one JSON object
- * (malloc'd NUL-terminated text in *json_p; free with pdx_blob_free). What
- * `pdx-info --stats` prints for a running agent. Non-blocking. */
+ * backend, last fallback reason) and backends as one JSON object, with a
+ * "store" member when the agent has a store (reachable or unreachable
+ * since when, lease, published generation, agents known, owner registry
+ * calls; pdx/store.h) (malloc'd NUL-terminated text in *json_p; free with
+ * pdx_blob_free). What `pdx-info --stats` prints for a running agent.
+ * Non-blocking. */
 PDX_API pdx_status_t pdx_stats_json(pdx_agent_h agent, char **json_p);
 
 /* Invariants: key/value strings that travel in the blob; when a peer is
