@@ -69,6 +69,147 @@ static int parse_backend_opts(PyObject *opts, backend_spec_t *b)
     return 0;
 }
 
+/* Agent(store={...}): the PDX_AGENT_PARAM_STORE fields, with the key names
+ * of the config's `store` section. Strings are copied here: they must live
+ * until pdx_agent_create returns. */
+typedef struct store_spec {
+    char type[32];
+    char endpoints[512];
+    char ns[128];
+} store_spec_t;
+
+#define STORE_KEYS                                                             \
+    "type, endpoints, namespace, lease_ttl_ms, timeout_ms, max_txn_ops"
+
+static int store_str(PyObject *v, const char *key, char *buf, size_t len)
+{
+    const char *s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
+    if (s == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_TypeError, "store['%s']: a str, not %R", key, v);
+        }
+        return -1;
+    }
+    if (s[0] == '\0' || strlen(s) >= len) {
+        PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
+                     "store['%s']: 1 to %zu bytes, got %R", key, len - 1, v);
+        return -1;
+    }
+    snprintf(buf, len, "%s", s);
+    return 0;
+}
+
+static int store_u32(PyObject *v, const char *key, uint32_t *out)
+{
+    unsigned long long x = PyLong_Check(v) && !PyBool_Check(v)
+                               ? PyLong_AsUnsignedLongLong(v)
+                               : (unsigned long long)-1;
+    if (x > UINT32_MAX) {
+        PyErr_Clear();
+        PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
+                     "store['%s']: an integer 0..%u (0: the default), not %R",
+                     key, (unsigned)UINT32_MAX, v);
+        return -1;
+    }
+    *out = (uint32_t)x;
+    return 0;
+}
+
+/* `endpoints`: "http://a:2379,http://b:2379" or a list of URLs. */
+static int store_endpoints(PyObject *v, store_spec_t *sp)
+{
+    if (PyUnicode_Check(v)) {
+        return store_str(v, "endpoints", sp->endpoints, sizeof(sp->endpoints));
+    }
+    PyObject *seq = PySequence_Fast(v, "store['endpoints']: a str or a list "
+                                       "of str");
+    if (seq == NULL) {
+        return -1;
+    }
+    size_t used = 0;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char one[512];
+        if (store_str(PySequence_Fast_GET_ITEM(seq, i), "endpoints", one,
+                      sizeof(one)) < 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        int w = snprintf(sp->endpoints + used, sizeof(sp->endpoints) - used,
+                         "%s%s", i ? "," : "", one);
+        if (w < 0 || (size_t)w >= sizeof(sp->endpoints) - used) {
+            Py_DECREF(seq);
+            PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
+                         "store['endpoints']: %zu bytes at most in all",
+                         sizeof(sp->endpoints) - 1);
+            return -1;
+        }
+        used += (size_t)w;
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+static int parse_store(PyObject *o, store_spec_t *sp, pdx_agent_params_t *ap)
+{
+    if (!PyDict_Check(o)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "store: a dict such as {'type': 'etcd', 'endpoints': "
+                        "'http://127.0.0.1:2379', 'namespace': 'pdx', "
+                        "'lease_ttl_ms': 10000}");
+        return -1;
+    }
+    if (pdxpy_require((const void *)pdxpy_opt.agent_publish,
+                      "pdx_agent_publish") < 0) {
+        return -1;
+    }
+    snprintf(sp->type, sizeof(sp->type), "etcd");
+    snprintf(sp->ns, sizeof(sp->ns), "pdx");
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(o, &pos, &k, &v)) {
+        const char *key = PyUnicode_Check(k) ? PyUnicode_AsUTF8(k) : NULL;
+        int rc;
+        if (key == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_Format(PyExc_TypeError, "store: keys are str, not %R", k);
+            }
+            return -1;
+        }
+        if (!strcmp(key, "type")) {
+            rc = store_str(v, key, sp->type, sizeof(sp->type));
+        } else if (!strcmp(key, "endpoints")) {
+            rc = store_endpoints(v, sp);
+        } else if (!strcmp(key, "namespace")) {
+            rc = store_str(v, key, sp->ns, sizeof(sp->ns));
+        } else if (!strcmp(key, "lease_ttl_ms")) {
+            rc = store_u32(v, key, &ap->store_lease_ttl_ms);
+        } else if (!strcmp(key, "timeout_ms")) {
+            rc = store_u32(v, key, &ap->store_timeout_ms);
+        } else if (!strcmp(key, "max_txn_ops")) {
+            rc = store_u32(v, key, &ap->store_max_txn_ops);
+        } else {
+            PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
+                         "store: unknown key %R (known: " STORE_KEYS ")", k);
+            rc = -1;
+        }
+        if (rc < 0) {
+            return -1;
+        }
+    }
+    if (sp->endpoints[0] == '\0') {
+        PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID),
+                        "store: 'endpoints' is required (e.g. "
+                        "'http://127.0.0.1:2379')");
+        return -1;
+    }
+    ap->field_mask |= PDX_AGENT_PARAM_STORE;
+    ap->store = sp->type;
+    ap->store_endpoints = sp->endpoints;
+    ap->store_namespace = sp->ns;
+    return 0;
+}
+
 static int Agent_init(AgentObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"name",
@@ -79,23 +220,29 @@ static int Agent_init(AgentObject *self, PyObject *args, PyObject *kw)
                              "path_policy",
                              "backend_options",
                              "telemetry",
+                             "store",
                              NULL};
     const char *name;
     int progress = 1, telemetry = 0;
     PyObject *backends = Py_None, *timeout = Py_None, *interval = Py_None;
-    PyObject *policy = Py_None, *bopts = Py_None;
+    PyObject *policy = Py_None, *bopts = Py_None, *store = Py_None;
+    store_spec_t store_spec;
     if (self->h != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Agent already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|$pOOOOOp", kwlist, &name,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|$pOOOOOpO", kwlist, &name,
                                      &progress, &backends, &timeout, &interval,
-                                     &policy, &bopts, &telemetry)) {
+                                     &policy, &bopts, &telemetry, &store)) {
         return -1;
     }
     pdx_agent_params_t ap = {.field_mask = PDX_AGENT_PARAM_FLAGS,
                              .flags =
                                  progress ? PDX_AGENT_F_PROGRESS_THREAD : 0};
+    memset(&store_spec, 0, sizeof(store_spec));
+    if (store != Py_None && parse_store(store, &store_spec, &ap) < 0) {
+        return -1;
+    }
     if (telemetry) {
 #ifdef PDX_AGENT_F_TELEMETRY
         ap.flags |= PDX_AGENT_F_TELEMETRY;
@@ -718,6 +865,109 @@ static PyObject *Agent_stats_json(AgentObject *self, PyObject *unused)
     PyObject *r = PyUnicode_FromString(json);
     pdx_blob_free(json);
     return r;
+}
+
+/* ---- the store (pdx/store.h) */
+
+static PyObject *Agent_publish(AgentObject *self, PyObject *unused)
+{
+    if (pdxpy_require((const void *)pdxpy_opt.agent_publish,
+                      "pdx_agent_publish") < 0 ||
+        pdxpy_agent_enter(self) < 0) {
+        return NULL;
+    }
+    pdx_status_t st;
+    char err[2048];
+    Py_BEGIN_ALLOW_THREADS st = pdxpy_opt.agent_publish(self->h);
+    if (st != PDX_OK) {
+        pdxpy_last_error(err, sizeof(err), st, "publish");
+    }
+    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
+    if (st != PDX_OK) {
+        return pdxpy_raise(st, "publish", err);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Agent_fetch_peer(AgentObject *self, PyObject *args,
+                                  PyObject *kw)
+{
+    static char *kwlist[] = {"name", "timeout", NULL};
+    const char *name;
+    double timeout = 5.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|d", kwlist, &name,
+                                     &timeout)) {
+        return NULL;
+    }
+    if (!(timeout >= 0)) {
+        PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID),
+                        "fetch_peer: timeout is seconds, 0 or more");
+        return NULL;
+    }
+    if (pdxpy_require((const void *)pdxpy_opt.peer_fetch, "pdx_peer_fetch") <
+            0 ||
+        pdxpy_agent_enter(self) < 0) {
+        return NULL;
+    }
+    double ms = timeout * 1000.0 + 0.5;
+    uint32_t timeout_ms = ms >= (double)UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
+    pdx_status_t st;
+    char err[2048];
+    Py_BEGIN_ALLOW_THREADS /* waits up to timeout for a publisher */
+        st = pdxpy_opt.peer_fetch(self->h, name, timeout_ms);
+    if (st != PDX_OK) {
+        pdxpy_last_error(err, sizeof(err), st, "fetch_peer");
+    }
+    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
+    if (st != PDX_OK) {
+        return pdxpy_raise(st, "fetch_peer", err);
+    }
+    return PyUnicode_FromString(name);
+}
+
+static PyObject *Agent_store_status(AgentObject *self, PyObject *unused)
+{
+    if (pdxpy_require((const void *)pdxpy_opt.store_status,
+                      "pdx_store_status") < 0 ||
+        pdxpy_require((const void *)pdxpy_opt.store_describe,
+                      "pdx_store_describe") < 0 ||
+        pdxpy_agent_enter(self) < 0) {
+        return NULL;
+    }
+    pdx_store_status_t s;
+    char line[1024] = "";
+    char err[2048];
+    pdx_status_t st;
+    Py_BEGIN_ALLOW_THREADS memset(&s, 0, sizeof(s));
+    st = pdxpy_opt.store_status(self->h, &s);
+    if (st == PDX_OK) {
+        pdxpy_opt.store_describe(self->h, line, sizeof(line));
+    } else {
+        pdxpy_last_error(err, sizeof(err), st, "store_status");
+    }
+    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
+    if (st != PDX_OK) {
+        return pdxpy_raise(st, "store_status", err);
+    }
+    PyObject *since =
+        s.unreachable_since_ns == 0
+            ? Py_NewRef(Py_None)
+            : PyFloat_FromDouble((double)s.unreachable_since_ns / 1e9);
+    if (since == NULL) {
+        return NULL;
+    }
+    return Py_BuildValue(
+        "{s:O,s:N,s:d,s:s,s:K,s:I,s:K,s:L,s:K,s:K,s:I,s:I,s:I,s:I,s:s,s:s}",
+        "reachable", s.reachable ? Py_True : Py_False, "unreachable_since",
+        since, "unreachable_s", (double)s.unreachable_ms / 1000.0, "describe",
+        line, "lease", (unsigned long long)s.lease, "lease_ttl_s",
+        (unsigned)s.lease_ttl_s, "leases_granted",
+        (unsigned long long)s.leases_granted, "revision", (long long)s.revision,
+        "requests", (unsigned long long)s.requests, "failures",
+        (unsigned long long)s.failures, "leased_keys", (unsigned)s.leased_keys,
+        "unpublished", (unsigned)s.unpublished, "watches", (unsigned)s.watches,
+        "watches_down", (unsigned)s.watches_down, "endpoint", s.endpoint,
+        "last_error", s.last_error);
 }
 
 static PyObject *Agent_repr(AgentObject *self)
@@ -2119,7 +2369,27 @@ static PyMethodDef Agent_methods[] = {
      METH_VARARGS | METH_KEYWORDS,
      "stats(backend=None, peer=None) -> dict of counters."},
     {"stats_json", (PyCFunction)(void (*)(void))Agent_stats_json, METH_NOARGS,
-     "stats_json() -> str: every counter as JSON."},
+     "stats_json() -> str: every counter as JSON (with a 'store' member "
+     "when the agent has a store)."},
+    {"publish", (PyCFunction)(void (*)(void))Agent_publish, METH_NOARGS,
+     "publish(): keep this agent's description in the store under "
+     "<namespace>/agents/<name>, on its lease, again at every change. Call "
+     "it once the agent is complete (memory registered, invariants set). "
+     "pdx.Unsupported without store=."},
+    {"fetch_peer", (PyCFunction)(void (*)(void))Agent_fetch_peer,
+     METH_VARARGS | METH_KEYWORDS,
+     "fetch_peer(name, timeout=5.0) -> name: load a peer known only by name "
+     "through the store (its cached description, else the store's, else "
+     "waiting up to timeout s for it to be published; invariants checked). "
+     "Returns at once when it is loaded and alive. pdx.NotFound (not "
+     "published in time), pdx.Unavailable (store unreachable, name never "
+     "seen), pdx.Mismatch, pdx.Unsupported (no store)."},
+    {"store_status", (PyCFunction)(void (*)(void))Agent_store_status,
+     METH_NOARGS,
+     "store_status() -> dict: reachable, unreachable_since (epoch s or "
+     "None), lease, lease_ttl_s, leases_granted, revision, requests, "
+     "failures, leased_keys, unpublished, watches, endpoint, last_error and "
+     "'describe' (one line for people). pdx.Unsupported without store=."},
     {"_bench_make_post_check", (PyCFunction)(void (*)(void))Agent_bench,
      METH_VARARGS,
      "The C loop python_bench.py compares against: [ns per request]."},
@@ -2143,8 +2413,12 @@ PyTypeObject pdxpy_AgentType = {
               "(['ucx', 'cma']), xfer_timeout=None (s), "
               "progress_interval_us=None, path_policy=None ('any' | "
               "'same_host_fast'), backend_options=None ({backend: {k: v}}), "
-              "telemetry=False (per-request times in Xfer.telemetry())). "
-              "A context manager; close() destroys it.",
+              "telemetry=False (per-request times in Xfer.telemetry()), "
+              "store=None ({'type': 'etcd', 'endpoints': URL or [URL, ...], "
+              "'namespace': 'pdx', 'lease_ttl_ms': 10000, 'timeout_ms': "
+              "2000, 'max_txn_ops': 128}: discovery by name and liveness "
+              "through the store; then publish(), fetch_peer(), "
+              "store_status())). A context manager; close() destroys it.",
     .tp_weaklistoffset = offsetof(AgentObject, weakreflist),
     .tp_methods = Agent_methods,
     .tp_getset = Agent_getset,

@@ -775,6 +775,12 @@ static void load_optional(void)
     pdxpy_opt.stats_backend = (pdxpy_stats_fn)dlsym(h, "pdx_stats_backend");
     pdxpy_opt.stats_peer = (pdxpy_stats_fn)dlsym(h, "pdx_stats_peer");
     pdxpy_opt.stats_json = (pdxpy_stats_json_fn)dlsym(h, "pdx_stats_json");
+    pdxpy_opt.agent_publish = (pdxpy_publish_fn)dlsym(h, "pdx_agent_publish");
+    pdxpy_opt.peer_fetch = (pdxpy_peer_fetch_fn)dlsym(h, "pdx_peer_fetch");
+    pdxpy_opt.store_status =
+        (pdxpy_store_status_fn)dlsym(h, "pdx_store_status");
+    pdxpy_opt.store_describe =
+        (pdxpy_store_describe_fn)dlsym(h, "pdx_store_describe");
     dlclose(h); /* still loaded: the extension links it */
 }
 
@@ -866,12 +872,15 @@ PyMODINIT_FUNC PyInit__pdx(void)
     PyModule_AddIntConstant(m, "INPROGRESS", PDX_INPROGRESS);
     PyModule_AddIntConstant(m, "NOTIF_MAX", PDX_NOTIF_MAX);
     PyModule_AddIntConstant(m, "NAME_MAX", PDX_NAME_MAX - 1);
+    int store = pdxpy_opt.agent_publish && pdxpy_opt.peer_fetch &&
+                pdxpy_opt.store_status && pdxpy_opt.store_describe;
     PyObject *have = Py_BuildValue(
-        "{s:O,s:O,s:O,s:O}", "peer_info",
+        "{s:O,s:O,s:O,s:O,s:O}", "peer_info",
         pdxpy_opt.peer_info ? Py_True : Py_False, "xfer_telemetry",
         pdxpy_opt.xfer_telemetry ? Py_True : Py_False, "stats",
         pdxpy_opt.stats_backend && pdxpy_opt.stats_peer ? Py_True : Py_False,
-        "stats_json", pdxpy_opt.stats_json ? Py_True : Py_False);
+        "stats_json", pdxpy_opt.stats_json ? Py_True : Py_False, "store",
+        store ? Py_True : Py_False);
     if (have == NULL || PyModule_AddObject(m, "HAVE", have) < 0) {
         Py_XDECREF(have);
         goto fail;

@@ -17,6 +17,7 @@
 
 #include <pdx/kv_connector.h>
 #include <pdx/pdx.h>
+#include <pdx/store.h>
 
 /* ---- optional C API (declared, maybe not exported by this libpdx.so) */
 
@@ -27,6 +28,12 @@ typedef pdx_status_t (*pdxpy_telemetry_fn)(pdx_xfer_h, pdx_xfer_telemetry_t *);
 typedef pdx_status_t (*pdxpy_stats_fn)(pdx_agent_h, const char *,
                                        pdx_stats_t *);
 typedef pdx_status_t (*pdxpy_stats_json_fn)(pdx_agent_h, char **);
+typedef pdx_status_t (*pdxpy_publish_fn)(pdx_agent_h);
+typedef pdx_status_t (*pdxpy_peer_fetch_fn)(pdx_agent_h, const char *,
+                                            uint32_t);
+typedef pdx_status_t (*pdxpy_store_status_fn)(pdx_agent_h,
+                                              pdx_store_status_t *);
+typedef pdx_status_t (*pdxpy_store_describe_fn)(pdx_agent_h, char *, size_t);
 
 typedef struct pdxpy_optional {
     pdxpy_peer_info_fn peer_info;
@@ -34,6 +41,11 @@ typedef struct pdxpy_optional {
     pdxpy_stats_fn stats_backend;
     pdxpy_stats_fn stats_peer;
     pdxpy_stats_json_fn stats_json;
+    /* The store API (pdx/store.h). */
+    pdxpy_publish_fn agent_publish;
+    pdxpy_peer_fetch_fn peer_fetch;
+    pdxpy_store_status_fn store_status;
+    pdxpy_store_describe_fn store_describe;
 } pdxpy_optional_t;
 
 extern pdxpy_optional_t pdxpy_opt;
