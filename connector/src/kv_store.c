@@ -337,18 +337,17 @@ static void unregister_evicted(kv_store_t *s, pdx_offload_key_t *keys, size_t n)
 
 /* Registry thread, without the lock: has the store granted a new lease
  * since the last look? Then the entries of the old one are gone: start
- * walking the pool to register every block again. The first lease starts
- * a walk only when saves made before it were dropped from the queue. */
-static void check_lease(kv_store_t *s, uint64_t now)
+ * walking the pool to register every block again. So does a long outage
+ * that overflowed the queue of saves to register, once a lease is held. */
+static void check_lease(kv_store_t *s)
 {
     pdx_store_status_t st;
     if (pdx_store_status(s->agent, &st) != PDX_OK) {
         return;
     }
     pthread_mutex_lock(&s->lock);
-    s->lease_check_ns = now + LEASE_CHECK_NS;
-    bool start = st.leases_granted > s->leases_seen &&
-                 (s->leases_seen > 0 || s->reg_dropped);
+    bool new_lease = st.leases_granted > s->leases_seen && s->leases_seen > 0;
+    bool start = new_lease || (s->reg_dropped && st.reachable && st.lease != 0);
     s->leases_seen = st.leases_granted;
     if (start) {
         /* Queued saves the pool still holds are in the walk. */
@@ -365,12 +364,13 @@ static void check_lease(kv_store_t *s, uint64_t now)
     if (start) {
         pdx_offload_stats_t os = {0};
         pdx_offload_stats(s->pool, &os);
-        pdx_info("kv: agent %s: store lease %llx is new (%llu granted): "
-                 "registering the %llu blocks of the pool again",
-                 pdx_agent_name(s->agent), (unsigned long long)st.lease,
-                 (unsigned long long)st.leases_granted,
+        pdx_info("kv: agent %s: registering the %llu blocks of the pool "
+                 "again (%s, lease %llx)", pdx_agent_name(s->agent),
                  (unsigned long long)(os.blocks[PDX_OFFLOAD_RETAINED] +
-                                      os.blocks[PDX_OFFLOAD_RECLAIMABLE]));
+                                      os.blocks[PDX_OFFLOAD_RECLAIMABLE]),
+                 new_lease ? "the store granted a new lease"
+                           : "saves were dropped while the store was down",
+                 (unsigned long long)st.lease);
     }
 }
 
@@ -543,8 +543,9 @@ static void *reg_main(void *arg)
             continue;
         }
         if (s->registry && now >= s->lease_check_ns) {
+            s->lease_check_ns = now + LEASE_CHECK_NS;
             pthread_mutex_unlock(&s->lock);
-            check_lease(s, now);
+            check_lease(s);
             pthread_mutex_lock(&s->lock);
             continue;
         }
