@@ -66,11 +66,13 @@ if [ $tsan = 1 ]; then
     grep -q "ThreadSanitizer" build-tsan/twoproc.log \
         && { cat build-tsan/twoproc.log; echo "tsan: twoproc --shm reported"; exit 1; }
     echo "tsan: twoproc --cma --shm clean"
-    # The etcd store module and the agent's store glue (threads of their
-    # own); their tests fork store clients, hence die_after_fork=0.
+    # The etcd store module, the agent's store glue and the connector's
+    # owner registry (threads of their own: the pool's save worker reports
+    # evictions to the registry thread); their tests fork store clients,
+    # hence die_after_fork=0.
     cmake --build build-tsan -j "$jobs" --target test_store_etcd \
-        test_store_agent pdx_store_etcd
-    for t in test_store_etcd test_store_agent; do
+        test_store_agent test_store_registry pdx_store_etcd pdx_backend_ucx
+    for t in test_store_etcd test_store_agent test_store_registry; do
         UCX_NET_DEVICES=lo UCX_MEM_EVENTS=no \
         TSAN_OPTIONS=halt_on_error=1:die_after_fork=0 \
             timeout 600 build-tsan/bin/$t >build-tsan/$t.log 2>&1 \
