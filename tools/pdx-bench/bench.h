@@ -38,6 +38,8 @@ typedef struct bench_opts {
     int no_cold;
     int pdx_only; /* no memcpy/cma references (for profiling) */
     int reps;     /* repetitions of interleaved peer comparisons */
+    /* transfer: local descriptors this far (0..63) into a slot */
+    uint32_t misalign;
     /* handoff */
     uint64_t tokens[BENCH_MAX_LIST];
     size_t ntokens;

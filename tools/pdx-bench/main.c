@@ -48,6 +48,9 @@ static void usage(FILE *f)
         "0.15)\n"
         "  --big N            descriptors of the big prepared request "
         "(default 100000, 0 skips)\n"
+        "  --misalign N       transfer: local descriptors start N bytes "
+        "(0..63) into their slots, the target's stay 64-byte aligned; "
+        "memcpy copies with the same offsets (default 0)\n"
         "  --reps N           interleaved repetitions, best kept (default "
         "3)\n"
         "  --no-perftest, --no-hot, --no-cold\n"
@@ -260,6 +263,14 @@ int main(int argc, char **argv)
             NEEDV();
             o.big_descs = (uint32_t)parse_size(v);
             set[4] = 1;
+        } else if (strcmp(a, "--misalign") == 0) {
+            NEEDV();
+            char *end = NULL;
+            unsigned long m = strtoul(v, &end, 10);
+            if (*v == '\0' || *end != '\0' || m > 63) {
+                die("--misalign: 0..63");
+            }
+            o.misalign = (uint32_t)m;
         } else if (strcmp(a, "--reps") == 0) {
             NEEDV();
             o.reps = (int)parse_size(v);

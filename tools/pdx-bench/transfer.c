@@ -33,7 +33,9 @@ typedef struct xctx {
 
 /* Descriptors of one message size: slot j at j * stride on both sides. The
  * gap after each slot keeps adjacent slots from merging, so a batch of 64
- * is 64 pieces, as a batch of KV blocks from scattered ids would be. */
+ * is 64 pieces, as a batch of KV blocks from scattered ids would be. With
+ * --misalign N the local descriptor starts N bytes into its slot (the gap
+ * is at least 64 bytes, so it still fits and never merges). */
 typedef struct geom {
     uint64_t size, stride;
     uint32_t nslots;
@@ -85,7 +87,8 @@ static void geom_init(xctx_t *c, geom_t *g, uint64_t size, uint32_t maxbatch)
         die("out of memory");
     }
     for (uint32_t j = 0; j < g->nslots; j++) {
-        ld[j] = (pdx_desc_t){.addr = (uintptr_t)c->local + j * g->stride,
+        ld[j] = (pdx_desc_t){.addr = (uintptr_t)c->local + j * g->stride +
+                                     c->o->misalign,
                              .len = size};
         rd[j] =
             (pdx_desc_t){.addr = c->remote_base + j * g->stride, .len = size};
@@ -275,7 +278,8 @@ static double run_cma(xctx_t *c, const geom_t *g, const row_t *r,
                 r->batch - b < CMA_IOV_MAX ? r->batch - b : CMA_IOV_MAX;
             for (uint32_t i = 0; i < m; i++) {
                 uint64_t off = ix[b + i] * g->stride;
-                li[i] = (struct iovec){c->local + off, g->size};
+                li[i] =
+                    (struct iovec){c->local + off + c->o->misalign, g->size};
                 ri[i] = (struct iovec){
                     (void *)(uintptr_t)(c->remote_base + off), g->size};
             }
@@ -303,9 +307,14 @@ static double run_cma(xctx_t *c, const geom_t *g, const row_t *r,
 }
 
 /* memcpy over the same slots (the local region into a second one), one
- * thread: the single-copy bound on this machine for this working set. */
-static double run_memcpy(xctx_t *c, const geom_t *g, int hot, double seconds)
+ * thread: the single-copy bound on this machine for this working set.
+ * With --misalign the local side is as pdx's descriptors are, and the
+ * copy goes the op's way (`read`: into the local region), since what
+ * memcpy does depends on which side is ahead modulo 64. */
+static double run_memcpy(xctx_t *c, const geom_t *g, int hot, int read,
+                         double seconds)
 {
+    uint8_t *loc = c->local + c->o->misalign;
     uint64_t n = 0, bytes = 0, t0 = now_ns(), t_start = 0;
     int measuring = 0;
     for (;;) {
@@ -321,8 +330,13 @@ static double run_memcpy(xctx_t *c, const geom_t *g, int hot, double seconds)
         /* 64 messages per clock read. */
         for (int i = 0; i < 64; i++) {
             uint64_t off = hot ? 0 : (uint64_t)(n % g->nslots) * g->stride;
-            memcpy(c->scratch + off, c->local + off, g->size);
-            sink(c->scratch + off);
+            if (read) {
+                memcpy(loc + off, c->scratch + off, g->size);
+                sink(loc + off);
+            } else {
+                memcpy(c->scratch + off, loc + off, g->size);
+                sink(c->scratch + off);
+            }
             n++;
             bytes += g->size;
         }
@@ -365,6 +379,14 @@ static void print_header(const xctx_t *c, int reps)
         "per side cycled slot by slot (stride = size + 64 rounded to 64: "
         "no two descriptors merge)\n",
         fmt_bytes(c->region, ws, sizeof(ws)));
+    if (o->misalign != 0) {
+        say("# misalign %u: every local descriptor (and memcpy's and "
+            "cma-iov's local side) starts %u bytes into its slot, the "
+            "target's at the slot (64-byte aligned): READ copies to "
+            "dst - src = %u mod 64, WRITE to %u; memcpy is measured each "
+            "way\n",
+            o->misalign, o->misalign, o->misalign, (64 - o->misalign) % 64);
+    }
     say("# peers: perfte = ucx_perftest ucp_put_bw (WRITE) / ucp_get (READ) "
         "with its buffers allocated by UCX (on sm: shared memory the peer "
         "maps); pt-user = the same with ordinary memory "
@@ -651,6 +673,7 @@ int mode_transfer(const bench_opts_t *o, cJSON *root)
     jnum(meth, "inflight", o->inflight);
     jnum(meth, "pipeline_bytes", (double)PIPELINE_BYTES);
     jnum(meth, "working_set_cold_bytes", (double)c.region);
+    jnum(meth, "misalign_bytes", o->misalign);
     jnum(meth, "measure_s", o->case_s);
     jnum(meth, "warmup_s", o->quick ? 0.01 : 0.05);
     jstr(meth, "buffers",
@@ -714,7 +737,8 @@ int mode_transfer(const bench_opts_t *o, cJSON *root)
         /* Interleaved repetitions (peers, then pdx, per op), best kept:
          * on a shared machine the best of a few short runs tracks what the
          * software can do; a slow run is someone else's load. */
-        double mc_hot = 0, mc_cold = 0;
+        double mc[2][2] = {{0}}; /* [read][hot]; one way if aligned */
+        int ways = o->misalign != 0 ? 2 : 1;
         for (int rep = 0; rep < reps; rep++) {
             for (int opi = 0; opi < 2; opi++) {
                 pdx_xfer_op_t op = opi == 0 ? PDX_XFER_WRITE : PDX_XFER_READ;
@@ -753,10 +777,12 @@ int mode_transfer(const bench_opts_t *o, cJSON *root)
                     }
                 }
             }
-            double h = o->pdx_only ? 0 : run_memcpy(&c, &g, 1, o->case_s / 2);
-            double cd = o->pdx_only ? 0 : run_memcpy(&c, &g, 0, o->case_s / 2);
-            mc_hot = h > mc_hot ? h : mc_hot;
-            mc_cold = cd > mc_cold ? cd : mc_cold;
+            for (int w = 0; w < ways && !o->pdx_only; w++) {
+                for (int hot = 1; hot >= 0; hot--) {
+                    double v = run_memcpy(&c, &g, hot, w, o->case_s / 2);
+                    mc[w][hot] = v > mc[w][hot] ? v : mc[w][hot];
+                }
+            }
         }
         if (o->no_perftest) {
             for (size_t k = 4 * si; k < 4 * si + 4; k++) {
@@ -771,7 +797,8 @@ int mode_transfer(const bench_opts_t *o, cJSON *root)
             }
         }
         for (size_t i = first; i < nrows; i++) {
-            rows[i].memcpy_gbps = rows[i].hot ? mc_hot : mc_cold;
+            int w = ways == 2 && rows[i].op == PDX_XFER_READ;
+            rows[i].memcpy_gbps = mc[w][rows[i].hot];
             row_finish(&rows[i]);
             print_row(&rows[i]);
             cJSON_AddItemToArray(jrows, row_json(&rows[i]));
