@@ -4,22 +4,26 @@
 #   ./scripts/test.sh --asan     also an ASan+UBSan build and run
 #   ./scripts/test.sh --valgrind also the core tests under valgrind
 #   ./scripts/test.sh --tsan     also the thread-contract tests under TSan
+#   ./scripts/test.sh --builds   also a Release build with gcc and a
+#                                default-type build with clang (no tests)
 #   ./scripts/test.sh --ci       what CI runs: all of the above
 # Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-asan=0 vg=0 tsan=0
+asan=0 vg=0 tsan=0 builds=0
 for a in "$@"; do
     case "$a" in
         --asan) asan=1 ;;
         --valgrind) vg=1 ;;
         --tsan) tsan=1 ;;
-        --ci) asan=1 vg=1 tsan=1 ;;
-        *) echo "usage: $0 [--asan] [--valgrind] [--tsan] [--ci]"; exit 2 ;;
+        --builds) builds=1 ;;
+        --ci) asan=1 vg=1 tsan=1 builds=1 ;;
+        *) echo "usage: $0 [--asan] [--valgrind] [--tsan] [--builds] [--ci]"; exit 2 ;;
     esac
 done
 [ $vg = 1 ] && export PDX_WITH_CHECK_TOOLS=1
 [ $asan = 1 ] && export PDX_WITH_CHECK_TOOLS=1
+[ $builds = 1 ] && export PDX_WITH_CHECK_TOOLS=1
 bash scripts/deps.sh
 jobs=$(nproc 2>/dev/null || echo 2)
 # Tests talk over loopback only: keep UCX off every other interface.
@@ -27,13 +31,25 @@ export UCX_NET_DEVICES=lo
 
 build_and_test() { # dir, extra cmake args...
     local dir=$1; shift
-    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPDX_WERROR=ON \
+        "$@" >/dev/null
     cmake --build "$dir" -j "$jobs"
     (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 900)
 }
 
 echo "== build and test (normal)"
 build_and_test build
+if [ $builds = 1 ]; then
+    # What users and packagers build: warnings are errors here (not by
+    # default), so a compiler or optimiser that warns differently shows up.
+    echo "== Release build (gcc, -Werror)"
+    CC=gcc cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release \
+        -DPDX_WERROR=ON >/dev/null
+    cmake --build build-release -j "$jobs"
+    echo "== default build (clang, -Werror)"
+    CC=clang cmake -S . -B build-clang -DPDX_WERROR=ON >/dev/null
+    cmake --build build-clang -j "$jobs"
+fi
 if [ $asan = 1 ]; then
     echo "== build and test (ASan + UBSan)"
     # UCX's own allocations trip LeakSanitizer; pdx leaks are caught by the
@@ -44,7 +60,8 @@ if [ $asan = 1 ]; then
 fi
 if [ $tsan = 1 ]; then
     echo "== ThreadSanitizer (thread-contract tests)"
-    cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DPDX_TSAN=ON >/dev/null
+    cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DPDX_TSAN=ON \
+        -DPDX_WERROR=ON >/dev/null
     tsan_tests=(test_threads test_kv_offload test_backend_cma test_api)
     cmake --build build-tsan -j "$jobs" --target "${tsan_tests[@]}"
     for t in "${tsan_tests[@]}"; do

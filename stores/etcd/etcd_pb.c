@@ -122,6 +122,8 @@ static bool get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
 /* Next field of [*p, end): 1 read, 0 at the end, -1 malformed. */
 static int next_field(const uint8_t **p, const uint8_t *end, pb_field_t *f)
 {
+    /* Every field defined whatever the wire type (and for the optimiser). */
+    *f = (pb_field_t){0};
     if (*p >= end) {
         return 0;
     }
