@@ -31,6 +31,8 @@
 /* What disconnect spends progressing a close before leaving it to progress
  * (the agent lock is held). */
 #define UCX_CLOSE_SPIN_NS 2000000ull
+/* What destroy spends progressing closes it had to force. */
+#define UCX_FORCE_REAP_NS 200000000ull
 /* Draining a released READ gives up after this long without a get chunk
  * completing (a stalled peer), or after the cap even while data flows. */
 #define UCX_DRAIN_IDLE_NS 1000000000ull
@@ -90,6 +92,8 @@ typedef struct ucx_peer {
     ucx_link_t reqs;          /* live transfer requests */
     ucx_link_t sends;         /* standalone notifications in flight */
     void *close_req;          /* endpoint close in flight, or NULL */
+    void *flush_req;          /* flush before a close in flight, or NULL */
+    uint64_t close_deadline;  /* when a flush or close gives up (forced) */
     char transport[64];       /* lanes' transports, for the path report */
 } ucx_peer_t;
 
@@ -640,6 +644,9 @@ static void ucx_ep_close_async(ucx_be_t *be, ucx_peer_t *peer, int force)
  * request when it has. */
 static int ucx_close_done(ucx_peer_t *peer)
 {
+    if (peer->flush_req != NULL) {
+        return 0;
+    }
     if (peer->close_req == NULL) {
         return 1;
     }
@@ -651,11 +658,68 @@ static int ucx_close_done(ucx_peer_t *peer)
     return 1;
 }
 
+/* Start closing `peer`'s endpoint without waiting. A failed or given-up
+ * peer is forced at once. Any other is flushed first, so queued
+ * notifications still reach it; a flush that has not finished by
+ * close_deadline (a hung peer) is abandoned and the endpoint forced, which
+ * purges what UCX still holds for it. Never closing with a flush that cannot
+ * finish matters: UCX 1.13 asserts in ucp_worker_destroy on an endpoint
+ * whose requests were never completed or purged. */
+static void ucx_ep_close_start(ucx_be_t *be, ucx_peer_t *peer)
+{
+    if (peer->ep == NULL) {
+        return;
+    }
+    peer->close_deadline = ucx_now_ns() + UCX_CLOSE_TIMEOUT_NS;
+    if (peer->ucx_failed || peer->ep_status != UCS_OK) {
+        ucx_ep_close_async(be, peer, 1);
+        return;
+    }
+    ucp_request_param_t p = {.op_attr_mask = 0};
+    ucs_status_ptr_t sp = ucp_ep_flush_nbx(peer->ep, &p);
+    if (sp == NULL) {
+        ucx_ep_close_async(be, peer, 0);
+    } else if (UCS_PTR_IS_ERR(sp)) {
+        pdx_debug("ucx: peer %s: flush before close: %s", peer->name,
+                  ucs_status_string(UCS_PTR_STATUS(sp)));
+        ucx_ep_close_async(be, peer, 1);
+    } else {
+        peer->flush_req = sp;
+    }
+}
+
+/* Move a close along: a finished flush becomes a close; a flush past its
+ * deadline (or any, when `now_force`) is abandoned and the endpoint forced.
+ * Never waits. */
+static void ucx_ep_close_step(ucx_be_t *be, ucx_peer_t *peer, int now_force)
+{
+    if (peer->flush_req == NULL) {
+        return;
+    }
+    ucs_status_t fs = ucp_request_check_status(peer->flush_req);
+    if (fs == UCS_INPROGRESS) {
+        if (!now_force && ucx_now_ns() < peer->close_deadline) {
+            return;
+        }
+        if (!now_force) {
+            pdx_warn("ucx: peer %s: endpoint flush did not finish within "
+                     "%llu ms; forcing the endpoint closed", peer->name,
+                     UCX_CLOSE_TIMEOUT_NS / 1000000ull);
+        }
+    }
+    /* An unfinished request is released by UCX when it completes (the
+     * force below completes it). */
+    ucp_request_free(peer->flush_req);
+    peer->flush_req = NULL;
+    ucx_ep_close_async(be, peer, fs != UCS_OK);
+}
+
 static void ucx_peer_free(ucx_peer_t *peer)
 {
-    if (peer->close_req != NULL) {
-        /* Only after the worker is gone (destroy): UCX releases it. */
+    if (peer->close_req != NULL || peer->flush_req != NULL) {
+        /* Only after the worker is gone (destroy): UCX releases them. */
         peer->close_req = NULL;
+        peer->flush_req = NULL;
     }
     /* Sends still listed here never completed; UCX is gone or will not
      * touch them again (the worker is destroyed before this runs). */
@@ -895,9 +959,36 @@ static void ucx_destroy(void *bev)
         ucx_peer_disconnect(be, peer);
     }
     /* Let closes finish (queued notifications flush) for a bounded time:
-     * destroy is the one op allowed to wait. */
+     * destroy is the one op allowed to wait. A flush still pending at the
+     * deadline is forced (a hung peer), so UCX holds no request for any
+     * endpoint when the worker goes. */
     uint64_t deadline = ucx_now_ns() + UCX_CLOSE_TIMEOUT_NS;
+    for (ucx_link_t *l = be->zombies.next; l != &be->zombies; l = l->next) {
+        ucx_peer_t *peer = UCX_CONTAINER(l, ucx_peer_t, link);
+        if (peer->close_deadline > deadline) {
+            peer->close_deadline = deadline;
+        }
+    }
     while (!ucx_list_empty(&be->zombies) && ucx_now_ns() < deadline) {
+        ucp_worker_progress(be->worker);
+        ucx_reap_zombies(be);
+    }
+    /* Flushes that did not finish: forced now, and a short bounded
+     * progress lets the forced closes discard their lanes. */
+    int forced = 0;
+    for (ucx_link_t *l = be->zombies.next; l != &be->zombies; l = l->next) {
+        ucx_peer_t *peer = UCX_CONTAINER(l, ucx_peer_t, link);
+        if (peer->flush_req != NULL) {
+            pdx_warn("ucx: peer %s: endpoint flush did not finish within "
+                     "%llu ms; forcing the endpoint closed", peer->name,
+                     UCX_CLOSE_TIMEOUT_NS / 1000000ull);
+            ucx_ep_close_step(be, peer, 1);
+            forced = 1;
+        }
+    }
+    deadline = ucx_now_ns() + UCX_FORCE_REAP_NS;
+    while (forced && !ucx_list_empty(&be->zombies) &&
+           ucx_now_ns() < deadline) {
         ucp_worker_progress(be->worker);
         ucx_reap_zombies(be);
     }
@@ -1128,19 +1219,19 @@ static void ucx_peer_disconnect(void *bev, void *peerv)
         ucx_list_push(&be->orphan_reqs, &r->link);
     }
     if (peer->ep != NULL) {
-        /* An endpoint UCX failed must be forced; any other flushes, so
-         * queued notifications still reach the peer (and UCX 1.13 asserts
-         * when an endpoint still in wireup is forced with requests queued).
-         * Never waits: a hung peer must not stall the agent. */
-        ucx_ep_close_async(be, peer, peer->ucx_failed);
-        /* A responsive peer completes the close within a few round
-         * trips: give it UCX_CLOSE_SPIN_NS of progress (bounded, like a
-         * progress pass) so the common case needs no zombie. */
+        /* Never waits: a hung peer must not stall the agent. */
+        ucx_ep_close_start(be, peer);
+        /* A responsive peer completes the flush and close within a few
+         * round trips: give it UCX_CLOSE_SPIN_NS of progress (bounded,
+         * like a progress pass) so the common case needs no zombie. */
         uint64_t until = ucx_now_ns() + UCX_CLOSE_SPIN_NS;
-        while (peer->close_req != NULL && !peer->ucx_failed &&
-               ucp_request_check_status(peer->close_req) == UCS_INPROGRESS &&
+        while ((peer->flush_req != NULL ||
+                (peer->close_req != NULL &&
+                 ucp_request_check_status(peer->close_req) ==
+                     UCS_INPROGRESS)) &&
                ucx_now_ns() < until) {
             ucp_worker_progress(be->worker);
+            ucx_ep_close_step(be, peer, 0);
         }
     }
     if (!ucx_close_done(peer)) {
@@ -1601,6 +1692,7 @@ static void ucx_reap_zombies(ucx_be_t *be)
     while (l != &be->zombies) {
         ucx_link_t *next = l->next;
         ucx_peer_t *peer = UCX_CONTAINER(l, ucx_peer_t, link);
+        ucx_ep_close_step(be, peer, 0);
         if (ucx_close_done(peer)) {
             ucx_list_del(l);
             while (!ucx_list_empty(&peer->sends)) {
