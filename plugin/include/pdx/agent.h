@@ -130,7 +130,12 @@ PDX_API pdx_status_t pdx_agent_create(const char *name,
 
 /* Destroy: stops the progress thread, releases every request (aborting what
  * is in flight), unloads peers, deregisters memory, destroys backends.
- * Blocking. No other call on this agent may be in progress or follow. */
+ * Blocking, and bounded whatever the peers do (dead, hung or timed out):
+ * releasing requests still in flight waits at most ~1 s for what can still
+ * land, and each backend then at most ~1.2 s for its connections to close
+ * (UCX: an endpoint whose flush a hung peer never finishes is forced closed
+ * at that deadline); the process can exit normally afterwards. No other
+ * call on this agent may be in progress or follow. */
 PDX_API void pdx_agent_destroy(pdx_agent_h agent);
 
 /* The agent's name; owned by the agent, valid until destroy. */
@@ -243,7 +248,9 @@ PDX_API pdx_status_t pdx_peer_load(pdx_agent_h agent, const void *blob,
                                    size_t len, char *name_out);
 
 /* Forget a peer: its requests end PDX_ERR_STALE; handles made from it fail
- * as stale. PDX_ERR_NOT_FOUND if unknown. Blocking. */
+ * as stale. PDX_ERR_NOT_FOUND if unknown. Blocking for at most a few ms:
+ * connections to the peer are closed in the background (a hung peer's is
+ * forced closed after ~1 s by progress, or by destroy). */
 PDX_API pdx_status_t pdx_peer_unload(pdx_agent_h agent, const char *name);
 
 /* PDX_OK if the peer is loaded and alive, PDX_ERR_REMOTE_DISCONNECT if its
