@@ -1033,9 +1033,42 @@ static int parse_prompts(const char *s, opts_t *o)
 
 static char g_p_cfg[PATH_MAX], g_d_cfg[PATH_MAX], g_node_bin[PATH_MAX];
 
+/* Where the deployment configs are: $PDX_CONFIG_DIR, else an installed
+ * tree's <bin>/../share/pdx/configs, else the checkout this was built
+ * from. Used by multinode.c too. */
+const char *pd_config_dir(void)
+{
+    static char dir[PATH_MAX];
+    if (dir[0] != '\0') {
+        return dir;
+    }
+    const char *env = getenv("PDX_CONFIG_DIR");
+    if (env != NULL && env[0] != '\0') {
+        snprintf(dir, sizeof(dir), "%s", env);
+        return dir;
+    }
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash != NULL) {
+            *slash = '\0';
+            char cand[PATH_MAX];
+            snprintf(cand, sizeof(cand), "%s/../share/pdx/configs", self);
+            if (access(cand, R_OK) == 0) {
+                snprintf(dir, sizeof(dir), "%s", cand);
+                return dir;
+            }
+        }
+    }
+    snprintf(dir, sizeof(dir), "%s/configs", PDX_SOURCE_DIR);
+    return dir;
+}
+
 static void default_path(char *buf, size_t len, const char *leaf)
 {
-    snprintf(buf, len, "%s/configs/glm52-fp8-mtp/%s", PDX_SOURCE_DIR, leaf);
+    snprintf(buf, len, "%s/glm52-fp8-mtp/%s", pd_config_dir(), leaf);
 }
 
 /* The node binary next to this one (both land in <build>/bin), else the

@@ -350,16 +350,21 @@ static void print_paths(mnode_t *n)
     }
 }
 
+const char *pd_config_dir(void); /* main.c */
+
 int pd_multinode_main(int argc, char **argv)
 {
     int sessions = 6, turns = 2, gen = 64, user_tokens = 64, shared = 512;
     size_t prompts[MAX_PROMPTS];
     int nprompts = parse_prompts("1200,2600,700", prompts, MAX_PROMPTS);
     char node_bin[PATH_MAX] = "";
-    const char *p_base = PDX_SOURCE_DIR
-        "/configs/glm52-fp8-mtp/colocated-prefill.json";
-    const char *d_base = PDX_SOURCE_DIR
-        "/configs/glm52-fp8-mtp/colocated-decode.json";
+    static char p_def[PATH_MAX], d_def[PATH_MAX];
+    snprintf(p_def, sizeof(p_def), "%s/glm52-fp8-mtp/colocated-prefill.json",
+             pd_config_dir());
+    snprintf(d_def, sizeof(d_def), "%s/glm52-fp8-mtp/colocated-decode.json",
+             pd_config_dir());
+    const char *p_base = p_def;
+    const char *d_base = d_def;
     static struct option lo[] = {
         {"multi-node", no_argument, NULL, 'M'},
         {"sessions", required_argument, NULL, 's'},
