@@ -46,5 +46,10 @@ static inline bool kv_arg_ok(const void *p, const char *fn, const char *what)
     pdx_handle_check((h), PDX_MAGIC_HASHER, __func__, "hasher")
 #define KV_POOL_OK(p) pdx_handle_check((p), PDX_MAGIC_POOL, __func__, "pool")
 #define KV_CONN_OK(c) pdx_handle_check((c), PDX_MAGIC_CONN, __func__, "conn")
+/* Destroy: a handle inherited across fork() is left alone quietly. */
+#define KV_POOL_REL_OK(p)                                                      \
+    pdx_handle_check_release((p), PDX_MAGIC_POOL, __func__, "pool")
+#define KV_CONN_REL_OK(c)                                                      \
+    pdx_handle_check_release((c), PDX_MAGIC_CONN, __func__, "conn")
 
 #endif

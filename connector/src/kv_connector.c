@@ -551,7 +551,7 @@ void pdx_kv_connector_destroy(pdx_kv_connector_h c)
     if (c == NULL) { /* like free(NULL) */
         KV_LEAVE_VOID(PDX_OK);
     }
-    if (!KV_CONN_OK(c)) {
+    if (!KV_CONN_REL_OK(c)) {
         KV_LEAVE_VOID(PDX_ERR_INVALID);
     }
     connector_destroy(c);

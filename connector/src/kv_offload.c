@@ -832,7 +832,7 @@ void pdx_offload_destroy(pdx_offload_pool_h pool)
     if (pool == NULL) { /* like free(NULL) */
         KV_LEAVE_VOID(PDX_OK);
     }
-    if (!KV_POOL_OK(pool)) {
+    if (!KV_POOL_REL_OK(pool)) {
         KV_LEAVE_VOID(PDX_ERR_INVALID);
     }
     pool_destroy(pool);

@@ -57,6 +57,22 @@ void pdx_call_resume(int saved_depth);
 bool pdx_handle_check(const void *h, uint32_t magic, const char *fn,
                       const char *what);
 
+/* The same for release and destroy functions: a handle inherited across
+ * fork() is refused without an error line (a child's exit runs them). */
+bool pdx_handle_check_release(const void *h, uint32_t magic, const char *fn,
+                              const char *what);
+
+/* Was the pdx_handle_alloc object `h` made before this process was forked
+ * from its parent? Such objects are dead handles here: their threads,
+ * connections and locks belong to the parent (pthread_atfork bumps an
+ * epoch in the child). Cheap: one relaxed load. */
+bool pdx_handle_inherited(const void *h);
+
+/* shm.c's part of fork: 0 before fork (take its lock), 1 in the parent
+ * after (release it), 2 in the child (release it, forget what the parent
+ * shared: MADV_DONTFORK memory is not mapped in the child). */
+void pdx_shm_atfork(int phase);
+
 static inline bool pdx_handle_live(const void *h, uint32_t magic)
 {
     return h != NULL && *(const volatile uint32_t *)h == magic;

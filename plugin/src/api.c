@@ -23,8 +23,21 @@
     } while (0)
 
 #define AGENT_OK(a) pdx_handle_check((a), PDX_MAGIC_AGENT, __func__, "agent")
-#define XFER_OK(x) pdx_handle_check((x), PDX_MAGIC_XFER, __func__, "xfer")
+/* A request is refused with its agent (inherited across fork()). */
+#define XFER_OK(x)                                                             \
+    (pdx_handle_check((x), PDX_MAGIC_XFER, __func__, "xfer") &&              \
+     pdx_handle_check((x)->agent, PDX_MAGIC_AGENT, __func__, "xfer's agent"))
 #define DLIST_OK(d, what) pdx_handle_check((d), PDX_MAGIC_DLIST, __func__, what)
+/* Release and destroy: a handle inherited across fork() is left alone
+ * quietly (a child's exit runs finalisers). */
+#define AGENT_REL_OK(a)                                                        \
+    pdx_handle_check_release((a), PDX_MAGIC_AGENT, __func__, "agent")
+#define XFER_REL_OK(x)                                                         \
+    (pdx_handle_check((x), PDX_MAGIC_XFER, __func__, "xfer") &&              \
+     pdx_handle_check_release((x)->agent, PDX_MAGIC_AGENT, __func__,         \
+                              "xfer's agent"))
+#define DLIST_REL_OK(d)                                                        \
+    pdx_handle_check_release((d), PDX_MAGIC_DLIST, __func__, "dlist")
 
 /* A required pointer argument. */
 static bool arg_ok(const void *p, const char *fn, const char *what)
@@ -54,7 +67,7 @@ void pdx_agent_destroy(pdx_agent_h agent)
     if (agent == NULL) { /* like free(NULL) */
         LEAVE_VOID();
     }
-    if (!AGENT_OK(agent)) {
+    if (!AGENT_REL_OK(agent)) {
         LEAVE_REFUSED();
     }
     pdxi_agent_destroy(agent);
@@ -175,7 +188,7 @@ pdx_status_t pdx_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg)
     ENTER();
     /* `reg` is only compared with the agent's registrations, never read,
      * so a stale one is refused safely. */
-    if (!AGENT_OK(agent) || !ARG_OK(reg, "reg")) {
+    if (!AGENT_REL_OK(agent) || !ARG_OK(reg, "reg")) {
         LEAVE(PDX_ERR_INVALID);
     }
     LEAVE(pdxi_mem_deregister(agent, reg));
@@ -346,7 +359,7 @@ void pdx_xfer_release(pdx_xfer_h xfer)
     if (xfer == NULL) { /* like free(NULL) */
         LEAVE_VOID();
     }
-    if (!XFER_OK(xfer)) {
+    if (!XFER_REL_OK(xfer)) {
         LEAVE_REFUSED();
     }
     pdxi_xfer_release(xfer);
@@ -403,7 +416,7 @@ void pdx_dlist_release(pdx_dlist_h dlist)
     if (dlist == NULL) {
         LEAVE_VOID();
     }
-    if (!DLIST_OK(dlist, "dlist")) {
+    if (!DLIST_REL_OK(dlist)) {
         LEAVE_REFUSED();
     }
     pdxi_dlist_release(dlist);

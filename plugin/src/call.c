@@ -2,6 +2,7 @@
  * handle tags and quarantine behind "a released handle is refused". */
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,6 +132,64 @@ void pdx_call_resume(int saved_depth)
     g_call.pending[0] = '\0';
 }
 
+/* ---- fork ---------------------------------------------------------------- */
+
+/* Bumped in a child process right after fork(): objects made before carry
+ * an older epoch and are dead handles there (their threads, connections
+ * and locks stayed in the parent). Process-wide by nature, like fork. */
+static _Atomic uint64_t g_fork_epoch;
+
+/* Header in front of every pdx_handle_alloc object (16 bytes keep the
+ * object's alignment). */
+typedef struct handle_hdr {
+    uint64_t epoch;
+    uint64_t pad;
+} handle_hdr_t;
+
+static pthread_mutex_t g_q_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void fork_prepare(void)
+{
+    /* No pdx lock may be held across fork by another thread, or the child
+     * would find it locked forever (the quarantine at exit, shm). */
+    pdx_shm_atfork(0);
+    pthread_mutex_lock(&g_q_lock);
+}
+
+static void fork_parent(void)
+{
+    pthread_mutex_unlock(&g_q_lock);
+    pdx_shm_atfork(1);
+}
+
+static void fork_child(void)
+{
+    atomic_fetch_add(&g_fork_epoch, 1);
+    pthread_mutex_unlock(&g_q_lock);
+    pdx_shm_atfork(2);
+}
+
+__attribute__((constructor)) static void fork_init(void)
+{
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+bool pdx_handle_inherited(const void *h)
+{
+    const handle_hdr_t *hd = (const handle_hdr_t *)h - 1;
+    return hd->epoch != atomic_load_explicit(&g_fork_epoch,
+                                             memory_order_relaxed);
+}
+
+/* Objects that own threads, connections or locks: dead in a forked child
+ * (all pdx_handle_alloc objects have the header; layouts and hashers are
+ * plain data and keep working there). */
+static bool has_header(uint32_t magic)
+{
+    return magic == PDX_MAGIC_AGENT || magic == PDX_MAGIC_DLIST ||
+           magic == PDX_MAGIC_CONN || magic == PDX_MAGIC_POOL;
+}
+
 bool pdx_handle_check(const void *h, uint32_t magic, const char *fn,
                       const char *what)
 {
@@ -143,7 +202,27 @@ bool pdx_handle_check(const void *h, uint32_t magic, const char *fn,
                 "release or destroy?)", fn, what, h, what);
         return false;
     }
+    if (has_header(magic) && pdx_handle_inherited(h)) {
+        pdx_log(PDX_LOG_ERROR, "%s: %s %p was created before fork() in the "
+                "parent process; inherited pdx objects are dead handles in "
+                "a child (create new ones here)", fn, what, h);
+        return false;
+    }
     return true;
+}
+
+bool pdx_handle_check_release(const void *h, uint32_t magic, const char *fn,
+                              const char *what)
+{
+    if (h != NULL && *(const volatile uint32_t *)h == magic &&
+        has_header(magic) && pdx_handle_inherited(h)) {
+        /* What a child's exit does (Python's finalisers, atexit): nothing
+         * of the parent's may be touched, so it is left alone. */
+        pdx_debug("%s: %s %p was inherited from the parent process: left "
+                  "alone in this child", fn, what, h);
+        return false;
+    }
+    return pdx_handle_check(h, magic, fn, what);
 }
 
 /* ---- quarantine ---------------------------------------------------------- */
@@ -154,19 +233,28 @@ typedef struct qnode {
     struct qnode *next;
 } qnode_t;
 
-static pthread_mutex_t g_q_lock = PTHREAD_MUTEX_INITIALIZER;
 static qnode_t *g_q_head, *g_q_tail;
 static size_t g_q_len;
+
+static void qnode_free(qnode_t *n)
+{
+    if (n != NULL) {
+        free((handle_hdr_t *)n - 1);
+    }
+}
 
 void *pdx_handle_alloc(size_t size, uint32_t magic)
 {
     if (size < sizeof(qnode_t)) {
         size = sizeof(qnode_t);
     }
-    uint32_t *p = calloc(1, size);
-    if (p != NULL) {
-        *p = magic;
+    handle_hdr_t *hd = calloc(1, sizeof(*hd) + size);
+    if (hd == NULL) {
+        return NULL;
     }
+    hd->epoch = atomic_load_explicit(&g_fork_epoch, memory_order_relaxed);
+    uint32_t *p = (uint32_t *)(hd + 1);
+    *p = magic;
     return p;
 }
 
@@ -195,7 +283,7 @@ void pdx_handle_release(void *h)
         g_q_len--;
     }
     pthread_mutex_unlock(&g_q_lock);
-    free(victim);
+    qnode_free(victim);
 }
 
 /* Leak checkers see the quarantine emptied at unload. */
@@ -205,7 +293,7 @@ __attribute__((destructor)) static void quarantine_drain(void)
     while (g_q_head != NULL) {
         qnode_t *n = g_q_head;
         g_q_head = n->next;
-        free(n);
+        qnode_free(n);
     }
     g_q_tail = NULL;
     g_q_len = 0;

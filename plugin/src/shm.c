@@ -26,6 +26,8 @@ typedef struct shm_ent {
     uint64_t fd_off;  /* offset of `addr` in the file */
     bool allocated;   /* pdx_mem_alloc: munmap on free */
     uint32_t users;   /* registrations inside this range */
+    bool inherited;   /* from the parent, in a forked child: fd closed,
+                       * never found, dropped on free/unshare/overlap */
 } shm_ent_t;
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -48,7 +50,7 @@ static size_t lower_bound(uint64_t a)
 }
 
 /* Entry holding [a, a+len), or NULL. Lock held. */
-static shm_ent_t *find(uint64_t a, uint64_t len)
+static shm_ent_t *find_any(uint64_t a, uint64_t len)
 {
     size_t i = lower_bound(a);
     if (i < g_n && g_ents[i]->addr == a) {
@@ -62,11 +64,67 @@ static shm_ent_t *find(uint64_t a, uint64_t len)
     return pdx_region_holds(&r, a, len) ? e : NULL;
 }
 
+/* The same, never an entry inherited from the parent. */
+static shm_ent_t *find(uint64_t a, uint64_t len)
+{
+    shm_ent_t *e = find_any(a, len);
+    return e != NULL && !e->inherited ? e : NULL;
+}
+
+static void drop_at(size_t i)
+{
+    memmove(&g_ents[i], &g_ents[i + 1], (g_n - i - 1) * sizeof(*g_ents));
+    g_n--;
+    if (g_n == 0) {
+        free(g_ents);
+        g_ents = NULL;
+        g_cap = 0;
+    }
+}
+
+/* A child's new mapping may take an address the parent's memory had (not
+ * mapped here: MADV_DONTFORK): entries inherited over [a, a+len) go. */
+static void drop_inherited(uint64_t a, uint64_t len)
+{
+    size_t i = lower_bound(a);
+    if (i > 0) {
+        i--;
+    }
+    while (i < g_n && g_ents[i]->addr < a + len) {
+        shm_ent_t *e = g_ents[i];
+        if (e->inherited && e->addr + e->len > a) {
+            drop_at(i);
+            free(e);
+            continue;
+        }
+        i++;
+    }
+}
+
+void pdx_shm_atfork(int phase)
+{
+    if (phase == 0) {
+        pthread_mutex_lock(&g_lock);
+        return;
+    }
+    if (phase == 2) {
+        for (size_t i = 0; i < g_n; i++) {
+            if (!g_ents[i]->inherited) {
+                close(g_ents[i]->fd);
+                g_ents[i]->fd = -1;
+                g_ents[i]->inherited = true;
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
 static pdx_status_t insert(uint64_t a, uint64_t len, int fd, uint64_t off,
                            bool allocated)
 {
     pdx_status_t st = PDX_OK;
     pthread_mutex_lock(&g_lock);
+    drop_inherited(a, len);
     size_t i = lower_bound(a);
     if ((i < g_n && g_ents[i]->addr < a + len) ||
         (i > 0 && g_ents[i - 1]->addr + g_ents[i - 1]->len > a)) {
@@ -108,7 +166,13 @@ static shm_ent_t *remove_at(uint64_t a, bool allocated, pdx_status_t *st_p)
     pthread_mutex_lock(&g_lock);
     size_t i = lower_bound(a);
     shm_ent_t *e = NULL;
-    if (i >= g_n || g_ents[i]->addr != a || g_ents[i]->allocated != allocated) {
+    if (i < g_n && g_ents[i]->addr == a && g_ents[i]->inherited) {
+        /* The parent's, in a forked child: forgotten, nothing unmapped. */
+        e = g_ents[i];
+        drop_at(i);
+        *st_p = PDX_OK;
+    } else if (i >= g_n || g_ents[i]->addr != a ||
+               g_ents[i]->allocated != allocated) {
         pdx_error("mem %s: 0x%llx is not the start of memory from %s",
                   allocated ? "free" : "unshare", (unsigned long long)a,
                   allocated ? "pdx_mem_alloc" : "pdx_mem_share");
@@ -120,13 +184,7 @@ static shm_ent_t *remove_at(uint64_t a, bool allocated, pdx_status_t *st_p)
         *st_p = PDX_ERR_BUSY;
     } else {
         e = g_ents[i];
-        memmove(&g_ents[i], &g_ents[i + 1], (g_n - i - 1) * sizeof(*g_ents));
-        g_n--;
-        if (g_n == 0) {
-            free(g_ents);
-            g_ents = NULL;
-            g_cap = 0;
-        }
+        drop_at(i);
         *st_p = PDX_OK;
     }
     pthread_mutex_unlock(&g_lock);
@@ -178,11 +236,11 @@ pdx_status_t pdxi_mem_free(void *ptr)
     }
     pdx_status_t st;
     shm_ent_t *e = remove_at((uint64_t)(uintptr_t)ptr, true, &st);
-    if (e != NULL) {
+    if (e != NULL && !e->inherited) {
         munmap(ptr, e->len);
         close(e->fd);
-        free(e);
     }
+    free(e);
     return st;
 }
 
@@ -220,10 +278,10 @@ pdx_status_t pdxi_mem_unshare(void *addr)
 {
     pdx_status_t st;
     shm_ent_t *e = remove_at((uint64_t)(uintptr_t)addr, false, &st);
-    if (e != NULL) {
+    if (e != NULL && !e->inherited) {
         close(e->fd);
-        free(e);
     }
+    free(e);
     return st;
 }
 

@@ -28,7 +28,19 @@
  * handle whose memory was reused for a new object of the same kind is
  * taken as that object, and a request handle used after its agent was
  * destroyed is not caught. A registration handle is only compared, never
- * read, so a stale one is always refused. */
+ * read, so a stale one is always refused.
+ *
+ * fork(): agents, connectors, offload pools, prepared lists and requests
+ * made before a fork are dead handles in the child (their threads,
+ * connections and locks stayed in the parent). Every call on them there
+ * fails with PDX_ERR_INVALID and a pdx_last_error() naming fork(); their
+ * release and destroy do nothing, quietly (a child's exit may run them),
+ * and touch nothing the parent owns. pdx_mem_free of inherited
+ * pdx_mem_alloc memory (not mapped in the child: MADV_DONTFORK) just
+ * forgets it. The child may create agents of its own (UCX in a forked
+ * child works, but its endpoint closes may take the ~1 s close bound).
+ * Layouts and hashers are plain data and keep working. No pdx lock is held
+ * across fork (pthread_atfork), so a child never hangs on one. */
 #ifndef PDX_AGENT_H
 #define PDX_AGENT_H
 
