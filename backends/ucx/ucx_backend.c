@@ -93,6 +93,7 @@ typedef struct ucx_peer {
     ucx_link_t sends;         /* standalone notifications in flight */
     void *close_req;          /* endpoint close in flight, or NULL */
     void *flush_req;          /* flush before a close in flight, or NULL */
+    int abandoned;            /* a request was released still in flight */
     uint64_t close_deadline;  /* when a flush or close gives up (forced) */
     char transport[64];       /* lanes' transports, for the path report */
 } ucx_peer_t;
@@ -1206,12 +1207,16 @@ static void ucx_peer_disconnect(void *bev, void *peerv)
         return;
     }
     ucx_list_del(&peer->link);
+    /* Requests still in flight: a flush would wait for what they moved
+     * (and for a peer that may be going away too); they are aborted, so
+     * the endpoint is forced and UCX purges them. */
+    int force = !ucx_list_empty(&peer->reqs) || peer->abandoned;
     /* The agent releases requests first; if it did not, fail them and
      * detach them from the peer so nothing points at it afterwards. */
     while (!ucx_list_empty(&peer->reqs)) {
         ucx_req_t *r = UCX_CONTAINER(peer->reqs.next, ucx_req_t, link);
-        pdx_warn("ucx: peer %s disconnected with a request in flight",
-                 peer->name);
+        pdx_debug("ucx: peer %s disconnected with a request in flight",
+                  peer->name);
         r->aborted = 1;
         ucx_req_finish(r, PDX_ERR_CANCELED);
         r->peer = NULL;
@@ -1220,7 +1225,12 @@ static void ucx_peer_disconnect(void *bev, void *peerv)
     }
     if (peer->ep != NULL) {
         /* Never waits: a hung peer must not stall the agent. */
-        ucx_ep_close_start(be, peer);
+        if (force) {
+            peer->close_deadline = ucx_now_ns() + UCX_CLOSE_TIMEOUT_NS;
+            ucx_ep_close_async(be, peer, 1);
+        } else {
+            ucx_ep_close_start(be, peer);
+        }
         /* A responsive peer completes the flush and close within a few
          * round trips: give it UCX_CLOSE_SPIN_NS of progress (bounded,
          * like a progress pass) so the common case needs no zombie. */
@@ -1576,7 +1586,11 @@ static void ucx_xfer_release(void *bev, void *reqv)
         free(r);
         return;
     }
-    /* Detach: the pending callback frees it. */
+    /* Detach: the pending callback frees it. Its peer's endpoint still
+     * carries what it moved: a close forces it (see disconnect). */
+    if (r->peer != NULL) {
+        r->peer->abandoned = 1;
+    }
     r->released = 1;
     r->peer = NULL;
     ucx_list_push(&be->orphan_reqs, &r->link);

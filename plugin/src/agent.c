@@ -2,6 +2,7 @@
  * liveness checks and the event fd. */
 #include <errno.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,12 +157,60 @@ static void host_peer_error(void *ctx, const char *peer_name, pdx_status_t why)
     }
 }
 
+/* Agents destroyed in this process, for peers in the same process (a pidfd
+ * of our own pid never fires): a sequence and a ring of the last instance
+ * ids, written without a lock (destroy) and read by every agent's liveness
+ * pass when the sequence moved. Process-wide by nature, like the pid. A
+ * burst of more than PDX_DESTROYED_RING destroys between two passes of an
+ * agent can hide one from it (then UCX errors or timeouts still end its
+ * requests). */
+#define PDX_DESTROYED_RING 1024
+static _Atomic uint64_t g_destroyed_seq;
+static _Atomic uint64_t g_destroyed_ring[PDX_DESTROYED_RING];
+
+static void announce_destroyed(uint64_t instance)
+{
+    uint64_t seq = atomic_load(&g_destroyed_seq);
+    atomic_store(&g_destroyed_ring[seq % PDX_DESTROYED_RING], instance);
+    atomic_fetch_add(&g_destroyed_seq, 1);
+}
+
+static void check_same_process(pdx_agent_h agent)
+{
+    uint64_t now = atomic_load(&g_destroyed_seq);
+    uint64_t from = agent->destroyed_seen;
+    if (now == from) {
+        return;
+    }
+    agent->destroyed_seen = now;
+    if (now - from > PDX_DESTROYED_RING) {
+        from = now - PDX_DESTROYED_RING;
+    }
+    pid_t self = getpid();
+    for (pdx_peer_t *p = agent->peers; p != NULL; p = p->next) {
+        if (p->dead != PDX_OK || !p->same_host || p->pid != self) {
+            continue;
+        }
+        for (uint64_t i = from; i < now; i++) {
+            if (atomic_load(&g_destroyed_ring[i % PDX_DESTROYED_RING]) ==
+                p->instance) {
+                pdx_peer_mark_dead_locked(agent, p,
+                                          PDX_ERR_REMOTE_DISCONNECT,
+                                          "agent destroyed in this process",
+                                          false);
+                break;
+            }
+        }
+    }
+}
+
 static void check_liveness(pdx_agent_h agent, uint64_t now)
 {
     if (now - agent->last_liveness_ns < LIVENESS_PERIOD_NS) {
         return;
     }
     agent->last_liveness_ns = now;
+    check_same_process(agent);
     for (pdx_peer_t *p = agent->peers; p != NULL; p = p->next) {
         if (p->pidfd < 0 || p->dead != PDX_OK) {
             continue;
@@ -290,6 +339,7 @@ pdx_status_t pdxi_agent_create(const char *name,
     if (getrandom(&a->instance, sizeof(a->instance), 0) !=
         sizeof(a->instance)) {
         a->instance = pdx_now_ns() ^ ((uint64_t)getpid() << 32);
+        a->destroyed_seen = atomic_load(&g_destroyed_seq);
     }
     a->generation = 1;
     a->next_epoch = 1;
@@ -357,6 +407,9 @@ void pdxi_agent_destroy(pdx_agent_h a)
     if (a == NULL) {
         return;
     }
+    /* Agents of this process that loaded this one fail their requests to
+     * it at their next liveness pass instead of waiting for a timeout. */
+    announce_destroyed(a->instance);
     pdx_store_agent_fini(a); /* store.c: no store event after this */
     if (a->thread_running) {
         __atomic_store_n(&a->stop, 1, __ATOMIC_RELEASE);
