@@ -596,19 +596,16 @@ static int ucx_has_pending_events(ucx_be_t *be)
 static unsigned ucx_worker_progress_bounded(ucx_be_t *be)
 {
     unsigned total = 0;
-    uint64_t start = 0;
+    /* Over tcp or sm one call can copy megabytes (emulated RMA) while the
+     * agent lock is held: stop once UCX_PROGRESS_MAX_NS have passed,
+     * counted from before the first call, checked after every call. (One
+     * call alone can still take longer: UCX drains a whole receive FIFO,
+     * or purges every fragment queued for a peer it just forced closed.) */
+    uint64_t start = ucx_now_ns();
     for (int i = 0; i < UCX_PROGRESS_ROUNDS; i++) {
         unsigned n = ucp_worker_progress(be->worker);
         total += n;
-        if (n == 0) {
-            break;
-        }
-        /* Over tcp one round can copy megabytes (emulated RMA): the agent
-         * lock is held, so stop after UCX_PROGRESS_MAX_NS. */
-        if (i == 0) {
-            start = ucx_now_ns();
-        } else if ((i & 3) == 0 &&
-                   ucx_now_ns() - start > UCX_PROGRESS_MAX_NS) {
+        if (n == 0 || ucx_now_ns() - start > UCX_PROGRESS_MAX_NS) {
             break;
         }
     }
