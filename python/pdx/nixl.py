@@ -35,6 +35,7 @@ Where pdx behaves differently from NIXL:
   the agent's own name are not supported.
 """
 
+import enum
 import os
 import sys
 import types
@@ -92,13 +93,28 @@ def _backend_modules(names):
     return out
 
 
+class nixl_thread_sync_t(enum.Enum):
+    """NIXL's thread synchronisation modes (pdx agents are always
+    thread-safe: every mode is accepted and behaves as STRICT)."""
+
+    NIXL_THREAD_SYNC_NONE = 0
+    NIXL_THREAD_SYNC_STRICT = 1
+    NIXL_THREAD_SYNC_RW = 2
+    NIXL_THREAD_SYNC_DEFAULT = 3
+
+
 class nixl_agent_config:
     """Configuration of a nixl_agent (NIXL's fields; pdx uses
     enable_prog_thread and backends, keeps the rest)."""
 
     def __init__(self, enable_prog_thread=True, enable_listen_thread=False,
-                 listen_port=0, capture_telemetry=False, num_threads=0,
-                 backends=None, **kwargs):
+                 listen_port=DEFAULT_COMM_PORT, capture_telemetry=False,
+                 num_threads=0, backends=None, sync_mode=None, **kwargs):
+        if sync_mode is not None and \
+                not isinstance(sync_mode, nixl_thread_sync_t):
+            raise TypeError("sync_mode must be a nixl_thread_sync_t (got %r)"
+                            % type(sync_mode).__name__)
+        self.sync_mode = sync_mode
         self.backends = list(backends) if backends is not None else ["UCX"]
         self.enable_pthread = enable_prog_thread
         self.enable_listen = enable_listen_thread
