@@ -3,6 +3,7 @@
  * (pdx_xfer_h). Every call that can take more than a few microseconds runs
  * with the GIL released. */
 #include "pdxpy.h"
+#include <math.h>
 
 #include <errno.h>
 #include <poll.h>
@@ -249,11 +250,11 @@ static int Agent_init(AgentObject *self, PyObject *args, PyObject *kw)
 #endif
     }
     if (timeout != Py_None) {
-        double t = PyFloat_AsDouble(timeout);
-        if (t == -1.0 && PyErr_Occurred()) {
+        double t;
+        if (pdxpy_timeout_arg(timeout, "xfer_timeout", 0, &t) < 0) {
             return -1;
         }
-        if (t < 0 || t * 1000.0 > (double)UINT32_MAX) {
+        if (t * 1000.0 > (double)UINT32_MAX) {
             PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID),
                             "xfer_timeout: seconds, 0 (never) or more");
             return -1;
@@ -732,8 +733,11 @@ static PyObject *Agent_get_notifs(AgentObject *self, PyObject *args,
                                   PyObject *kw)
 {
     static char *kwlist[] = {"timeout", NULL};
+    PyObject *to = NULL;
     double timeout = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|d", kwlist, &timeout) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &to) ||
+        (to != NULL && to != Py_None &&
+         pdxpy_timeout_arg(to, "get_notifs", 1, &timeout) < 0) ||
         pdxpy_agent_enter(self) < 0) {
         return NULL;
     }
@@ -775,6 +779,15 @@ static PyObject *Agent_send_notif(AgentObject *self, PyObject *args)
     Py_buffer v;
     const char *p;
     Py_ssize_t len;
+    /* bytes-like, or str sent UTF-8 encoded (as NIXL's genNotif takes
+     * either); anything else is a TypeError naming the type. */
+    if (msg == Py_None || (!PyUnicode_Check(msg) && !PyObject_CheckBuffer(msg))) {
+        PyErr_Format(PyExc_TypeError,
+                     "send_notif: the message must be bytes, a bytes-like "
+                     "object or str (sent UTF-8 encoded), not %.100s",
+                     Py_TYPE(msg)->tp_name);
+        return NULL;
+    }
     if (pdxpy_bytes_arg(msg, &v, &p, &len) < 0) {
         return NULL;
     }
@@ -894,14 +907,13 @@ static PyObject *Agent_fetch_peer(AgentObject *self, PyObject *args,
 {
     static char *kwlist[] = {"name", "timeout", NULL};
     const char *name;
+    PyObject *to = NULL;
     double timeout = 5.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|d", kwlist, &name,
-                                     &timeout)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O", kwlist, &name, &to)) {
         return NULL;
     }
-    if (!(timeout >= 0)) {
-        PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID),
-                        "fetch_peer: timeout is seconds, 0 or more");
+    if (to != NULL && to != Py_None &&
+        pdxpy_timeout_arg(to, "fetch_peer", 1, &timeout) < 0) {
         return NULL;
     }
     if (pdxpy_require((const void *)pdxpy_opt.peer_fetch, "pdx_peer_fetch") <
@@ -1023,10 +1035,11 @@ static void memregs_forget(PyObject *regs)
 
 static PyObject *Agent_register(AgentObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"obj", "mem_type", "device", NULL};
+    static char *kwlist[] = {"obj", "mem_type", "device", "readonly", NULL};
     PyObject *obj, *mt = Py_None, *dev = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO", kwlist, &obj, &mt,
-                                     &dev)) {
+    int readonly = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO$p", kwlist, &obj, &mt,
+                                     &dev, &readonly)) {
         return NULL;
     }
     MemRegObject *r = PyObject_New(MemRegObject, &pdxpy_MemRegType);
@@ -1037,6 +1050,25 @@ static PyObject *Agent_register(AgentObject *self, PyObject *args, PyObject *kw)
     r->h = NULL;
     if (pdxpy_mem_from_object(obj, mt, dev, 1, &r->mem) < 0) {
         memset(&r->mem, 0, sizeof(r->mem));
+        Py_DECREF(r);
+        return NULL;
+    }
+    if (r->mem.readonly && !readonly) {
+        PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
+                     "register: %.100s is read-only memory (a local READ or "
+                     "a peer's WRITE would change it): pass readonly=True "
+                     "to register it as a source only, or a writable buffer "
+                     "(bytearray)",
+                     Py_TYPE(obj)->tp_name);
+        Py_DECREF(r);
+        return NULL;
+    }
+    /* Declared read-only: local READs into it are refused here. */
+    r->mem.readonly = readonly;
+    if (readonly && self->n_readonly >= 64) {
+        PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID),
+                        "register: at most 64 regions per agent are "
+                        "registered readonly=True");
         Py_DECREF(r);
         return NULL;
     }
@@ -1059,7 +1091,9 @@ static PyObject *Agent_register(AgentObject *self, PyObject *args, PyObject *kw)
         return pdxpy_raise(st, "register", err);
     }
     r->agent_ref = PyWeakref_NewRef((PyObject *)self, NULL);
-    if (r->agent_ref == NULL || PySet_Add(self->regs, (PyObject *)r) < 0) {
+    if (r->agent_ref != NULL && PySet_Add(self->regs, (PyObject *)r) == 0) {
+        self->n_readonly += r->mem.readonly;
+    } else {
         /* Undo: nothing else knows of it yet. */
         self->uses++;
         Py_BEGIN_ALLOW_THREADS pdx_mem_deregister(self->h, r->h);
@@ -1100,6 +1134,7 @@ static int memreg_release(MemRegObject *r)
         return -1; /* still registered: the buffer stays pinned */
     }
     r->h = NULL;
+    a->n_readonly -= r->mem.readonly;
     pdxpy_mem_clear(&r->mem);
     int rc = a->regs ? PySet_Discard(a->regs, (PyObject *)r) : 0;
     Py_DECREF(a);
@@ -1149,6 +1184,8 @@ static PyObject *MemReg_get(MemRegObject *r, void *which)
         return PyUnicode_FromString(mem_name(r->mem.mem_type));
     case 3:
         return PyLong_FromUnsignedLong(r->mem.dev);
+    case 5:
+        return PyBool_FromLong(r->mem.readonly);
     default:
         return PyBool_FromLong(r->h != NULL && memreg_agent(r) != NULL);
     }
@@ -1162,6 +1199,69 @@ static PyObject *MemReg_repr(MemRegObject *r)
         (unsigned)r->mem.dev, r->h ? "" : " deregistered");
 }
 
+/* Regions registered readonly=True (at most RO_MAX per agent). */
+enum { RO_MAX = 64 };
+typedef struct ro_ranges {
+    int n;
+    uint64_t lo[RO_MAX], hi[RO_MAX];
+} ro_ranges_t;
+
+static void readonly_ranges(AgentObject *a, ro_ranges_t *ro)
+{
+    ro->n = 0;
+    if (a->n_readonly <= 0 || a->regs == NULL) {
+        return;
+    }
+    PyObject *it = PyObject_GetIter(a->regs), *key;
+    while (it != NULL && ro->n < RO_MAX && (key = PyIter_Next(it)) != NULL) {
+        MemRegObject *r = (MemRegObject *)key;
+        if (r->mem.readonly) {
+            ro->lo[ro->n] = r->mem.addr;
+            ro->hi[ro->n++] = r->mem.addr + r->mem.len;
+        }
+        Py_DECREF(key);
+    }
+    Py_XDECREF(it);
+    PyErr_Clear();
+}
+
+static int readonly_hit(const ro_ranges_t *ro, const pdx_desc_t *d)
+{
+    for (int k = 0; k < ro->n; k++) {
+        if (d->len > 0 && d->addr < ro->hi[k] && ro->lo[k] < d->addr + d->len) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Index of the first of `n` descriptors that overlaps a region registered
+ * readonly=True, or -1 (also when none is). */
+static Py_ssize_t readonly_overlap(AgentObject *a, const pdx_desc_t *d,
+                                   size_t n)
+{
+    ro_ranges_t ro;
+    readonly_ranges(a, &ro);
+    for (size_t i = 0; ro.n > 0 && i < n; i++) {
+        if (readonly_hit(&ro, &d[i])) {
+            return (Py_ssize_t)i;
+        }
+    }
+    return -1;
+}
+
+static PyObject *readonly_refused(const char *what, Py_ssize_t i,
+                                  const pdx_desc_t *d)
+{
+    PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
+                 "%s: local descriptor %zd (0x%llx+%llu) lies in memory "
+                 "registered readonly=True: it cannot be a READ's "
+                 "destination",
+                 what, i, (unsigned long long)d->addr,
+                 (unsigned long long)d->len);
+    return NULL;
+}
+
 static PyGetSetDef MemReg_getset[] = {
     {"addr", (getter)(void (*)(void))MemReg_get, NULL, "start address",
      (void *)0},
@@ -1173,6 +1273,9 @@ static PyGetSetDef MemReg_getset[] = {
      (void *)3},
     {"registered", (getter)(void (*)(void))MemReg_get, NULL, "still registered",
      (void *)4},
+    {"readonly", (getter)(void (*)(void))MemReg_get, NULL,
+     "registered with readonly=True: never a local READ's destination",
+     (void *)5},
     {0},
 };
 
@@ -1516,6 +1619,7 @@ typedef struct DListObject {
     size_t count;
     int uses;
     PyObject *peer;
+    uint8_t *ro; /* local lists: 1 per entry in readonly memory, or NULL */
 } DListObject;
 
 static PyObject *Agent_prep_dlist(AgentObject *self, PyObject *args,
@@ -1547,17 +1651,31 @@ static PyObject *Agent_prep_dlist(AgentObject *self, PyObject *args,
     }
     Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
     size_t count = d->count;
+    uint8_t *ro = NULL;
+    int nomem = 0;
+    if (st == PDX_OK && peer == NULL &&
+        readonly_overlap(self, d->descs, d->count) >= 0) {
+        ro_ranges_t rr;
+        readonly_ranges(self, &rr);
+        ro = PyMem_Calloc(count, 1);
+        nomem = ro == NULL;
+        for (size_t i = 0; ro != NULL && i < count; i++) {
+            ro[i] = (uint8_t)readonly_hit(&rr, &d->descs[i]);
+        }
+    }
     Py_DECREF(d);
     if (st != PDX_OK) {
         return pdxpy_raise(st, "prep_dlist", err);
     }
-    DListObject *r = PyObject_New(DListObject, &pdxpy_DListType);
+    DListObject *r = nomem ? NULL : PyObject_New(DListObject, &pdxpy_DListType);
     if (r == NULL) {
+        PyMem_Free(ro);
         self->uses++;
         Py_BEGIN_ALLOW_THREADS pdx_dlist_release(h);
         Py_END_ALLOW_THREADS self->uses--;
-        return NULL;
+        return nomem ? PyErr_NoMemory() : NULL;
     }
+    r->ro = ro;
     r->agent = (AgentObject *)Py_NewRef(self);
     r->h = h;
     r->count = count;
@@ -1587,6 +1705,7 @@ static void DList_dealloc(DListObject *r)
     dlist_release(r);
     Py_XDECREF(r->agent);
     Py_XDECREF(r->peer);
+    PyMem_Free(r->ro);
     PyObject_Free(r);
 }
 
@@ -1767,6 +1886,19 @@ static PyObject *Agent_make_xfer(AgentObject *self, PyObject *const *args,
                      rn);
         goto out;
     }
+    if (op == PDX_XFER_READ && ld->ro != NULL) {
+        const uint32_t *idx = li;
+        for (size_t k = 0; k < ln; k++) {
+            if (idx[k] < ld->count && ld->ro[idx[k]]) {
+                PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
+                             "make_xfer: local entry %u lies in memory "
+                             "registered readonly=True: it cannot be a "
+                             "READ's destination",
+                             (unsigned)idx[k]);
+                goto out;
+            }
+        }
+    }
     if (pdxpy_bytes_arg(notif, &nv, &np, &nlen) < 0) {
         goto out;
     }
@@ -1841,6 +1973,13 @@ static PyObject *Agent_create_xfer(AgentObject *self, PyObject *args,
     const char *np = NULL;
     Py_ssize_t nlen = 0;
     PyObject *res = NULL;
+    if (op == PDX_XFER_READ) {
+        Py_ssize_t bad = readonly_overlap(self, l->descs, l->count);
+        if (bad >= 0) {
+            readonly_refused("create_xfer", bad, &l->descs[bad]);
+            goto out;
+        }
+    }
     if (pdxpy_bytes_arg(notif, &nv, &np, &nlen) < 0 ||
         pdxpy_agent_enter(self) < 0) {
         goto out;
@@ -1990,11 +2129,13 @@ static PyObject *Xfer_wait(XferObject *x, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &to)) {
         return NULL;
     }
-    double timeout = -1;
+    double timeout = -1; /* None or inf: no limit */
     if (to != Py_None) {
-        timeout = PyFloat_AsDouble(to);
-        if (timeout == -1.0 && PyErr_Occurred()) {
+        if (pdxpy_timeout_arg(to, "wait", 1, &timeout) < 0) {
             return NULL;
+        }
+        if (isinf(timeout)) {
+            timeout = -1;
         }
     }
     if (xfer_enter(x) < 0) {
@@ -2174,7 +2315,8 @@ static PyMethodDef Xfer_methods[] = {
     {"wait", (PyCFunction)(void (*)(void))Xfer_wait,
      METH_VARARGS | METH_KEYWORDS,
      "wait(timeout=None): sleep on the agent's event fd until complete; "
-     "raises on error, pdx.Timeout if still in flight after timeout s."},
+     "raises on error, pdx.Timeout if still in flight after timeout s "
+     "(None or inf: no limit; nan or negative: pdx.InvalidArgument)."},
     {"abort", (PyCFunction)(void (*)(void))Xfer_abort, METH_NOARGS,
      "Ask an in-flight request to stop (check/wait until it ends)."},
     {"release", (PyCFunction)(void (*)(void))Xfer_release, METH_NOARGS,
@@ -2341,9 +2483,14 @@ static PyMethodDef Agent_methods[] = {
      "(then call progress() and get_notifs()). Do not read or close it."},
     {"register", (PyCFunction)(void (*)(void))Agent_register,
      METH_VARARGS | METH_KEYWORDS,
-     "register(obj, mem_type=None, device=None) -> MemReg. obj: a buffer "
-     "(bytearray, numpy array, mmap, SharedMemory), (addr, len, mem_type, "
-     "device), or an object with data_ptr() / __cuda_array_interface__."},
+     "register(obj, mem_type=None, device=None, *, readonly=False) -> "
+     "MemReg. obj: a buffer (bytearray, numpy array, mmap, SharedMemory), "
+     "(addr, len, mem_type, device), or an object with data_ptr() / "
+     "__cuda_array_interface__. A read-only buffer (bytes) is refused "
+     "unless readonly=True: then it is never a local READ's destination "
+     "(refused here), but pdx does not stop a peer's WRITE into it, so "
+     "register read-only memory only for peers that do not WRITE to it "
+     "(at most 64 such regions per agent)."},
     {"deregister", (PyCFunction)(void (*)(void))Agent_deregister, METH_O,
      "deregister(reg): as reg.deregister()."},
     {"prep_dlist", (PyCFunction)(void (*)(void))Agent_prep_dlist,
@@ -2362,9 +2509,11 @@ static PyMethodDef Agent_methods[] = {
     {"get_notifs", (PyCFunction)(void (*)(void))Agent_get_notifs,
      METH_VARARGS | METH_KEYWORDS,
      "get_notifs(timeout=0) -> {peer: [bytes, ...]}: waits up to timeout s "
-     "(on the event fd) for at least one."},
+     "(on the event fd) for at least one; inf: until one comes or the "
+     "agent closes; nan or negative: pdx.InvalidArgument."},
     {"send_notif", (PyCFunction)(void (*)(void))Agent_send_notif, METH_VARARGS,
-     "send_notif(peer, msg): queue a notification (bytes or str)."},
+     "send_notif(peer, msg): queue a notification: bytes-like, or str "
+     "(sent UTF-8 encoded, as NIXL does); other types: TypeError."},
     {"stats", (PyCFunction)(void (*)(void))Agent_stats,
      METH_VARARGS | METH_KEYWORDS,
      "stats(backend=None, peer=None) -> dict of counters."},

@@ -749,7 +749,7 @@ static int base_of(LayoutObject *o, PyObject *b, uint64_t need, uint64_t *addr,
         return PyErr_Occurred() ? -1 : 0;
     }
     pdxpy_mem_t m;
-    if (pdxpy_mem_from_object(b, NULL, NULL, 1, &m) < 0) {
+    if (pdxpy_mem_from_object(b, NULL, NULL, 2, &m) < 0) {
         return -1;
     }
     if (m.len < need) {
@@ -926,7 +926,7 @@ static PyObject *Layout_carve(LayoutObject *o, PyObject *args, PyObject *kw)
         return NULL;
     }
     pdxpy_mem_t m;
-    if (pdxpy_mem_from_object(mem, NULL, dev, 1, &m) < 0) {
+    if (pdxpy_mem_from_object(mem, NULL, dev, 2, &m) < 0) {
         return NULL;
     }
     pdx_status_t st = pdx_layout_carve(o->h, m.addr, m.len, align, m.dev);
@@ -1137,8 +1137,13 @@ static int KVConn_init(KVConnObject *self, PyObject *args, PyObject *kw)
                              .flags =
                                  progress ? PDX_AGENT_F_PROGRESS_THREAD : 0};
     if (timeout != Py_None) {
-        double t = PyFloat_AsDouble(timeout);
-        if (t == -1.0 && PyErr_Occurred()) {
+        double t;
+        if (pdxpy_timeout_arg(timeout, "xfer_timeout", 0, &t) < 0) {
+            return -1;
+        }
+        if (t * 1000.0 > (double)UINT32_MAX) {
+            PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID),
+                            "xfer_timeout: seconds, 0 (never) or more");
             return -1;
         }
         ap.field_mask |= PDX_AGENT_PARAM_XFER_TIMEOUT;

@@ -2,6 +2,7 @@
  * holds the module, the exception classes (one per pdx status) and the
  * argument helpers the object files share. */
 #include "pdxpy.h"
+#include <math.h>
 
 #include <dlfcn.h>
 #include <string.h>
@@ -194,6 +195,36 @@ int pdxpy_bytes_arg(PyObject *o, Py_buffer *view, const char **p,
     }
     *p = view->buf;
     *len = view->len;
+    return 0;
+}
+
+int pdxpy_timeout_arg(PyObject *o, const char *what, int inf_ok,
+                      double *out)
+{
+    if (PyBool_Check(o)) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s: timeout must be a number of seconds, not %.100s",
+                     what, Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    double t = PyFloat_AsDouble(o);
+    if (t == -1.0 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError,
+                         "%s: timeout must be a number of seconds, not "
+                         "%.100s",
+                         what, Py_TYPE(o)->tp_name);
+        }
+        return -1;
+    }
+    if (isnan(t) || t < 0 || (isinf(t) && !inf_ok)) {
+        PyErr_Format(g_exc[-PDX_ERR_INVALID],
+                     "%s: timeout %R: give seconds, 0 or more%s", what, o,
+                     inf_ok ? " (inf: no limit)" : "");
+        return -1;
+    }
+    *out = t;
     return 0;
 }
 
@@ -585,7 +616,8 @@ int pdxpy_mem_from_object(PyObject *o, PyObject *mem_type, PyObject *device,
     } else if (PyObject_CheckBuffer(o)) {
         int flags = PyBUF_ANY_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
         if (PyObject_GetBuffer(o, &m->view, flags) < 0) {
-            if (!writable || !PyErr_ExceptionMatches(PyExc_BufferError)) {
+            if (writable != 1 ||
+                !PyErr_ExceptionMatches(PyExc_BufferError)) {
                 return -1;
             }
             /* Read-only memory is fine as a WRITE source or READ target of
@@ -594,6 +626,7 @@ int pdxpy_mem_from_object(PyObject *o, PyObject *mem_type, PyObject *device,
             if (PyObject_GetBuffer(o, &m->view, PyBUF_ANY_CONTIGUOUS) < 0) {
                 return -1;
             }
+            m->readonly = 1;
         }
         m->addr = (uint64_t)(uintptr_t)m->view.buf;
         m->len = (uint64_t)m->view.len;

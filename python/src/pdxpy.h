@@ -87,12 +87,21 @@ typedef struct pdxpy_mem {
     uint32_t dev;
     Py_buffer view;  /* held when view.obj != NULL */
     PyObject *owner; /* new reference to keep alive, or NULL */
+    int readonly;    /* a read-only buffer (bytes, read-only memoryview) */
 } pdxpy_mem_t;
+/* `writable`: 0 any buffer; 1 a writable one, else a read-only one with
+ * m->readonly set; 2 writable only (a read-only buffer raises BufferError). */
 int pdxpy_mem_from_object(PyObject *o, PyObject *mem_type, PyObject *device,
                           int writable, pdxpy_mem_t *m);
 void pdxpy_mem_clear(pdxpy_mem_t *m);
 /* Monotonic seconds. */
 double pdxpy_now(void);
+/* A timeout argument `o` (an int or float, seconds) into *out: 0 or more,
+ * +inf allowed (no limit) when `inf_ok`. nan, negative values (-inf too)
+ * and +inf where not allowed raise pdx.InvalidArgument naming `what` and
+ * the value; a non-number raises TypeError. Returns 0 or -1. */
+int pdxpy_timeout_arg(PyObject *o, const char *what, int inf_ok,
+                      double *out);
 
 /* ---- types */
 
@@ -103,6 +112,7 @@ typedef struct AgentObject {
     int progress_thread;
     PyObject *name;
     PyObject *regs; /* set of live MemReg objects */
+    int n_readonly; /* of those, registered with readonly=True */
     PyObject *weakreflist;
 } AgentObject;
 

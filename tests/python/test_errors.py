@@ -264,3 +264,130 @@ def test_one_request_two_threads():
         x.wait  # the object is still a valid Python object
         with pytest.raises(pdx.Closed):
             x.check()
+
+
+def test_timeouts_refuse_nan_and_negative():
+    """Every timeout argument refuses nan and negative values (-inf too)
+    at once with pdx.InvalidArgument naming the call; a non-number is a
+    TypeError; inf means no limit where a wait may be unbounded and is
+    refused where it is a stored limit (xfer_timeout)."""
+    nan, inf = float("nan"), float("inf")
+    for bad in (nan, -inf, -1, -0.001):
+        with pytest.raises(pdx.InvalidArgument, match="xfer_timeout"):
+            pdx.Agent("to-bad", backends=[], xfer_timeout=bad)
+    with pytest.raises(pdx.InvalidArgument, match="xfer_timeout"):
+        pdx.Agent("to-bad", backends=[], xfer_timeout=inf)
+    with pytest.raises(TypeError, match="xfer_timeout"):
+        pdx.Agent("to-bad", backends=[], xfer_timeout="5")
+    with pdx.Agent("to-a") as a, pdx.Agent("to-b") as b:
+        src = pdx.mem_alloc(4096)
+        dst = bytearray(4096)
+        a.register(src)
+        b.register(dst)
+        b.load_peer(a.describe())
+        a.load_peer(b.describe())
+        x = b.create_xfer("READ", [(pdx.addr_of(dst), 4096, 0)],
+                          [(src.addr, 4096, 0)], "to-a")
+        x.post()
+        for bad in (nan, -inf, -1):
+            t0 = time.monotonic()
+            with pytest.raises(pdx.InvalidArgument, match="get_notifs") as e:
+                a.get_notifs(timeout=bad)
+            assert "timeout" in str(e.value)
+            with pytest.raises(pdx.InvalidArgument, match="wait"):
+                x.wait(timeout=bad)
+            with pytest.raises(pdx.InvalidArgument, match="fetch_peer"):
+                a.fetch_peer("to-b", timeout=bad)
+            assert time.monotonic() - t0 < 1.0, "a refused timeout waited"
+        for bad in ("1", b"1", [1], True):
+            with pytest.raises(TypeError, match="get_notifs"):
+                a.get_notifs(timeout=bad)
+            with pytest.raises(TypeError, match="wait"):
+                x.wait(timeout=bad)
+        # inf: no limit (returns as soon as there is something).
+        x.wait(timeout=inf)
+        assert x.status == pdx.OK
+        x.release()
+        b.send_notif("to-a", b"inf")
+        t0 = time.monotonic()
+        got = a.get_notifs(timeout=inf)
+        assert got == {"to-b": [b"inf"]}, got
+        assert time.monotonic() - t0 < 10
+        assert a.get_notifs(timeout=0) == {}
+        assert a.get_notifs(timeout=0.01) == {}
+        assert a.get_notifs(timeout=None) == {}
+
+
+def test_readonly_buffers():
+    """Read-only memory (bytes, a read-only memoryview) is refused by
+    register unless declared readonly=True; memory registered so is never
+    the destination of a local READ (create_xfer and make_xfer refuse it,
+    naming the descriptor), and stays a WRITE source whose bytes arrive."""
+    data = bytes(range(256)) * 16
+    with pdx.Agent("ro-a") as a, pdx.Agent("ro-b") as b:
+        for obj in (data, memoryview(bytearray(4096)).toreadonly()):
+            with pytest.raises(pdx.InvalidArgument, match="readonly=True"):
+                a.register(obj)
+        ro = a.register(data, readonly=True)
+        assert ro.readonly and ro.len == len(data)
+        rw_buf = bytearray(len(data))
+        rw = a.register(rw_buf)
+        assert not rw.readonly
+        dst = bytearray(len(data))
+        b.register(dst)
+        peer = b.load_peer(a.describe())
+        a.load_peer(b.describe())
+        # a READs from b into its read-only region: refused before posting.
+        with pytest.raises(pdx.InvalidArgument, match="readonly=True") as e:
+            a.create_xfer("READ", [(ro.addr + 100, 64, 0)],
+                          [(pdx.addr_of(dst), 64, 0)], "ro-b")
+        assert "descriptor 0" in str(e.value)
+        # Into its writable region: fine.
+        x = a.create_xfer("READ", [(rw.addr, 64, 0)],
+                          [(pdx.addr_of(dst), 64, 0)], "ro-b")
+        x.release()
+        # WRITE from the read-only region to b: the bytes arrive.
+        x = a.create_xfer("WRITE", [(ro.addr, len(data), 0)],
+                          [(pdx.addr_of(dst), len(data), 0)], "ro-b")
+        x.post()
+        x.wait(timeout=20)
+        x.release()
+        assert bytes(dst) == data
+        # Prepared lists: entry 1 is in the read-only region.
+        local = a.prep_dlist([(rw.addr, 64, 0), (ro.addr, 64, 0)])
+        remote = a.prep_dlist([(pdx.addr_of(dst), 64, 0)], "ro-b")
+        with pytest.raises(pdx.InvalidArgument, match="local entry 1"):
+            a.make_xfer("READ", local, [1], remote, [0])
+        a.make_xfer("READ", local, [0], remote, [0]).release()
+        a.make_xfer("WRITE", local, [1], remote, [0]).release()
+        local.release()
+        remote.release()
+        # Deregistered: the same addresses are no longer refused by Python
+        # (pdx itself then refuses unregistered memory).
+        ro.deregister()
+        assert peer == "ro-a"
+        with pytest.raises(pdx.Error) as e:
+            a.create_xfer("READ", [(ro.addr, 64, 0)],
+                          [(pdx.addr_of(dst), 64, 0)], "ro-b")
+        assert "readonly=True" not in str(e.value)
+
+
+def test_send_notif_types():
+    """send_notif takes bytes-like objects and str (sent UTF-8 encoded,
+    as NIXL's genNotif does); None and other types are a TypeError naming
+    the type; nothing is sent for a refused call."""
+    with pdx.Agent("nt-a") as a, pdx.Agent("nt-b") as b:
+        a.load_peer(b.describe())
+        b.load_peer(a.describe())
+        for bad in (None, 7, 1.5, ["x"], {"x": 1}):
+            with pytest.raises(TypeError, match=type(bad).__name__):
+                b.send_notif("nt-a", bad)
+        b.send_notif("nt-a", "h\u00e9llo")
+        b.send_notif("nt-a", bytearray(b"ba"))
+        b.send_notif("nt-a", memoryview(b"mv"))
+        got = []
+        end = time.monotonic() + 10
+        while len(got) < 3 and time.monotonic() < end:
+            got += a.get_notifs(timeout=0.5).get("nt-b", [])
+        assert got == ["h\u00e9llo".encode(), b"ba", b"mv"], got
+        assert a.get_notifs(timeout=0.2) == {}

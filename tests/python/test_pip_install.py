@@ -1,0 +1,123 @@
+"""pip install of the pdx package from a clean clone of the committed
+tree (git clone of the checkout) into a fresh venv made with
+`python3 -m venv --system-site-packages`, no package index: the install
+bundles libpdx.so, every backend module and the etcd store module, and
+the console commands pdx-info, pdx-validate and pdx-bench. From the
+venv (outside any checkout, no PYTHONPATH or PDX_PLUGIN_PATH), an
+Agent(store={"type": "etcd", ...}) against a private etcd publishes and
+finds itself by name with the bundled store module, and the venv's
+pdx-info runs the bundled tool. setup.py builds libpdx.so and the tools
+with CMake in the clone (nothing of this build tree is used).
+Skipped, with the reason, without git, etcd or the venv module."""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from test_store import etcd  # noqa: F401  (the private etcd fixture)
+
+SRC = os.environ.get("PDX_SOURCE_DIR",
+                     os.path.dirname(os.path.dirname(os.path.dirname(
+                         os.path.abspath(__file__)))))
+STEP = 540  # the whole test must fit the ctest timeout (600 s)
+
+
+def _clean_env():
+    env = dict(os.environ)
+    for k in ("PYTHONPATH", "PDX_PLUGIN_PATH", "PDX_BUILD_DIR",
+              "LD_LIBRARY_PATH", "PDX_CONFIG_DIR", "LD_PRELOAD"):
+        env.pop(k, None)
+    env["UCX_NET_DEVICES"] = "lo"
+    return env
+
+
+def _run(cmd, cwd, env, timeout=STEP):
+    p = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=timeout)
+    out = p.stdout.decode(errors="replace")
+    assert p.returncode == 0, "%s exited %d:\n%s" % (
+        " ".join(cmd), p.returncode, out[-6000:])
+    return out
+
+
+CHECK = r'''
+import os, sys, pdx
+url, ns = sys.argv[1], sys.argv[2]
+pkg = os.path.dirname(pdx.__file__)
+assert pkg.startswith(sys.prefix), (pkg, sys.prefix)
+store = {"type": "etcd", "endpoints": url, "namespace": ns,
+         "lease_ttl_ms": 3000, "timeout_ms": 1000}
+with pdx.Agent("pip-a", backends=["ucx", "cma"], store=store) as a, \
+     pdx.Agent("pip-b", backends=["ucx"], store=store) as b:
+    a.register(pdx.mem_alloc(1 << 16))
+    a.publish()
+    assert b.fetch_peer("pip-a", timeout=10) == "pip-a"
+    assert b.peer_state("pip-a") == "alive"
+    st = b.store_status()
+    assert st["reachable"] and st["endpoint"] == url, st
+    maps = open("/proc/self/maps").read()
+    for m in ("libpdx.so.0", "libpdx_backend_ucx.so",
+              "libpdx_backend_cma.so", "libpdx_store_etcd.so"):
+        paths = {l.split()[-1] for l in maps.splitlines()
+                 if l.endswith("/" + m)}
+        assert paths and all(p.startswith(pkg + "/_lib") for p in paths), \
+            (m, paths)
+print("pip-ok", pkg)
+'''
+
+
+def test_pip_install_clean_clone(etcd):  # noqa: F811
+    for tool in ("git", "cmake"):
+        if shutil.which(tool) is None:
+            pytest.skip("%s not installed" % tool)
+    try:
+        import venv  # noqa: F401
+        import ensurepip  # noqa: F401
+    except ImportError:
+        pytest.skip("python3-venv not installed (venv/ensurepip missing)")
+    tmp = tempfile.mkdtemp(prefix="pdx-pip-")
+    env = _clean_env()
+    try:
+        clone = os.path.join(tmp, "src")
+        _run(["git", "clone", "-q", "--no-hardlinks", SRC, clone], tmp, env)
+        venv_dir = os.path.join(tmp, "venv")
+        _run([sys.executable, "-m", "venv", "--system-site-packages",
+              venv_dir], tmp, env)
+        pip = os.path.join(venv_dir, "bin", "pip")
+        env["PDX_BUILD_JOBS"] = "2"
+        _run([pip, "install", "-q", "--no-build-isolation", "--no-index",
+              os.path.join(clone, "python")], tmp, env)
+        py = os.path.join(venv_dir, "bin", "python")
+        site = _run([py, "-c", "import os, pdx; "
+                     "print(os.path.dirname(pdx.__file__))"], tmp,
+                    env).strip().splitlines()[-1]
+        assert site.startswith(venv_dir), site
+        mods = sorted(os.path.basename(m) for m in
+                      glob.glob(os.path.join(site, "_lib", "pdx", "*.so")))
+        print("bundled modules:", mods)
+        for m in ("libpdx_backend_ucx.so", "libpdx_backend_cma.so",
+                  "libpdx_store_etcd.so"):
+            assert m in mods, (m, mods)
+        built = sorted(os.path.basename(m) for m in glob.glob(
+            os.path.join(clone, "build-pip", "lib", "pdx", "*.so")))
+        assert set(built) <= set(mods), (built, mods)
+        out = _run([py, "-c", CHECK, etcd, "pip-%d" % os.getpid()],
+                   tmp, env, timeout=120)
+        assert "pip-ok" in out, out
+        # The console commands: the bundled tools with the bundled library.
+        info = _run([os.path.join(venv_dir, "bin", "pdx-info")], tmp, env,
+                    timeout=60)
+        print(info)
+        assert "ucx: available" in info and "cma: available" in info, info
+        for tool in ("pdx-bench", "pdx-validate"):
+            p = subprocess.run([os.path.join(venv_dir, "bin", tool),
+                                "--help"], cwd=tmp, env=env, timeout=60,
+                               stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)
+            assert b"usage: " + tool.encode() in p.stdout, (tool, p.stdout)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
