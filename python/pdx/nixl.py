@@ -18,27 +18,45 @@ Where pdx behaves differently from NIXL:
   peer's shared memory) and ``cuda_ipc`` where a GPU is present; the
   backend for each request is chosen by pdx (``backends=`` arguments are
   accepted and ignored). ``query_xfer_backend`` names the pdx backend.
+  ``create_backend`` creates them; pdx adds backends only before memory
+  is registered or peers are added (nixlNotAllowedError after). NIXL's UCX
+  parameters are accepted and reported by get_backend_params; only pdx's
+  own (tls, max_chunk) change anything.
 * A notification is sent after every post of a request that carries one:
   reposting a finished request with ``transfer()`` sends it again (as
   NIXL does); ``transfer(h, notif_msg)`` can only repeat the message given
   at creation (pdx fixes it when the request is made).
-* check_xfer_state/transfer return "ERR" for any failure (the pdx
-  exception text is in ``handle.error``); they raise only for a released
-  handle. get_xfer_telemetry never raises for a live handle: without
-  ``capture_telemetry=True`` its times are 0 (NIXL raises), while byte and
-  descriptor counts and the backend are always there. Times are
-  microseconds as in NIXL (startTime since the epoch).
+* check_xfer_state/transfer return "DONE" or "PROC"; a failure raises the
+  NIXL class for it, as NIXL's bindings do (nixlRemoteDisconnectError for
+  a dead peer, ...; they are the pdx exceptions, with pdx's text).
+  get_xfer_telemetry never raises for a live handle: without
+  ``capture_telemetry=True`` (or NIXL_TELEMETRY_ENABLE=y) its times are 0
+  (NIXL raises), while byte and descriptor counts and the backend are
+  always there. Times are microseconds as in NIXL.
 * Exactly repeated registrations of one region are reference-counted
   (NIXL accepts them); partly overlapping ones are refused.
-* No listener thread or metadata server: exchange ``get_agent_metadata()``
-  bytes out of band (what vLLM's handshake does). Loopback transfers to
-  the agent's own name are not supported.
+* deregister_memory is accepted in any order: a region that prepared
+  lists or requests (finished or not) still use stays registered until
+  the last of them is released, then goes; close() frees everything.
+* get_serialized_descs/deserialize_descs use pdx's own byte format, not
+  pickle: bytes from a peer are parsed and checked, never executed.
+* add_remote_agent returns the name as bytes (as NIXL); every call takes
+  names as str or bytes. check_remote_metadata is False once the peer is
+  unknown, removed or known dead.
+* No listener thread or metadata server (send_local_metadata,
+  fetch_remote_metadata, partial metadata raise nixlNotSupportedError):
+  exchange get_agent_metadata() bytes out of band (what vLLM's, SGLang's
+  and LMCache's handshakes do). Loopback transfers to the agent's own
+  name, estimate_xfer_cost and prep_mem_view are not supported.
 """
 
 import enum
 import os
+import struct
 import sys
 import types
+
+import numpy as np
 
 import pdx as _pdx
 
@@ -53,7 +71,9 @@ SHIM_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
 NIXL_INIT_AGENT = "NIXL_INIT_AGENT"
 DEFAULT_COMM_PORT = 8888
 
-# NIXL's exception names, as the pdx exceptions that play their part.
+# NIXL's exception names, as the pdx exceptions that play their part (a
+# pdx error raised by a call is an instance of the NIXL class NIXL raises
+# for that status; the text is pdx's).
 nixlInvalidParamError = _pdx.InvalidArgument
 nixlNotFoundError = _pdx.NotFound
 nixlBackendError = _pdx.BackendError
@@ -63,6 +83,59 @@ nixlNotAllowedError = _pdx.PolicyError
 nixlMismatchError = _pdx.Mismatch
 nixlCancelledError = _pdx.Canceled
 nixlNotPostedError = _pdx.Closed
+
+
+class nixlRepostActiveError(_pdx.Error):
+    """NIXL's error for posting a request still in flight."""
+
+
+class nixlUnknownError(_pdx.Error):
+    """NIXL's error for a status it does not know."""
+
+
+class nixlNoTelemetryError(_pdx.Error):
+    """get_xfer_telemetry on an agent made without telemetry."""
+
+
+# NIXL's memory segment names (nixl._bindings constants).
+DRAM_SEG, VRAM_SEG, BLK_SEG, OBJ_SEG, FILE_SEG = 0, 1, 2, 3, 4
+_SEG_NAME = {DRAM_SEG: "DRAM", VRAM_SEG: "VRAM", BLK_SEG: "BLK",
+             OBJ_SEG: "OBJ", FILE_SEG: "FILE"}
+NIXL_READ, NIXL_WRITE = 0, 1
+HAVE_UCX_GPU_DEVICE_API = False
+
+# The NIXL names pdx backs, and the NIXL parameters each accepts (defaults
+# as strings, as get_plugin_params returns them). pdx maps none of NIXL's
+# UCX tuning knobs to an equivalent (pdx sizes its own workers and picks
+# devices through UCX_NET_DEVICES); they are accepted and reported by
+# get_backend_params. pdx's own UCX options (tls, max_chunk) are passed
+# through to the ucx backend.
+_PLUGIN_PARAMS = {
+    "UCX": {"num_threads": "0", "num_workers": "1", "device_list": "all",
+            "error_handling_mode": "peer", "ucx_error_handling_mode": "peer",
+            "split_batch_size": "0", "tls": "", "max_chunk": ""},
+}
+_PDX_UCX_OPTS = ("tls", "max_chunk")
+
+
+def _name(n):
+    """An agent name as str: NIXL takes str or bytes (add_remote_agent
+    returns bytes)."""
+    if isinstance(n, (bytes, bytearray, memoryview)):
+        return bytes(n).decode()
+    if isinstance(n, str):
+        return n
+    raise TypeError("agent name: str or bytes, not %s" % type(n).__name__)
+
+
+def _notif_bytes(msg, what):
+    if isinstance(msg, str):
+        return msg.encode()
+    if isinstance(msg, (bytes, bytearray, memoryview)):
+        return bytes(msg)
+    raise TypeError("%s: the message must be bytes or str, not %s"
+                    % (what, type(msg).__name__))
+
 
 _STATE = {0: "DONE", 1: "PROC"}
 _HAVE_TELEMETRY = _pdx.HAVE["xfer_telemetry"]
@@ -84,8 +157,6 @@ def _backend_modules(names):
         elif key in ("CMA", "CUDA_IPC"):
             mods = [n.lower()]
         else:
-            print("Skipping backend registration", n,
-                  "due to the missing plugin.")
             continue
         for m in mods:
             if m not in out:
@@ -150,16 +221,107 @@ class nixlXferTelemetry:
                    self.xferDuration, self.backendName))
 
 
+_SER_MAGIC = b"PDXNIXLD"
+_SER_VERSION = 1
+_SER_XFER, _SER_REG = 1, 2
+_SER_MT = {"DRAM": 0, "VRAM": 1}
+_SER_MT_NAME = {v: k for k, v in _SER_MT.items()}
+_SER_MAX_DESCS = 1 << 26
+_SER_HDR = struct.Struct("<8sHBBQ")
+
+
+def _rows_array(rows):
+    """An N x 3 C-contiguous uint64 array from tuples or an array."""
+    a = np.ascontiguousarray(np.asarray(rows, dtype=np.uint64))
+    if a.size == 0:
+        return np.zeros((0, 3), np.uint64)
+    if a.ndim != 2 or a.shape[1] != 3:
+        raise _pdx.InvalidArgument(
+            "descriptors: (addr, len, device) rows expected, got shape %r"
+            % (a.shape,))
+    return a
+
+
+class nixl_xfer_dlist:
+    """A transfer descriptor list (get_xfer_descs; NIXL's nixlXferDList):
+    rows (addr, len, device) of one memory type, held as an N x 3 uint64
+    array and handed to pdx as a pdx.DescList."""
+
+    __slots__ = ("mem_type", "_rows", "_dl", "__weakref__")
+
+    def __init__(self, mem_type, rows=()):
+        if isinstance(mem_type, int):
+            mem_type = _SEG_NAME.get(mem_type, mem_type)
+        self.mem_type = _MEMS.get(mem_type, mem_type)
+        self._rows = _rows_array(rows)
+        self._dl = None
+
+    def desclist(self):
+        """The pdx.DescList of these rows (made once)."""
+        if self._dl is None:
+            self._dl = _pdx.DescList(self._rows, self.mem_type)
+        return self._dl
+
+    def descCount(self):
+        return int(self._rows.shape[0])
+
+    def isEmpty(self):
+        return self._rows.shape[0] == 0
+
+    def getType(self):
+        return self.mem_type
+
+    def trim(self):
+        """NIXL frees spare capacity; pdx lists have none."""
+
+    def __len__(self):
+        return int(self._rows.shape[0])
+
+    def __getitem__(self, i):
+        r = self._rows[i]
+        return (int(r[0]), int(r[1]), int(r[2]))
+
+    def __iter__(self):
+        for r in self._rows:
+            yield (int(r[0]), int(r[1]), int(r[2]))
+
+    def __eq__(self, other):
+        return (isinstance(other, nixl_xfer_dlist) and
+                self.mem_type == other.mem_type and
+                np.array_equal(self._rows, other._rows))
+
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        return "nixl_xfer_dlist(%s, %d descs)" % (self.mem_type, len(self))
+
+
 class nixl_reg_dlist:
-    """A registration descriptor list (get_reg_descs): regions as
-    (addr, len, device, meta) plus the objects they came from."""
+    """A registration descriptor list (get_reg_descs; NIXL's nixlRegDList):
+    regions as (addr, len, device, meta) plus the objects they came from
+    (None for regions given by address)."""
 
     __slots__ = ("mem_type", "regions", "objects", "__weakref__")
 
-    def __init__(self, mem_type, regions, objects):
-        self.mem_type = mem_type
-        self.regions = regions
-        self.objects = objects
+    def __init__(self, mem_type, regions=(), objects=None):
+        if isinstance(mem_type, int):
+            mem_type = _SEG_NAME.get(mem_type, mem_type)
+        self.mem_type = _MEMS.get(mem_type, mem_type)
+        self.regions = list(regions)
+        self.objects = list(objects) if objects is not None else \
+            [None] * len(self.regions)
+
+    def descCount(self):
+        return len(self.regions)
+
+    def isEmpty(self):
+        return not self.regions
+
+    def getType(self):
+        return self.mem_type
+
+    def trim(self):
+        """NIXL frees spare capacity; nothing to do here."""
 
     def __len__(self):
         return len(self.regions)
@@ -167,9 +329,129 @@ class nixl_reg_dlist:
     def __getitem__(self, i):
         return self.regions[i]
 
+    def __eq__(self, other):
+        return (isinstance(other, nixl_reg_dlist) and
+                self.mem_type == other.mem_type and
+                self.regions == other.regions)
+
+    __hash__ = object.__hash__
+
     def __repr__(self):
         return "nixl_reg_dlist(%s, %d regions)" % (self.mem_type,
                                                    len(self.regions))
+
+
+class nixl_remote_dlist:
+    """get_remote_descs: rows (addr, len, device, agent) for prep_mem_view,
+    which needs UCX's GPU device API (not in pdx)."""
+
+    __slots__ = ("mem_type", "rows")
+
+    def __init__(self, mem_type, rows):
+        self.mem_type = _MEMS.get(mem_type, mem_type)
+        self.rows = [(int(a), int(n), int(d), _name(g)) for a, n, d, g in rows]
+
+    def descCount(self):
+        return len(self.rows)
+
+    def __len__(self):
+        return len(self.rows)
+
+
+# nixl._bindings names for the list classes.
+nixlXferDList = nixl_xfer_dlist
+nixlRegDList = nixl_reg_dlist
+nixlRemoteDList = nixl_remote_dlist
+
+_MEMS = {"DRAM": "DRAM", "VRAM": "VRAM", "cpu": "DRAM", "cuda": "VRAM"}
+
+
+def serialize_descs(descs):
+    """Bytes for a nixl_xfer_dlist or nixl_reg_dlist (pdx's own format:
+    header, rows as little-endian uint64, metas; no pickle, so bytes from a
+    peer can be rebuilt safely with deserialize_descs)."""
+    if isinstance(descs, _pdx.DescList):
+        descs = nixl_xfer_dlist(descs.mem_type, [tuple(d) for d in descs])
+    if isinstance(descs, nixl_xfer_dlist):
+        rows = descs._rows.astype("<u8", copy=False)
+        return _SER_HDR.pack(_SER_MAGIC, _SER_VERSION, _SER_XFER,
+                             _SER_MT[descs.mem_type], len(descs)) + \
+            rows.tobytes()
+    if isinstance(descs, nixl_reg_dlist):
+        rows = np.array([r[:3] for r in descs.regions] or
+                        np.zeros((0, 3)), dtype="<u8")
+        metas = []
+        for r in descs.regions:
+            m = r[3] if len(r) > 3 else ""
+            m = m.encode() if isinstance(m, str) else bytes(m)
+            metas.append(struct.pack("<I", len(m)) + m)
+        return _SER_HDR.pack(_SER_MAGIC, _SER_VERSION, _SER_REG,
+                             _SER_MT[descs.mem_type], len(descs)) + \
+            rows.tobytes() + b"".join(metas)
+    raise TypeError("get_serialized_descs: a descriptor list from "
+                    "get_xfer_descs or get_reg_descs, not %s"
+                    % type(descs).__name__)
+
+
+def deserialize_descs(data):
+    """The list serialize_descs made; malformed bytes raise
+    nixlInvalidParamError naming what is wrong."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError("deserialize_descs: bytes, not %s"
+                        % type(data).__name__)
+    data = bytes(data)
+    bad = _pdx.InvalidArgument
+    if len(data) < _SER_HDR.size:
+        raise bad("deserialize_descs: %d bytes, shorter than the %d-byte "
+                  "header" % (len(data), _SER_HDR.size))
+    magic, ver, kind, mt, n = _SER_HDR.unpack_from(data)
+    if magic != _SER_MAGIC:
+        raise bad("deserialize_descs: not a pdx descriptor list (magic %r)"
+                  % magic)
+    if ver != _SER_VERSION:
+        raise bad("deserialize_descs: version %d, this pdx reads %d"
+                  % (ver, _SER_VERSION))
+    if mt not in _SER_MT_NAME:
+        raise bad("deserialize_descs: memory type %d unknown" % mt)
+    if kind not in (_SER_XFER, _SER_REG):
+        raise bad("deserialize_descs: list kind %d unknown" % kind)
+    if n > _SER_MAX_DESCS:
+        raise bad("deserialize_descs: %d descriptors, at most %d"
+                  % (n, _SER_MAX_DESCS))
+    off = _SER_HDR.size
+    end = off + 24 * n
+    if len(data) < end:
+        raise bad("deserialize_descs: %d descriptors need %d bytes, got %d"
+                  % (n, end, len(data)))
+    rows = np.frombuffer(data, "<u8", 3 * n, off).reshape(n, 3)
+    if kind == _SER_XFER:
+        if len(data) != end:
+            raise bad("deserialize_descs: %d bytes after the descriptors"
+                      % (len(data) - end))
+        return nixl_xfer_dlist(_SER_MT_NAME[mt], rows.astype(np.uint64))
+    regions = []
+    off = end
+    for i in range(n):
+        if len(data) < off + 4:
+            raise bad("deserialize_descs: region %d: meta length truncated"
+                      % i)
+        (ml,) = struct.unpack_from("<I", data, off)
+        off += 4
+        if len(data) < off + ml:
+            raise bad("deserialize_descs: region %d: meta of %d bytes "
+                      "truncated" % (i, ml))
+        meta = data[off:off + ml]
+        off += ml
+        try:
+            meta = meta.decode()
+        except UnicodeDecodeError:
+            pass
+        r = rows[i]
+        regions.append((int(r[0]), int(r[1]), int(r[2]), meta))
+    if off != len(data):
+        raise bad("deserialize_descs: %d bytes after the regions"
+                  % (len(data) - off))
+    return nixl_reg_dlist(_SER_MT_NAME[mt], regions)
 
 
 def _is_tensorlike(o):
@@ -177,87 +459,219 @@ def _is_tensorlike(o):
         hasattr(o, "__cuda_array_interface__")
 
 
+def _non_contiguous(o):
+    f = getattr(o, "is_contiguous", None)
+    if callable(f):
+        return not f()
+    if isinstance(o, np.ndarray):
+        return not (o.flags.c_contiguous or o.flags.f_contiguous)
+    return False
+
+
+def _is_buffer(o):
+    """One object that is one region: a tensor, an array that is not an
+    N x 3 descriptor table, or any buffer-protocol object."""
+    if _is_tensorlike(o):
+        return True
+    if isinstance(o, (tuple, list, nixl_reg_dlist, nixl_xfer_dlist)):
+        return False
+    try:
+        memoryview(o)
+        return True
+    except TypeError:
+        return False
+
+
+def _nx3(o):
+    return isinstance(o, np.ndarray) and o.ndim == 2 and o.shape[1] == 3
+
+
+def _env_true(name):
+    return os.environ.get(name, "").strip().lower() in ("y", "yes", "1",
+                                                        "true", "on")
+
+
 class nixl_agent:
     """NIXL's Python agent API on a pdx.Agent (see the module docstring
     for the differences)."""
 
     def __init__(self, agent_name, nixl_conf=None, instantiate_all=False):
+        if nixl_conf is not None and instantiate_all:
+            instantiate_all = False
         if nixl_conf is None:
             nixl_conf = nixl_agent_config()
         names = list(nixl_conf.backends)
         if instantiate_all:
-            names = ["UCX"]
-        self.name = agent_name
+            names = list(_PLUGIN_PARAMS)
+        self.name = _name(agent_name)
         self.notifs = {}
         self.config = nixl_conf
-        self._mods = _backend_modules(names)
-        self.agent = _pdx.Agent(
-            agent_name, progress_thread=bool(nixl_conf.enable_pthread),
-            backends=self._mods,
-            telemetry=bool(getattr(nixl_conf, "capture_telemetry", False)))
-        # NIXL exposes created backends as name -> handle.
-        self.backends = {n: n for n in names if n.upper() in
-                         ("UCX", "CMA", "CUDA_IPC")}
-        self.plugin_list = ["UCX"]
-        self.nixl_mems = {"DRAM": "DRAM", "VRAM": "VRAM", "cpu": "DRAM",
-                          "cuda": "VRAM"}
+        self._telemetry = bool(getattr(nixl_conf, "capture_telemetry",
+                                       False)) or \
+            _env_true("NIXL_TELEMETRY_ENABLE")
+        self._mods = []
+        self._pdx_opts = {}
+        self.backends = {}
+        self.backend_mems = {}
+        self.backend_options = {}
+        self.plugin_list = list(_PLUGIN_PARAMS)
+        self.nixl_mems = dict(_MEMS)
         self.nixl_ops = {"WRITE": "WRITE", "READ": "READ"}
         # (mem_type, addr, len, dev) -> [MemReg, refcount]
         self._regs = {}
+        # Deregistered while lists or requests still used them: released as
+        # soon as pdx lets them go (see deregister_memory).
+        self._zombies = {}
+        self._peers = set()
         self._notif_of = {}
+        self.agent = None
+        self._make_agent([])
+        for n in names:
+            if n.upper() not in _PLUGIN_PARAMS and \
+                    n.upper() not in ("CMA", "CUDA_IPC"):
+                print("Skipping backend registration", n,
+                      "due to the missing plugin.")
+                continue
+            init = {}
+            if getattr(nixl_conf, "num_threads", 0) and n.upper() == "UCX":
+                init["num_threads"] = str(nixl_conf.num_threads)
+            self.create_backend(n, init)
 
-    # -- plugins and backends (informational in pdx) ---------------------
+    def _make_agent(self, mods):
+        bopts = {m: dict(self._pdx_opts.get(m, {})) for m in mods}
+        agent = _pdx.Agent(
+            self.name, progress_thread=bool(self.config.enable_pthread),
+            backends=mods, backend_options=bopts or None,
+            telemetry=self._telemetry)
+        old, self.agent = self.agent, agent
+        self._mods = list(mods)
+        return old
+
+    # -- plugins and backends ------------------------------------------
     def get_plugin_list(self):
         return list(self.plugin_list)
 
     def get_plugin_mem_types(self, backend):
-        return ["DRAM", "VRAM"] if backend.upper() == "UCX" else []
+        return ["DRAM", "VRAM"] if backend.upper() in _PLUGIN_PARAMS else []
 
     def get_plugin_params(self, backend):
-        return {}
+        return dict(_PLUGIN_PARAMS.get(backend.upper(), {}))
 
     def get_backend_mem_types(self, backend):
-        return self.get_plugin_mem_types(backend)
+        return list(self.backend_mems.get(backend, []))
 
     def get_backend_params(self, backend):
-        return {}
+        return dict(self.backend_options.get(backend, {}))
 
     def create_backend(self, backend, initParams=None):
-        """pdx creates its backends with the agent: accepted for UCX."""
-        if backend.upper() not in ("UCX", "CMA", "CUDA_IPC"):
-            raise _pdx.NotFound("backend %s: no such pdx backend" % backend)
-        self.backends.setdefault(backend, backend)
+        """Creates the pdx backends NIXL's `backend` maps to ("UCX": ucx,
+        cma and cuda_ipc where a GPU is present). pdx adds backends to an
+        agent only before it registers memory or loads peers, so a backend
+        created later raises nixlNotAllowedError (NIXL stacks create theirs
+        right after the agent)."""
+        if not isinstance(backend, str):
+            raise TypeError("create_backend: a backend name, not %s"
+                            % type(backend).__name__)
+        params = {str(k): str(v) for k, v in dict(initParams or {}).items()}
+        mods = _backend_modules([backend])
+        if not mods:
+            raise nixlNotFoundError("create_backend %s: no such plugin in "
+                                    "pdx (plugins: %s)"
+                                    % (backend, ", ".join(self.plugin_list)))
+        new = [m for m in mods if m not in self._mods]
+        if new:
+            if self._regs or self._zombies or self._peers:
+                raise nixlNotAllowedError(
+                    "create_backend %s on agent %s: pdx creates backends "
+                    "before memory is registered or peers are added "
+                    "(%d regions, %d peers)" % (backend, self.name,
+                                                len(self._regs) +
+                                                len(self._zombies),
+                                                len(self._peers)))
+            if "ucx" in new:
+                self._pdx_opts["ucx"] = {k: params[k] for k in _PDX_UCX_OPTS
+                                         if params.get(k)}
+            old = self._make_agent(self._mods + new)
+            old.close()
+        merged = self.get_plugin_params(backend)
+        merged.update(params)
+        self.backends[backend] = backend
+        self.backend_mems[backend] = self.get_plugin_mem_types(backend)
+        self.backend_options[backend] = merged
+        return backend
 
     # -- memory --------------------------------------------------------
     def get_reg_descs(self, descs, mem_type=None, is_sorted=False):
         if isinstance(descs, nixl_reg_dlist):
             return descs
-        if _is_tensorlike(descs):
+        if isinstance(descs, (nixl_xfer_dlist, _pdx.DescList)):
+            raise nixlInvalidParamError(
+                "get_reg_descs: an XferList was given; use get_reg_descs "
+                "with regions")
+        mt_given = self.nixl_mems.get(mem_type, mem_type) \
+            if mem_type is not None else None
+        if _nx3(descs):
+            if mt_given is None:
+                raise nixlInvalidParamError(
+                    "get_reg_descs: give a mem type with an N x 3 array")
+            rows = _rows_array(descs)
+            return nixl_reg_dlist(mt_given, [
+                (int(a), int(n), int(d), "") for a, n, d in rows])
+        if _is_buffer(descs):
             descs = [descs]
         regions, objects = [], []
         mt = None
         for d in descs:
             if isinstance(d, (tuple, list)):
-                if mem_type is None:
-                    raise _pdx.InvalidArgument(
+                if mt_given is None:
+                    raise nixlInvalidParamError(
                         "get_reg_descs: give a mem type with tuples")
+                if len(d) < 2:
+                    raise nixlInvalidParamError(
+                        "get_reg_descs: (addr, len, device, meta) tuples, "
+                        "got %r" % (d,))
                 addr, length = int(d[0]), int(d[1])
                 dev = int(d[2]) if len(d) > 2 else 0
                 meta = d[3] if len(d) > 3 else ""
                 regions.append((addr, length, dev, meta))
                 objects.append(None)
-                mt = mem_type
+                mt = mt_given
             else:
+                if _non_contiguous(d):
+                    return None  # as NIXL: no list for such a tensor
                 addr, length, kind, dev = _pdx.mem_info(d)
+                if mt is not None and mt_given is None and kind != mt:
+                    return None  # tensors on different devices (NIXL)
                 regions.append((addr, length, dev, ""))
                 objects.append(d)
-                mt = mem_type or kind
-        mt = self.nixl_mems.get(mt, mt) if mt is not None else "DRAM"
-        return nixl_reg_dlist(mt, regions, objects)
+                mt = mt_given or kind
+        return nixl_reg_dlist(mt or mt_given or "DRAM", regions, objects)
+
+    def _reap(self):
+        """Deregisters what deregister_memory left registered, once no
+        list or request uses it any more."""
+        for key, reg in list(self._zombies.items()):
+            try:
+                reg.deregister()
+            except _pdx.Busy:
+                continue
+            except _pdx.Error:
+                pass
+            del self._zombies[key]
 
     def register_memory(self, reg_list, mem_type=None, is_sorted=False,
                         backends=()):
         descs = self.get_reg_descs(reg_list, mem_type, is_sorted)
+        if descs is None:
+            raise nixlInvalidParamError(
+                "register_memory: no descriptor list for this input "
+                "(a non-contiguous tensor, or tensors on different devices)")
+        if not self._mods:
+            raise nixlNotFoundError(
+                "register_memory: agent %s has no backend; create one with "
+                "create_backend('UCX') or nixl_agent_config(backends="
+                "['UCX'])" % self.name)
+        self._reap()
         done = []
         try:
             for (addr, length, dev, _), obj in zip(descs.regions,
@@ -266,6 +680,8 @@ class nixl_agent:
                 ent = self._regs.get(key)
                 if ent is not None:
                     ent[1] += 1
+                elif key in self._zombies:
+                    self._regs[key] = [self._zombies.pop(key), 1]
                 else:
                     src = obj if obj is not None else \
                         (addr, length, descs.mem_type, dev)
@@ -286,59 +702,117 @@ class nixl_agent:
         if ent[1] > 1:
             ent[1] -= 1
             return
-        ent[0].deregister()
         del self._regs[key]
+        try:
+            ent[0].deregister()
+        except _pdx.Busy:
+            # Prepared lists or requests still use it: it stays registered
+            # (transfers on it keep working or finish) until they are
+            # released, then goes (see _reap).
+            self._zombies[key] = ent[0]
 
     def deregister_memory(self, dereg_list, backends=()):
+        """As NIXL: accepted in any order with lists and requests still
+        alive. A region a prepared list or request of this agent still uses
+        stays registered until the last of them is released (their
+        transfers complete or fail as they would have); then it is
+        deregistered. Everything goes at close()."""
+        dereg_list = self.get_reg_descs(dereg_list)
         for (addr, length, dev, _) in dereg_list.regions:
             self._drop_reg((dereg_list.mem_type, addr, length, dev))
 
+    def query_memory(self, reg_list, backend, mem_type=None):
+        if backend not in self.backends:
+            raise ValueError("Backend '%s' not found. Available backends: %s"
+                             % (backend, list(self.backends)))
+        descs = self.get_reg_descs(reg_list, mem_type)
+        out = []
+        for (addr, length, dev, _) in descs.regions:
+            key = (descs.mem_type, addr, length, dev)
+            out.append({"mem_type": descs.mem_type, "device": str(dev)}
+                       if key in self._regs else None)
+        return out
+
     # -- descriptor lists ------------------------------------------------
     def get_xfer_descs(self, descs, mem_type=None, is_sorted=False):
-        if isinstance(descs, _pdx.DescList):
+        if isinstance(descs, nixl_xfer_dlist):
             return descs
+        if isinstance(descs, _pdx.DescList):
+            return nixl_xfer_dlist(descs.mem_type, [tuple(d) for d in descs])
         if isinstance(descs, nixl_reg_dlist):
-            raise _pdx.InvalidArgument(
+            raise nixlInvalidParamError(
                 "RegList type detected for transfer, please use XferList")
-        if _is_tensorlike(descs):
+        mt_given = self.nixl_mems.get(mem_type, mem_type) \
+            if mem_type is not None else None
+        if _nx3(descs) or (isinstance(descs, (list, tuple)) and descs and
+                           isinstance(descs[0], (tuple, list))):
+            if mt_given is None:
+                raise nixlInvalidParamError(
+                    "get_xfer_descs: give a mem type with tuples or arrays")
+            if not _nx3(descs):
+                descs = [tuple(d[:3]) for d in descs]
+            return nixl_xfer_dlist(mt_given, descs)
+        if _is_buffer(descs):
             descs = [descs]
-        if isinstance(descs, (list, tuple)) and descs and \
-                not isinstance(descs[0], (tuple, list)):
-            rows, mt = [], None
-            for t in descs:
-                addr, length, kind, dev = _pdx.mem_info(t)
-                if mt is not None and kind != mt:
-                    raise _pdx.InvalidArgument(
-                        "get_xfer_descs: tensors on different memory types")
-                mt = kind
-                rows.append((addr, length, dev))
-            return _pdx.DescList(rows, mt)
+        rows, mt = [], None
+        for t in descs:
+            if _non_contiguous(t):
+                return None  # as NIXL
+            addr, length, kind, dev = _pdx.mem_info(t)
+            if mt is not None and kind != mt:
+                return None
+            mt = kind
+            rows.append((addr, length, dev))
+        return nixl_xfer_dlist(mt_given or mt or "DRAM", rows)
+
+    def get_remote_descs(self, descs, mem_type=None):
+        if isinstance(descs, nixl_remote_dlist):
+            return descs
         if mem_type is None:
-            raise _pdx.InvalidArgument(
-                "get_xfer_descs: give a mem type with tuples or arrays")
-        return _pdx.DescList(descs, self.nixl_mems.get(mem_type, mem_type))
+            raise nixlInvalidParamError("get_remote_descs: give a mem type")
+        return nixl_remote_dlist(mem_type, descs)
+
+    def prep_mem_view(self, dlist, *, backends=None):
+        raise nixlBackendError("prep_mem_view: needs UCX's GPU device API, "
+                               "which pdx does not use "
+                               "(HAVE_UCX_GPU_DEVICE_API is False)")
+
+    def release_mem_view(self, mvh):
+        raise nixlBackendError("release_mem_view: no memory views in pdx")
+
+    def get_serialized_descs(self, descs):
+        return serialize_descs(descs)
+
+    def deserialize_descs(self, serialized_descs):
+        return deserialize_descs(serialized_descs)
 
     def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None,
                         is_sorted=False, backends=()):
         descs = self.get_xfer_descs(xfer_list, mem_type, is_sorted)
-        if agent_name in (NIXL_INIT_AGENT, "", None):
-            return self.agent.prep_dlist(descs)
+        if descs is None:
+            raise nixlInvalidParamError(
+                "prep_xfer_dlist: no descriptor list for this input")
+        if agent_name in (NIXL_INIT_AGENT, "", None, b"",
+                          NIXL_INIT_AGENT.encode()):
+            return self.agent.prep_dlist(descs.desclist())
+        agent_name = _name(agent_name)
         if agent_name == self.name:
-            raise _pdx.Unsupported(
+            raise nixlNotSupportedError(
                 "prep_xfer_dlist: loopback to the agent's own name is not "
                 "supported by pdx")
-        return self.agent.prep_dlist(descs, agent_name)
+        return self.agent.prep_dlist(descs.desclist(), agent_name)
 
     def release_dlist_handle(self, handle):
         handle.release()
+        if self._zombies:
+            self._reap()
 
     # -- transfers -----------------------------------------------------
     def make_prepped_xfer(self, operation, local_xfer_side, local_indices,
                           remote_xfer_side, remote_indices, notif_msg=b"",
                           backends=(), skip_desc_merge=False):
-        notif = notif_msg or None
-        if isinstance(notif, str):
-            notif = notif.encode()
+        notif = _notif_bytes(notif_msg, "make_prepped_xfer") \
+            if notif_msg else None
         h = self.agent.make_xfer(operation, local_xfer_side, local_indices,
                                  remote_xfer_side, remote_indices, notif)
         if notif is not None:
@@ -347,27 +821,33 @@ class nixl_agent:
 
     def initialize_xfer(self, operation, local_descs, remote_descs,
                         remote_agent, notif_msg=b"", backends=()):
-        notif = notif_msg or None
-        if isinstance(notif, str):
-            notif = notif.encode()
-        h = self.agent.create_xfer(operation, local_descs, remote_descs,
-                                   remote_agent, notif)
+        notif = _notif_bytes(notif_msg, "initialize_xfer") \
+            if notif_msg else None
+        local = self.get_xfer_descs(local_descs)
+        remote = self.get_xfer_descs(remote_descs)
+        h = self.agent.create_xfer(operation, local.desclist(),
+                                   remote.desclist(), _name(remote_agent),
+                                   notif)
         if notif is not None:
             self._notif_of[h] = notif
         return h
 
     def transfer(self, handle, notif_msg=b""):
+        """Posts the request: "DONE" or "PROC"; a failure raises the NIXL
+        error class for it (nixlRemoteDisconnectError for a peer that is
+        gone, ...), as NIXL's bindings do, with pdx's text."""
         if notif_msg:
-            m = notif_msg.encode() if isinstance(notif_msg, str) \
-                else bytes(notif_msg)
+            m = _notif_bytes(notif_msg, "transfer")
             if self._notif_of.get(handle) != m:
-                raise _pdx.Unsupported(
+                raise nixlNotSupportedError(
                     "transfer: pdx fixes a request's notification when it "
                     "is made; give notif_msg to make_prepped_xfer")
-        return _STATE.get(handle._post_raw(), "ERR")
+        return "DONE" if handle.post() else "PROC"
 
     def check_xfer_state(self, handle):
-        return _STATE.get(handle._check_raw(), "ERR")
+        """"DONE" or "PROC"; a failed request raises its NIXL error class
+        (as NIXL's getXferStatus does)."""
+        return "DONE" if handle.check() else "PROC"
 
     def get_xfer_telemetry(self, handle):
         if not _HAVE_TELEMETRY:
@@ -383,9 +863,12 @@ class nixl_agent:
     def release_xfer_handle(self, handle):
         self._notif_of.pop(handle, None)
         handle.release()
+        if self._zombies:
+            self._reap()
 
     def estimate_xfer_cost(self, handle):
-        raise _pdx.Unsupported("estimate_xfer_cost: not in pdx")
+        raise nixlNotSupportedError("estimate_xfer_cost: pdx has no cost "
+                                    "model")
 
     # -- notifications -------------------------------------------------
     def get_new_notifs(self, backends=()):
@@ -401,7 +884,7 @@ class nixl_agent:
         self.update_notifs()
         if isinstance(lookup_tag, str):
             lookup_tag = lookup_tag.encode()
-        msgs = self.notifs.get(remote_agent_name, [])
+        msgs = self.notifs.get(_name(remote_agent_name), [])
         for i, msg in enumerate(msgs):
             if (msg.startswith(lookup_tag) if tag_is_prefix
                     else lookup_tag in msg):
@@ -410,46 +893,75 @@ class nixl_agent:
         return False
 
     def send_notif(self, remote_agent_name, notif_msg, backend=None):
-        self.agent.send_notif(remote_agent_name, notif_msg)
+        """bytes, or str (sent UTF-8 encoded, as NIXL takes either)."""
+        self.agent.send_notif(_name(remote_agent_name),
+                              _notif_bytes(notif_msg, "send_notif"))
 
     # -- metadata and peers --------------------------------------------
     def get_agent_metadata(self):
         return self.agent.describe()
 
     def add_remote_agent(self, metadata):
-        return self.agent.load_peer(metadata)
+        """Loads the peer; its name as bytes (as NIXL returns it; every
+        call here takes names as str or bytes)."""
+        name = self.agent.load_peer(bytes(metadata))
+        self._peers.add(name)
+        return name.encode()
 
     def remove_remote_agent(self, agent):
+        agent = _name(agent)
         self.agent.unload_peer(agent)
+        self._peers.discard(agent)
+        if self._zombies:
+            self._reap()
 
     def check_remote_metadata(self, agent, descs=None):
+        """True while the peer is loaded and alive: False once it is
+        unknown, removed, or known dead (its process exited, its endpoint
+        failed)."""
         try:
-            self.agent.peer_state(agent)
-            return True
-        except _pdx.NotFound:
+            return self.agent.peer_state(_name(agent)) == "alive"
+        except (_pdx.NotFound, _pdx.InvalidArgument):
             return False
 
     def make_connection(self, remote_agent, backends=()):
-        """pdx connects when the peer is loaded; checks it is there."""
-        self.agent.peer_state(remote_agent)
+        """pdx connects when the peer is loaded: checks it is there and
+        alive (nixlNotFoundError / nixlRemoteDisconnectError)."""
+        name = _name(remote_agent)
+        if self.agent.peer_state(name) != "alive":
+            raise nixlRemoteDisconnectError(
+                "make_connection: peer %s is disconnected" % name)
 
     def get_partial_agent_metadata(self, descs, inc_conn_info=False,
                                    backends=()):
-        raise _pdx.Unsupported("partial metadata: use get_agent_metadata")
+        raise nixlNotSupportedError(
+            "partial metadata: use get_agent_metadata")
 
     def send_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
-        raise _pdx.Unsupported("no metadata listener in pdx: exchange "
-                               "get_agent_metadata() out of band")
+        raise nixlNotSupportedError(
+            "no metadata listener in pdx: exchange get_agent_metadata() "
+            "out of band")
 
-    send_partial_agent_metadata = get_partial_agent_metadata
-    fetch_remote_metadata = send_local_metadata
-    invalidate_local_metadata = send_local_metadata
+    def send_partial_agent_metadata(self, descs, inc_conn_info=False,
+                                    backends=(), ip_addr="",
+                                    port=DEFAULT_COMM_PORT, label=""):
+        self.get_partial_agent_metadata(descs)
+
+    def fetch_remote_metadata(self, remote_agent, ip_addr="",
+                              port=DEFAULT_COMM_PORT, label=""):
+        self.send_local_metadata()
+
+    def invalidate_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
+        self.send_local_metadata()
 
     # -- pdx extras ----------------------------------------------------
     def close(self):
-        """Destroy the agent now (NIXL frees it at garbage collection)."""
+        """Destroy the agent now (NIXL frees it at garbage collection):
+        every registration, list and request of it goes too."""
         self.agent.close()
         self._regs.clear()
+        self._zombies.clear()
+        self._peers.clear()
         self._notif_of.clear()
 
 

@@ -169,7 +169,7 @@ def nixl_prefill(conn, use_shim):
                                   "DRAM")
     src_handle = w.prep_xfer_dlist("NIXL_INIT_AGENT", xfer_descs)
     conn.send((w.get_agent_metadata(), [c.addr for c in caches]))
-    d_name = w.add_remote_agent(recv(conn))
+    d_name = w.add_remote_agent(recv(conn)).decode()  # NIXL: bytes
     conn.send(("peer", d_name))
 
     # Requests P finished and holds: each is freed once its notifications

@@ -62,7 +62,7 @@ def test_vllm_sequence(spawn, use_shim, monkeypatch):
         w.get_xfer_descs(block_descs([c.ctypes.data for c in caches]),
                          "DRAM"))
     p_name = w.add_remote_agent(p_meta)
-    assert p_name == "prefill-0"
+    assert p_name == b"prefill-0"  # bytes, as NIXL returns it
     remote_h = w.prep_xfer_dlist(p_name, w.get_xfer_descs(
         [tuple(int(v) for v in r) for r in block_descs(p_bases)], "DRAM"))
     p.send(w.get_agent_metadata())
@@ -163,7 +163,7 @@ def test_nixl_conventions():
         b.register_memory(rb)
         ra = a.register_memory([np.frombuffer(dst, np.uint8)])
         name = a.add_remote_agent(b.get_agent_metadata())
-        assert isinstance(name, str) and a.check_remote_metadata(name)
+        assert isinstance(name, bytes) and a.check_remote_metadata(name)
         assert not a.check_remote_metadata("nobody")
         # initialize_xfer with descriptor lists, notification at post.
         h = a.initialize_xfer("READ",
@@ -189,14 +189,16 @@ def test_nixl_conventions():
                 time.monotonic() < end:
             pass
         assert b.notifs["conv-a"] == []
-        # A request that fails reports "ERR" with the reason kept.
+        # A request that fails raises NIXL's class for it (pdx's text),
+        # the reason kept on the handle too.
         h = a.initialize_xfer("READ",
                               a.get_xfer_descs([(pdx.addr_of(dst), 64, 0)],
                                                "DRAM"),
                               a.get_xfer_descs([(buf.addr, 64, 0)], "DRAM"),
                               name)
         a.remove_remote_agent(name)
-        assert a.transfer(h) == "ERR"
+        with pytest.raises(pdx.Stale):
+            a.transfer(h)
         assert h.status == -7 and h.error  # PDX_ERR_STALE, with its text
         a.release_xfer_handle(h)
         a.deregister_memory(ra)

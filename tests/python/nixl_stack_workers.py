@@ -1,0 +1,162 @@
+"""Peer processes for test_nixl_stacks.py: each plays the other side of one
+stack's NIXL sequence through the 'nixl' package (pdx's shim, found on
+PYTHONPATH as the stack would find NIXL). Every function takes the pipe end
+first and reports an exception as ("error", traceback)."""
+import functools
+import os
+import time
+import traceback
+
+import numpy as np
+
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
+
+BLOCKS, BLOCK_LEN, LAYERS = 16, 4096, 2
+
+
+def kv_bytes(layer, seed):
+    """Deterministic KV bytes of one layer, the same in every process."""
+    return np.random.default_rng(1000 * seed + layer).integers(
+        0, 256, BLOCKS * BLOCK_LEN, dtype=np.uint8)
+
+
+def reporting(fn):
+    @functools.wraps(fn)
+    def run(conn, *args):
+        import faulthandler
+        faulthandler.dump_traceback_later(120, exit=True)
+        try:
+            fn(conn, *args)
+        except BaseException:
+            try:
+                conn.send(("error", traceback.format_exc()))
+            except Exception:
+                pass
+            raise
+        finally:
+            conn.close()
+    return run
+
+
+def recv(conn, timeout=60.0):
+    if not conn.poll(timeout):
+        raise TimeoutError("test process sent nothing in %.0f s" % timeout)
+    return conn.recv()
+
+
+def notifs_until(agent, peer, done, timeout=30.0):
+    """get_new_notifs until done(list of messages from peer) is true."""
+    got = []
+    end = time.monotonic() + timeout
+    while not done(got):
+        if time.monotonic() > end:
+            raise TimeoutError("notifications from %s: %r" % (peer, got))
+        got += agent.get_new_notifs().get(peer, [])
+        time.sleep(0.001)
+    return got
+
+
+@reporting
+def sglang_decode(conn):
+    """SGLang's decode side (disaggregation/nixl/conn.py): agent with
+    backends=[] then create_backend('UCX', {'num_threads': '8'}), KV and
+    aux registered as (ptr, len, gpu_id, '') tuples, metadata and
+    addresses sent to prefill, then get_new_notifs parsed as
+    '{room}_kv_{chunk}_{is_last}_{rank}' and '{room}_aux'."""
+    from nixl._api import nixl_agent, nixl_agent_config
+    agent = nixl_agent("decode-7", nixl_agent_config(backends=[],
+                                                     num_threads=8))
+    agent.create_backend("UCX", {"num_threads": "8"})
+    assert "UCX" in agent.get_plugin_list()
+    kv = [np.zeros(BLOCKS * BLOCK_LEN, np.uint8) for _ in range(LAYERS)]
+    aux = np.zeros(512, np.uint8)
+    agent.register_memory([(k.ctypes.data, k.nbytes, 0, "") for k in kv],
+                          "DRAM")
+    agent.register_memory([(aux.ctypes.data, aux.nbytes, 0, "")], "DRAM")
+    conn.send((agent.get_agent_metadata(), [k.ctypes.data for k in kv],
+               aux.ctypes.data))
+    room = recv(conn)
+    prefill = recv(conn)
+
+    def finished(msgs):
+        kv_last = any(m.split(b"_")[1:2] == [b"kv"] and
+                      m.split(b"_")[3] == b"1" for m in msgs)
+        return kv_last and b"%d_aux" % room in msgs
+
+    msgs = notifs_until(agent, prefill, finished)
+    parsed = []
+    for m in msgs:
+        parts = m.decode().split("_")
+        assert int(parts[0]) == room, m
+        if parts[1] == "kv":
+            parsed.append(("kv", int(parts[2]), parts[3] == "1",
+                           int(parts[4])))
+        else:
+            assert parts[1] == "aux", m
+            parsed.append(("aux",))
+    conn.send(("notifs", parsed, [bytes(k) for k in kv], bytes(aux)))
+    # Wait to be killed (the prefill side then sees this peer die).
+    recv(conn, 100)
+
+
+@reporting
+def lmcache_receiver(conn):
+    """LMCache's receiving side (v1/transfer_channel/nixl_channel.py):
+    backends=[] + create_backend with parameters, mem type 'cpu' with
+    tp_rank as the device id, its transfer descriptors sent to the peer
+    with get_serialized_descs, notifications polled; close() in LMCache's
+    order (deregister_memory before release_dlist_handle)."""
+    from nixl._api import nixl_agent, nixl_agent_config
+    tp_rank = 0
+    agent = nixl_agent("lmcache-recv", nixl_agent_config(backends=[]))
+    agent.create_backend("UCX", {"num_threads": "4"})
+    buf = np.zeros(8 * BLOCK_LEN, np.uint8)
+    reg = agent.get_reg_descs([(buf.ctypes.data, buf.nbytes, tp_rank, "")],
+                              "cpu")
+    agent.register_memory(reg)
+    xfer = agent.get_xfer_descs(
+        [(buf.ctypes.data + i * BLOCK_LEN, BLOCK_LEN, tp_rank)
+         for i in range(8)], "cpu")
+    local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", xfer, "cpu")
+    conn.send((agent.get_agent_metadata(), agent.get_serialized_descs(xfer)))
+    peer_meta = recv(conn)
+    peer = agent.add_remote_agent(peer_meta)
+    notifs_until(agent, peer.decode(), lambda m: b"lmcache-put-3" in m)
+    conn.send(("data", bytes(buf)))
+    assert recv(conn) == "close"
+    # LMCache's close(): regions first, then the prepared list.
+    agent.deregister_memory(reg)
+    agent.release_dlist_handle(local)
+    agent.remove_remote_agent(peer)
+    conn.send("closed")
+
+
+@reporting
+def trtllm_peer(conn):
+    """TensorRT-LLM's Python agent (_torch/disaggregation/nixl/_agent_py.py)
+    on the other side: imports nixl_cu13, else nixl_cu12, else nixl;
+    registers its cache, deregisters with a new get_reg_descs list while
+    its prepared list lives, notification as str."""
+    try:
+        from nixl_cu13._api import nixl_agent, nixl_agent_config
+    except ImportError:
+        try:
+            from nixl_cu12._api import nixl_agent, nixl_agent_config
+        except ImportError:
+            from nixl._api import nixl_agent, nixl_agent_config
+    agent = nixl_agent("trtllm-gen", nixl_agent_config(backends=["UCX"]))
+    cache = np.zeros(BLOCKS * BLOCK_LEN, np.uint8)
+    agent.register_memory(agent.get_reg_descs(
+        [(cache.ctypes.data, cache.nbytes, 0, "")], "DRAM"))
+    local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", agent.get_xfer_descs(
+        [(cache.ctypes.data, cache.nbytes, 0)], "DRAM"))
+    conn.send((agent.get_agent_metadata(), cache.ctypes.data))
+    ctx = agent.add_remote_agent(recv(conn)).decode()
+    notifs_until(agent, ctx, lambda m: b"trtllm-req-11:done" in m)
+    conn.send(("data", bytes(cache)))
+    assert recv(conn) == "close"
+    agent.deregister_memory(agent.get_reg_descs(
+        [(cache.ctypes.data, cache.nbytes, 0, "")], "DRAM"))
+    agent.send_notif(ctx, "trtllm-gen:closed")
+    agent.release_dlist_handle(local)
+    conn.send("closed")

@@ -1,0 +1,461 @@
+"""pdx.nixl as the NIXL of SGLang, LMCache and TensorRT-LLM: for each, two
+processes make that stack's NIXL calls in its order, with its argument
+shapes (written from reading the stack's current code; none of it copied),
+through the 'nixl' package on PYTHONPATH (pdx's shim); bytes are checked
+exactly and notifications in the stack's format. SGLang's peer recovery:
+the peer is killed and check_remote_metadata turns False, a transfer to it
+raises nixlRemoteDisconnectError. Plus the single-process NIXL surface the
+stacks and NIXL's own tests rely on: create_backend after backends=[],
+serialized descriptor lists (and malformed bytes refused), the N x 3 array
+form of get_reg_descs registering the memory it describes, a 1-D array as
+one region, deregistration in any order, module names, _utils, logging."""
+import enum
+import multiprocessing as mp
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import pdx
+import pdx.nixl
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import nixl_stack_workers as W  # noqa: E402
+
+SHIM = pdx.nixl.SHIM_PATH
+
+
+@pytest.fixture(autouse=True)
+def nixl_shim(monkeypatch):
+    """'import nixl' (and nixl_cu12, nixl_cu13) resolves to pdx's shim in
+    this process and in the spawned peers, as for an unchanged stack."""
+    monkeypatch.syspath_prepend(SHIM)
+    monkeypatch.setenv("PYTHONPATH", SHIM + os.pathsep +
+                       os.environ.get("PYTHONPATH", ""))
+    for m in [m for m in sys.modules if m.split(".")[0] in
+              ("nixl", "nixl_cu12", "nixl_cu13")]:
+        monkeypatch.delitem(sys.modules, m)
+    yield
+
+
+class Peer:
+    def __init__(self, fn, *args):
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=fn, args=(child,) + args, daemon=True)
+        self.proc.start()
+        child.close()
+
+    def recv(self, timeout=60.0):
+        if not self.conn.poll(timeout):
+            raise TimeoutError("peer sent nothing in %.0f s" % timeout)
+        msg = self.conn.recv()
+        if isinstance(msg, tuple) and msg and msg[0] == "error":
+            raise RuntimeError("peer failed:\n" + msg[1])
+        return msg
+
+    def send(self, msg):
+        self.conn.send(msg)
+
+    def stop(self):
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(10)
+
+
+@pytest.fixture
+def peer():
+    peers = []
+
+    def start(fn, *args):
+        p = Peer(fn, *args)
+        peers.append(p)
+        return p
+
+    yield start
+    for p in peers:
+        p.stop()
+
+
+def wait_done(agent, h, timeout=20.0):
+    end = time.monotonic() + timeout
+    st = agent.check_xfer_state(h)
+    while st == "PROC" and time.monotonic() < end:
+        time.sleep(0.0005)
+        st = agent.check_xfer_state(h)
+    return st
+
+
+def block_table(bases, blocks):
+    """SGLang/vLLM style (N, 3) uint64 descriptor arrays: every block of
+    every layer."""
+    rows = [(b + i * W.BLOCK_LEN, W.BLOCK_LEN, 0) for b in bases
+            for i in range(blocks)]
+    return np.array(rows, dtype=np.uint64)
+
+
+# -- SGLang -----------------------------------------------------------------
+def test_sglang_sequence_and_peer_recovery(peer):
+    from nixl._api import nixl_agent, nixl_agent_config
+    from nixl._bindings import nixlRemoteDisconnectError
+    d = peer(W.sglang_decode)
+    d_meta, d_bases, d_aux = d.recv()
+
+    agent = nixl_agent("prefill-7", nixl_agent_config(backends=[],
+                                                      num_threads=8))
+    agent.create_backend("UCX", {"num_threads": "8"})
+    assert "UCX" in agent.get_plugin_list()
+    assert agent.get_backend_params("UCX")["num_threads"] == "8"
+    kv = [W.kv_bytes(l, 3) for l in range(W.LAYERS)]
+    aux = np.frombuffer(bytes(range(256)) * 2, np.uint8).copy()
+    agent.register_memory([(k.ctypes.data, k.nbytes, 0, "") for k in kv],
+                          "DRAM")
+    agent.register_memory([(aux.ctypes.data, aux.nbytes, 0, "")], "DRAM")
+    name = agent.add_remote_agent(d_meta)
+    assert name == b"decode-7"  # NIXL returns bytes
+    src = agent.prep_xfer_dlist("NIXL_INIT_AGENT", agent.get_xfer_descs(
+        block_table([k.ctypes.data for k in kv], W.BLOCKS), "DRAM"))
+    dst = agent.prep_xfer_dlist(name, agent.get_xfer_descs(
+        block_table(d_bases, W.BLOCKS), "DRAM"))
+    room, rank = 42, 0
+    d.send(room)
+    d.send("prefill-7")
+
+    # KV in two chunks: prefill blocks -> decode blocks (scattered), ids as
+    # SGLang passes them (np.int32 arrays), block b of layer l at
+    # l * BLOCKS + b.
+    p_blocks = [[1, 5, 2], [9, 14]]
+    d_blocks = [[0, 7, 3], [15, 4]]
+
+    def ids(blocks):
+        return np.concatenate([l * W.BLOCKS + np.asarray(blocks, np.int32)
+                               for l in range(W.LAYERS)]).astype(np.int32)
+
+    for chunk, (pb, db) in enumerate(zip(p_blocks, d_blocks)):
+        last = int(chunk == len(p_blocks) - 1)
+        h = agent.make_prepped_xfer(
+            "WRITE", src, ids(pb), dst, ids(db),
+            b"%d_kv_%d_%d_%d" % (room, chunk, last, rank))
+        assert agent.transfer(h) in ("DONE", "PROC")
+        assert wait_done(agent, h) == "DONE"
+        agent.release_xfer_handle(h)
+    # Aux data with initialize_xfer.
+    h = agent.initialize_xfer(
+        "WRITE",
+        agent.get_xfer_descs([(aux.ctypes.data, aux.nbytes, 0)], "DRAM"),
+        agent.get_xfer_descs([(d_aux, aux.nbytes, 0)], "DRAM"),
+        name, b"%d_aux" % room)
+    agent.transfer(h)
+    assert wait_done(agent, h) == "DONE"
+    agent.release_xfer_handle(h)
+
+    msg = d.recv()
+    assert msg[0] == "notifs"
+    parsed, d_kv, d_auxb = msg[1], msg[2], msg[3]
+    assert sorted(parsed) == sorted([("kv", 0, False, 0), ("kv", 1, True, 0),
+                                     ("aux",)])
+    assert d_auxb == aux.tobytes()
+    for l in range(W.LAYERS):
+        want = np.zeros(W.BLOCKS * W.BLOCK_LEN, np.uint8)
+        for pb, db in zip(sum(p_blocks, []), sum(d_blocks, [])):
+            want[db * W.BLOCK_LEN:(db + 1) * W.BLOCK_LEN] = \
+                kv[l][pb * W.BLOCK_LEN:(pb + 1) * W.BLOCK_LEN]
+        assert d_kv[l] == want.tobytes(), "layer %d" % l
+
+    # Peer recovery: decode dies; SGLang's checks see it.
+    assert agent.check_remote_metadata(name)
+    d.stop()
+    end = time.monotonic() + 20
+    while agent.check_remote_metadata(name) and time.monotonic() < end:
+        time.sleep(0.01)
+    assert not agent.check_remote_metadata(name), \
+        "peer still alive 20 s after its death"
+    with pytest.raises(nixlRemoteDisconnectError):
+        h = agent.make_prepped_xfer("WRITE", src, ids([0]), dst, ids([0]),
+                                    b"%d_kv_9_1_0" % room)
+        agent.transfer(h)
+        wait_done(agent, h)
+    agent.remove_remote_agent(name)
+    agent.release_dlist_handle(dst)
+    agent.release_dlist_handle(src)
+    agent.close()
+
+
+# -- LMCache ----------------------------------------------------------------
+def test_lmcache_channel_sequence(peer):
+    from nixl._api import nixl_agent, nixl_agent_config
+    r = peer(W.lmcache_receiver)
+    r_meta, r_descs_bytes = r.recv()
+    agent = nixl_agent("lmcache-send", nixl_agent_config(backends=[]))
+    agent.create_backend("UCX", {"num_threads": "4"})
+    buf = np.frombuffer(np.random.default_rng(5).bytes(8 * W.BLOCK_LEN),
+                        np.uint8).copy()
+    reg = agent.get_reg_descs([(buf.ctypes.data, buf.nbytes, 0, "")], "cpu")
+    agent.register_memory(reg)
+    local_descs = agent.get_xfer_descs(
+        [(buf.ctypes.data + i * W.BLOCK_LEN, W.BLOCK_LEN, 0)
+         for i in range(8)], "cpu")
+    local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", local_descs, "cpu")
+    peer_name = agent.add_remote_agent(r_meta)
+    r.send(agent.get_agent_metadata())
+    remote_descs = agent.deserialize_descs(r_descs_bytes)
+    assert remote_descs.descCount() == 8
+    remote = agent.prep_xfer_dlist(peer_name, remote_descs, "cpu")
+    # Blocks 0..7 of the sender into 7..0 of the receiver, three puts, the
+    # last with the notification; LMCache never releases these handles.
+    handles = []
+    for k, (lo, hi) in enumerate([(0, 3), (3, 6), (6, 8)]):
+        h = agent.make_prepped_xfer(
+            "WRITE", local, list(range(lo, hi)), remote,
+            [7 - i for i in range(lo, hi)],
+            b"lmcache-put-%d" % (k + 1 if k < 2 else 3))
+        agent.transfer(h)
+        assert wait_done(agent, h) == "DONE"
+        handles.append(h)
+    msg = r.recv()
+    want = b"".join(bytes(buf[(7 - i) * W.BLOCK_LEN:(8 - i) * W.BLOCK_LEN])
+                    for i in range(8))
+    assert msg[0] == "data" and msg[1] == want
+    r.send("close")
+    assert r.recv() == "closed"
+    # Our close() in LMCache's order: deregister first (handles alive), then
+    # the lists, transfer handles never released: no Busy, no crash.
+    agent.deregister_memory(reg)
+    agent.release_dlist_handle(local)
+    agent.release_dlist_handle(remote)
+    agent.remove_remote_agent(peer_name)
+    # The region stays registered while the unreleased handles hold it and
+    # goes when they do.
+    assert agent.query_memory(reg, "UCX") == [None]
+    for h in handles:
+        agent.release_xfer_handle(h)
+    assert not agent._zombies
+    agent.close()
+
+
+# -- TensorRT-LLM -----------------------------------------------------------
+class TrtState(enum.Enum):
+    PROC = "PROC"
+    DONE = "DONE"
+    ERROR = "ERR"
+
+
+def test_trtllm_python_agent_sequence(peer):
+    try:
+        import nixl_cu13._api as api
+    except ImportError:  # pragma: no cover - the shim has it
+        pytest.fail("nixl_cu13 missing")
+    import nixl_cu12._api  # noqa: F401  (its fallback)
+    assert api.nixl_agent is pdx.nixl.nixl_agent
+    g = peer(W.trtllm_peer)
+    g_meta, g_cache = g.recv()
+    agent = api.nixl_agent("trtllm-ctx",
+                           api.nixl_agent_config(backends=["UCX"]))
+    cache = W.kv_bytes(0, 11)
+    agent.register_memory(agent.get_reg_descs(
+        [(cache.ctypes.data, cache.nbytes, 0, "")], "DRAM"))
+    name = agent.add_remote_agent(g_meta).decode()
+    g.send(agent.get_agent_metadata())
+    src = agent.get_xfer_descs([(cache.ctypes.data, cache.nbytes, 0)],
+                               "DRAM")
+    dst = agent.get_xfer_descs([(g_cache, cache.nbytes, 0)], "DRAM")
+    h = agent.initialize_xfer("WRITE", src, dst, name,
+                              "trtllm-req-11:done")  # str, as TRT-LLM
+    assert TrtState(agent.transfer(h)) in (TrtState.PROC, TrtState.DONE)
+    end = time.monotonic() + 20
+    st = TrtState(agent.check_xfer_state(h))
+    while st is TrtState.PROC and time.monotonic() < end:
+        st = TrtState(agent.check_xfer_state(h))
+    assert st is TrtState.DONE
+    agent.release_xfer_handle(h)
+    msg = g.recv()
+    assert msg[0] == "data" and msg[1] == cache.tobytes()
+    g.send("close")
+    assert g.recv() == "closed"
+    end = time.monotonic() + 20
+    got = []
+    while b"trtllm-gen:closed" not in got and time.monotonic() < end:
+        got += agent.get_new_notifs().get(name, [])
+    assert got == [b"trtllm-gen:closed"]
+    agent.deregister_memory(agent.get_reg_descs(
+        [(cache.ctypes.data, cache.nbytes, 0, "")], "DRAM"))
+    agent.remove_remote_agent(name)
+    agent.close()
+
+
+# -- the NIXL surface, one process --------------------------------------------
+def _pair(nixl_agent, nixl_agent_config, a="surf-a", b="surf-b"):
+    x = nixl_agent(a, nixl_agent_config(backends=["UCX"]))
+    y = nixl_agent(b, nixl_agent_config(backends=["UCX"]))
+    return x, y
+
+
+def _read(x, y_name, local, remote):
+    h = x.initialize_xfer("READ", local, remote, y_name, b"")
+    x.transfer(h)
+    assert wait_done(x, h) == "DONE"
+    x.release_xfer_handle(h)
+
+
+def test_create_backend_after_empty_backends():
+    from nixl._api import nixl_agent, nixl_agent_config
+    from nixl._bindings import nixlNotFoundError, nixlNotAllowedError
+    a = nixl_agent("cb-a", nixl_agent_config(backends=[]))
+    buf = bytearray(4096)
+    with pytest.raises(nixlNotFoundError, match="no backend"):
+        a.register_memory([(pdx.addr_of(buf), 4096, 0, "")], "DRAM")
+    with pytest.raises(nixlNotFoundError, match="no such plugin"):
+        a.create_backend("NOSUCH", {})
+    a.create_backend("UCX", {"num_threads": "2", "device_list": "lo"})
+    assert a.get_backend_params("UCX")["device_list"] == "lo"
+    assert a.get_backend_mem_types("UCX") == ["DRAM", "VRAM"]
+    assert "ucx" in a.agent.stats_json()
+    a.register_memory([(pdx.addr_of(buf), 4096, 0, "")], "DRAM")
+    with pytest.raises(nixlNotAllowedError, match="before memory"):
+        a.create_backend("CUDA_IPC", {})
+    a.create_backend("UCX", {})  # already there: no change
+    a.close()
+
+
+def test_nx3_and_1d_registration_move_the_described_bytes():
+    from nixl._api import nixl_agent, nixl_agent_config
+    x, y = _pair(nixl_agent, nixl_agent_config, "n3-a", "n3-b")
+    try:
+        src = pdx.mem_alloc(1 << 16)
+        pat = np.random.default_rng(9).integers(0, 256, 1 << 16, np.uint8)
+        np.frombuffer(src, np.uint8)[:] = pat
+        # N x 3 array: registers src's memory, not the 24-byte array.
+        table = np.array([[src.addr, 1 << 16, 0]], np.uint64)
+        reg = y.get_reg_descs(table, "DRAM")
+        assert reg.descCount() == 1 and reg[0][:2] == (src.addr, 1 << 16)
+        y.register_memory(reg)
+        # A 1-D array: one region of all its bytes.
+        dst = np.zeros(1 << 16, np.uint8)
+        r1 = x.register_memory(dst)
+        assert r1.descCount() == 1 and r1[0][1] == dst.nbytes
+        name = x.add_remote_agent(y.get_agent_metadata())
+        _read(x, name, x.get_xfer_descs(dst),
+              x.get_xfer_descs(table, "DRAM"))
+        assert dst.tobytes() == pat.tobytes()
+        x.remove_remote_agent(name)
+        y.deregister_memory(reg)
+        x.deregister_memory(r1)
+    finally:
+        x.close()
+        y.close()
+
+
+def test_serialized_descs_roundtrip_and_malformed():
+    from nixl._api import nixl_agent, nixl_agent_config
+    from nixl._bindings import nixlInvalidParamError
+    a = nixl_agent("ser-a", nixl_agent_config(backends=["UCX"]))
+    try:
+        rows = np.array([[1 << 40, 4096, 0], [(1 << 40) + 8192, 100, 3]],
+                        np.uint64)
+        xl = a.get_xfer_descs(rows, "DRAM")
+        b = a.get_serialized_descs(xl)
+        back = a.deserialize_descs(b)
+        assert back == xl and back.descCount() == 2 and back[1] == \
+            ((1 << 40) + 8192, 100, 3)
+        rl = a.get_reg_descs([(1 << 40, 4096, 0, "layer0"),
+                              (1 << 41, 64, 1, "")], "VRAM")
+        back = a.deserialize_descs(a.get_serialized_descs(rl))
+        assert back == rl and back.mem_type == "VRAM"
+        assert back[0][3] == "layer0"
+        with pytest.raises(nixlInvalidParamError, match="header"):
+            a.deserialize_descs(b[:10])
+        with pytest.raises(nixlInvalidParamError, match="magic"):
+            a.deserialize_descs(b"X" * len(b))
+        with pytest.raises(nixlInvalidParamError, match="need"):
+            a.deserialize_descs(b[:-1])
+        with pytest.raises(nixlInvalidParamError, match="after"):
+            a.deserialize_descs(b + b"\0")
+        huge = bytearray(b)
+        huge[12:20] = (1 << 40).to_bytes(8, "little")
+        with pytest.raises(nixlInvalidParamError, match="at most"):
+            a.deserialize_descs(bytes(huge))
+        with pytest.raises(TypeError):
+            a.get_serialized_descs([(1, 2, 3)])
+    finally:
+        a.close()
+
+
+def test_deregister_with_live_lists_any_order():
+    from nixl._api import nixl_agent, nixl_agent_config
+    x, y = _pair(nixl_agent, nixl_agent_config, "dr-a", "dr-b")
+    try:
+        src = pdx.mem_alloc(8192)
+        np.frombuffer(src, np.uint8)[:] = 0x5a
+        dst = bytearray(8192)
+        ry = y.register_memory([(src.addr, 8192, 0, "")], "DRAM")
+        rx = x.register_memory([(pdx.addr_of(dst), 8192, 0, "")], "DRAM")
+        name = x.add_remote_agent(y.get_agent_metadata())
+        lh = x.prep_xfer_dlist("NIXL_INIT_AGENT",
+                               [(pdx.addr_of(dst), 8192, 0)], "DRAM")
+        rh = x.prep_xfer_dlist(name, [(src.addr, 8192, 0)], "DRAM")
+        h = x.make_prepped_xfer("READ", lh, [0], rh, [0])
+        x.transfer(h)
+        assert wait_done(x, h) == "DONE"
+        # TRT-LLM/LMCache order: deregister with the lists and the handle
+        # alive (and with a new list object): no Busy.
+        x.deregister_memory(x.get_reg_descs(
+            [(pdx.addr_of(dst), 8192, 0, "")], "DRAM"))
+        # Still usable until released (documented).
+        x.transfer(h)
+        assert wait_done(x, h) == "DONE"
+        assert bytes(dst) == b"\x5a" * 8192
+        x.release_xfer_handle(h)
+        assert x._zombies
+        x.release_dlist_handle(lh)
+        assert not x._zombies
+        # Registering it again works once it went.
+        rx = x.register_memory([(pdx.addr_of(dst), 8192, 0, "")], "DRAM")
+        x.release_dlist_handle(rh)
+        x.remove_remote_agent(name)
+        x.deregister_memory(rx)
+        y.deregister_memory(ry)
+    finally:
+        x.close()
+        y.close()
+
+
+def test_names_modules_utils_logging_and_checks():
+    import nixl
+    import nixl_cu12
+    import nixl_cu13
+    import nixl._utils as u
+    from nixl.logging import get_logger
+    from nixl._api import (nixl_agent, nixl_agent_config,
+                           nixl_thread_sync_t)
+    from nixl._bindings import (nixlNoTelemetryError, nixlXferDList,
+                                nixlRegDList)
+    assert nixl_cu12.nixl_agent is nixl.nixl_agent is nixl_cu13.nixl_agent
+    assert issubclass(nixlNoTelemetryError, pdx.Error)
+    assert nixlXferDList is pdx.nixl.nixl_xfer_dlist
+    assert nixlRegDList is pdx.nixl.nixl_reg_dlist
+    assert get_logger("t").name == "nixl.t"
+    a1, a2 = u.malloc_passthru(1000), u.malloc_passthru(1000)
+    assert a1 and a2 and a1 % 4096 == 0
+    u.ba_buf(a1, 1000)
+    import ctypes
+    ctypes.memset(a2, 0, 1000)
+    with pytest.raises(AssertionError, match="byte 0 differs"):
+        u.verify_transfer(a1, a2, 1000)
+    u.ba_buf(a2, 1000)
+    u.verify_transfer(a1, a2, 1000)
+    u.free_passthru(a1)
+    u.free_passthru(a2)
+    with pytest.raises(TypeError, match="sync_mode"):
+        nixl_agent_config(sync_mode=1)
+    cfg = nixl_agent_config(
+        sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT)
+    a = nixl_agent("mod-a", cfg)
+    try:
+        with pytest.raises(TypeError, match="bytes or str"):
+            a.send_notif("nobody", 12)
+        assert not a.check_remote_metadata("nobody")
+        assert a.get_plugin_params("UCX")["num_threads"] == "0"
+    finally:
+        a.close()
