@@ -534,11 +534,18 @@ static pdx_status_t cma_peer_connect(void *bev, const char *name,
     if (hl != strlen(be->host_id) || memcmp(c + 12, be->host_id, hl) != 0) {
         return PDX_ERR_UNSUPPORTED; /* another host: UCX carries it */
     }
+    uint64_t pid = get_le(c + 8, 4);
+    if (pid == 0 || pid > INT32_MAX) {
+        /* process_vm_* and pidfd_open would name no process or a group */
+        pdx_error("cma: peer %s: malformed connection info: pid %llu",
+                  name, (unsigned long long)pid);
+        return PDX_ERR_CORRUPT;
+    }
     cma_peer_t *p = malloc(sizeof(*p));
     if (p == NULL) {
         return PDX_ERR_NOMEM;
     }
-    p->pid = (pid_t)get_le(c + 8, 4);
+    p->pid = (pid_t)pid;
     p->pidfd = -1;
     *peer_p = p;
     return PDX_OK;
@@ -631,8 +638,10 @@ static pdx_status_t cma_rmem_load(void *bev, void *peer,
     const uint8_t *k = key;
     if ((len != CMA_KEY_PLAIN && len != CMA_KEY_SHARED) ||
         get_le(k, 8) != r->addr || get_le(k + 8, 8) != r->len) {
-        pdx_error("cma: region key does not match region 0x%llx+%llu",
-                  (unsigned long long)r->addr, (unsigned long long)r->len);
+        pdx_error("cma: region 0x%llx+%llu: malformed key (%zu bytes; "
+                  "length, address or size field does not match the region)",
+                  (unsigned long long)r->addr, (unsigned long long)r->len,
+                  len);
         return PDX_ERR_CORRUPT;
     }
     cma_region_t *m = calloc(1, sizeof(*m));

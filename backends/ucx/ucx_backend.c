@@ -3,6 +3,8 @@
  * an endpoint flush has confirmed that every byte of the transfer landed. */
 #include <pdx/backend.h>
 
+#include "ucx_validate.h"
+
 #include <ucp/api/ucp.h>
 
 #include <errno.h>
@@ -96,6 +98,8 @@ typedef struct ucx_peer {
     int abandoned;            /* a request was released still in flight */
     uint64_t close_deadline;  /* when a flush or close gives up (forced) */
     char transport[64];       /* lanes' transports, for the path report */
+    ucx_vaddr_t vaddr;        /* its validated address (keys are checked
+                                 against it) */
 } ucx_peer_t;
 
 typedef struct ucx_md {
@@ -172,6 +176,7 @@ struct ucx_be {
     ucx_link_t orphan_reqs;   /* released requests still owned by UCX */
     ucx_link_t orphan_sends;
     ucx_link_t inbox;
+    ucx_vlocal_t vlocal; /* local transports, to validate peer bytes */
 };
 
 static void ucx_reap_zombies(ucx_be_t *be);
@@ -818,6 +823,12 @@ static pdx_status_t ucx_create(const pdx_backend_host_t *host,
     if (st != PDX_OK) {
         goto err_free;
     }
+    char vwhy[256] = "";
+    st = ucx_vlocal_init(&be->vlocal, vwhy, sizeof(vwhy));
+    if (st != PDX_OK) {
+        pdx_error("ucx: %s", vwhy);
+        goto err_free;
+    }
 
     s = ucp_config_read(NULL, NULL, &cfg);
     if (s != UCS_OK) {
@@ -1152,6 +1163,16 @@ static pdx_status_t ucx_peer_connect(void *bev, const char *peer_name,
         peer_p == NULL) {
         return PDX_ERR_INVALID;
     }
+    /* Peer bytes: UCX would abort or read out of bounds on a bad one. */
+    ucx_vaddr_t vaddr;
+    char vwhy[256];
+    st = ucx_validate_address(&be->vlocal, conn, conn_len, &vaddr, vwhy,
+                              sizeof(vwhy));
+    if (st != PDX_OK) {
+        pdx_error("ucx: peer %s: malformed connection info (%zu-byte worker "
+                  "address): %s", peer_name, conn_len, vwhy);
+        return st;
+    }
     ucx_peer_t *peer = calloc(1, sizeof(*peer));
     if (peer == NULL) {
         return PDX_ERR_NOMEM;
@@ -1163,6 +1184,7 @@ static pdx_status_t ucx_peer_connect(void *bev, const char *peer_name,
     }
     peer->be = be;
     peer->ep_status = UCS_OK;
+    peer->vaddr = vaddr;
     ucx_list_init(&peer->reqs);
     ucx_list_init(&peer->sends);
 
@@ -1274,6 +1296,15 @@ static pdx_status_t ucx_rmem_load(void *bev, void *peerv,
         pdx_error("ucx: peer %s: cannot load a key for memory type %d",
                   peer->name, (int)region->mem_type);
         return PDX_ERR_UNSUPPORTED;
+    }
+    char vwhy[256];
+    pdx_status_t vst = ucx_validate_rkey(&be->vlocal, &peer->vaddr, key,
+                                         key_len, vwhy, sizeof(vwhy));
+    if (vst != PDX_OK) {
+        pdx_error("ucx: peer %s: malformed key of region 0x%" PRIx64
+                  " +%" PRIu64 " (%zu bytes): %s", peer->name, region->addr,
+                  region->len, key_len, vwhy);
+        return vst;
     }
     ucx_rmd_t *rmd = malloc(sizeof(*rmd));
     if (rmd == NULL) {
