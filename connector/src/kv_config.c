@@ -822,17 +822,21 @@ static pdx_status_t parse_agent(cfg_ctx_t *c, const cJSON *root,
                                 pdx_kv_config_t *cfg)
 {
     static const char *const keys[] = {"name", "role", "peer", "peer_address",
-                                       "path_policy"};
+                                       "path_policy", "cluster_key_file"};
     static const char *const policies[] = {"any", "same_host_fast"};
     const cJSON *a;
     size_t old, role = 0, policy = 0;
     pdx_status_t st = get_object(c, root, "agent", 1, &a, &old);
     if (st == PDX_OK)
-        st = check_keys(c, a, keys, 5, "agent");
+        st = check_keys(c, a, keys, 6, "agent");
     if (st == PDX_OK)
         st = get_enum(c, a, "role", ROLE_NAMES, 3, 1, 0, &role);
     if (st == PDX_OK)
         st = get_enum(c, a, "path_policy", policies, 2, 0, 0, &policy);
+    /* The cluster key's file (docs/SECURITY.md); read at agent creation. */
+    if (st == PDX_OK)
+        st = get_str(c, a, "cluster_key_file", cfg->cluster_key_file,
+                     sizeof(cfg->cluster_key_file), 1, STR_ANY, 0, "");
     if (st != PDX_OK)
         return st;
     cfg->role = ROLES[role];

@@ -379,6 +379,12 @@ static pdx_status_t connector_create(const pdx_kv_connector_params_t *params,
         ap.field_mask |= PDX_AGENT_PARAM_PATH_POLICY;
         ap.path_policy = c->cfg.path_policy;
     }
+    if (!(ap.field_mask & PDX_AGENT_PARAM_CLUSTER_KEY) &&
+        c->cfg.cluster_key_file[0] != '\0') {
+        ap.field_mask |= PDX_AGENT_PARAM_CLUSTER_KEY;
+        ap.cluster_key = NULL;
+        ap.cluster_key_file = c->cfg.cluster_key_file;
+    }
     kv_store_agent_params(&c->cfg, &ap);
     st = pdx_agent_create(c->cfg.agent_name, &ap, &c->agent);
     if (st != PDX_OK) {

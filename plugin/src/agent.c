@@ -348,7 +348,10 @@ pdx_status_t pdxi_agent_create(const char *name,
         .agent_ctx = a, .agent_name = a->name, .host_id = a->host_id,
         .notif_recv = host_notif_recv, .peer_error = host_peer_error};
 
-    pdx_status_t st;
+    pdx_status_t st = pdxi_ckey_init(&a->ckey, a->name, params);
+    if (st != PDX_OK) {
+        goto err_free;
+    }
     a->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (a->event_fd < 0) {
         pdx_error("agent %s: eventfd failed: %s", name, strerror(errno));
@@ -398,6 +401,7 @@ err_mutex:
     close(a->epoll_fd);
     close(a->event_fd);
 err_free:
+    pdxi_ckey_clear(&a->ckey);
     pdx_handle_release(a);
     return st;
 }
@@ -463,6 +467,7 @@ void pdxi_agent_destroy(pdx_agent_h a)
     pthread_mutex_destroy(&a->lock);
     close(a->epoll_fd);
     close(a->event_fd);
+    pdxi_ckey_clear(&a->ckey);
     pdx_handle_release(a);
 }
 

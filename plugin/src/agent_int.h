@@ -13,6 +13,7 @@
 #include <pdx/xfer.h>
 
 #include "blob.h"
+#include "sign.h"
 #include "pdx_call.h"
 
 /* The blob's limits are the agent's: what one side writes the other reads. */
@@ -167,6 +168,7 @@ struct pdx_agent {
     pthread_mutex_t lock;     /* everything below */
     pthread_mutex_t delivery; /* serialises notification callbacks */
     pdx_agent_params_t params;
+    pdx_ckey_t ckey; /* cluster key (sign.h); immutable after create */
     uint64_t instance;
     uint32_t generation;
     char host_id[PDX_BLOB_HOST_MAX];

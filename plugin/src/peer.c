@@ -76,6 +76,9 @@ pdx_status_t pdxi_agent_describe(pdx_agent_h agent, void **blob_p,
     if (st == PDX_OK) {
         st = pdx_blob_finish(&w);
     }
+    if (st == PDX_OK && agent->ckey.bytes != NULL) {
+        st = pdxi_blob_seal(&agent->ckey, &w.data, &w.len); /* sign.h */
+    }
     if (st != PDX_OK) {
         free(w.data);
         return st;
@@ -449,7 +452,15 @@ pdx_status_t pdxi_peer_load(pdx_agent_h agent, const void *blob, size_t len,
 {
     char why[256];
     pdx_blob_t *b = NULL;
-    pdx_status_t st = pdx_blob_parse(blob, len, &b, why, sizeof(why));
+    const void *inner = NULL;
+    size_t inner_len = 0;
+    /* The cluster key's check first (sign.h): an agent with a key parses
+     * nothing that is not signed with it. */
+    pdx_status_t st = pdxi_blob_open(&agent->ckey, blob, len, &inner,
+                                     &inner_len, why, sizeof(why));
+    if (st == PDX_OK) {
+        st = pdx_blob_parse(inner, inner_len, &b, why, sizeof(why));
+    }
     if (st != PDX_OK) {
         pdx_error("agent %s: peer metadata rejected: %s", agent->name, why);
         return st;

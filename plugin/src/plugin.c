@@ -1,10 +1,12 @@
 /* The exported function table and blob decoding for tools. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include <pdx/plugin.h>
 
 #include "blob.h"
+#include "sign.h"
 
 #ifndef PDX_VERSION_STRING
 #define PDX_VERSION_STRING "0.0.0"
@@ -16,7 +18,15 @@ pdx_status_t pdxi_blob_describe(const void *blob, size_t len, char **text_p,
                                char *why, size_t why_len)
 {
     pdx_blob_t *b = NULL;
-    pdx_status_t st = pdx_blob_parse(blob, len, &b, why, why_len);
+    const void *in = NULL;
+    size_t in_len = 0;
+    /* A signed blob (sign.h) is shown unverified: tools hold no key. */
+    pdx_status_t st = pdxi_blob_open(NULL, blob, len, &in, &in_len, why,
+                                     why_len);
+    bool sealed = st == PDX_OK && in != blob;
+    if (st == PDX_OK) {
+        st = pdx_blob_parse(in, in_len, &b, why, why_len);
+    }
     if (st != PDX_OK) {
         return st;
     }
@@ -32,7 +42,8 @@ pdx_status_t pdxi_blob_describe(const void *blob, size_t len, char **text_p,
     fprintf(f, "generation: %u\n", b->generation);
     fprintf(f, "host:       %s\n", b->host_id);
     fprintf(f, "pid:        %d\n", (int)b->pid);
-    fprintf(f, "blob:       %zu bytes, version %u\n", len, PDX_BLOB_VERSION);
+    fprintf(f, "blob:       %zu bytes, version %u%s\n", len, PDX_BLOB_VERSION,
+            sealed ? ", signed (HMAC-SHA-256, not verified here)" : "");
     fprintf(f, "invariants: %u\n", b->ninv);
     for (uint16_t i = 0; i < b->ninv; i++) {
         fprintf(f, "  %s = %s\n", b->inv[i].key, b->inv[i].value);

@@ -167,9 +167,14 @@ static void on_store_event(void *ctx, uint64_t watch_id,
     pthread_mutex_lock(&g->lock);
     if (ev->type == PDX_STORE_EV_PUT) {
         pdx_blob_t *b = NULL;
-        char why[128];
-        if (pdx_blob_parse(ev->value, ev->value_len, &b, why, sizeof(why)) !=
-                PDX_OK ||
+        char why[192];
+        const void *in = NULL;
+        size_t in_len = 0;
+        /* Signed with the agent's cluster key (sign.h), else ignored: a
+         * forged put never replaces the cached blob of a peer. */
+        if (pdxi_blob_open(&g->agent->ckey, ev->value, ev->value_len, &in,
+                           &in_len, why, sizeof(why)) != PDX_OK ||
+            pdx_blob_parse(in, in_len, &b, why, sizeof(why)) != PDX_OK ||
             strcmp(b->name, name) != 0) {
             pdx_warn("agent %s: store key agents/%s holds no valid blob of "
                      "that agent (%s): ignored", g->agent->name, name,
@@ -629,8 +634,13 @@ static pdx_status_t fetch(pdx_agent_h a, const char *name,
             store_st = g->ops->get(g->st, key, &v, &vlen, NULL);
             if (store_st == PDX_OK) {
                 pdx_blob_t *b = NULL;
-                char why[128];
-                if (pdx_blob_parse(v, vlen, &b, why, sizeof(why)) == PDX_OK &&
+                char why[192];
+                const void *in = NULL;
+                size_t in_len = 0;
+                if (pdxi_blob_open(&a->ckey, v, vlen, &in, &in_len, why,
+                                   sizeof(why)) == PDX_OK &&
+                    pdx_blob_parse(in, in_len, &b, why, sizeof(why)) ==
+                        PDX_OK &&
                     (p == NULL || b->instance != inst ||
                      b->generation != gen)) {
                     blob = v;

@@ -135,6 +135,11 @@ typedef struct pdx_kv_config {
                                    * reclaimable; 3 */
     bool store_remote_offload;   /* a local miss asks the registry; true */
     uint32_t store_remote_offload_timeout_ms; /* owner's answer; 1000 */
+    /* agent.cluster_key_file: the connector's agent signs its blobs and
+     * accepts only blobs signed with this key (PDX_AGENT_PARAM_CLUSTER_KEY
+     * in pdx/agent.h; docs/SECURITY.md). "" (default): none, unless
+     * PDX_CLUSTER_KEY_FILE is set in the environment. */
+    char cluster_key_file[256];
 } pdx_kv_config_t;
 
 /* Largest config text accepted, in bytes. */

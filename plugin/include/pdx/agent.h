@@ -63,6 +63,7 @@ enum pdx_agent_params_field {
     PDX_AGENT_PARAM_PROGRESS_INTERVAL = 1u << 2,
     PDX_AGENT_PARAM_PATH_POLICY = 1u << 3,
     PDX_AGENT_PARAM_STORE = 1u << 4, /* the store_* fields */
+    PDX_AGENT_PARAM_CLUSTER_KEY = 1u << 5, /* the cluster_key* fields */
 };
 
 /* Which transfer paths an agent accepts (PDX_AGENT_PARAM_PATH_POLICY).
@@ -131,6 +132,22 @@ typedef struct pdx_agent_params {
     /* Most operations in one store transaction (etcd's --max-txn-ops);
      * default 128, etcd's default. */
     uint32_t store_max_txn_ops;
+    /* Cluster key (PDX_AGENT_PARAM_CLUSTER_KEY; docs/SECURITY.md): exactly
+     * one of `cluster_key` (cluster_key_len bytes, 16..4096) or
+     * `cluster_key_file` (a file holding the key; one trailing newline is
+     * dropped). Without the bit, the file named by PDX_CLUSTER_KEY_FILE in
+     * the environment, if set; else no key. With a key, every blob the
+     * agent describes or publishes is signed (HMAC-SHA-256), and
+     * pdx_peer_load and the store watch refuse a blob that is not signed
+     * with the same key: unsigned or signed with another key
+     * PDX_ERR_MISMATCH, altered PDX_ERR_CORRUPT, pdx_last_error() saying
+     * which. Without a key, signed and unsigned blobs are both accepted
+     * (unverified). The key authenticates metadata only, not transfers.
+     * Bytes are copied at create; an unreadable file or a key out of range
+     * fails pdx_agent_create (PDX_ERR_CONFIG / PDX_ERR_INVALID). */
+    const void *cluster_key;
+    size_t cluster_key_len;
+    const char *cluster_key_file;
 } pdx_agent_params_t;
 
 /* Create an agent named `name` (1..PDX_NAME_MAX-1 bytes of [A-Za-z0-9._-]).
