@@ -29,10 +29,13 @@ Where pdx behaves differently from NIXL:
 * check_xfer_state/transfer return "DONE" or "PROC"; a failure raises the
   NIXL class for it, as NIXL's bindings do (nixlRemoteDisconnectError for
   a dead peer, ...; they are the pdx exceptions, with pdx's text).
-  get_xfer_telemetry never raises for a live handle: without
-  ``capture_telemetry=True`` (or NIXL_TELEMETRY_ENABLE=y) its times are 0
-  (NIXL raises), while byte and descriptor counts and the backend are
-  always there. Times are microseconds as in NIXL.
+  get_xfer_telemetry raises nixlNoTelemetryError unless the agent
+  captures telemetry (``capture_telemetry=True`` or NIXL_TELEMETRY_ENABLE=y;
+  =n turns it off), as NIXL. Times are microseconds as in NIXL.
+* Malformed descriptor input to get_xfer_descs/get_reg_descs gives None
+  (logged on the 'nixl' logger) and an unknown mem type or operation a
+  KeyError, as NIXL; the calls taking such a None raise
+  nixlInvalidParamError.
 * Exactly repeated registrations of one region are reference-counted
   (NIXL accepts them); partly overlapping ones are refused.
 * deregister_memory is accepted in any order: a region that prepared
@@ -51,6 +54,7 @@ Where pdx behaves differently from NIXL:
 """
 
 import enum
+import logging
 import os
 import struct
 import sys
@@ -486,9 +490,60 @@ def _nx3(o):
     return isinstance(o, np.ndarray) and o.ndim == 2 and o.shape[1] == 3
 
 
-def _env_true(name):
-    return os.environ.get(name, "").strip().lower() in ("y", "yes", "1",
-                                                        "true", "on")
+_log = logging.getLogger("nixl")
+
+
+def _env_flag(name):
+    """True/False for a set yes/no variable, None when unset or other."""
+    v = os.environ.get(name, "").strip().lower()
+    if v in ("y", "yes", "1", "true", "on"):
+        return True
+    if v in ("n", "no", "0", "false", "off"):
+        return False
+    return None
+
+
+def _mem(mems, mem_type):
+    """NIXL's mem type lookup: an unknown name is a KeyError, as in NIXL."""
+    if mem_type not in mems:
+        raise KeyError("mem type %r: one of %s" % (mem_type,
+                                                  ", ".join(mems)))
+    return mems[mem_type]
+
+
+class nixlAgentConfig:
+    """nixl._bindings.nixlAgentConfig: the fields nixl_agent fills in."""
+
+    def __init__(self, useProgThread=True, useListenThread=False,
+                 listenPort=DEFAULT_COMM_PORT, syncMode=0, pthrDelay=0,
+                 lthrDelay=100000, captureTelemetry=False):
+        self.useProgThread = useProgThread
+        self.useListenThread = useListenThread
+        self.listenPort = listenPort
+        self.syncMode = syncMode
+        self.pthrDelay = pthrDelay
+        self.lthrDelay = lthrDelay
+        self.captureTelemetry = captureTelemetry
+
+
+def nixlAgent(agent_name, agent_config):
+    """nixl._bindings.nixlAgent on pdx: a pdx.Agent with the config's
+    progress thread and telemetry, and the pdx backends nixl_agent put in
+    the config (pdx makes backends with the agent; nixl_agent makes its
+    agent through this name in nixl._bindings, as NIXL does)."""
+    return _pdx.Agent(_name(agent_name),
+                      progress_thread=bool(agent_config.useProgThread),
+                      backends=list(getattr(agent_config, "pdx_backends",
+                                            ())),
+                      backend_options=getattr(agent_config,
+                                              "pdx_backend_options",
+                                              None) or None,
+                      telemetry=bool(agent_config.captureTelemetry))
+
+
+def _binding_ctor():
+    b = sys.modules.get("nixl._bindings")
+    return getattr(b, "nixlAgent", nixlAgent) if b is not None else nixlAgent
 
 
 class nixl_agent:
@@ -506,9 +561,20 @@ class nixl_agent:
         self.name = _name(agent_name)
         self.notifs = {}
         self.config = nixl_conf
-        self._telemetry = bool(getattr(nixl_conf, "capture_telemetry",
-                                       False)) or \
-            _env_true("NIXL_TELEMETRY_ENABLE")
+        # NIXL_TELEMETRY_ENABLE=y turns telemetry on, =n off (over the
+        # config), as in NIXL.
+        env = _env_flag("NIXL_TELEMETRY_ENABLE")
+        self._telemetry = env if env is not None else \
+            bool(getattr(nixl_conf, "capture_telemetry", False))
+        sync = getattr(nixl_conf, "sync_mode", None) or (
+            nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT
+            if getattr(nixl_conf, "enable_listen", False)
+            else nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE)
+        self._binding_config = nixlAgentConfig(
+            bool(nixl_conf.enable_pthread),
+            bool(getattr(nixl_conf, "enable_listen", False)),
+            getattr(nixl_conf, "port", DEFAULT_COMM_PORT), sync.value, 0,
+            100000, self._telemetry)
         self._mods = []
         self._pdx_opts = {}
         self.backends = {}
@@ -539,10 +605,9 @@ class nixl_agent:
 
     def _make_agent(self, mods):
         bopts = {m: dict(self._pdx_opts.get(m, {})) for m in mods}
-        agent = _pdx.Agent(
-            self.name, progress_thread=bool(self.config.enable_pthread),
-            backends=mods, backend_options=bopts or None,
-            telemetry=self._telemetry)
+        self._binding_config.pdx_backends = list(mods)
+        self._binding_config.pdx_backend_options = bopts
+        agent = _binding_ctor()(self.name, self._binding_config)
         old, self.agent = self.agent, agent
         self._mods = list(mods)
         return old
@@ -605,15 +670,16 @@ class nixl_agent:
         if isinstance(descs, nixl_reg_dlist):
             return descs
         if isinstance(descs, (nixl_xfer_dlist, _pdx.DescList)):
-            raise nixlInvalidParamError(
-                "get_reg_descs: an XferList was given; use get_reg_descs "
-                "with regions")
-        mt_given = self.nixl_mems.get(mem_type, mem_type) \
+            _log.error("XferList type detected for registration, please "
+                       "use RegList")
+            return None
+        mt_given = _mem(self.nixl_mems, mem_type) \
             if mem_type is not None else None
         if _nx3(descs):
             if mt_given is None:
-                raise nixlInvalidParamError(
-                    "get_reg_descs: give a mem type with an N x 3 array")
+                _log.error("get_reg_descs: give a mem type with an N x 3 "
+                           "array")
+                return None
             rows = _rows_array(descs)
             return nixl_reg_dlist(mt_given, [
                 (int(a), int(n), int(d), "") for a, n, d in rows])
@@ -624,15 +690,15 @@ class nixl_agent:
         for d in descs:
             if isinstance(d, (tuple, list)):
                 if mt_given is None:
-                    raise nixlInvalidParamError(
-                        "get_reg_descs: give a mem type with tuples")
-                if len(d) < 2:
-                    raise nixlInvalidParamError(
-                        "get_reg_descs: (addr, len, device, meta) tuples, "
-                        "got %r" % (d,))
-                addr, length = int(d[0]), int(d[1])
-                dev = int(d[2]) if len(d) > 2 else 0
-                meta = d[3] if len(d) > 3 else ""
+                    _log.error("get_reg_descs: give a mem type with tuples")
+                    return None
+                if len(d) != 4:
+                    _log.error("get_reg_descs: (addr, len, device, meta) "
+                               "tuples needed for registration, got %r",
+                               d)
+                    return None
+                addr, length, dev, meta = int(d[0]), int(d[1]), int(d[2]), \
+                    d[3]
                 regions.append((addr, length, dev, meta))
                 objects.append(None)
                 mt = mt_given
@@ -740,17 +806,22 @@ class nixl_agent:
         if isinstance(descs, _pdx.DescList):
             return nixl_xfer_dlist(descs.mem_type, [tuple(d) for d in descs])
         if isinstance(descs, nixl_reg_dlist):
-            raise nixlInvalidParamError(
-                "RegList type detected for transfer, please use XferList")
-        mt_given = self.nixl_mems.get(mem_type, mem_type) \
+            _log.error("RegList type detected for transfer, please use "
+                       "XferList")
+            return None
+        mt_given = _mem(self.nixl_mems, mem_type) \
             if mem_type is not None else None
         if _nx3(descs) or (isinstance(descs, (list, tuple)) and descs and
                            isinstance(descs[0], (tuple, list))):
             if mt_given is None:
-                raise nixlInvalidParamError(
-                    "get_xfer_descs: give a mem type with tuples or arrays")
+                _log.error("get_xfer_descs: give a mem type with tuples or "
+                           "arrays")
+                return None
             if not _nx3(descs):
-                descs = [tuple(d[:3]) for d in descs]
+                if any(len(d) != 3 for d in descs):
+                    _log.error("get_xfer_descs: (addr, len, device) tuples "
+                               "needed for transfer")
+                    return None
             return nixl_xfer_dlist(mt_given, descs)
         if _is_buffer(descs):
             descs = [descs]
@@ -811,6 +882,7 @@ class nixl_agent:
     def make_prepped_xfer(self, operation, local_xfer_side, local_indices,
                           remote_xfer_side, remote_indices, notif_msg=b"",
                           backends=(), skip_desc_merge=False):
+        _mem(self.nixl_ops, operation)  # KeyError for others, as NIXL
         notif = _notif_bytes(notif_msg, "make_prepped_xfer") \
             if notif_msg else None
         h = self.agent.make_xfer(operation, local_xfer_side, local_indices,
@@ -821,10 +893,15 @@ class nixl_agent:
 
     def initialize_xfer(self, operation, local_descs, remote_descs,
                         remote_agent, notif_msg=b"", backends=()):
+        _mem(self.nixl_ops, operation)
         notif = _notif_bytes(notif_msg, "initialize_xfer") \
             if notif_msg else None
         local = self.get_xfer_descs(local_descs)
         remote = self.get_xfer_descs(remote_descs)
+        if local is None or remote is None:
+            raise nixlInvalidParamError(
+                "initialize_xfer: no descriptor list for the %s side"
+                % ("local" if local is None else "remote"))
         h = self.agent.create_xfer(operation, local.desclist(),
                                    remote.desclist(), _name(remote_agent),
                                    notif)
@@ -850,6 +927,12 @@ class nixl_agent:
         return "DONE" if handle.check() else "PROC"
 
     def get_xfer_telemetry(self, handle):
+        if not self._telemetry:
+            handle.segments  # still raises for a released handle
+            raise nixlNoTelemetryError(
+                "get_xfer_telemetry: agent %s captures no telemetry "
+                "(nixl_agent_config(capture_telemetry=True) or "
+                "NIXL_TELEMETRY_ENABLE=y)" % self.name)
         if not _HAVE_TELEMETRY:
             # libpdx.so without pdx_xfer_telemetry: zeros rather than an
             # exception in the stack's completion path.
