@@ -128,6 +128,7 @@ void pdx_peer_mark_dead_locked(pdx_agent_h agent, pdx_peer_t *peer,
     }
     peer->dead = why;
     snprintf(peer->dead_how, sizeof(peer->dead_how), "%s", how);
+    peer->dead_ns = pdx_now_ns();
     if (peer->stats != NULL) {
         peer->stats->s.dead_events++;
     }

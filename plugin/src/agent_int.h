@@ -57,6 +57,14 @@ typedef struct pdx_peer_region {
     /* Per backend: the backend's path op said this region takes its
      * fallback (e.g. cma without a mapping: process_vm). */
     bool slow[PDX_MAX_BACKENDS];
+    /* What the blob said of it (fields and keys): a reload keeps this
+     * object, its keys and what uses it when the new blob says the same. */
+    uint64_t key_hash;
+    /* Prepared lists holding it. A region removed or changed by a reload
+     * (or whose peer went) is `gone`: its keys are unloaded, lists using it
+     * are refused (STALE), and the last list to let go frees it. */
+    uint32_t users;
+    bool gone;
 } pdx_peer_region_t;
 
 #define PDX_WHY_MAX 160
@@ -72,6 +80,7 @@ typedef struct pdx_peer {
     bool same_host; /* same host id: fallbacks are counted for it */
     pdx_status_t dead; /* PDX_OK while alive */
     char dead_how[64]; /* how it was found dead */
+    uint64_t dead_ns;  /* pdx_now_ns() when it was found dead */
     pdx_stats_entry_t *stats;
     /* Path report: per backend its transport name for this peer, and why
      * host (dram_why) or GPU (vram_why) memory of this same-host peer does
@@ -81,7 +90,10 @@ typedef struct pdx_peer {
     char dram_why[PDX_WHY_MAX];
     char vram_why[PDX_WHY_MAX];
     void *bpeer[PDX_MAX_BACKENDS];
-    pdx_peer_region_t *regions; /* sorted by (mem_type, addr) */
+    /* hash of the blob's backend names and connection infos: a reload of
+     * the same instance with the same hash keeps the connections */
+    uint64_t conn_hash;
+    pdx_peer_region_t **regions; /* sorted by (mem_type, addr) */
     size_t nregions;
     struct pdx_peer *next;
 } pdx_peer_t;
@@ -114,6 +126,7 @@ struct pdx_xfer {
     pdx_status_t status;
     bool posted;
     bool aborting; /* pdx_xfer_abort asked; no notification */
+    bool stale;    /* a peer region it uses went away: never posted again */
     bool counted;  /* this post's end is in the counters */
     bool fallback; /* see pdx_path_policy_t */
     uint8_t paths; /* 1: a fast piece, 2: a backend-fallback piece */
@@ -155,6 +168,8 @@ struct pdx_dlist {
     size_t count;
     struct pdx_mem_reg **regs; /* local: distinct regions, users held */
     size_t nregs;
+    pdx_peer_region_t **rregs; /* remote: distinct regions, users held */
+    size_t nrregs;
 };
 
 typedef struct pdx_invariant {
@@ -247,6 +262,15 @@ typedef enum pdx_fail_mode {
 void pdx_xfer_fail_peer_locked(pdx_agent_h agent, uint64_t epoch,
                                pdx_status_t why, pdx_fail_mode_t mode);
 void pdx_peer_destroy_locked(pdx_agent_h agent, pdx_peer_t *peer);
+/* A prepared list lets go of peer region `g`: frees it when gone and
+ * unused. */
+void pdx_peer_region_put_locked(pdx_peer_region_t *g);
+/* End (STALE) and never post again the requests of peer incarnation
+ * `epoch` that use one of the remote keys `rmds` (n of them), releasing
+ * their backend requests now (the keys are unloaded next). All of the
+ * incarnation's requests when rmds is NULL. */
+void pdx_xfer_fail_rmds_locked(pdx_agent_h agent, uint64_t epoch,
+                               void *const *rmds, size_t n);
 /* The peer is gone: fail its requests (released now unless called from
  * inside a backend call) and refuse new ones until it is loaded again. */
 void pdx_peer_mark_dead_locked(pdx_agent_h agent, pdx_peer_t *peer,

@@ -1,11 +1,13 @@
 /* Metadata describe/load and peers: invariant checks, backend connections,
  * pidfd liveness, stale detection through per-incarnation epochs. */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "agent_int.h"
 
@@ -100,24 +102,32 @@ pdx_peer_t *pdx_peer_find(pdx_agent_h agent, const char *name)
     return NULL;
 }
 
-pdx_peer_region_t *pdx_peer_region_find(pdx_peer_t *peer, pdx_mem_type_t t,
-                                        uint64_t addr, uint64_t len)
+/* Index of the last region of `peer` starting at or before (t, addr), or
+ * SIZE_MAX. */
+static size_t region_index(const pdx_peer_t *peer, pdx_mem_type_t t,
+                           uint64_t addr)
 {
     size_t lo = 0, hi = peer->nregions;
-    /* Last region starting at or before (t, addr). */
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        const pdx_region_t *r = &peer->regions[mid].region;
+        const pdx_region_t *r = &peer->regions[mid]->region;
         if (r->mem_type < t || (r->mem_type == t && r->addr <= addr)) {
             lo = mid + 1;
         } else {
             hi = mid;
         }
     }
-    if (lo == 0) {
+    return lo == 0 ? SIZE_MAX : lo - 1;
+}
+
+pdx_peer_region_t *pdx_peer_region_find(pdx_peer_t *peer, pdx_mem_type_t t,
+                                        uint64_t addr, uint64_t len)
+{
+    size_t i = region_index(peer, t, addr);
+    if (i == SIZE_MAX) {
         return NULL;
     }
-    pdx_peer_region_t *g = &peer->regions[lo - 1];
+    pdx_peer_region_t *g = peer->regions[i];
     const pdx_region_t *r = &g->region;
     if (r->mem_type != t || !pdx_region_holds(r, addr, len)) {
         return NULL;
@@ -125,17 +135,42 @@ pdx_peer_region_t *pdx_peer_region_find(pdx_peer_t *peer, pdx_mem_type_t t,
     return g;
 }
 
+static void region_unload(pdx_agent_h agent, pdx_peer_region_t *g)
+{
+    for (uint32_t b = 0; b < agent->nbackends; b++) {
+        if (g->rmd[b] != NULL) {
+            agent->backends[b]->ops->rmem_unload(agent->backends[b]->be,
+                                                 g->rmd[b]);
+            g->rmd[b] = NULL;
+        }
+    }
+}
+
+/* The region left its peer (removed, changed or the peer went): unload
+ * its keys; free it unless prepared lists hold it (then they are refused
+ * and the last one frees it). No request may use its keys any more. */
+static void region_drop(pdx_agent_h agent, pdx_peer_region_t *g)
+{
+    region_unload(agent, g);
+    g->gone = true;
+    if (g->users == 0) {
+        free(g);
+    }
+}
+
+void pdx_peer_region_put_locked(pdx_peer_region_t *g)
+{
+    if (--g->users == 0 && g->gone) {
+        free(g);
+    }
+}
+
 void pdx_peer_destroy_locked(pdx_agent_h agent, pdx_peer_t *peer)
 {
     pdx_xfer_fail_peer_locked(agent, peer->epoch, PDX_ERR_STALE,
                               PDX_FAIL_RELEASE);
     for (size_t i = 0; i < peer->nregions; i++) {
-        for (uint32_t b = 0; b < agent->nbackends; b++) {
-            if (peer->regions[i].rmd[b] != NULL) {
-                agent->backends[b]->ops->rmem_unload(agent->backends[b]->be,
-                                                     peer->regions[i].rmd[b]);
-            }
-        }
+        region_drop(agent, peer->regions[i]);
     }
     for (uint32_t b = 0; b < agent->nbackends; b++) {
         if (peer->bpeer[b] != NULL) {
@@ -190,8 +225,8 @@ static pdx_status_t check_invariants(pdx_agent_h agent, const pdx_blob_t *b)
 
 static int region_order(const void *x, const void *y)
 {
-    const pdx_region_t *a = &((const pdx_peer_region_t *)x)->region;
-    const pdx_region_t *b = &((const pdx_peer_region_t *)y)->region;
+    const pdx_region_t *a = &(*(pdx_peer_region_t *const *)x)->region;
+    const pdx_region_t *b = &(*(pdx_peer_region_t *const *)y)->region;
     if (a->mem_type != b->mem_type) {
         return a->mem_type < b->mem_type ? -1 : 1;
     }
@@ -227,6 +262,29 @@ static bool blob_has_backend(const pdx_blob_t *b, const char *name)
     return false;
 }
 
+/* Does backend k take its fallback for region g of peer p? */
+static void region_path(pdx_agent_h agent, pdx_peer_t *p, pdx_peer_region_t *g,
+                        uint32_t k)
+{
+    struct pdx_backend *be = agent->backends[k];
+    g->slow[k] = false;
+    if (g->rmd[k] == NULL || p->bpeer[k] == NULL ||
+        !PDX_BE_HAS(be->ops, path)) {
+        return;
+    }
+    char t[64], w[PDX_WHY_MAX] = "";
+    if (be->ops->path(be->be, p->bpeer[k], g->rmd[k], t, sizeof(t), w,
+                      sizeof(w)) != PDX_OK) {
+        g->slow[k] = true;
+        if (p->slow_why[k][0] == '\0') {
+            snprintf(p->slow_why[k], sizeof(p->slow_why[k]),
+                     "region 0x%llx+%llu: %s",
+                     (unsigned long long)g->region.addr,
+                     (unsigned long long)g->region.len, w);
+        }
+    }
+}
+
 /* The path report of a new peer: each backend's transport for it, which
  * regions take a backend's fallback, and for a same-host peer why host or
  * GPU memory would not take the fast path (warned once here). */
@@ -251,21 +309,7 @@ static void peer_paths(pdx_agent_h agent, pdx_peer_t *p, const pdx_blob_t *b)
             be->ops->path(be->be, p->bpeer[k], NULL, p->transport[k],
                           sizeof(p->transport[k]), why, sizeof(why));
             for (size_t i = 0; i < p->nregions; i++) {
-                pdx_peer_region_t *g = &p->regions[i];
-                if (g->rmd[k] == NULL) {
-                    continue;
-                }
-                char t[64], w[PDX_WHY_MAX] = "";
-                if (be->ops->path(be->be, p->bpeer[k], g->rmd[k], t,
-                                  sizeof(t), w, sizeof(w)) != PDX_OK) {
-                    g->slow[k] = true;
-                    if (p->slow_why[k][0] == '\0') {
-                        snprintf(p->slow_why[k], sizeof(p->slow_why[k]),
-                                 "region 0x%llx+%llu: %s",
-                                 (unsigned long long)g->region.addr,
-                                 (unsigned long long)g->region.len, w);
-                    }
-                }
+                region_path(agent, p, p->regions[i], k);
             }
         } else {
             snprintf(p->transport[k], sizeof(p->transport[k]), "%s",
@@ -298,8 +342,8 @@ static void peer_paths(pdx_agent_h agent, pdx_peer_t *p, const pdx_blob_t *b)
     }
     bool has_dram = false, has_vram = false;
     for (size_t i = 0; i < p->nregions; i++) {
-        has_dram |= p->regions[i].region.mem_type == PDX_MEM_DRAM;
-        has_vram |= p->regions[i].region.mem_type == PDX_MEM_VRAM;
+        has_dram |= p->regions[i]->region.mem_type == PDX_MEM_DRAM;
+        has_vram |= p->regions[i]->region.mem_type == PDX_MEM_VRAM;
     }
     const char *why = has_dram && p->dram_why[0]   ? p->dram_why
                       : has_vram && p->vram_why[0] ? p->vram_why
@@ -312,6 +356,228 @@ static void peer_paths(pdx_agent_h agent, pdx_peer_t *p, const pdx_blob_t *b)
                      ? ": the path policy will refuse them"
                      : "");
     }
+}
+
+/* What a reload compares: the blob's backends and their connection infos,
+ * and per region its fields and keys (xxh3, chained). */
+static uint64_t hash_conns(const pdx_blob_t *b)
+{
+    uint64_t h = XXH3_64bits(&b->nbackends, sizeof(b->nbackends));
+    for (uint16_t i = 0; i < b->nbackends; i++) {
+        h = XXH3_64bits_withSeed(b->backends[i].name,
+                                 strlen(b->backends[i].name), h);
+        h = XXH3_64bits_withSeed(b->backends[i].conn,
+                                 b->backends[i].conn_len, h);
+    }
+    return h;
+}
+
+static uint64_t hash_region(const pdx_blob_t *b, const pdx_blob_region_t *r)
+{
+    uint64_t f[5] = {r->region.addr, r->region.len, r->region.dev_id,
+                     (uint64_t)r->region.mem_type, r->region.flags};
+    uint64_t h = XXH3_64bits(f, sizeof(f));
+    for (uint16_t k = 0; k < r->nkeys; k++) {
+        const pdx_blob_key_t *key = &r->keys[k];
+        const char *be = key->backend < b->nbackends
+                             ? b->backends[key->backend].name
+                             : "";
+        h = XXH3_64bits_withSeed(be, strlen(be), h);
+        h = XXH3_64bits_withSeed(key->key, key->len, h);
+    }
+    return h;
+}
+
+/* Connect each backend the peer also has; map[i]: our backend for the
+ * blob's backend i, or -1. */
+static pdx_status_t peer_connect_all(pdx_agent_h agent, pdx_peer_t *p,
+                                     const pdx_blob_t *b, int *map)
+{
+    pdx_status_t st;
+    uint32_t connected = 0;
+    for (uint16_t i = 0; i < b->nbackends; i++) {
+        map[i] = -1;
+        for (uint32_t k = 0; k < agent->nbackends; k++) {
+            struct pdx_backend *be = agent->backends[k];
+            if (strcmp(be->name, b->backends[i].name) != 0 ||
+                p->bpeer[k] != NULL) {
+                continue;
+            }
+            st = be->ops->peer_connect(be->be, p->name, b->backends[i].conn,
+                                       b->backends[i].conn_len, &p->bpeer[k]);
+            if (st == PDX_ERR_UNSUPPORTED) {
+                pdx_info("peer %s: backend %s declines (not reachable this "
+                         "way); using others", p->name, be->name);
+                p->bpeer[k] = NULL;
+                break;
+            }
+            if (st != PDX_OK) {
+                pdx_error("peer %s: backend %s connect failed: %s", p->name,
+                          be->name, pdx_status_string(st));
+                p->bpeer[k] = NULL;
+                return st;
+            }
+            map[i] = (int)k;
+            connected++;
+            break;
+        }
+    }
+    if (connected == 0) {
+        pdx_error("peer %s: no common backend (peer has %u, we have %u)",
+                  p->name, b->nbackends, agent->nbackends);
+        return PDX_ERR_UNSUPPORTED;
+    }
+    p->conn_hash = hash_conns(b);
+    return PDX_OK;
+}
+
+/* The map of an already connected peer (what peer_connect_all made). */
+static void peer_map(pdx_agent_h agent, const pdx_peer_t *p,
+                     const pdx_blob_t *b, int *map)
+{
+    bool used[PDX_MAX_BACKENDS] = {false};
+    for (uint16_t i = 0; i < b->nbackends; i++) {
+        map[i] = -1;
+        for (uint32_t k = 0; k < agent->nbackends; k++) {
+            if (!used[k] && p->bpeer[k] != NULL &&
+                strcmp(agent->backends[k]->name, b->backends[i].name) == 0) {
+                map[i] = (int)k;
+                used[k] = true;
+                break;
+            }
+        }
+    }
+}
+
+static pdx_status_t region_load(pdx_agent_h agent, pdx_peer_t *p,
+                                const int *map, const pdx_blob_region_t *br,
+                                pdx_peer_region_t *g)
+{
+    memset(g->slow, 0, sizeof(g->slow));
+    for (uint16_t k = 0; k < br->nkeys; k++) {
+        const pdx_blob_key_t *key = &br->keys[k];
+        int mine = map[key->backend];
+        if (mine < 0 || g->rmd[mine] != NULL) {
+            continue;
+        }
+        struct pdx_backend *be = agent->backends[mine];
+        pdx_status_t st = be->ops->rmem_load(be->be, p->bpeer[mine],
+                                             &g->region, key->key, key->len,
+                                             &g->rmd[mine]);
+        if (st == PDX_ERR_UNSUPPORTED) {
+            /* This backend cannot reach this region; others may. */
+            g->rmd[mine] = NULL;
+            continue;
+        }
+        if (st != PDX_OK) {
+            pdx_error("peer %s: backend %s could not load the key of "
+                      "region 0x%llx+%llu: %s", p->name, be->name,
+                      (unsigned long long)g->region.addr,
+                      (unsigned long long)g->region.len,
+                      pdx_status_string(st));
+            g->rmd[mine] = NULL;
+            return st;
+        }
+    }
+    return PDX_OK;
+}
+
+/* The regions of blob `b` for peer `p`, sorted. With `taken` (one flag per
+ * region p has now), a region p has that the blob describes the same way
+ * is taken over (flagged): its object, and its keys unless `reload_keys`.
+ * The others are made and their keys loaded (*fresh_p flags them). On
+ * failure what was made is undone and p's regions are as they were (their
+ * keys reloaded in part when reload_keys). */
+static pdx_status_t regions_build(pdx_agent_h agent, pdx_peer_t *p,
+                                  const pdx_blob_t *b, const int *map,
+                                  bool *taken, bool reload_keys,
+                                  pdx_peer_region_t ***regions_p,
+                                  size_t *n_p, size_t *nfresh_p)
+{
+    pdx_status_t st = PDX_OK;
+    size_t cnt = b->nregions ? b->nregions : 1, n = 0, nfresh = 0;
+    pdx_peer_region_t **nr = calloc(cnt, sizeof(*nr));
+    bool *fresh = calloc(cnt, sizeof(*fresh));
+    if (nr == NULL || fresh == NULL) {
+        st = PDX_ERR_NOMEM;
+        goto err;
+    }
+    for (uint32_t i = 0; i < b->nregions; i++) {
+        const pdx_blob_region_t *br = &b->regions[i];
+        uint64_t h = hash_region(b, br);
+        pdx_peer_region_t *g = NULL;
+        size_t j = taken != NULL ? region_index(p, br->region.mem_type,
+                                                br->region.addr)
+                                 : SIZE_MAX;
+        if (j != SIZE_MAX && !taken[j] && p->regions[j]->key_hash == h &&
+            !p->regions[j]->gone) {
+            const pdx_region_t *o = &p->regions[j]->region, *r = &br->region;
+            if (o->addr == r->addr && o->len == r->len &&
+                o->mem_type == r->mem_type && o->dev_id == r->dev_id &&
+                o->flags == r->flags) {
+                g = p->regions[j];
+                taken[j] = true;
+            }
+        }
+        if (g == NULL) {
+            g = calloc(1, sizeof(*g));
+            if (g == NULL) {
+                st = PDX_ERR_NOMEM;
+                goto err;
+            }
+            g->region = br->region;
+            g->key_hash = h;
+            fresh[n] = true;
+            nfresh++;
+        }
+        nr[n++] = g;
+        if ((fresh[n - 1] || reload_keys) &&
+            (st = region_load(agent, p, map, br, g)) != PDX_OK) {
+            goto err;
+        }
+    }
+    if (n > 1) { /* qsort must not see a NULL array */
+        /* fresh[] follows blob order: sort pairs by sorting a copy. */
+        for (size_t i = 0; i < n; i++) {
+            nr[i]->gone = fresh[i]; /* borrowed as a mark while sorting */
+        }
+        qsort(nr, n, sizeof(*nr), region_order);
+        for (size_t i = 0; i < n; i++) {
+            fresh[i] = nr[i]->gone;
+            nr[i]->gone = false;
+        }
+    }
+    for (size_t i = 1; i < n; i++) {
+        const pdx_region_t *a = &nr[i - 1]->region;
+        const pdx_region_t *c = &nr[i]->region;
+        if (a->mem_type == c->mem_type && a->addr + a->len > c->addr) {
+            pdx_error("peer %s: blob has overlapping regions at 0x%llx",
+                      p->name, (unsigned long long)c->addr);
+            st = PDX_ERR_CORRUPT;
+            goto err;
+        }
+    }
+    free(fresh);
+    *regions_p = nr;
+    *n_p = n;
+    if (nfresh_p != NULL) {
+        *nfresh_p = nfresh;
+    }
+    return PDX_OK;
+
+err:
+    for (size_t i = 0; nr != NULL && i < n; i++) {
+        if (fresh[i]) {
+            region_unload(agent, nr[i]);
+            free(nr[i]);
+        }
+    }
+    if (taken != NULL) {
+        memset(taken, 0, p->nregions * sizeof(*taken));
+    }
+    free(nr);
+    free(fresh);
+    return st;
 }
 
 /* Build a peer from a parsed blob: connect each backend the peer also has,
@@ -333,86 +599,14 @@ static pdx_status_t peer_build(pdx_agent_h agent, const pdx_blob_t *b,
     p->epoch = agent->next_epoch++;
     /* Map the peer's backend indices to ours. */
     int map[PDX_BLOB_MAX_BACKENDS];
-    uint32_t connected = 0;
-    for (uint16_t i = 0; i < b->nbackends; i++) {
-        map[i] = -1;
-        for (uint32_t k = 0; k < agent->nbackends; k++) {
-            struct pdx_backend *be = agent->backends[k];
-            if (strcmp(be->name, b->backends[i].name) != 0 ||
-                p->bpeer[k] != NULL) {
-                continue;
-            }
-            st = be->ops->peer_connect(be->be, p->name, b->backends[i].conn,
-                                       b->backends[i].conn_len, &p->bpeer[k]);
-            if (st == PDX_ERR_UNSUPPORTED) {
-                pdx_info("peer %s: backend %s declines (not reachable this "
-                         "way); using others", p->name, be->name);
-                p->bpeer[k] = NULL;
-                break;
-            }
-            if (st != PDX_OK) {
-                pdx_error("peer %s: backend %s connect failed: %s", p->name,
-                          be->name, pdx_status_string(st));
-                goto err;
-            }
-            map[i] = (int)k;
-            connected++;
-            break;
-        }
-    }
-    if (connected == 0) {
-        pdx_error("peer %s: no common backend (peer has %u, we have %u)",
-                  p->name, b->nbackends, agent->nbackends);
-        st = PDX_ERR_UNSUPPORTED;
+    st = peer_connect_all(agent, p, b, map);
+    if (st != PDX_OK) {
         goto err;
     }
-    if (b->nregions > 0) {
-        p->regions = calloc(b->nregions, sizeof(*p->regions));
-        if (p->regions == NULL) {
-            st = PDX_ERR_NOMEM;
-            goto err;
-        }
-    }
-    for (uint32_t i = 0; i < b->nregions; i++) {
-        pdx_peer_region_t *g = &p->regions[p->nregions++];
-        g->region = b->regions[i].region;
-        for (uint16_t k = 0; k < b->regions[i].nkeys; k++) {
-            const pdx_blob_key_t *key = &b->regions[i].keys[k];
-            int mine = map[key->backend];
-            if (mine < 0 || g->rmd[mine] != NULL) {
-                continue;
-            }
-            struct pdx_backend *be = agent->backends[mine];
-            st = be->ops->rmem_load(be->be, p->bpeer[mine], &g->region,
-                                    key->key, key->len, &g->rmd[mine]);
-            if (st == PDX_ERR_UNSUPPORTED) {
-                /* This backend cannot reach this region; others may. */
-                g->rmd[mine] = NULL;
-                continue;
-            }
-            if (st != PDX_OK) {
-                pdx_error("peer %s: backend %s could not load the key of "
-                          "region 0x%llx+%llu: %s", p->name, be->name,
-                          (unsigned long long)g->region.addr,
-                          (unsigned long long)g->region.len,
-                          pdx_status_string(st));
-                g->rmd[mine] = NULL;
-                goto err;
-            }
-        }
-    }
-    if (p->nregions > 1) { /* qsort must not see a NULL array */
-        qsort(p->regions, p->nregions, sizeof(*p->regions), region_order);
-    }
-    for (size_t i = 1; i < p->nregions; i++) {
-        const pdx_region_t *a = &p->regions[i - 1].region;
-        const pdx_region_t *c = &p->regions[i].region;
-        if (a->mem_type == c->mem_type && a->addr + a->len > c->addr) {
-            pdx_error("peer %s: blob has overlapping regions at 0x%llx",
-                      p->name, (unsigned long long)c->addr);
-            st = PDX_ERR_CORRUPT;
-            goto err;
-        }
+    st = regions_build(agent, p, b, map, NULL, false, &p->regions,
+                       &p->nregions, NULL);
+    if (st != PDX_OK) {
+        goto err;
     }
     p->pidfd = open_pidfd(agent, b);
     p->same_host = strcmp(b->host_id, agent->host_id) == 0;
@@ -428,22 +622,127 @@ static pdx_status_t peer_build(pdx_agent_h agent, const pdx_blob_t *b,
 
 err:
     /* Not linked yet: unwind by hand (destroy would search the list). */
-    for (size_t i = 0; i < p->nregions; i++) {
-        for (uint32_t k = 0; k < agent->nbackends; k++) {
-            if (p->regions[i].rmd[k] != NULL) {
-                agent->backends[k]->ops->rmem_unload(agent->backends[k]->be,
-                                                     p->regions[i].rmd[k]);
-            }
-        }
-    }
     for (uint32_t k = 0; k < agent->nbackends; k++) {
         if (p->bpeer[k] != NULL) {
             agent->backends[k]->ops->peer_disconnect(agent->backends[k]->be,
                                                      p->bpeer[k]);
         }
     }
-    free(p->regions);
     free(p);
+    return st;
+}
+
+/* Has the same-host peer's process exited (its pidfd readable)? */
+static bool pidfd_exited(const pdx_peer_t *p)
+{
+    struct pollfd pfd = {.fd = p->pidfd, .events = POLLIN};
+    return p->pidfd >= 0 && poll(&pfd, 1, 0) > 0;
+}
+
+/* The same instance again, with a new generation or back from the dead:
+ * keep the peer (its epoch, so its prepared lists) and every region the
+ * new blob describes the same way (address, length, type, flags, keys), so
+ * only requests and lists using a removed or changed region fail (STALE).
+ * A dead peer is reconnected first (its requests end STALE; lists on
+ * unchanged regions work again). PDX_ERR_STALE when it cannot be kept as
+ * it is (another pid, host or connection info): the caller replaces it.
+ * Other errors: a live peer is left as it was; a dead one is broken (the
+ * caller destroys it). */
+static pdx_status_t peer_refresh(pdx_agent_h agent, pdx_peer_t *p,
+                                 const pdx_blob_t *b)
+{
+    bool revive = p->dead != PDX_OK;
+    if (b->pid != p->pid || strcmp(b->host_id, p->host_id) != 0 ||
+        hash_conns(b) != p->conn_hash) {
+        return PDX_ERR_STALE;
+    }
+    if (revive && pidfd_exited(p)) {
+        pdx_error("agent %s: peer %s: the store describes it again but its "
+                  "process %d has exited: it stays dead", agent->name,
+                  p->name, (int)p->pid);
+        return PDX_ERR_REMOTE_DISCONNECT;
+    }
+    int map[PDX_BLOB_MAX_BACKENDS];
+    pdx_status_t st;
+    if (revive) {
+        /* Its requests ended when it died; their keys go now. */
+        pdx_xfer_fail_rmds_locked(agent, p->epoch, NULL, 0);
+        for (size_t i = 0; i < p->nregions; i++) {
+            region_unload(agent, p->regions[i]);
+        }
+        for (uint32_t k = 0; k < agent->nbackends; k++) {
+            if (p->bpeer[k] != NULL) {
+                agent->backends[k]->ops->peer_disconnect(
+                    agent->backends[k]->be, p->bpeer[k]);
+                p->bpeer[k] = NULL;
+            }
+        }
+        if ((st = peer_connect_all(agent, p, b, map)) != PDX_OK) {
+            return st;
+        }
+    } else {
+        peer_map(agent, p, b, map);
+    }
+    bool *taken = calloc(p->nregions ? p->nregions : 1, sizeof(*taken));
+    void **gone = calloc(p->nregions * agent->nbackends + 1, sizeof(*gone));
+    pdx_peer_region_t **nr = NULL;
+    size_t nn = 0, nfresh = 0, ngone = 0, nregions_gone = 0;
+    if (taken == NULL || gone == NULL) {
+        st = PDX_ERR_NOMEM;
+        goto out;
+    }
+    st = regions_build(agent, p, b, map, taken, revive, &nr, &nn, &nfresh);
+    if (st != PDX_OK) {
+        goto out;
+    }
+    /* Requests using a region the blob no longer holds end now, before
+     * its keys go. */
+    for (size_t i = 0; i < p->nregions; i++) {
+        if (taken[i]) {
+            continue;
+        }
+        nregions_gone++;
+        for (uint32_t k = 0; k < agent->nbackends; k++) {
+            if (p->regions[i]->rmd[k] != NULL) {
+                gone[ngone++] = p->regions[i]->rmd[k];
+            }
+        }
+    }
+    if (ngone > 0) {
+        pdx_xfer_fail_rmds_locked(agent, p->epoch, gone, ngone);
+    }
+    for (size_t i = 0; i < p->nregions; i++) {
+        if (!taken[i]) {
+            region_drop(agent, p->regions[i]);
+        }
+    }
+    free(p->regions);
+    p->regions = nr;
+    p->nregions = nn;
+    pdx_info("agent %s: peer %s %s (generation %u -> %u): %zu regions kept, "
+             "%zu removed or changed, %zu new", agent->name, p->name,
+             revive ? "revived" : "updated", p->generation, b->generation,
+             nn - nfresh, nregions_gone, nfresh);
+    p->generation = b->generation;
+    if (revive) {
+        memset(p->transport, 0, sizeof(p->transport));
+        memset(p->slow_why, 0, sizeof(p->slow_why));
+        p->dram_why[0] = p->vram_why[0] = '\0';
+        peer_paths(agent, p, b);
+        p->dead = PDX_OK;
+        p->dead_how[0] = '\0';
+    } else {
+        for (size_t i = 0; i < nn; i++) {
+            for (uint32_t k = 0; k < agent->nbackends; k++) {
+                if (nr[i]->rmd[k] != NULL && !nr[i]->slow[k]) {
+                    region_path(agent, p, nr[i], k);
+                }
+            }
+        }
+    }
+out:
+    free(taken);
+    free(gone);
     return st;
 }
 
@@ -483,6 +782,17 @@ pdx_status_t pdxi_peer_load(pdx_agent_h agent, const void *blob, size_t len,
         goto done;
     }
     pdx_peer_t *p = NULL;
+    if (old != NULL && old->instance == b->instance) {
+        /* The same process, changed or back: keep what did not change. */
+        st = peer_refresh(agent, old, b);
+        if (st == PDX_OK) {
+            goto done;
+        }
+        if ((st != PDX_ERR_STALE && old->dead == PDX_OK) ||
+            st == PDX_ERR_REMOTE_DISCONNECT) {
+            goto out; /* left as it was */
+        }
+    }
     if (old != NULL) {
         /* A restarted or changed peer: requests against the old one are
          * stale from now on. */
@@ -569,7 +879,7 @@ pdx_status_t pdxi_peer_info(pdx_agent_h agent, const char *name,
     }
     for (size_t i = 0; regions != NULL && i < max_regions && i < p->nregions;
          i++) {
-        const pdx_region_t *r = &p->regions[i].region;
+        const pdx_region_t *r = &p->regions[i]->region;
         regions[i] = (pdx_region_info_t){.addr = r->addr, .len = r->len,
                                          .dev_id = r->dev_id,
                                          .mem_type = r->mem_type,

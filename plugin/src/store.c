@@ -11,6 +11,7 @@
  * changes). Neither thread holds the agent lock while calling the store,
  * and the store's thread never takes the agent lock. */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,7 @@ typedef struct cached {
     uint64_t instance;
     uint32_t generation;
     int64_t revision;
+    uint64_t put_ns; /* pdx_now_ns() of the PUT that brought it */
     size_t len;
     unsigned char *blob;
 } cached_t;
@@ -207,6 +209,7 @@ static void on_store_event(void *ctx, uint64_t watch_id,
                 c->instance = b->instance;
                 c->generation = b->generation;
                 c->revision = ev->revision;
+                c->put_ns = pdx_now_ns();
             } else {
                 free(copy);
             }
@@ -263,11 +266,26 @@ static void handle_event(struct pdx_store_agent *g, gev_t *e)
     pthread_mutex_lock(&a->lock);
     pdx_peer_t *p = pdx_peer_find(a, e->name);
     bool loaded = p != NULL;
+    /* A dead peer whose key comes back with its instance and the same or
+     * a newer generation is revived (its lease expired while it or the
+     * store was paused): dead is a state a peer leaves again. */
     bool changed = p != NULL && (p->instance != e->instance ||
-                                 p->generation != e->generation);
+                                 p->generation != e->generation ||
+                                 (p->dead != PDX_OK &&
+                                  e->type == PDX_STORE_EV_PUT));
     uint32_t old_gen = p ? p->generation : 0;
     uint64_t old_inst = p ? p->instance : 0;
-    if (e->type == PDX_STORE_EV_DELETE && p != NULL && p->dead == PDX_OK) {
+    struct pollfd pfd = {.fd = p != NULL ? p->pidfd : -1, .events = POLLIN};
+    if (e->type == PDX_STORE_EV_DELETE && p != NULL && p->dead == PDX_OK &&
+        p->pidfd >= 0 && poll(&pfd, 1, 0) == 0) {
+        /* The store alone does not fail a same-host peer whose process
+         * lives (a frozen store, a paused peer): its transfers go on, and
+         * its pidfd or its backends say when it really goes. */
+        pdx_info("agent %s: store: peer %s's key went (lease expired or "
+                 "deleted) but its process %d lives: keeping it", a->name,
+                 e->name, (int)p->pid);
+    } else if (e->type == PDX_STORE_EV_DELETE && p != NULL &&
+               p->dead == PDX_OK) {
         pdx_peer_mark_dead_locked(a, p, PDX_ERR_REMOTE_DISCONNECT,
                                   "store: lease expired or key deleted",
                                   false);
@@ -281,7 +299,9 @@ static void handle_event(struct pdx_store_agent *g, gev_t *e)
     }
     pdx_info("agent %s: store: peer %s has a new description (generation %u "
              "-> %u%s): reloading", a->name, e->name, old_gen, e->generation,
-             old_inst != e->instance ? ", new instance" : "");
+             old_inst != e->instance  ? ", new instance"
+             : old_gen == e->generation ? ", back after it was failed"
+                                        : "");
     pdx_status_t st = pdxi_peer_load(a, e->blob, e->len, NULL);
     if (st == PDX_OK) {
         pthread_mutex_lock(&g->lock);
@@ -602,6 +622,7 @@ static pdx_status_t fetch(pdx_agent_h a, const char *name,
     pdx_status_t state = p ? p->dead : PDX_ERR_NOT_FOUND;
     uint64_t inst = p ? p->instance : 0;
     uint32_t gen = p ? p->generation : 0;
+    uint64_t dead_ns = p ? p->dead_ns : 0;
     pthread_mutex_unlock(&a->lock);
     if (state == PDX_OK) {
         return PDX_OK;
@@ -614,8 +635,10 @@ static pdx_status_t fetch(pdx_agent_h a, const char *name,
         cached_t *c = cache_find(g, name);
         unsigned char *blob = NULL;
         size_t len = 0;
+        /* A dead peer's own description again counts when it was put
+         * after the death (the peer re-published: it lives). */
         if (c != NULL && (p == NULL || c->instance != inst ||
-                          c->generation != gen)) {
+                          c->generation != gen || c->put_ns > dead_ns)) {
             blob = malloc(c->len);
             if (blob != NULL) {
                 memcpy(blob, c->blob, c->len);

@@ -578,6 +578,42 @@ void pdx_xfer_fail_peer_locked(pdx_agent_h agent, uint64_t epoch,
     }
 }
 
+static bool uses_rmd(const struct pdx_xfer *x, void *const *rmds, size_t n)
+{
+    if (rmds == NULL) {
+        return true;
+    }
+    for (size_t i = 0; i < x->niov; i++) {
+        for (size_t j = 0; j < n; j++) {
+            if (x->iov[i].remote_md == rmds[j]) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+void pdx_xfer_fail_rmds_locked(pdx_agent_h agent, uint64_t epoch,
+                               void *const *rmds, size_t n)
+{
+    for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
+        if (x->peer_epoch != epoch || x->stale || !uses_rmd(x, rmds, n)) {
+            continue;
+        }
+        x->stale = true;
+        if (x->status == PDX_INPROGRESS) {
+            xfer_end(agent, x, PDX_ERR_STALE);
+        }
+        if (x->breq != NULL) {
+            /* The keys it uses are unloaded next: backends want their
+             * requests released first; release never waits for the peer. */
+            agent->backends[x->bindex]->ops->xfer_release(
+                agent->backends[x->bindex]->be, x->breq);
+            x->breq = NULL;
+        }
+    }
+}
+
 pdx_status_t pdxi_xfer_post(pdx_xfer_h x)
 {
     pdx_agent_h agent = x->agent;
@@ -594,6 +630,13 @@ pdx_status_t pdxi_xfer_post(pdx_xfer_h x)
         pdx_error("agent %s: xfer post: peer %s was %s since this request "
                   "was made", agent->name, x->peer_name,
                   p == NULL ? "unloaded" : "reloaded");
+        st = x->status = PDX_ERR_STALE;
+        goto out;
+    }
+    if (x->stale) {
+        pdx_error("agent %s: xfer post: peer %s removed or changed a region "
+                  "this request uses since it was made", agent->name,
+                  x->peer_name);
         st = x->status = PDX_ERR_STALE;
         goto out;
     }
@@ -692,9 +735,12 @@ pdx_status_t pdxi_xfer_check(pdx_xfer_h x)
                                                               : "",
                       st == PDX_ERR_REMOTE_DISCONNECT && same ? p->dead_how
                                                               : "",
-                      st == PDX_ERR_STALE ? ": the peer was unloaded or "
-                                            "reloaded since it was made"
-                                          : "");
+                      st == PDX_ERR_STALE
+                          ? x->stale ? ": the peer removed or changed a "
+                                       "region it uses"
+                                     : ": the peer was unloaded or reloaded "
+                                       "since it was made"
+                          : "");
     }
     pthread_mutex_unlock(&agent->lock);
     return st;
@@ -815,6 +861,33 @@ static void dlist_unhold(struct pdx_dlist *d)
         d->regs[i]->users--;
     }
     d->nregs = 0;
+    for (size_t i = 0; i < d->nrregs; i++) {
+        pdx_peer_region_put_locked(d->rregs[i]);
+    }
+    d->nrregs = 0;
+}
+
+/* Hold peer region `g` in list `d` (once per distinct region). */
+static pdx_status_t dlist_hold_remote(struct pdx_dlist *d, size_t *cap,
+                                      pdx_peer_region_t *g)
+{
+    for (size_t i = d->nrregs; i > 0; i--) {
+        if (d->rregs[i - 1] == g) {
+            return PDX_OK;
+        }
+    }
+    if (d->nrregs == *cap) {
+        size_t c = *cap ? *cap * 2 : 8;
+        void *n = realloc(d->rregs, c * sizeof(*d->rregs));
+        if (n == NULL) {
+            return PDX_ERR_NOMEM;
+        }
+        d->rregs = n;
+        *cap = c;
+    }
+    d->rregs[d->nrregs++] = g;
+    g->users++;
+    return PDX_OK;
 }
 
 pdx_status_t pdxi_dlist_prepare(pdx_agent_h agent, const char *peer,
@@ -841,7 +914,7 @@ pdx_status_t pdxi_dlist_prepare(pdx_agent_h agent, const char *peer,
         pdx_handle_release(d);
         return PDX_ERR_NOMEM;
     }
-    size_t capset = 0;
+    size_t capset = 0, caprset = 0;
     pthread_mutex_lock(&agent->lock);
     pdx_peer_t *p = NULL;
     if (peer != NULL) {
@@ -885,6 +958,10 @@ pdx_status_t pdxi_dlist_prepare(pdx_agent_h agent, const char *peer,
             pdx_peer_region_t *g = last;
             if (g == NULL || !pdx_region_holds(&g->region, e->addr, e->len)) {
                 g = pdx_peer_region_find(p, list->mem_type, e->addr, e->len);
+                if (g != NULL &&
+                    (st = dlist_hold_remote(d, &caprset, g)) != PDX_OK) {
+                    goto err;
+                }
             }
             region = g;
         } else {
@@ -923,6 +1000,7 @@ err:
     dlist_unhold(d);
     pthread_mutex_unlock(&agent->lock);
     free(d->regs);
+    free(d->rregs);
     entries_free(d->entries, d->entries_map_len);
     pdx_handle_release(d);
     return st;
@@ -931,11 +1009,11 @@ err:
 void pdxi_dlist_release(pdx_dlist_h d)
 {
     pthread_mutex_lock(&d->agent->lock);
-    for (size_t i = 0; i < d->nregs; i++) {
-        d->regs[i]->users--;
-    }
+    dlist_unhold(d);
     pthread_mutex_unlock(&d->agent->lock);
     free(d->regs);
+    free(d->rregs);
+    d->rregs = NULL;
     entries_free(d->entries, d->entries_map_len);
     d->regs = NULL;
     d->entries = NULL;
@@ -1062,6 +1140,15 @@ pdx_status_t pdxi_xfer_make(pdx_agent_h agent, pdx_xfer_op_t op,
         if (le[li].region != lreg_last || re[ri].region != rreg_last) {
             struct pdx_mem_reg *lr = le[li].region;
             pdx_peer_region_t *rr = re[ri].region;
+            if (rr->gone) {
+                pdx_error("agent %s: xfer make: pair %zu: peer %s removed or "
+                          "changed region 0x%llx+%llu since the list was "
+                          "prepared", agent->name, i, remote->peer_name,
+                          (unsigned long long)rr->region.addr,
+                          (unsigned long long)rr->region.len);
+                st = PDX_ERR_STALE;
+                goto err;
+            }
             if (x->bindex < 0) {
                 x->bindex = choose_backend(agent, p, op, lr, rr);
                 if (x->bindex < 0) {

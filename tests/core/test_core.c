@@ -410,7 +410,8 @@ static void test_stale_peer(void **state)
     pdx_blob_free(blob);
     assert_true(pdx_xfer_post(x) >= PDX_OK);
     assert_int_equal(wait_xfer(x, &b), PDX_OK);
-    /* The peer changes (new generation): old handles are stale. */
+    /* The peer adds a region (new generation): handles on the regions it
+     * kept keep working. */
     unsigned char *more = malloc(4096);
     pdx_mem_reg_h reg2;
     assert_int_equal(pdx_mem_register(b.agent, PDX_MEM_DRAM, (uintptr_t)more,
@@ -418,11 +419,27 @@ static void test_stale_peer(void **state)
     assert_int_equal(pdx_agent_describe(b.agent, &blob, &len), PDX_OK);
     assert_int_equal(pdx_peer_load(a.agent, blob, len, NULL), PDX_OK);
     pdx_blob_free(blob);
-    assert_int_equal(pdx_xfer_post(x), PDX_ERR_STALE);
+    assert_true(pdx_xfer_post(x) >= PDX_OK);
+    assert_int_equal(wait_xfer(x, &b), PDX_OK);
     pdx_xfer_h y;
     uint32_t zero = 0;
     pdx_dlist_h lp;
     assert_int_equal(pdx_dlist_prepare(a.agent, NULL, &ll, &lp), PDX_OK);
+    assert_int_equal(pdx_xfer_make(a.agent, PDX_XFER_WRITE, lp, &zero, rp,
+                                   &zero, 1, NULL, 0, &y), PDX_OK);
+    pdx_xfer_release(y);
+    /* The region they use goes (and comes back): they are stale. */
+    assert_int_equal(pdx_mem_deregister(b.agent, b.reg), PDX_OK);
+    assert_int_equal(pdx_agent_describe(b.agent, &blob, &len), PDX_OK);
+    assert_int_equal(pdx_peer_load(a.agent, blob, len, NULL), PDX_OK);
+    pdx_blob_free(blob);
+    assert_int_equal(pdx_mem_register(b.agent, PDX_MEM_DRAM,
+                                      (uintptr_t)b.mem, b.len, 0, 0, &b.reg),
+                     PDX_OK);
+    assert_int_equal(pdx_agent_describe(b.agent, &blob, &len), PDX_OK);
+    assert_int_equal(pdx_peer_load(a.agent, blob, len, NULL), PDX_OK);
+    pdx_blob_free(blob);
+    assert_int_equal(pdx_xfer_post(x), PDX_ERR_STALE);
     assert_int_equal(pdx_xfer_make(a.agent, PDX_XFER_WRITE, lp, &zero, rp,
                                    &zero, 1, NULL, 0, &y), PDX_ERR_STALE);
     pdx_xfer_release(x);

@@ -180,8 +180,11 @@ def test_discovery_by_name(etcd):
                    and time.monotonic() < end):
                 time.sleep(0.02)
             assert d.peer_state("py-st-p") == "disconnected"
+            # Same host: its pidfd fails it (the store alone does not fail
+            # a same-host peer whose process lives, issue 21 item 6), so
+            # the store's count may or may not include it.
             stats = json.loads(d.stats_json())
-            assert stats["store"]["peer_deaths"] >= 1
+            assert stats["store"]["peer_deaths"] in (0, 1)
             assert stats["store"]["published_generation"] is not None
     finally:
         if proc.is_alive():

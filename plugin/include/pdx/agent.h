@@ -269,8 +269,19 @@ PDX_API void pdx_blob_free(void *blob);
  * PDX_ERR_TOO_LARGE with a logged reason, never reading out of bounds),
  * compare invariants (PDX_ERR_MISMATCH naming the field and both values),
  * connect every backend that accepts the peer. A blob with the name of a
- * loaded peer and a different generation replaces it: requests against the
- * old one end PDX_ERR_STALE. The same generation again is PDX_OK (no-op).
+ * loaded peer and another instance (a restarted process) replaces it:
+ * requests and prepared lists made against the old one end PDX_ERR_STALE.
+ * The same instance with a new generation (the peer registered or
+ * deregistered memory) updates it in place: requests and prepared lists
+ * that use only regions the new blob still holds unchanged (same address,
+ * length, type, flags and keys) keep working, in flight or not; those
+ * touching a removed or changed region end PDX_ERR_STALE (in flight: at
+ * once). The same instance again after the peer was found dead (its lease
+ * expired, it was paused) revives it: its backends reconnect, its earlier
+ * requests stay ended (STALE if posted again) and its prepared lists on
+ * unchanged regions work again; unless its pidfd shows its process exited
+ * (PDX_ERR_REMOTE_DISCONNECT, it stays dead). The same generation of a
+ * live peer again is PDX_OK (no-op).
  * The peer's name goes into `name_out` (PDX_NAME_MAX bytes; may be NULL).
  * `blob` is only read during the call. Blocking (connection setup). */
 PDX_API pdx_status_t pdx_peer_load(pdx_agent_h agent, const void *blob,

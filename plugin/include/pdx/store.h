@@ -263,7 +263,12 @@ PDX_API pdx_status_t pdx_agent_publish(pdx_agent_h agent);
  * passed, and loaded with pdx_peer_load (invariants checked: a peer of
  * another layout or seed is refused with PDX_ERR_MISMATCH naming the
  * field). A loaded but dead peer is reloaded only from a newer blob
- * (another instance or generation); else PDX_ERR_REMOTE_DISCONNECT.
+ * (another instance or generation) or its own blob put again after it was
+ * found dead (it re-published: revived, see pdx_peer_load); else
+ * PDX_ERR_REMOTE_DISCONNECT. The watch does the same by itself: a peer
+ * whose key comes back is revived, and a same-host peer whose process
+ * lives (pidfd) is not failed when only its key goes (lease expired while
+ * it or the store was paused).
  * PDX_ERR_NOT_FOUND (not published by the deadline), PDX_ERR_UNAVAILABLE
  * (store unreachable and nothing cached), PDX_ERR_UNSUPPORTED (no store).
  * Blocking, at most about timeout_ms plus the connection setup. Any thread
