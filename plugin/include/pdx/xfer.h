@@ -108,7 +108,11 @@ PDX_API pdx_status_t pdx_xfer_telemetry(pdx_xfer_h xfer,
 
 /* Prepare a descriptor list once: local (`peer` NULL: this agent's memory)
  * or remote (`peer`'s regions). Every descriptor is resolved to its region
- * now, so make costs no lookups. Blocking only on the agent lock. */
+ * now, so make costs no lookups. A remote list outlives reloads of the
+ * same peer instance (pdx_peer_load: a new generation, a revival) as long
+ * as the regions it uses are unchanged; pdx_xfer_make of a pair in a
+ * region the peer removed or changed, or from a list of an unloaded or
+ * restarted peer, is PDX_ERR_STALE. Blocking only on the agent lock. */
 PDX_API pdx_status_t pdx_dlist_prepare(pdx_agent_h agent, const char *peer,
                                        const pdx_desc_list_t *list,
                                        pdx_dlist_h *dlist_p);
