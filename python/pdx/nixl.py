@@ -46,18 +46,27 @@ Where pdx behaves differently from NIXL:
 * add_remote_agent returns the name as bytes (as NIXL); every call takes
   names as str or bytes. check_remote_metadata is False once the peer is
   unknown, removed or known dead.
-* No listener thread or metadata server (send_local_metadata,
-  fetch_remote_metadata, partial metadata raise nixlNotSupportedError):
-  exchange get_agent_metadata() bytes out of band (what vLLM's, SGLang's
-  and LMCache's handshakes do). Loopback transfers to the agent's own
-  name, estimate_xfer_cost and prep_mem_view are not supported.
+* The listener thread (enable_listen_thread, listen_port; 0 picks a free
+  port, in .listen_port) speaks pdx's own framing, so both ends must be
+  pdx.nixl; it listens on all addresses as NIXL, or on
+  $PDX_NIXL_LISTEN_ADDR. fetch_remote_metadata loads in the background
+  (poll check_remote_metadata). Partial metadata is the full metadata.
+  With NIXL_ETCD_ENDPOINTS (and NIXL_ETCD_NAMESPACE, default
+  /nixl/agents) the agent uses pdx's etcd store: send_local_metadata()
+  publishes, fetch_remote_metadata(name) fetches by name; pdx's own key
+  layout under that namespace, not NIXL's; invalidate without an address
+  is not supported (the key goes with the agent's lease at close()).
+* Loopback transfers to the agent's own name, estimate_xfer_cost and
+  prep_mem_view are not supported.
 """
 
 import enum
 import logging
 import os
+import socket
 import struct
 import sys
+import threading
 import types
 
 import numpy as np
@@ -275,9 +284,6 @@ class nixl_xfer_dlist:
     def getType(self):
         return self.mem_type
 
-    def trim(self):
-        """NIXL frees spare capacity; pdx lists have none."""
-
     def __len__(self):
         return int(self._rows.shape[0])
 
@@ -325,7 +331,10 @@ class nixl_reg_dlist:
         return self.mem_type
 
     def trim(self):
-        """NIXL frees spare capacity; nothing to do here."""
+        """The transfer list of these regions (meta dropped), as NIXL's
+        nixlRegDList.trim()."""
+        return nixl_xfer_dlist(self.mem_type,
+                               [tuple(r[:3]) for r in self.regions])
 
     def __len__(self):
         return len(self.regions)
@@ -538,12 +547,122 @@ def nixlAgent(agent_name, agent_config):
                       backend_options=getattr(agent_config,
                                               "pdx_backend_options",
                                               None) or None,
-                      telemetry=bool(agent_config.captureTelemetry))
+                      telemetry=bool(agent_config.captureTelemetry),
+                      store=getattr(agent_config, "pdx_store", None))
 
 
 def _binding_ctor():
     b = sys.modules.get("nixl._bindings")
     return getattr(b, "nixlAgent", nixlAgent) if b is not None else nixlAgent
+
+
+# -- NIXL's metadata exchange: the listener thread ---------------------------
+# pdx's wire format between pdx.nixl agents (not NIXL's): a frame is
+# b"PDXL", a kind byte, a little-endian u32 length and that many bytes.
+# MD: a peer's metadata to load; FETCH: "send me yours" (the reply is an MD
+# frame, or ERR with the reason); INVAL: forget the sender's metadata (its
+# name is the payload). A connection carries one request. Everything read
+# is bounded (size, time) and a blob is loaded through pdx's checks.
+_LF_MAGIC = b"PDXL"
+_LF_HDR = struct.Struct("<4sBI")
+_LF_MD, _LF_FETCH, _LF_INVAL, _LF_ERR = 1, 2, 3, 4
+_LF_MAX = 64 << 20
+_LF_TIMEOUT = 5.0
+
+
+def _lf_send(sock, kind, payload):
+    sock.sendall(_LF_HDR.pack(_LF_MAGIC, kind, len(payload)) + payload)
+
+
+def _lf_recv_exact(sock, n):
+    out = bytearray()
+    while len(out) < n:
+        chunk = sock.recv(min(n - len(out), 1 << 20))
+        if not chunk:
+            raise ConnectionError("connection closed after %d of %d bytes"
+                                  % (len(out), n))
+        out += chunk
+    return bytes(out)
+
+
+def _lf_recv(sock):
+    magic, kind, n = _LF_HDR.unpack(_lf_recv_exact(sock, _LF_HDR.size))
+    if magic != _LF_MAGIC:
+        raise ValueError("not a pdx.nixl metadata frame (magic %r)" % magic)
+    if kind not in (_LF_MD, _LF_FETCH, _LF_INVAL, _LF_ERR):
+        raise ValueError("frame kind %d unknown" % kind)
+    if n > _LF_MAX:
+        raise ValueError("frame of %d bytes, at most %d" % (n, _LF_MAX))
+    return kind, _lf_recv_exact(sock, n)
+
+
+def _lf_connect(ip, port):
+    return socket.create_connection((ip, int(port)), timeout=_LF_TIMEOUT)
+
+
+class _Listener:
+    """The listener thread of a nixl_agent (enable_listen_thread): serves
+    MD, FETCH and INVAL frames on (PDX_NIXL_LISTEN_ADDR or all addresses,
+    as NIXL, listen_port; 0 picks a free port, see .port)."""
+
+    def __init__(self, owner, port):
+        self.owner = owner
+        addr = os.environ.get("PDX_NIXL_LISTEN_ADDR", "")
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.sock.bind((addr, int(port)))
+            self.sock.listen(16)
+        except OSError as e:
+            self.sock.close()
+            raise nixlBackendError("listener of %s on port %s: %s"
+                                   % (owner.name, port, e)) from None
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True,
+                                       name="nixl-listen-" + owner.name)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop.is_set():
+            try:
+                conn, who = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            with conn:
+                conn.settimeout(_LF_TIMEOUT)
+                try:
+                    self._serve(conn)
+                except Exception as e:  # a bad peer never stops us
+                    _log.error("agent %s: metadata from %s:%d refused: %s",
+                               self.owner.name, who[0], who[1], e)
+
+    def _serve(self, conn):
+        kind, payload = _lf_recv(conn)
+        agent = self.owner
+        if kind == _LF_MD:
+            agent._load_md(payload)
+        elif kind == _LF_FETCH:
+            try:
+                md = agent.get_agent_metadata()
+            except Exception as e:
+                _lf_send(conn, _LF_ERR, str(e).encode())
+                return
+            _lf_send(conn, _LF_MD, md)
+        elif kind == _LF_INVAL:
+            name = payload.decode()
+            if name in agent._peers:
+                agent.remove_remote_agent(name)
+        else:
+            raise ValueError("unexpected frame kind %d" % kind)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
 
 
 class nixl_agent:
@@ -591,6 +710,16 @@ class nixl_agent:
         self._peers = set()
         self._notif_of = {}
         self.agent = None
+        self._listener = None
+        # NIXL's etcd mode on pdx's etcd store.
+        eps = os.environ.get("NIXL_ETCD_ENDPOINTS", "").strip()
+        self._store = None
+        if eps:
+            self._store = {"type": "etcd",
+                           "endpoints": [e for e in eps.split(",") if e],
+                           "namespace": os.environ.get(
+                               "NIXL_ETCD_NAMESPACE", "/nixl/agents")}
+        self._binding_config.pdx_store = self._store
         self._make_agent([])
         for n in names:
             if n.upper() not in _PLUGIN_PARAMS and \
@@ -602,6 +731,11 @@ class nixl_agent:
             if getattr(nixl_conf, "num_threads", 0) and n.upper() == "UCX":
                 init["num_threads"] = str(nixl_conf.num_threads)
             self.create_backend(n, init)
+        self.listen_port = None
+        if getattr(nixl_conf, "enable_listen", False):
+            self._listener = _Listener(self, getattr(nixl_conf, "port",
+                                                     DEFAULT_COMM_PORT))
+            self.listen_port = self._listener.port
 
     def _make_agent(self, mods):
         bopts = {m: dict(self._pdx_opts.get(m, {})) for m in mods}
@@ -1015,32 +1149,99 @@ class nixl_agent:
             raise nixlRemoteDisconnectError(
                 "make_connection: peer %s is disconnected" % name)
 
+    def _load_md(self, md):
+        name = self.agent.load_peer(bytes(md))
+        self._peers.add(name)
+        return name
+
     def get_partial_agent_metadata(self, descs, inc_conn_info=False,
                                    backends=()):
-        raise nixlNotSupportedError(
-            "partial metadata: use get_agent_metadata")
+        """pdx has no partial metadata: the full metadata (a superset of
+        any partial one; a peer loading it can use every region)."""
+        return self.get_agent_metadata()
 
     def send_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
-        raise nixlNotSupportedError(
-            "no metadata listener in pdx: exchange get_agent_metadata() "
-            "out of band")
+        """To the listener at ip_addr:port (it loads it), or, without
+        ip_addr, to the etcd store (NIXL_ETCD_ENDPOINTS)."""
+        if ip_addr:
+            md = self.get_agent_metadata()
+            try:
+                with _lf_connect(ip_addr, port) as sock:
+                    _lf_send(sock, _LF_MD, md)
+            except OSError as e:
+                raise nixlBackendError("send_local_metadata to %s:%s: %s"
+                                       % (ip_addr, port, e)) from None
+        elif self._store is not None:
+            self.agent.publish()
+        else:
+            raise nixlNotSupportedError(
+                "send_local_metadata: give ip_addr, or set "
+                "NIXL_ETCD_ENDPOINTS for the etcd store")
 
     def send_partial_agent_metadata(self, descs, inc_conn_info=False,
                                     backends=(), ip_addr="",
                                     port=DEFAULT_COMM_PORT, label=""):
-        self.get_partial_agent_metadata(descs)
+        """Sends the full metadata (see get_partial_agent_metadata)."""
+        self.send_local_metadata(ip_addr, port)
 
     def fetch_remote_metadata(self, remote_agent, ip_addr="",
                               port=DEFAULT_COMM_PORT, label=""):
-        self.send_local_metadata()
+        """Asks the listener at ip_addr:port (or the etcd store) for
+        `remote_agent`'s metadata and loads it in the background, as NIXL:
+        poll check_remote_metadata(remote_agent). Failures are logged."""
+        name = _name(remote_agent)
+        if not ip_addr and self._store is None:
+            raise nixlNotSupportedError(
+                "fetch_remote_metadata: give ip_addr, or set "
+                "NIXL_ETCD_ENDPOINTS for the etcd store")
+        t = threading.Thread(target=self._fetch, args=(name, ip_addr, port),
+                             daemon=True, name="nixl-fetch-" + name)
+        t.start()
+
+    def _fetch(self, name, ip, port):
+        try:
+            if ip:
+                with _lf_connect(ip, port) as sock:
+                    _lf_send(sock, _LF_FETCH, name.encode())
+                    kind, payload = _lf_recv(sock)
+                if kind == _LF_ERR:
+                    raise nixlBackendError(payload.decode(errors="replace"))
+                if kind != _LF_MD:
+                    raise ValueError("reply kind %d, not metadata" % kind)
+                got = self._load_md(payload)
+                if got != name:
+                    self.remove_remote_agent(got)
+                    raise nixlMismatchError("%s:%s answered as %s"
+                                            % (ip, port, got))
+            else:
+                self.agent.fetch_peer(name, timeout=_LF_TIMEOUT)
+                self._peers.add(name)
+        except Exception as e:
+            _log.error("agent %s: fetch_remote_metadata(%s, %s:%s): %s",
+                       self.name, name, ip, port, e)
 
     def invalidate_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
-        self.send_local_metadata()
+        """Tells the listener at ip_addr:port to forget this agent. The
+        etcd store keeps an agent's key while its lease lives (it goes at
+        close()): without ip_addr this raises nixlNotSupportedError."""
+        if not ip_addr:
+            raise nixlNotSupportedError(
+                "invalidate_local_metadata: pdx's store drops the key when "
+                "the agent closes (its lease); give ip_addr for a listener")
+        try:
+            with _lf_connect(ip_addr, port) as sock:
+                _lf_send(sock, _LF_INVAL, self.name.encode())
+        except OSError as e:
+            raise nixlBackendError("invalidate_local_metadata to %s:%s: %s"
+                                   % (ip_addr, port, e)) from None
 
     # -- pdx extras ----------------------------------------------------
     def close(self):
         """Destroy the agent now (NIXL frees it at garbage collection):
         every registration, list and request of it goes too."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         self.agent.close()
         self._regs.clear()
         self._zombies.clear()

@@ -160,3 +160,34 @@ def trtllm_peer(conn):
     agent.send_notif(ctx, "trtllm-gen:closed")
     agent.release_dlist_handle(local)
     conn.send("closed")
+
+
+@reporting
+def nixl_listener_target(conn, port):
+    """NIXL's own exchange (examples/python/basic_two_peers.py's pattern),
+    target side: a listener thread on 127.0.0.1:port, waits until the
+    initiator's metadata arrived, sends its descriptors as a notification
+    (get_serialized_descs), waits for the initiator's notification."""
+    os.environ["PDX_NIXL_LISTEN_ADDR"] = "127.0.0.1"
+    from nixl._api import nixl_agent, nixl_agent_config
+    agent = nixl_agent("target", nixl_agent_config(True, True, port))
+    buf = np.arange(BLOCK_LEN // 4, dtype=np.uint32).view(np.uint8).copy()
+    reg = agent.register_memory(buf)
+    conn.send(("listening", agent.listen_port))
+    end = time.monotonic() + 30
+    while not agent.check_remote_metadata("initiator"):
+        if time.monotonic() > end:
+            raise TimeoutError("no metadata from the initiator")
+        time.sleep(0.005)
+    agent.send_notif("initiator", agent.get_serialized_descs(
+        agent.get_xfer_descs(buf)))
+    notifs_until(agent, "initiator", lambda m: b"read-done" in m)
+    # The initiator invalidates its metadata here at the end.
+    end = time.monotonic() + 30
+    while agent.check_remote_metadata("initiator"):
+        if time.monotonic() > end:
+            raise TimeoutError("initiator's metadata still loaded")
+        time.sleep(0.005)
+    agent.deregister_memory(reg)
+    agent.close()
+    conn.send(("done", bytes(buf)))

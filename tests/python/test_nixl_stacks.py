@@ -459,3 +459,45 @@ def test_names_modules_utils_logging_and_checks():
         assert a.get_plugin_params("UCX")["num_threads"] == "0"
     finally:
         a.close()
+
+
+def test_listener_exchange(peer):
+    """NIXL's listener exchange between two processes: fetch_remote_metadata
+    and send_local_metadata over TCP (127.0.0.1), descriptors as a
+    serialized notification, READ byte-exact, invalidate_local_metadata;
+    a malformed frame to the listener is refused and it keeps serving."""
+    import socket
+    from nixl._api import nixl_agent, nixl_agent_config
+    t = peer(W.nixl_listener_target, 0)
+    kind, port = t.recv()
+    assert kind == "listening" and port > 0
+    # Garbage to the listener first: refused, logged, still serving.
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"GARBAGE-NOT-A-FRAME")
+    agent = nixl_agent("initiator", nixl_agent_config(backends=["UCX"]))
+    try:
+        dst = np.zeros(W.BLOCK_LEN, np.uint8)
+        reg = agent.register_memory(dst)
+        agent.fetch_remote_metadata("target", "127.0.0.1", port)
+        agent.send_local_metadata("127.0.0.1", port)
+        end = time.monotonic() + 30
+        notifs = {}
+        while "target" not in notifs and time.monotonic() < end:
+            notifs = agent.get_new_notifs()
+            time.sleep(0.002)
+        assert agent.check_remote_metadata("target")
+        remote = agent.deserialize_descs(notifs["target"][0])
+        h = agent.initialize_xfer("READ", agent.get_xfer_descs(dst), remote,
+                                  "target", b"read-done")
+        agent.transfer(h)
+        assert wait_done(agent, h) == "DONE"
+        want = np.arange(W.BLOCK_LEN // 4, dtype=np.uint32).view(np.uint8)
+        assert dst.tobytes() == want.tobytes()
+        agent.release_xfer_handle(h)
+        agent.remove_remote_agent("target")
+        agent.invalidate_local_metadata("127.0.0.1", port)
+        kind, data = t.recv()
+        assert kind == "done"
+        agent.deregister_memory(reg)
+    finally:
+        agent.close()
