@@ -194,25 +194,36 @@ static void check_bytes(reader_t *r, uint64_t off, uint64_t len)
     memset(r->mem + off, 0, len);
 }
 
-/* D's reader: three ways of reading P's stable region, over and over. */
+/* D's reader: three ways of reading P's stable region (a 1 MiB piece
+ * of it, rotating), over and over. */
+#define PIECE (1u << 20)
+#define NPIECES (STABLE / PIECE)
 static void *reader_main(void *arg)
 {
     reader_t *r = arg;
-    pdx_desc_t l = {.addr = (uintptr_t)r->mem, .len = STABLE},
-               rd = {.addr = r->rstable, .len = STABLE};
-    pdx_desc_list_t ll = {PDX_MEM_DRAM, &l, 1}, rl = {PDX_MEM_DRAM, &rd, 1};
+    pdx_desc_t l[NPIECES], rd[NPIECES];
+    for (uint32_t k = 0; k < NPIECES; k++) {
+        l[k] = (pdx_desc_t){.addr = (uintptr_t)r->mem + k * PIECE,
+                            .len = PIECE};
+        rd[k] = (pdx_desc_t){.addr = r->rstable + k * PIECE, .len = PIECE};
+    }
+    pdx_desc_list_t ll = {PDX_MEM_DRAM, l, NPIECES},
+                    rl = {PDX_MEM_DRAM, rd, NPIECES};
     pdx_dlist_h dl, dr;
     CHECK(pdx_dlist_prepare(r->a, NULL, &ll, &dl));
     CHECK(pdx_dlist_prepare(r->a, "P", &rl, &dr));
+    pdx_desc_list_t l1 = {PDX_MEM_DRAM, &l[0], 1}, r1 = {PDX_MEM_DRAM, &rd[0], 1};
     pdx_xfer_h kept;
-    CHECK(pdx_xfer_create(r->a, PDX_XFER_READ, &ll, &rl, "P", NULL, 0,
+    CHECK(pdx_xfer_create(r->a, PDX_XFER_READ, &l1, &r1, "P", NULL, 0,
                           &kept));
-    uint32_t idx = 0;
     memset(r->mem, 0, STABLE);
-    for (unsigned long i = 0; !r->stop && i < 10000000; i++) {
+    for (unsigned long i = 0; !r->stop && i < 100000000; i++) {
         pdx_xfer_h x = NULL;
         pdx_status_t st = PDX_OK;
         const char *what;
+        uint32_t idx = (uint32_t)((i / 3) % NPIECES);
+        pdx_desc_list_t lk = {PDX_MEM_DRAM, &l[idx], 1},
+                        rk = {PDX_MEM_DRAM, &rd[idx], 1};
         switch (i % 3) {
         case 0:
             what = "prepared list (made once)";
@@ -222,10 +233,11 @@ static void *reader_main(void *arg)
         case 1:
             what = "request made once, reposted";
             x = kept;
+            idx = 0;
             break;
         default:
             what = "fresh request";
-            st = pdx_xfer_create(r->a, PDX_XFER_READ, &ll, &rl, "P", NULL, 0,
+            st = pdx_xfer_create(r->a, PDX_XFER_READ, &lk, &rk, "P", NULL, 0,
                                  &x);
         }
         if (st == PDX_OK) {
@@ -238,7 +250,7 @@ static void *reader_main(void *arg)
         if (st != PDX_OK) {
             note_failure(r, what, st);
         } else {
-            check_bytes(r, 0, STABLE);
+            check_bytes(r, (uint64_t)idx * PIECE, PIECE);
         }
         if (x != NULL && x != kept) {
             pdx_xfer_release(x);
