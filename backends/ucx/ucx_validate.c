@@ -205,6 +205,74 @@ pdx_status_t ucx_vlocal_init(ucx_vlocal_t *local, char *why, size_t why_len)
     return PDX_OK;
 }
 
+/* Shared-memory transports attach the peer's FIFO segment at ep create
+ * from what their iface address says, and assert on an inconsistent one
+ * (UCX 1.13.1 src/uct/sm/mm): {u64 segment id with flags in its top bits,
+ * then the mapper's part}. sysv: nothing more; posix: the pid namespace
+ * (8 bytes) with PID_NS in procfs mode, else nothing with SHM_OPEN, else
+ * the backing directory as a NUL-terminated absolute path. */
+#define POSIX_F_PROCFS (1ull << 63)
+#define POSIX_F_SHM_OPEN (1ull << 62)
+#define POSIX_F_PID_NS (1ull << 60)
+
+static void check_iface_addr(vr_t *r, const ucx_vtl_t *tl, const uint8_t *p,
+                             unsigned len)
+{
+    int posix = strcmp(tl->tl, "posix") == 0;
+    if (!posix && strcmp(tl->tl, "sysv") != 0) {
+        return;
+    }
+    if (len < 8) {
+        vfail(r, "iface address", "%u bytes for %s (a segment id is 8)", len,
+              tl->tl);
+        return;
+    }
+    if (!posix) {
+        if (len != 8) {
+            vfail(r, "iface address", "%u bytes for sysv (8 expected)", len);
+        }
+        return;
+    }
+    uint64_t id = 0;
+    for (int i = 0; i < 8; i++) {
+        id |= (uint64_t)p[i] << (8 * i);
+    }
+    unsigned extra = len - 8;
+    if (id & POSIX_F_PROCFS) {
+        unsigned want = (id & POSIX_F_PID_NS) ? 8 : 0;
+        if (extra != want) {
+            vfail(r, "iface address", "posix procfs segment with %u bytes "
+                  "after its id (%u expected)", extra, want);
+        }
+        return;
+    }
+    if (id & POSIX_F_PID_NS) {
+        vfail(r, "iface address", "posix segment flags 0x%llx",
+              (unsigned long long)(id >> 60));
+        return;
+    }
+    if (id & POSIX_F_SHM_OPEN) {
+        if (extra != 0) {
+            vfail(r, "iface address", "posix shm_open segment with %u bytes "
+                  "after its id", extra);
+        }
+        return;
+    }
+    /* The directory of a file-backed segment. */
+    if (extra < 2 || p[8] != '/' || p[len - 1] != '\0') {
+        vfail(r, "iface address", "posix segment directory is not a "
+              "NUL-terminated absolute path (%u bytes)", extra);
+        return;
+    }
+    for (unsigned i = 8; i + 1 < len; i++) {
+        if (p[i] < 0x20 || p[i] > 0x7e) {
+            vfail(r, "iface address", "posix segment directory has byte "
+                  "0x%02x", p[i]);
+            return;
+        }
+    }
+}
+
 static void parse_ifaces(vr_t *r, const ucx_vlocal_t *local, ucx_vaddr_t *a,
                          unsigned version, unsigned md_index)
 {
@@ -223,6 +291,17 @@ static void parse_ifaces(vr_t *r, const ucx_vlocal_t *local, ucx_vaddr_t *a,
         int tl = vlocal_tl(local, csum);
         if (tl >= 0 && a->md_tl[md_index] < 0) {
             a->md_tl[md_index] = (int16_t)tl;
+        } else if (tl >= 0 &&
+                   strcmp(local->tl[a->md_tl[md_index]].component,
+                          local->tl[tl].component) != 0) {
+            /* UCX would pick the md's component from one of them and this
+             * check from another: keys could reach an unchecked one. */
+            r->off -= 2;
+            vfail(r, "transport name checksum", "md %u has transports of "
+                  "two components (%s, %s)", md_index,
+                  local->tl[a->md_tl[md_index]].component,
+                  local->tl[tl].component);
+            return;
         }
         size_t alen = version == V1 ? IFACE_ATTR_V1 : IFACE_ATTR_V2;
         if (!vneed(r, alen, "iface attributes")) {
@@ -247,6 +326,9 @@ static void parse_ifaces(vr_t *r, const ucx_vlocal_t *local, ucx_vaddr_t *a,
         int has_ep = (fl & FLAG_HAS_EP_ADDR) != 0;
         unsigned ilen =
             vext(r, fl, IFACE_LEN_MASK, version, "iface address length");
+        if (vneed(r, ilen, "iface address") && tl >= 0) {
+            check_iface_addr(r, &local->tl[tl], r->p + r->off, ilen);
+        }
         vskip(r, ilen, "iface address");
         unsigned nep = 0;
         int last_ep = !has_ep;
