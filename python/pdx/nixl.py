@@ -12,8 +12,9 @@ Use it in place of NIXL without changing the stack's code:
 
 Where pdx behaves differently from NIXL:
 
-* Handles are objects (pdx.PreparedList, pdx.Xfer), not integers; using
-  one after release raises ``pdx.Closed`` instead of undefined behaviour.
+* Handles are objects (pdx.PreparedList, nixl_xfer_handle wrapping a
+  pdx.Xfer), not integers; using one after release raises ``pdx.Closed``
+  instead of undefined behaviour.
 * "UCX" means pdx's UCX backend plus ``cma`` (same-host memcpy into the
   peer's shared memory) and ``cuda_ipc`` where a GPU is present; the
   backend for each request is chosen by pdx (``backends=`` arguments are
@@ -24,8 +25,9 @@ Where pdx behaves differently from NIXL:
   own (tls, max_chunk) change anything.
 * A notification is sent after every post of a request that carries one:
   reposting a finished request with ``transfer()`` sends it again (as
-  NIXL does); ``transfer(h, notif_msg)`` can only repeat the message given
-  at creation (pdx fixes it when the request is made).
+  NIXL does); ``transfer(h, notif_msg)`` with another message remakes the
+  finished request with it (pdx fixes a request's notification when it is
+  made); a request still in flight raises nixlRepostActiveError.
 * check_xfer_state/transfer return "DONE" or "PROC"; a failure raises the
   NIXL class for it, as NIXL's bindings do (nixlRemoteDisconnectError for
   a dead peer, ...; they are the pdx exceptions, with pdx's text).
@@ -75,7 +77,30 @@ import pdx as _pdx
 
 nixl_backend_handle = object
 nixl_prepped_dlist_handle = _pdx.PreparedList
-nixl_xfer_handle = _pdx.Xfer
+
+
+class nixl_xfer_handle:
+    """A transfer handle: the pdx.Xfer it wraps (its attributes and
+    methods: status, error, check, telemetry, ...) plus how to make it
+    again, so that transfer(h, new_notif) can repost a finished request
+    with another notification as NIXL does (pdx fixes a request's
+    notification when it is made: the request is remade)."""
+
+    __slots__ = ("_x", "_remake", "_posted", "__weakref__")
+
+    def __init__(self, xfer, remake):
+        self._x = xfer
+        self._remake = remake
+        self._posted = False
+
+    def __getattr__(self, name):
+        return getattr(self._x, name)
+
+    def release(self):
+        self._x.release()
+
+    def __repr__(self):
+        return "nixl_xfer_handle(%r)" % (self._x,)
 
 # The folder holding a 'nixl' package backed by this module.
 SHIM_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -1019,8 +1044,12 @@ class nixl_agent:
         _mem(self.nixl_ops, operation)  # KeyError for others, as NIXL
         notif = _notif_bytes(notif_msg, "make_prepped_xfer") \
             if notif_msg else None
-        h = self.agent.make_xfer(operation, local_xfer_side, local_indices,
-                                 remote_xfer_side, remote_indices, notif)
+        agent = self.agent
+
+        def remake(n):
+            return agent.make_xfer(operation, local_xfer_side, local_indices,
+                                   remote_xfer_side, remote_indices, n)
+        h = nixl_xfer_handle(remake(notif), remake)
         if notif is not None:
             self._notif_of[h] = notif
         return h
@@ -1036,9 +1065,12 @@ class nixl_agent:
             raise nixlInvalidParamError(
                 "initialize_xfer: no descriptor list for the %s side"
                 % ("local" if local is None else "remote"))
-        h = self.agent.create_xfer(operation, local.desclist(),
-                                   remote.desclist(), _name(remote_agent),
-                                   notif)
+        agent, ld, rd = self.agent, local.desclist(), remote.desclist()
+        peer = _name(remote_agent)
+
+        def remake(n):
+            return agent.create_xfer(operation, ld, rd, peer, n)
+        h = nixl_xfer_handle(remake(notif), remake)
         if notif is not None:
             self._notif_of[h] = notif
         return h
@@ -1050,10 +1082,23 @@ class nixl_agent:
         if notif_msg:
             m = _notif_bytes(notif_msg, "transfer")
             if self._notif_of.get(handle) != m:
-                raise nixlNotSupportedError(
-                    "transfer: pdx fixes a request's notification when it "
-                    "is made; give notif_msg to make_prepped_xfer")
+                self._renotify(handle, m)
+        if isinstance(handle, nixl_xfer_handle):
+            handle._posted = True
         return "DONE" if handle.post() else "PROC"
+
+    def _renotify(self, handle, msg):
+        """Remakes a request that is not in flight with notification
+        `msg` (NIXL: a notification given at post replaces the old)."""
+        x = handle._x
+        if handle._posted and not x.check():
+            raise nixlRepostActiveError(
+                "transfer: the request is still in flight; repost it once "
+                "check_xfer_state says DONE")
+        new = handle._remake(msg)
+        handle._x = new
+        x.release()
+        self._notif_of[handle] = msg
 
     def check_xfer_state(self, handle):
         """"DONE" or "PROC"; a failed request raises its NIXL error class
