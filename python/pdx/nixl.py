@@ -52,7 +52,9 @@ Where pdx behaves differently from NIXL:
   port, in .listen_port) speaks pdx's own framing, so both ends must be
   pdx.nixl; it listens on all addresses as NIXL, or on
   $PDX_NIXL_LISTEN_ADDR. fetch_remote_metadata loads in the background
-  (poll check_remote_metadata). Partial metadata is the full metadata.
+  (poll check_remote_metadata). Partial metadata carries the full blob
+  plus the regions it names; transfers may use only named regions
+  (nixlNotFoundError otherwise), as NIXL.
   With NIXL_ETCD_ENDPOINTS (and NIXL_ETCD_NAMESPACE, default
   /nixl/agents) the agent uses pdx's etcd store: send_local_metadata()
   publishes, fetch_remote_metadata(name) fetches by name; pdx's own key
@@ -62,6 +64,7 @@ Where pdx behaves differently from NIXL:
   prep_mem_view are not supported.
 """
 
+import bisect
 import enum
 import logging
 import os
@@ -592,6 +595,12 @@ _LF_MAGIC = b"PDXL"
 _LF_HDR = struct.Struct("<4sBI")
 _LF_MD, _LF_FETCH, _LF_INVAL, _LF_ERR = 1, 2, 3, 4
 _LF_MAX = 64 << 20
+# Partial metadata (get_partial_agent_metadata): b"PDXPMD1\0", a u32 count,
+# that many (addr, len, device) u64 rows, then the agent's full blob. The
+# receiver loads the blob but lets transfers use only the regions some
+# partial metadata named, as NIXL (a full metadata lifts that).
+_PMD_MAGIC = b"PDXPMD1\0"
+_PMD_MAX_ROWS = 1 << 24
 _LF_TIMEOUT = 5.0
 
 
@@ -733,6 +742,9 @@ class nixl_agent:
         # soon as pdx lets them go (see deregister_memory).
         self._zombies = {}
         self._peers = set()
+        # peer -> None (full metadata) or sorted regions partial metadata
+        # named
+        self._allowed = {}
         self._notif_of = {}
         self.agent = None
         self._listener = None
@@ -1030,6 +1042,7 @@ class nixl_agent:
             raise nixlNotSupportedError(
                 "prep_xfer_dlist: loopback to the agent's own name is not "
                 "supported by pdx")
+        self._check_remote(agent_name, descs)
         return self.agent.prep_dlist(descs.desclist(), agent_name)
 
     def release_dlist_handle(self, handle):
@@ -1067,6 +1080,7 @@ class nixl_agent:
                 % ("local" if local is None else "remote"))
         agent, ld, rd = self.agent, local.desclist(), remote.desclist()
         peer = _name(remote_agent)
+        self._check_remote(peer, remote)
 
         def remake(n):
             return agent.create_xfer(operation, ld, rd, peer, n)
@@ -1166,14 +1180,13 @@ class nixl_agent:
     def add_remote_agent(self, metadata):
         """Loads the peer; its name as bytes (as NIXL returns it; every
         call here takes names as str or bytes)."""
-        name = self.agent.load_peer(bytes(metadata))
-        self._peers.add(name)
-        return name.encode()
+        return self._load_md(metadata).encode()
 
     def remove_remote_agent(self, agent):
         agent = _name(agent)
         self.agent.unload_peer(agent)
         self._peers.discard(agent)
+        self._allowed.pop(agent, None)
         if self._zombies:
             self._reap()
 
@@ -1181,10 +1194,16 @@ class nixl_agent:
         """True while the peer is loaded and alive: False once it is
         unknown, removed, or known dead (its process exited, its endpoint
         failed)."""
+        name = _name(agent)
         try:
-            return self.agent.peer_state(_name(agent)) == "alive"
+            if self.agent.peer_state(name) != "alive":
+                return False
         except (_pdx.NotFound, _pdx.InvalidArgument):
             return False
+        if descs is not None:
+            d = self.get_xfer_descs(descs, "DRAM")
+            return d is not None and self._covered(name, d)
+        return True
 
     def make_connection(self, remote_agent, backends=()):
         """pdx connects when the peer is loaded: checks it is there and
@@ -1195,15 +1214,73 @@ class nixl_agent:
                 "make_connection: peer %s is disconnected" % name)
 
     def _load_md(self, md):
-        name = self.agent.load_peer(bytes(md))
+        md = bytes(md)
+        rows = None
+        if md.startswith(_PMD_MAGIC):
+            off = len(_PMD_MAGIC)
+            if len(md) < off + 4:
+                raise nixlInvalidParamError("partial metadata: truncated "
+                                            "count")
+            (n,) = struct.unpack_from("<I", md, off)
+            off += 4
+            if n > _PMD_MAX_ROWS or len(md) < off + 24 * n:
+                raise nixlInvalidParamError(
+                    "partial metadata: %d regions do not fit %d bytes"
+                    % (n, len(md)))
+            rows = [tuple(int(v) for v in r) for r in np.frombuffer(
+                md, "<u8", 3 * n, off).reshape(n, 3)]
+            md = md[off + 24 * n:]
+        name = self.agent.load_peer(md)
         self._peers.add(name)
+        if rows is None:
+            self._allowed[name] = None
+        elif name not in self._allowed or self._allowed[name] is not None:
+            cur = self._allowed.get(name) or []
+            self._allowed[name] = sorted(set(cur) | set(rows))
         return name
+
+    def _covered(self, name, descs):
+        """Whether every (addr, len, dev) of descs is inside a region the
+        peer's metadata named (always, after a full metadata)."""
+        allowed = self._allowed.get(name)
+        if allowed is None:
+            return True
+        # Registered regions of one device never overlap: the candidate
+        # is the last one starting at or before addr.
+        by_dev = {}
+        for a, n, v in allowed:
+            by_dev.setdefault(v, []).append((a, n))
+        starts = {v: [a for a, _ in rs] for v, rs in by_dev.items()}
+        for d in descs:
+            addr, length, dev = int(d[0]), int(d[1]), int(d[2])
+            rs = by_dev.get(dev)
+            if not rs:
+                return False
+            i = bisect.bisect_right(starts[dev], addr) - 1
+            if i < 0 or addr + length > rs[i][0] + rs[i][1]:
+                return False
+        return True
+
+    def _check_remote(self, name, descs):
+        if not self._covered(name, descs):
+            raise nixlNotFoundError(
+                "peer %s: descriptors outside the regions its metadata "
+                "named so far (partial metadata)" % name)
 
     def get_partial_agent_metadata(self, descs, inc_conn_info=False,
                                    backends=()):
-        """pdx has no partial metadata: the full metadata (a superset of
-        any partial one; a peer loading it can use every region)."""
-        return self.get_agent_metadata()
+        """Metadata naming only `descs`' regions (pdx's format: the full
+        blob plus those regions; the peer lets transfers use only the
+        regions partial metadata named, as NIXL's partial metadata)."""
+        if descs is None:
+            regions = []
+        elif isinstance(descs, nixl_reg_dlist):
+            regions = [r[:3] for r in descs.regions]
+        else:
+            regions = list(self.get_xfer_descs(descs, "DRAM") or [])
+        rows = np.array(regions or np.zeros((0, 3)), dtype="<u8")
+        return _PMD_MAGIC + struct.pack("<I", len(regions)) + \
+            rows.tobytes() + self.get_agent_metadata()
 
     def send_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
         """To the listener at ip_addr:port (it loads it), or, without
@@ -1226,8 +1303,19 @@ class nixl_agent:
     def send_partial_agent_metadata(self, descs, inc_conn_info=False,
                                     backends=(), ip_addr="",
                                     port=DEFAULT_COMM_PORT, label=""):
-        """Sends the full metadata (see get_partial_agent_metadata)."""
-        self.send_local_metadata(ip_addr, port)
+        """To the listener at ip_addr:port (see get_partial_agent_metadata);
+        to the etcd store (no ip_addr) the full metadata is published (the
+        store keeps one blob per agent, label ignored)."""
+        if not ip_addr:
+            self.send_local_metadata()
+            return
+        md = self.get_partial_agent_metadata(descs, inc_conn_info)
+        try:
+            with _lf_connect(ip_addr, port) as sock:
+                _lf_send(sock, _LF_MD, md)
+        except OSError as e:
+            raise nixlBackendError("send_partial_agent_metadata to %s:%s: %s"
+                                   % (ip_addr, port, e)) from None
 
     def fetch_remote_metadata(self, remote_agent, ip_addr="",
                               port=DEFAULT_COMM_PORT, label=""):

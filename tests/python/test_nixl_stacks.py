@@ -501,3 +501,61 @@ def test_listener_exchange(peer):
         agent.deregister_memory(reg)
     finally:
         agent.close()
+
+
+def test_partial_metadata_over_listener(monkeypatch):
+    """NIXL's partial metadata (partial_md_example's pattern, one
+    process): the target sends metadata naming its first regions to the
+    initiator's listener; transfers to the others raise nixlNotFoundError
+    and check_remote_metadata(name, descs) is False for them until a
+    second partial send names them; READs byte-exact; a truncated partial
+    blob is refused."""
+    monkeypatch.setenv("PDX_NIXL_LISTEN_ADDR", "127.0.0.1")
+    from nixl._api import nixl_agent, nixl_agent_config
+    from nixl._bindings import nixlNotFoundError, nixlInvalidParamError
+    init = nixl_agent("pm-init", nixl_agent_config(True, True, 0))
+    target = nixl_agent("pm-target", nixl_agent_config(backends=["UCX"]))
+    try:
+        bufs = [pdx.mem_alloc(4096) for _ in range(4)]
+        for i, b in enumerate(bufs):
+            np.frombuffer(b, np.uint8)[:] = 0x30 + i
+        regs = [target.get_reg_descs([(b.addr, 4096, 0, "")
+                                      for b in bufs[:2]], "DRAM"),
+                target.get_reg_descs([(b.addr, 4096, 0, "")
+                                      for b in bufs[2:]], "DRAM")]
+        for r in regs:
+            target.register_memory(r)
+        dst = np.zeros(4096, np.uint8)
+        init.register_memory(dst)
+        target.send_partial_agent_metadata(regs[0], True, ["UCX"],
+                                           "127.0.0.1", init.listen_port)
+        x1, x2 = regs[0].trim(), regs[1].trim()
+        end = time.monotonic() + 20
+        while not init.check_remote_metadata("pm-target", x1) and \
+                time.monotonic() < end:
+            time.sleep(0.005)
+        assert init.check_remote_metadata("pm-target", x1)
+        assert not init.check_remote_metadata("pm-target", x2)
+        with pytest.raises(nixlNotFoundError, match="partial"):
+            init.initialize_xfer("READ", init.get_xfer_descs(dst),
+                                 target.get_xfer_descs([x2[0]], "DRAM"),
+                                 "pm-target")
+        _read(init, "pm-target", init.get_xfer_descs(dst),
+              init.get_xfer_descs([x1[1]], "DRAM"))
+        assert dst.tobytes() == b"\x31" * 4096
+        target.send_partial_agent_metadata(regs[1], True, ["UCX"],
+                                           "127.0.0.1", init.listen_port)
+        end = time.monotonic() + 20
+        while not init.check_remote_metadata("pm-target", x2) and \
+                time.monotonic() < end:
+            time.sleep(0.005)
+        _read(init, "pm-target", init.get_xfer_descs(dst),
+              init.get_xfer_descs([x2[1]], "DRAM"))
+        assert dst.tobytes() == b"\x33" * 4096
+        md = target.get_partial_agent_metadata(regs[0])
+        with pytest.raises(nixlInvalidParamError, match="do not fit"):
+            init.add_remote_agent(md[:20])
+        init.remove_remote_agent("pm-target")
+    finally:
+        init.close()
+        target.close()
