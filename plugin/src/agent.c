@@ -94,6 +94,9 @@ static void host_notif_recv(void *ctx, const char *peer, const void *msg,
                             size_t len)
 {
     pdx_agent_h agent = ctx;
+    if (pdx_ctl_recv_locked(agent, peer, msg, len)) {
+        return; /* notif.c: a region-removal notice, not the app's */
+    }
     pdx_stats_entry_t *ps = pdx_peer_stats_get(agent, peer);
     if (ps != NULL) {
         ps->s.notifs_recv++;
@@ -246,6 +249,9 @@ int pdx_agent_progress_locked(pdx_agent_h agent)
         }
     }
     pdx_xfer_timeouts_locked(agent, now);
+    if (agent->ctl_acks != NULL) {
+        pdx_ctl_progress_locked(agent); /* notif.c: removal acks */
+    }
     return events;
 }
 

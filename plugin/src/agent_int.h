@@ -221,6 +221,12 @@ struct pdx_agent {
     bool thread_running;
     volatile int stop;
     struct pdx_store_agent *store; /* store.c: discovery; NULL if none */
+    /* Region-removal notices (notif.c): deregistrations waiting for
+     * loaded peers' acknowledgements, and removals told by peers whose
+     * acknowledgement waits for our requests on the region to end. */
+    struct pdx_ctl_wait *ctl_waits;
+    struct pdx_ctl_ack *ctl_acks;
+    uint64_t ctl_seq;
 };
 
 /* Does `r` hold [addr, addr+len)? The one containment check of the agent:
@@ -328,5 +334,28 @@ typedef struct pdx_store_snapshot {
 /* false without a store. With the agent lock held (the store is attached
  * and detached under it). Non-blocking. */
 bool pdx_store_agent_snapshot(pdx_agent_h agent, pdx_store_snapshot_t *out);
+
+/* Region-removal notices between agents (notif.c), internal messages on
+ * the notification channel that never reach the application's queue.
+ * recv: true when `msg` was such a message (consumed). progress: send the
+ * acknowledgements whose regions have no request of ours in flight left.
+ * peer_destroyed: forget (and unload) what waits on `peer`. All with the
+ * agent lock held. */
+bool pdx_ctl_recv_locked(pdx_agent_h agent, const char *peer,
+                         const void *msg, size_t len);
+void pdx_ctl_progress_locked(pdx_agent_h agent);
+void pdx_ctl_peer_destroyed_locked(pdx_agent_h agent, pdx_peer_t *peer);
+/* Does an application notification start with pdx's control prefix? */
+bool pdx_ctl_reserved(const void *msg, size_t len);
+/* pdx_mem_deregister's notice: tell every live loaded peer that carries
+ * notifications that `r` goes away and wait, dropping and retaking the
+ * lock, until each acknowledged, died, or the bound passed. `r` is out of
+ * agent->regs already and not freed. */
+void pdx_ctl_region_gone_wait_locked(pdx_agent_h agent,
+                                     const struct pdx_mem_reg *r);
+/* peer.c: take `g` out of its peer's region table (lists holding it are
+ * refused STALE; its keys stay loaded), and later unload and free it. */
+void pdx_peer_region_retire_locked(pdx_peer_t *peer, pdx_peer_region_t *g);
+void pdx_peer_region_drop_locked(pdx_agent_h agent, pdx_peer_region_t *g);
 
 #endif

@@ -193,6 +193,9 @@ pdx_status_t pdxi_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg)
                 (agent->nregs - i - 1) * sizeof(*agent->regs));
         agent->nregs--;
         agent->generation++;
+        /* notif.c: loaded peers are told and acknowledge (bounded) before
+         * the keys go, so none reads the memory once this returns. */
+        pdx_ctl_region_gone_wait_locked(agent, reg);
         pdx_mem_reg_free_locked(agent, reg);
         st = PDX_OK;
         break;

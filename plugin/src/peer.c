@@ -169,6 +169,7 @@ void pdx_peer_destroy_locked(pdx_agent_h agent, pdx_peer_t *peer)
 {
     pdx_xfer_fail_peer_locked(agent, peer->epoch, PDX_ERR_STALE,
                               PDX_FAIL_RELEASE);
+    pdx_ctl_peer_destroyed_locked(agent, peer); /* retired regions */
     for (size_t i = 0; i < peer->nregions; i++) {
         region_drop(agent, peer->regions[i]);
     }
@@ -887,4 +888,25 @@ pdx_status_t pdxi_peer_info(pdx_agent_h agent, const char *name,
     }
     pthread_mutex_unlock(&agent->lock);
     return PDX_OK;
+}
+
+/* A region-removal notice (notif.c): the region leaves the peer's table
+ * now (lists holding it are refused STALE), its keys stay loaded until our
+ * requests in flight on it have ended. */
+void pdx_peer_region_retire_locked(pdx_peer_t *peer, pdx_peer_region_t *g)
+{
+    for (size_t i = 0; i < peer->nregions; i++) {
+        if (peer->regions[i] == g) {
+            memmove(&peer->regions[i], &peer->regions[i + 1],
+                    (peer->nregions - i - 1) * sizeof(*peer->regions));
+            peer->nregions--;
+            break;
+        }
+    }
+    g->gone = true;
+}
+
+void pdx_peer_region_drop_locked(pdx_agent_h agent, pdx_peer_region_t *g)
+{
+    region_drop(agent, g);
 }

@@ -350,6 +350,11 @@ static pdx_status_t check_notif(pdx_agent_h agent, const void *notif,
                   agent->name, len, PDX_NOTIF_MAX);
         return PDX_ERR_TOO_LARGE;
     }
+    if (pdx_ctl_reserved(notif, len)) {
+        pdx_error("agent %s: notification starts with pdx's reserved "
+                  "control prefix (\\0PDXCTL\\1)", agent->name);
+        return PDX_ERR_INVALID;
+    }
     return PDX_OK;
 }
 

@@ -64,7 +64,6 @@ enum pdx_agent_params_field {
     PDX_AGENT_PARAM_PATH_POLICY = 1u << 3,
     PDX_AGENT_PARAM_STORE = 1u << 4, /* the store_* fields */
     PDX_AGENT_PARAM_CLUSTER_KEY = 1u << 5, /* the cluster_key* fields */
-    PDX_AGENT_PARAM_STORE_OPTS = 1u << 6,  /* store_opts, store_nopts */
 };
 
 /* Which transfer paths an agent accepts (PDX_AGENT_PARAM_PATH_POLICY).
@@ -149,12 +148,6 @@ typedef struct pdx_agent_params {
     const void *cluster_key;
     size_t cluster_key_len;
     const char *cluster_key_file;
-    /* Store module options (PDX_AGENT_PARAM_STORE_OPTS, with
-     * PDX_AGENT_PARAM_STORE), passed as pdx_store_params_t.opts; the etcd
-     * store takes TLS and user/password auth options (pdx/store.h). Only
-     * read during pdx_agent_create (the module copies what it keeps). */
-    const pdx_kv_t *store_opts;
-    size_t store_nopts;
 } pdx_agent_params_t;
 
 /* Create an agent named `name` (1..PDX_NAME_MAX-1 bytes of [A-Za-z0-9._-]).
@@ -218,7 +211,24 @@ PDX_API pdx_status_t pdx_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
                                       pdx_mem_reg_h *reg_p);
 
 /* Deregister. PDX_ERR_BUSY (nothing done) while a request uses it;
- * PDX_ERR_INVALID if `reg` is not a live registration of this agent. */
+ * PDX_ERR_INVALID if `reg` is not a live registration of this agent.
+ * Loaded peers are told at once (an internal message on the notification
+ * channel, never seen by the application): a peer takes the region out of
+ * its view, its prepared lists and requests on it are refused
+ * PDX_ERR_STALE from then on, and it acknowledges once none of its
+ * requests on the region is in flight. This call waits for those
+ * acknowledgements, so that no loaded peer reads or writes the memory
+ * after it returns and the caller may free it: blocking, at most the
+ * agent's xfer timeout capped at 5 s (a peer that did not answer by then,
+ * e.g. a paused one, is named in a warning; a dead peer counts as
+ * answered). Agents of this same process are told but not waited for
+ * (they may progress only on the calling thread). Peers this agent did not
+ * load (it cannot reach them) are not waited for either: they learn it
+ * from its next description (the store's republish, or the application's
+ * reload), so keep memory such peers may still read mapped until then.
+ * Progresses the agent while it waits (no progress thread needed); a peer
+ * acknowledges from its own progress (its progress thread or its caller's
+ * polling). Does not hold the agent lock while it waits. Thread-safe. */
 PDX_API pdx_status_t pdx_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg);
 
 /* Shared host memory: the fast path between processes on one host.
