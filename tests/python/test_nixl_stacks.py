@@ -23,6 +23,7 @@ import pdx.nixl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import nixl_stack_workers as W  # noqa: E402
+from test_store import etcd  # noqa: E402,F401  (the private etcd fixture)
 
 SHIM = pdx.nixl.SHIM_PATH
 
@@ -556,6 +557,42 @@ def test_partial_metadata_over_listener(monkeypatch):
         with pytest.raises(nixlInvalidParamError, match="do not fit"):
             init.add_remote_agent(md[:20])
         init.remove_remote_agent("pm-target")
+    finally:
+        init.close()
+        target.close()
+
+
+def test_etcd_mode(monkeypatch, etcd):  # noqa: F811
+    """NIXL's etcd mode on pdx's etcd store (a private etcd): with
+    NIXL_ETCD_ENDPOINTS set, send_local_metadata() publishes and
+    fetch_remote_metadata(name) finds the agent by name; READ byte-exact;
+    invalidate without an address is refused with the reason."""
+    from nixl._api import nixl_agent, nixl_agent_config
+    from nixl._bindings import nixlNotSupportedError
+    monkeypatch.setenv("NIXL_ETCD_ENDPOINTS", etcd)
+    monkeypatch.setenv("NIXL_ETCD_NAMESPACE", "/nixl-test-%d" % os.getpid())
+    target = nixl_agent("et-target", nixl_agent_config(backends=["UCX"]))
+    init = nixl_agent("et-init", nixl_agent_config(backends=["UCX"]))
+    try:
+        src = pdx.mem_alloc(8192)
+        np.frombuffer(src, np.uint8)[:] = np.arange(8192) % 251
+        target.register_memory([(src.addr, 8192, 0, "")], "DRAM")
+        target.send_local_metadata()
+        dst = np.zeros(8192, np.uint8)
+        init.register_memory(dst)
+        init.fetch_remote_metadata("et-target")
+        end = time.monotonic() + 20
+        while not init.check_remote_metadata("et-target") and \
+                time.monotonic() < end:
+            time.sleep(0.01)
+        assert init.check_remote_metadata("et-target")
+        _read(init, "et-target", init.get_xfer_descs(dst),
+              init.get_xfer_descs([(src.addr, 8192, 0)], "DRAM"))
+        assert dst.tobytes() == (np.arange(8192) % 251).astype(
+            np.uint8).tobytes()
+        with pytest.raises(nixlNotSupportedError, match="lease"):
+            target.invalidate_local_metadata()
+        init.remove_remote_agent("et-target")
     finally:
         init.close()
         target.close()
