@@ -462,6 +462,10 @@ pdx_status_t pdx_store_agent_init(pdx_agent_h a,
                                                : 2000,
         .retry_min_ms = 100, .retry_max_ms = 5000,
         .max_txn_ops = params->store_max_txn_ops};
+    if (params->field_mask & PDX_AGENT_PARAM_STORE_OPTS) {
+        sp.opts = params->store_opts; /* TLS, auth (etcd) */
+        sp.nopts = params->store_nopts;
+    }
     st = ops->create(&g->host, &sp, &g->st);
     if (st != PDX_OK) {
         pdx_error("agent %s: store %s: create failed: %s", a->name, module,

@@ -165,11 +165,15 @@ void etcd_easy_setup(etcd_store_t *s, CURL *h, const char *endpoint,
 {
     char url[512];
     snprintf(url, sizeof(url), "%s%s", endpoint, path);
+    etcd_auth_ensure(s, endpoint); /* a token first, with a user */
     curl_easy_reset(h); /* keeps the connection cache */
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    pthread_mutex_lock(&s->lock); /* replaced when a token comes */
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, s->hdrs);
+    pthread_mutex_unlock(&s->lock);
+    etcd_tls_setup(s, h);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
@@ -299,6 +303,7 @@ pdx_status_t etcd_call(etcd_store_t *s, CURL *h, const char *path,
         return PDX_ERR_NOMEM;
     }
     pdx_status_t st = PDX_ERR_UNAVAILABLE;
+    bool auth_retried = false;
     uint64_t deadline = now + (uint64_t)s->timeout_ms * 1000000ull;
     for (uint32_t t = 0; t < s->nendpoints; t++) {
         const char *endpoint = s->endpoints[(ep + t) % s->nendpoints];
@@ -347,6 +352,14 @@ pdx_status_t etcd_call(etcd_store_t *s, CURL *h, const char *path,
         if (err != NULL) {
             snprintf(err, err_len, "%s", what);
         }
+        if (g == 16 && s->user != NULL && !auth_retried) {
+            /* Token expired or revoked: authenticate again, once. */
+            auth_retried = true;
+            etcd_auth_invalidate(s);
+            t--;
+            now = etcd_now_ns();
+            continue;
+        }
         if (g == 14 || code >= 500 || g == 0) {
             /* No leader, or not etcd answering: as good as unreachable;
              * another endpoint may do better. */
@@ -355,6 +368,11 @@ pdx_status_t etcd_call(etcd_store_t *s, CURL *h, const char *path,
             continue;
         }
         etcd_note_ok(s, 0);
+        /* Refused (permission denied, no user, ...): reachable, but the
+         * reason goes into last_error for pdx_store_status. */
+        pthread_mutex_lock(&s->lock);
+        snprintf(s->last_error, sizeof(s->last_error), "%s", what);
+        pthread_mutex_unlock(&s->lock);
         st = grpc_status(g);
         break;
     }

@@ -115,7 +115,37 @@ typedef struct etcd_store {
     CURL *th; /* the thread's handle for blocking requests */
     etcd_event_t *evq, *evq_tail;
     pthread_mutex_t deliver; /* held while callbacks run */
+
+    /* TLS (options ca_file, cert_file, key_file; NULL: libcurl's
+     * defaults) and etcd v3 user/password auth (user, password or
+     * password_file): immutable after create. */
+    char *ca_file, *cert_file, *key_file;
+    char *user, *password;
+    /* Auth token (under `lock`): hdrs and ghdrs carry it once known; a
+     * replaced header list is kept in `retired` until destroy (a transfer
+     * may still read it). auth_lock serialises authentications. */
+    pthread_mutex_t auth_lock;
+    bool token_ok;
+    struct curl_slist **retired;
+    size_t nretired;
 } etcd_store_t;
+
+/* ---- etcd_auth.c ---- */
+
+/* Parse the module options into `s` (PDX_ERR_CONFIG naming the option). */
+pdx_status_t etcd_opts_parse(etcd_store_t *s, const pdx_kv_t *opts,
+                             size_t nopts);
+/* TLS options on a handle (after curl_easy_reset). */
+void etcd_tls_setup(const etcd_store_t *s, CURL *h);
+/* With a user: authenticate at `endpoint` unless a token is known and
+ * good (blocking, at most the store timeout), then install the token in
+ * the header lists. Without one: nothing. */
+void etcd_auth_ensure(etcd_store_t *s, const char *endpoint);
+/* A request was refused for its token (expired, revoked): authenticate
+ * again before the next request. */
+void etcd_auth_invalidate(etcd_store_t *s);
+/* Free what etcd_opts_parse and authentications allocated. */
+void etcd_auth_free(etcd_store_t *s);
 
 /* ---- etcd_http.c ---- */
 

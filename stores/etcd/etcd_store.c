@@ -885,6 +885,8 @@ static void etcd_free(etcd_store_t *s)
         }
     }
     curl_slist_free_all(s->ghdrs);
+    etcd_auth_free(s);
+    pthread_mutex_destroy(&s->auth_lock);
     pthread_mutex_destroy(&s->glock);
     pthread_mutex_destroy(&s->deliver);
     pthread_mutex_destroy(&s->pub_lock);
@@ -952,11 +954,6 @@ static pdx_status_t etcd_create(const pdx_store_host_t *host,
             return PDX_ERR_CONFIG;
         }
     }
-    if (p->nopts > 0) {
-        pdx_error("store etcd: unknown option '%s' (the etcd store takes "
-                  "none)", p->opts[0].key ? p->opts[0].key : "(null)");
-        return PDX_ERR_CONFIG;
-    }
     etcd_store_t *s = calloc(1, sizeof(*s));
     if (s == NULL) {
         return PDX_ERR_NOMEM;
@@ -965,12 +962,16 @@ static pdx_status_t etcd_create(const pdx_store_host_t *host,
     pthread_mutex_init(&s->pub_lock, NULL);
     pthread_mutex_init(&s->deliver, NULL);
     pthread_mutex_init(&s->glock, NULL);
+    pthread_mutex_init(&s->auth_lock, NULL);
     s->host = *host;
     if (s->host.agent_name == NULL) {
         s->host.agent_name = "?";
     }
     snprintf(s->ns, sizeof(s->ns), "%s", p->ns);
     pdx_status_t st = parse_endpoints(s, p->endpoints);
+    if (st == PDX_OK) {
+        st = etcd_opts_parse(s, p->opts, p->nopts); /* TLS, auth */
+    }
     if (st != PDX_OK) {
         etcd_free(s);
         return st;
@@ -1352,7 +1353,11 @@ static void grpc_setup(etcd_store_t *s, txn_job_t *j, CURL *h,
     curl_easy_setopt(h, CURLOPT_POST, 1L);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, j->body.data);
     curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)j->body.len);
+    etcd_auth_ensure(s, endpoint);
+    pthread_mutex_lock(&s->lock);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, s->ghdrs);
+    pthread_mutex_unlock(&s->lock);
+    etcd_tls_setup(s, h);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_grpc_data);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, j);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_grpc_header);
@@ -1439,6 +1444,9 @@ static pdx_status_t run_txns(etcd_store_t *s, txn_job_t *jobs, size_t njobs)
                 etcd_note_fail(s, what);
                 j->st = PDX_ERR_UNAVAILABLE;
             } else if (j->grpc_status > 0 || code != 200) {
+                if (j->grpc_status == 16) {
+                    etcd_auth_invalidate(s); /* the next call re-authenticates */
+                }
                 j->st = code != 200 ? PDX_ERR_IO
                                     : grpc_code_status(j->grpc_status);
                 if (j->st == PDX_ERR_UNAVAILABLE) {

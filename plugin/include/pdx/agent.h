@@ -64,6 +64,7 @@ enum pdx_agent_params_field {
     PDX_AGENT_PARAM_PATH_POLICY = 1u << 3,
     PDX_AGENT_PARAM_STORE = 1u << 4, /* the store_* fields */
     PDX_AGENT_PARAM_CLUSTER_KEY = 1u << 5, /* the cluster_key* fields */
+    PDX_AGENT_PARAM_STORE_OPTS = 1u << 6,  /* store_opts, store_nopts */
 };
 
 /* Which transfer paths an agent accepts (PDX_AGENT_PARAM_PATH_POLICY).
@@ -148,6 +149,12 @@ typedef struct pdx_agent_params {
     const void *cluster_key;
     size_t cluster_key_len;
     const char *cluster_key_file;
+    /* Store module options (PDX_AGENT_PARAM_STORE_OPTS, with
+     * PDX_AGENT_PARAM_STORE), passed as pdx_store_params_t.opts; the etcd
+     * store takes TLS and user/password auth options (pdx/store.h). Only
+     * read during pdx_agent_create (the module copies what it keeps). */
+    const pdx_kv_t *store_opts;
+    size_t store_nopts;
 } pdx_agent_params_t;
 
 /* Create an agent named `name` (1..PDX_NAME_MAX-1 bytes of [A-Za-z0-9._-]).

@@ -77,7 +77,19 @@ typedef struct pdx_store_params {
     /* Most operations in one transaction (etcd's --max-txn-ops, 128 by
      * default): the owner ops split batches to fit. */
     uint32_t max_txn_ops;
-    /* Module-specific options (an unknown key is PDX_ERR_CONFIG). */
+    /* Module-specific options (an unknown key is PDX_ERR_CONFIG). The etcd
+     * store takes (docs/SECURITY.md):
+     *   ca_file     PEM CA bundle that signs etcd's server certificate
+     *               (https:// endpoints; default: the system's CAs)
+     *   cert_file, key_file  client certificate and key (PEM), together
+     *               (etcd's --client-cert-auth)
+     *   user, and password or password_file  etcd v3 auth: the module
+     *               authenticates (/v3/auth/authenticate) before its first
+     *               request and again when etcd refuses the token, and
+     *               sends it on every request (gateway and gRPC). The
+     *               user's role must cover <ns>/ read-write.
+     * Files are read by path at each connection (ca/cert/key) or at create
+     * (password_file, one trailing newline dropped). */
     const pdx_kv_t *opts;
     size_t nopts;
 } pdx_store_params_t;
