@@ -596,3 +596,33 @@ def test_etcd_mode(monkeypatch, etcd):  # noqa: F811
     finally:
         init.close()
         target.close()
+
+
+def test_torch_tensors_as_nixl():
+    """Tensors as NIXL takes them: one region per contiguous tensor (its
+    data_ptr, numel * element_size), a list of tensors as rows, and None
+    for a non-contiguous tensor (NIXL's answer; pdx would otherwise move
+    bytes in storage order); a registered tensor READ byte-exact."""
+    torch = pytest.importorskip("torch", reason="python3-torch not installed")
+    from nixl._api import nixl_agent, nixl_agent_config
+    x, y = _pair(nixl_agent, nixl_agent_config, "tt-a", "tt-b")
+    try:
+        src = torch.arange(1024, dtype=torch.float32).reshape(32, 32)
+        assert x.get_reg_descs(src.t()) is None
+        assert x.get_xfer_descs(src.t()) is None
+        r = y.register_memory(src)
+        assert r.descCount() == 1 and r[0][:2] == (src.data_ptr(), 4096)
+        rows = x.get_xfer_descs([src[0], src[5]])
+        assert list(rows) == [(src[0].data_ptr(), 128, 0),
+                              (src[5].data_ptr(), 128, 0)]
+        dst = torch.zeros(32, 32, dtype=torch.float32)
+        rd = x.register_memory(dst)
+        name = x.add_remote_agent(y.get_agent_metadata())
+        _read(x, name, x.get_xfer_descs(dst), y.get_xfer_descs(src))
+        assert torch.equal(dst, src)
+        x.remove_remote_agent(name)
+        x.deregister_memory(rd)
+        y.deregister_memory(r)
+    finally:
+        x.close()
+        y.close()
