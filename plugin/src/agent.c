@@ -202,6 +202,7 @@ static void check_same_process(pdx_agent_h agent)
                                           PDX_ERR_REMOTE_DISCONNECT,
                                           "agent destroyed in this process",
                                           false);
+                p->dead_final = true;
                 break;
             }
         }
@@ -223,6 +224,7 @@ static void check_liveness(pdx_agent_h agent, uint64_t now)
         if (poll(&pfd, 1, 0) > 0) {
             pdx_peer_mark_dead_locked(agent, p, PDX_ERR_REMOTE_DISCONNECT,
                            "process exited", false);
+            p->dead_final = true;
         }
     }
 }

@@ -81,6 +81,8 @@ typedef struct pdx_peer {
     pdx_status_t dead; /* PDX_OK while alive */
     char dead_how[64]; /* how it was found dead */
     uint64_t dead_ns;  /* pdx_now_ns() when it was found dead */
+    bool dead_final;   /* its process exited or its agent was destroyed:
+                        * never revived (only a new instance replaces it) */
     pdx_stats_entry_t *stats;
     /* Path report: per backend its transport name for this peer, and why
      * host (dram_why) or GPU (vram_why) memory of this same-host peer does

@@ -657,10 +657,10 @@ static pdx_status_t peer_refresh(pdx_agent_h agent, pdx_peer_t *p,
         hash_conns(b) != p->conn_hash) {
         return PDX_ERR_STALE;
     }
-    if (revive && pidfd_exited(p)) {
-        pdx_error("agent %s: peer %s: the store describes it again but its "
-                  "process %d has exited: it stays dead", agent->name,
-                  p->name, (int)p->pid);
+    if (revive && (p->dead_final || pidfd_exited(p))) {
+        pdx_error("agent %s: peer %s: described again but %s: it stays "
+                  "dead", agent->name, p->name,
+                  p->dead_final ? p->dead_how : "its process exited");
         return PDX_ERR_REMOTE_DISCONNECT;
     }
     int map[PDX_BLOB_MAX_BACKENDS];

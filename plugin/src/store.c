@@ -43,6 +43,7 @@ typedef struct gev {
     char name[PDX_NAME_MAX];
     uint64_t instance; /* PUT: from the blob; DELETE: of the entry removed */
     uint32_t generation;
+    uint64_t recv_ns; /* pdx_now_ns() when the watch brought it */
     size_t len;
     unsigned char blob[];
 } gev_t;
@@ -144,6 +145,7 @@ static void queue_ev(struct pdx_store_agent *g, pdx_store_event_type_t type,
     snprintf(e->name, sizeof(e->name), "%s", name);
     e->instance = instance;
     e->generation = generation;
+    e->recv_ns = pdx_now_ns();
     e->len = len;
     if (len > 0) {
         memcpy(e->blob, blob, len);
@@ -268,11 +270,14 @@ static void handle_event(struct pdx_store_agent *g, gev_t *e)
     bool loaded = p != NULL;
     /* A dead peer whose key comes back with its instance and the same or
      * a newer generation is revived (its lease expired while it or the
-     * store was paused): dead is a state a peer leaves again. */
+     * store was paused): dead is a state a peer leaves again. Only a put
+     * the watch brought after the death counts (one from before, late in
+     * the queue, says nothing of the peer now). */
     bool changed = p != NULL && (p->instance != e->instance ||
                                  p->generation != e->generation ||
                                  (p->dead != PDX_OK &&
-                                  e->type == PDX_STORE_EV_PUT));
+                                  e->type == PDX_STORE_EV_PUT &&
+                                  e->recv_ns > p->dead_ns));
     uint32_t old_gen = p ? p->generation : 0;
     uint64_t old_inst = p ? p->instance : 0;
     struct pollfd pfd = {.fd = p != NULL ? p->pidfd : -1, .events = POLLIN};
