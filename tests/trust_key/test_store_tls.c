@@ -4,7 +4,9 @@
  *   test_store_tls ok   ENDPOINT NS [KEY=VALUE...]  two agents (cma) with
  *       these store options: P publishes, D fetches P by name and loads it
  *       (a cluster key is set on both, so the signed path is exercised
- *       through the store too); exits 0 on success.
+ *       through the store too); then an agent without the key publishes
+ *       an unsigned blob under P's name, and D must ignore it (P stays
+ *       loaded, same instance); exits 0 on success.
  *   test_store_tls fail ENDPOINT NS [KEY=VALUE...]  one agent: publishing
  *       must not reach the store within 3 s (store unreachable, a
  *       last_error naming why); exits 0 when it does not.
@@ -89,6 +91,47 @@ int main(int argc, char **argv)
             return 1;
         }
         printf("ok: d fetched and loaded p through %s\n", ep);
+        /* A forged put: an agent without the key publishes an unsigned
+         * blob under p's name (its own lease), overwriting p's key. d's
+         * watch must ignore it: p stays loaded as the same instance. */
+        pdx_peer_info_t before, after;
+        pdx_peer_info(d, "tls-p", &before, NULL, 0);
+        pdx_agent_params_t fp = {
+            .field_mask = PDX_AGENT_PARAM_STORE | PDX_AGENT_PARAM_STORE_OPTS,
+            .store = "etcd", .store_endpoints = ep, .store_namespace = ns,
+            .store_lease_ttl_ms = 5000, .store_timeout_ms = 2000,
+            .store_opts = opts, .store_nopts = n};
+        pdx_agent_h f = NULL;
+        if (pdx_agent_create("tls-p", &fp, &f) != PDX_OK ||
+            pdx_backend_create(f, "cma", NULL, 0, NULL) != PDX_OK) {
+            fprintf(stderr, "FAIL: forger: %s\n", pdx_last_error());
+            return 1;
+        }
+        pdx_agent_publish(f);
+        pdx_store_status_t fs = {0};
+        for (int i = 0; i < 50 && !(fs.lease != 0 && fs.unpublished == 0 &&
+                                    fs.leased_keys > 0);
+             i++) {
+            usleep(100000);
+            pdx_store_status(f, &fs);
+        }
+        usleep(1000000); /* d's watch sees the put */
+        pdx_status_t ist = pdx_peer_info(d, "tls-p", &after, NULL, 0);
+        if (!(fs.lease != 0 && fs.unpublished == 0) || ist != PDX_OK ||
+            after.instance != before.instance ||
+            after.state != PDX_OK) {
+            fprintf(stderr, "FAIL: forged put: published %d, d's tls-p %s "
+                    "instance %016llx (was %016llx) state %s\n",
+                    fs.lease != 0 && fs.unpublished == 0,
+                    pdx_status_string(ist),
+                    (unsigned long long)after.instance,
+                    (unsigned long long)before.instance,
+                    pdx_status_string(after.state));
+            return 1;
+        }
+        printf("ok: an unsigned put under p's name was ignored by d (p "
+               "still instance %016llx)\n", (unsigned long long)after.instance);
+        pdx_agent_destroy(f);
         pdx_agent_destroy(d);
         pdx_agent_destroy(p);
         return 0;
