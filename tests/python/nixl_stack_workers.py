@@ -191,3 +191,44 @@ def nixl_listener_target(conn, port):
     agent.deregister_memory(reg)
     agent.close()
     conn.send(("done", bytes(buf)))
+
+
+@reporting
+def dynamo_passive(conn):
+    """Dynamo's nixl_connect passive side (a ReadableOperation and a
+    WritableOperation of Connector): nixl_agent(worker_id) with the default
+    config, memory registered as [(ptr, size, device_id, 'cpu')] with mem
+    type 'cpu', metadata handed out as zlib-compressed hex with the
+    descriptors and a notification key; completion seen by polling
+    update_notifs() for the key; Descriptor.__del__ deregisters."""
+    import uuid
+    import zlib
+    from nixl._api import nixl_agent
+    agent = nixl_agent(uuid.uuid4().hex)
+    readable = kv_bytes(0, 21)
+    writable = np.zeros(BLOCK_LEN * 2, np.uint8)
+    handles = []
+    for arr in (readable, writable):
+        handles.append(agent.register_memory(
+            [(arr.ctypes.data, arr.nbytes, 0, "cpu")], "cpu"))
+    md = zlib.compress(agent.get_agent_metadata(), level=6).hex()
+    conn.send({"nixl_metadata": md, "read_key": "rk-" + uuid.uuid4().hex,
+               "write_key": "wk-" + uuid.uuid4().hex,
+               "readable": [(readable.ctypes.data, readable.nbytes, "cpu")],
+               "writable": [(writable.ctypes.data, writable.nbytes, "cpu")]})
+    keys = recv(conn)
+    seen = set()
+    end = time.monotonic() + 30
+    while seen != set(keys):
+        if time.monotonic() > end:
+            raise TimeoutError("keys seen: %r of %r" % (seen, keys))
+        for values in agent.update_notifs().values():
+            for v in values:
+                if isinstance(v, bytes) and v.decode("utf-8") in keys:
+                    seen.add(v.decode("utf-8"))
+        time.sleep(0.01)
+    conn.send(("complete", bytes(writable)))
+    assert recv(conn) == "bye"
+    for h in handles:
+        agent.deregister_memory(h)
+    conn.send("closed")

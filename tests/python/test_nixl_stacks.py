@@ -626,3 +626,59 @@ def test_torch_tensors_as_nixl():
     finally:
         x.close()
         y.close()
+
+
+# -- Dynamo nixl_connect ------------------------------------------------------
+def test_dynamo_nixl_connect_sequence(peer):
+    """Dynamo's nixl_connect active side (ReadOperation, WriteOperation):
+    nixl_agent(worker_id) with the default config, the remote added from
+    zlib-compressed hex metadata (its bytes name used as remote_agent),
+    get_xfer_descs(descs=..., mem_type='cpu'), initialize_xfer by keyword
+    with the notification key, status by transfer(h, key) then
+    check_xfer_state, release_xfer_handle; the passive side polls
+    update_notifs for the keys. READ and WRITE byte-exact."""
+    import uuid
+    import zlib
+    from nixl._api import nixl_agent
+    p = peer(W.dynamo_passive)
+    meta = p.recv()
+    agent = nixl_agent(uuid.uuid4().hex)
+    try:
+        local_r = np.zeros(W.BLOCKS * W.BLOCK_LEN, np.uint8)
+        local_w = np.frombuffer(np.random.default_rng(4).bytes(
+            2 * W.BLOCK_LEN), np.uint8).copy()
+        regs = [agent.register_memory([(a.ctypes.data, a.nbytes, 0, "cpu")],
+                                      "cpu") for a in (local_r, local_w)]
+        remote = agent.add_remote_agent(
+            zlib.decompress(bytes.fromhex(meta["nixl_metadata"])))
+        p.send([meta["read_key"], meta["write_key"]])
+        ops = [("READ", local_r, meta["readable"], meta["read_key"]),
+               ("WRITE", local_w, meta["writable"], meta["write_key"])]
+        for op, local, rdescs, key in ops:
+            h = agent.initialize_xfer(
+                operation=op,
+                local_descs=agent.get_xfer_descs(
+                    descs=[(local.ctypes.data, local.nbytes, 0)],
+                    mem_type="cpu"),
+                remote_descs=agent.get_xfer_descs(
+                    descs=[(ptr, size, 0) for ptr, size, _ in rdescs],
+                    mem_type="cpu"),
+                remote_agent=remote,
+                notif_msg=key.encode("utf-8"))
+            state = agent.transfer(h, key.encode("utf-8"))
+            end = time.monotonic() + 20
+            while state == "PROC" and time.monotonic() < end:
+                time.sleep(0.001)
+                state = agent.check_xfer_state(h)
+            assert state == "DONE", (op, state)
+            agent.release_xfer_handle(h)
+        assert local_r.tobytes() == W.kv_bytes(0, 21).tobytes()
+        kind, written = p.recv()
+        assert kind == "complete" and written == local_w.tobytes()
+        p.send("bye")
+        assert p.recv() == "closed"
+        agent.remove_remote_agent(remote)
+        for r in regs:
+            agent.deregister_memory(r)
+    finally:
+        agent.close()
