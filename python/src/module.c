@@ -616,6 +616,14 @@ int pdxpy_mem_from_object(PyObject *o, PyObject *mem_type, PyObject *device,
     } else if (PyObject_CheckBuffer(o)) {
         int flags = PyBUF_ANY_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
         if (PyObject_GetBuffer(o, &m->view, flags) < 0) {
+            if (writable == 2 && PyErr_ExceptionMatches(PyExc_BufferError)) {
+                PyErr_Format(g_exc[-PDX_ERR_INVALID],
+                             "%.100s is read-only memory: this memory is "
+                             "written (KV loads), pass a writable buffer "
+                             "(bytearray, numpy array, pdx.mem_alloc)",
+                             Py_TYPE(o)->tp_name);
+                return -1;
+            }
             if (writable != 1 ||
                 !PyErr_ExceptionMatches(PyExc_BufferError)) {
                 return -1;

@@ -372,6 +372,20 @@ def test_readonly_buffers():
         assert "readonly=True" not in str(e.value)
 
 
+def test_readonly_kv_memory():
+    """KV arenas are written by loads: read-only memory is refused as an
+    arena or as the memory a layout is carved from, naming the problem."""
+    ro = bytes(8 * 64 * 656)
+    with pytest.raises(pdx.InvalidArgument, match="read-only"):
+        pdx.Layout.from_tensors(64, [ro], 656, kinds="mla")
+    lay = pdx.Layout.from_arenas(64, [dict(name="l0.mla", layer=0,
+                                           kind="mla", bytes_per_token=656,
+                                           num_blocks=8)])
+    with pytest.raises(pdx.InvalidArgument, match="read-only"):
+        lay.carve(bytes(lay.carve_size(4096)), 4096)
+    lay.carve(pdx.mem_alloc(lay.carve_size(4096)), 4096)  # writable: fine
+
+
 def test_send_notif_types():
     """send_notif takes bytes-like objects and str (sent UTF-8 encoded,
     as NIXL's genNotif does); None and other types are a TypeError naming

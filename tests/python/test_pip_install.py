@@ -2,7 +2,9 @@
 tree (git clone of the checkout) into a fresh venv made with
 `python3 -m venv --system-site-packages`, no package index: the install
 bundles libpdx.so, every backend module and the etcd store module, and
-the console commands pdx-info, pdx-validate and pdx-bench. From the
+the console commands pdx-info, pdx-validate and pdx-bench; the same pip
+command installs python/nixl_dist (pdx in NIXL's place: nixl, nixl_cu12,
+nixl_cu13, importlib.metadata.version("nixl")). From the
 venv (outside any checkout, no PYTHONPATH or PDX_PLUGIN_PATH), an
 Agent(store={"type": "etcd", ...}) against a private etcd publishes and
 finds itself by name with the bundled store module, and the venv's
@@ -70,6 +72,29 @@ print("pip-ok", pkg)
 '''
 
 
+NIXL_CHECK = r'''
+import importlib, importlib.metadata, os, sys
+import pdx, pdx.nixl
+v = importlib.metadata.version("nixl")
+assert tuple(int(x) for x in v.split(".")[:2]) >= (1, 4), v
+for name in ("nixl", "nixl_cu12", "nixl_cu13"):
+    api = importlib.import_module(name + "._api")
+    assert api.nixl_agent is pdx.nixl.nixl_agent, name
+    b = importlib.import_module(name + "._bindings")
+    assert b.nixlRemoteDisconnectError is pdx.nixl.nixlRemoteDisconnectError
+    m = importlib.import_module(name)
+    assert m.__file__.startswith(sys.prefix), (name, m.__file__)
+importlib.import_module("nixl._utils")
+importlib.import_module("nixl.logging")
+from nixl._api import nixl_agent, nixl_agent_config
+a = nixl_agent("pip-nixl", nixl_agent_config(backends=["UCX"]))
+assert "UCX" in a.get_plugin_list()
+buf = bytearray(4096)
+a.register_memory(a.get_reg_descs([(pdx.addr_of(buf), 4096, 0, "")], "DRAM"))
+print("nixl-ok", v)
+'''
+
+
 def test_pip_install_clean_clone(etcd):  # noqa: F811
     for tool in ("git", "cmake"):
         if shutil.which(tool) is None:
@@ -89,8 +114,11 @@ def test_pip_install_clean_clone(etcd):  # noqa: F811
               venv_dir], tmp, env)
         pip = os.path.join(venv_dir, "bin", "pip")
         env["PDX_BUILD_JOBS"] = "2"
+        # The documented one command: pdx and the 'nixl' distribution
+        # (pdx in NIXL's place).
         _run([pip, "install", "-q", "--no-build-isolation", "--no-index",
-              os.path.join(clone, "python")], tmp, env)
+              os.path.join(clone, "python"),
+              os.path.join(clone, "python", "nixl_dist")], tmp, env)
         py = os.path.join(venv_dir, "bin", "python")
         site = _run([py, "-c", "import os, pdx; "
                      "print(os.path.dirname(pdx.__file__))"], tmp,
@@ -108,6 +136,8 @@ def test_pip_install_clean_clone(etcd):  # noqa: F811
         out = _run([py, "-c", CHECK, etcd, "pip-%d" % os.getpid()],
                    tmp, env, timeout=120)
         assert "pip-ok" in out, out
+        out = _run([py, "-c", NIXL_CHECK], tmp, env, timeout=120)
+        assert "nixl-ok" in out, out
         # The console commands: the bundled tools with the bundled library.
         info = _run([os.path.join(venv_dir, "bin", "pdx-info")], tmp, env,
                     timeout=60)
