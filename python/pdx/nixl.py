@@ -60,8 +60,10 @@ Where pdx behaves differently from NIXL:
   publishes, fetch_remote_metadata(name) fetches by name; pdx's own key
   layout under that namespace, not NIXL's; invalidate without an address
   is not supported (the key goes with the agent's lease at close()).
-* Loopback transfers to the agent's own name, estimate_xfer_cost and
-  prep_mem_view are not supported.
+* Loopback (the agent's own name as the remote side) goes through a shadow
+  pdx.Agent "<name>.loopback" that registers the same regions (made at
+  the first loopback use); its notifications come back under the agent's
+  own name. estimate_xfer_cost and prep_mem_view are not supported.
 """
 
 import bisect
@@ -742,6 +744,9 @@ class nixl_agent:
         # soon as pdx lets them go (see deregister_memory).
         self._zombies = {}
         self._peers = set()
+        self._shadow = None
+        self._shadow_regs = {}
+        self._peers_internal = set()
         # peer -> None (full metadata) or sorted regions partial metadata
         # named
         self._allowed = {}
@@ -895,6 +900,7 @@ class nixl_agent:
             except _pdx.Error:
                 pass
             del self._zombies[key]
+        self._shadow_sync()
 
     def register_memory(self, reg_list, mem_type=None, is_sorted=False,
                         backends=()):
@@ -925,12 +931,61 @@ class nixl_agent:
                     reg = self.agent.register(src, mem_type=descs.mem_type,
                                               device=dev)
                     self._regs[key] = [reg, 1]
+                    self._shadow_sync()
                 done.append(key)
         except BaseException:
             for key in done:
                 self._drop_reg(key)
             raise
         return descs
+
+    # -- loopback (transfers to the agent's own name) ----------------------
+    # pdx does not load an agent as its own peer: a shadow pdx.Agent
+    # "<name>.loopback" registers the same regions and is loaded as the
+    # peer that the agent's own name stands for; notifications it receives
+    # (from this agent) are returned under this agent's name.
+    def _loop_name(self):
+        return self.name + ".loopback"
+
+    def _loopback(self):
+        if self._shadow is None:
+            self._shadow = _pdx.Agent(self._loop_name(),
+                                      progress_thread=True,
+                                      backends=list(self._mods))
+            self._shadow_regs = {}
+            self._shadow_sync()
+        return self._loop_name()
+
+    def _shadow_sync(self):
+        """Registers in the shadow what this agent registered (and drops
+        what it dropped), then reloads the shadow as a peer."""
+        sh = self._shadow
+        if sh is None:
+            return
+        live = set(self._regs) | set(self._zombies)
+        changed = False
+        for key in list(self._shadow_regs):
+            if key not in live:
+                try:
+                    self._shadow_regs[key].deregister()
+                except _pdx.Busy:
+                    continue
+                del self._shadow_regs[key]
+                changed = True
+        for key in live:
+            if key not in self._shadow_regs:
+                mt, addr, length, dev = key
+                self._shadow_regs[key] = sh.register((addr, length, mt, dev),
+                                                     mem_type=mt, device=dev)
+                changed = True
+        if changed or self._loop_name() not in self._peers_internal:
+            self.agent.load_peer(sh.describe())
+            self._peers_internal.add(self._loop_name())
+
+    def _peer(self, name):
+        """A peer name, with this agent's own name meaning its loopback."""
+        name = _name(name)
+        return self._loopback() if name == self.name else name
 
     def _drop_reg(self, key):
         ent = self._regs.get(key)
@@ -947,6 +1002,7 @@ class nixl_agent:
             # (transfers on it keep working or finish) until they are
             # released, then goes (see _reap).
             self._zombies[key] = ent[0]
+        self._shadow_sync()
 
     def deregister_memory(self, dereg_list, backends=()):
         """As NIXL: accepted in any order with lists and requests still
@@ -1037,11 +1093,7 @@ class nixl_agent:
         if agent_name in (NIXL_INIT_AGENT, "", None, b"",
                           NIXL_INIT_AGENT.encode()):
             return self.agent.prep_dlist(descs.desclist())
-        agent_name = _name(agent_name)
-        if agent_name == self.name:
-            raise nixlNotSupportedError(
-                "prep_xfer_dlist: loopback to the agent's own name is not "
-                "supported by pdx")
+        agent_name = self._peer(agent_name)
         self._check_remote(agent_name, descs)
         return self.agent.prep_dlist(descs.desclist(), agent_name)
 
@@ -1079,7 +1131,7 @@ class nixl_agent:
                 "initialize_xfer: no descriptor list for the %s side"
                 % ("local" if local is None else "remote"))
         agent, ld, rd = self.agent, local.desclist(), remote.desclist()
-        peer = _name(remote_agent)
+        peer = self._peer(remote_agent)
         self._check_remote(peer, remote)
 
         def remake(n):
@@ -1148,10 +1200,15 @@ class nixl_agent:
 
     # -- notifications -------------------------------------------------
     def get_new_notifs(self, backends=()):
-        return self.agent.get_notifs()
+        got = self.agent.get_notifs()
+        if self._shadow is not None:
+            # Loopback notifications: sent by this agent to itself.
+            for peer, msgs in self._shadow.get_notifs().items():
+                got.setdefault(peer, []).extend(msgs)
+        return got
 
     def update_notifs(self, backends=()):
-        for peer, msgs in self.agent.get_notifs().items():
+        for peer, msgs in self.get_new_notifs().items():
             self.notifs.setdefault(peer, []).extend(msgs)
         return self.notifs
 
@@ -1376,6 +1433,10 @@ class nixl_agent:
             self._listener.close()
             self._listener = None
         self.agent.close()
+        if self._shadow is not None:
+            self._shadow.close()
+            self._shadow = None
+            self._shadow_regs = {}
         self._regs.clear()
         self._zombies.clear()
         self._peers.clear()
