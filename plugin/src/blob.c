@@ -6,6 +6,7 @@
  * u32-length-prefixed, every integer little-endian. */
 #include "blob.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -287,6 +288,15 @@ static void parse_body(rd_t *r, pdx_blob_t *b)
     if (r->status == PDX_OK && b->name[0] == '\0') {
         rd_fail(r, PDX_ERR_CORRUPT, "name", "empty agent name");
     }
+    /* What pdx_agent_create allows: the name goes into store keys and
+     * file names. */
+    for (const char *c = b->name; r->status == PDX_OK && *c != '\0'; c++) {
+        if (!isalnum((unsigned char)*c) && *c != '.' && *c != '_' &&
+            *c != '-') {
+            rd_fail(r, PDX_ERR_CORRUPT, "name",
+                    "character outside [A-Za-z0-9._-]");
+        }
+    }
     b->instance = rd_int(r, 8, "instance");
     b->generation = (uint32_t)rd_int(r, 4, "generation");
     b->pid = (int32_t)rd_int(r, 4, "pid");
@@ -309,6 +319,12 @@ static void parse_body(rd_t *r, pdx_blob_t *b)
             rd_str(r, b->inv[i].key, sizeof(b->inv[i].key), "invariant key");
             rd_str(r, b->inv[i].value, sizeof(b->inv[i].value),
                    "invariant value");
+            for (uint16_t j = 0; j < i && r->status == PDX_OK; j++) {
+                if (strcmp(b->inv[j].key, b->inv[i].key) == 0) {
+                    rd_fail(r, PDX_ERR_CORRUPT, "invariant key",
+                            "key given twice");
+                }
+            }
         }
     }
 
@@ -328,6 +344,12 @@ static void parse_body(rd_t *r, pdx_blob_t *b)
         for (uint16_t i = 0; i < b->nbackends; i++) {
             rd_str(r, b->backends[i].name, sizeof(b->backends[i].name),
                    "backend name");
+            for (uint16_t j = 0; j < i && r->status == PDX_OK; j++) {
+                if (strcmp(b->backends[j].name, b->backends[i].name) == 0) {
+                    rd_fail(r, PDX_ERR_CORRUPT, "backend name",
+                            "backend given twice");
+                }
+            }
             b->backends[i].conn =
                 rd_bytes(r, &b->backends[i].conn_len, "backend conn info");
         }
@@ -391,6 +413,12 @@ static void parse_body(rd_t *r, pdx_blob_t *b)
                     rd_fail(r, PDX_ERR_CORRUPT, "key backend",
                             "backend index out of range");
                     break;
+                }
+                for (uint16_t j = 0; j < k && r->status == PDX_OK; j++) {
+                    if (g->keys[j].backend == g->keys[k].backend) {
+                        rd_fail(r, PDX_ERR_CORRUPT, "key backend",
+                                "two keys of one backend for a region");
+                    }
                 }
                 g->keys[k].key = rd_bytes(r, &g->keys[k].len, "region key");
             }
