@@ -1154,7 +1154,9 @@ static pdx_status_t parse_store(cfg_ctx_t *c, const cJSON *root,
         "type",          "endpoints",      "namespace",
         "lease_ttl_ms",  "timeout_ms",     "fetch_timeout_ms",
         "max_txn_ops",   "registry",       "demote_owners",
-        "remote_offload", "remote_offload_timeout_ms"};
+        "remote_offload", "remote_offload_timeout_ms",
+        "ca_file",       "cert_file",      "key_file",
+        "user",          "password_file"};
     const cJSON *s;
     size_t old;
     cfg->has_store = false;
@@ -1251,6 +1253,22 @@ static pdx_status_t parse_store(cfg_ctx_t *c, const cJSON *root,
     if (st == PDX_OK)
         st = get_u32(c, s, "remote_offload_timeout_ms", 0, MS_MAX, 0, 1000,
                      &cfg->store_remote_offload_timeout_ms);
+    /* TLS and auth (docs/SECURITY.md); the module checks the pairs. */
+    if (st == PDX_OK)
+        st = get_str(c, s, "ca_file", cfg->store_ca_file,
+                     sizeof(cfg->store_ca_file), 1, STR_ANY, 0, "");
+    if (st == PDX_OK)
+        st = get_str(c, s, "cert_file", cfg->store_cert_file,
+                     sizeof(cfg->store_cert_file), 1, STR_ANY, 0, "");
+    if (st == PDX_OK)
+        st = get_str(c, s, "key_file", cfg->store_key_file,
+                     sizeof(cfg->store_key_file), 1, STR_ANY, 0, "");
+    if (st == PDX_OK)
+        st = get_str(c, s, "user", cfg->store_user, sizeof(cfg->store_user),
+                     1, STR_ANY, 0, "");
+    if (st == PDX_OK)
+        st = get_str(c, s, "password_file", cfg->store_password_file,
+                     sizeof(cfg->store_password_file), 1, STR_ANY, 0, "");
     if (st != PDX_OK)
         return st;
     cfg->has_store = true;

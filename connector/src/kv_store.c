@@ -168,6 +168,27 @@ void kv_store_agent_params(const pdx_kv_config_t *cfg,
     ap->store_lease_ttl_ms = cfg->store_lease_ttl_ms;
     ap->store_timeout_ms = cfg->store_timeout_ms;
     ap->store_max_txn_ops = cfg->store_max_txn_ops;
+    /* TLS and auth options: read by pdx_agent_create, which the caller
+     * makes next on this thread (the strings live in cfg). */
+    static _Thread_local pdx_kv_t opts[5];
+    const char *const names[5] = {"ca_file", "cert_file", "key_file", "user",
+                                  "password_file"};
+    const char *const vals[5] = {cfg->store_ca_file, cfg->store_cert_file,
+                                 cfg->store_key_file, cfg->store_user,
+                                 cfg->store_password_file};
+    size_t n = 0;
+    for (size_t i = 0; i < 5; i++) {
+        if (vals[i][0] != '\0') {
+            opts[n].key = names[i];
+            opts[n].value = vals[i];
+            n++;
+        }
+    }
+    if (n > 0 && !(ap->field_mask & PDX_AGENT_PARAM_STORE_OPTS)) {
+        ap->field_mask |= PDX_AGENT_PARAM_STORE_OPTS;
+        ap->store_opts = opts;
+        ap->store_nopts = n;
+    }
 }
 
 /* ---- registry thread ---- */

@@ -109,8 +109,16 @@ static void config_key(const char *cfg_path, const char *key_file)
             snprintf(ins, sizeof(ins), " \"cluster_key_file\": \"%s\",",
                      key_file);
         }
-        snprintf(json, sizeof(json), "%.*s%s%s", (int)(at - text), text, ins,
-                 at);
+        /* And a store section with the TLS/auth keys, before "agent". */
+        const char *agent_at = at - strlen("\"agent\": {");
+        snprintf(json, sizeof(json),
+                 "%.*s\"store\": {\"endpoints\": \"https://127.0.0.1:2379\", "
+                 "\"ca_file\": \"/etc/pdx/ca.pem\", \"cert_file\": "
+                 "\"/etc/pdx/c.pem\", \"key_file\": \"/etc/pdx/c.key\", "
+                 "\"user\": \"pdxu\", \"password_file\": \"/etc/pdx/pw\"},\n  "
+                 "%.*s%s%s",
+                 (int)(agent_at - text), text, (int)(at - agent_at), agent_at,
+                 ins, at);
         pdx_status_t st = pdx_kv_config_parse(json, strlen(json), "ck.json",
                                               &cfg, err, sizeof(err));
         if (bad) {
@@ -122,6 +130,14 @@ static void config_key(const char *cfg_path, const char *key_file)
             EXPECT(st == PDX_OK && strcmp(cfg.cluster_key_file, key_file) == 0,
                    "cluster_key_file: %s (%s) '%s'", pdx_status_string(st),
                    err, cfg.cluster_key_file);
+            EXPECT(st == PDX_OK &&
+                       strcmp(cfg.store_ca_file, "/etc/pdx/ca.pem") == 0 &&
+                       strcmp(cfg.store_cert_file, "/etc/pdx/c.pem") == 0 &&
+                       strcmp(cfg.store_key_file, "/etc/pdx/c.key") == 0 &&
+                       strcmp(cfg.store_user, "pdxu") == 0 &&
+                       strcmp(cfg.store_password_file, "/etc/pdx/pw") == 0,
+                   "store TLS/auth keys not read: '%s' '%s'",
+                   cfg.store_ca_file, cfg.store_user);
         }
     }
 }

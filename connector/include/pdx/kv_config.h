@@ -140,6 +140,11 @@ typedef struct pdx_kv_config {
      * in pdx/agent.h; docs/SECURITY.md). "" (default): none, unless
      * PDX_CLUSTER_KEY_FILE is set in the environment. */
     char cluster_key_file[256];
+    /* store.ca_file, cert_file, key_file, user, password_file: the etcd
+     * store's TLS and auth options (pdx/store.h, docs/SECURITY.md); ""
+     * when absent. */
+    char store_ca_file[256], store_cert_file[256], store_key_file[256];
+    char store_user[128], store_password_file[256];
 } pdx_kv_config_t;
 
 /* Largest config text accepted, in bytes. */
