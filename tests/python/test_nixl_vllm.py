@@ -33,7 +33,6 @@ import time
 import uuid
 
 import numpy as np
-import pytest
 
 import nixl_vllm_workers as wk
 from nixl_vllm_workers import BLOCK_LEN, NBLOCKS, NREGIONS
@@ -138,7 +137,7 @@ class DRank:
         self.agent.deregister_memory(self.reg)
 
 
-def test_vllm_pull_hetero_tp(monkeypatch):
+def test_vllm_pull_hetero_tp():
     api = wk.nixl_api()
     seed = 5
     conn, proc = _spawn(seed, ["req-a", "req-b", "req-c"])
