@@ -312,7 +312,31 @@ class nixl_xfer_dlist:
         return self._rows.shape[0] == 0
 
     def getType(self):
-        return self.mem_type
+        """NIXL's segment constant (DRAM_SEG, VRAM_SEG)."""
+        return _SEG_OF[self.mem_type]
+
+    def addDesc(self, desc):
+        self._rows = np.vstack([self._rows, _rows_array([tuple(desc[:3])])])
+        self._dl = None
+
+    def remDesc(self, index):
+        self._rows = np.delete(self._rows, int(index), axis=0)
+        self._dl = None
+
+    def clear(self):
+        self._rows = np.zeros((0, 3), np.uint64)
+        self._dl = None
+
+    def print(self):
+        print(repr(self), list(self))
+
+    def __getstate__(self):
+        return {"mem_type": self.mem_type, "rows": self._rows}
+
+    def __setstate__(self, st):
+        self.mem_type = st["mem_type"]
+        self._rows = _rows_array(st["rows"])
+        self._dl = None
 
     def __len__(self):
         return int(self._rows.shape[0])
@@ -358,7 +382,32 @@ class nixl_reg_dlist:
         return not self.regions
 
     def getType(self):
-        return self.mem_type
+        """NIXL's segment constant (DRAM_SEG, VRAM_SEG)."""
+        return _SEG_OF[self.mem_type]
+
+    def addDesc(self, desc):
+        a, n, d = (int(v) for v in desc[:3])
+        self.regions.append((a, n, d, desc[3] if len(desc) > 3 else ""))
+        self.objects.append(None)
+
+    def remDesc(self, index):
+        del self.regions[int(index)]
+        del self.objects[int(index)]
+
+    def clear(self):
+        self.regions = []
+        self.objects = []
+
+    def print(self):
+        print(repr(self), self.regions)
+
+    def __getstate__(self):
+        return {"mem_type": self.mem_type, "regions": list(self.regions)}
+
+    def __setstate__(self, st):
+        self.mem_type = st["mem_type"]
+        self.regions = list(st["regions"])
+        self.objects = [None] * len(self.regions)
 
     def trim(self):
         """The transfer list of these regions (meta dropped), as NIXL's
@@ -407,6 +456,7 @@ nixlRegDList = nixl_reg_dlist
 nixlRemoteDList = nixl_remote_dlist
 
 _MEMS = {"DRAM": "DRAM", "VRAM": "VRAM", "cpu": "DRAM", "cuda": "VRAM"}
+_SEG_OF = {"DRAM": DRAM_SEG, "VRAM": VRAM_SEG}
 
 
 def serialize_descs(descs):
