@@ -64,6 +64,8 @@ Where pdx behaves differently from NIXL:
   pdx.Agent "<name>.loopback" that registers the same regions (made at
   the first loopback use); its notifications come back under the agent's
   own name. estimate_xfer_cost and prep_mem_view are not supported.
+
+docs/NIXL.md has the table of NIXL calls and their status per stack.
 """
 
 import bisect
@@ -74,7 +76,6 @@ import socket
 import struct
 import sys
 import threading
-import types
 
 import numpy as np
 
@@ -1494,17 +1495,15 @@ class nixl_agent:
 
 
 def install():
-    """Make ``import nixl``, ``nixl._api`` and ``nixl._bindings`` resolve to
-    this module, for stacks written against NIXL."""
-    mod = sys.modules[__name__]
-    pkg = types.ModuleType("nixl")
-    pkg.__path__ = []
-    pkg._api = mod
-    pkg._bindings = mod
-    pkg.nixl_agent = nixl_agent
-    pkg.nixl_agent_config = nixl_agent_config
-    pkg.nixl_xfer_handle = nixl_xfer_handle
-    sys.modules["nixl"] = pkg
-    sys.modules["nixl._api"] = mod
-    sys.modules["nixl._bindings"] = mod
-    return pkg
+    """Make ``import nixl`` (and nixl_cu12, nixl_cu13, with their _api,
+    _bindings, _utils and logging) resolve to pdx's shim packages, for
+    stacks written against NIXL: SHIM_PATH goes first on sys.path and
+    modules of those names already imported are dropped. Returns the
+    'nixl' package."""
+    import importlib
+    if SHIM_PATH not in sys.path:
+        sys.path.insert(0, SHIM_PATH)
+    for m in [m for m in sys.modules
+              if m.split(".")[0] in ("nixl", "nixl_cu12", "nixl_cu13")]:
+        del sys.modules[m]
+    return importlib.import_module("nixl")

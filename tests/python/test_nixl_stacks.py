@@ -728,3 +728,18 @@ def test_loopback_to_own_name():
         assert not a._zombies
     finally:
         a.close()
+
+
+def test_install_makes_nixl_pdx(monkeypatch):
+    """pdx.nixl.install(): 'import nixl' (and nixl_cu12/nixl_cu13 with
+    their submodules) gives pdx's shim even after another 'nixl' module
+    was imported."""
+    import types
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != SHIM])
+    fake = types.ModuleType("nixl")
+    monkeypatch.setitem(sys.modules, "nixl", fake)
+    pkg = pdx.nixl.install()
+    assert pkg is not fake and pkg.nixl_agent is pdx.nixl.nixl_agent
+    import nixl._utils  # noqa: F401
+    import nixl_cu12._bindings as b
+    assert b.nixlRemoteDisconnectError is pdx.RemoteDisconnect
