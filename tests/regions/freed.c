@@ -9,7 +9,7 @@
  * ends PDX_ERR_STALE (over cma it returned OK with whatever was there);
  * every READ that ended OK is byte-exact; a request made afterwards from
  * the prepared lists is refused STALE; P's stable region still reads
- * byte-exact; P exits 0.
+ * byte-exact; neither application sees a notification; P exits 0.
  *
  * Bounded: every wait has a deadline; the test has a ctest timeout. */
 #include <errno.h>
@@ -95,6 +95,15 @@ static char *expect(int ctl, const char *what)
     return m;
 }
 
+static void on_notif(void *arg, const char *peer, const void *msg,
+                     size_t len)
+{
+    (void)arg;
+    fprintf(stderr, "unexpected notification of %zu bytes from %s\n", len,
+            peer);
+    (void)msg;
+}
+
 /* P: F (shared memory under cma, so D maps it; a private mapping over
  * UCX) and a stable region; on "go" deregister F and unmap it at once. */
 static int target_main(int ctl)
@@ -146,6 +155,13 @@ static int target_main(int ctl)
     snprintf(msg, sizeof(msg), "freed %llu", (unsigned long long)took);
     send_msg(ctl, msg, (uint32_t)strlen(msg));
     free(expect(ctl, "quit"));
+    /* The removal notice and its acknowledgement are pdx's own messages:
+     * the application's queue never sees them. */
+    int nq = pdx_notif_poll(a, on_notif, NULL);
+    if (nq != 0) {
+        fprintf(stderr, "FAIL: P's application got %d notifications\n", nq);
+        return 3;
+    }
     CHECK(pdx_mem_deregister(a, sreg));
     pdx_agent_destroy(a);
     free(stable);
@@ -363,6 +379,11 @@ static int initiator_main(void)
         }
     }
     pdx_xfer_release(x2);
+    int nq = pdx_notif_poll(a, on_notif, NULL);
+    if (nq != 0) {
+        fprintf(stderr, "FAIL: D's application got %d notifications\n", nq);
+        fails++;
+    }
     pdx_xfer_release(x);
     pdx_dlist_release(lh);
     pdx_dlist_release(rh);
