@@ -10,7 +10,10 @@
  *           Both must be readable again within one TTL of the resume.
  *   pause:  both peers are SIGSTOPped for 3 TTLs (a GC pause, a debugger;
  *           D's reads to them time out meanwhile), then resumed: both must
- *           be readable again within one TTL (+ one xfer timeout) of it.
+ *           be readable again within one TTL (+ two xfer timeouts) of it.
+ *
+ * In both, lists prepared on each peer before are used at the end: they
+ * survive P2's failure and revival (byte-exact READs).
  *
  * Exit 0 pass, 1 fail, 77 skip (no etcd, or no pid namespaces). */
 #include <errno.h>
@@ -183,6 +186,42 @@ static pdx_status_t read_once(pdx_agent_h d, peer_t *p)
     return st == PDX_INPROGRESS ? PDX_ERR_TIMEOUT : st;
 }
 
+/* A prepared list on peer p's region (made at the start, used at the end:
+ * it must survive the revival). */
+static pdx_dlist_h prepare_remote(pdx_agent_h d, peer_t *p)
+{
+    pdx_desc_t rd = {.addr = p->raddr, .len = REGION};
+    pdx_desc_list_t rl = {PDX_MEM_DRAM, &rd, 1};
+    pdx_dlist_h dl;
+    CHECK(pdx_dlist_prepare(d, p->name, &rl, &dl));
+    return dl;
+}
+
+static pdx_status_t read_prepared(pdx_agent_h d, pdx_dlist_h local,
+                                  pdx_dlist_h remote, peer_t *p)
+{
+    uint32_t idx = 0;
+    pdx_xfer_h x;
+    memset(g_mem, 0, REGION);
+    pdx_status_t st = pdx_xfer_make(d, PDX_XFER_READ, local, &idx, remote,
+                                    &idx, 1, NULL, 0, &x);
+    if (st != PDX_OK) {
+        return st;
+    }
+    st = pdx_xfer_post(x);
+    uint64_t end = now_ms() + 3 * XFER_TIMEOUT_MS;
+    while (st == PDX_INPROGRESS && now_ms() < end) {
+        st = pdx_xfer_check(x);
+        usleep(200);
+    }
+    pdx_xfer_release(x);
+    if (st == PDX_OK && g_mem[REGION - 1] !=
+                            pattern(REGION - 1, (unsigned)p->name[1])) {
+        die("prepared READ of %s: wrong bytes", p->name);
+    }
+    return st == PDX_INPROGRESS ? PDX_ERR_TIMEOUT : st;
+}
+
 /* Read every peer until each one has read OK `need` times in a row, at
  * most `limit_ms`; the ms it took, or die. */
 static uint64_t until_usable(pdx_agent_h d, peer_t *ps, int n,
@@ -300,6 +339,14 @@ int main(int argc, char **argv)
     if (!i1.same_host || i2.same_host) {
         die("P1 must be on this host and P2 in another pid namespace");
     }
+    pdx_desc_t ld = {.addr = (uintptr_t)g_mem, .len = REGION};
+    pdx_desc_list_t ll = {PDX_MEM_DRAM, &ld, 1};
+    pdx_dlist_h local, prepared[2];
+    CHECK(pdx_dlist_prepare(d, NULL, &ll, &local));
+    for (int i = 0; i < 2; i++) {
+        prepared[i] = prepare_remote(d, &ps[i]);
+        CHECK(read_prepared(d, local, prepared[i], &ps[i]));
+    }
     uint64_t limit;
     if (strcmp(mode, "freeze") == 0) {
         kill(e.pid, SIGSTOP);
@@ -350,6 +397,18 @@ int main(int argc, char **argv)
         die("freeze: %lu READs of P1 (same host, alive) failed",
             ps[0].failed);
     }
+    /* Lists prepared before: usable again (P2 was failed and revived). */
+    for (int i = 0; i < 2; i++) {
+        pdx_status_t st = read_prepared(d, local, prepared[i], &ps[i]);
+        if (st != PDX_OK) {
+            die("%s: a list on %s prepared before the %s: %s (%s)", mode,
+                ps[i].name, mode, pdx_status_string(st), pdx_last_error());
+        }
+        pdx_dlist_release(prepared[i]);
+    }
+    pdx_dlist_release(local);
+    printf("%s: lists prepared before read byte-exact on both peers\n",
+           mode);
     char *json = NULL;
     if (pdx_stats_json(d, &json) == PDX_OK && json != NULL) {
         const char *r = strstr(json, "\"peer_reloads\"");
