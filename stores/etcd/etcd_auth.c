@@ -157,10 +157,10 @@ void etcd_auth_ensure(etcd_store_t *s, const char *endpoint)
         return;
     }
     pthread_mutex_lock(&s->lock);
-    bool ok = s->token_ok;
+    bool ok = s->token_ok || etcd_now_ns() < s->auth_retry_at_ns;
     pthread_mutex_unlock(&s->lock);
     if (ok) {
-        return;
+        return; /* a token, or backing off after a failure */
     }
     pthread_mutex_lock(&s->auth_lock);
     pthread_mutex_lock(&s->lock);
@@ -231,6 +231,17 @@ done:
                  s->ns, s->host.agent_name, msg);
         pthread_mutex_lock(&s->lock);
         snprintf(s->last_error, sizeof(s->last_error), "%s", msg);
+        s->auth_backoff_ms = s->auth_backoff_ms == 0 ? 1000
+                             : s->auth_backoff_ms >= 15000
+                                 ? 30000
+                                 : 2 * s->auth_backoff_ms;
+        s->auth_retry_at_ns =
+            etcd_now_ns() + (uint64_t)s->auth_backoff_ms * 1000000ull;
+        pthread_mutex_unlock(&s->lock);
+    } else {
+        pthread_mutex_lock(&s->lock);
+        s->auth_backoff_ms = 0;
+        s->auth_retry_at_ns = 0;
         pthread_mutex_unlock(&s->lock);
     }
     etcd_buf_free(&out);

@@ -126,6 +126,10 @@ typedef struct etcd_store {
      * may still read it). auth_lock serialises authentications. */
     pthread_mutex_t auth_lock;
     bool token_ok;
+    /* After a failed authentication, none before auth_retry_at_ns
+     * (backoff 1 s doubling to 30 s: etcd checks passwords with bcrypt). */
+    uint64_t auth_retry_at_ns;
+    uint32_t auth_backoff_ms;
     struct curl_slist **retired;
     size_t nretired;
 } etcd_store_t;

@@ -114,6 +114,15 @@ printf 'wrong-password\n' > badpw && chmod 600 badpw
 check auth_ok 0 "$bin" ok $au /pdxauth user=pdxu password_file=$dir/pw
 check auth_no_credentials 0 "$bin" fail $au /pdxauth
 check auth_wrong_password 0 "$bin" fail $au /pdxauth user=pdxu password_file=$dir/badpw
+# A wrong password is not retried at every request (etcd runs bcrypt on
+# each attempt): at most 3 attempts in the 3 s (backoff 1 s, 2 s, ...).
+n=$(PDX_LOG_LEVEL=warn timeout 60 "$bin" fail $au /pdxauth user=pdxu \
+    password_file=$dir/badpw 2>&1 | grep -c "authentication failed")
+if [ "$n" -ge 1 ] && [ "$n" -le 3 ]; then
+    echo "PASS auth_backoff ($n attempts in 3 s)"
+else
+    echo "FAIL auth_backoff: $n authentication attempts in 3 s"; fail=1
+fi
 check auth_outside_role 0 "$bin" fail $au /other user=pdxu password_file=$dir/pw
 check auth_user_without_password 0 "$bin" fail $au /pdxauth user=pdxu
 exit $fail
