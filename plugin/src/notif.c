@@ -136,6 +136,19 @@ static size_t ctl_hdr(unsigned char *m, int type, uint64_t instance,
     return CTL_HDR;
 }
 
+/* Does a backend carry messages to `p`? (Without one it learns of the
+ * removal from the next blob; no error line per deregistration.) */
+static bool reaches(pdx_agent_h agent, const pdx_peer_t *p)
+{
+    for (uint32_t b = 0; b < agent->nbackends; b++) {
+        if (p->bpeer[b] != NULL &&
+            (agent->backends[b]->ops->caps & PDX_BACKEND_CAP_NOTIF)) {
+            return true;
+        }
+    }
+    return false;
+}
+
 static pdx_peer_t *peer_by_epoch(pdx_agent_h agent, uint64_t epoch)
 {
     for (pdx_peer_t *p = agent->peers; p != NULL; p = p->next) {
@@ -261,7 +274,7 @@ bool pdx_ctl_recv_locked(pdx_agent_h agent, const char *peer,
         /* Not (or no longer) the peer we loaded: nothing of ours uses
          * that incarnation's regions. It waits on us only if it loaded
          * us, and then it reaches us: acknowledge from here. */
-        if (p != NULL && p->dead == PDX_OK) {
+        if (p != NULL && p->dead == PDX_OK && reaches(agent, p)) {
             unsigned char ack[CTL_HDR];
             (void)pdx_notif_send_locked(agent, p, ack,
                                         ctl_hdr(ack, CTL_ACK, agent->instance,
@@ -288,7 +301,7 @@ void pdx_ctl_progress_locked(pdx_agent_h agent)
             pdx_peer_region_drop_locked(agent, a->g);
             pdx_peer_region_put_locked(a->g);
         }
-        if (p != NULL && p->dead == PDX_OK) {
+        if (p != NULL && p->dead == PDX_OK && reaches(agent, p)) {
             unsigned char ack[CTL_HDR];
             pdx_status_t st = pdx_notif_send_locked(
                 agent, p, ack, ctl_hdr(ack, CTL_ACK, agent->instance, a->seq));
@@ -353,7 +366,7 @@ void pdx_ctl_region_gone_wait_locked(pdx_agent_h agent,
     put_u64(m + CTL_HDR + 1, r->region.addr);
     put_u64(m + CTL_HDR + 9, r->region.len);
     for (pdx_peer_t *p = agent->peers; p != NULL && w.n < n; p = p->next) {
-        if (p->dead != PDX_OK) {
+        if (p->dead != PDX_OK || !reaches(agent, p)) {
             continue;
         }
         if (pdx_notif_send_locked(agent, p, m, sizeof(m)) != PDX_OK) {
