@@ -3,6 +3,7 @@
 #include "sign.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -16,6 +17,15 @@
 #include <openssl/hmac.h>
 
 #include <pdx/log.h>
+
+/* pdx_agent_params_t is append-only: the key and store option fields
+ * came after every older field. */
+_Static_assert(offsetof(pdx_agent_params_t, cluster_key) >
+                   offsetof(pdx_agent_params_t, store_max_txn_ops),
+               "cluster key fields appended");
+_Static_assert(offsetof(pdx_agent_params_t, store_opts) >
+                   offsetof(pdx_agent_params_t, cluster_key_file),
+               "store option fields appended");
 
 static void put_le(uint8_t *p, uint64_t v, unsigned n)
 {
