@@ -10,7 +10,10 @@ extern "C" {
 #endif
 
 /* Send `msg` (<= PDX_NOTIF_MAX bytes) to a loaded peer. Non-blocking: the
- * message is queued and goes out with progress. Copies `msg`. */
+ * message is queued and goes out with progress. Copies `msg`. A message
+ * starting with the 8 bytes "\0PDXCTL\1" is refused (PDX_ERR_INVALID):
+ * pdx's own control messages (region-removal notices, pdx_mem_deregister)
+ * travel on this channel and are never delivered to the application. */
 PDX_API pdx_status_t pdx_notif_send(pdx_agent_h agent, const char *peer,
                                     const void *msg, size_t len);
 

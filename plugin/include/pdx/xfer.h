@@ -23,8 +23,11 @@ typedef struct pdx_dlist *pdx_dlist_h;
  * `remote` (regions of peer `peer`), element i of one with element i of the
  * other; lengths must match pairwise. Adjacent pairs that are contiguous on
  * both sides are merged. `notif` (may be NULL, <= PDX_NOTIF_MAX bytes) is
- * delivered to the peer after every byte has landed. Copies what it needs.
- * Fails with PDX_ERR_NOT_FOUND naming the unregistered address,
+ * delivered to the peer after every byte has landed; one that starts with
+ * the 8 bytes "\0PDXCTL\1" (pdx's own control messages) is refused
+ * (PDX_ERR_INVALID). Copies what it needs. Fails with PDX_ERR_NOT_FOUND
+ * naming the unregistered address (also one in a region the peer has
+ * since deregistered: requests made before that end PDX_ERR_STALE),
  * PDX_ERR_INVALID, or, under the path policy
  * PDX_PATH_POLICY_SAME_HOST_FAST (pdx/agent.h), PDX_ERR_POLICY with the
  * reason the fast path was refused. Blocking only on the agent lock. */
@@ -36,9 +39,10 @@ PDX_API pdx_status_t pdx_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
 
 /* Post; never blocks (see "Bounded calls" in pdx/agent.h). PDX_OK if
  * already complete, PDX_INPROGRESS, or an error (PDX_ERR_STALE when the
- * peer was reloaded since creation, PDX_ERR_REMOTE_DISCONNECT when it is
- * dead, PDX_ERR_BUSY while the previous post is still in flight or still
- * being stopped after it failed). */
+ * peer was reloaded since creation or removed a region the request uses
+ * (pdx_mem_deregister tells loaded peers), PDX_ERR_REMOTE_DISCONNECT when
+ * it is dead, PDX_ERR_BUSY while the previous post is still in flight or
+ * still being stopped after it failed). */
 PDX_API pdx_status_t pdx_xfer_post(pdx_xfer_h xfer);
 
 /* State of the last post: PDX_OK, PDX_INPROGRESS or the error (then
@@ -71,7 +75,8 @@ PDX_API void pdx_xfer_release(pdx_xfer_h xfer);
 
 /* Replace the notification a request delivers (NULL: none) before its next
  * post (NIXL's transfer(handle, notif_msg)). PDX_ERR_BUSY while the
- * request is in flight; PDX_ERR_TOO_LARGE over PDX_NOTIF_MAX. Copies
+ * request is in flight; PDX_ERR_TOO_LARGE over PDX_NOTIF_MAX;
+ * PDX_ERR_INVALID for pdx's reserved prefix (see pdx_xfer_create). Copies
  * `msg`. Non-blocking. */
 PDX_API pdx_status_t pdx_xfer_set_notif(pdx_xfer_h xfer, const void *msg,
                                         size_t len);
