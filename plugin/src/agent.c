@@ -289,20 +289,117 @@ int pdxi_progress(pdx_agent_h agent)
     return n;
 }
 
+void pdx_agent_wake(pdx_agent_h agent)
+{
+    if (__atomic_load_n(&agent->thread_sleeping, __ATOMIC_ACQUIRE)) {
+        uint64_t one = 1;
+        if (write(agent->wake_fd, &one, sizeof(one)) < 0) {
+            /* EAGAIN: the counter is full, so it is readable anyway. */
+        }
+    }
+}
+
+/* Longest sleep of an idle progress thread: the housekeeping a backend may
+ * need without an event (a UCX close whose flush deadline passes, a
+ * same-process peer's destroy). One wake-up a second costs microseconds. */
+#define PROGRESS_IDLE_MS 1000
+#define PROGRESS_SPIN_NS 10000000ull
+
+/* Add pidfds of peers loaded since the last pass to the progress thread's
+ * set (a closed pidfd leaves it by itself). Lock held. */
+static void watch_pidfds_locked(pdx_agent_h agent)
+{
+    for (pdx_peer_t *p = agent->peers; p != NULL; p = p->next) {
+        if (p->pidfd >= 0 && !p->pidfd_watched) {
+            struct epoll_event ev = {.events = EPOLLIN, .data.fd = p->pidfd};
+            if (epoll_ctl(agent->prog_epoll_fd, EPOLL_CTL_ADD, p->pidfd,
+                          &ev) != 0 && errno != EEXIST) {
+                pdx_debug("agent %s: pidfd of %s not watched: %s",
+                          agent->name, p->name, strerror(errno));
+            }
+            p->pidfd_watched = true;
+        }
+    }
+}
+
+/* How long the progress thread may sleep now, in ms: 0, progress again at
+ * once (a backend has events pending); -1, requests are in flight: a short
+ * fixed pause (progress_interval_us) as before, since backends without an
+ * event fd, request timeouts and UCX drains need passes, and waking per
+ * event costs more than the pause under load; else the backends' event
+ * fds are armed and the thread sleeps until an event (a message for a
+ * backend, a peer's exit, a stats client, a wake) or PROGRESS_IDLE_MS.
+ * Lock held. */
+static int idle_timeout_locked(pdx_agent_h agent, uint64_t *busy_ns)
+{
+    uint64_t now = pdx_now_ns();
+    for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
+        if (x->status == PDX_INPROGRESS || x->breq != NULL) {
+            *busy_ns = now;
+            return -1;
+        }
+    }
+    /* A short spin after activity (PROGRESS_SPIN_NS of passes at the
+     * interval): a peer's next request in a stream is served at once,
+     * and the event path is taken only once the agent is quiet. */
+    if (now - *busy_ns < PROGRESS_SPIN_NS) {
+        return -1;
+    }
+    for (uint32_t i = 0; i < agent->nbackends; i++) {
+        struct pdx_backend *b = agent->backends[i];
+        if ((b->ops->caps & PDX_BACKEND_CAP_EVENT_FD) &&
+            b->ops->arm(b->be) == PDX_ERR_BUSY) {
+            return 0;
+        }
+    }
+    return PROGRESS_IDLE_MS;
+}
+
 static void *progress_main(void *arg)
 {
     pdx_agent_h agent = arg;
-    struct timespec idle = {0, (long)agent->params.progress_interval_us * 1000};
+    struct epoll_event evs[16];
+    uint64_t busy_ns = 0; /* last pass that did something */
     while (!__atomic_load_n(&agent->stop, __ATOMIC_ACQUIRE)) {
         pthread_mutex_lock(&agent->lock);
         int n = pdx_agent_progress_locked(agent);
         if (n > 0) {
             pdx_agent_signal(agent);
         }
+        int timeout = 0;
+        if (n == 0) {
+            watch_pidfds_locked(agent);
+            timeout = idle_timeout_locked(agent, &busy_ns);
+        } else {
+            busy_ns = pdx_now_ns();
+        }
+        /* Under the lock: a post or load after this sees it and wakes us
+         * (one before it was seen by idle_timeout_locked). */
+        __atomic_store_n(&agent->thread_sleeping, timeout > 0,
+                         __ATOMIC_RELEASE);
         pthread_mutex_unlock(&agent->lock);
         pdx_stats_sock_serve(agent);
-        if (n == 0) {
-            nanosleep(&idle, NULL);
+        if (timeout == 0) {
+            continue; /* activity: progress again at once */
+        }
+        if (timeout < 0) {
+            struct timespec pause = {
+                0, (long)agent->params.progress_interval_us * 1000};
+            nanosleep(&pause, NULL);
+            continue;
+        }
+        if (__atomic_load_n(&agent->stop, __ATOMIC_ACQUIRE)) {
+            break;
+        }
+        int k = epoll_wait(agent->prog_epoll_fd, evs, 16, timeout);
+        __atomic_store_n(&agent->thread_sleeping, 0, __ATOMIC_RELEASE);
+        for (int i = 0; i < k; i++) {
+            if (evs[i].data.fd == agent->wake_fd) {
+                uint64_t v;
+                if (read(agent->wake_fd, &v, sizeof(v)) < 0) {
+                    /* EAGAIN: another reader took it */
+                }
+            }
         }
     }
     return NULL;
@@ -348,8 +445,8 @@ pdx_status_t pdxi_agent_create(const char *name,
     if (getrandom(&a->instance, sizeof(a->instance), 0) !=
         sizeof(a->instance)) {
         a->instance = pdx_now_ns() ^ ((uint64_t)getpid() << 32);
-        a->destroyed_seen = atomic_load(&g_destroyed_seq);
     }
+    a->destroyed_seen = atomic_load(&g_destroyed_seq);
     a->generation = 1;
     a->next_epoch = 1;
     pdx_host_id(a->host_id, sizeof(a->host_id));
@@ -381,9 +478,31 @@ pdx_status_t pdxi_agent_create(const char *name,
         st = PDX_ERR_IO;
         goto err_free;
     }
+    a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    a->prog_epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    ev = (struct epoll_event){.events = EPOLLIN, .data.fd = a->wake_fd};
+    if (a->wake_fd < 0 || a->prog_epoll_fd < 0 ||
+        epoll_ctl(a->prog_epoll_fd, EPOLL_CTL_ADD, a->wake_fd, &ev) != 0) {
+        pdx_error("agent %s: progress wait setup failed: %s", name,
+                  strerror(errno));
+        if (a->wake_fd >= 0) {
+            close(a->wake_fd);
+        }
+        if (a->prog_epoll_fd >= 0) {
+            close(a->prog_epoll_fd);
+        }
+        close(a->epoll_fd);
+        close(a->event_fd);
+        st = PDX_ERR_IO;
+        goto err_free;
+    }
     pthread_mutex_init(&a->lock, NULL);
     pthread_mutex_init(&a->delivery, NULL);
     pdx_stats_sock_open(a);
+    if (a->stats_fd >= 0) {
+        ev = (struct epoll_event){.events = EPOLLIN, .data.fd = a->stats_fd};
+        (void)epoll_ctl(a->prog_epoll_fd, EPOLL_CTL_ADD, a->stats_fd, &ev);
+    }
     if (a->params.flags & PDX_AGENT_F_PROGRESS_THREAD) {
         int rc = pthread_create(&a->progress_thread, NULL, progress_main, a);
         if (rc != 0) {
@@ -407,6 +526,8 @@ err_mutex:
     pdx_stats_sock_close(a);
     pthread_mutex_destroy(&a->delivery);
     pthread_mutex_destroy(&a->lock);
+    close(a->prog_epoll_fd);
+    close(a->wake_fd);
     close(a->epoll_fd);
     close(a->event_fd);
 err_free:
@@ -426,6 +547,10 @@ void pdxi_agent_destroy(pdx_agent_h a)
     pdx_store_agent_fini(a); /* store.c: no store event after this */
     if (a->thread_running) {
         __atomic_store_n(&a->stop, 1, __ATOMIC_RELEASE);
+        uint64_t one = 1;
+        if (write(a->wake_fd, &one, sizeof(one)) < 0) {
+            /* full counter: readable anyway */
+        }
         pthread_join(a->progress_thread, NULL);
     }
     pthread_mutex_lock(&a->lock);
@@ -474,6 +599,8 @@ void pdxi_agent_destroy(pdx_agent_h a)
     pdx_stats_sock_close(a);
     pthread_mutex_destroy(&a->delivery);
     pthread_mutex_destroy(&a->lock);
+    close(a->prog_epoll_fd);
+    close(a->wake_fd);
     close(a->epoll_fd);
     close(a->event_fd);
     pdxi_ckey_clear(&a->ckey);
@@ -534,10 +661,12 @@ static pdx_status_t backend_add(pdx_agent_h a, const pdx_backend_ops_t *ops,
                                                      : -1;
     if (bfd >= 0) {
         struct epoll_event ev = {.events = EPOLLIN, .data.fd = bfd};
-        if (epoll_ctl(a->epoll_fd, EPOLL_CTL_ADD, bfd, &ev) != 0) {
+        if (epoll_ctl(a->epoll_fd, EPOLL_CTL_ADD, bfd, &ev) != 0 ||
+            epoll_ctl(a->prog_epoll_fd, EPOLL_CTL_ADD, bfd, &ev) != 0) {
             pdx_warn("agent %s: backend %s event fd not watched: %s",
                      a->name, ops->name, strerror(errno));
         }
+        pdx_agent_wake(a);
         if (ops->arm(b->be) == PDX_ERR_BUSY) {
             pdx_agent_signal(a);
         }

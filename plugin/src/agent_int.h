@@ -77,6 +77,7 @@ typedef struct pdx_peer {
     char host_id[PDX_BLOB_HOST_MAX];
     int32_t pid;
     int pidfd; /* -1 when the peer is not on this host */
+    bool pidfd_watched; /* in the progress thread's epoll set */
     bool same_host; /* same host id: fallbacks are counted for it */
     pdx_status_t dead; /* PDX_OK while alive */
     char dead_how[64]; /* how it was found dead */
@@ -222,6 +223,12 @@ struct pdx_agent {
     pthread_t progress_thread;
     bool thread_running;
     volatile int stop;
+    /* The progress thread's own wait (agent.c): an epoll set of the
+     * backends' event fds, peers' pidfds, the stats socket and wake_fd
+     * (an eventfd: stop, a post or a load while it sleeps). */
+    int prog_epoll_fd;
+    int wake_fd;
+    int thread_sleeping; /* atomic: in a wait without a short timeout */
     struct pdx_store_agent *store; /* store.c: discovery; NULL if none */
     /* Region-removal notices (notif.c): deregistrations waiting for
      * loaded peers' acknowledgements, and removals told by peers whose
@@ -260,6 +267,10 @@ int pdx_agent_progress_locked(pdx_agent_h agent);
 /* End requests in flight longer than the agent's xfer timeout. */
 void pdx_xfer_timeouts_locked(pdx_agent_h agent, uint64_t now);
 void pdx_agent_signal(pdx_agent_h agent);
+/* Wake the progress thread if it sleeps without a short timeout (a request
+ * was posted, a peer loaded): one atomic load when it does not. Any
+ * thread, lock held or not. */
+void pdx_agent_wake(pdx_agent_h agent);
 typedef enum pdx_fail_mode {
     PDX_FAIL_RELEASE, /* the peer is being unloaded: release now */
     PDX_FAIL_ABORT,   /* the peer died: abort, progress releases */

@@ -245,7 +245,11 @@ pdx_status_t pdx_peer_load(pdx_agent_h agent, const void *blob, size_t len,
     if (!AGENT_OK(agent) || !ARG_OK(blob, "blob")) {
         LEAVE(PDX_ERR_INVALID);
     }
-    LEAVE(pdxi_peer_load(agent, blob, len, name_out));
+    pdx_status_t st = pdxi_peer_load(agent, blob, len, name_out);
+    if (st == PDX_OK) {
+        pdx_agent_wake(agent); /* the progress thread watches its pidfd */
+    }
+    LEAVE(st);
 }
 
 pdx_status_t pdx_peer_unload(pdx_agent_h agent, const char *name)
@@ -332,7 +336,12 @@ pdx_status_t pdx_xfer_post(pdx_xfer_h xfer)
     if (!XFER_OK(xfer)) {
         LEAVE(PDX_ERR_INVALID);
     }
-    LEAVE(pdxi_xfer_post(xfer));
+    pdx_status_t st = pdxi_xfer_post(xfer);
+    if (st == PDX_INPROGRESS) {
+        /* A sleeping progress thread takes the request's period now. */
+        pdx_agent_wake(xfer->agent);
+    }
+    LEAVE(st);
 }
 
 pdx_status_t pdx_xfer_check(pdx_xfer_h xfer)
