@@ -117,7 +117,10 @@ typedef struct pdx_agent_params {
     /* A posted request not complete after this long ends with
      * PDX_ERR_TIMEOUT (hung peer). 0 = never. Default 60000 ms. */
     uint32_t xfer_timeout_ms;
-    /* Progress thread sleep when idle, microseconds. Default 50. */
+    /* Progress thread pause between passes while requests are in flight
+     * and for 10 ms after activity, microseconds. Default 50. Otherwise
+     * the thread sleeps on events (backend event fds, peers' pidfds, the
+     * stats socket, posts and loads), waking at least once a second. */
     uint32_t progress_interval_us;
     /* pdx_path_policy_t; default PDX_PATH_POLICY_ANY. */
     uint32_t path_policy;
