@@ -16,6 +16,7 @@
  * Bounded: every wait has a deadline; the test has a ctest timeout. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,7 +171,7 @@ typedef struct reader {
     pdx_agent_h a;
     unsigned char *mem; /* local, STABLE bytes */
     uint64_t rstable;
-    volatile int stop;
+    atomic_int stop;
     unsigned long reads, failures, bad_bytes;
     char first_failure[160];
 } reader_t;
@@ -217,7 +218,7 @@ static void *reader_main(void *arg)
     CHECK(pdx_xfer_create(r->a, PDX_XFER_READ, &l1, &r1, "P", NULL, 0,
                           &kept));
     memset(r->mem, 0, STABLE);
-    for (unsigned long i = 0; !r->stop && i < 100000000; i++) {
+    for (unsigned long i = 0; !atomic_load(&r->stop) && i < 100000000; i++) {
         pdx_xfer_h x = NULL;
         pdx_status_t st = PDX_OK;
         const char *what;
@@ -286,7 +287,7 @@ static int churn(pdx_agent_h a, int ctl, reader_t *r, unsigned seconds,
         usleep(period_ms * 500);
         changes += 2;
     }
-    r->stop = 1;
+    atomic_store(&r->stop, 1);
     pthread_join(th, NULL);
     uint32_t gen1 = peer_generation(a);
     printf("churn over %s%s: %u changes (generation %u -> %u), %lu READs, "
@@ -357,7 +358,7 @@ static int removed(pdx_agent_h a, int ctl, reader_t *r, uint64_t rscratch)
     pdx_dlist_release(dr);
     pdx_dlist_release(dl);
     /* The stable region still reads. */
-    r->stop = 1;
+    atomic_store(&r->stop, 1);
     l.len = rd.len = STABLE;
     rd.addr = r->rstable;
     CHECK(pdx_xfer_create(a, PDX_XFER_READ, &ll, &rl, "P", NULL, 0, &x1));
