@@ -43,6 +43,14 @@ static pdx_agent_h make(const char *name, const char *ep, const char *ns,
     return a;
 }
 
+static void count_owner(void *arg, size_t index, const char *owner)
+{
+    (void)index;
+    if (strcmp(owner, "tls-p") == 0) {
+        (*(size_t *)arg)++;
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4) {
@@ -91,6 +99,23 @@ int main(int argc, char **argv)
             return 1;
         }
         printf("ok: d fetched and loaded p through %s\n", ep);
+        /* The owner registry: gRPC transactions (TLS settings and the auth
+         * token go there too). */
+        const char *blocks[2] = {"00aa11bb22cc33dd", "00aa11bb22cc33ee"};
+        uint32_t counts[2] = {0, 0};
+        st = pdx_store_owners_add(p, blocks, 2, counts);
+        size_t seen = 0;
+        pdx_status_t gst = pdx_store_owners_get(d, blocks, 2, count_owner,
+                                                &seen);
+        if (st != PDX_OK || counts[0] != 1 || counts[1] != 1 ||
+            gst != PDX_OK || seen != 2) {
+            fprintf(stderr, "FAIL: owner registry: add %s (counts %u %u), "
+                    "get %s (%zu owners) (%s)\n", pdx_status_string(st),
+                    counts[0], counts[1], pdx_status_string(gst), seen,
+                    pdx_last_error());
+            return 1;
+        }
+        printf("ok: owner registry (gRPC) add and get through %s\n", ep);
         /* A forged put: an agent without the key publishes an unsigned
          * blob under p's name (its own lease), overwriting p's key. d's
          * watch must ignore it: p stays loaded as the same instance. */
