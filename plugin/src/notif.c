@@ -77,12 +77,16 @@ int pdxi_notif_poll(pdx_agent_h agent, pdx_notif_cb_t cb, void *arg)
  * memcpy: a freed region there killed the target). The messages ride the
  * notification channel behind a prefix applications cannot send. Little
  * endian: prefix[8], u8 type, u64 sender instance, u64 seq, and for GONE
- * u8 mem type, u64 addr, u64 len. Everything received is checked. */
+ * u8 mem type, u64 addr, u64 len, u32 the sender's generation without the
+ * region (a blob of that generation or newer, loaded first, says it all
+ * already: the notice is then acknowledged and ignored, so a region
+ * registered again at the same place is not taken for the old one).
+ * Everything received is checked. */
 static const unsigned char ctl_prefix[8] = {0, 'P', 'D', 'X', 'C',
                                             'T', 'L', 1};
 enum { CTL_GONE = 1, CTL_ACK = 2 };
 #define CTL_HDR (8 + 1 + 8 + 8)
-#define CTL_GONE_LEN (CTL_HDR + 1 + 8 + 8)
+#define CTL_GONE_LEN (CTL_HDR + 1 + 8 + 8 + 4)
 /* Longest pdx_mem_deregister waits for acknowledgements. */
 #define CTL_WAIT_MAX_MS 5000
 
@@ -203,6 +207,9 @@ static void recv_gone(pdx_agent_h agent, pdx_peer_t *p, uint64_t seq,
     pdx_mem_type_t t = (pdx_mem_type_t)m[CTL_HDR];
     uint64_t addr = get_u64(m + CTL_HDR + 1);
     uint64_t len = get_u64(m + CTL_HDR + 9);
+    const unsigned char *gp = m + CTL_HDR + 17;
+    uint32_t gen = (uint32_t)gp[0] | (uint32_t)gp[1] << 8 |
+                   (uint32_t)gp[2] << 16 | (uint32_t)gp[3] << 24;
     pdx_ctl_ack_t *a = calloc(1, sizeof(*a));
     if (a == NULL) {
         pdx_error("agent %s: peer %s removed region 0x%llx+%llu: no memory "
@@ -213,7 +220,10 @@ static void recv_gone(pdx_agent_h agent, pdx_peer_t *p, uint64_t seq,
     }
     a->epoch = p->epoch;
     a->seq = seq;
-    pdx_peer_region_t *g = pdx_peer_region_find(p, t, addr, len);
+    /* Generations wrap in 2^32 changes: compare by difference. */
+    bool newer_loaded = (int32_t)(p->generation - gen) >= 0;
+    pdx_peer_region_t *g =
+        newer_loaded ? NULL : pdx_peer_region_find(p, t, addr, len);
     if (g != NULL && g->region.addr == addr && g->region.len == len) {
         pdx_info("agent %s: peer %s removed region 0x%llx+%llu: its lists "
                  "and requests are refused (STALE)", agent->name, p->name,
@@ -365,6 +375,9 @@ void pdx_ctl_region_gone_wait_locked(pdx_agent_h agent,
     m[CTL_HDR] = (unsigned char)r->region.mem_type;
     put_u64(m + CTL_HDR + 1, r->region.addr);
     put_u64(m + CTL_HDR + 9, r->region.len);
+    for (int i = 0; i < 4; i++) {
+        m[CTL_HDR + 17 + i] = (unsigned char)(agent->generation >> (8 * i));
+    }
     for (pdx_peer_t *p = agent->peers; p != NULL && w.n < n; p = p->next) {
         if (p->dead != PDX_OK || !reaches(agent, p)) {
             continue;

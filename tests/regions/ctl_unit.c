@@ -156,6 +156,30 @@ static void test_removal_told(void **state)
     free(a.m1), free(a.m2), free(b.m1), free(b.m2);
 }
 
+/* A notice that arrives after a newer blob of the peer was loaded (the
+ * region registered again at the same place) is not taken for it. */
+static void test_notice_after_newer_blob(void **state)
+{
+    (void)state;
+    side_t a, b;
+    side_init(&a, "A");
+    side_init(&b, "B");
+    load(&b, &a);
+    load(&a, &b);
+    assert_int_equal(pdx_mem_deregister(a.a, a.r1), PDX_OK); /* queued */
+    assert_int_equal(pdx_mem_register(a.a, PDX_MEM_DRAM, (uintptr_t)a.m1,
+                                      LEN, 0, 0, &a.r1),
+                     PDX_OK);
+    load(&b, &a); /* B sees the newer blob before the notice */
+    pdx_progress(b.a);
+    pdx_progress(a.a);
+    assert_int_equal(read_once(&b, &a, (uintptr_t)a.m1), PDX_OK);
+    assert_int_equal(b.m1[0], 0x11);
+    pdx_agent_destroy(b.a);
+    pdx_agent_destroy(a.a);
+    free(a.m1), free(a.m2), free(b.m1), free(b.m2);
+}
+
 static void test_app_cannot_send(void **state)
 {
     (void)state;
@@ -211,26 +235,32 @@ static void test_bad_notices(void **state)
     static const unsigned char pfx[8] = {0, 'P', 'D', 'X', 'C', 'T', 'L', 1};
     unsigned char m[64];
     uint64_t inst = a.a->instance;
-    /* A GONE for A's region m1 but of another instance, a GONE of the
-     * right instance for a range A never registered, truncated and
-     * over-long ones, an unknown type, an ACK nobody waits for. */
+    /* A GONE for A's region m1 but of another instance or of a generation
+     * B has loaded, one for a range A never registered, truncated and
+     * over-long ones, unknown types, an ACK nobody waits for. */
+    uint32_t gen = a.a->generation; /* what B loaded */
+    uint32_t newer = gen + 1;
     struct {
         int type;
         uint64_t inst, addr, len;
+        uint32_t gen;
         size_t n;
     } cases[] = {
-        {1, inst ^ 1, (uintptr_t)a.m1, LEN, 42},
-        {1, inst, (uintptr_t)a.m1 + 4096, 4096, 42},
-        {1, inst, (uintptr_t)a.m1, LEN + 1, 42},
-        {1, inst, (uintptr_t)a.m1, LEN, 41},
-        {1, inst, (uintptr_t)a.m1, LEN, 43},
-        {1, inst, (uintptr_t)a.m1, LEN, 8},
-        {1, inst, (uintptr_t)a.m1, LEN, 9},
-        {9, inst, (uintptr_t)a.m1, LEN, 42},
-        {0, inst, (uintptr_t)a.m1, LEN, 42},
-        {2, inst, 0, 0, 25},
-        {2, inst, 0, 0, 26},
-        {1, inst, UINT64_MAX - 10, UINT64_MAX, 42},
+        {1, inst ^ 1, (uintptr_t)a.m1, LEN, newer, 46},
+        /* A's own, but B loaded that generation already: nothing new. */
+        {1, inst, (uintptr_t)a.m1, LEN, gen, 46},
+        {1, inst, (uintptr_t)a.m1, LEN, gen - 5, 46},
+        {1, inst, (uintptr_t)a.m1 + 4096, 4096, newer, 46},
+        {1, inst, (uintptr_t)a.m1, LEN + 1, newer, 46},
+        {1, inst, (uintptr_t)a.m1, LEN, newer, 45},
+        {1, inst, (uintptr_t)a.m1, LEN, newer, 47},
+        {1, inst, (uintptr_t)a.m1, LEN, newer, 8},
+        {1, inst, (uintptr_t)a.m1, LEN, newer, 9},
+        {9, inst, (uintptr_t)a.m1, LEN, newer, 46},
+        {0, inst, (uintptr_t)a.m1, LEN, newer, 46},
+        {2, inst, 0, 0, 0, 25},
+        {2, inst, 0, 0, 0, 26},
+        {1, inst, UINT64_MAX - 10, UINT64_MAX, newer, 46},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         memset(m, 0xee, sizeof(m));
@@ -241,6 +271,9 @@ static void test_bad_notices(void **state)
         m[25] = PDX_MEM_DRAM;
         put64(m + 26, cases[i].addr);
         put64(m + 34, cases[i].len);
+        for (int k = 0; k < 4; k++) {
+            m[42 + k] = (unsigned char)(cases[i].gen >> (8 * k));
+        }
         raw_send(&a, m, cases[i].n);
         pdx_progress(b.a);
         pdx_progress(a.a);
@@ -260,6 +293,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_removal_told),
+        cmocka_unit_test(test_notice_after_newer_blob),
         cmocka_unit_test(test_app_cannot_send),
         cmocka_unit_test(test_bad_notices),
     };
