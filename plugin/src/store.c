@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <pdx/store.h>
 
@@ -282,10 +283,12 @@ static void handle_event(struct pdx_store_agent *g, gev_t *e)
     uint64_t old_inst = p ? p->instance : 0;
     struct pollfd pfd = {.fd = p != NULL ? p->pidfd : -1, .events = POLLIN};
     if (e->type == PDX_STORE_EV_DELETE && p != NULL && p->dead == PDX_OK &&
-        p->pidfd >= 0 && poll(&pfd, 1, 0) == 0) {
+        p->pidfd >= 0 && p->pid != (int32_t)getpid() &&
+        poll(&pfd, 1, 0) == 0) {
         /* The store alone does not fail a same-host peer whose process
          * lives (a frozen store, a paused peer): its transfers go on, and
-         * its pidfd or its backends say when it really goes. */
+         * its pidfd or its backends say when it really goes. (Our own
+         * pid's pidfd says nothing of an agent of this process.) */
         pdx_info("agent %s: store: peer %s's key went (lease expired or "
                  "deleted) but its process %d lives: keeping it", a->name,
                  e->name, (int)p->pid);
