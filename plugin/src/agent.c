@@ -301,8 +301,10 @@ void pdx_agent_wake(pdx_agent_h agent)
 
 /* Longest sleep of an idle progress thread: the housekeeping a backend may
  * need without an event (a UCX close whose flush deadline passes, a
- * same-process peer's destroy). One wake-up a second costs microseconds. */
-#define PROGRESS_IDLE_MS 1000
+ * same-process peer's destroy), and a safety net should an event be missed
+ * (then it is late by this much, never lost). Ten wake-ups a second cost
+ * well under a millisecond of CPU. */
+#define PROGRESS_IDLE_MS 100
 #define PROGRESS_SPIN_NS 10000000ull
 
 /* Add pidfds of peers loaded since the last pass to the progress thread's
