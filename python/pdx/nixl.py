@@ -801,6 +801,9 @@ class nixl_agent:
         # peer -> None (full metadata) or sorted regions partial metadata
         # named
         self._allowed = {}
+        # A peer's load and what its partial metadata allows change together
+        # (the listener thread loads while callers check).
+        self._md_lock = threading.RLock()
         self._notif_of = {}
         self.agent = None
         self._listener = None
@@ -1303,15 +1306,16 @@ class nixl_agent:
         unknown, removed, or known dead (its process exited, its endpoint
         failed)."""
         name = _name(agent)
-        try:
-            if self.agent.peer_state(name) != "alive":
+        with self._md_lock:
+            try:
+                if self.agent.peer_state(name) != "alive":
+                    return False
+            except (_pdx.NotFound, _pdx.InvalidArgument):
                 return False
-        except (_pdx.NotFound, _pdx.InvalidArgument):
-            return False
-        if descs is not None:
-            d = self.get_xfer_descs(descs, "DRAM")
-            return d is not None and self._covered(name, d)
-        return True
+            if descs is not None:
+                d = self.get_xfer_descs(descs, "DRAM")
+                return d is not None and self._covered(name, d)
+            return True
 
     def make_connection(self, remote_agent, backends=()):
         """pdx connects when the peer is loaded: checks it is there and
@@ -1338,13 +1342,15 @@ class nixl_agent:
             rows = [tuple(int(v) for v in r) for r in np.frombuffer(
                 md, "<u8", 3 * n, off).reshape(n, 3)]
             md = md[off + 24 * n:]
-        name = self.agent.load_peer(md)
-        self._peers.add(name)
-        if rows is None:
-            self._allowed[name] = None
-        elif name not in self._allowed or self._allowed[name] is not None:
-            cur = self._allowed.get(name) or []
-            self._allowed[name] = sorted(set(cur) | set(rows))
+        with self._md_lock:
+            name = self.agent.load_peer(md)
+            self._peers.add(name)
+            if rows is None:
+                self._allowed[name] = None
+            elif name not in self._allowed or \
+                    self._allowed[name] is not None:
+                cur = self._allowed.get(name) or []
+                self._allowed[name] = sorted(set(cur) | set(rows))
         return name
 
     def _covered(self, name, descs):
