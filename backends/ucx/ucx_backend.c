@@ -1013,6 +1013,14 @@ static void ucx_destroy(void *bev)
             peer->close_req = NULL;
         }
     }
+    /* Wireup messages still queued (a reply to a peer's connection request)
+     * must go before the worker: UCX 1.13 asserts purging a queued wireup
+     * reply ("got REP message"). A short bounded drain: until progress
+     * has been idle for a while, at most UCX_FORCE_REAP_NS. */
+    deadline = ucx_now_ns() + UCX_FORCE_REAP_NS;
+    for (int idle = 0; idle < 64 && ucx_now_ns() < deadline;) {
+        idle = ucp_worker_progress(be->worker) == 0 ? idle + 1 : 0;
+    }
     /* Destroying the worker completes (or drops) every UCX request, so the
      * lists below are ours alone afterwards. */
     ucp_worker_destroy(be->worker);
