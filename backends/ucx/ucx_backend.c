@@ -1015,10 +1015,10 @@ static void ucx_destroy(void *bev)
     }
     /* Wireup messages still queued (a reply to a peer's connection request)
      * must go before the worker: UCX 1.13 asserts purging a queued wireup
-     * reply ("got REP message"). A short bounded drain: until progress
-     * has been idle for a while, at most UCX_FORCE_REAP_NS. */
-    deadline = ucx_now_ns() + UCX_FORCE_REAP_NS;
-    for (int idle = 0; idle < 64 && ucx_now_ns() < deadline;) {
+     * reply ("got REP message"). A bounded drain: until progress has
+     * been idle for 1024 calls, at most UCX_CLOSE_TIMEOUT_NS. */
+    deadline = ucx_now_ns() + UCX_CLOSE_TIMEOUT_NS;
+    for (int idle = 0; idle < 1024 && ucx_now_ns() < deadline;) {
         idle = ucp_worker_progress(be->worker) == 0 ? idle + 1 : 0;
     }
     /* Destroying the worker completes (or drops) every UCX request, so the
