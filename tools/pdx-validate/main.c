@@ -918,7 +918,10 @@ static void usage(FILE *f)
         "(default 512)\n"
         "  --concurrency N     sessions in flight at once (default 2)\n"
         "  --min-inflight N    fail unless N sessions were in flight at once\n"
-        "  --require-local     fail unless P reused its own offload tier\n"
+        "  --require-local     fail unless P reused its own offload tier;\n"
+        "                      session 0's first prefill runs alone so the\n"
+        "                      shared prefix is saved before others look\n"
+        "                      it up (otherwise a race: all may miss)\n"
         "  --timeout S         whole run (default 600)\n"
         "  --job-timeout S     one request on a node (default 120)\n"
         "  --json              one JSON document on stdout\n"
@@ -1463,8 +1466,15 @@ static int validate(int argc, char **argv)
     char dead_why[512] = "";
     while (finished < o.sessions && !dead) {
         /* Admit sessions in order while they fit. */
+        /* With --require-local, the others wait for session 0's first
+         * prefill: it saves the shared prefix to P's offload tier, so the
+         * later lookups find it there (started at once, every session
+         * could look up before any save and all miss: a race). Session 0
+         * stays in flight (decode, turn 2), so the peak is unchanged. */
         while (next < o.sessions && inflight < o.concurrency &&
-               used + ss[next].footprint <= budget) {
+               used + ss[next].footprint <= budget &&
+               !(o.require_local && o.shared > 0 && next == 1 &&
+                 !ss[0].recs[0].p_done)) {
             session_t *s = &ss[next++];
             s->turn = 1;
             if (start_turn(s, &o) != 0) {
