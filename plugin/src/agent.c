@@ -89,11 +89,57 @@ static void drain_event_fd(pdx_agent_h agent)
     }
 }
 
-/* Called by backends (under the agent lock) when a message arrives. */
+/* The agent whose backend this thread is progressing without the agent
+ * lock (pdx_backend_progress_unlocked): its callbacks are queued. */
+static __thread pdx_agent_h t_unlocked;
+
+static void defer_event(pdx_agent_h agent, int kind, const char *peer,
+                        pdx_status_t why, const void *msg, size_t len)
+{
+    pdx_deferred_t *d = malloc(sizeof(*d) + len);
+    if (d == NULL) {
+        pdx_error("agent %s: dropped a %s from %s: out of memory",
+                  agent->name, kind == 0 ? "notification" : "peer error",
+                  peer);
+        return;
+    }
+    d->next = NULL;
+    d->kind = kind;
+    d->why = why;
+    snprintf(d->peer, sizeof(d->peer), "%s", peer);
+    d->len = len;
+    if (len > 0) {
+        memcpy(d->msg, msg, len);
+    }
+    if (agent->defer_tail != NULL) {
+        agent->defer_tail->next = d;
+    } else {
+        agent->defer_head = d;
+    }
+    agent->defer_tail = d;
+}
+
+static void notif_recv_locked(pdx_agent_h agent, const char *peer,
+                              const void *msg, size_t len);
+static void peer_error_locked(pdx_agent_h agent, const char *peer_name,
+                              pdx_status_t why);
+
+/* Called by backends when a message arrives: under the agent lock, or
+ * queued when the backend is progressed without it. */
 static void host_notif_recv(void *ctx, const char *peer, const void *msg,
                             size_t len)
 {
     pdx_agent_h agent = ctx;
+    if (t_unlocked == agent) {
+        defer_event(agent, 0, peer, PDX_OK, msg, len);
+        return;
+    }
+    notif_recv_locked(agent, peer, msg, len);
+}
+
+static void notif_recv_locked(pdx_agent_h agent, const char *peer,
+                              const void *msg, size_t len)
+{
     if (pdx_ctl_recv_locked(agent, peer, msg, len)) {
         return; /* notif.c: a region-removal notice, not the app's */
     }
@@ -155,6 +201,16 @@ void pdx_peer_mark_dead_locked(pdx_agent_h agent, pdx_peer_t *peer,
 static void host_peer_error(void *ctx, const char *peer_name, pdx_status_t why)
 {
     pdx_agent_h agent = ctx;
+    if (t_unlocked == agent) {
+        defer_event(agent, 1, peer_name, why, NULL, 0);
+        return;
+    }
+    peer_error_locked(agent, peer_name, why);
+}
+
+static void peer_error_locked(pdx_agent_h agent, const char *peer_name,
+                              pdx_status_t why)
+{
     pdx_peer_t *peer = pdx_peer_find(agent, peer_name);
     if (peer != NULL) {
         pdx_peer_mark_dead_locked(agent, peer, why, "connection error", true);
@@ -229,13 +285,91 @@ static void check_liveness(pdx_agent_h agent, uint64_t now)
     }
 }
 
+void pdx_agent_lock(pdx_agent_h agent)
+{
+    pthread_mutex_lock(&agent->lock);
+    if (!agent->be_busy) {
+        return;
+    }
+    agent->be_waiters++;
+    while (agent->be_busy) {
+        pthread_cond_wait(&agent->be_cond, &agent->lock);
+    }
+    if (--agent->be_waiters == 0) {
+        pthread_cond_broadcast(&agent->be_cond); /* the progressing thread */
+    }
+}
+
+/* Handle what callbacks queued during an unlocked progress call. */
+static void run_deferred_locked(pdx_agent_h agent)
+{
+    while (agent->defer_head != NULL) {
+        pdx_deferred_t *d = agent->defer_head;
+        agent->defer_head = d->next;
+        if (agent->defer_head == NULL) {
+            agent->defer_tail = NULL;
+        }
+        if (d->kind == 0) {
+            notif_recv_locked(agent, d->peer, d->msg, d->len);
+        } else {
+            peer_error_locked(agent, d->peer, d->why);
+        }
+        free(d);
+    }
+}
+
+void pdx_backend_unlock_begin(pdx_agent_h agent)
+{
+    agent->be_busy = true;
+    pthread_mutex_unlock(&agent->lock);
+    t_unlocked = agent;
+}
+
+void pdx_backend_unlock_end(pdx_agent_h agent)
+{
+    t_unlocked = NULL;
+    pthread_mutex_lock(&agent->lock);
+    agent->be_busy = false;
+    pthread_cond_broadcast(&agent->be_cond); /* waiters, and a progress */
+}
+
+void pdx_agent_run_deferred_locked(pdx_agent_h agent)
+{
+    run_deferred_locked(agent);
+}
+
+bool pdx_backend_progress_unlocked(pdx_agent_h agent, struct pdx_backend *b,
+                                   int *events_p)
+{
+    if (agent->be_busy) {
+        return false; /* another thread is progressing a backend now */
+    }
+    /* Callers waiting for a backend go first: each waits for one call.
+     * (One of them may start a progress of its own: wait for it too.) */
+    while (agent->be_waiters > 0 || agent->be_busy) {
+        pthread_cond_wait(&agent->be_cond, &agent->lock);
+    }
+    pdx_backend_unlock_begin(agent);
+    int n = b->ops->progress(b->be);
+    pdx_backend_unlock_end(agent);
+    run_deferred_locked(agent);
+    if (events_p != NULL) {
+        *events_p += n > 0 ? n : 0;
+    }
+    return true;
+}
+
 int pdx_agent_progress_locked(pdx_agent_h agent)
 {
     int events = 0;
+    if (agent->be_busy) {
+        return 0; /* mid-pass in another thread: that pass covers it */
+    }
     for (uint32_t i = 0; i < agent->nbackends; i++) {
-        struct pdx_backend *b = agent->backends[i];
-        int n = b->ops->progress(b->be);
-        events += n > 0 ? n : 0;
+        if (!pdx_backend_progress_unlocked(agent, agent->backends[i],
+                                           &events)) {
+            return events;
+        }
     }
     uint64_t now = pdx_now_ns();
     agent->last_full_progress_ns = now;
@@ -274,7 +408,7 @@ static void arm_backends(pdx_agent_h agent)
 
 int pdxi_progress(pdx_agent_h agent)
 {
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     drain_event_fd(agent);
     int n = pdx_agent_progress_locked(agent);
     if (agent->nq_head != NULL) {
@@ -363,7 +497,7 @@ static void *progress_main(void *arg)
     struct epoll_event evs[16];
     uint64_t busy_ns = 0; /* last pass that did something */
     while (!__atomic_load_n(&agent->stop, __ATOMIC_ACQUIRE)) {
-        pthread_mutex_lock(&agent->lock);
+        pdx_agent_lock(agent);
         int n = pdx_agent_progress_locked(agent);
         if (n > 0) {
             pdx_agent_signal(agent);
@@ -499,6 +633,7 @@ pdx_status_t pdxi_agent_create(const char *name,
         goto err_free;
     }
     pthread_mutex_init(&a->lock, NULL);
+    pthread_cond_init(&a->be_cond, NULL);
     pthread_mutex_init(&a->delivery, NULL);
     pdx_stats_sock_open(a);
     if (a->stats_fd >= 0) {
@@ -527,6 +662,7 @@ pdx_status_t pdxi_agent_create(const char *name,
 err_mutex:
     pdx_stats_sock_close(a);
     pthread_mutex_destroy(&a->delivery);
+    pthread_cond_destroy(&a->be_cond);
     pthread_mutex_destroy(&a->lock);
     close(a->prog_epoll_fd);
     close(a->wake_fd);
@@ -555,7 +691,7 @@ void pdxi_agent_destroy(pdx_agent_h a)
         }
         pthread_join(a->progress_thread, NULL);
     }
-    pthread_mutex_lock(&a->lock);
+    pdx_agent_lock(a);
     /* Requests the caller did not release: abort and free them. */
     while (a->xfers != NULL) {
         struct pdx_xfer *x = a->xfers;
@@ -563,7 +699,7 @@ void pdxi_agent_destroy(pdx_agent_h a)
         pdx_warn("agent %s: destroying an unreleased request to %s", a->name,
                  x->peer_name);
         pdx_xfer_release(x);
-        pthread_mutex_lock(&a->lock);
+        pdx_agent_lock(a);
     }
     while (a->peers != NULL) {
         pdx_peer_destroy_locked(a, a->peers);
@@ -600,6 +736,7 @@ void pdxi_agent_destroy(pdx_agent_h a)
     pthread_mutex_unlock(&a->lock);
     pdx_stats_sock_close(a);
     pthread_mutex_destroy(&a->delivery);
+    pthread_cond_destroy(&a->be_cond);
     pthread_mutex_destroy(&a->lock);
     close(a->prog_epoll_fd);
     close(a->wake_fd);
@@ -697,7 +834,7 @@ pdx_status_t pdxi_backend_create(pdx_agent_h agent, const char *name,
                   name ? name : "(null)", why);
         return st;
     }
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     st = backend_add(agent, ops, dl, opts, nopts, be_p);
     pthread_mutex_unlock(&agent->lock);
     if (st != PDX_OK) {
@@ -717,7 +854,7 @@ pdx_status_t pdxi_backend_create_with_ops(pdx_agent_h agent, const void *ops,
                   agent->name);
         return PDX_ERR_VERSION;
     }
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     pdx_status_t st = backend_add(agent, o, NULL, opts, nopts, be_p);
     pthread_mutex_unlock(&agent->lock);
     return st;
@@ -725,7 +862,7 @@ pdx_status_t pdxi_backend_create_with_ops(pdx_agent_h agent, const void *ops,
 
 void pdxi_backend_describe(pdx_backend_h be, char *buf, size_t len)
 {
-    pthread_mutex_lock(&be->agent->lock);
+    pdx_agent_lock(be->agent);
     int n = snprintf(buf, len, "%s: ", be->name);
     if (n >= 0 && (size_t)n < len) {
         be->ops->describe(be->be, buf + n, len - (size_t)n);
@@ -753,7 +890,7 @@ pdx_status_t pdxi_agent_set_invariant(pdx_agent_h agent, const char *key,
         }
     }
     pdx_status_t st = PDX_OK;
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     pdx_invariant_t *slot = NULL;
     for (uint32_t i = 0; i < agent->ninvariants; i++) {
         if (strcmp(agent->invariants[i].key, key) == 0) {

@@ -180,10 +180,37 @@ typedef struct pdx_invariant {
     char value[PDX_INV_VAL_MAX];
 } pdx_invariant_t;
 
+/* A backend callback (notif_recv, peer_error) made during a progress call
+ * that runs without the agent lock: queued, handled under the lock once
+ * that call returns (agent.c). */
+typedef struct pdx_deferred {
+    struct pdx_deferred *next;
+    int kind; /* 0 notification, 1 peer error */
+    pdx_status_t why;
+    char peer[PDX_NAME_MAX];
+    size_t len;
+    unsigned char msg[];
+} pdx_deferred_t;
+
 struct pdx_agent {
     uint32_t magic; /* PDX_MAGIC_AGENT */
     char name[PDX_NAME_MAX];
-    pthread_mutex_t lock;     /* everything below */
+    /* The agent lock guards everything below. A backend's progress op
+     * (UCX's ucp_worker_progress can copy megabytes in one call: 10-40 ms
+     * measured under load) runs WITHOUT it: the thread sets be_busy under
+     * the lock, drops the lock, progresses, retakes it and clears be_busy.
+     * Rules: a call into any backend op needs the lock held and be_busy
+     * clear (pdx_agent_lock waits for that, on be_cond); code that only
+     * reads agent state takes the plain lock and never touches a backend
+     * while be_busy is set. One backend is progressed unlocked at a time.
+     * be_waiters counts threads waiting in pdx_agent_lock: the progressing
+     * thread lets them in before its next unlocked call, so a caller
+     * waits for at most one backend progress call. */
+    pthread_mutex_t lock;
+    pthread_cond_t be_cond;
+    bool be_busy;
+    uint32_t be_waiters;
+    pdx_deferred_t *defer_head, *defer_tail; /* owner of be_busy only */
     pthread_mutex_t delivery; /* serialises notification callbacks */
     pdx_agent_params_t params;
     pdx_ckey_t ckey; /* cluster key (sign.h); immutable after create */
@@ -263,7 +290,28 @@ pdx_peer_region_t *pdx_peer_region_find(pdx_peer_t *peer, pdx_mem_type_t t,
                                         uint64_t addr, uint64_t len);
 struct pdx_mem_reg *pdx_reg_find(pdx_agent_h agent, pdx_mem_type_t t,
                                  uint64_t addr, uint64_t len);
+/* Take the agent lock for work that may call into a backend: waits (lock
+ * released) while a backend is progressed without the lock. */
+void pdx_agent_lock(pdx_agent_h agent);
+/* A full pass: every backend progressed (without the lock, see struct
+ * pdx_agent), then liveness, requests, timeouts. Called with the lock
+ * taken by pdx_agent_lock; the lock is dropped and retaken inside, so the
+ * caller must not keep pointers another thread may free (its own handle
+ * is fine). Returns at once (0) when another thread is mid-pass. */
 int pdx_agent_progress_locked(pdx_agent_h agent);
+/* Progress backend `b` alone, without the lock (same contract as above);
+ * false when another thread is progressing a backend (nothing done). */
+bool pdx_backend_progress_unlocked(pdx_agent_h agent, struct pdx_backend *b,
+                                   int *events_p);
+/* Around one backend op that may take long (a post that copies data):
+ * begin (lock held, be_busy clear) marks the backends busy and drops the
+ * lock; end retakes it and clears be_busy. Callbacks in between are
+ * queued: run them with pdx_agent_run_deferred_locked once the caller's
+ * state is consistent again. While busy no other thread calls a backend
+ * op or frees agent state (both need pdx_agent_lock). */
+void pdx_backend_unlock_begin(pdx_agent_h agent);
+void pdx_backend_unlock_end(pdx_agent_h agent);
+void pdx_agent_run_deferred_locked(pdx_agent_h agent);
 /* End requests in flight longer than the agent's xfer timeout. */
 void pdx_xfer_timeouts_locked(pdx_agent_h agent, uint64_t now);
 void pdx_agent_signal(pdx_agent_h agent);

@@ -90,7 +90,7 @@ pdx_status_t pdxi_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
         return PDX_ERR_INVALID;
     }
     pdx_status_t st;
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     size_t pos = reg_lower_bound(agent, type, addr);
     /* Refuse overlaps: a lookup must have exactly one answer. */
     if ((pos < agent->nregs &&
@@ -177,7 +177,7 @@ out:
 pdx_status_t pdxi_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg)
 {
     pdx_status_t st = PDX_ERR_INVALID;
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     for (size_t i = 0; i < agent->nregs; i++) {
         if (agent->regs[i] != reg) {
             continue;

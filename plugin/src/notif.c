@@ -21,7 +21,7 @@ pdx_status_t pdxi_notif_send(pdx_agent_h agent, const char *peer,
         return PDX_ERR_INVALID;
     }
     pdx_status_t st;
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     pdx_peer_t *p = pdx_peer_find(agent, peer);
     if (p == NULL) {
         pdx_error("agent %s: notif send: unknown peer %s", agent->name, peer);
@@ -45,8 +45,12 @@ int pdxi_notif_poll(pdx_agent_h agent, pdx_notif_cb_t cb, void *arg)
     /* The delivery lock keeps callbacks of concurrent polls in order; the
      * agent lock is dropped while callbacks run so they may call in. */
     pthread_mutex_lock(&agent->delivery);
+    /* The plain lock: while a backend is progressed on another thread,
+     * take what has arrived without waiting for that call. */
     pthread_mutex_lock(&agent->lock);
-    pdx_agent_progress_locked(agent);
+    if (!agent->thread_running) {
+        pdx_agent_progress_locked(agent); /* the thread does, if any */
+    }
     pdx_notif_item_t *list = agent->nq_head;
     agent->nq_head = agent->nq_tail = NULL;
     uint64_t v;
@@ -415,7 +419,7 @@ void pdx_ctl_region_gone_wait_locked(pdx_agent_h agent,
         pthread_mutex_unlock(&agent->lock);
         struct timespec ts = {0, 200000}; /* 0.2 ms between passes */
         nanosleep(&ts, NULL);
-        pthread_mutex_lock(&agent->lock);
+        pdx_agent_lock(agent);
     }
     for (size_t i = 0; i < w.n; i++) {
         if (!w.peers[i].done) {

@@ -16,7 +16,7 @@ pdx_status_t pdxi_agent_describe(pdx_agent_h agent, void **blob_p,
 {
     pdx_wbuf_t w = {0};
     pdx_status_t st = PDX_OK;
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     pdx_blob_begin(&w);
     pdx_wbuf_str(&w, agent->name);
     pdx_wbuf_u64(&w, agent->instance);
@@ -765,7 +765,7 @@ pdx_status_t pdxi_peer_load(pdx_agent_h agent, const void *blob, size_t len,
         pdx_error("agent %s: peer metadata rejected: %s", agent->name, why);
         return st;
     }
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     if (strcmp(b->name, agent->name) == 0 && b->instance == agent->instance) {
         pdx_error("agent %s: refusing to load its own metadata as a peer",
                   agent->name);
@@ -823,7 +823,7 @@ out:
 
 pdx_status_t pdxi_peer_unload(pdx_agent_h agent, const char *name)
 {
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     pdx_peer_t *p = pdx_peer_find(agent, name);
     if (p != NULL) {
         pdx_peer_destroy_locked(agent, p);
@@ -836,7 +836,7 @@ pdx_status_t pdxi_peer_unload(pdx_agent_h agent, const char *name)
 
 pdx_status_t pdxi_peer_state(pdx_agent_h agent, const char *name)
 {
-    pthread_mutex_lock(&agent->lock);
+    pthread_mutex_lock(&agent->lock); /* state only: no backend call */
     pdx_peer_t *p = pdx_peer_find(agent, name);
     pdx_status_t st = p == NULL ? PDX_ERR_NOT_FOUND : p->dead;
     if (p == NULL) {
@@ -853,7 +853,7 @@ pdx_status_t pdxi_peer_info(pdx_agent_h agent, const char *name,
                             pdx_peer_info_t *info, pdx_region_info_t *regions,
                             size_t max_regions)
 {
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     pdx_peer_t *p = pdx_peer_find(agent, name);
     if (p == NULL) {
         pthread_mutex_unlock(&agent->lock);

@@ -29,7 +29,7 @@ pdx_status_t pdxi_stats_backend(pdx_agent_h agent, const char *backend,
                                 pdx_stats_t *stats_p)
 {
     pdx_status_t st = PDX_ERR_NOT_FOUND;
-    pthread_mutex_lock(&agent->lock);
+    pthread_mutex_lock(&agent->lock); /* state only: no backend call */
     for (uint32_t b = 0; b < agent->nbackends; b++) {
         if (strcmp(agent->backends[b]->name, backend) == 0) {
             *stats_p = agent->backends[b]->stats;
@@ -47,7 +47,7 @@ pdx_status_t pdxi_stats_peer(pdx_agent_h agent, const char *peer,
                              pdx_stats_t *stats_p)
 {
     pdx_status_t st = PDX_ERR_NOT_FOUND;
-    pthread_mutex_lock(&agent->lock);
+    pthread_mutex_lock(&agent->lock); /* state only: no backend call */
     for (pdx_stats_entry_t *e = agent->peer_stats; e != NULL; e = e->next) {
         if (strcmp(e->name, peer) == 0) {
             *stats_p = e->s;
@@ -185,7 +185,7 @@ pdx_status_t pdxi_stats_json(pdx_agent_h agent, char **json_p)
         pdx_error("agent %s: stats: out of memory", agent->name);
         return PDX_ERR_NOMEM;
     }
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     fputs("{\"agent\": ", f);
     json_str(f, agent->name);
     fprintf(f, ", \"pid\": %d, \"generation\": %u, \"host\": ", (int)getpid(),

@@ -266,7 +266,7 @@ static void handle_event(struct pdx_store_agent *g, gev_t *e)
         }
         return;
     }
-    pthread_mutex_lock(&a->lock);
+    pdx_agent_lock(a);
     pdx_peer_t *p = pdx_peer_find(a, e->name);
     bool loaded = p != NULL;
     /* A dead peer whose key comes back with its instance and the same or
@@ -318,7 +318,7 @@ static void handle_event(struct pdx_store_agent *g, gev_t *e)
     } else if (old_inst != e->instance) {
         /* Refused (another layout or seed...): the old incarnation is gone
          * anyway, since another one publishes under its name. */
-        pthread_mutex_lock(&a->lock);
+        pdx_agent_lock(a);
         p = pdx_peer_find(a, e->name);
         if (p != NULL && p->instance == old_inst) {
             pdx_peer_mark_dead_locked(a, p, PDX_ERR_REMOTE_DISCONNECT,
@@ -340,7 +340,7 @@ static void publish_step(struct pdx_store_agent *g, uint64_t now)
     if (!on) {
         return;
     }
-    pthread_mutex_lock(&a->lock);
+    pdx_agent_lock(a);
     uint32_t gen = a->generation;
     pthread_mutex_unlock(&a->lock);
     if (any && gen == done) {
@@ -494,7 +494,7 @@ pdx_status_t pdx_store_agent_init(pdx_agent_h a,
         goto err_store;
     }
     g->thread_running = true;
-    pthread_mutex_lock(&a->lock); /* pdx_stats_json reads it under it */
+    pdx_agent_lock(a); /* pdx_stats_json reads it under it */
     a->store = g;
     pthread_mutex_unlock(&a->lock);
     pdx_info("agent %s: store %s at %s, namespace %s (lease TTL %u ms)",
@@ -510,7 +510,7 @@ err:
 
 void pdx_store_agent_fini(pdx_agent_h a)
 {
-    pthread_mutex_lock(&a->lock);
+    pdx_agent_lock(a);
     struct pdx_store_agent *g = a->store;
     a->store = NULL; /* pdx_stats_json no longer looks at it */
     pthread_mutex_unlock(&a->lock);
@@ -629,7 +629,7 @@ static pdx_status_t fetch(pdx_agent_h a, const char *name,
                           uint32_t timeout_ms)
 {
     struct pdx_store_agent *g = a->store;
-    pthread_mutex_lock(&a->lock);
+    pdx_agent_lock(a);
     pdx_peer_t *p = pdx_peer_find(a, name);
     pdx_status_t state = p ? p->dead : PDX_ERR_NOT_FOUND;
     uint64_t inst = p ? p->instance : 0;

@@ -378,7 +378,7 @@ pdx_status_t pdxi_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
     struct pdx_mem_reg **set = NULL;
     size_t nset = 0, capset = 0;
     struct pdx_xfer *x = NULL;
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     pdx_peer_t *p = pdx_peer_find(agent, peer);
     if (p == NULL) {
         pdx_error("agent %s: xfer create: unknown peer %s", agent->name, peer);
@@ -525,6 +525,25 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x)
     xfer_end(agent, x, st);
 }
 
+/* Progress `x`'s backend (without the agent lock: see struct pdx_agent),
+ * then check `x`. Lock held, no backend busy; the lock is dropped and
+ * retaken, so the caller keeps no pointer but `x`. When another thread
+ * is progressing a backend, nothing is done: that thread's pass checks
+ * every request. */
+static void xfer_progress_own(pdx_agent_h agent, struct pdx_xfer *x)
+{
+    if (x->breq == NULL || agent->be_busy) {
+        return;
+    }
+    /* With a progress thread, it progresses; the caller's call stays
+     * short (one UCX progress call can take tens of ms). */
+    if (agent->thread_running ||
+        pdx_backend_progress_unlocked(agent, agent->backends[x->bindex],
+                                      NULL)) {
+        pdx_xfer_progress_locked(agent, x);
+    }
+}
+
 /* Ask the backend to stop `x`'s request without waiting. Returns false
  * when it has no abort op (then the request was released, blocking). */
 static bool xfer_backend_abort(pdx_agent_h agent, struct pdx_xfer *x)
@@ -542,7 +561,7 @@ static bool xfer_backend_abort(pdx_agent_h agent, struct pdx_xfer *x)
 pdx_status_t pdxi_xfer_abort(pdx_xfer_h x)
 {
     pdx_agent_h agent = x->agent;
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     if (x->status == PDX_INPROGRESS && x->breq != NULL && !x->aborting) {
         x->aborting = true;
         if (!xfer_backend_abort(agent, x)) {
@@ -623,13 +642,16 @@ pdx_status_t pdxi_xfer_post(pdx_xfer_h x)
 {
     pdx_agent_h agent = x->agent;
     pdx_status_t st;
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     if (x->status == PDX_INPROGRESS) {
         pdx_error("agent %s: xfer post: request still in progress",
                   agent->name);
         st = PDX_ERR_BUSY;
         goto out;
     }
+    /* Ended (peer failed, timed out) but still being stopped: one more
+     * look first (the lock is dropped in it, so before the peer lookup). */
+    xfer_progress_own(agent, x);
     pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
     if (p == NULL || p->epoch != x->peer_epoch) {
         pdx_error("agent %s: xfer post: peer %s was %s since this request "
@@ -652,16 +674,12 @@ pdx_status_t pdxi_xfer_post(pdx_xfer_h x)
         goto out;
     }
     if (x->breq != NULL) {
-        /* Ended (peer failed, timed out) but still being stopped. */
-        pdx_xfer_progress_locked(agent, x);
-        if (x->breq != NULL) {
-            pdx_error("agent %s: xfer post: the previous post to %s ended "
-                      "(%s) but its data may still be moving; post again "
-                      "later", agent->name, x->peer_name,
-                      pdx_status_string(x->status));
-            st = PDX_ERR_BUSY;
-            goto out;
-        }
+        pdx_error("agent %s: xfer post: the previous post to %s ended "
+                  "(%s) but its data may still be moving; post again "
+                  "later", agent->name, x->peer_name,
+                  pdx_status_string(x->status));
+        st = PDX_ERR_BUSY;
+        goto out;
     }
 
     struct pdx_backend *b = agent->backends[x->bindex];
@@ -685,9 +703,14 @@ pdx_status_t pdxi_xfer_post(pdx_xfer_h x)
         x->pstats->s.requests++;
         x->pstats->s.fallbacks += x->fallback;
     }
-    st = b->ops->xfer_post(b->be, p->bpeer[x->bindex], x->op, x->iov,
-                           x->niov, carries ? x->notif : NULL,
+    /* Without the agent lock: over UCX sm or tcp a post copies what fits
+     * (megabytes), and other threads' calls must not wait for that. */
+    void *bpeer = p->bpeer[x->bindex];
+    pdx_backend_unlock_begin(agent);
+    st = b->ops->xfer_post(b->be, bpeer, x->op, x->iov, x->niov,
+                           carries ? x->notif : NULL,
                            carries ? x->notif_len : 0, &x->breq);
+    pdx_backend_unlock_end(agent);
     /* The timeout clock starts when the request is in flight; a request
      * done inside post needs no clock read. */
     x->post_ns = st == PDX_INPROGRESS || tele ? pdx_now_ns() : 0;
@@ -704,6 +727,8 @@ pdx_status_t pdxi_xfer_post(pdx_xfer_h x)
                   x->peer_name, b->name, pdx_status_string(st));
     }
     xfer_end(agent, x, st);
+    /* Callbacks the post made (a peer error) now that x is consistent. */
+    pdx_agent_run_deferred_locked(agent);
 out:
     pthread_mutex_unlock(&agent->lock);
     return st;
@@ -712,19 +737,21 @@ out:
 pdx_status_t pdxi_xfer_check(pdx_xfer_h x)
 {
     pdx_agent_h agent = x->agent;
+    /* The plain lock: while another thread progresses a backend (the
+     * progress thread, or a check on another thread) this returns the
+     * state as it is, without waiting for that call. */
     pthread_mutex_lock(&agent->lock);
-    if (x->status == PDX_INPROGRESS) {
-        /* The backend's check progresses its own worker: O(1) per call. */
-        pdx_xfer_progress_locked(agent, x);
+    if (!agent->be_busy && (x->status == PDX_INPROGRESS || x->breq != NULL)) {
+        /* Its own backend, progressed without the lock: O(1) per call. */
+        xfer_progress_own(agent, x);
         uint64_t now = pdx_now_ns();
-        if (x->status == PDX_INPROGRESS &&
+        if (x->status == PDX_INPROGRESS && !agent->be_busy &&
+            !agent->thread_running &&
             now - agent->last_full_progress_ns >= FULL_PROGRESS_PERIOD_NS) {
             /* Liveness, timeouts and the other requests: at most every
              * FULL_PROGRESS_PERIOD_NS, so a polling caller stays cheap. */
             pdx_agent_progress_locked(agent);
         }
-    } else if (x->breq != NULL) {
-        pdx_xfer_progress_locked(agent, x); /* ended, still stopping */
     }
     pdx_status_t st = x->status;
     if (st < 0) {
@@ -776,7 +803,7 @@ void pdx_xfer_timeouts_locked(pdx_agent_h agent, uint64_t now)
 void pdxi_xfer_release(pdx_xfer_h x)
 {
     pdx_agent_h agent = x->agent;
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     if (x->breq != NULL && x->status == PDX_INPROGRESS) {
         /* Still in flight: stop it and wait until the backend says no byte
          * of it can land, without the agent lock (other threads and peers
@@ -791,7 +818,7 @@ void pdxi_xfer_release(pdx_xfer_h x)
         uint64_t start = pdx_now_ns();
         long sleep_ns = 2000;
         while (x->breq != NULL && x->status == PDX_INPROGRESS) {
-            pdx_xfer_progress_locked(agent, x);
+            xfer_progress_own(agent, x);
             if (x->breq == NULL || x->status != PDX_INPROGRESS ||
                 pdx_now_ns() - start > RELEASE_WAIT_MAX_NS) {
                 break;
@@ -800,7 +827,7 @@ void pdxi_xfer_release(pdx_xfer_h x)
             struct timespec ts = {0, sleep_ns};
             nanosleep(&ts, NULL);
             sleep_ns = sleep_ns < 1000000 ? sleep_ns * 2 : 1000000;
-            pthread_mutex_lock(&agent->lock);
+            pdx_agent_lock(agent);
         }
         if (x->status == PDX_INPROGRESS) {
             xfer_end(agent, x, PDX_ERR_CANCELED);
@@ -920,7 +947,7 @@ pdx_status_t pdxi_dlist_prepare(pdx_agent_h agent, const char *peer,
         return PDX_ERR_NOMEM;
     }
     size_t capset = 0, caprset = 0;
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     pdx_peer_t *p = NULL;
     if (peer != NULL) {
         p = pdx_peer_find(agent, peer);
@@ -940,7 +967,7 @@ pdx_status_t pdxi_dlist_prepare(pdx_agent_h agent, const char *peer,
              * (they cannot be deregistered); a peer's are valid while the
              * peer keeps its incarnation. */
             pthread_mutex_unlock(&agent->lock);
-            pthread_mutex_lock(&agent->lock);
+            pdx_agent_lock(agent);
             if (p != NULL) {
                 p = pdx_peer_find(agent, peer);
                 if (p == NULL || p->epoch != d->peer_epoch) {
@@ -1013,7 +1040,7 @@ err:
 
 void pdxi_dlist_release(pdx_dlist_h d)
 {
-    pthread_mutex_lock(&d->agent->lock);
+    pdx_agent_lock(d->agent);
     dlist_unhold(d);
     pthread_mutex_unlock(&d->agent->lock);
     free(d->regs);
@@ -1041,7 +1068,7 @@ pdx_status_t pdxi_xfer_set_notif(pdx_xfer_h x, const void *msg, size_t len)
         }
         memcpy(copy, msg, len);
     }
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     if (x->status == PDX_INPROGRESS || x->breq != NULL) {
         pthread_mutex_unlock(&agent->lock);
         free(copy);
@@ -1060,7 +1087,7 @@ pdx_status_t pdxi_xfer_telemetry(pdx_xfer_h x, pdx_xfer_telemetry_t *t)
 {
     pdx_agent_h agent = x->agent;
     memset(t, 0, sizeof(*t));
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     if (x->bindex >= 0) {
         struct pdx_backend *b = agent->backends[x->bindex];
         snprintf(t->backend, sizeof(t->backend), "%s", b->name);
@@ -1117,7 +1144,7 @@ pdx_status_t pdxi_xfer_make(pdx_agent_h agent, pdx_xfer_op_t op,
         return st;
     }
     struct pdx_xfer *x = NULL;
-    pthread_mutex_lock(&agent->lock);
+    pdx_agent_lock(agent);
     pdx_peer_t *p = pdx_peer_find(agent, remote->peer_name);
     if (p == NULL || p->epoch != remote->peer_epoch) {
         pdx_error("agent %s: xfer make: prepared list for %s is stale",

@@ -7,10 +7,15 @@
  * before calling an op added later. Every op is wired (an op the backend
  * cannot do returns PDX_ERR_UNSUPPORTED), and `caps` matches what is wired.
  *
- * Threading: the agent serialises every call into one backend instance (it
- * holds the agent's lock), so a backend needs no locking of its own for
- * calls made through this table; it may be called from different threads
- * (the caller's and the progress thread), never from two at once. Callbacks
+ * Threading: the agent serialises every call into one backend instance, so
+ * a backend needs no locking of its own for calls made through this table;
+ * it may be called from different threads (the caller's and the progress
+ * thread), never from two at once. Every op but `progress` is called with
+ * the agent's lock held; `progress` is called without it (so a long call,
+ * UCX copying megabytes, stalls no other thread's agent calls), but still
+ * never at the same time as any other op of any backend of that agent.
+ * Callbacks made during `progress` are queued by the agent and handled
+ * once it returns; those made during other ops are handled at once. Callbacks
  * in pdx_backend_host_t must be invoked only from inside a call the agent
  * made into the backend (typically progress), never from a thread of the
  * backend's own. A callback may call back into the backend (peer_error
@@ -147,8 +152,10 @@ typedef struct pdx_backend_ops {
                               const pdx_backend_iov_t *iov, size_t n,
                               const void *notif, size_t notif_len,
                               void **req_p);
-    /* PDX_OK (done, notification sent), PDX_INPROGRESS, or an error. May
-     * progress the backend. Non-blocking. For an aborted request, the end
+    /* PDX_OK (done, notification sent), PDX_INPROGRESS, or an error. The
+     * agent calls `progress` before it when it wants completions moved
+     * along, so a check need not progress (UCX's does not: it is O(1)
+     * under the agent lock). Non-blocking. For an aborted request, the end
      * means no byte of it can land any more: a backend that waits for
      * that (UCX draining gets) gives up after a bounded time by failing
      * the peer and force-closing its connection, and reports that. */
