@@ -1105,6 +1105,12 @@ static pdx_status_t ucx_mem_register(void *bev, const pdx_region_t *region,
         .length = region->len,
         .memory_type = UCS_MEMORY_TYPE_HOST,
     };
+    if (region->flags & PDX_REGION_F_READONLY) {
+        /* No remote write access (RDMA NICs enforce it). */
+        mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_PROT;
+        mp.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE |
+                  UCP_MEM_MAP_PROT_REMOTE_READ;
+    }
     ucs_status_t s = ucp_mem_map(be->ctx, &mp, &md->memh);
     if (s != UCS_OK) {
         pdx_error("ucx: registering 0x%" PRIx64 " +%" PRIu64 " failed: %s",

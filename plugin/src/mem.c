@@ -89,6 +89,11 @@ pdx_status_t pdxi_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
                   agent->name);
         return PDX_ERR_INVALID;
     }
+    if (flags & ~PDX_REGION_F_USER) {
+        pdx_error("agent %s: register: unknown flags 0x%llx", agent->name,
+                  (unsigned long long)(flags & ~PDX_REGION_F_USER));
+        return PDX_ERR_INVALID;
+    }
     pdx_status_t st;
     pdx_agent_lock(agent);
     size_t pos = reg_lower_bound(agent, type, addr);

@@ -358,6 +358,26 @@ static pdx_status_t check_notif(pdx_agent_h agent, const void *notif,
     return PDX_OK;
 }
 
+/* A READ lands in local memory, a WRITE in the peer's: neither may land in
+ * a region registered PDX_REGION_F_READONLY. Logs and returns true when
+ * this one would. */
+static bool lands_readonly(pdx_agent_h agent, const char *what,
+                           pdx_xfer_op_t op, size_t i,
+                           const struct pdx_mem_reg *l,
+                           const pdx_peer_region_t *r, const char *peer)
+{
+    const pdx_region_t *g = op == PDX_XFER_READ ? &l->region : &r->region;
+    if (!(g->flags & PDX_REGION_F_READONLY)) {
+        return false;
+    }
+    pdx_error("agent %s: %s: descriptor %zu: a %s would land in %s region "
+              "0x%llx+%llu, registered read-only", agent->name, what, i,
+              op == PDX_XFER_READ ? "READ" : "WRITE",
+              op == PDX_XFER_READ ? "local" : peer,
+              (unsigned long long)g->addr, (unsigned long long)g->len);
+    return true;
+}
+
 pdx_status_t pdxi_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
                              const pdx_desc_list_t *local,
                              const pdx_desc_list_t *remote, const char *peer,
@@ -426,6 +446,11 @@ pdx_status_t pdxi_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
                 st = PDX_ERR_NOT_FOUND;
                 goto err;
             }
+        }
+        if ((lreg != last_l || rreg != last_r) &&
+            lands_readonly(agent, "xfer create", op, i, lreg, rreg, peer)) {
+            st = PDX_ERR_INVALID;
+            goto err;
         }
         if (x->bindex < 0) {
             x->bindex = choose_backend(agent, p, op, lreg, rreg);
@@ -1179,6 +1204,10 @@ pdx_status_t pdxi_xfer_make(pdx_agent_h agent, pdx_xfer_op_t op,
                           (unsigned long long)rr->region.addr,
                           (unsigned long long)rr->region.len);
                 st = PDX_ERR_STALE;
+                goto err;
+            }
+            if (lands_readonly(agent, "xfer make", op, i, lr, rr, p->name)) {
+                st = PDX_ERR_INVALID;
                 goto err;
             }
             if (x->bindex < 0) {

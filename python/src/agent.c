@@ -1063,7 +1063,8 @@ static PyObject *Agent_register(AgentObject *self, PyObject *args, PyObject *kw)
         Py_DECREF(r);
         return NULL;
     }
-    /* Declared read-only: local READs into it are refused here. */
+    /* Declared read-only: local READs into it are refused here, and the
+     * flag travels to peers, whose WRITEs into it are refused. */
     r->mem.readonly = readonly;
     if (readonly && self->n_readonly >= 64) {
         PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID),
@@ -1080,7 +1081,8 @@ static PyObject *Agent_register(AgentObject *self, PyObject *args, PyObject *kw)
     char err[2048];
     Py_BEGIN_ALLOW_THREADS st =
         pdx_mem_register(self->h, r->mem.mem_type, r->mem.addr, r->mem.len,
-                         r->mem.dev, 0, &r->h);
+                         r->mem.dev, readonly ? PDX_REGION_F_READONLY : 0,
+                         &r->h);
     if (st != PDX_OK) {
         pdxpy_last_error(err, sizeof(err), st, "register");
     }

@@ -500,12 +500,104 @@ static void test_telemetry_and_stats(void **state)
     side_fini(&b);
 }
 
+/* PDX_REGION_F_READONLY: the flag travels in the description; no transfer
+ * lands in such a region (a peer's WRITE, a local READ), both refused at
+ * create and make naming the region; READs from it and WRITEs from it
+ * work. Unknown registration flags are refused. */
+static void test_readonly_regions(void **state)
+{
+    (void)state;
+    side_t a, b;
+    side_init(&a, "ro-a", 0);
+    side_init(&b, "ro-b", 0);
+    unsigned char *bro = malloc(4096), *aro = malloc(4096);
+    assert_non_null(bro);
+    assert_non_null(aro);
+    for (int i = 0; i < 4096; i++) {
+        bro[i] = (unsigned char)(i * 7 + 1);
+        aro[i] = (unsigned char)(i * 5 + 3);
+    }
+    pdx_mem_reg_h rb, ra, bad;
+    assert_int_equal(pdx_mem_register(b.agent, PDX_MEM_DRAM,
+                                      (uintptr_t)bro, 4096, 0,
+                                      PDX_REGION_F_READONLY, &rb),
+                     PDX_OK);
+    assert_int_equal(pdx_mem_register(a.agent, PDX_MEM_DRAM,
+                                      (uintptr_t)aro, 4096, 0,
+                                      PDX_REGION_F_READONLY, &ra),
+                     PDX_OK);
+    EXPECT_INVALID(pdx_mem_register(a.agent, PDX_MEM_DRAM,
+                                    (uintptr_t)(aro + 1), 1, 0, 1ull << 40,
+                                    &bad),
+                   "unknown flags");
+    connect_pair(&a, &b);
+
+    pdx_desc_t mine = {(uintptr_t)a.mem, 4096, 0, 0};
+    pdx_desc_t theirs_ro = {(uintptr_t)bro, 4096, 0, 0};
+    pdx_desc_t theirs = {(uintptr_t)b.mem, 4096, 0, 0};
+    pdx_desc_t mine_ro = {(uintptr_t)aro, 4096, 0, 0};
+    pdx_desc_list_t l = {PDX_MEM_DRAM, &mine, 1};
+    pdx_desc_list_t r_ro = {PDX_MEM_DRAM, &theirs_ro, 1};
+    pdx_desc_list_t r = {PDX_MEM_DRAM, &theirs, 1};
+    pdx_desc_list_t l_ro = {PDX_MEM_DRAM, &mine_ro, 1};
+    pdx_xfer_h x;
+    EXPECT_INVALID(pdx_xfer_create(a.agent, PDX_XFER_WRITE, &l, &r_ro,
+                                   a.peer, NULL, 0, &x),
+                   "read-only");
+    EXPECT_INVALID(pdx_xfer_create(a.agent, PDX_XFER_READ, &l_ro, &r,
+                                   a.peer, NULL, 0, &x),
+                   "read-only");
+    /* Prepared lists: the same refusals at make. */
+    pdx_dlist_h dl, dr_ro, dl_ro, dr;
+    assert_int_equal(pdx_dlist_prepare(a.agent, NULL, &l, &dl), PDX_OK);
+    assert_int_equal(pdx_dlist_prepare(a.agent, a.peer, &r_ro, &dr_ro),
+                     PDX_OK);
+    assert_int_equal(pdx_dlist_prepare(a.agent, NULL, &l_ro, &dl_ro),
+                     PDX_OK);
+    assert_int_equal(pdx_dlist_prepare(a.agent, a.peer, &r, &dr), PDX_OK);
+    uint32_t idx = 0;
+    EXPECT_INVALID(pdx_xfer_make(a.agent, PDX_XFER_WRITE, dl, &idx, dr_ro,
+                                 &idx, 1, NULL, 0, &x),
+                   "read-only");
+    EXPECT_INVALID(pdx_xfer_make(a.agent, PDX_XFER_READ, dl_ro, &idx, dr,
+                                 &idx, 1, NULL, 0, &x),
+                   "read-only");
+    /* Reading from b's read-only region and writing from a's work. */
+    pdx_xfer_h ok[2];
+    assert_int_equal(pdx_xfer_make(a.agent, PDX_XFER_READ, dl, &idx, dr_ro,
+                                   &idx, 1, NULL, 0, &ok[0]),
+                     PDX_OK);
+    assert_int_equal(pdx_xfer_make(a.agent, PDX_XFER_WRITE, dl_ro, &idx, dr,
+                                   &idx, 1, NULL, 0, &ok[1]),
+                     PDX_OK);
+    for (int k = 0; k < 2; k++) {
+        assert_true(pdx_xfer_post(ok[k]) >= 0);
+        pdx_status_t st = PDX_INPROGRESS;
+        for (int i = 0; i < 100000 && st == PDX_INPROGRESS; i++) {
+            st = pdx_xfer_check(ok[k]);
+        }
+        assert_int_equal(st, PDX_OK);
+        pdx_xfer_release(ok[k]);
+    }
+    assert_memory_equal(a.mem, bro, 4096);
+    assert_memory_equal(b.mem, aro, 4096);
+    pdx_dlist_release(dl);
+    pdx_dlist_release(dr_ro);
+    pdx_dlist_release(dl_ro);
+    pdx_dlist_release(dr);
+    side_fini(&a);
+    side_fini(&b);
+    free(bro);
+    free(aro);
+}
+
 int main(void)
 {
     pdx_log_set_handler(quiet, NULL);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_null_handles),
         cmocka_unit_test(test_released_handles),
+        cmocka_unit_test(test_readonly_regions),
         cmocka_unit_test(test_last_error_per_thread),
         cmocka_unit_test(test_telemetry_and_stats),
     };

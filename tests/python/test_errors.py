@@ -353,6 +353,20 @@ def test_readonly_buffers():
         x.wait(timeout=20)
         x.release()
         assert bytes(dst) == data
+        # The flag travels to peers: b's WRITE into a's read-only region is
+        # refused before posting (a READ from it works, byte-exact).
+        with pytest.raises(pdx.InvalidArgument, match="read-only") as e:
+            b.create_xfer("WRITE", [(pdx.addr_of(dst), 64, 0)],
+                          [(ro.addr, 64, 0)], "ro-a")
+        assert "ro-a region" in str(e.value)
+        back = bytearray(len(data))
+        b.register(back)
+        x = b.create_xfer("READ", [(pdx.addr_of(back), len(data), 0)],
+                          [(ro.addr, len(data), 0)], "ro-a")
+        x.post()
+        x.wait(timeout=20)
+        x.release()
+        assert bytes(back) == data
         # Prepared lists: entry 1 is in the read-only region.
         local = a.prep_dlist([(rw.addr, 64, 0), (ro.addr, 64, 0)])
         remote = a.prep_dlist([(pdx.addr_of(dst), 64, 0)], "ro-b")

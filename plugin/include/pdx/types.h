@@ -46,6 +46,16 @@ typedef struct pdx_desc_list {
  * pdx_mem_alloc or pdx_mem_share, so a same-host peer may map it
  * (pdx_region_t's shm_fd and shm_offset are valid). */
 #define PDX_REGION_F_SHARED (1ull << 1)
+/* Read-only to transfers: peers may READ it, but no transfer lands in it.
+ * The flag travels in the agent's description, so a peer's WRITE into it
+ * and a local READ into it are refused at pdx_xfer_create /
+ * pdx_xfer_make (PDX_ERR_INVALID, naming the region). UCX registers it
+ * without remote write access (enforced by RDMA NICs; over shared memory
+ * and cma the initiator's refusal is the guard). For memory the caller
+ * must not see changed (Python's bytes). */
+#define PDX_REGION_F_READONLY (1ull << 2)
+/* Every flag a caller may pass to pdx_mem_register. */
+#define PDX_REGION_F_USER (PDX_REGION_F_PIN | PDX_REGION_F_READONLY)
 
 /* pdx_mem_alloc flags. */
 /* Fault every page in at allocation (MAP_POPULATE). */
