@@ -3,12 +3,17 @@
 
 #include "pdx_call.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
+
+#include <xxhash.h>
 
 typedef struct {
     pdx_log_cb_t cb;
@@ -65,6 +70,71 @@ void pdx_log_set_handler(pdx_log_cb_t cb, void *arg)
     atomic_store(&g_sink, s);
 }
 
+/* Repeated identical lines (errors and warnings: a caller polling a dead
+ * peer) are shown at most g_rep_burst times per g_rep_window_ns; the rest
+ * are counted, and the next one shown after the window says how many were
+ * left out. PDX_LOG_REPEAT="N/MS" sets both (N=0: no limit). A small table
+ * of recent lines by hash, one leaf lock taken with trylock: a contended
+ * or (after fork) stuck lock only means the line is shown. */
+#define REP_SLOTS 64
+typedef struct rep_slot {
+    uint64_t hash;
+    uint64_t window_start_ns;
+    uint32_t shown, dropped;
+} rep_slot_t;
+static pthread_mutex_t g_rep_lock = PTHREAD_MUTEX_INITIALIZER;
+static rep_slot_t g_rep[REP_SLOTS];
+static uint32_t g_rep_burst = 5;
+static uint64_t g_rep_window_ns = 10000000000ull;
+static pthread_once_t g_rep_once = PTHREAD_ONCE_INIT;
+
+static void rep_init(void)
+{
+    const char *env = getenv("PDX_LOG_REPEAT");
+    unsigned n;
+    unsigned long long ms;
+    if (env != NULL && sscanf(env, "%u/%llu", &n, &ms) == 2 && ms > 0 &&
+        ms < 3600000ull) {
+        g_rep_burst = n;
+        g_rep_window_ns = ms * 1000000ull;
+    }
+}
+
+static uint64_t rep_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Should `line` be shown? *dropped_p gets how many identical lines were
+ * left out before it (to be said with it). */
+static int rep_admit(const char *line, uint32_t *dropped_p)
+{
+    *dropped_p = 0;
+    pthread_once(&g_rep_once, rep_init);
+    if (g_rep_burst == 0 || pthread_mutex_trylock(&g_rep_lock) != 0) {
+        return 1;
+    }
+    uint64_t h = XXH3_64bits(line, strlen(line)) | 1; /* 0: a free slot */
+    uint64_t now = rep_now_ns();
+    rep_slot_t *slot = &g_rep[h % REP_SLOTS];
+    int show = 1;
+    if (slot->hash != h || now - slot->window_start_ns >= g_rep_window_ns) {
+        /* A new line, or its window is over: start one (an evicted line
+         * only loses its count). */
+        *dropped_p = slot->hash == h ? slot->dropped : 0;
+        *slot = (rep_slot_t){.hash = h, .window_start_ns = now, .shown = 1};
+    } else if (slot->shown < g_rep_burst) {
+        slot->shown++;
+    } else {
+        slot->dropped++;
+        show = 0;
+    }
+    pthread_mutex_unlock(&g_rep_lock);
+    return show;
+}
+
 void pdx_log(pdx_log_level_t level, const char *fmt, ...)
 {
     static const char *tags[] = {"error", "warn", "info", "debug", "trace"};
@@ -82,6 +152,16 @@ void pdx_log(pdx_log_level_t level, const char *fmt, ...)
     pdx_call_capture(level, line);
     if (!shown) {
         return;
+    }
+    uint32_t dropped = 0;
+    if (level <= PDX_LOG_WARN && !rep_admit(line, &dropped)) {
+        return;
+    }
+    if (dropped > 0) {
+        size_t n = strlen(line);
+        snprintf(line + n, sizeof(line) - n,
+                 " (%u identical lines left out in the last %llu s)", dropped,
+                 (unsigned long long)(g_rep_window_ns / 1000000000ull));
     }
     log_sink_t *s = atomic_load(&g_sink);
     if (s != NULL) {

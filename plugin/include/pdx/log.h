@@ -39,7 +39,11 @@ PDX_API void pdx_log_set_level(pdx_log_level_t level);
 PDX_API pdx_log_level_t pdx_log_get_level(void);
 
 /* Log a line through the current sink (used by backends and tools too).
- * printf-style; thread-safe; never blocks beyond the sink itself. */
+ * printf-style; thread-safe; never blocks beyond the sink itself.
+ * Identical error and warning lines are rate-limited: at most 5 per 10 s
+ * reach the sink (PDX_LOG_REPEAT="N/MS" changes it, "0/1" turns it off);
+ * the first one shown after a window says how many were left out.
+ * pdx_last_error() still gets every line of a failing call. */
 PDX_API void pdx_log(pdx_log_level_t level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
