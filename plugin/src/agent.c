@@ -440,6 +440,9 @@ void pdx_agent_wake(pdx_agent_h agent)
  * well under a millisecond of CPU. */
 #define PROGRESS_IDLE_MS 100
 #define PROGRESS_SPIN_NS 10000000ull
+/* Longest sleep with requests in flight on event-fd backends only: how
+ * late a request timeout can be noticed (their unit is ms). */
+#define PROGRESS_INFLIGHT_MS 1
 
 /* Add pidfds of peers loaded since the last pass to the progress thread's
  * set (a closed pidfd leaves it by itself). Lock held. */
@@ -459,27 +462,34 @@ static void watch_pidfds_locked(pdx_agent_h agent)
 }
 
 /* How long the progress thread may sleep now, in ms: 0, progress again at
- * once (a backend has events pending); -1, requests are in flight: a short
- * fixed pause (progress_interval_us) as before, since backends without an
- * event fd, request timeouts and UCX drains need passes, and waking per
- * event costs more than the pause under load; else the backends' event
- * fds are armed and the thread sleeps until an event (a message for a
- * backend, a peer's exit, a stats client, a wake) or PROGRESS_IDLE_MS.
- * Lock held. */
+ * once (a backend has events pending); -1, a short fixed pause
+ * (progress_interval_us): a request is in flight on a backend without an
+ * event fd (cma completes in its own threads and is polled), or was
+ * shortly ago (PROGRESS_SPIN_NS, so the next one of a stream is served at
+ * once); else every backend's event fd is armed and the thread sleeps
+ * until an event (a message or completion for a backend, a peer's exit, a
+ * stats client, a wake), or PROGRESS_INFLIGHT_MS with requests in flight
+ * (their timeouts), or PROGRESS_IDLE_MS. Lock held, no backend busy. */
 static int idle_timeout_locked(pdx_agent_h agent, uint64_t *busy_ns)
 {
     uint64_t now = pdx_now_ns();
+    bool inflight = false, polled = false;
     for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
         if (x->status == PDX_INPROGRESS || x->breq != NULL) {
-            *busy_ns = now;
-            return -1;
+            inflight = true;
+            if (!(agent->backends[x->bindex]->ops->caps &
+                  PDX_BACKEND_CAP_EVENT_FD)) {
+                polled = true;
+                break;
+            }
         }
     }
-    /* A short spin after activity (PROGRESS_SPIN_NS of passes at the
-     * interval): a peer's next request in a stream is served at once,
-     * and the event path is taken only once the agent is quiet. */
-    if (now - *busy_ns < PROGRESS_SPIN_NS) {
+    if (polled) {
+        *busy_ns = now;
         return -1;
+    }
+    if (!inflight && now - *busy_ns < PROGRESS_SPIN_NS) {
+        return -1; /* polled requests shortly ago: the next may follow */
     }
     for (uint32_t i = 0; i < agent->nbackends; i++) {
         struct pdx_backend *b = agent->backends[i];
@@ -488,14 +498,14 @@ static int idle_timeout_locked(pdx_agent_h agent, uint64_t *busy_ns)
             return 0;
         }
     }
-    return PROGRESS_IDLE_MS;
+    return inflight ? PROGRESS_INFLIGHT_MS : PROGRESS_IDLE_MS;
 }
 
 static void *progress_main(void *arg)
 {
     pdx_agent_h agent = arg;
     struct epoll_event evs[16];
-    uint64_t busy_ns = 0; /* last pass that did something */
+    uint64_t busy_ns = 0; /* last pass with a polled request in flight */
     while (!__atomic_load_n(&agent->stop, __ATOMIC_ACQUIRE)) {
         pdx_agent_lock(agent);
         int n = pdx_agent_progress_locked(agent);
@@ -506,8 +516,6 @@ static void *progress_main(void *arg)
         if (n == 0) {
             watch_pidfds_locked(agent);
             timeout = idle_timeout_locked(agent, &busy_ns);
-        } else {
-            busy_ns = pdx_now_ns();
         }
         /* Under the lock: a post or load after this sees it and wakes us
          * (one before it was seen by idle_timeout_locked). */
