@@ -9,14 +9,23 @@
  * Bounded calls: nothing waits for a peer while holding the agent lock. A
  * dead peer's requests are failed and its connection force-closed without
  * waiting; a hung peer's (timed out, aborted) are stopped in the
- * background by progress. So a call documented as non-blocking waits at
- * most for the lock, which any thread holds for one bounded step: one
- * progress pass (UCX: at most 0.5 ms of worker progress; cma: at most one
- * 1 MiB chunk copy, or one process_vm call), a post (cma copies requests
- * up to 1 MiB inline), or a request's make. Measured on a shared 2-core VM
- * while a peer was killed or stopped mid-transfer (tests/faults/stall.c):
- * p99 under 0.4 ms, longest call under 40 ms (scheduler preemption of the
- * lock holder included); transfers to other peers carried on.
+ * background by progress. A backend's progress call and a post run
+ * WITHOUT the agent lock (one UCX progress call over sm or tcp can copy
+ * megabytes: 10-45 ms measured): other calls that need a backend wait
+ * for that one call at most; pdx_peer_state, pdx_notif_poll, the stats
+ * reads and pdx_xfer_check (with a progress thread, or while another
+ * thread is in a backend) never wait for it. What runs under the lock is
+ * short: a request check (UCX O(1); cma copies at most one 512 KiB
+ * half-chunk), a make, liveness and timeout sweeps. With a progress
+ * thread, pdx_xfer_check and pdx_notif_poll do not progress backends (the
+ * thread does, woken by their events); without one, they progress the
+ * request's backend (xfer_check) or all of them (notif_poll) themselves.
+ * Measured on a shared 2-core VM while a peer was killed or stopped
+ * mid-transfer (tests/faults/stall.c): p99 0.002-0.003 ms, longest call
+ * 1-5 ms alone; beside a pdx-bench run and two compiles (load 4-5), 134 of
+ * 140 runs kept every call under 50 ms: the others were a lock holder
+ * descheduled for 60-160 ms (waits quantized at the 10 ms tick), not work
+ * under the lock. Transfers to other peers carried on.
  *
  * Handles: every function refuses a NULL handle with PDX_ERR_INVALID (a
  * void function does nothing) and a pdx_last_error() naming the argument.
@@ -118,9 +127,11 @@ typedef struct pdx_agent_params {
      * PDX_ERR_TIMEOUT (hung peer). 0 = never. Default 60000 ms. */
     uint32_t xfer_timeout_ms;
     /* Progress thread pause between passes while requests are in flight
-     * and for 10 ms after activity, microseconds. Default 50. Otherwise
-     * the thread sleeps on events (backend event fds, peers' pidfds, the
-     * stats socket, posts and loads), waking at least once a second. */
+     * on a backend without an event fd (cma) and for 10 ms after them,
+     * microseconds. Default 50. Otherwise the thread sleeps on events
+     * (backend event fds, armed: UCX messages and completions; peers'
+     * pidfds, the stats socket, posts and loads), waking after 1 ms with
+     * requests in flight (their timeouts) and 100 ms without. */
     uint32_t progress_interval_us;
     /* pdx_path_policy_t; default PDX_PATH_POLICY_ANY. */
     uint32_t path_policy;
