@@ -144,6 +144,7 @@ int mode_transfer(const bench_opts_t *o, cJSON *root);
 int mode_handoff(const bench_opts_t *o, cJSON *root);
 int mode_hash(const bench_opts_t *o, cJSON *root);
 int mode_offload(const bench_opts_t *o, cJSON *root);
+int mode_idle(const bench_opts_t *o, cJSON *root);
 
 /* Targets (the other process). */
 int target_transfer(const bench_opts_t *o);

@@ -17,6 +17,7 @@ static void usage(FILE *f)
         f,
         "usage: pdx-bench MODE [options]\n"
         "modes:\n"
+        "  idle       CPU and wake-ups of an idle agent (0 and 8 peers)\n"
         "  transfer   READ/WRITE between two processes vs ucx_perftest and "
         "memcpy\n"
         "  handoff    GLM-5.2 request P->D through the KV connector vs "
@@ -374,7 +375,8 @@ int main(int argc, char **argv)
     } modes[] = {{"transfer", mode_transfer},
                  {"handoff", mode_handoff},
                  {"hash", mode_hash},
-                 {"offload", mode_offload}};
+                 {"offload", mode_offload},
+                 {"idle", mode_idle}};
     int all = strcmp(o.mode, "all") == 0;
     int found = 0, rc = 0;
     cJSON *root = cJSON_CreateObject();

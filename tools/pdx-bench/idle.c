@@ -1,0 +1,189 @@
+/* pdx-bench idle: what an idle agent costs. A child process holds one
+ * agent with the progress thread on (UCX backend, the cma backend) and
+ * loads K peers (0 and 8): agents of the parent process, a separate
+ * process so their CPU is not counted. Nothing is transferred; the child
+ * measures its own CPU time (getrusage) and its threads' voluntary
+ * context switches (wake-ups) over the measured seconds. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+#define IDLE_MAX_PEERS 8
+
+typedef struct idle_result {
+    double cpu_ms_per_s, wakeups_per_s;
+    int ok;
+} idle_result_t;
+
+static pdx_agent_h idle_agent(const char *name)
+{
+    pdx_agent_params_t ap = {.field_mask = PDX_AGENT_PARAM_FLAGS,
+                             .flags = PDX_AGENT_F_PROGRESS_THREAD};
+    pdx_agent_h a;
+    if (pdx_agent_create(name, &ap, &a) != PDX_OK ||
+        pdx_backend_create(a, "ucx", NULL, 0, NULL) != PDX_OK) {
+        die("idle: agent %s: %s", name, pdx_last_error());
+    }
+    pdx_backend_create(a, "cma", NULL, 0, NULL); /* optional here */
+    return a;
+}
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n > 0) {
+        ssize_t k = write(fd, c, n);
+        if (k <= 0) {
+            return -1;
+        }
+        c += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int read_all(int fd, void *p, size_t n)
+{
+    char *c = p;
+    while (n > 0) {
+        ssize_t k = read(fd, c, n);
+        if (k <= 0) {
+            return -1;
+        }
+        c += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Voluntary context switches of every thread of the process (Linux sums
+ * threads in RUSAGE_SELF): each is a wake-up after a wait. */
+static uint64_t task_switches(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (uint64_t)ru.ru_nvcsw;
+}
+
+/* The measured child: load `k` blobs read from `in`, sleep, report. */
+static void idle_child(int in, int out, int k, double secs_)
+{
+    pdx_agent_h a = idle_agent("idle-me");
+    for (int i = 0; i < k; i++) {
+        uint32_t len;
+        if (read_all(in, &len, sizeof(len)) != 0 || len > (64u << 20)) {
+            _exit(3);
+        }
+        void *blob = malloc(len);
+        if (blob == NULL || read_all(in, blob, len) != 0 ||
+            pdx_peer_load(a, blob, len, NULL) != PDX_OK) {
+            fprintf(stderr, "idle: load: %s\n", pdx_last_error());
+            _exit(3);
+        }
+        free(blob);
+    }
+    /* Settle (connection set-up), then measure. */
+    struct timespec settle = {0, 300 * 1000000L};
+    nanosleep(&settle, NULL);
+    struct rusage r0, r1;
+    getrusage(RUSAGE_SELF, &r0);
+    uint64_t w0 = task_switches(), t0 = now_ns();
+    struct timespec ts = {(time_t)secs_,
+                          (long)((secs_ - (double)(time_t)secs_) * 1e9)};
+    nanosleep(&ts, NULL);
+    getrusage(RUSAGE_SELF, &r1);
+    uint64_t w1 = task_switches(), t1 = now_ns();
+    double cpu_us = (double)(r1.ru_utime.tv_sec - r0.ru_utime.tv_sec) * 1e6 +
+                    (double)(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec) +
+                    (double)(r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) * 1e6 +
+                    (double)(r1.ru_stime.tv_usec - r0.ru_stime.tv_usec);
+    double wall_s = secs(t1 - t0);
+    idle_result_t res = {.cpu_ms_per_s = cpu_us / 1e3 / wall_s,
+                         /* minus the main thread's own nanosleep wake-up */
+                         .wakeups_per_s = (double)(w1 - w0 - 1) / wall_s,
+                         .ok = 1};
+    write_all(out, &res, sizeof(res));
+    pdx_agent_destroy(a);
+    _exit(0);
+}
+
+static int idle_case(int k, double secs_, idle_result_t *res)
+{
+    int down[2], up[2];
+    if (pipe(down) != 0 || pipe(up) != 0) {
+        die("idle: pipe: %s", strerror(errno));
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        die("idle: fork: %s", strerror(errno));
+    }
+    if (pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        idle_child(down[0], up[1], k, secs_);
+    }
+    close(down[0]);
+    close(up[1]);
+    pdx_agent_h peers[IDLE_MAX_PEERS];
+    for (int i = 0; i < k; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "idle-peer%d", i);
+        peers[i] = idle_agent(name);
+        void *blob;
+        size_t len;
+        if (pdx_agent_describe(peers[i], &blob, &len) != PDX_OK) {
+            die("idle: describe: %s", pdx_last_error());
+        }
+        uint32_t l32 = (uint32_t)len;
+        if (write_all(down[1], &l32, sizeof(l32)) != 0 ||
+            write_all(down[1], blob, len) != 0) {
+            die("idle: the child went away");
+        }
+        pdx_blob_free(blob);
+    }
+    int rc = read_all(up[0], res, sizeof(*res));
+    int status = 0;
+    waitpid(pid, &status, 0);
+    for (int i = 0; i < k; i++) {
+        pdx_agent_destroy(peers[i]);
+    }
+    close(down[1]);
+    close(up[0]);
+    return rc == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+int mode_idle(const bench_opts_t *o, cJSON *root)
+{
+    double secs_ = o->quick ? 1.0 : 5.0;
+    say("# idle agent (progress thread on, ucx + cma backends), one process, "
+        "peers in another; CPU of the whole process over %.0f s\n", secs_);
+    say("%-6s %14s %14s\n", "peers", "cpu ms/s", "wake-ups/s");
+    cJSON *rows = cJSON_AddArrayToObject(root, "rows");
+    int bad = 0;
+    int ks[] = {0, IDLE_MAX_PEERS};
+    for (size_t i = 0; i < 2; i++) {
+        idle_result_t r = {0};
+        if (idle_case(ks[i], secs_, &r) != 0 || !r.ok) {
+            say("%-6d %14s\n", ks[i], "FAILED");
+            bad = 1;
+            continue;
+        }
+        say("%-6d %14.2f %14.1f\n", ks[i], r.cpu_ms_per_s, r.wakeups_per_s);
+        cJSON *row = cJSON_CreateObject();
+        jnum(row, "peers", ks[i]);
+        jnum(row, "cpu_ms_per_s", r.cpu_ms_per_s);
+        jnum(row, "wakeups_per_s", r.wakeups_per_s);
+        cJSON_AddItemToArray(rows, row);
+        if (r.cpu_ms_per_s > 2.0) {
+            say("#   target: <= 2 ms of CPU per second: NOT MET\n");
+        }
+    }
+    return bad;
+}
