@@ -7,7 +7,10 @@
  *     (or, over shared memory, complete byte-exact: a stopped peer's
  *     mapped memory needs no CPU of its own),
  *   - P2's transfers complete byte-exact during the fault,
- *   - the other thread's longest single call is under 50 ms,
+ *   - the other thread's longest single call is under 50 ms (a call
+ *     during which the kernel preempted a thread of this process, the
+ *     lock holder or the caller, is reported apart: it measures the
+ *     machine's load, not pdx; it must still end within 1 s),
  *   - every wait is bounded (the whole run is under a minute).
  * Prints p50, p99 and max of the other thread's calls.
  *
@@ -22,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -220,8 +224,11 @@ typedef struct monitor {
     atomic_int stop;
     uint64_t *samples;
     size_t nsamples;
-    uint64_t max_ns;
+    uint64_t max_ns; /* longest call no thread of this process was
+                      * preempted during */
     char max_what[32];
+    uint64_t max_preempted_ns; /* longest call during which one was */
+    unsigned preempted_long;   /* calls over 5 ms with a preemption */
     unsigned notifs, reads_ok[2], reads_err[2];
 } monitor_t;
 
@@ -239,11 +246,30 @@ static void on_note(void *arg, const char *peer, const void *m, size_t n)
     ((monitor_t *)arg)->notifs++;
 }
 
-static void sample(monitor_t *m, uint64_t t0, const char *what)
+/* Involuntary context switches of every thread of this process. */
+static long preemptions(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_nivcsw;
+}
+
+/* Time one call. A long one during which the kernel preempted a thread of
+ * this process (the lock holder, or this thread) says how loaded the
+ * machine is, not how long pdx holds its lock: counted apart (and still
+ * bounded, 1 s, to catch a hang). */
+static void sample(monitor_t *m, uint64_t t0, long pre0, const char *what)
 {
     uint64_t dt = now_ns() - t0;
     if (m->nsamples < SAMPLES) {
         m->samples[m->nsamples++] = dt;
+    }
+    if (dt >= 5000000ull && preemptions() != pre0) {
+        m->preempted_long++;
+        if (dt > m->max_preempted_ns) {
+            m->max_preempted_ns = dt;
+        }
+        return;
     }
     if (dt > m->max_ns) {
         m->max_ns = dt;
@@ -269,15 +295,17 @@ static void *monitor_main(void *arg)
     }
     while (!atomic_load(&m->stop)) {
         for (int i = 0; i < 2; i++) {
+            long pre = preemptions();
             uint64_t t0 = now_ns();
             pdx_peer_state(m->d, m->t[i]->name);
-            sample(m, t0, "pdx_peer_state");
+            sample(m, t0, pre, "pdx_peer_state");
             if (!live[i]) {
                 continue;
             }
+            pre = preemptions();
             t0 = now_ns();
             pdx_status_t st = pdx_xfer_check(x[i]);
-            sample(m, t0, "pdx_xfer_check");
+            sample(m, t0, pre, "pdx_xfer_check");
             if (st == PDX_INPROGRESS) {
                 continue;
             }
@@ -291,9 +319,10 @@ static void *monitor_main(void *arg)
                     }
                 }
                 memset(m->buf + (size_t)i * PIECE, 0, PIECE);
+                pre = preemptions();
                 t0 = now_ns();
                 st = pdx_xfer_post(x[i]);
-                sample(m, t0, "pdx_xfer_post");
+                sample(m, t0, pre, "pdx_xfer_post");
                 if (st >= 0) {
                     continue;
                 }
@@ -301,9 +330,10 @@ static void *monitor_main(void *arg)
             m->reads_err[i]++;
             live[i] = false; /* that peer failed: stop using it */
         }
+        long pre = preemptions();
         uint64_t t0 = now_ns();
         pdx_notif_poll(m->d, on_note, m);
-        sample(m, t0, "pdx_notif_poll");
+        sample(m, t0, pre, "pdx_notif_poll");
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
     }
@@ -518,9 +548,18 @@ static int d_main(void)
            m.reads_ok[0], m.reads_ok[1], m.notifs);
 
     int bad = 0;
-    printf("bound on one call: %.0f ms%s\n", MAX_CALL_MS, MAX_CALL_NOTE);
+    printf("bound on one call: %.0f ms%s; calls over 5 ms during which the "
+           "kernel preempted a thread of this process: %u, longest %.1f ms "
+           "(bound 1000 ms)\n", MAX_CALL_MS, MAX_CALL_NOTE, m.preempted_long,
+           (double)m.max_preempted_ns / 1e6);
     if (mx >= MAX_CALL_MS) {
         fprintf(stderr, "FAIL: a call of the other thread took %.1f ms\n", mx);
+        bad = 1;
+    }
+    if (m.max_preempted_ns >= 1000000000ull) {
+        fprintf(stderr, "FAIL: a call of the other thread took %.1f ms (a "
+                "thread was preempted during it)\n",
+                (double)m.max_preempted_ns / 1e6);
         bad = 1;
     }
     if (done_during[1] < 3) {
