@@ -145,9 +145,11 @@ int mode_handoff(const bench_opts_t *o, cJSON *root);
 int mode_hash(const bench_opts_t *o, cJSON *root);
 int mode_offload(const bench_opts_t *o, cJSON *root);
 int mode_idle(const bench_opts_t *o, cJSON *root);
+int mode_latency(const bench_opts_t *o, cJSON *root);
 
 /* Targets (the other process). */
 int target_transfer(const bench_opts_t *o);
+int target_ucp(const bench_opts_t *o);
 int target_handoff(const bench_opts_t *o);
 
 /* Plotting with gnuplot: panels of series of (x, y) points. */

@@ -18,6 +18,8 @@ static void usage(FILE *f)
         "usage: pdx-bench MODE [options]\n"
         "modes:\n"
         "  idle       CPU and wake-ups of an idle agent (0 and 8 peers)\n"
+        "  latency    one request at a time, pdx's ucx backend vs a raw UCP "
+        "loop\n"
         "  transfer   READ/WRITE between two processes vs ucx_perftest and "
         "memcpy\n"
         "  handoff    GLM-5.2 request P->D through the KV connector vs "
@@ -355,6 +357,9 @@ int main(int argc, char **argv)
         if (strcmp(o.target_kind, "transfer") == 0) {
             return target_transfer(&o);
         }
+        if (strcmp(o.target_kind, "ucp") == 0) {
+            return target_ucp(&o);
+        }
         if (strcmp(o.target_kind, "handoff") == 0) {
             return target_handoff(&o);
         }
@@ -376,7 +381,8 @@ int main(int argc, char **argv)
                  {"handoff", mode_handoff},
                  {"hash", mode_hash},
                  {"offload", mode_offload},
-                 {"idle", mode_idle}};
+                 {"idle", mode_idle},
+                 {"latency", mode_latency}};
     int all = strcmp(o.mode, "all") == 0;
     int found = 0, rc = 0;
     cJSON *root = cJSON_CreateObject();

@@ -1,0 +1,359 @@
+/* pdx-bench latency: one request at a time, pdx's ucx backend against a
+ * raw UCP loop in the same run (issue 19 item 2). The floor: two
+ * processes, the target maps a region and spins on ucp_worker_progress
+ * (as UCX's own examples do); the initiator posts `batch` ucp_get_nbx /
+ * ucp_put_nbx of `size` bytes and flushes the endpoint, progressing its
+ * worker until the flush completes. pdx: the same sizes and batches as
+ * one prepared request (pdx_xfer_make once, then post + poll
+ * pdx_xfer_check), both agents with their progress thread on, UCX only
+ * (no cma). Per case: p50 and p99 of the request time and GB/s over the
+ * timed requests; ratios pdx / UCP. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <ucp/api/ucp.h>
+
+#include "bench.h"
+
+#define LAT_REGION (64ull << 20)
+
+#define UCS_CHECK(call)                                                        \
+    do {                                                                       \
+        ucs_status_t s_ = (call);                                              \
+        if (s_ != UCS_OK) {                                                    \
+            die("%s: %s", #call, ucs_status_string(s_));                       \
+        }                                                                      \
+    } while (0)
+
+typedef struct ucp_side {
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_mem_h memh;
+    uint8_t *mem;
+} ucp_side_t;
+
+static void ucp_side_init(ucp_side_t *u, const char *tls)
+{
+    ucp_config_t *cfg;
+    UCS_CHECK(ucp_config_read(NULL, NULL, &cfg));
+    UCS_CHECK(ucp_config_modify(cfg, "TLS", tls));
+    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                      .features = UCP_FEATURE_RMA};
+    UCS_CHECK(ucp_init(&p, cfg, &u->ctx));
+    ucp_config_release(cfg);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    UCS_CHECK(ucp_worker_create(u->ctx, &wp, &u->worker));
+    u->mem = big_alloc(LAT_REGION);
+    memset(u->mem, 0x5a, LAT_REGION);
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                      UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+        .address = u->mem,
+        .length = LAT_REGION};
+    UCS_CHECK(ucp_mem_map(u->ctx, &mp, &u->memh));
+}
+
+static void ucp_side_fini(ucp_side_t *u)
+{
+    ucp_mem_unmap(u->ctx, u->memh);
+    ucp_worker_destroy(u->worker);
+    ucp_cleanup(u->ctx);
+    big_free(u->mem, LAT_REGION);
+}
+
+/* The raw target: address, rkey and region out; then progress until the
+ * initiator says quit (the control socket is looked at every 4096 idle
+ * calls, so it costs the loop nothing). */
+int target_ucp(const bench_opts_t *o)
+{
+    int fd = o->target_fd;
+    ucp_side_t u;
+    ucp_side_init(&u, o->tls);
+    ucp_address_t *addr;
+    size_t alen;
+    UCS_CHECK(ucp_worker_get_address(u.worker, &addr, &alen));
+    ctl_send(fd, addr, (uint32_t)alen);
+    ucp_worker_release_address(u.worker, addr);
+    void *rkey;
+    size_t rlen;
+    UCS_CHECK(ucp_rkey_pack(u.ctx, u.memh, &rkey, &rlen));
+    ctl_send(fd, rkey, (uint32_t)rlen);
+    ucp_rkey_buffer_release(rkey);
+    ctl_sendf(fd, "region %llx %llu", (unsigned long long)(uintptr_t)u.mem,
+              (unsigned long long)LAT_REGION);
+    for (unsigned n = 0;; n++) {
+        if (ucp_worker_progress(u.worker) == 0 && (n & 4095) == 0) {
+            struct pollfd pfd = {.fd = fd, .events = POLLIN};
+            if (poll(&pfd, 1, 0) > 0) {
+                char *m = ctl_recv(fd, NULL);
+                int quit = m == NULL || strcmp(m, "quit") == 0;
+                free(m);
+                if (quit) {
+                    break;
+                }
+            }
+        }
+    }
+    ucp_side_fini(&u);
+    return 0;
+}
+
+typedef struct lat_case {
+    int write;
+    uint64_t size;
+    uint32_t batch;
+} lat_case_t;
+
+typedef struct lat_res {
+    double p50_us, p99_us, gbps;
+    size_t n;
+} lat_res_t;
+
+static void summarize(dvec_t *v, uint64_t bytes_per, lat_res_t *r)
+{
+    double sum = 0;
+    for (size_t i = 0; i < v->n; i++) {
+        sum += v->v[i];
+    }
+    r->n = v->n;
+    r->p50_us = quantile(v->v, v->n, 0.5) / 1e3;
+    r->p99_us = quantile(v->v, v->n, 0.99) / 1e3;
+    r->gbps = sum > 0 ? (double)bytes_per * (double)v->n / sum : 0;
+}
+
+static void wait_req(ucp_worker_h w, ucs_status_ptr_t sp, const char *what)
+{
+    if (sp == NULL) {
+        return;
+    }
+    if (UCS_PTR_IS_ERR(sp)) {
+        die("ucp %s: %s", what, ucs_status_string(UCS_PTR_STATUS(sp)));
+    }
+    while (ucp_request_check_status(sp) == UCS_INPROGRESS) {
+        ucp_worker_progress(w);
+    }
+    ucp_request_free(sp);
+}
+
+static void run_ucp(const bench_opts_t *o, const lat_case_t *c,
+                    lat_res_t *r)
+{
+    int fd;
+    int pid = spawn_target(o, "ucp", NULL, &fd);
+    ucp_side_t u;
+    ucp_side_init(&u, o->tls);
+    uint32_t alen, rlen;
+    char *addr = ctl_recv(fd, &alen), *rk = ctl_recv(fd, &rlen);
+    char *m = ctl_recv(fd, NULL);
+    unsigned long long base = 0, len = 0;
+    if (addr == NULL || rk == NULL || m == NULL ||
+        sscanf(m, "region %llx %llu", &base, &len) != 2) {
+        die("latency: the UCP target did not start");
+    }
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
+                          .address = (const ucp_address_t *)addr};
+    ucp_ep_h e;
+    UCS_CHECK(ucp_ep_create(u.worker, &ep, &e));
+    ucp_rkey_h rkey;
+    UCS_CHECK(ucp_ep_rkey_unpack(e, rk, &rkey));
+    dvec_t v = {0};
+    uint64_t span = c->size * c->batch;
+    uint64_t warm_until = 0, end = 0, t_start = now_ns();
+    warm_until = t_start + (uint64_t)((o->quick ? 0.02 : 0.1) * 1e9);
+    end = warm_until + (uint64_t)(o->case_s * 1e9);
+    ucp_request_param_t rp = {.op_attr_mask = 0};
+    for (size_t it = 0;; it++) {
+        uint64_t t0 = now_ns();
+        if (t0 > end && v.n >= 20) {
+            break;
+        }
+        uint64_t off = (it * span) % (LAT_REGION - span + 1);
+        for (uint32_t j = 0; j < c->batch; j++) {
+            uint64_t o2 = off + (uint64_t)j * c->size;
+            ucs_status_ptr_t sp =
+                c->write ? ucp_put_nbx(e, u.mem + o2, c->size, base + o2,
+                                       rkey, &rp)
+                         : ucp_get_nbx(e, u.mem + o2, c->size, base + o2,
+                                       rkey, &rp);
+            if (UCS_PTR_IS_ERR(sp)) {
+                die("ucp %s: %s", c->write ? "put" : "get",
+                    ucs_status_string(UCS_PTR_STATUS(sp)));
+            }
+            if (sp != NULL) {
+                ucp_request_free(sp); /* completion is the flush's */
+            }
+        }
+        wait_req(u.worker, ucp_ep_flush_nbx(e, &rp), "flush");
+        uint64_t t1 = now_ns();
+        if (t0 >= warm_until) {
+            dvec_push(&v, (double)(t1 - t0));
+        }
+    }
+    summarize(&v, span, r);
+    dvec_free(&v);
+    ucp_rkey_destroy(rkey);
+    /* A flush close: the target is alive (a forced close needs peer error
+     * handling, which the floor does not pay for). */
+    ucp_request_param_t cp = {.op_attr_mask = 0};
+    wait_req(u.worker, ucp_ep_close_nbx(e, &cp), "close");
+    ctl_sendf(fd, "quit");
+    reap_target(pid, 10000);
+    close(fd);
+    ucp_side_fini(&u);
+    free(addr);
+    free(rk);
+    free(m);
+}
+
+static void run_pdx(const bench_opts_t *o, const lat_case_t *c,
+                    lat_res_t *r)
+{
+    int fd;
+    int pid = spawn_target(o, "transfer", NULL, &fd);
+    pdx_agent_params_t ap = {.field_mask = PDX_AGENT_PARAM_FLAGS |
+                                           PDX_AGENT_PARAM_XFER_TIMEOUT,
+                             .flags = PDX_AGENT_F_PROGRESS_THREAD,
+                             .xfer_timeout_ms = 600000};
+    pdx_agent_h a;
+    CHECK(pdx_agent_create("bench-lat", &ap, &a));
+    pdx_kv_t opt = {"tls", o->tls};
+    CHECK(pdx_backend_create(a, "ucx", &opt, 1, NULL));
+    uint8_t *mem = big_alloc(LAT_REGION);
+    memset(mem, 0xa5, LAT_REGION);
+    pdx_mem_reg_h reg;
+    CHECK(pdx_mem_register(a, PDX_MEM_DRAM, (uintptr_t)mem, LAT_REGION, 0, 0,
+                           &reg));
+    char peer[PDX_NAME_MAX];
+    exchange_blobs(a, fd, peer);
+    char *m = ctl_recv(fd, NULL);
+    unsigned long long base = 0, len = 0;
+    if (m == NULL || sscanf(m, "region %llx %llu", &base, &len) != 2 ||
+        len < LAT_REGION) {
+        die("latency: the pdx target did not start (or its region is "
+            "under %llu bytes: --ws)", (unsigned long long)LAT_REGION);
+    }
+    free(m);
+    /* Prepared lists over the region in `size` slots; a request = `batch`
+     * consecutive slots, moving along the region. */
+    uint64_t nslots = LAT_REGION / c->size;
+    pdx_desc_t *ld = calloc(nslots, sizeof(*ld)), *rd = calloc(nslots, sizeof(*rd));
+    uint32_t *idx = calloc(c->batch, sizeof(*idx));
+    if (ld == NULL || rd == NULL || idx == NULL) {
+        die("latency: out of memory");
+    }
+    for (uint64_t i = 0; i < nslots; i++) {
+        ld[i] = (pdx_desc_t){(uintptr_t)mem + i * c->size, c->size, 0, 0};
+        rd[i] = (pdx_desc_t){base + i * c->size, c->size, 0, 0};
+    }
+    pdx_desc_list_t ll = {PDX_MEM_DRAM, ld, nslots},
+                    rl = {PDX_MEM_DRAM, rd, nslots};
+    pdx_dlist_h dl, dr;
+    CHECK(pdx_dlist_prepare(a, NULL, &ll, &dl));
+    CHECK(pdx_dlist_prepare(a, peer, &rl, &dr));
+    dvec_t v = {0};
+    uint64_t t_start = now_ns();
+    uint64_t warm_until = t_start + (uint64_t)((o->quick ? 0.02 : 0.1) * 1e9);
+    uint64_t end = warm_until + (uint64_t)(o->case_s * 1e9);
+    uint64_t groups = nslots / c->batch;
+    for (size_t it = 0;; it++) {
+        uint64_t g = it % groups;
+        for (uint32_t j = 0; j < c->batch; j++) {
+            idx[j] = (uint32_t)(g * c->batch + j);
+        }
+        pdx_xfer_h x;
+        CHECK(pdx_xfer_make(a, c->write ? PDX_XFER_WRITE : PDX_XFER_READ, dl,
+                            idx, dr, idx, c->batch, NULL, 0, &x));
+        uint64_t t0 = now_ns();
+        if (t0 > end && v.n >= 20) {
+            pdx_xfer_release(x);
+            break;
+        }
+        pdx_status_t st = pdx_xfer_post(x);
+        while (st == PDX_INPROGRESS) {
+            st = pdx_xfer_check(x);
+        }
+        uint64_t t1 = now_ns();
+        if (st != PDX_OK) {
+            die("latency: pdx request: %s (%s)", pdx_status_string(st),
+                pdx_last_error());
+        }
+        pdx_xfer_release(x);
+        if (t0 >= warm_until) {
+            dvec_push(&v, (double)(t1 - t0));
+        }
+    }
+    summarize(&v, c->size * c->batch, r);
+    dvec_free(&v);
+    pdx_dlist_release(dl);
+    pdx_dlist_release(dr);
+    free(ld);
+    free(rd);
+    free(idx);
+    ctl_sendf(fd, "quit");
+    reap_target(pid, 10000);
+    close(fd);
+    pdx_agent_destroy(a);
+    big_free(mem, LAT_REGION);
+}
+
+int mode_latency(const bench_opts_t *o, cJSON *root)
+{
+    /* UCX alone on both pdx sides (no cma), private memory. */
+    setenv("PDX_BENCH_PATH", "ucx", 1);
+    bench_opts_t oo = *o;
+    if (oo.ws_bytes < LAT_REGION) {
+        oo.ws_bytes = LAT_REGION; /* the pdx target's region */
+    }
+    static const uint64_t sizes[] = {8448, 65536, 1048576};
+    static const uint32_t batches[] = {1, 64};
+    say("# latency over UCX tls=%s: one request at a time; raw UCP = %s "
+        "ucp_get_nbx/ucp_put_nbx x batch + ucp_ep_flush_nbx, target "
+        "spinning on ucp_worker_progress; pdx = ucx backend only, "
+        "progress threads on, prepared request posted and polled; %.2f s "
+        "per case after a warm-up; GB/s over the timed requests\n",
+        o->tls, "batch", o->case_s);
+    say("%-5s %8s %5s | %9s %9s %7s | %9s %9s %7s | %7s %7s\n", "op", "size",
+        "batch", "ucp p50", "ucp p99", "GB/s", "pdx p50", "pdx p99", "GB/s",
+        "p50 x", "GB/s x");
+    cJSON *rows = cJSON_AddArrayToObject(root, "rows");
+    for (int w = 0; w < 2; w++) {
+        for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+            for (size_t bi = 0; bi < 2; bi++) {
+                lat_case_t c = {w, sizes[si], batches[bi]};
+                if (c.size * c.batch > LAT_REGION / 2) {
+                    continue;
+                }
+                lat_res_t ru = {0}, rp = {0};
+                run_ucp(&oo, &c, &ru);
+                run_pdx(&oo, &c, &rp);
+                double x50 = ru.p50_us > 0 ? rp.p50_us / ru.p50_us : 0;
+                double xbw = ru.gbps > 0 ? rp.gbps / ru.gbps : 0;
+                say("%-5s %8llu %5u | %9.1f %9.1f %7.2f | %9.1f %9.1f %7.2f "
+                    "| %7.2f %7.2f\n",
+                    w ? "WRITE" : "READ", (unsigned long long)c.size,
+                    c.batch, ru.p50_us, ru.p99_us, ru.gbps, rp.p50_us,
+                    rp.p99_us, rp.gbps, x50, xbw);
+                cJSON *row = cJSON_CreateObject();
+                jstr(row, "op", w ? "WRITE" : "READ");
+                jnum(row, "size", (double)c.size);
+                jnum(row, "batch", c.batch);
+                jnum(row, "ucp_p50_us", ru.p50_us);
+                jnum(row, "ucp_p99_us", ru.p99_us);
+                jnum(row, "ucp_gbps", ru.gbps);
+                jnum(row, "pdx_p50_us", rp.p50_us);
+                jnum(row, "pdx_p99_us", rp.p99_us);
+                jnum(row, "pdx_gbps", rp.gbps);
+                jnum(row, "p50_ratio", x50);
+                jnum(row, "gbps_ratio", xbw);
+                cJSON_AddItemToArray(rows, row);
+            }
+        }
+    }
+    say("# targets (issue 19): pdx p50 <= 1.3x UCP at batch 1, GB/s >= 0.9x "
+        "at every row\n");
+    return 0;
+}
