@@ -22,6 +22,7 @@
 #include <pdx/pdx.h>
 
 #include "mock_backend.h"
+#include "poll_until.h"
 
 #define MB (1u << 20)
 
@@ -301,7 +302,7 @@ static void test_released_handles(void **state)
                          PDX_OK);
         assert_true(pdx_xfer_post(x) >= 0);
         pdx_status_t st = PDX_INPROGRESS;
-        for (int i = 0; i < 100000 && st == PDX_INPROGRESS; i++) {
+        PDX_POLL_UNTIL(st == PDX_INPROGRESS, 30000) {
             st = pdx_xfer_check(x);
         }
         assert_int_equal(st, PDX_OK);
@@ -426,7 +427,7 @@ static void test_telemetry_and_stats(void **state)
     for (int k = 0; k < 3; k++) {
         assert_true(pdx_xfer_post(x) >= 0);
         pdx_status_t st = PDX_INPROGRESS;
-        for (int i = 0; i < 100000 && st == PDX_INPROGRESS; i++) {
+        PDX_POLL_UNTIL(st == PDX_INPROGRESS, 30000) {
             st = pdx_xfer_check(x);
         }
         assert_int_equal(st, PDX_OK);
@@ -449,7 +450,7 @@ static void test_telemetry_and_stats(void **state)
     assert_int_equal(pdx_xfer_set_notif(x, "second", 6), PDX_OK);
     assert_true(pdx_xfer_post(x) >= 0);
     pdx_status_t st2 = PDX_INPROGRESS;
-    for (int i = 0; i < 100000 && st2 == PDX_INPROGRESS; i++) {
+    PDX_POLL_UNTIL(st2 == PDX_INPROGRESS, 30000) {
         st2 = pdx_xfer_check(x);
     }
     assert_int_equal(st2, PDX_OK);
@@ -573,7 +574,7 @@ static void test_readonly_regions(void **state)
     for (int k = 0; k < 2; k++) {
         assert_true(pdx_xfer_post(ok[k]) >= 0);
         pdx_status_t st = PDX_INPROGRESS;
-        for (int i = 0; i < 100000 && st == PDX_INPROGRESS; i++) {
+        PDX_POLL_UNTIL(st == PDX_INPROGRESS, 30000) {
             st = pdx_xfer_check(ok[k]);
         }
         assert_int_equal(st, PDX_OK);

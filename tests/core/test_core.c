@@ -19,6 +19,7 @@
 
 #include "blob.h"
 #include "mock_backend.h"
+#include "poll_until.h"
 
 #define MB (1u << 20)
 
@@ -88,7 +89,7 @@ static void connect_pair(side_t *a, side_t *b)
 static pdx_status_t wait_xfer(pdx_xfer_h x, side_t *other)
 {
     pdx_status_t st = PDX_INPROGRESS;
-    for (int i = 0; i < 100000 && st == PDX_INPROGRESS; i++) {
+    PDX_POLL_UNTIL(st == PDX_INPROGRESS, 30000) {
         st = pdx_xfer_check(x);
         pdx_progress(other->agent);
     }
@@ -598,7 +599,7 @@ static void test_timeout(void **state)
     mock_hold_completion = 1; /* a hung peer */
     assert_int_equal(pdx_xfer_post(x), PDX_INPROGRESS);
     pdx_status_t st = PDX_INPROGRESS;
-    for (int i = 0; i < 2000 && st == PDX_INPROGRESS; i++) {
+    PDX_POLL_UNTIL(st == PDX_INPROGRESS, 30000) {
         struct timespec ms = {0, 1000000};
         nanosleep(&ms, NULL);
         st = pdx_xfer_check(x);

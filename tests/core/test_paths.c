@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include <pdx/pdx.h>
+#include "poll_until.h"
 
 #define LEN (4u << 20)
 
@@ -82,7 +83,7 @@ static pdx_status_t read_once(pdx_agent_h a, void *dst, const void *src,
         return st;
     }
     st = pdx_xfer_post(x);
-    for (int i = 0; i < 10000000 && st == PDX_INPROGRESS; i++) {
+    PDX_POLL_UNTIL(st == PDX_INPROGRESS, 30000) {
         st = pdx_xfer_check(x);
     }
     assert_int_equal(pdx_xfer_telemetry(x, t), PDX_OK);

@@ -14,6 +14,7 @@
 #include <pdx/pdx.h>
 
 #include "mock_backend.h"
+#include "poll_until.h"
 
 #define THREADS 4
 #define ROUNDS 300
@@ -49,7 +50,7 @@ static void *poster(void *arg)
             continue;
         }
         pdx_status_t st = pdx_xfer_post(x);
-        for (int i = 0; i < 1000000 && st == PDX_INPROGRESS; i++) {
+        PDX_POLL_UNTIL(st == PDX_INPROGRESS, 30000) {
             st = pdx_xfer_check(x);
         }
         c->errors += st != PDX_OK;

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include <pdx/plugin.h>
+#include "poll_until.h"
 
 static const char *g_lib;
 
@@ -77,7 +78,7 @@ static void test_table_transfer(void **state)
     assert_int_equal(t->xfer_create(a, PDX_XFER_WRITE, &ll, &rl, "dl-d",
                                     "landed", 6, &x), PDX_OK);
     pdx_status_t st = t->xfer_post(x);
-    for (int i = 0; i < 2000000 && st == PDX_INPROGRESS; i++) {
+    PDX_POLL_UNTIL(st == PDX_INPROGRESS, 30000) {
         st = t->xfer_check(x);
     }
     assert_int_equal(st, PDX_OK);

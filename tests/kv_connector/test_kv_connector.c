@@ -15,6 +15,7 @@
 
 #include <pdx/kv_connector.h>
 #include <pdx/log.h>
+#include "poll_until.h"
 
 #define NBLOCKS 160
 
@@ -224,7 +225,7 @@ static void test_handoff_8k(void **state)
     assert_int_equal(pdx_kv_load(d.conn, &dreq, &m, dids), PDX_OK);
     size_t tokens = 0;
     pdx_status_t st = PDX_INPROGRESS;
-    for (int i = 0; i < 200000 && st == PDX_INPROGRESS; i++) {
+    PDX_POLL_UNTIL(st == PDX_INPROGRESS, 30000) {
         st = pdx_kv_load_check(d.conn, "d-8k", &tokens);
         pdx_kv_progress(d.conn);
         pdx_kv_progress(p.conn);
@@ -275,7 +276,7 @@ static void test_handoff_8k(void **state)
     m1.blocks = 31;
     assert_int_equal(pdx_kv_load(p.conn, &t2, &m1, p2), PDX_OK);
     st = PDX_INPROGRESS;
-    for (int i = 0; i < 200000 && st == PDX_INPROGRESS; i++) {
+    PDX_POLL_UNTIL(st == PDX_INPROGRESS, 30000) {
         st = pdx_kv_load_check(p.conn, "turn2", &tokens);
         pdx_kv_progress(d.conn);
     }
@@ -368,7 +369,7 @@ static void test_lease_expiry_and_reject(void **state)
                      PDX_ERR_NOT_FOUND); /* already aborting */
     size_t tokens = 0;
     pdx_status_t ast = PDX_INPROGRESS;
-    for (int i = 0; i < 200000 && ast == PDX_INPROGRESS; i++) {
+    PDX_POLL_UNTIL(ast == PDX_INPROGRESS, 30000) {
         ast = pdx_kv_load_check(d.conn, "d-aborted", &tokens);
     }
     /* Cancelled, or it had finished first: either way final now. */
@@ -475,7 +476,7 @@ static void test_multi_routing(void **state)
     r.tail_hash = tail;
     r.tail_tokens = 10;
     pdx_status_t st = PDX_INPROGRESS;
-    for (int i = 0; i < 5000 && st == PDX_INPROGRESS; i++) {
+    PDX_POLL_UNTIL(st == PDX_INPROGRESS, 30000) {
         st = pdx_kv_lookup(n.conn, &r, &m);
         if (st == PDX_INPROGRESS) {
             sleep_ms(1);

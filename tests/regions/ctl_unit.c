@@ -15,6 +15,7 @@
 #include "agent_int.h"
 #include "mock_backend.h"
 #include <pdx/pdx.h>
+#include "poll_until.h"
 
 #define LEN 65536
 
@@ -64,7 +65,7 @@ static void load(side_t *into, side_t *from)
 static pdx_status_t run(pdx_xfer_h x, side_t *other)
 {
     pdx_status_t st = pdx_xfer_post(x);
-    for (int i = 0; i < 100000 && st == PDX_INPROGRESS; i++) {
+    PDX_POLL_UNTIL(st == PDX_INPROGRESS, 30000) {
         st = pdx_xfer_check(x);
         pdx_progress(other->a);
     }
