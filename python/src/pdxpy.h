@@ -100,8 +100,7 @@ double pdxpy_now(void);
  * +inf allowed (no limit) when `inf_ok`. nan, negative values (-inf too)
  * and +inf where not allowed raise pdx.InvalidArgument naming `what` and
  * the value; a non-number raises TypeError. Returns 0 or -1. */
-int pdxpy_timeout_arg(PyObject *o, const char *what, int inf_ok,
-                      double *out);
+int pdxpy_timeout_arg(PyObject *o, const char *what, int inf_ok, double *out);
 
 /* ---- types */
 
@@ -143,6 +142,63 @@ DescListObject *pdxpy_desclist_new(size_t n, pdx_mem_type_t mt);
 
 int pdxpy_agent_enter(AgentObject *a);
 #define pdxpy_agent_leave(a) ((a)->uses--)
+
+/* ---- the Agent's family across files (agent.c, agent_store.c, memreg.c,
+ * desclist.c, dlist.c, xfer.c, bench.c) */
+
+/* Regions registered readonly=True (at most RO_MAX per agent). */
+enum { RO_MAX = 64 };
+typedef struct ro_ranges {
+    int n;
+    uint64_t lo[RO_MAX], hi[RO_MAX];
+} pdxpy_ro_ranges_t;
+
+/* The PreparedList type (dlist.c). */
+typedef struct DListObject {
+    PyObject_HEAD AgentObject *agent;
+    pdx_dlist_h h;
+    size_t count;
+    int uses;
+    PyObject *peer;
+    uint8_t *ro; /* local lists: 1 per entry in readonly memory, or NULL */
+} DListObject;
+
+/* agent.c: alive (not closing; no reference taken), the name of a memory
+ * type, and a wait of a polling loop: on the agent's event fd for at most
+ * `ms` (the caller released the GIL), then progress if it woke. */
+int pdxpy_agent_alive(AgentObject *a);
+const char *pdxpy_mem_name(pdx_mem_type_t t);
+void pdxpy_agent_sleep(pdx_agent_h h, int ms, int *spins);
+
+/* memreg.c: the agent's read-only regions; whether a descriptor (or which
+ * of n descriptors, -1 none) lands in one, and the exception saying so. */
+void pdxpy_memregs_forget(PyObject *regs);
+void pdxpy_readonly_ranges(AgentObject *a, pdxpy_ro_ranges_t *ro);
+int pdxpy_readonly_hit(const pdxpy_ro_ranges_t *ro, const pdx_desc_t *d);
+Py_ssize_t pdxpy_readonly_overlap(AgentObject *a, const pdx_desc_t *d,
+                                  size_t n);
+PyObject *pdxpy_readonly_refused(const char *what, Py_ssize_t i,
+                                 const pdx_desc_t *d);
+
+/* dlist.c: a call on a prepared list begins (-1 raised when released). */
+int pdxpy_dlist_enter(DListObject *d, const char *which);
+/* xfer.c: "READ"/"WRITE" (or the ints) into *op. */
+int pdxpy_parse_op(PyObject *o, pdx_xfer_op_t *op);
+
+/* Agent methods defined with what they make or use. */
+PyObject *pdxpy_agent_register(AgentObject *self, PyObject *args, PyObject *kw);
+PyObject *pdxpy_agent_deregister(AgentObject *self, PyObject *arg);
+PyObject *pdxpy_agent_prep_dlist(AgentObject *self, PyObject *args,
+                                 PyObject *kw);
+PyObject *pdxpy_agent_make_xfer(AgentObject *self, PyObject *const *args,
+                                Py_ssize_t nargs, PyObject *kwnames);
+PyObject *pdxpy_agent_create_xfer(AgentObject *self, PyObject *args,
+                                  PyObject *kw);
+PyObject *pdxpy_agent_publish(AgentObject *self, PyObject *unused);
+PyObject *pdxpy_agent_fetch_peer(AgentObject *self, PyObject *args,
+                                 PyObject *kw);
+PyObject *pdxpy_agent_store_status(AgentObject *self, PyObject *unused);
+PyObject *pdxpy_agent_bench(AgentObject *self, PyObject *args);
 
 PyObject *pdxpy_mem_alloc(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *pdxpy_mem_attach(PyObject *self, PyObject *args, PyObject *kw);
