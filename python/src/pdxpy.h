@@ -200,6 +200,22 @@ PyObject *pdxpy_agent_fetch_peer(AgentObject *self, PyObject *args,
 PyObject *pdxpy_agent_store_status(AgentObject *self, PyObject *unused);
 PyObject *pdxpy_agent_bench(AgentObject *self, PyObject *args);
 
+/* ---- the connector's types across files (kvconfig.c, hasher.c, layout.c,
+ * kvconnector.c) */
+
+typedef struct KVConfigObject {
+    PyObject_HEAD pdx_kv_config_t *cfg;
+} KVConfigObject;
+
+typedef struct LayoutObject {
+    PyObject_HEAD pdx_layout_h h;
+    PyObject *keep; /* list: memory owners the arenas point into */
+    int frozen;     /* in use by a connector */
+} LayoutObject;
+
+/* hasher.c: a block hash from its bytes or hex string. */
+int pdxpy_hash_from(PyObject *o, pdx_block_hash_t *h);
+
 PyObject *pdxpy_mem_alloc(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *pdxpy_mem_attach(PyObject *self, PyObject *args, PyObject *kw);
 
