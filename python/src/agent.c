@@ -339,28 +339,24 @@ static int Agent_init(AgentObject *self, PyObject *args, PyObject *kw)
     Py_CLEAR(seq);
 
     pdx_agent_h h = NULL;
-    pdx_status_t st;
-    char err[2048] = "";
-    const char *what = "agent create";
-    Py_BEGIN_ALLOW_THREADS st = pdx_agent_create(name, &ap, &h);
-    if (st != PDX_OK) {
-        pdxpy_last_error(err, sizeof(err), st, what);
-    }
-    for (Py_ssize_t i = 0; st == PDX_OK && i < nb; i++) {
-        st = pdx_backend_create(h, specs[i].name, specs[i].opts, specs[i].nopts,
-                                NULL);
-        if (st != PDX_OK) {
+    PDXPY_CALL_DECL(call, "agent create");
+    Py_BEGIN_ALLOW_THREADS call.st = pdx_agent_create(name, &ap, &h);
+    pdxpy_call_done(&call);
+    for (Py_ssize_t i = 0; call.st == PDX_OK && i < nb; i++) {
+        call.st = pdx_backend_create(h, specs[i].name, specs[i].opts,
+                                     specs[i].nopts, NULL);
+        if (call.st != PDX_OK) {
             char e[1800];
-            pdxpy_last_error(e, sizeof(e), st, "backend create");
-            snprintf(err, sizeof(err), "agent %s: backend %s: %s", name,
-                     specs[i].name, e);
+            pdxpy_last_error(e, sizeof(e), call.st, "backend create");
+            snprintf(call.err, sizeof(call.err), "agent %s: backend %s: %s",
+                     name, specs[i].name, e);
             pdx_agent_destroy(h);
             h = NULL;
         }
     }
     Py_END_ALLOW_THREADS PyMem_Free(specs);
-    if (st != PDX_OK) {
-        pdxpy_raise(st, what, err);
+    if (call.st != PDX_OK) {
+        pdxpy_call_raise(&call);
         return -1;
     }
     self->h = h;
@@ -432,15 +428,11 @@ static PyObject *Agent_describe(AgentObject *self, PyObject *unused)
     }
     void *blob = NULL;
     size_t len = 0;
-    pdx_status_t st;
-    char err[2048];
-    Py_BEGIN_ALLOW_THREADS st = pdx_agent_describe(self->h, &blob, &len);
-    if (st != PDX_OK) {
-        pdxpy_last_error(err, sizeof(err), st, "describe");
-    }
-    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
-    if (st != PDX_OK) {
-        return pdxpy_raise(st, "describe", err);
+    PDXPY_CALL_DECL(call, "describe");
+    PDXPY_CALL(&call, pdx_agent_describe(self->h, &blob, &len));
+    pdxpy_agent_leave(self);
+    if (call.st != PDX_OK) {
+        return pdxpy_call_raise(&call);
     }
     PyObject *r = PyBytes_FromStringAndSize(blob, (Py_ssize_t)len);
     pdx_blob_free(blob);
@@ -458,17 +450,12 @@ static PyObject *Agent_load_peer(AgentObject *self, PyObject *arg)
         return NULL;
     }
     char name[PDX_NAME_MAX] = "";
-    char err[2048];
-    pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS st =
-        pdx_peer_load(self->h, v.buf, (size_t)v.len, name);
-    if (st != PDX_OK) {
-        pdxpy_last_error(err, sizeof(err), st, "load_peer");
-    }
-    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
+    PDXPY_CALL_DECL(call, "load_peer");
+    PDXPY_CALL(&call, pdx_peer_load(self->h, v.buf, (size_t)v.len, name));
+    pdxpy_agent_leave(self);
     PyBuffer_Release(&v);
-    if (st != PDX_OK) {
-        return pdxpy_raise(st, "load_peer", err);
+    if (call.st != PDX_OK) {
+        return pdxpy_call_raise(&call);
     }
     return PyUnicode_FromString(name);
 }
@@ -479,15 +466,11 @@ static PyObject *Agent_unload_peer(AgentObject *self, PyObject *arg)
     if (name == NULL || pdxpy_agent_enter(self) < 0) {
         return NULL;
     }
-    char err[2048];
-    pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS st = pdx_peer_unload(self->h, name);
-    if (st != PDX_OK) {
-        pdxpy_last_error(err, sizeof(err), st, "unload_peer");
-    }
-    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
-    if (st != PDX_OK) {
-        return pdxpy_raise(st, "unload_peer", err);
+    PDXPY_CALL_DECL(call, "unload_peer");
+    PDXPY_CALL(&call, pdx_peer_unload(self->h, name));
+    pdxpy_agent_leave(self);
+    if (call.st != PDX_OK) {
+        return pdxpy_call_raise(&call);
     }
     Py_RETURN_NONE;
 }
@@ -498,17 +481,16 @@ static PyObject *Agent_peer_state(AgentObject *self, PyObject *arg)
     if (name == NULL || pdxpy_agent_enter(self) < 0) {
         return NULL;
     }
-    pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS /* waits on the agent lock */
-        st = pdx_peer_state(self->h, name);
-    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
-    if (st == PDX_OK) {
+    PDXPY_CALL_DECL(call, "peer_state");
+    PDXPY_CALL(&call, pdx_peer_state(self->h, name)); /* takes the lock */
+    pdxpy_agent_leave(self);
+    if (call.st == PDX_OK) {
         return PyUnicode_FromString("alive");
     }
-    if (st == PDX_ERR_REMOTE_DISCONNECT) {
+    if (call.st == PDX_ERR_REMOTE_DISCONNECT) {
         return PyUnicode_FromString("disconnected");
     }
-    return pdxpy_raise(st, "peer_state", NULL);
+    return pdxpy_call_raise(&call);
 }
 
 const char *pdxpy_mem_name(pdx_mem_type_t t)
@@ -526,8 +508,8 @@ static PyObject *Agent_peer_info(AgentObject *self, PyObject *arg)
     }
     pdx_peer_info_t info;
     pdx_region_info_t *regs = NULL;
+    PDXPY_CALL_DECL(call, "peer_info");
     pdx_status_t st;
-    char err[2048];
     size_t cap = 0;
     Py_BEGIN_ALLOW_THREADS memset(&info, 0, sizeof(info));
     st = pdxpy_opt.peer_info(self->h, name, &info, NULL, 0);
@@ -545,13 +527,12 @@ static PyObject *Agent_peer_info(AgentObject *self, PyObject *arg)
             break;
         }
     }
-    if (st != PDX_OK) {
-        pdxpy_last_error(err, sizeof(err), st, "peer_info");
-    }
+    call.st = st;
+    pdxpy_call_done(&call);
     Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
     if (st != PDX_OK) {
         free(regs);
-        return pdxpy_raise(st, "peer_info", err);
+        return pdxpy_call_raise(&call);
     }
     size_t n = info.nregions < cap ? info.nregions : cap;
     PyObject *list = PyList_New((Py_ssize_t)n);
@@ -605,11 +586,11 @@ static PyObject *Agent_set_invariant(AgentObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "ss", &k, &v) || pdxpy_agent_enter(self) < 0) {
         return NULL;
     }
-    pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS st = pdx_agent_set_invariant(self->h, k, v);
-    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
-    if (st != PDX_OK) {
-        return pdxpy_raise(st, "set_invariant", NULL);
+    PDXPY_CALL_DECL(call, "set_invariant");
+    PDXPY_CALL(&call, pdx_agent_set_invariant(self->h, k, v));
+    pdxpy_agent_leave(self);
+    if (call.st != PDX_OK) {
+        return pdxpy_call_raise(&call);
     }
     Py_RETURN_NONE;
 }
@@ -798,18 +779,14 @@ static PyObject *Agent_send_notif(AgentObject *self, PyObject *args)
         }
         return NULL;
     }
-    char err[2048];
-    pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS st = pdx_notif_send(self->h, peer, p, (size_t)len);
-    if (st != PDX_OK) {
-        pdxpy_last_error(err, sizeof(err), st, "send_notif");
-    }
-    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
+    PDXPY_CALL_DECL(call, "send_notif");
+    PDXPY_CALL(&call, pdx_notif_send(self->h, peer, p, (size_t)len));
+    pdxpy_agent_leave(self);
     if (v.obj) {
         PyBuffer_Release(&v);
     }
-    if (st != PDX_OK) {
-        return pdxpy_raise(st, "send_notif", err);
+    if (call.st != PDX_OK) {
+        return pdxpy_call_raise(&call);
     }
     Py_RETURN_NONE;
 }
@@ -852,12 +829,12 @@ static PyObject *Agent_stats(AgentObject *self, PyObject *args, PyObject *kw)
     }
     pdx_stats_t s;
     memset(&s, 0, sizeof(s));
-    pdx_status_t st;
+    PDXPY_CALL_DECL(call, "stats");
     const char *which = backend ? backend : peer;
-    Py_BEGIN_ALLOW_THREADS st = fn(self->h, which, &s);
-    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
-    if (st != PDX_OK) {
-        return pdxpy_raise(st, "stats", NULL);
+    PDXPY_CALL(&call, fn(self->h, which, &s));
+    pdxpy_agent_leave(self);
+    if (call.st != PDX_OK) {
+        return pdxpy_call_raise(&call);
     }
     return stats_dict(&s);
 }
@@ -870,11 +847,11 @@ static PyObject *Agent_stats_json(AgentObject *self, PyObject *unused)
         return NULL;
     }
     char *json = NULL;
-    pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS st = pdxpy_opt.stats_json(self->h, &json);
-    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
-    if (st != PDX_OK) {
-        return pdxpy_raise(st, "stats_json", NULL);
+    PDXPY_CALL_DECL(call, "stats_json");
+    PDXPY_CALL(&call, pdxpy_opt.stats_json(self->h, &json));
+    pdxpy_agent_leave(self);
+    if (call.st != PDX_OK) {
+        return pdxpy_call_raise(&call);
     }
     PyObject *r = PyUnicode_FromString(json);
     pdx_blob_free(json);

@@ -17,15 +17,11 @@ PyObject *pdxpy_agent_publish(AgentObject *self, PyObject *unused)
         pdxpy_agent_enter(self) < 0) {
         return NULL;
     }
-    pdx_status_t st;
-    char err[2048];
-    Py_BEGIN_ALLOW_THREADS st = pdxpy_opt.agent_publish(self->h);
-    if (st != PDX_OK) {
-        pdxpy_last_error(err, sizeof(err), st, "publish");
-    }
-    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
-    if (st != PDX_OK) {
-        return pdxpy_raise(st, "publish", err);
+    PDXPY_CALL_DECL(call, "publish");
+    PDXPY_CALL(&call, pdxpy_opt.agent_publish(self->h));
+    pdxpy_agent_leave(self);
+    if (call.st != PDX_OK) {
+        return pdxpy_call_raise(&call);
     }
     Py_RETURN_NONE;
 }
@@ -51,16 +47,12 @@ PyObject *pdxpy_agent_fetch_peer(AgentObject *self, PyObject *args,
     }
     double ms = timeout * 1000.0 + 0.5;
     uint32_t timeout_ms = ms >= (double)UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
-    pdx_status_t st;
-    char err[2048];
-    Py_BEGIN_ALLOW_THREADS /* waits up to timeout for a publisher */
-        st = pdxpy_opt.peer_fetch(self->h, name, timeout_ms);
-    if (st != PDX_OK) {
-        pdxpy_last_error(err, sizeof(err), st, "fetch_peer");
-    }
-    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
-    if (st != PDX_OK) {
-        return pdxpy_raise(st, "fetch_peer", err);
+    PDXPY_CALL_DECL(call, "fetch_peer");
+    /* waits up to timeout for a publisher */
+    PDXPY_CALL(&call, pdxpy_opt.peer_fetch(self->h, name, timeout_ms));
+    pdxpy_agent_leave(self);
+    if (call.st != PDX_OK) {
+        return pdxpy_call_raise(&call);
     }
     return PyUnicode_FromString(name);
 }
@@ -76,18 +68,16 @@ PyObject *pdxpy_agent_store_status(AgentObject *self, PyObject *unused)
     }
     pdx_store_status_t s;
     char line[1024] = "";
-    char err[2048];
-    pdx_status_t st;
+    PDXPY_CALL_DECL(call, "store_status");
     Py_BEGIN_ALLOW_THREADS memset(&s, 0, sizeof(s));
-    st = pdxpy_opt.store_status(self->h, &s);
-    if (st == PDX_OK) {
+    call.st = pdxpy_opt.store_status(self->h, &s);
+    if (call.st == PDX_OK) {
         pdxpy_opt.store_describe(self->h, line, sizeof(line));
-    } else {
-        pdxpy_last_error(err, sizeof(err), st, "store_status");
     }
+    pdxpy_call_done(&call);
     Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
-    if (st != PDX_OK) {
-        return pdxpy_raise(st, "store_status", err);
+    if (call.st != PDX_OK) {
+        return pdxpy_call_raise(&call);
     }
     PyObject *since =
         s.unreachable_since_ns == 0

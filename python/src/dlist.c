@@ -30,17 +30,13 @@ PyObject *pdxpy_agent_prep_dlist(AgentObject *self, PyObject *args,
     pdx_desc_list_t l = {
         .mem_type = d->mem_type, .descs = d->descs, .count = d->count};
     pdx_dlist_h h = NULL;
-    pdx_status_t st;
-    char err[2048];
-    Py_BEGIN_ALLOW_THREADS st = pdx_dlist_prepare(self->h, peer, &l, &h);
-    if (st != PDX_OK) {
-        pdxpy_last_error(err, sizeof(err), st, "prep_dlist");
-    }
-    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
+    PDXPY_CALL_DECL(call, "prep_dlist");
+    PDXPY_CALL(&call, pdx_dlist_prepare(self->h, peer, &l, &h));
+    pdxpy_agent_leave(self);
     size_t count = d->count;
     uint8_t *ro = NULL;
     int nomem = 0;
-    if (st == PDX_OK && peer == NULL &&
+    if (call.st == PDX_OK && peer == NULL &&
         pdxpy_readonly_overlap(self, d->descs, d->count) >= 0) {
         pdxpy_ro_ranges_t rr;
         pdxpy_readonly_ranges(self, &rr);
@@ -51,8 +47,8 @@ PyObject *pdxpy_agent_prep_dlist(AgentObject *self, PyObject *args,
         }
     }
     Py_DECREF(d);
-    if (st != PDX_OK) {
-        return pdxpy_raise(st, "prep_dlist", err);
+    if (call.st != PDX_OK) {
+        return pdxpy_call_raise(&call);
     }
     DListObject *r = nomem ? NULL : PyObject_New(DListObject, &pdxpy_DListType);
     if (r == NULL) {

@@ -133,13 +133,12 @@ static PyObject *Hasher_hash_blocks(HasherObject *o, PyObject *args,
     pdx_block_hash_t tail;
     int has_tail = 0;
     size_t nb = 0;
-    pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS st = pdx_hasher_hash_blocks(
-        o->h, t, n, &extra, out, max, &nb, want_tail ? &tail : NULL,
-        want_tail ? &has_tail : NULL);
-    Py_END_ALLOW_THREADS if (st != PDX_OK)
-    {
-        pdxpy_raise(st, "hash_blocks", NULL);
+    PDXPY_CALL_DECL(call, "hash_blocks");
+    PDXPY_CALL(&call, pdx_hasher_hash_blocks(o->h, t, n, &extra, out, max, &nb,
+                                             want_tail ? &tail : NULL,
+                                             want_tail ? &has_tail : NULL));
+    if (call.st != PDX_OK) {
+        pdxpy_call_raise(&call);
         goto done;
     }
     PyObject *l = PyList_New((Py_ssize_t)nb);

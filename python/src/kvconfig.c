@@ -28,14 +28,14 @@ static PyObject *KVConfig_load(PyTypeObject *cls, PyObject *arg)
         Py_DECREF(path);
         return PyErr_NoMemory();
     }
-    char err[1024] = "";
-    pdx_status_t st;
+    /* The config's own message (at most 1 KiB), else pdx_last_error(). */
+    PDXPY_CALL_DECL(call, "config load");
     const char *p = PyBytes_AS_STRING(path);
-    Py_BEGIN_ALLOW_THREADS st = pdx_kv_config_load(p, cfg, err, sizeof(err));
-    Py_END_ALLOW_THREADS Py_DECREF(path);
-    if (st != PDX_OK) {
+    PDXPY_CALL(&call, pdx_kv_config_load(p, cfg, call.err, 1024));
+    Py_DECREF(path);
+    if (call.st != PDX_OK) {
         PyMem_Free(cfg);
-        return pdxpy_raise(st, "config load", err[0] ? err : NULL);
+        return pdxpy_call_raise(&call);
     }
     return config_wrap(cls, cfg);
 }
@@ -53,15 +53,13 @@ static PyObject *KVConfig_parse(PyTypeObject *cls, PyObject *args, PyObject *kw)
     if (cfg == NULL) {
         return PyErr_NoMemory();
     }
-    char err[1024] = "";
-    pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS /* up to 1 MiB of JSON; text is immutable */
-        st =
-            pdx_kv_config_parse(text, (size_t)len, name, cfg, err, sizeof(err));
-    Py_END_ALLOW_THREADS if (st != PDX_OK)
-    {
+    PDXPY_CALL_DECL(call, "config parse");
+    /* Up to 1 MiB of JSON; text is immutable. */
+    PDXPY_CALL(&call, pdx_kv_config_parse(text, (size_t)len, name, cfg,
+                                          call.err, 1024));
+    if (call.st != PDX_OK) {
         PyMem_Free(cfg);
-        return pdxpy_raise(st, "config parse", err[0] ? err : NULL);
+        return pdxpy_call_raise(&call);
     }
     return config_wrap(cls, cfg);
 }

@@ -83,17 +83,12 @@ static int KVConn_init(KVConnObject *self, PyObject *args, PyObject *kw)
                                    .layout = l->h,
                                    .agent_params = &ap};
     pdx_kv_connector_h h = NULL;
-    pdx_status_t st;
-    char err[2048];
+    PDXPY_CALL_DECL(call, "connector create");
     l->frozen++;
-    Py_BEGIN_ALLOW_THREADS st = pdx_kv_connector_create(&p, &h);
-    if (st != PDX_OK) {
-        pdxpy_last_error(err, sizeof(err), st, "connector create");
-    }
-    Py_END_ALLOW_THREADS if (st != PDX_OK)
-    {
+    PDXPY_CALL(&call, pdx_kv_connector_create(&p, &h));
+    if (call.st != PDX_OK) {
         l->frozen--;
-        pdxpy_raise(st, "connector create", err);
+        pdxpy_call_raise(&call);
         return -1;
     }
     self->h = h;
@@ -156,11 +151,11 @@ static PyObject *KVConn_describe(KVConnObject *c, PyObject *u)
     }
     void *blob;
     size_t len;
-    pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS st = pdx_kv_connector_describe(c->h, &blob, &len);
-    Py_END_ALLOW_THREADS conn_leave(c);
-    if (st != PDX_OK) {
-        return pdxpy_raise(st, "describe", NULL);
+    PDXPY_CALL_DECL(call, "describe");
+    PDXPY_CALL(&call, pdx_kv_connector_describe(c->h, &blob, &len));
+    conn_leave(c);
+    if (call.st != PDX_OK) {
+        return pdxpy_call_raise(&call);
     }
     PyObject *r = PyBytes_FromStringAndSize(blob, (Py_ssize_t)len);
     pdx_blob_free(blob);
@@ -178,17 +173,13 @@ static PyObject *KVConn_connect(KVConnObject *c, PyObject *arg)
         return NULL;
     }
     char name[PDX_NAME_MAX] = "";
-    char err[2048];
-    pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS st =
-        pdx_kv_connector_connect(c->h, v.buf, (size_t)v.len, name);
-    if (st != PDX_OK) {
-        pdxpy_last_error(err, sizeof(err), st, "connect");
-    }
-    Py_END_ALLOW_THREADS conn_leave(c);
+    PDXPY_CALL_DECL(call, "connect");
+    PDXPY_CALL(&call,
+               pdx_kv_connector_connect(c->h, v.buf, (size_t)v.len, name));
+    conn_leave(c);
     PyBuffer_Release(&v);
-    if (st != PDX_OK) {
-        return pdxpy_raise(st, "connect", err);
+    if (call.st != PDX_OK) {
+        return pdxpy_call_raise(&call);
     }
     return PyUnicode_FromString(name);
 }
@@ -199,17 +190,16 @@ static PyObject *KVConn_peer_state(KVConnObject *c, PyObject *arg)
     if (name == NULL || conn_enter(c) < 0) {
         return NULL;
     }
-    pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS st =
-        pdx_peer_state(pdx_kv_connector_agent(c->h), name);
-    Py_END_ALLOW_THREADS conn_leave(c);
-    if (st == PDX_OK) {
+    PDXPY_CALL_DECL(call, "peer_state");
+    PDXPY_CALL(&call, pdx_peer_state(pdx_kv_connector_agent(c->h), name));
+    conn_leave(c);
+    if (call.st == PDX_OK) {
         return PyUnicode_FromString("alive");
     }
-    if (st == PDX_ERR_REMOTE_DISCONNECT) {
+    if (call.st == PDX_ERR_REMOTE_DISCONNECT) {
         return PyUnicode_FromString("disconnected");
     }
-    return pdxpy_raise(st, "peer_state", NULL);
+    return pdxpy_call_raise(&call);
 }
 
 /* A request from a dict or an object with the same attributes: req_id,
@@ -365,18 +355,14 @@ static PyObject *KVConn_lookup(KVConnObject *c, PyObject *arg)
     }
     pdx_kv_match_t m;
     memset(&m, 0, sizeof(m));
-    pdx_status_t st;
-    char err[2048];
-    Py_BEGIN_ALLOW_THREADS st = pdx_kv_lookup(c->h, &q.r, &m);
-    if (st < 0) {
-        pdxpy_last_error(err, sizeof(err), st, "lookup");
-    }
-    Py_END_ALLOW_THREADS conn_leave(c);
+    PDXPY_CALL_DECL(call, "lookup");
+    PDXPY_CALL(&call, pdx_kv_lookup(c->h, &q.r, &m));
+    conn_leave(c);
     kvreq_clear(&q);
-    if (st < 0) {
-        return pdxpy_raise(st, "lookup", err);
+    if (call.st < 0) {
+        return pdxpy_call_raise(&call);
     }
-    if (st == PDX_INPROGRESS) {
+    if (call.st == PDX_INPROGRESS) {
         Py_RETURN_NONE;
     }
     return Py_BuildValue("{s:s,s:n,s:O,s:n}", "source", source_name(m.source),
@@ -444,15 +430,11 @@ static PyObject *KVConn_load(KVConnObject *c, PyObject *args)
     if (conn_enter(c) < 0) {
         goto out;
     }
-    pdx_status_t st;
-    char err[2048];
-    Py_BEGIN_ALLOW_THREADS st = pdx_kv_load(c->h, &q.r, &m, v);
-    if (st < 0) {
-        pdxpy_last_error(err, sizeof(err), st, "load");
-    }
-    Py_END_ALLOW_THREADS conn_leave(c);
-    if (st < 0) {
-        pdxpy_raise(st, "load", err);
+    PDXPY_CALL_DECL(call, "load");
+    PDXPY_CALL(&call, pdx_kv_load(c->h, &q.r, &m, v));
+    conn_leave(c);
+    if (call.st < 0) {
+        pdxpy_call_raise(&call);
         goto out;
     }
     res = Py_NewRef(Py_None);
@@ -471,17 +453,13 @@ static PyObject *KVConn_load_check(KVConnObject *c, PyObject *arg)
         return NULL;
     }
     size_t tokens = 0;
-    pdx_status_t st;
-    char err[2048];
-    Py_BEGIN_ALLOW_THREADS st = pdx_kv_load_check(c->h, id, &tokens);
-    if (st < 0) {
-        pdxpy_last_error(err, sizeof(err), st, "load_check");
+    PDXPY_CALL_DECL(call, "load_check");
+    PDXPY_CALL(&call, pdx_kv_load_check(c->h, id, &tokens));
+    conn_leave(c);
+    if (call.st < 0) {
+        return pdxpy_call_raise(&call);
     }
-    Py_END_ALLOW_THREADS conn_leave(c);
-    if (st < 0) {
-        return pdxpy_raise(st, "load_check", err);
-    }
-    if (st == PDX_INPROGRESS) {
+    if (call.st == PDX_INPROGRESS) {
         Py_RETURN_NONE;
     }
     return PyLong_FromSize_t(tokens);
@@ -507,22 +485,18 @@ static PyObject *KVConn_str_call(KVConnObject *c, PyObject *arg, int which)
         Py_XDECREF(txt);
         return NULL;
     }
-    pdx_status_t st;
-    char err[2048];
     static const char *names[] = {"load_abort", "save_check", "reject"};
-    Py_BEGIN_ALLOW_THREADS st = which == 0   ? pdx_kv_load_abort(c->h, s)
-                                : which == 1 ? pdx_kv_save_check(c->h, s)
-                                             : pdx_kv_reject(c->h, s);
-    if (st < 0) {
-        pdxpy_last_error(err, sizeof(err), st, names[which]);
-    }
-    Py_END_ALLOW_THREADS conn_leave(c);
+    PDXPY_CALL_DECL(call, names[which]);
+    PDXPY_CALL(&call, which == 0   ? pdx_kv_load_abort(c->h, s)
+                      : which == 1 ? pdx_kv_save_check(c->h, s)
+                                   : pdx_kv_reject(c->h, s));
+    conn_leave(c);
     Py_XDECREF(txt);
-    if (st < 0) {
-        return pdxpy_raise(st, names[which], err);
+    if (call.st < 0) {
+        return pdxpy_call_raise(&call);
     }
     if (which == 1) {
-        return PyBool_FromLong(st == PDX_OK);
+        return PyBool_FromLong(call.st == PDX_OK);
     }
     Py_RETURN_NONE;
 }
@@ -569,15 +543,11 @@ static PyObject *KVConn_save(KVConnObject *c, PyObject *args)
     if (conn_enter(c) < 0) {
         goto out;
     }
-    pdx_status_t st;
-    char err[2048];
-    Py_BEGIN_ALLOW_THREADS st = pdx_kv_save(c->h, &q.r, v);
-    if (st < 0) {
-        pdxpy_last_error(err, sizeof(err), st, "save");
-    }
-    Py_END_ALLOW_THREADS conn_leave(c);
-    if (st < 0) {
-        pdxpy_raise(st, "save", err);
+    PDXPY_CALL_DECL(call, "save");
+    PDXPY_CALL(&call, pdx_kv_save(c->h, &q.r, v));
+    conn_leave(c);
+    if (call.st < 0) {
+        pdxpy_call_raise(&call);
         goto out;
     }
     res = Py_NewRef(Py_None);
@@ -632,16 +602,12 @@ static PyObject *KVConn_request_finished(KVConnObject *c, PyObject *args,
         goto out;
     }
     char *params = NULL;
-    pdx_status_t st;
-    char err[2048];
-    Py_BEGIN_ALLOW_THREADS st =
-        pdx_kv_request_finished(c->h, &q.r, v, (size_t)tokens, from, &params);
-    if (st < 0) {
-        pdxpy_last_error(err, sizeof(err), st, "request_finished");
-    }
-    Py_END_ALLOW_THREADS conn_leave(c);
-    if (st < 0) {
-        pdxpy_raise(st, "request_finished", err);
+    PDXPY_CALL_DECL(call, "request_finished");
+    PDXPY_CALL(&call, pdx_kv_request_finished(c->h, &q.r, v, (size_t)tokens,
+                                              from, &params));
+    conn_leave(c);
+    if (call.st < 0) {
+        pdxpy_call_raise(&call);
         goto out;
     }
     if (params == NULL) {
@@ -743,11 +709,11 @@ static PyObject *KVConn_offload_stats(KVConnObject *c, PyObject *u)
     }
     pdx_offload_stats_t s;
     memset(&s, 0, sizeof(s));
-    pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS st = pdx_kv_offload_stats(c->h, &s);
-    Py_END_ALLOW_THREADS conn_leave(c);
-    if (st != PDX_OK) {
-        return pdxpy_raise(st, "offload_stats", NULL);
+    PDXPY_CALL_DECL(call, "offload_stats");
+    PDXPY_CALL(&call, pdx_kv_offload_stats(c->h, &s));
+    conn_leave(c);
+    if (call.st != PDX_OK) {
+        return pdxpy_call_raise(&call);
     }
     return Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}",

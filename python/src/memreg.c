@@ -86,19 +86,16 @@ PyObject *pdxpy_agent_register(AgentObject *self, PyObject *args, PyObject *kw)
         Py_DECREF(r);
         return NULL;
     }
-    pdx_status_t st;
-    char err[2048];
-    Py_BEGIN_ALLOW_THREADS st = pdx_mem_register(
-        self->h, r->mem.mem_type, r->mem.addr, r->mem.len, r->mem.dev,
-        readonly ? PDX_REGION_F_READONLY : 0, &r->h);
-    if (st != PDX_OK) {
-        pdxpy_last_error(err, sizeof(err), st, "register");
-    }
-    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
-    if (st != PDX_OK) {
+    PDXPY_CALL_DECL(call, "register");
+    PDXPY_CALL(&call,
+               pdx_mem_register(self->h, r->mem.mem_type, r->mem.addr,
+                                r->mem.len, r->mem.dev,
+                                readonly ? PDX_REGION_F_READONLY : 0, &r->h));
+    pdxpy_agent_leave(self);
+    if (call.st != PDX_OK) {
         r->h = NULL;
         Py_DECREF(r);
-        return pdxpy_raise(st, "register", err);
+        return pdxpy_call_raise(&call);
     }
     r->agent_ref = PyWeakref_NewRef((PyObject *)self, NULL);
     if (r->agent_ref != NULL && PySet_Add(self->regs, (PyObject *)r) == 0) {
@@ -130,17 +127,13 @@ static int memreg_release(MemRegObject *r)
     }
     Py_INCREF(a);
     a->uses++;
-    pdx_status_t st;
-    char err[2048];
+    PDXPY_CALL_DECL(call, "deregister");
     pdx_mem_reg_h h = r->h;
-    Py_BEGIN_ALLOW_THREADS st = pdx_mem_deregister(a->h, h);
-    if (st != PDX_OK) {
-        pdxpy_last_error(err, sizeof(err), st, "deregister");
-    }
-    Py_END_ALLOW_THREADS a->uses--;
-    if (st != PDX_OK) {
+    PDXPY_CALL(&call, pdx_mem_deregister(a->h, h));
+    a->uses--;
+    if (call.st != PDX_OK) {
         Py_DECREF(a);
-        pdxpy_raise(st, "deregister", err);
+        pdxpy_call_raise(&call);
         return -1; /* still registered: the buffer stays pinned */
     }
     r->h = NULL;

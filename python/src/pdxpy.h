@@ -58,6 +58,52 @@ int pdxpy_require(const void *fn, const char *name);
 /* Raise the exception class of `st` with `msg` (NULL: pdx_last_error(),
  * else "<what>: <status string>"). Always returns NULL. */
 PyObject *pdxpy_raise(pdx_status_t st, const char *what, const char *msg);
+/* ---- one pdx call with the GIL released
+ *
+ * Every binding of a pdx call that may block does the same: release the
+ * GIL, call, take the error text on this thread before the GIL is back
+ * (once Python code can run, a buffer release or a finalizer, a pdx call
+ * it makes would replace pdx_last_error()), then raise from it:
+ *
+ *     PDXPY_CALL_DECL(call, "describe");
+ *     PDXPY_CALL(&call, pdx_agent_describe(self->h, &blob, &len));
+ *     pdxpy_agent_leave(self);
+ *     if (call.st != PDX_OK) {
+ *         return pdxpy_call_raise(&call);
+ *     }
+ */
+typedef struct pdxpy_call {
+    const char *what; /* names the call where pdx gave no error text */
+    pdx_status_t st;
+    char err[2048]; /* a call that writes its own message may fill it */
+} pdxpy_call_t;
+
+/* Declares `name`, a pdxpy_call_t for the call `what_` (a string that
+ * outlives it). Only err[0] is set: a call on a hot path (Xfer.check)
+ * does not clear 2 KiB each time. */
+#define PDXPY_CALL_DECL(name, what_)                                           \
+    pdxpy_call_t name;                                                         \
+    name.what = (what_);                                                       \
+    name.st = PDX_OK;                                                          \
+    name.err[0] = '\0'
+
+/* Runs `expr`, a pdx call returning pdx_status_t that touches no Python
+ * object, into c->st with the GIL released. */
+#define PDXPY_CALL(c, expr)                                                    \
+    do {                                                                       \
+        Py_BEGIN_ALLOW_THREADS(c)->st = (expr);                                \
+        pdxpy_call_done(c);                                                    \
+        Py_END_ALLOW_THREADS                                                   \
+    } while (0)
+
+/* PDXPY_CALL's tail, without the GIL (also for a loop of calls run under
+ * one Py_BEGIN_ALLOW_THREADS): when c->st < 0 and c->err is empty, the
+ * error text (pdxpy_last_error) into c->err. */
+void pdxpy_call_done(pdxpy_call_t *c);
+/* Raise c->st's exception with c->err (empty: pdx_last_error() now).
+ * Always returns NULL. */
+PyObject *pdxpy_call_raise(const pdxpy_call_t *c);
+
 /* The exception for using a closed or released object. */
 PyObject *pdxpy_closed(const char *what);
 /* Copy pdx_last_error() (or a fallback) into buf. */

@@ -146,20 +146,16 @@ PyObject *pdxpy_agent_make_xfer(AgentObject *self, PyObject *const *args,
         goto out;
     }
     pdx_xfer_h h = NULL;
-    pdx_status_t st;
-    char err[2048];
+    PDXPY_CALL_DECL(call, "make_xfer");
     /* Released even for small requests: make waits on the agent lock,
      * which the progress thread may hold. */
-    Py_BEGIN_ALLOW_THREADS st = pdx_xfer_make(self->h, op, ld->h, li, rd->h, ri,
-                                              ln, np, (size_t)nlen, &h);
-    if (st != PDX_OK) {
-        pdxpy_last_error(err, sizeof(err), st, "make_xfer");
-    }
-    Py_END_ALLOW_THREADS ld->uses--;
+    PDXPY_CALL(&call, pdx_xfer_make(self->h, op, ld->h, li, rd->h, ri, ln, np,
+                                    (size_t)nlen, &h));
+    ld->uses--;
     rd->uses--;
     pdxpy_agent_leave(self);
-    if (st != PDX_OK) {
-        pdxpy_raise(st, "make_xfer", err);
+    if (call.st != PDX_OK) {
+        pdxpy_call_raise(&call);
         goto out;
     }
     res = (PyObject *)xfer_wrap(self, h);
@@ -218,16 +214,12 @@ PyObject *pdxpy_agent_create_xfer(AgentObject *self, PyObject *args,
     pdx_desc_list_t ll = {l->mem_type, l->descs, l->count};
     pdx_desc_list_t rl = {r->mem_type, r->descs, r->count};
     pdx_xfer_h h = NULL;
-    pdx_status_t st;
-    char err[2048];
-    Py_BEGIN_ALLOW_THREADS st =
-        pdx_xfer_create(self->h, op, &ll, &rl, peer, np, (size_t)nlen, &h);
-    if (st != PDX_OK) {
-        pdxpy_last_error(err, sizeof(err), st, "create_xfer");
-    }
-    Py_END_ALLOW_THREADS pdxpy_agent_leave(self);
-    if (st != PDX_OK) {
-        pdxpy_raise(st, "create_xfer", err);
+    PDXPY_CALL_DECL(call, "create_xfer");
+    PDXPY_CALL(&call, pdx_xfer_create(self->h, op, &ll, &rl, peer, np,
+                                      (size_t)nlen, &h));
+    pdxpy_agent_leave(self);
+    if (call.st != PDX_OK) {
+        pdxpy_call_raise(&call);
         goto out;
     }
     res = (PyObject *)xfer_wrap(self, h);
@@ -284,19 +276,14 @@ static PyObject *xfer_raw(XferObject *x, int post)
     if (xfer_enter(x) < 0) {
         return NULL;
     }
-    pdx_status_t st;
-    char err[2048];
-    Py_BEGIN_ALLOW_THREADS st =
-        post ? pdx_xfer_post(x->h) : pdx_xfer_check(x->h);
-    if (st < 0) {
-        pdxpy_last_error(err, sizeof(err), st, post ? "post" : "check");
+    PDXPY_CALL_DECL(call, post ? "post" : "check");
+    PDXPY_CALL(&call, post ? pdx_xfer_post(x->h) : pdx_xfer_check(x->h));
+    xfer_leave(x);
+    x->last = call.st;
+    if (call.st < 0) {
+        xfer_note_error(x, call.st, call.err);
     }
-    Py_END_ALLOW_THREADS xfer_leave(x);
-    x->last = st;
-    if (st < 0) {
-        xfer_note_error(x, st, err);
-    }
-    return PyLong_FromLong((long)st);
+    return PyLong_FromLong((long)call.st);
 }
 
 static PyObject *Xfer_post_raw(XferObject *x, PyObject *u)
@@ -339,11 +326,11 @@ static PyObject *Xfer_abort(XferObject *x, PyObject *u)
     if (xfer_enter(x) < 0) {
         return NULL;
     }
-    pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS st = pdx_xfer_abort(x->h);
-    Py_END_ALLOW_THREADS xfer_leave(x);
-    if (st < 0) {
-        return pdxpy_raise(st, "abort", NULL);
+    PDXPY_CALL_DECL(call, "abort");
+    PDXPY_CALL(&call, pdx_xfer_abort(x->h));
+    xfer_leave(x);
+    if (call.st < 0) {
+        return pdxpy_call_raise(&call);
     }
     Py_RETURN_NONE;
 }
@@ -373,8 +360,8 @@ static PyObject *Xfer_wait(XferObject *x, PyObject *args, PyObject *kw)
         return NULL;
     }
     AgentObject *a = x->agent;
+    PDXPY_CALL_DECL(call, "wait");
     pdx_status_t st;
-    char err[2048];
     int closed = 0;
     Py_BEGIN_ALLOW_THREADS double start = pdxpy_now();
     double end = start + timeout, busy = start;
@@ -409,17 +396,16 @@ static PyObject *Xfer_wait(XferObject *x, PyObject *args, PyObject *kw)
         }
         pdxpy_agent_sleep(a->h, left > 0.001 ? 1 : 0, &spins);
     }
-    if (st < 0) {
-        pdxpy_last_error(err, sizeof(err), st, "wait");
-    }
+    call.st = st;
+    pdxpy_call_done(&call);
     Py_END_ALLOW_THREADS xfer_leave(x);
     x->last = st;
     if (closed) {
         return pdxpy_closed("agent closed while waiting");
     }
     if (st < 0) {
-        xfer_note_error(x, st, err);
-        return pdxpy_raise(st, "wait", err);
+        xfer_note_error(x, st, call.err);
+        return pdxpy_call_raise(&call);
     }
     if (st == PDX_INPROGRESS) {
         char buf[160];
@@ -468,11 +454,11 @@ static PyObject *Xfer_telemetry(XferObject *x, PyObject *u)
     }
     pdx_xfer_telemetry_t t;
     memset(&t, 0, sizeof(t));
-    pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS st = pdxpy_opt.xfer_telemetry(x->h, &t);
-    Py_END_ALLOW_THREADS xfer_leave(x);
-    if (st != PDX_OK) {
-        return pdxpy_raise(st, "telemetry", NULL);
+    PDXPY_CALL_DECL(call, "telemetry");
+    PDXPY_CALL(&call, pdxpy_opt.xfer_telemetry(x->h, &t));
+    xfer_leave(x);
+    if (call.st != PDX_OK) {
+        return pdxpy_call_raise(&call);
     }
     t.backend[sizeof(t.backend) - 1] = '\0';
     t.transport[sizeof(t.transport) - 1] = '\0';
