@@ -1121,7 +1121,36 @@ static int read_hello(node_t *n, cJSON *m, char *why, size_t len)
 static session_t *g_ss;
 static int g_nss, g_nturns;
 
-static int validate(int argc, char **argv)
+/* ---- one run, step by step: parse_args, start_nodes, plan_sessions,
+ * run_loop (admission, polling, on_reply per node message), drain_nodes,
+ * final_checks and the report. Its state is one run_t. */
+
+typedef struct run {
+    opts_t o;
+    const char *p_cfg, *d_cfg;
+    double t_start, deadline, startup_ms, wall_ms;
+    uint32_t B;      /* tokens per block */
+    uint64_t budget; /* admission: blocks the sessions in flight may use */
+    session_t *ss;
+    int planned; /* cancellations planned (soak) */
+    check_log_t checks;
+    /* Handoffs made (each must be freed by done or reject), rejects the
+     * driver asked for, and what nodes reported as cancelled. */
+    uint64_t p_handoffs, d_handoffs, rejects_to_p, rejects_to_d;
+    uint64_t aborts[2][DONE_KINDS]; /* [P, D][kind] */
+    uint64_t loads_verified;
+    abort_times_t abort_times;
+    int next, inflight, peak_inflight, finished;
+    int phases_done, phases_total;
+    uint64_t used;
+    bool dead, timed_out;
+    char dead_why[512];
+    agg_t *per, tot; /* per turn, and over all */
+    uint64_t completed, naborted, planned_now[2];
+} run_t;
+
+/* The options into *o_p: -1 to run, else the exit code (0 for --help). */
+static int parse_args(int argc, char **argv, opts_t *o_p)
 {
     /* -1: not given; the default depends on --soak. */
     opts_t o = {.sessions = -1,
@@ -1305,22 +1334,27 @@ static int validate(int argc, char **argv)
     } else {
         default_node(g_node_bin, sizeof(g_node_bin));
     }
-    const char *p_cfg = g_p_cfg, *d_cfg = g_d_cfg;
     o.node = g_node_bin;
-    g_p.config = p_cfg;
-    g_d.config = d_cfg;
+    g_p.config = g_p_cfg;
+    g_d.config = g_d_cfg;
     g_bar = !o.quiet && isatty(2);
+    *o_p = o;
+    return -1;
+}
 
+/* Spawn P and D, read their hellos and connect them both ways: 0, or the
+ * exit code. */
+static int start_nodes(run_t *run)
+{
     signal(SIGPIPE, SIG_IGN);
     signal(SIGALRM, on_alarm);
     /* Backstop: whatever hangs, the run ends. */
-    alarm((unsigned)ceil(o.timeout_s) + 30);
-    double t_start = pd_now_ms();
-    double deadline = t_start + o.timeout_s * 1e3;
+    alarm((unsigned)ceil(run->o.timeout_s) + 30);
+    run->t_start = pd_now_ms();
+    run->deadline = run->t_start + run->o.timeout_s * 1e3;
     char why[2048];
-    int rc = EXIT_FAIL;
 
-    if (spawn(&g_p, &o) != 0 || spawn(&g_d, &o) != 0) {
+    if (spawn(&g_p, &run->o) != 0 || spawn(&g_d, &run->o) != 0) {
         kill_nodes();
         return EXIT_SETUP;
     }
@@ -1372,50 +1406,59 @@ static int validate(int argc, char **argv)
         cJSON_Delete(r);
     }
     if (refused) {
-        if (o.json) {
+        if (run->o.json) {
             printf("{\"result\":\"FAIL\",\"error\":\"connect refused\"}\n");
         }
         quit_nodes(pd_now_ms() + 5000);
         return EXIT_REFUSED;
     }
 
-    double startup_ms = pd_now_ms() - t_start;
-    uint32_t B = (uint32_t)g_p.block_tokens;
+    run->startup_ms = pd_now_ms() - run->t_start;
+    return 0;
+}
+
+/* The admission budget, the sessions (prompt lengths, footprints) and the
+ * planned cancellations: 0, or the exit code. */
+static int plan_sessions(run_t *run)
+{
+    run->B = (uint32_t)g_p.block_tokens;
     /* Admission: the blocks of the sessions in flight must fit P's and D's
      * arenas and D's pool (a decode's handoff leases its history there
      * until P reads it). */
-    uint64_t budget =
+    run->budget =
         g_p.num_blocks < g_d.num_blocks ? g_p.num_blocks : g_d.num_blocks;
-    if (g_d.pool_blocks > 0 && g_d.pool_blocks < budget) {
-        budget = g_d.pool_blocks;
+    if (g_d.pool_blocks > 0 && g_d.pool_blocks < run->budget) {
+        run->budget = g_d.pool_blocks;
     }
-    budget = budget > 2 ? budget - 2 : budget;
+    run->budget = run->budget > 2 ? run->budget - 2 : run->budget;
 
-    session_t *ss = calloc((size_t)o.sessions, sizeof(*ss));
-    g_ss = ss;
-    g_nss = o.sessions;
-    g_nturns = o.turns;
-    uint64_t rng = o.seed;
-    for (int i = 0; i < o.sessions; i++) {
-        session_t *s = &ss[i];
+    run->ss = calloc((size_t)run->o.sessions, sizeof(*run->ss));
+    g_ss = run->ss;
+    g_nss = run->o.sessions;
+    g_nturns = run->o.turns;
+    uint64_t rng = run->o.seed;
+    for (int i = 0; i < run->o.sessions; i++) {
+        session_t *s = &run->ss[i];
         s->id = i;
-        s->len0 = o.range_hi > 0
-                      ? o.range_lo +
-                            (size_t)rng_below(&rng, o.range_hi - o.range_lo + 1)
-                      : o.prompts[i % o.nprompts];
-        if ((size_t)o.shared > s->len0) {
-            s->len0 = (size_t)o.shared; /* never shorter than the prefix */
+        s->len0 = run->o.range_hi > 0
+                      ? run->o.range_lo +
+                            (size_t)rng_below(&rng, run->o.range_hi -
+                                                        run->o.range_lo + 1)
+                      : run->o.prompts[i % run->o.nprompts];
+        if ((size_t)run->o.shared > s->len0) {
+            s->len0 = (size_t)run->o.shared; /* never shorter than the prefix */
         }
-        s->recs = calloc((size_t)o.turns, sizeof(*s->recs));
-        size_t last = s->len0 + (size_t)(o.turns - 1) * o.user_tokens +
-                      (size_t)o.turns * o.gen;
-        s->footprint = (last + B - 1) / B;
-        if (s->footprint > budget) {
+        s->recs = calloc((size_t)run->o.turns, sizeof(*s->recs));
+        size_t last = s->len0 +
+                      (size_t)(run->o.turns - 1) * run->o.user_tokens +
+                      (size_t)run->o.turns * run->o.gen;
+        s->footprint = (last + run->B - 1) / run->B;
+        if (s->footprint > run->budget) {
             fprintf(stderr,
                     "pdx-validate: session %d needs %zu blocks (%zu tokens at "
                     "its last turn); the configs allow %llu (num_blocks %llu/"
                     "%llu, D pool %llu blocks)\n",
-                    i, s->footprint, last, (unsigned long long)budget,
+                    i, s->footprint, last, (unsigned long long)run->budget,
                     (unsigned long long)g_p.num_blocks,
                     (unsigned long long)g_d.num_blocks,
                     (unsigned long long)g_d.pool_blocks);
@@ -1423,74 +1466,293 @@ static int validate(int argc, char **argv)
             return EXIT_SETUP;
         }
     }
-    if (o.soak) {
+    if (run->o.soak) {
         /* Concurrency 17 must be reachable: as many of the largest
          * sessions the range allows must fit the budget at once. */
-        size_t top = o.range_hi > 0 ? o.range_hi : 0;
-        for (int i = 0; o.range_hi == 0 && i < o.nprompts; i++) {
-            top = o.prompts[i] > top ? o.prompts[i] : top;
+        size_t top = run->o.range_hi > 0 ? run->o.range_hi : 0;
+        for (int i = 0; run->o.range_hi == 0 && i < run->o.nprompts; i++) {
+            top = run->o.prompts[i] > top ? run->o.prompts[i] : top;
         }
-        top = top > (size_t)o.shared ? top : (size_t)o.shared;
-        size_t last = top + (size_t)(o.turns - 1) * o.user_tokens +
-                      (size_t)o.turns * o.gen;
-        uint64_t need = (uint64_t)o.concurrency * ((last + B - 1) / B);
-        if (need > budget) {
+        top = top > (size_t)run->o.shared ? top : (size_t)run->o.shared;
+        size_t last = top + (size_t)(run->o.turns - 1) * run->o.user_tokens +
+                      (size_t)run->o.turns * run->o.gen;
+        uint64_t need =
+            (uint64_t)run->o.concurrency * ((last + run->B - 1) / run->B);
+        if (need > run->budget) {
             fprintf(stderr,
                     "pdx-validate: --soak: %d sessions of up to %zu tokens "
                     "need %llu blocks in flight; the configs allow %llu "
                     "(lower the prompt range)\n",
-                    o.concurrency, last, (unsigned long long)need,
-                    (unsigned long long)budget);
+                    run->o.concurrency, last, (unsigned long long)need,
+                    (unsigned long long)run->budget);
             quit_nodes(pd_now_ms() + 5000);
             return EXIT_SETUP;
         }
     }
-    int planned = plan_aborts(ss, &o, &rng);
-    if (planned < 0) {
+    run->planned = plan_aborts(run->ss, &run->o, &rng);
+    if (run->planned < 0) {
         fprintf(stderr, "pdx-validate: out of memory\n");
         quit_nodes(pd_now_ms() + 5000);
         return EXIT_SETUP;
     }
+    return 0;
+}
 
-    check_log_t checks = {.failures = cJSON_CreateArray()};
-    /* Handoffs made (each must be freed by done or reject), rejects the
-     * driver asked for, and what nodes reported as cancelled. */
-    uint64_t p_handoffs = 0, d_handoffs = 0, rejects_to_p = 0, rejects_to_d = 0;
-    uint64_t aborts[2][DONE_KINDS] = {{0}}; /* [P, D][kind] */
-    uint64_t loads_verified = 0;
-    abort_times_t abort_times = {0};
-    int next = 0, inflight = 0, peak_inflight = 0, finished = 0;
-    int phases_done = 0, phases_total = o.sessions * o.turns * 2;
-    uint64_t used = 0;
-    bool dead = false, timed_out = false;
-    char dead_why[512] = "";
-    while (finished < o.sessions && !dead) {
+/* A prefill reply: true when the session's turn is over (cancelled or
+ * failed on P), false when it goes on to D. */
+static bool on_prefill(run_t *run, session_t *s, turn_rec_t *r, const cJSON *m)
+{
+    bool ok = jbool(m, "ok");
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(m, "ms");
+    run->phases_done++;
+    r->p_done = true;
+    r->p_ok = ok;
+    /* P settled D's handoff: read it (done), or the node
+     * aborted or rejected it. */
+    s->d_open = s->d_open && !ok;
+    if (!ok) {
+        copy_err(r->p_err, sizeof(r->p_err), m);
+    } else {
+        snprintf(r->p_source, sizeof(r->p_source), "%s",
+                 pd_json_str(m, "source"));
+        r->p_loaded = jnum(m, "loaded");
+        r->p_recomputed = jnum(m, "recomputed");
+        r->p_match_blocks = jnum(m, "match_blocks");
+        r->p_tail_hit = jbool(m, "tail_hit");
+        r->p_load_failed = jbool(m, "load_failed");
+        r->p_bytes = jnum(m, "bytes_loaded");
+        r->p_verified_blocks = jnum(m, "verified_blocks");
+        r->p_diff = jnum(m, "diff_bytes");
+        r->p_saved = jnum(m, "bytes_saved");
+        r->p_nfull = jnum(m, "nfull");
+        r->p_has_tail = jbool(m, "has_tail");
+        r->p_tail_tokens = (uint32_t)jnum(m, "tail_tokens");
+        r->p_ms = pd_json_num(ms, "total", 0);
+        r->p_ms_lookup = pd_json_num(ms, "lookup", 0);
+        r->p_ms_wait = pd_json_num(ms, "wait_blocks", 0);
+        r->p_phases = cJSON_Duplicate(ms, 1);
+        run->loads_verified += r->p_verified_blocks > 0;
+        const char *ab = pd_json_str(m, "aborted");
+        if (ab != NULL) {
+            snprintf(r->p_aborted, sizeof(r->p_aborted), "%s", ab);
+        } else {
+            run->p_handoffs++;
+            free(s->params_p);
+            s->params_p = strdup(pd_json_str(m, "params"));
+        }
+    }
+    if (ok && r->p_aborted[0] != '\0') {
+        /* Cancelled on P: D's last handoff was settled by
+         * P (load aborted, rejected or read). */
+        note_abort(&run->checks, s, 0, m, run->aborts, &run->abort_times);
+        run->phases_done++;
+        r->d_done = r->d_ok = true;
+        s->ended = true;
+        return true;
+    } else if (ok) {
+        /* Hand off to D: the same prompt, P's params. */
+        send_job(&g_d, "decode", s, s->params_p, run->o.gen);
+        s->state = S_D;
+    } else {
+        run->phases_done++;
+        r->d_done = true;
+        snprintf(r->d_err, sizeof(r->d_err), "not run: prefill failed");
+        s->ended = true;
+        return true;
+    }
+    return false;
+}
+
+/* A decode reply (the turn is over either way). */
+static void on_decode(run_t *run, session_t *s, turn_rec_t *r, const cJSON *m)
+{
+    bool ok = jbool(m, "ok");
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(m, "ms");
+    run->phases_done++;
+    r->d_done = true;
+    r->d_ok = ok;
+    if (!ok) {
+        copy_err(r->d_err, sizeof(r->d_err), m);
+        /* D never read P's blocks: tell P to free them. */
+        cJSON *rj = cJSON_CreateObject();
+        cJSON_AddStringToObject(rj, "op", "reject");
+        cJSON_AddNumberToObject(rj, "sid", -2);
+        cJSON_AddStringToObject(rj, "params", s->params_p);
+        send_to(&g_d, rj);
+        run->rejects_to_p++;
+        s->ended = true;
+    } else {
+        snprintf(r->d_source, sizeof(r->d_source), "%s",
+                 pd_json_str(m, "source"));
+        r->d_loaded = jnum(m, "loaded");
+        r->d_recomputed = jnum(m, "recomputed");
+        r->d_match_blocks = jnum(m, "match_blocks");
+        r->d_tail_hit = jbool(m, "tail_hit");
+        r->d_load_failed = jbool(m, "load_failed");
+        r->d_bytes = jnum(m, "bytes_loaded");
+        r->d_verified_blocks = jnum(m, "verified_blocks");
+        r->d_diff = jnum(m, "diff_bytes");
+        r->d_saved = jnum(m, "bytes_saved");
+        r->d_nfull = jnum(m, "nfull");
+        r->d_ms = pd_json_num(ms, "total", 0);
+        r->d_phases = cJSON_Duplicate(ms, 1);
+        run->loads_verified += r->d_verified_blocks > 0;
+        const char *ab = pd_json_str(m, "aborted");
+        if (ab != NULL) {
+            /* Cancelled on D: P's handoff was settled by D
+             * (load aborted, rejected or read); D made
+             * none. */
+            snprintf(r->d_aborted, sizeof(r->d_aborted), "%s", ab);
+            note_abort(&run->checks, s, 1, m, run->aborts, &run->abort_times);
+            s->ended = true;
+            return;
+        }
+        run->d_handoffs++;
+        s->d_open = true;
+        free(s->params_d);
+        s->params_d = strdup(pd_json_str(m, "params"));
+        r->d_handoff_n = handoff_hashes(s->params_d);
+        /* The history grows by what D generated. */
+        const cJSON *g = cJSON_GetObjectItemCaseSensitive(m, "generated");
+        size_t ng = (size_t)cJSON_GetArraySize(g);
+        r->d_generated = ng;
+        hist_reserve(s, s->prompt_n + ng);
+        size_t k = s->prompt_n;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, g)
+        {
+            s->hist[k++] = (uint64_t)e->valuedouble;
+        }
+        s->n = k;
+        /* The stand-in's sampler is deterministic: check
+         * what D generated. */
+        uint64_t h = PD_PREFIX_ROOT;
+        for (size_t i2 = 0; i2 < s->prompt_n; i2++) {
+            h = pd_prefix_step(h, s->hist[i2]);
+        }
+        size_t bad = 0;
+        for (size_t i2 = s->prompt_n; i2 < s->n; i2++) {
+            bad += s->hist[i2] != pd_next_token(h);
+            h = pd_prefix_step(h, s->hist[i2]);
+        }
+        check(&run->checks, bad == 0 && ng == (size_t)run->o.gen,
+              "session %d turn %d: D generated %zu tokens, "
+              "%zu not what the stand-in samples",
+              s->id, s->turn, ng, bad);
+    }
+}
+
+/* A turn is over: check it, then the next turn, the reject of D's last
+ * handoff, or the session is done. */
+static void end_turn(run_t *run, session_t *s, turn_rec_t *r)
+{
+    r->ms = pd_now_ms() - r->t0;
+    if (s->ended) {
+        run->phases_done += 2 * (run->o.turns - s->turn);
+    }
+    check_turn(&run->checks, s, s->turn, run->B, g_d.load_tail && r->p_ok);
+    if (!s->ended && s->turn < run->o.turns) {
+        s->turn++;
+        start_turn(s, &run->o);
+    } else if (s->d_open) {
+        /* Nobody will read D's last handoff: P rejects it
+         * so D's pool lease goes now, not at expiry. */
+        cJSON *rj = cJSON_CreateObject();
+        cJSON_AddStringToObject(rj, "op", "reject");
+        cJSON_AddNumberToObject(rj, "sid", s->id);
+        cJSON_AddStringToObject(rj, "params", s->params_d);
+        send_to(&g_p, rj);
+        run->rejects_to_d++;
+        s->d_open = false;
+        s->state = S_REJECT;
+    } else {
+        s->state = S_DONE;
+        run->finished++;
+        run->inflight--;
+        run->used -= s->footprint;
+    }
+}
+
+/* One message from node n (consumed). */
+static void on_reply(run_t *run, node_t *n, cJSON *m)
+{
+    const char *op = pd_json_str(m, "op");
+    int sid = (int)pd_json_num(m, "sid", -1);
+    session_t *s = sid >= 0 && sid < run->o.sessions ? &run->ss[sid] : NULL;
+    if (op != NULL && strcmp(op, "reject") == 0 && sid == -2) {
+        /* D's reject of a handoff it could not take: the
+         * session already failed; nothing more to check. */
+        cJSON_Delete(m);
+        return;
+    }
+    if (op == NULL || s == NULL) {
+        check(&run->checks, false, "node %s: unexpected message %s: %s", n->tag,
+              op ? op : "?",
+              pd_json_str(m, "error") ? pd_json_str(m, "error") : "");
+        cJSON_Delete(m);
+        return;
+    }
+    turn_rec_t *r = &s->recs[s->turn - 1];
+    bool ok = jbool(m, "ok");
+    if (strcmp(op, "prefill") == 0 && s->state == S_P) {
+        if (on_prefill(run, s, r, m)) {
+            end_turn(run, s, r);
+        }
+    } else if (strcmp(op, "decode") == 0 && s->state == S_D) {
+        on_decode(run, s, r, m);
+        end_turn(run, s, r);
+    } else if (strcmp(op, "reject") == 0 && s->state == S_REJECT) {
+        check(&run->checks, ok,
+              "session %d: reject of D's last "
+              "handoff failed: %s",
+              s->id, pd_json_str(m, "error") ? pd_json_str(m, "error") : "?");
+        s->state = S_DONE;
+        run->finished++;
+        run->inflight--;
+        run->used -= s->footprint;
+    } else {
+        check(&run->checks, false,
+              "node %s: unexpected %s reply for session %d in "
+              "state %d: %s",
+              n->tag, op, sid, (int)s->state,
+              pd_json_str(m, "error") ? pd_json_str(m, "error") : "");
+    }
+    cJSON_Delete(m);
+}
+
+/* Admit sessions while they fit and handle the nodes' replies until every
+ * session finished, a node died or the run timed out: 0, or the exit code
+ * (out of memory). */
+static int run_loop(run_t *run)
+{
+    while (run->finished < run->o.sessions && !run->dead) {
         /* Admit sessions in order while they fit. */
         /* With --require-local, the others wait for session 0's first
          * prefill: it saves the shared prefix to P's offload tier, so the
          * later lookups find it there (started at once, every session
          * could look up before any save and all miss: a race). Session 0
          * stays in flight (decode, turn 2), so the peak is unchanged. */
-        while (next < o.sessions && inflight < o.concurrency &&
-               used + ss[next].footprint <= budget &&
-               !(o.require_local && o.shared > 0 && next == 1 &&
-                 !ss[0].recs[0].p_done)) {
-            session_t *s = &ss[next++];
+        while (run->next < run->o.sessions &&
+               run->inflight < run->o.concurrency &&
+               run->used + run->ss[run->next].footprint <= run->budget &&
+               !(run->o.require_local && run->o.shared > 0 && run->next == 1 &&
+                 !run->ss[0].recs[0].p_done)) {
+            session_t *s = &run->ss[run->next++];
             s->turn = 1;
-            if (start_turn(s, &o) != 0) {
+            if (start_turn(s, &run->o) != 0) {
                 fprintf(stderr, "pdx-validate: out of memory\n");
                 kill_nodes();
                 return EXIT_SETUP;
             }
-            used += s->footprint;
-            inflight++;
-            if (inflight > peak_inflight) {
-                peak_inflight = inflight;
+            run->used += s->footprint;
+            run->inflight++;
+            if (run->inflight > run->peak_inflight) {
+                run->peak_inflight = run->inflight;
             }
         }
-        bar(phases_done, phases_total, inflight, t_start);
-        if (pd_now_ms() > deadline) {
-            timed_out = true;
+        bar(run->phases_done, run->phases_total, run->inflight, run->t_start);
+        if (pd_now_ms() > run->deadline) {
+            run->timed_out = true;
             break;
         }
         struct pollfd pfd[2];
@@ -1503,11 +1765,12 @@ static int validate(int argc, char **argv)
         }
         int prc = poll(pfd, 2, 200);
         if (prc < 0 && errno != EINTR) {
-            snprintf(dead_why, sizeof(dead_why), "poll: %s", strerror(errno));
-            dead = true;
+            snprintf(run->dead_why, sizeof(run->dead_why), "poll: %s",
+                     strerror(errno));
+            run->dead = true;
             break;
         }
-        for (int i = 0; i < 2 && !dead; i++) {
+        for (int i = 0; i < 2 && !run->dead; i++) {
             node_t *n = ns[i];
             if (prc > 0 && (pfd[i].revents & POLLOUT)) {
                 pd_chan_flush(&n->chan);
@@ -1517,232 +1780,41 @@ static int validate(int argc, char **argv)
             }
             cJSON *m;
             while ((m = pd_chan_next(&n->chan)) != NULL) {
-                const char *op = pd_json_str(m, "op");
-                int sid = (int)pd_json_num(m, "sid", -1);
-                session_t *s = sid >= 0 && sid < o.sessions ? &ss[sid] : NULL;
-                if (op != NULL && strcmp(op, "reject") == 0 && sid == -2) {
-                    /* D's reject of a handoff it could not take: the
-                     * session already failed; nothing more to check. */
-                    cJSON_Delete(m);
-                    continue;
-                }
-                if (op == NULL || s == NULL) {
-                    check(&checks, false, "node %s: unexpected message %s: %s",
-                          n->tag, op ? op : "?",
-                          pd_json_str(m, "error") ? pd_json_str(m, "error")
-                                                  : "");
-                    cJSON_Delete(m);
-                    continue;
-                }
-                turn_rec_t *r = &s->recs[s->turn - 1];
-                bool ok = jbool(m, "ok");
-                const cJSON *ms = cJSON_GetObjectItemCaseSensitive(m, "ms");
-                if (strcmp(op, "prefill") == 0 && s->state == S_P) {
-                    phases_done++;
-                    r->p_done = true;
-                    r->p_ok = ok;
-                    /* P settled D's handoff: read it (done), or the node
-                     * aborted or rejected it. */
-                    s->d_open = s->d_open && !ok;
-                    if (!ok) {
-                        copy_err(r->p_err, sizeof(r->p_err), m);
-                    } else {
-                        snprintf(r->p_source, sizeof(r->p_source), "%s",
-                                 pd_json_str(m, "source"));
-                        r->p_loaded = jnum(m, "loaded");
-                        r->p_recomputed = jnum(m, "recomputed");
-                        r->p_match_blocks = jnum(m, "match_blocks");
-                        r->p_tail_hit = jbool(m, "tail_hit");
-                        r->p_load_failed = jbool(m, "load_failed");
-                        r->p_bytes = jnum(m, "bytes_loaded");
-                        r->p_verified_blocks = jnum(m, "verified_blocks");
-                        r->p_diff = jnum(m, "diff_bytes");
-                        r->p_saved = jnum(m, "bytes_saved");
-                        r->p_nfull = jnum(m, "nfull");
-                        r->p_has_tail = jbool(m, "has_tail");
-                        r->p_tail_tokens = (uint32_t)jnum(m, "tail_tokens");
-                        r->p_ms = pd_json_num(ms, "total", 0);
-                        r->p_ms_lookup = pd_json_num(ms, "lookup", 0);
-                        r->p_ms_wait = pd_json_num(ms, "wait_blocks", 0);
-                        r->p_phases = cJSON_Duplicate(ms, 1);
-                        loads_verified += r->p_verified_blocks > 0;
-                        const char *ab = pd_json_str(m, "aborted");
-                        if (ab != NULL) {
-                            snprintf(r->p_aborted, sizeof(r->p_aborted), "%s",
-                                     ab);
-                        } else {
-                            p_handoffs++;
-                            free(s->params_p);
-                            s->params_p = strdup(pd_json_str(m, "params"));
-                        }
-                    }
-                    if (ok && r->p_aborted[0] != '\0') {
-                        /* Cancelled on P: D's last handoff was settled by
-                         * P (load aborted, rejected or read). */
-                        note_abort(&checks, s, 0, m, aborts, &abort_times);
-                        phases_done++;
-                        r->d_done = r->d_ok = true;
-                        s->ended = true;
-                        goto session_turn_done;
-                    } else if (ok) {
-                        /* Hand off to D: the same prompt, P's params. */
-                        send_job(&g_d, "decode", s, s->params_p, o.gen);
-                        s->state = S_D;
-                    } else {
-                        phases_done++;
-                        r->d_done = true;
-                        snprintf(r->d_err, sizeof(r->d_err),
-                                 "not run: prefill failed");
-                        s->ended = true;
-                        goto session_turn_done;
-                    }
-                } else if (strcmp(op, "decode") == 0 && s->state == S_D) {
-                    phases_done++;
-                    r->d_done = true;
-                    r->d_ok = ok;
-                    if (!ok) {
-                        copy_err(r->d_err, sizeof(r->d_err), m);
-                        /* D never read P's blocks: tell P to free them. */
-                        cJSON *rj = cJSON_CreateObject();
-                        cJSON_AddStringToObject(rj, "op", "reject");
-                        cJSON_AddNumberToObject(rj, "sid", -2);
-                        cJSON_AddStringToObject(rj, "params", s->params_p);
-                        send_to(&g_d, rj);
-                        rejects_to_p++;
-                        s->ended = true;
-                    } else {
-                        snprintf(r->d_source, sizeof(r->d_source), "%s",
-                                 pd_json_str(m, "source"));
-                        r->d_loaded = jnum(m, "loaded");
-                        r->d_recomputed = jnum(m, "recomputed");
-                        r->d_match_blocks = jnum(m, "match_blocks");
-                        r->d_tail_hit = jbool(m, "tail_hit");
-                        r->d_load_failed = jbool(m, "load_failed");
-                        r->d_bytes = jnum(m, "bytes_loaded");
-                        r->d_verified_blocks = jnum(m, "verified_blocks");
-                        r->d_diff = jnum(m, "diff_bytes");
-                        r->d_saved = jnum(m, "bytes_saved");
-                        r->d_nfull = jnum(m, "nfull");
-                        r->d_ms = pd_json_num(ms, "total", 0);
-                        r->d_phases = cJSON_Duplicate(ms, 1);
-                        loads_verified += r->d_verified_blocks > 0;
-                        const char *ab = pd_json_str(m, "aborted");
-                        if (ab != NULL) {
-                            /* Cancelled on D: P's handoff was settled by D
-                             * (load aborted, rejected or read); D made
-                             * none. */
-                            snprintf(r->d_aborted, sizeof(r->d_aborted), "%s",
-                                     ab);
-                            note_abort(&checks, s, 1, m, aborts, &abort_times);
-                            s->ended = true;
-                            goto session_turn_done;
-                        }
-                        d_handoffs++;
-                        s->d_open = true;
-                        free(s->params_d);
-                        s->params_d = strdup(pd_json_str(m, "params"));
-                        r->d_handoff_n = handoff_hashes(s->params_d);
-                        /* The history grows by what D generated. */
-                        const cJSON *g =
-                            cJSON_GetObjectItemCaseSensitive(m, "generated");
-                        size_t ng = (size_t)cJSON_GetArraySize(g);
-                        r->d_generated = ng;
-                        hist_reserve(s, s->prompt_n + ng);
-                        size_t k = s->prompt_n;
-                        const cJSON *e;
-                        cJSON_ArrayForEach(e, g)
-                        {
-                            s->hist[k++] = (uint64_t)e->valuedouble;
-                        }
-                        s->n = k;
-                        /* The stand-in's sampler is deterministic: check
-                         * what D generated. */
-                        uint64_t h = PD_PREFIX_ROOT;
-                        for (size_t i2 = 0; i2 < s->prompt_n; i2++) {
-                            h = pd_prefix_step(h, s->hist[i2]);
-                        }
-                        size_t bad = 0;
-                        for (size_t i2 = s->prompt_n; i2 < s->n; i2++) {
-                            bad += s->hist[i2] != pd_next_token(h);
-                            h = pd_prefix_step(h, s->hist[i2]);
-                        }
-                        check(&checks, bad == 0 && ng == (size_t)o.gen,
-                              "session %d turn %d: D generated %zu tokens, "
-                              "%zu not what the stand-in samples",
-                              s->id, s->turn, ng, bad);
-                    }
-                session_turn_done:
-                    r->ms = pd_now_ms() - r->t0;
-                    if (s->ended) {
-                        phases_done += 2 * (o.turns - s->turn);
-                    }
-                    check_turn(&checks, s, s->turn, B,
-                               g_d.load_tail && r->p_ok);
-                    if (!s->ended && s->turn < o.turns) {
-                        s->turn++;
-                        start_turn(s, &o);
-                    } else if (s->d_open) {
-                        /* Nobody will read D's last handoff: P rejects it
-                         * so D's pool lease goes now, not at expiry. */
-                        cJSON *rj = cJSON_CreateObject();
-                        cJSON_AddStringToObject(rj, "op", "reject");
-                        cJSON_AddNumberToObject(rj, "sid", s->id);
-                        cJSON_AddStringToObject(rj, "params", s->params_d);
-                        send_to(&g_p, rj);
-                        rejects_to_d++;
-                        s->d_open = false;
-                        s->state = S_REJECT;
-                    } else {
-                        s->state = S_DONE;
-                        finished++;
-                        inflight--;
-                        used -= s->footprint;
-                    }
-                } else if (strcmp(op, "reject") == 0 && s->state == S_REJECT) {
-                    check(&checks, ok,
-                          "session %d: reject of D's last "
-                          "handoff failed: %s",
-                          s->id,
-                          pd_json_str(m, "error") ? pd_json_str(m, "error")
-                                                  : "?");
-                    s->state = S_DONE;
-                    finished++;
-                    inflight--;
-                    used -= s->footprint;
-                } else {
-                    check(&checks, false,
-                          "node %s: unexpected %s reply for session %d in "
-                          "state %d: %s",
-                          n->tag, op, sid, (int)s->state,
-                          pd_json_str(m, "error") ? pd_json_str(m, "error")
-                                                  : "");
-                }
-                cJSON_Delete(m);
+                on_reply(run, n, m);
             }
             if (n->chan.error || n->chan.eof) {
                 char d[128];
                 node_death(n, d, sizeof(d));
-                snprintf(dead_why, sizeof(dead_why),
+                snprintf(run->dead_why, sizeof(run->dead_why),
                          "node %s (%s, %s) %s with %d sessions unfinished",
-                         n->tag, n->agent, n->config, d, o.sessions - finished);
-                dead = true;
+                         n->tag, n->agent, n->config, d,
+                         run->o.sessions - run->finished);
+                run->dead = true;
             }
         }
     }
-    bar(phases_done, phases_total, inflight, t_start);
+    bar(run->phases_done, run->phases_total, run->inflight, run->t_start);
     bar_end();
-    double wall_ms = pd_now_ms() - t_start;
+    run->wall_ms = pd_now_ms() - run->t_start;
 
-    if (timed_out) {
-        snprintf(dead_why, sizeof(dead_why),
+    if (run->timed_out) {
+        snprintf(run->dead_why, sizeof(run->dead_why),
                  "timed out after %.0f s with %d of %d sessions unfinished",
-                 o.timeout_s, o.sessions - finished, o.sessions);
+                 run->o.timeout_s, run->o.sessions - run->finished,
+                 run->o.sessions);
     }
-    check(&checks, !dead && !timed_out, "%s", dead_why);
+    check(&run->checks, !run->dead && !run->timed_out, "%s", run->dead_why);
+    return 0;
+}
 
+/* Every held block freed (D's reads done, last handoffs rejected), no lease
+ * expired, nothing left running; then the nodes quit. */
+static void drain_nodes(run_t *run)
+{
+    char why[2048];
     /* Drain: every held block freed (D's reads done, last handoffs
      * rejected), no lease expired, nothing left running. */
-    if (!dead && !timed_out) {
+    if (!run->dead && !run->timed_out) {
         node_t *ns[2] = {&g_p, &g_d};
         for (int i = 0; i < 2; i++) {
             cJSON *m = cJSON_CreateObject();
@@ -1753,39 +1825,39 @@ static int validate(int argc, char **argv)
         for (int i = 0; i < 2; i++) {
             cJSON *r = recv_one(ns[i], pd_now_ms() + 30e3, why, sizeof(why));
             if (r == NULL) {
-                check(&checks, false, "drain: %s", why);
+                check(&run->checks, false, "drain: %s", why);
                 continue;
             }
             const cJSON *st = cJSON_GetObjectItemCaseSensitive(r, "stats");
-            check(&checks, jbool(r, "ok"),
+            check(&run->checks, jbool(r, "ok"),
                   "node %s: %llu requests still held after the run", ns[i]->tag,
                   (unsigned long long)jnum(st, "held"));
-            check(&checks, jnum(st, "freed_expired") == 0,
+            check(&run->checks, jnum(st, "freed_expired") == 0,
                   "node %s: %zu handoff leases expired (the peer never read "
                   "them)",
                   ns[i]->tag, jnum(st, "freed_expired"));
-            check(&checks, jnum(st, "free_blocks") == ns[i]->num_blocks,
+            check(&run->checks, jnum(st, "free_blocks") == ns[i]->num_blocks,
                   "node %s: %zu of %llu blocks free after the run", ns[i]->tag,
                   jnum(st, "free_blocks"),
                   (unsigned long long)ns[i]->num_blocks);
             const cJSON *of = cJSON_GetObjectItemCaseSensitive(st, "offload");
-            check(&checks, jnum(of, "leased_blocks") == 0,
+            check(&run->checks, jnum(of, "leased_blocks") == 0,
                   "node %s: %zu offload pool blocks still leased after the run",
                   ns[i]->tag, jnum(of, "leased_blocks"));
             /* Every handoff a node made was freed by its peer's done or
              * reject, exactly once. */
-            uint64_t made = i == 0 ? p_handoffs : d_handoffs;
+            uint64_t made = i == 0 ? run->p_handoffs : run->d_handoffs;
             uint64_t freed = jnum(st, "freed_done") + jnum(st, "freed_reject");
-            check(&checks, freed == made,
+            check(&run->checks, freed == made,
                   "node %s: %llu handoffs made, %llu freed by done or reject",
                   ns[i]->tag, (unsigned long long)made,
                   (unsigned long long)freed);
-            check(&checks, jnum(st, "late_bytes") == 0,
+            check(&run->checks, jnum(st, "late_bytes") == 0,
                   "node %s: %zu bytes landed in %zu blocks after their "
                   "aborted load reported its final state",
                   ns[i]->tag, jnum(st, "late_bytes"),
                   jnum(st, "canary_blocks"));
-            check(&checks, jnum(st, "abort_stuck") == 0,
+            check(&run->checks, jnum(st, "abort_stuck") == 0,
                   "node %s: %zu aborted loads reported no final state "
                   "within the node's abort deadline",
                   ns[i]->tag, jnum(st, "abort_stuck"));
@@ -1794,252 +1866,290 @@ static int validate(int argc, char **argv)
         }
     }
     quit_nodes(pd_now_ms() + 15000);
+}
 
-    agg_t *per = calloc((size_t)o.turns, sizeof(*per));
-    agg_t tot = {0};
-    for (int i = 0; i < o.sessions; i++) {
-        for (int t = 0; t < o.turns; t++) {
-            agg_add(&per[t], &ss[i].recs[t]);
-            agg_add(&tot, &ss[i].recs[t]);
+/* The aggregates per turn and over the run, and the checks on them. */
+static void final_checks(run_t *run)
+{
+    run->per = calloc((size_t)run->o.turns, sizeof(*run->per));
+    for (int i = 0; i < run->o.sessions; i++) {
+        for (int t = 0; t < run->o.turns; t++) {
+            agg_add(&run->per[t], &run->ss[i].recs[t]);
+            agg_add(&run->tot, &run->ss[i].recs[t]);
         }
     }
-    tot.sessions = 0;
-    for (int i = 0; i < o.sessions; i++) {
-        tot.sessions += ss[i].recs[0].p_done;
+    run->tot.sessions = 0;
+    for (int i = 0; i < run->o.sessions; i++) {
+        run->tot.sessions += run->ss[i].recs[0].p_done;
     }
-    if (o.require_local) {
-        check(&checks, tot.local > 0,
+    if (run->o.require_local) {
+        check(&run->checks, run->tot.local > 0,
               "P never reused its own offload tier (shared prefix %d tokens)",
-              o.shared);
+              run->o.shared);
     }
-    if (o.min_inflight > 0) {
-        check(&checks, peak_inflight >= o.min_inflight,
+    if (run->o.min_inflight > 0) {
+        check(&run->checks, run->peak_inflight >= run->o.min_inflight,
               "at most %d sessions were in flight, wanted %d (admission "
               "budget %llu blocks)",
-              peak_inflight, o.min_inflight, (unsigned long long)budget);
+              run->peak_inflight, run->o.min_inflight,
+              (unsigned long long)run->budget);
     }
     /* Reuse must have happened where it must: checked per turn above; an
      * empty run proves nothing. */
-    check(&checks, o.turns < 2 || tot.from_d > 0,
+    check(&run->checks, run->o.turns < 2 || run->tot.from_d > 0,
           "no token was reused from D in any later turn");
-    uint64_t completed = 0, naborted = 0, planned_now[2] = {0, 0};
-    for (int i = 0; i < o.sessions; i++) {
-        bool all_ok = ss[i].turn == o.turns;
-        for (int t = 0; t < o.turns; t++) {
-            all_ok &= ss[i].recs[t].p_ok && ss[i].recs[t].d_ok;
+    for (int i = 0; i < run->o.sessions; i++) {
+        bool all_ok = run->ss[i].turn == run->o.turns;
+        for (int t = 0; t < run->o.turns; t++) {
+            all_ok &= run->ss[i].recs[t].p_ok && run->ss[i].recs[t].d_ok;
         }
-        completed += !ss[i].aborted && all_ok;
-        naborted += ss[i].aborted;
-        if ((ss[i].plan == PLAN_D_LOAD || ss[i].plan == PLAN_P_LOAD) &&
-            ss[i].plan_polls == 0) {
-            planned_now[ss[i].plan == PLAN_D_LOAD]++;
+        run->completed += !run->ss[i].aborted && all_ok;
+        run->naborted += run->ss[i].aborted;
+        if ((run->ss[i].plan == PLAN_D_LOAD ||
+             run->ss[i].plan == PLAN_P_LOAD) &&
+            run->ss[i].plan_polls == 0) {
+            run->planned_now[run->ss[i].plan == PLAN_D_LOAD]++;
         }
     }
-    if (o.soak && !dead && !timed_out) {
-        check(&checks, naborted == (uint64_t)planned,
+    if (run->o.soak && !run->dead && !run->timed_out) {
+        check(&run->checks, run->naborted == (uint64_t)run->planned,
               "%llu sessions were cancelled, %d planned",
-              (unsigned long long)naborted, planned);
-        int want = o.concurrency < o.sessions ? o.concurrency : o.sessions;
-        check(&checks, peak_inflight >= want,
+              (unsigned long long)run->naborted, run->planned);
+        int want = run->o.concurrency < run->o.sessions ? run->o.concurrency
+                                                        : run->o.sessions;
+        check(&run->checks, run->peak_inflight >= want,
               "at most %d sessions were in flight, the soak wants %d",
-              peak_inflight, want);
+              run->peak_inflight, want);
         /* A load aborted before its first progress check is in flight for
          * sure: each must be reported as such, not as finished first. */
         for (int side = 0; side < 2; side++) {
-            check(&checks, aborts[side][DONE_LOAD] >= planned_now[side],
+            check(&run->checks,
+                  run->aborts[side][DONE_LOAD] >= run->planned_now[side],
                   "%s: %llu loads aborted in flight, %llu planned before "
                   "any progress check",
-                  side ? "D" : "P", (unsigned long long)aborts[side][DONE_LOAD],
-                  (unsigned long long)planned_now[side]);
+                  side ? "D" : "P",
+                  (unsigned long long)run->aborts[side][DONE_LOAD],
+                  (unsigned long long)run->planned_now[side]);
         }
         /* Handoffs rejected unread must be freed by the reject, not by a
          * done nor (checked above) by lease expiry. */
         if (g_p.stats != NULL && g_d.stats != NULL) {
-            uint64_t to_p = jnum(g_d.stats, "rejects_sent") + rejects_to_p;
-            uint64_t to_d = jnum(g_p.stats, "rejects_sent") + rejects_to_d;
-            check(&checks, jnum(g_p.stats, "freed_reject") >= to_p,
+            uint64_t to_p = jnum(g_d.stats, "rejects_sent") + run->rejects_to_p;
+            uint64_t to_d = jnum(g_p.stats, "rejects_sent") + run->rejects_to_d;
+            check(&run->checks, jnum(g_p.stats, "freed_reject") >= to_p,
                   "node P: %zu handoffs freed by reject, %llu were rejected "
                   "unread",
                   jnum(g_p.stats, "freed_reject"), (unsigned long long)to_p);
-            check(&checks, jnum(g_d.stats, "freed_reject") >= to_d,
+            check(&run->checks, jnum(g_d.stats, "freed_reject") >= to_d,
                   "node D: %zu handoffs freed by reject, %llu were rejected "
                   "unread",
                   jnum(g_d.stats, "freed_reject"), (unsigned long long)to_d);
         }
     }
-    bool pass = checks.failed == 0;
-    rc = pass ? 0 : EXIT_FAIL;
-    cJSON *soak = NULL;
-    if (o.soak) {
-        soak_in_t in = {.o = &o,
-                        .planned = planned,
-                        .peak = peak_inflight,
-                        .completed = completed,
-                        .cancelled = naborted,
-                        .aborts = aborts,
-                        .handoffs = {p_handoffs, d_handoffs},
-                        .loads_verified = loads_verified,
-                        .blocks_verified = tot.verified,
-                        .bytes = tot.bytes,
-                        .diff = tot.diff,
-                        .at = abort_times,
-                        .errors = checks.failed,
-                        .pass = pass};
-        soak = soak_json(&in);
-    }
+}
 
-    if (o.json) {
-        cJSON *doc = cJSON_CreateObject();
-        cJSON_AddStringToObject(doc, "result", pass ? "PASS" : "FAIL");
-        cJSON *cf = cJSON_AddObjectToObject(doc, "run");
-        cJSON_AddStringToObject(cf, "p_config", p_cfg);
-        cJSON_AddStringToObject(cf, "d_config", d_cfg);
-        cJSON_AddStringToObject(cf, "p_agent", g_p.agent);
-        cJSON_AddStringToObject(cf, "d_agent", g_d.agent);
-        cJSON_AddStringToObject(cf, "layout_fingerprint", g_p.fingerprint);
-        cJSON_AddNumberToObject(cf, "bytes_per_block",
-                                (double)g_p.bytes_per_block);
-        cJSON_AddNumberToObject(cf, "block_tokens", B);
-        cJSON_AddNumberToObject(cf, "sessions", o.sessions);
-        cJSON_AddNumberToObject(cf, "turns", o.turns);
-        if (o.range_hi > 0) {
-            cJSON *pr = cJSON_AddArrayToObject(cf, "prompt_range");
-            cJSON_AddItemToArray(pr, cJSON_CreateNumber((double)o.range_lo));
-            cJSON_AddItemToArray(pr, cJSON_CreateNumber((double)o.range_hi));
+static cJSON *soak_summary(run_t *run, bool pass)
+{
+    soak_in_t in = {.o = &run->o,
+                    .planned = run->planned,
+                    .peak = run->peak_inflight,
+                    .completed = run->completed,
+                    .cancelled = run->naborted,
+                    .aborts = run->aborts,
+                    .handoffs = {run->p_handoffs, run->d_handoffs},
+                    .loads_verified = run->loads_verified,
+                    .blocks_verified = run->tot.verified,
+                    .bytes = run->tot.bytes,
+                    .diff = run->tot.diff,
+                    .at = run->abort_times,
+                    .errors = run->checks.failed,
+                    .pass = pass};
+    return soak_json(&in);
+}
+
+static void report_json(run_t *run, bool pass, cJSON *soak)
+{
+    cJSON *doc = cJSON_CreateObject();
+    cJSON_AddStringToObject(doc, "result", pass ? "PASS" : "FAIL");
+    cJSON *cf = cJSON_AddObjectToObject(doc, "run");
+    cJSON_AddStringToObject(cf, "p_config", run->p_cfg);
+    cJSON_AddStringToObject(cf, "d_config", run->d_cfg);
+    cJSON_AddStringToObject(cf, "p_agent", g_p.agent);
+    cJSON_AddStringToObject(cf, "d_agent", g_d.agent);
+    cJSON_AddStringToObject(cf, "layout_fingerprint", g_p.fingerprint);
+    cJSON_AddNumberToObject(cf, "bytes_per_block", (double)g_p.bytes_per_block);
+    cJSON_AddNumberToObject(cf, "block_tokens", run->B);
+    cJSON_AddNumberToObject(cf, "sessions", run->o.sessions);
+    cJSON_AddNumberToObject(cf, "turns", run->o.turns);
+    if (run->o.range_hi > 0) {
+        cJSON *pr = cJSON_AddArrayToObject(cf, "prompt_range");
+        cJSON_AddItemToArray(pr, cJSON_CreateNumber((double)run->o.range_lo));
+        cJSON_AddItemToArray(pr, cJSON_CreateNumber((double)run->o.range_hi));
+    }
+    cJSON *pl = cJSON_AddArrayToObject(cf, "prompts");
+    for (int i = 0; i < run->o.nprompts; i++) {
+        cJSON_AddItemToArray(pl, cJSON_CreateNumber((double)run->o.prompts[i]));
+    }
+    cJSON_AddNumberToObject(cf, "decode_tokens", run->o.gen);
+    cJSON_AddNumberToObject(cf, "user_tokens", run->o.user_tokens);
+    cJSON_AddNumberToObject(cf, "shared_prefix", run->o.shared);
+    cJSON_AddNumberToObject(cf, "concurrency", run->o.concurrency);
+    cJSON_AddNumberToObject(cf, "peak_in_flight", run->peak_inflight);
+    cJSON_AddNumberToObject(cf, "admission_budget_blocks", (double)run->budget);
+    cJSON_AddNumberToObject(cf, "wall_ms", run->wall_ms);
+    cJSON_AddNumberToObject(cf, "startup_ms", run->startup_ms);
+    cJSON_AddNumberToObject(cf, "max_lookup_ms", run->tot.lookup_ms_max);
+    if (soak != NULL) {
+        cJSON_AddItemToObject(doc, "soak", soak);
+        soak = NULL;
+    }
+    cJSON *tj = cJSON_AddArrayToObject(doc, "turns");
+    for (int t = 0; t < run->o.turns; t++) {
+        cJSON *a = agg_json(&run->per[t]);
+        cJSON_AddNumberToObject(a, "turn", t + 1);
+        cJSON_AddItemToArray(tj, a);
+    }
+    cJSON_AddItemToObject(doc, "total", agg_json(&run->tot));
+    cJSON *sj = cJSON_AddArrayToObject(doc, "sessions");
+    for (int i = 0; i < run->o.sessions; i++) {
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddNumberToObject(x, "id", i);
+        cJSON_AddNumberToObject(x, "first_prompt", (double)run->ss[i].len0);
+        if (run->ss[i].plan != PLAN_NONE) {
+            cJSON *pj = cJSON_AddObjectToObject(x, "cancel");
+            cJSON_AddStringToObject(pj, "plan", plan_name(run->ss[i].plan));
+            cJSON_AddNumberToObject(pj, "turn", run->ss[i].plan_turn);
+            cJSON_AddNumberToObject(pj, "after_checks", run->ss[i].plan_polls);
+            cJSON_AddBoolToObject(pj, "done", run->ss[i].aborted);
         }
-        cJSON *pl = cJSON_AddArrayToObject(cf, "prompts");
-        for (int i = 0; i < o.nprompts; i++) {
-            cJSON_AddItemToArray(pl, cJSON_CreateNumber((double)o.prompts[i]));
-        }
-        cJSON_AddNumberToObject(cf, "decode_tokens", o.gen);
-        cJSON_AddNumberToObject(cf, "user_tokens", o.user_tokens);
-        cJSON_AddNumberToObject(cf, "shared_prefix", o.shared);
-        cJSON_AddNumberToObject(cf, "concurrency", o.concurrency);
-        cJSON_AddNumberToObject(cf, "peak_in_flight", peak_inflight);
-        cJSON_AddNumberToObject(cf, "admission_budget_blocks", (double)budget);
-        cJSON_AddNumberToObject(cf, "wall_ms", wall_ms);
-        cJSON_AddNumberToObject(cf, "startup_ms", startup_ms);
-        cJSON_AddNumberToObject(cf, "max_lookup_ms", tot.lookup_ms_max);
-        if (soak != NULL) {
-            cJSON_AddItemToObject(doc, "soak", soak);
-            soak = NULL;
-        }
-        cJSON *tj = cJSON_AddArrayToObject(doc, "turns");
-        for (int t = 0; t < o.turns; t++) {
-            cJSON *a = agg_json(&per[t]);
-            cJSON_AddNumberToObject(a, "turn", t + 1);
-            cJSON_AddItemToArray(tj, a);
-        }
-        cJSON_AddItemToObject(doc, "total", agg_json(&tot));
-        cJSON *sj = cJSON_AddArrayToObject(doc, "sessions");
-        for (int i = 0; i < o.sessions; i++) {
-            cJSON *x = cJSON_CreateObject();
-            cJSON_AddNumberToObject(x, "id", i);
-            cJSON_AddNumberToObject(x, "first_prompt", (double)ss[i].len0);
-            if (ss[i].plan != PLAN_NONE) {
-                cJSON *pj = cJSON_AddObjectToObject(x, "cancel");
-                cJSON_AddStringToObject(pj, "plan", plan_name(ss[i].plan));
-                cJSON_AddNumberToObject(pj, "turn", ss[i].plan_turn);
-                cJSON_AddNumberToObject(pj, "after_checks", ss[i].plan_polls);
-                cJSON_AddBoolToObject(pj, "done", ss[i].aborted);
+        cJSON *xt = cJSON_AddArrayToObject(x, "turns");
+        for (int t = 0; t < run->o.turns; t++) {
+            if (run->ss[i].recs[t].p_done) {
+                cJSON_AddItemToArray(xt, turn_json(&run->ss[i].recs[t], t + 1));
             }
-            cJSON *xt = cJSON_AddArrayToObject(x, "turns");
-            for (int t = 0; t < o.turns; t++) {
-                if (ss[i].recs[t].p_done) {
-                    cJSON_AddItemToArray(xt, turn_json(&ss[i].recs[t], t + 1));
-                }
-            }
-            cJSON_AddItemToArray(sj, x);
         }
-        cJSON *nj = cJSON_AddObjectToObject(doc, "nodes");
-        cJSON_AddItemToObject(nj, "P",
-                              g_p.stats ? g_p.stats : cJSON_CreateNull());
-        cJSON_AddItemToObject(nj, "D",
-                              g_d.stats ? g_d.stats : cJSON_CreateNull());
-        g_p.stats = g_d.stats = NULL;
-        cJSON *cj = cJSON_AddObjectToObject(doc, "checks");
-        cJSON_AddNumberToObject(cj, "passed", checks.passed);
-        cJSON_AddNumberToObject(cj, "failed", checks.failed);
-        cJSON_AddItemToObject(cj, "failures", checks.failures);
-        checks.failures = NULL;
-        char *text = cJSON_Print(doc);
-        puts(text);
-        free(text);
-        cJSON_Delete(doc);
+        cJSON_AddItemToArray(sj, x);
+    }
+    cJSON *nj = cJSON_AddObjectToObject(doc, "nodes");
+    cJSON_AddItemToObject(nj, "P", g_p.stats ? g_p.stats : cJSON_CreateNull());
+    cJSON_AddItemToObject(nj, "D", g_d.stats ? g_d.stats : cJSON_CreateNull());
+    g_p.stats = g_d.stats = NULL;
+    cJSON *cj = cJSON_AddObjectToObject(doc, "checks");
+    cJSON_AddNumberToObject(cj, "passed", run->checks.passed);
+    cJSON_AddNumberToObject(cj, "failed", run->checks.failed);
+    cJSON_AddItemToObject(cj, "failures", run->checks.failures);
+    run->checks.failures = NULL;
+    char *text = cJSON_Print(doc);
+    puts(text);
+    free(text);
+    cJSON_Delete(doc);
+}
+
+static void report_text(run_t *run, bool pass, const cJSON *soak)
+{
+    printf("pdx-validate: GLM-5.2 P/D example\n");
+    printf("  P %s (%s), D %s (%s)\n", g_p.agent, run->p_cfg, g_d.agent,
+           run->d_cfg);
+    printf("  layout %s, %llu B per %u-token block; P/D %llu/%llu "
+           "blocks, D pool %llu blocks\n",
+           g_p.fingerprint, (unsigned long long)g_p.bytes_per_block, run->B,
+           (unsigned long long)g_p.num_blocks,
+           (unsigned long long)g_d.num_blocks,
+           (unsigned long long)g_d.pool_blocks);
+    printf("  %d sessions x %d turns, prompts", run->o.sessions, run->o.turns);
+    if (run->o.range_hi > 0) {
+        printf(" %zu..%zu (random, seed %llu)", run->o.range_lo,
+               run->o.range_hi, (unsigned long long)run->o.seed);
+    }
+    for (int i = 0; run->o.range_hi == 0 && i < run->o.nprompts; i++) {
+        printf("%s%zu", i ? "," : " ", run->o.prompts[i]);
+    }
+    printf(" (shared prefix %d), decode %d, user %d tokens/turn, "
+           "concurrency %d (peak %d)\n\n",
+           run->o.shared, run->o.gen, run->o.user_tokens, run->o.concurrency,
+           run->peak_inflight);
+    printf("%-6s %8s %10s %9s %7s %10s %5s %10s %9s %9s %7s %8s %8s\n", "turn",
+           "sessions", "prompt_tok", "from_D", "local", "recomputed", "tail",
+           "P->D_tok", "moved_MiB", "verif_blk", "diff_B", "ms_avg", "ms_max");
+    for (int t = 0; t < run->o.turns; t++) {
+        char label[16];
+        snprintf(label, sizeof(label), "%d", t + 1);
+        print_row(label, &run->per[t]);
+    }
+    print_row("total", &run->tot);
+    printf("\n  from_D: prompt tokens P loaded from D's offload pool "
+           "(D-to-P reuse); local: from P's own offload tier;\n"
+           "  tail: partial tail blocks loaded; P->D_tok: tokens D "
+           "loaded from P's arenas; moved: bytes loaded on P and D\n");
+    node_t *ns[2] = {&g_p, &g_d};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *st = ns[i]->stats;
+        const cJSON *of = cJSON_GetObjectItemCaseSensitive(st, "offload");
+        if (st == NULL) {
+            continue;
+        }
+        printf("  %s %s: peak %zu/%llu blocks, handoffs freed: %zu done, "
+               "%zu rejected, %zu expired; offload: %zu saves (%zu dup), "
+               "%zu hits, %zu evictions, %zu refused\n",
+               ns[i]->tag, ns[i]->agent, jnum(st, "peak_blocks"),
+               (unsigned long long)ns[i]->num_blocks, jnum(st, "freed_done"),
+               jnum(st, "freed_reject"), jnum(st, "freed_expired"),
+               jnum(of, "saves"), jnum(of, "dup_saves"), jnum(of, "hits"),
+               jnum(of, "evictions"), jnum(of, "no_space"));
+    }
+    printf("  P lookup latency at most %.0f ms (pending included: "
+           "wait_for_full_prefix)\n",
+           run->tot.lookup_ms_max);
+    printf("  wall %.1f s (node start and connect %.1f s)\n\n",
+           run->wall_ms / 1e3, run->startup_ms / 1e3);
+    if (soak != NULL) {
+        soak_print(soak);
+    }
+    printf("checks: %d passed, %d failed\n", run->checks.passed,
+           run->checks.failed);
+    const cJSON *f;
+    cJSON_ArrayForEach(f, run->checks.failures)
+    {
+        printf("  FAIL: %s\n", f->valuestring);
+    }
+    printf("%s\n", pass ? "PASS" : "FAIL");
+}
+
+static int validate(int argc, char **argv)
+{
+    static run_t run_s;
+    run_t *run = &run_s;
+    int rc = parse_args(argc, argv, &run->o);
+    if (rc >= 0) {
+        return rc;
+    }
+    run->p_cfg = g_p_cfg;
+    run->d_cfg = g_d_cfg;
+    if ((rc = start_nodes(run)) != 0 || (rc = plan_sessions(run)) != 0) {
+        return rc;
+    }
+    run->checks = (check_log_t){.failures = cJSON_CreateArray()};
+    run->phases_total = run->o.sessions * run->o.turns * 2;
+    if ((rc = run_loop(run)) != 0) {
+        return rc;
+    }
+    drain_nodes(run);
+    final_checks(run);
+    bool pass = run->checks.failed == 0;
+    rc = pass ? 0 : EXIT_FAIL;
+    cJSON *soak = run->o.soak ? soak_summary(run, pass) : NULL;
+    if (run->o.json) {
+        report_json(run, pass, soak);
+        soak = NULL; /* the document's */
     } else {
-        printf("pdx-validate: GLM-5.2 P/D example\n");
-        printf("  P %s (%s), D %s (%s)\n", g_p.agent, p_cfg, g_d.agent, d_cfg);
-        printf("  layout %s, %llu B per %u-token block; P/D %llu/%llu "
-               "blocks, D pool %llu blocks\n",
-               g_p.fingerprint, (unsigned long long)g_p.bytes_per_block, B,
-               (unsigned long long)g_p.num_blocks,
-               (unsigned long long)g_d.num_blocks,
-               (unsigned long long)g_d.pool_blocks);
-        printf("  %d sessions x %d turns, prompts", o.sessions, o.turns);
-        if (o.range_hi > 0) {
-            printf(" %zu..%zu (random, seed %llu)", o.range_lo, o.range_hi,
-                   (unsigned long long)o.seed);
-        }
-        for (int i = 0; o.range_hi == 0 && i < o.nprompts; i++) {
-            printf("%s%zu", i ? "," : " ", o.prompts[i]);
-        }
-        printf(" (shared prefix %d), decode %d, user %d tokens/turn, "
-               "concurrency %d (peak %d)\n\n",
-               o.shared, o.gen, o.user_tokens, o.concurrency, peak_inflight);
-        printf("%-6s %8s %10s %9s %7s %10s %5s %10s %9s %9s %7s %8s %8s\n",
-               "turn", "sessions", "prompt_tok", "from_D", "local",
-               "recomputed", "tail", "P->D_tok", "moved_MiB", "verif_blk",
-               "diff_B", "ms_avg", "ms_max");
-        for (int t = 0; t < o.turns; t++) {
-            char label[16];
-            snprintf(label, sizeof(label), "%d", t + 1);
-            print_row(label, &per[t]);
-        }
-        print_row("total", &tot);
-        printf("\n  from_D: prompt tokens P loaded from D's offload pool "
-               "(D-to-P reuse); local: from P's own offload tier;\n"
-               "  tail: partial tail blocks loaded; P->D_tok: tokens D "
-               "loaded from P's arenas; moved: bytes loaded on P and D\n");
-        node_t *ns[2] = {&g_p, &g_d};
-        for (int i = 0; i < 2; i++) {
-            const cJSON *st = ns[i]->stats;
-            const cJSON *of = cJSON_GetObjectItemCaseSensitive(st, "offload");
-            if (st == NULL) {
-                continue;
-            }
-            printf("  %s %s: peak %zu/%llu blocks, handoffs freed: %zu done, "
-                   "%zu rejected, %zu expired; offload: %zu saves (%zu dup), "
-                   "%zu hits, %zu evictions, %zu refused\n",
-                   ns[i]->tag, ns[i]->agent, jnum(st, "peak_blocks"),
-                   (unsigned long long)ns[i]->num_blocks,
-                   jnum(st, "freed_done"), jnum(st, "freed_reject"),
-                   jnum(st, "freed_expired"), jnum(of, "saves"),
-                   jnum(of, "dup_saves"), jnum(of, "hits"),
-                   jnum(of, "evictions"), jnum(of, "no_space"));
-        }
-        printf("  P lookup latency at most %.0f ms (pending included: "
-               "wait_for_full_prefix)\n",
-               tot.lookup_ms_max);
-        printf("  wall %.1f s (node start and connect %.1f s)\n\n",
-               wall_ms / 1e3, startup_ms / 1e3);
-        if (soak != NULL) {
-            soak_print(soak);
-        }
-        printf("checks: %d passed, %d failed\n", checks.passed, checks.failed);
-        const cJSON *f;
-        cJSON_ArrayForEach(f, checks.failures)
-        {
-            printf("  FAIL: %s\n", f->valuestring);
-        }
-        printf("%s\n", pass ? "PASS" : "FAIL");
+        report_text(run, pass, soak);
     }
     fflush(stdout);
     cJSON_Delete(soak);
-    cJSON_Delete(checks.failures);
-    free(per);
+    cJSON_Delete(run->checks.failures);
+    free(run->per);
     return rc;
 }
-
 /* Everything main allocated, on every way out of it. */
 static void cleanup(void)
 {
