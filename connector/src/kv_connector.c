@@ -29,22 +29,29 @@ static pdx_status_t set_invariants(pdx_kv_connector_h c)
     char hex[2 * PDX_OFFLOAD_KEY_MAX + 1];
     pdx_block_hash_to_hex(&none, hex, sizeof(hex));
     uint64_t fp = pdx_layout_fingerprint(c->layout);
-    pdx_status_t st = PDX_OK;
-    st |= pdx_agent_set_invariant(c->agent, "hash_algo", c->cfg.hash_algo);
-    st |= pdx_agent_set_invariant(c->agent, "none_hash", hex);
-    snprintf(buf, sizeof(buf), "%u", c->block_tokens);
-    st |= pdx_agent_set_invariant(c->agent, "block_size", buf);
-    st |= pdx_agent_set_invariant(c->agent, "kv_dtype", c->cfg.kv_dtype);
+    char bs[16];
+    snprintf(bs, sizeof(bs), "%u", c->block_tokens);
     snprintf(buf, sizeof(buf), "%016llx", (unsigned long long)fp);
-    st |= pdx_agent_set_invariant(c->agent, "layout_fingerprint", buf);
-    st |= pdx_agent_set_invariant(c->agent, "model_id", c->cfg.model_id);
-    st |= pdx_agent_set_invariant(c->agent, "connector_version",
-                                  pdx_connector_version());
+    const char *const inv[][2] = {{"hash_algo", c->cfg.hash_algo},
+                                  {"none_hash", hex},
+                                  {"block_size", bs},
+                                  {"kv_dtype", c->cfg.kv_dtype},
+                                  {"layout_fingerprint", buf},
+                                  {"model_id", c->cfg.model_id},
+                                  {"connector_version",
+                                   pdx_connector_version()}};
+    /* Every one is set (each failure logged by the agent), then one
+     * verdict: no OR of negative status codes. */
+    bool failed = false;
+    for (size_t i = 0; i < sizeof(inv) / sizeof(inv[0]); i++) {
+        failed |= pdx_agent_set_invariant(c->agent, inv[i][0], inv[i][1]) !=
+                  PDX_OK;
+    }
     pdx_info("kv: node %s: none_hash %s (%s), layout fingerprint %016llx, "
              "%zu arenas, %llu B per block", c->cfg.agent_name, hex,
              c->cfg.hash_algo, (unsigned long long)fp, c->narenas,
              (unsigned long long)c->block_bytes);
-    if (st != PDX_OK) {
+    if (failed) {
         pdx_error("kv connector %s: cannot set the invariants on its agent",
                   c->cfg.agent_name);
         return PDX_ERR_INVALID;

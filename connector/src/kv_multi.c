@@ -429,7 +429,7 @@ pdx_status_t pdx_kv_reject(pdx_kv_connector_h c, const char *params)
     KV_LEAVE(st);
 }
 
-static void on_note(void *arg, const char *peer, const void *msg, size_t len)
+static void on_notif(void *arg, const char *peer, const void *msg, size_t len)
 {
     pdx_kv_connector_h c = arg; /* c->lock is held by pdx_kv_progress */
     if (kv_store_on_note(c->store, peer, msg, len)) {
@@ -461,7 +461,7 @@ int pdx_kv_progress(pdx_kv_connector_h c)
     }
     int events = 0;
     pthread_mutex_lock(&c->lock);
-    events += pdx_notif_poll(c->agent, on_note, c);
+    events += pdx_notif_poll(c->agent, on_notif, c);
     bool check_dead = false;
     events += kv_store_progress(c->store, &check_dead);
     uint64_t now = kv_now_ns();
