@@ -1,6 +1,7 @@
-/* Deployment config: one JSON file per role (cJSON) checked key by key into
- * pdx_kv_config_t. Every error names the file, the JSON path and what was
- * expected; configs/README.md is the schema this file implements. */
+/* Deployment config: one JSON file per role checked key by key into
+ * pdx_kv_config_t, with the strict reader of kv_json.h. Every error names
+ * the file, the JSON path and what was expected; configs/README.md is the
+ * schema this file implements, with the values derived from it. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -18,47 +19,14 @@
 #include <pdx/kv_hash.h>
 
 #include "kv_call.h"
+#include "kv_json.h"
 
-/* Integers JSON carries exactly (IEEE doubles): 2^53. */
-#define JSON_INT_MAX 9007199254740992ull
-#define PATH_MAX_LEN 192
 #define NUM_LAYERS_MAX 4096
 #define MTP_LAYERS_MAX 16
 #define BYTES_PER_TOKEN_MAX (1u << 20)
 #define PARALLEL_MAX 4096
 #define DEVICE_MAX 1023
 #define MS_MAX 86400000u /* one day */
-
-typedef struct cfg_ctx {
-    const char *name; /* file name for messages */
-    char *err;
-    size_t err_len;
-    char path[PATH_MAX_LEN];
-    size_t path_len;
-} cfg_ctx_t;
-
-/* ---- messages and JSON paths ---------------------------------------- */
-
-static pdx_status_t fail_st(cfg_ctx_t *c, pdx_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* The message goes to `err` and, as an error line, to the log (and so to
- * pdx_last_error()), whether or not the caller gave a buffer. */
-static pdx_status_t fail_st(cfg_ctx_t *c, pdx_status_t st, const char *fmt, ...)
-{
-    char msg[1024];
-    int n = snprintf(msg, sizeof(msg), "%s: ", c->name);
-    if (n >= 0 && (size_t)n < sizeof(msg)) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg + n, sizeof(msg) - (size_t)n, fmt, ap);
-        va_end(ap);
-    }
-    if (c->err != NULL && c->err_len > 0)
-        snprintf(c->err, c->err_len, "%s", msg);
-    pdx_error("kv config %s", msg);
-    return st;
-}
 
 /* A NULL required argument: logged with the function named, and in `err`. */
 static bool cfg_arg_ok(const void *p, const char *fn, const char *what,
@@ -70,479 +38,6 @@ static bool cfg_arg_ok(const void *p, const char *fn, const char *what,
     if (err != NULL && err_len > 0)
         snprintf(err, err_len, "%s: %s is NULL", fn, what);
     return false;
-}
-
-#define fail(c, ...) fail_st((c), PDX_ERR_CONFIG, __VA_ARGS__)
-/* An error at the current JSON path. */
-#define fail_at(c, fmt, ...)                                                   \
-    fail_st((c), PDX_ERR_CONFIG, "%s: " fmt, (c)->path, __VA_ARGS__)
-
-/* Copies `s` for a message: at most `max` bytes (not cutting a UTF-8
- * sequence, "..." marking a cut), control characters as '?', and quotes
- * and backslashes too unless keep_quotes. */
-static void sanitize_q(const char *s, char *out, size_t outlen, size_t max,
-                       int keep_quotes)
-{
-    size_t n = strlen(s), o = 0;
-    int cut = 0;
-    if (n > max) {
-        n = max;
-        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
-            n--;
-        cut = 1;
-    }
-    for (size_t i = 0; i < n && o + 1 < outlen; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        int bad = ch < 0x20 || ch == 0x7F ||
-                  (!keep_quotes && (ch == '"' || ch == '\\'));
-        out[o++] = bad ? '?' : (char)ch;
-    }
-    for (int k = 0; cut && k < 3 && o + 1 < outlen; k++)
-        out[o++] = '.';
-    out[o] = '\0';
-}
-
-static void sanitize(const char *s, char *out, size_t outlen, size_t max)
-{
-    sanitize_q(s, out, outlen, max, 0);
-}
-
-static int is_ident(const char *s)
-{
-    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || *s == '_'))
-        return 0;
-    for (; *s; s++)
-        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') ||
-              (*s >= '0' && *s <= '9') || *s == '_'))
-            return 0;
-    return 1;
-}
-
-static size_t path_push_key(cfg_ctx_t *c, const char *key)
-{
-    size_t old = c->path_len;
-    char k[72];
-    sanitize(key, k, sizeof(k), 64);
-    int n = snprintf(c->path + old, sizeof(c->path) - old,
-                     is_ident(key) ? ".%s" : "[\"%s\"]", k);
-    if (n > 0)
-        c->path_len = old + (size_t)n < sizeof(c->path) ? old + (size_t)n
-                                                        : sizeof(c->path) - 1;
-    return old;
-}
-
-static size_t path_push_index(cfg_ctx_t *c, size_t i)
-{
-    size_t old = c->path_len;
-    int n = snprintf(c->path + old, sizeof(c->path) - old, "[%zu]", i);
-    if (n > 0)
-        c->path_len = old + (size_t)n < sizeof(c->path) ? old + (size_t)n
-                                                        : sizeof(c->path) - 1;
-    return old;
-}
-
-static void path_pop(cfg_ctx_t *c, size_t old)
-{
-    c->path_len = old;
-    c->path[old] = '\0';
-}
-
-/* "string \"abc\"", "number 1.5", ... for "got ..." in messages. */
-static void describe(const cJSON *v, char *out, size_t len)
-{
-    char s[48];
-    if (cJSON_IsString(v) && v->valuestring != NULL) {
-        sanitize(v->valuestring, s, sizeof(s), 32);
-        snprintf(out, len, "string \"%s\"", s);
-    } else if (cJSON_IsNumber(v)) {
-        snprintf(out, len, "number %.15g", v->valuedouble);
-    } else if (cJSON_IsBool(v)) {
-        snprintf(out, len, "boolean %s", cJSON_IsTrue(v) ? "true" : "false");
-    } else if (cJSON_IsNull(v)) {
-        snprintf(out, len, "null");
-    } else if (cJSON_IsArray(v)) {
-        snprintf(out, len, "array");
-    } else if (cJSON_IsObject(v)) {
-        snprintf(out, len, "object");
-    } else {
-        snprintf(out, len, "an invalid value");
-    }
-}
-
-static pdx_status_t fail_type(cfg_ctx_t *c, const cJSON *v,
-                              const char *expected)
-{
-    char got[64];
-    describe(v, got, sizeof(got));
-    return fail_at(c, "expected %s, got %s", expected, got);
-}
-
-/* ---- objects: known keys, no repeats --------------------------------- */
-
-static size_t edit_distance(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 32 || lb > 32)
-        return 99;
-    size_t row[33];
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        size_t diag = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j];
-            size_t best = diag + (a[i - 1] != b[j - 1]);
-            if (up + 1 < best)
-                best = up + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    return row[lb];
-}
-
-/* `obj` must be an object whose keys are all in `known` (n <= 32), each
- * once. `what` names the object in the unknown-key message. */
-static pdx_status_t check_keys(cfg_ctx_t *c, const cJSON *obj,
-                               const char *const *known, size_t n,
-                               const char *what)
-{
-    uint32_t seen = 0;
-    for (const cJSON *it = obj->child; it != NULL; it = it->next) {
-        const char *key = it->string != NULL ? it->string : "";
-        size_t k = 0;
-        while (k < n && strcmp(known[k], key) != 0)
-            k++;
-        size_t old = path_push_key(c, key);
-        if (k == n) {
-            char list[320] = "", hint[64] = "";
-            size_t best = 99, bi = 0, o = 0;
-            for (size_t i = 0; i < n; i++) {
-                int w = snprintf(list + o, sizeof(list) - o, "%s%s",
-                                 i ? ", " : "", known[i]);
-                if (w > 0 && o + (size_t)w < sizeof(list))
-                    o += (size_t)w;
-                size_t d = edit_distance(key, known[i]);
-                if (d < best) {
-                    best = d;
-                    bi = i;
-                }
-            }
-            if (best <= 2 && best < strlen(key))
-                snprintf(hint, sizeof(hint), " (did you mean %s?)", known[bi]);
-            return fail_at(c, "unknown key%s; %s takes: %s", hint, what, list);
-        }
-        if (seen & (1u << k))
-            return fail_at(c, "%s", "key given twice");
-        seen |= 1u << k;
-        path_pop(c, old);
-    }
-    return PDX_OK;
-}
-
-/* The member called `key` (case-sensitive; check_keys ruled out repeats). */
-static const cJSON *member(const cJSON *obj, const char *key)
-{
-    if (obj == NULL)
-        return NULL;
-    for (const cJSON *it = obj->child; it != NULL; it = it->next)
-        if (it->string != NULL && strcmp(it->string, key) == 0)
-            return it;
-    return NULL;
-}
-
-/* Enters obj.key, which must be an object (absent: *out NULL, unless
- * required). The caller pops the path with the returned length. */
-static pdx_status_t get_object(cfg_ctx_t *c, const cJSON *obj, const char *key,
-                               int required, const cJSON **out, size_t *old_p)
-{
-    const cJSON *v = member(obj, key);
-    *old_p = path_push_key(c, key);
-    *out = NULL;
-    if (v == NULL) {
-        if (required)
-            return fail_at(c, "%s", "missing (required: an object)");
-        return PDX_OK;
-    }
-    if (!cJSON_IsObject(v))
-        return fail_type(c, v, "an object");
-    *out = v;
-    return PDX_OK;
-}
-
-/* ---- scalars ---------------------------------------------------------- */
-
-static void int_expect(uint64_t lo, uint64_t hi, char *out, size_t len)
-{
-    if (hi >= JSON_INT_MAX) {
-        if (lo == 0)
-            snprintf(out, len, "a non-negative integer");
-        else if (lo == 1)
-            snprintf(out, len, "a positive integer");
-        else
-            snprintf(out, len, "an integer of at least %" PRIu64, lo);
-    } else if (lo == 1) {
-        snprintf(out, len, "a positive integer up to %" PRIu64, hi);
-    } else {
-        snprintf(out, len, "an integer from %" PRIu64 " to %" PRIu64, lo, hi);
-    }
-}
-
-/* An integer JSON number in [lo, hi] (hi <= 2^53) at the current path. */
-static pdx_status_t read_uint(cfg_ctx_t *c, const cJSON *v, uint64_t lo,
-                              uint64_t hi, uint64_t *out)
-{
-    char exp[80];
-    int_expect(lo, hi, exp, sizeof(exp));
-    if (!cJSON_IsNumber(v))
-        return fail_type(c, v, exp);
-    double d = v->valuedouble;
-    if (!isfinite(d) || d < 0 || d > (double)JSON_INT_MAX ||
-        (double)(uint64_t)d != d)
-        return fail_type(c, v, exp);
-    uint64_t u = (uint64_t)d;
-    if (u < lo || u > hi)
-        return fail_type(c, v, exp);
-    *out = u;
-    return PDX_OK;
-}
-
-static pdx_status_t get_uint(cfg_ctx_t *c, const cJSON *obj, const char *key,
-                             uint64_t lo, uint64_t hi, int required,
-                             uint64_t def, uint64_t *out)
-{
-    const cJSON *v = member(obj, key);
-    size_t old = path_push_key(c, key);
-    if (v == NULL) {
-        if (required) {
-            char exp[80];
-            int_expect(lo, hi, exp, sizeof(exp));
-            return fail_at(c, "missing (required: %s)", exp);
-        }
-        *out = def;
-    } else {
-        pdx_status_t st = read_uint(c, v, lo, hi, out);
-        if (st != PDX_OK)
-            return st;
-    }
-    path_pop(c, old);
-    return PDX_OK;
-}
-
-static pdx_status_t get_u32(cfg_ctx_t *c, const cJSON *obj, const char *key,
-                            uint32_t lo, uint32_t hi, int required,
-                            uint32_t def, uint32_t *out)
-{
-    uint64_t u = 0;
-    pdx_status_t st = get_uint(c, obj, key, lo, hi, required, def, &u);
-    if (st == PDX_OK)
-        *out = (uint32_t)u;
-    return st;
-}
-
-static pdx_status_t get_bool(cfg_ctx_t *c, const cJSON *obj, const char *key,
-                             bool def, bool *out)
-{
-    const cJSON *v = member(obj, key);
-    size_t old = path_push_key(c, key);
-    if (v == NULL) {
-        *out = def;
-    } else if (cJSON_IsBool(v)) {
-        *out = cJSON_IsTrue(v);
-    } else {
-        return fail_type(c, v, "true or false");
-    }
-    path_pop(c, old);
-    return PDX_OK;
-}
-
-enum str_rule {
-    STR_ANY = 0,  /* any text without control characters */
-    STR_SEED = 1, /* anything (control characters come only as escapes) */
-    STR_NAME = 2, /* [A-Za-z0-9._-] */
-    STR_LOWER = 3 /* [a-z0-9_] */
-};
-
-static int str_ok(const char *s, enum str_rule rule)
-{
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        unsigned ch = *p;
-        switch (rule) {
-        case STR_SEED:
-            break;
-        case STR_ANY:
-            if (ch < 0x20 || ch == 0x7F)
-                return 0;
-            break;
-        case STR_NAME:
-            if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-                  (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' ||
-                  ch == '-'))
-                return 0;
-            break;
-        case STR_LOWER:
-            if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
-                  ch == '_'))
-                return 0;
-            break;
-        }
-    }
-    return 1;
-}
-
-static void str_expect(enum str_rule rule, size_t min, size_t size, char *out,
-                       size_t len)
-{
-    static const char *const what[] = {"without control characters", "",
-                                       "of [A-Za-z0-9._-]", "of [a-z0-9_]"};
-    snprintf(out, len, "a string of %zu to %zu bytes%s%s", min, size - 1,
-             what[rule][0] ? " " : "", what[rule]);
-}
-
-/* A string at the current path into buf[size]. */
-static pdx_status_t read_str(cfg_ctx_t *c, const cJSON *v, char *buf,
-                             size_t size, size_t min, enum str_rule rule)
-{
-    char exp[96];
-    str_expect(rule, min, size, exp, sizeof(exp));
-    if (!cJSON_IsString(v) || v->valuestring == NULL)
-        return fail_type(c, v, exp);
-    size_t n = strlen(v->valuestring);
-    if (n < min || n >= size || !str_ok(v->valuestring, rule))
-        return fail_type(c, v, exp);
-    memcpy(buf, v->valuestring, n + 1);
-    return PDX_OK;
-}
-
-static pdx_status_t get_str(cfg_ctx_t *c, const cJSON *obj, const char *key,
-                            char *buf, size_t size, size_t min,
-                            enum str_rule rule, int required, const char *def)
-{
-    const cJSON *v = member(obj, key);
-    size_t old = path_push_key(c, key);
-    if (v == NULL) {
-        if (required) {
-            char exp[96];
-            str_expect(rule, min, size, exp, sizeof(exp));
-            return fail_at(c, "missing (required: %s)", exp);
-        }
-        snprintf(buf, size, "%s", def);
-    } else {
-        pdx_status_t st = read_str(c, v, buf, size, min, rule);
-        if (st != PDX_OK)
-            return st;
-    }
-    path_pop(c, old);
-    return PDX_OK;
-}
-
-/* One of names[0..n-1] (index into *out), default `def` when absent. */
-static pdx_status_t get_enum(cfg_ctx_t *c, const cJSON *obj, const char *key,
-                             const char *const *names, size_t n, int required,
-                             size_t def, size_t *out)
-{
-    const cJSON *v = member(obj, key);
-    size_t old = path_push_key(c, key);
-    char exp[160];
-    int o = snprintf(exp, sizeof(exp), "one of");
-    for (size_t i = 0; i < n && o > 0 && (size_t)o < sizeof(exp); i++)
-        o += snprintf(exp + o, sizeof(exp) - (size_t)o, "%s \"%s\"",
-                      i ? "," : "", names[i]);
-    if (v == NULL) {
-        if (required)
-            return fail_at(c, "missing (required: %s)", exp);
-        *out = def;
-        path_pop(c, old);
-        return PDX_OK;
-    }
-    if (cJSON_IsString(v) && v->valuestring != NULL)
-        for (size_t i = 0; i < n; i++)
-            if (strcmp(v->valuestring, names[i]) == 0) {
-                *out = i;
-                path_pop(c, old);
-                return PDX_OK;
-            }
-    return fail_type(c, v, exp);
-}
-
-/* "64GiB", "512 MiB", "100GB", "4096": a byte count. 0 on a bad string. */
-static int parse_size(const char *s, uint64_t *out)
-{
-    static const struct {
-        const char *unit;
-        uint64_t mult;
-    } units[] = {
-        {"", 1},
-        {"b", 1},
-        {"kib", 1ull << 10},
-        {"mib", 1ull << 20},
-        {"gib", 1ull << 30},
-        {"tib", 1ull << 40},
-        {"kb", 1000ull},
-        {"mb", 1000000ull},
-        {"gb", 1000000000ull},
-        {"tb", 1000000000000ull},
-    };
-    uint64_t v = 0;
-    const char *p = s;
-    if (*p < '0' || *p > '9')
-        return 0;
-    for (; *p >= '0' && *p <= '9'; p++) {
-        if (v > (UINT64_MAX - 9) / 10)
-            return 0;
-        v = v * 10 + (uint64_t)(*p - '0');
-    }
-    if (*p == ' ')
-        p++;
-    /* Units are at most 3 letters ("gib"); the buffer is larger than that
-     * so GCC's -O3 bounds analysis sees the copy loop cannot overflow. */
-    char unit[8];
-    size_t ul = strlen(p);
-    if (ul > 3)
-        return 0;
-    for (size_t i = 0; i <= ul; i++)
-        unit[i] =
-            (p[i] >= 'A' && p[i] <= 'Z') ? (char)(p[i] - 'A' + 'a') : p[i];
-    if (ul == 0 && p != s && p[-1] == ' ')
-        return 0; /* "64 " */
-    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
-        if (strcmp(unit, units[i].unit) == 0) {
-            if (v > UINT64_MAX / units[i].mult)
-                return 0;
-            *out = v * units[i].mult;
-            return 1;
-        }
-    return 0;
-}
-
-#define SIZE_EXPECT                                                            \
-    "a positive byte count: an integer up to 2^53 or a string like "           \
-    "\"64GiB\" (units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
-
-static pdx_status_t get_size(cfg_ctx_t *c, const cJSON *obj, const char *key,
-                             uint64_t *out)
-{
-    const cJSON *v = member(obj, key);
-    size_t old = path_push_key(c, key);
-    if (v == NULL)
-        return fail_at(c, "missing (required: %s)", SIZE_EXPECT);
-    if (cJSON_IsString(v) && v->valuestring != NULL) {
-        if (!parse_size(v->valuestring, out) || *out == 0)
-            return fail_type(c, v, SIZE_EXPECT);
-    } else if (cJSON_IsNumber(v)) {
-        double d = v->valuedouble;
-        if (!isfinite(d) || d < 1 || d > (double)JSON_INT_MAX ||
-            (double)(uint64_t)d != d)
-            return fail_type(c, v, SIZE_EXPECT);
-        *out = (uint64_t)d;
-    } else {
-        return fail_type(c, v, SIZE_EXPECT);
-    }
-    path_pop(c, old);
-    return PDX_OK;
 }
 
 /* ---- sections ------------------------------------------------------- */
@@ -562,12 +57,12 @@ static int indexshare_layer(uint32_t l, uint32_t num_layers)
     return l >= 6 && num_layers >= 4 && l <= num_layers - 4 && (l - 6) % 4 == 0;
 }
 
-static pdx_status_t add_index_layer(cfg_ctx_t *c, pdx_kv_config_t *cfg,
+static pdx_status_t add_index_layer(kvj_ctx_t *c, pdx_kv_config_t *cfg,
                                     uint32_t layer)
 {
     if (cfg->n_index_k_layers >= PDX_KV_MAX_INDEX_LAYERS)
-        return fail_at(c, "more than %d index-K layers",
-                       PDX_KV_MAX_INDEX_LAYERS);
+        return kvj_fail_at(c, "more than %d index-K layers",
+                           PDX_KV_MAX_INDEX_LAYERS);
     cfg->index_k_layers[cfg->n_index_k_layers++] = layer;
     return PDX_OK;
 }
@@ -575,11 +70,11 @@ static pdx_status_t add_index_layer(cfg_ctx_t *c, pdx_kv_config_t *cfg,
 #define INDEX_LAYERS_EXPECT                                                    \
     "an array of layer numbers or one of \"indexshare\", \"all\", \"none\""
 
-static pdx_status_t parse_index_layers(cfg_ctx_t *c, const cJSON *model,
+static pdx_status_t parse_index_layers(kvj_ctx_t *c, const cJSON *model,
                                        pdx_kv_config_t *cfg)
 {
-    const cJSON *v = member(model, "index_k_layers");
-    size_t old = path_push_key(c, "index_k_layers");
+    const cJSON *v = kvj_member(model, "index_k_layers");
+    size_t old = kvj_push_key(c, "index_k_layers");
     pdx_status_t st = PDX_OK;
     cfg->n_index_k_layers = 0;
     if (v == NULL) {
@@ -588,7 +83,7 @@ static pdx_status_t parse_index_layers(cfg_ctx_t *c, const cJSON *model,
         const char *s = v->valuestring;
         int all = strcmp(s, "all") == 0;
         if (!all && strcmp(s, "indexshare") != 0 && strcmp(s, "none") != 0)
-            return fail_type(c, v, INDEX_LAYERS_EXPECT);
+            return kvj_fail_type(c, v, INDEX_LAYERS_EXPECT);
         if (strcmp(s, "none") != 0)
             for (uint32_t l = 0; l < cfg->num_layers && st == PDX_OK; l++)
                 if (all || indexshare_layer(l, cfg->num_layers))
@@ -597,42 +92,42 @@ static pdx_status_t parse_index_layers(cfg_ctx_t *c, const cJSON *model,
         size_t i = 0;
         for (const cJSON *e = v->child; e != NULL && st == PDX_OK;
              e = e->next, i++) {
-            size_t o2 = path_push_index(c, i);
+            size_t o2 = kvj_push_index(c, i);
             uint64_t l;
-            st = read_uint(c, e, 0, cfg->num_layers - 1, &l);
+            st = kvj_read_uint(c, e, 0, cfg->num_layers - 1, &l);
             if (st != PDX_OK) {
                 char got[64];
-                describe(e, got, sizeof(got));
-                return fail_at(c,
-                               "expected a layer number from 0 to %" PRIu32
-                               " (num_layers is %" PRIu32 "), got %s",
-                               cfg->num_layers - 1, cfg->num_layers, got);
+                kvj_describe(e, got, sizeof(got));
+                return kvj_fail_at(c,
+                                   "expected a layer number from 0 to %" PRIu32
+                                   " (num_layers is %" PRIu32 "), got %s",
+                                   cfg->num_layers - 1, cfg->num_layers, got);
             }
             if (cfg->n_index_k_layers > 0 &&
                 l <= cfg->index_k_layers[cfg->n_index_k_layers - 1])
-                return fail_at(c,
-                               "layer %" PRIu64 " after %" PRIu32
-                               ": expected increasing layer numbers",
-                               l,
-                               cfg->index_k_layers[cfg->n_index_k_layers - 1]);
-            path_pop(c, o2);
+                return kvj_fail_at(
+                    c,
+                    "layer %" PRIu64 " after %" PRIu32
+                    ": expected increasing layer numbers",
+                    l, cfg->index_k_layers[cfg->n_index_k_layers - 1]);
+            kvj_pop(c, o2);
             st = add_index_layer(c, cfg, (uint32_t)l);
         }
     } else {
-        return fail_type(c, v, INDEX_LAYERS_EXPECT);
+        return kvj_fail_type(c, v, INDEX_LAYERS_EXPECT);
     }
     if (st != PDX_OK)
         return st;
     if (cfg->n_index_k_layers > 0 && cfg->index_k_bytes_per_token == 0)
-        return fail_at(c,
-                       "%" PRIu32 " index-K layers listed but "
-                       "$.model.index_k_bytes_per_token is 0 or absent",
-                       cfg->n_index_k_layers);
-    path_pop(c, old);
+        return kvj_fail_at(c,
+                           "%" PRIu32 " index-K layers listed but "
+                           "$.model.index_k_bytes_per_token is 0 or absent",
+                           cfg->n_index_k_layers);
+    kvj_pop(c, old);
     return PDX_OK;
 }
 
-static pdx_status_t parse_model(cfg_ctx_t *c, const cJSON *root,
+static pdx_status_t parse_model(kvj_ctx_t *c, const cJSON *root,
                                 pdx_kv_config_t *cfg)
 {
     static const char *const keys[] = {"id",
@@ -644,79 +139,82 @@ static pdx_status_t parse_model(cfg_ctx_t *c, const cJSON *root,
                                        "mtp_layers"};
     const cJSON *m;
     size_t old;
-    pdx_status_t st = get_object(c, root, "model", 1, &m, &old);
+    pdx_status_t st = kvj_get_object(c, root, "model", 1, &m, &old);
     if (st == PDX_OK)
-        st = check_keys(c, m, keys, sizeof(keys) / sizeof(keys[0]), "model");
+        st =
+            kvj_check_keys(c, m, keys, sizeof(keys) / sizeof(keys[0]), "model");
     if (st == PDX_OK)
-        st = get_str(c, m, "id", cfg->model_id, sizeof(cfg->model_id), 1,
-                     STR_ANY, 1, "");
+        st = kvj_get_str(c, m, "id", cfg->model_id, sizeof(cfg->model_id), 1,
+                         KVJ_STR_ANY, 1, "");
     if (st == PDX_OK)
-        st = get_str(c, m, "kv_dtype", cfg->kv_dtype, sizeof(cfg->kv_dtype), 1,
-                     STR_NAME, 1, "");
+        st = kvj_get_str(c, m, "kv_dtype", cfg->kv_dtype, sizeof(cfg->kv_dtype),
+                         1, KVJ_STR_NAME, 1, "");
     if (st == PDX_OK)
-        st = get_u32(c, m, "num_layers", 1, NUM_LAYERS_MAX, 1, 0,
-                     &cfg->num_layers);
+        st = kvj_get_u32(c, m, "num_layers", 1, NUM_LAYERS_MAX, 1, 0,
+                         &cfg->num_layers);
     if (st == PDX_OK)
-        st = get_u32(c, m, "mla_bytes_per_token", 1, BYTES_PER_TOKEN_MAX, 1, 0,
-                     &cfg->mla_bytes_per_token);
+        st = kvj_get_u32(c, m, "mla_bytes_per_token", 1, BYTES_PER_TOKEN_MAX, 1,
+                         0, &cfg->mla_bytes_per_token);
     if (st == PDX_OK)
-        st = get_u32(c, m, "index_k_bytes_per_token", 0, BYTES_PER_TOKEN_MAX, 0,
-                     0, &cfg->index_k_bytes_per_token);
+        st =
+            kvj_get_u32(c, m, "index_k_bytes_per_token", 0, BYTES_PER_TOKEN_MAX,
+                        0, 0, &cfg->index_k_bytes_per_token);
     if (st == PDX_OK)
-        st = get_u32(c, m, "mtp_layers", 0, MTP_LAYERS_MAX, 0, 0,
-                     &cfg->mtp_layers);
+        st = kvj_get_u32(c, m, "mtp_layers", 0, MTP_LAYERS_MAX, 0, 0,
+                         &cfg->mtp_layers);
     if (st == PDX_OK)
         st = parse_index_layers(c, m, cfg);
     if (st != PDX_OK)
         return st;
     if (cfg->index_k_bytes_per_token > 0 && cfg->n_index_k_layers == 0 &&
         cfg->mtp_layers == 0) {
-        path_push_key(c, "index_k_bytes_per_token");
-        return fail_at(c,
-                       "%" PRIu32 " bytes per token, but no layer carries an "
-                       "index-K cache (index_k_layers is empty and "
-                       "mtp_layers is 0)",
-                       cfg->index_k_bytes_per_token);
+        kvj_push_key(c, "index_k_bytes_per_token");
+        return kvj_fail_at(c,
+                           "%" PRIu32
+                           " bytes per token, but no layer carries an "
+                           "index-K cache (index_k_layers is empty and "
+                           "mtp_layers is 0)",
+                           cfg->index_k_bytes_per_token);
     }
-    path_pop(c, old);
+    kvj_pop(c, old);
     return PDX_OK;
 }
 
-static pdx_status_t parse_parallel(cfg_ctx_t *c, const cJSON *root,
+static pdx_status_t parse_parallel(kvj_ctx_t *c, const cJSON *root,
                                    pdx_kv_config_t *cfg)
 {
     static const char *const keys[] = {"dp_size", "dp_rank", "tp_size",
                                        "tp_rank"};
     const cJSON *p;
     size_t old;
-    pdx_status_t st = get_object(c, root, "parallel", 0, &p, &old);
+    pdx_status_t st = kvj_get_object(c, root, "parallel", 0, &p, &old);
     if (st == PDX_OK && p != NULL)
-        st = check_keys(c, p, keys, 4, "parallel");
+        st = kvj_check_keys(c, p, keys, 4, "parallel");
     if (st == PDX_OK)
-        st = get_u32(c, p, "dp_size", 1, PARALLEL_MAX, 0, 1, &cfg->dp_size);
+        st = kvj_get_u32(c, p, "dp_size", 1, PARALLEL_MAX, 0, 1, &cfg->dp_size);
     if (st == PDX_OK)
-        st = get_u32(c, p, "dp_rank", 0, PARALLEL_MAX, 0, 0, &cfg->dp_rank);
+        st = kvj_get_u32(c, p, "dp_rank", 0, PARALLEL_MAX, 0, 0, &cfg->dp_rank);
     if (st == PDX_OK)
-        st = get_u32(c, p, "tp_size", 1, PARALLEL_MAX, 0, 1, &cfg->tp_size);
+        st = kvj_get_u32(c, p, "tp_size", 1, PARALLEL_MAX, 0, 1, &cfg->tp_size);
     if (st == PDX_OK)
-        st = get_u32(c, p, "tp_rank", 0, PARALLEL_MAX, 0, 0, &cfg->tp_rank);
+        st = kvj_get_u32(c, p, "tp_rank", 0, PARALLEL_MAX, 0, 0, &cfg->tp_rank);
     if (st != PDX_OK)
         return st;
     if (cfg->dp_rank >= cfg->dp_size) {
-        path_push_key(c, "dp_rank");
-        return fail_at(c, "%" PRIu32 " is not below dp_size (%" PRIu32 ")",
-                       cfg->dp_rank, cfg->dp_size);
+        kvj_push_key(c, "dp_rank");
+        return kvj_fail_at(c, "%" PRIu32 " is not below dp_size (%" PRIu32 ")",
+                           cfg->dp_rank, cfg->dp_size);
     }
     if (cfg->tp_rank >= cfg->tp_size) {
-        path_push_key(c, "tp_rank");
-        return fail_at(c, "%" PRIu32 " is not below tp_size (%" PRIu32 ")",
-                       cfg->tp_rank, cfg->tp_size);
+        kvj_push_key(c, "tp_rank");
+        return kvj_fail_at(c, "%" PRIu32 " is not below tp_size (%" PRIu32 ")",
+                           cfg->tp_rank, cfg->tp_size);
     }
-    path_pop(c, old);
+    kvj_pop(c, old);
     return PDX_OK;
 }
 
-static pdx_status_t parse_kv(cfg_ctx_t *c, const cJSON *root,
+static pdx_status_t parse_kv(kvj_ctx_t *c, const cJSON *root,
                              pdx_kv_config_t *cfg)
 {
     static const char *const keys[] = {"block_tokens", "num_blocks",
@@ -725,71 +223,73 @@ static pdx_status_t parse_kv(cfg_ctx_t *c, const cJSON *root,
     const cJSON *k;
     size_t old, mem = 0;
     uint64_t given = 0;
-    pdx_status_t st = get_object(c, root, "kv", 1, &k, &old);
+    pdx_status_t st = kvj_get_object(c, root, "kv", 1, &k, &old);
     if (st == PDX_OK)
-        st = check_keys(c, k, keys, 5, "kv");
+        st = kvj_check_keys(c, k, keys, 5, "kv");
     if (st == PDX_OK)
-        st = get_u32(c, k, "block_tokens", 1, PDX_HASH_BLOCK_SIZE_MAX, 1, 0,
-                     &cfg->block_tokens);
+        st = kvj_get_u32(c, k, "block_tokens", 1, PDX_HASH_BLOCK_SIZE_MAX, 1, 0,
+                         &cfg->block_tokens);
     if (st == PDX_OK)
-        st = get_u32(c, k, "num_blocks", 1, UINT32_MAX, 1, 0, &cfg->num_blocks);
+        st = kvj_get_u32(c, k, "num_blocks", 1, UINT32_MAX, 1, 0,
+                         &cfg->num_blocks);
     if (st == PDX_OK)
-        st = get_uint(c, k, "bytes_per_block", 1, JSON_INT_MAX, 0, 0, &given);
+        st =
+            kvj_get_uint(c, k, "bytes_per_block", 1, KVJ_INT_MAX, 0, 0, &given);
     if (st == PDX_OK)
-        st = get_enum(c, k, "memory", mems, 2, 0, 0, &mem);
+        st = kvj_get_enum(c, k, "memory", mems, 2, 0, 0, &mem);
     if (st == PDX_OK)
-        st = get_u32(c, k, "device", 0, DEVICE_MAX, 0, 0, &cfg->device);
+        st = kvj_get_u32(c, k, "device", 0, DEVICE_MAX, 0, 0, &cfg->device);
     if (st != PDX_OK)
         return st;
     cfg->mem_type = mem == 1 ? PDX_MEM_VRAM : PDX_MEM_DRAM;
     cfg->bytes_per_block = pdx_kv_config_bytes_per_block(cfg);
     if (given != 0 && given != cfg->bytes_per_block) {
-        path_push_key(c, "bytes_per_block");
-        return fail_at(c,
-                       "%" PRIu64 " does not match the model's layout: %" PRIu64
-                       " bytes = (%" PRIu32 " layers x %" PRIu32 " + %" PRIu32
-                       " index-K layers x %" PRIu32 " + %" PRIu32
-                       " MTP layers x (%" PRIu32 " + %" PRIu32 ")) x %" PRIu32
-                       " tokens",
-                       given, cfg->bytes_per_block, cfg->num_layers,
-                       cfg->mla_bytes_per_token, cfg->n_index_k_layers,
-                       cfg->index_k_bytes_per_token, cfg->mtp_layers,
-                       cfg->mla_bytes_per_token, cfg->index_k_bytes_per_token,
-                       cfg->block_tokens);
+        kvj_push_key(c, "bytes_per_block");
+        return kvj_fail_at(
+            c,
+            "%" PRIu64 " does not match the model's layout: %" PRIu64
+            " bytes = (%" PRIu32 " layers x %" PRIu32 " + %" PRIu32
+            " index-K layers x %" PRIu32 " + %" PRIu32 " MTP layers x (%" PRIu32
+            " + %" PRIu32 ")) x %" PRIu32 " tokens",
+            given, cfg->bytes_per_block, cfg->num_layers,
+            cfg->mla_bytes_per_token, cfg->n_index_k_layers,
+            cfg->index_k_bytes_per_token, cfg->mtp_layers,
+            cfg->mla_bytes_per_token, cfg->index_k_bytes_per_token,
+            cfg->block_tokens);
     }
     uint64_t total;
     if (__builtin_mul_overflow(cfg->bytes_per_block, (uint64_t)cfg->num_blocks,
                                &total) ||
         total > (1ull << 62)) {
-        path_push_key(c, "num_blocks");
-        return fail_at(c,
-                       "%" PRIu32 " blocks of %" PRIu64
-                       " bytes exceed 2^62 bytes of arenas",
-                       cfg->num_blocks, cfg->bytes_per_block);
+        kvj_push_key(c, "num_blocks");
+        return kvj_fail_at(c,
+                           "%" PRIu32 " blocks of %" PRIu64
+                           " bytes exceed 2^62 bytes of arenas",
+                           cfg->num_blocks, cfg->bytes_per_block);
     }
-    path_pop(c, old);
+    kvj_pop(c, old);
     return PDX_OK;
 }
 
-static pdx_status_t parse_hashing(cfg_ctx_t *c, const cJSON *root,
+static pdx_status_t parse_hashing(kvj_ctx_t *c, const cJSON *root,
                                   pdx_kv_config_t *cfg)
 {
     static const char *const keys[] = {"algorithm", "seed"};
     static const char *const algos[] = {"xxhash_cbor", "sha256_cbor"};
     const cJSON *h;
     size_t old, algo = 1;
-    pdx_status_t st = get_object(c, root, "hashing", 1, &h, &old);
+    pdx_status_t st = kvj_get_object(c, root, "hashing", 1, &h, &old);
     if (st == PDX_OK)
-        st = check_keys(c, h, keys, 2, "hashing");
+        st = kvj_check_keys(c, h, keys, 2, "hashing");
     if (st == PDX_OK)
-        st = get_enum(c, h, "algorithm", algos, 2, 0, 1, &algo);
+        st = kvj_get_enum(c, h, "algorithm", algos, 2, 0, 1, &algo);
     if (st == PDX_OK)
-        st = get_str(c, h, "seed", cfg->hash_seed, sizeof(cfg->hash_seed), 0,
-                     STR_SEED, 1, "");
+        st = kvj_get_str(c, h, "seed", cfg->hash_seed, sizeof(cfg->hash_seed),
+                         0, KVJ_STR_SEED, 1, "");
     if (st != PDX_OK)
         return st;
     snprintf(cfg->hash_algo, sizeof(cfg->hash_algo), "%s", algos[algo]);
-    path_pop(c, old);
+    kvj_pop(c, old);
     return PDX_OK;
 }
 
@@ -818,7 +318,7 @@ static void model_short(const char *id, char *out, size_t len)
         snprintf(out, len, "pdx");
 }
 
-static pdx_status_t parse_agent(cfg_ctx_t *c, const cJSON *root,
+static pdx_status_t parse_agent(kvj_ctx_t *c, const cJSON *root,
                                 pdx_kv_config_t *cfg)
 {
     static const char *const keys[] = {"name", "role", "peer", "peer_address",
@@ -826,17 +326,17 @@ static pdx_status_t parse_agent(cfg_ctx_t *c, const cJSON *root,
     static const char *const policies[] = {"any", "same_host_fast"};
     const cJSON *a;
     size_t old, role = 0, policy = 0;
-    pdx_status_t st = get_object(c, root, "agent", 1, &a, &old);
+    pdx_status_t st = kvj_get_object(c, root, "agent", 1, &a, &old);
     if (st == PDX_OK)
-        st = check_keys(c, a, keys, 6, "agent");
+        st = kvj_check_keys(c, a, keys, 6, "agent");
     if (st == PDX_OK)
-        st = get_enum(c, a, "role", ROLE_NAMES, 3, 1, 0, &role);
+        st = kvj_get_enum(c, a, "role", ROLE_NAMES, 3, 1, 0, &role);
     if (st == PDX_OK)
-        st = get_enum(c, a, "path_policy", policies, 2, 0, 0, &policy);
+        st = kvj_get_enum(c, a, "path_policy", policies, 2, 0, 0, &policy);
     /* The cluster key's file (docs/SECURITY.md); read at agent creation. */
     if (st == PDX_OK)
-        st = get_str(c, a, "cluster_key_file", cfg->cluster_key_file,
-                     sizeof(cfg->cluster_key_file), 1, STR_ANY, 0, "");
+        st = kvj_get_str(c, a, "cluster_key_file", cfg->cluster_key_file,
+                         sizeof(cfg->cluster_key_file), 1, KVJ_STR_ANY, 0, "");
     if (st != PDX_OK)
         return st;
     cfg->role = ROLES[role];
@@ -851,67 +351,69 @@ static pdx_status_t parse_agent(cfg_ctx_t *c, const cJSON *root,
     else
         snprintf(def, sizeof(def), "%s-%s-dp%" PRIu32, shortname, tag[role],
                  cfg->dp_rank);
-    st = get_str(c, a, "name", cfg->agent_name, sizeof(cfg->agent_name), 1,
-                 STR_NAME, 0, def);
+    st = kvj_get_str(c, a, "name", cfg->agent_name, sizeof(cfg->agent_name), 1,
+                     KVJ_STR_NAME, 0, def);
     if (st == PDX_OK)
-        st = get_str(c, a, "peer", cfg->peer_name, sizeof(cfg->peer_name), 1,
-                     STR_NAME, 0, "");
+        st = kvj_get_str(c, a, "peer", cfg->peer_name, sizeof(cfg->peer_name),
+                         1, KVJ_STR_NAME, 0, "");
     if (st == PDX_OK)
-        st = get_str(c, a, "peer_address", cfg->peer_address,
-                     sizeof(cfg->peer_address), 0, STR_ANY, 0, "");
+        st = kvj_get_str(c, a, "peer_address", cfg->peer_address,
+                         sizeof(cfg->peer_address), 0, KVJ_STR_ANY, 0, "");
     if (st != PDX_OK)
         return st;
     /* With a store, peers come from handoff parameters, found by name. */
     if (cfg->role != PDX_KV_ROLE_BOTH && cfg->peer_name[0] == '\0' &&
-        member(root, "store") == NULL) {
-        path_push_key(c, "peer");
-        return fail_at(c,
-                       "missing (required for role %s: the %s agent's name, "
-                       "e.g. \"%s\")",
-                       ROLE_NAMES[role],
-                       cfg->role == PDX_KV_ROLE_PRODUCER ? "decode" : "prefill",
-                       cfg->role == PDX_KV_ROLE_PRODUCER ? "glm52-d-dp0"
-                                                         : "glm52-p-dp0");
+        kvj_member(root, "store") == NULL) {
+        kvj_push_key(c, "peer");
+        return kvj_fail_at(
+            c,
+            "missing (required for role %s: the %s agent's name, "
+            "e.g. \"%s\")",
+            ROLE_NAMES[role],
+            cfg->role == PDX_KV_ROLE_PRODUCER ? "decode" : "prefill",
+            cfg->role == PDX_KV_ROLE_PRODUCER ? "glm52-d-dp0" : "glm52-p-dp0");
     }
     if (strcmp(cfg->peer_name, cfg->agent_name) == 0) {
-        path_push_key(c, "peer");
-        return fail_at(c, "\"%s\" is this agent's own name", cfg->peer_name);
+        kvj_push_key(c, "peer");
+        return kvj_fail_at(c, "\"%s\" is this agent's own name",
+                           cfg->peer_name);
     }
-    path_pop(c, old);
+    kvj_pop(c, old);
     return PDX_OK;
 }
 
-static pdx_status_t parse_remote(cfg_ctx_t *c, const cJSON *ch,
+static pdx_status_t parse_remote(kvj_ctx_t *c, const cJSON *ch,
                                  pdx_kv_child_config_t *out)
 {
     static const char *const keys[] = {"type", "lease_ms", "heartbeat_ms",
                                        "failure_policy", "load_tail"};
     static const char *const policies[] = {"recompute", "fail"};
     size_t pol = 0;
-    pdx_status_t st = check_keys(c, ch, keys, 5, "a \"remote\" child");
+    pdx_status_t st = kvj_check_keys(c, ch, keys, 5, "a \"remote\" child");
     if (st == PDX_OK)
-        st = get_u32(c, ch, "lease_ms", 1, MS_MAX, 0, 30000, &out->lease_ms);
+        st =
+            kvj_get_u32(c, ch, "lease_ms", 1, MS_MAX, 0, 30000, &out->lease_ms);
     if (st == PDX_OK)
-        st = get_u32(c, ch, "heartbeat_ms", 1, MS_MAX, 0, 2000,
-                     &out->heartbeat_ms);
+        st = kvj_get_u32(c, ch, "heartbeat_ms", 1, MS_MAX, 0, 2000,
+                         &out->heartbeat_ms);
     if (st == PDX_OK)
-        st = get_enum(c, ch, "failure_policy", policies, 2, 0, 0, &pol);
+        st = kvj_get_enum(c, ch, "failure_policy", policies, 2, 0, 0, &pol);
     if (st == PDX_OK)
-        st = get_bool(c, ch, "load_tail", true, &out->load_tail);
+        st = kvj_get_bool(c, ch, "load_tail", true, &out->load_tail);
     if (st != PDX_OK)
         return st;
     out->failure_policy = pol == 1 ? PDX_KV_FAIL_FAIL : PDX_KV_FAIL_RECOMPUTE;
     if (out->heartbeat_ms >= out->lease_ms) {
-        path_push_key(c, "heartbeat_ms");
-        return fail_at(c,
-                       "%" PRIu32 " is not below lease_ms (%" PRIu32
-                       "): leases would expire between heartbeats",
-                       out->heartbeat_ms, out->lease_ms);
+        kvj_push_key(c, "heartbeat_ms");
+        return kvj_fail_at(c,
+                           "%" PRIu32 " is not below lease_ms (%" PRIu32
+                           "): leases would expire between heartbeats",
+                           out->heartbeat_ms, out->lease_ms);
     }
     return PDX_OK;
 }
 
-static pdx_status_t parse_offload(cfg_ctx_t *c, const cJSON *ch,
+static pdx_status_t parse_offload(kvj_ctx_t *c, const cJSON *ch,
                                   const pdx_kv_config_t *cfg,
                                   pdx_kv_child_config_t *out)
 {
@@ -927,49 +429,50 @@ static pdx_status_t parse_offload(cfg_ctx_t *c, const cJSON *ch,
                                                       PDX_KV_OFFLOAD_SAVE_ONLY,
                                                       PDX_KV_OFFLOAD_LOAD_ONLY};
     size_t mode = 0;
-    pdx_status_t st = check_keys(c, ch, keys, 7, "an \"offload\" child");
+    pdx_status_t st = kvj_check_keys(c, ch, keys, 7, "an \"offload\" child");
     if (st == PDX_OK)
-        st = get_enum(c, ch, "mode", modes, 3, 0, 0, &mode);
+        st = kvj_get_enum(c, ch, "mode", modes, 3, 0, 0, &mode);
     if (st == PDX_OK)
-        st = get_size(c, ch, "budget_bytes", &out->budget_bytes);
+        st = kvj_get_size(c, ch, "budget_bytes", &out->budget_bytes);
     if (st == PDX_OK)
-        st = get_u32(c, ch, "ranks_per_host", 1, cfg->dp_size, 0, cfg->dp_size,
-                     &out->ranks_per_host);
+        st = kvj_get_u32(c, ch, "ranks_per_host", 1, cfg->dp_size, 0,
+                         cfg->dp_size, &out->ranks_per_host);
     if (st == PDX_OK)
-        st = get_bool(c, ch, "wait_for_full_prefix", false,
-                      &out->wait_for_full_prefix);
+        st = kvj_get_bool(c, ch, "wait_for_full_prefix", false,
+                          &out->wait_for_full_prefix);
     if (st == PDX_OK)
-        st = get_u32(c, ch, "wait_timeout_ms", 0, MS_MAX, 0, 2000,
-                     &out->wait_timeout_ms);
+        st = kvj_get_u32(c, ch, "wait_timeout_ms", 0, MS_MAX, 0, 2000,
+                         &out->wait_timeout_ms);
     if (st == PDX_OK)
-        st = get_bool(c, ch, "save_tail", true, &out->save_tail);
+        st = kvj_get_bool(c, ch, "save_tail", true, &out->save_tail);
     if (st != PDX_OK)
         return st;
     out->mode = mode_vals[mode];
     uint64_t per_rank = out->budget_bytes / out->ranks_per_host;
     if (per_rank < cfg->bytes_per_block) {
-        path_push_key(c, "budget_bytes");
+        kvj_push_key(c, "budget_bytes");
         if (out->ranks_per_host == 1)
-            return fail_at(
+            return kvj_fail_at(
                 c, "%" PRIu64 " is smaller than one block (%" PRIu64 " bytes)",
                 out->budget_bytes, cfg->bytes_per_block);
-        return fail_at(c,
-                       "%" PRIu64 " over %" PRIu32 " ranks per host is %" PRIu64
-                       " bytes per rank, smaller than one block (%" PRIu64
-                       " bytes)",
-                       out->budget_bytes, out->ranks_per_host, per_rank,
-                       cfg->bytes_per_block);
+        return kvj_fail_at(
+            c,
+            "%" PRIu64 " over %" PRIu32 " ranks per host is %" PRIu64
+            " bytes per rank, smaller than one block (%" PRIu64 " bytes)",
+            out->budget_bytes, out->ranks_per_host, per_rank,
+            cfg->bytes_per_block);
     }
     if (out->wait_for_full_prefix && out->mode == PDX_KV_OFFLOAD_SAVE_ONLY) {
-        path_push_key(c, "wait_for_full_prefix");
-        return fail_at(c, "%s",
-                       "true, but mode save_only never loads (use read_write "
-                       "or load_only, or false)");
+        kvj_push_key(c, "wait_for_full_prefix");
+        return kvj_fail_at(
+            c, "%s",
+            "true, but mode save_only never loads (use read_write "
+            "or load_only, or false)");
     }
     return PDX_OK;
 }
 
-static pdx_status_t parse_connector(cfg_ctx_t *c, const cJSON *root,
+static pdx_status_t parse_connector(kvj_ctx_t *c, const cJSON *root,
                                     pdx_kv_config_t *cfg)
 {
     static const char *const keys[] = {"type", "children"};
@@ -977,45 +480,45 @@ static pdx_status_t parse_connector(cfg_ctx_t *c, const cJSON *root,
     static const char *const child_types[] = {"remote", "offload"};
     const cJSON *conn;
     size_t old, t = 0;
-    pdx_status_t st = get_object(c, root, "connector", 1, &conn, &old);
+    pdx_status_t st = kvj_get_object(c, root, "connector", 1, &conn, &old);
     if (st == PDX_OK)
-        st = check_keys(c, conn, keys, 2, "connector");
+        st = kvj_check_keys(c, conn, keys, 2, "connector");
     if (st == PDX_OK)
-        st = get_enum(c, conn, "type", types, 1, 0, 0, &t);
+        st = kvj_get_enum(c, conn, "type", types, 1, 0, 0, &t);
     if (st != PDX_OK)
         return st;
 
-    const cJSON *kids = member(conn, "children");
-    size_t o1 = path_push_key(c, "children");
+    const cJSON *kids = kvj_member(conn, "children");
+    size_t o1 = kvj_push_key(c, "children");
     char exp[64];
     snprintf(exp, sizeof(exp), "an array of 1 to %d child objects",
              PDX_KV_MAX_CHILDREN);
     if (kids == NULL)
-        return fail_at(c, "missing (required: %s)", exp);
+        return kvj_fail_at(c, "missing (required: %s)", exp);
     if (!cJSON_IsArray(kids))
-        return fail_type(c, kids, exp);
+        return kvj_fail_type(c, kids, exp);
     int n = cJSON_GetArraySize(kids);
     if (n < 1 || n > PDX_KV_MAX_CHILDREN)
-        return fail_at(c, "expected %s, got %d", exp, n);
+        return kvj_fail_at(c, "expected %s, got %d", exp, n);
 
     size_t i = 0;
     uint32_t types_seen = 0;
     for (const cJSON *ch = kids->child; ch != NULL; ch = ch->next, i++) {
-        size_t o2 = path_push_index(c, i);
+        size_t o2 = kvj_push_index(c, i);
         pdx_kv_child_config_t *out = &cfg->children[i];
         size_t ct = 0;
         memset(out, 0, sizeof(*out));
         if (!cJSON_IsObject(ch))
-            return fail_type(c, ch, "a child object");
-        st = get_enum(c, ch, "type", child_types, 2, 1, 0, &ct);
+            return kvj_fail_type(c, ch, "a child object");
+        st = kvj_get_enum(c, ch, "type", child_types, 2, 1, 0, &ct);
         if (st != PDX_OK)
             return st;
         if (types_seen & (1u << ct)) {
-            path_push_key(c, "type");
-            return fail_at(c,
-                           "a second \"%s\" child (each type may appear "
-                           "once)",
-                           child_types[ct]);
+            kvj_push_key(c, "type");
+            return kvj_fail_at(c,
+                               "a second \"%s\" child (each type may appear "
+                               "once)",
+                               child_types[ct]);
         }
         types_seen |= 1u << ct;
         out->type = ct == 0 ? PDX_KV_CHILD_REMOTE : PDX_KV_CHILD_OFFLOAD;
@@ -1023,78 +526,78 @@ static pdx_status_t parse_connector(cfg_ctx_t *c, const cJSON *root,
             ct == 0 ? parse_remote(c, ch, out) : parse_offload(c, ch, cfg, out);
         if (st != PDX_OK)
             return st;
-        path_pop(c, o2);
+        kvj_pop(c, o2);
     }
     cfg->nchildren = (uint32_t)i;
-    path_pop(c, o1);
+    kvj_pop(c, o1);
 
     if ((types_seen & 1u) && cfg->peer_name[0] == '\0' &&
-        member(root, "store") == NULL) { /* with a store: found by name */
-        path_pop(c, 1); /* back to "$" */
-        path_push_key(c, "agent");
-        path_push_key(c, "peer");
-        return fail_at(c, "%s",
-                       "missing (required by the \"remote\" child in "
-                       "$.connector.children: the peer agent's name)");
+        kvj_member(root, "store") == NULL) { /* with a store: found by name */
+        kvj_pop(c, 1);                       /* back to "$" */
+        kvj_push_key(c, "agent");
+        kvj_push_key(c, "peer");
+        return kvj_fail_at(c, "%s",
+                           "missing (required by the \"remote\" child in "
+                           "$.connector.children: the peer agent's name)");
     }
-    path_pop(c, old);
+    kvj_pop(c, old);
     return PDX_OK;
 }
 
-static pdx_status_t parse_backend_opts(cfg_ctx_t *c, const cJSON *opts,
+static pdx_status_t parse_backend_opts(kvj_ctx_t *c, const cJSON *opts,
                                        pdx_kv_config_t *cfg, uint32_t owner)
 {
     for (const cJSON *o = opts->child; o != NULL; o = o->next) {
         const char *key = o->string != NULL ? o->string : "";
-        size_t old = path_push_key(c, key);
+        size_t old = kvj_push_key(c, key);
         uint32_t k = cfg->nbackend_opts;
         if (k >= PDX_KV_MAX_BACKEND_OPTS)
-            return fail_at(c, "more than %d backend options in all",
-                           PDX_KV_MAX_BACKEND_OPTS);
+            return kvj_fail_at(c, "more than %d backend options in all",
+                               PDX_KV_MAX_BACKEND_OPTS);
         size_t kl = strlen(key);
         if (kl == 0 || kl >= sizeof(cfg->opt_buf[k][0]) ||
-            !str_ok(key, STR_NAME))
-            return fail_at(c,
-                           "option name: expected 1 to %zu bytes of "
-                           "[A-Za-z0-9._-]",
-                           sizeof(cfg->opt_buf[k][0]) - 1);
+            !kvj_str_ok(key, KVJ_STR_NAME))
+            return kvj_fail_at(c,
+                               "option name: expected 1 to %zu bytes of "
+                               "[A-Za-z0-9._-]",
+                               sizeof(cfg->opt_buf[k][0]) - 1);
         for (uint32_t j = 0; j < k; j++)
             if (cfg->backend_opt_owner[j] == owner &&
                 strcmp(cfg->opt_buf[j][0], key) == 0)
-                return fail_at(c, "%s", "key given twice");
+                return kvj_fail_at(c, "%s", "key given twice");
         memcpy(cfg->opt_buf[k][0], key, kl + 1);
         char *val = cfg->opt_buf[k][1];
         size_t vsize = sizeof(cfg->opt_buf[k][1]);
         if (cJSON_IsString(o)) {
-            pdx_status_t st = read_str(c, o, val, vsize, 0, STR_ANY);
+            pdx_status_t st = kvj_read_str(c, o, val, vsize, 0, KVJ_STR_ANY);
             if (st != PDX_OK)
                 return st;
         } else if (cJSON_IsBool(o)) {
             snprintf(val, vsize, "%s", cJSON_IsTrue(o) ? "true" : "false");
         } else if (cJSON_IsNumber(o)) {
             uint64_t u;
-            if (read_uint(c, o, 0, JSON_INT_MAX, &u) != PDX_OK)
-                return fail_type(c, o,
-                                 "a string, a non-negative integer or a "
-                                 "boolean");
+            if (kvj_read_uint(c, o, 0, KVJ_INT_MAX, &u) != PDX_OK)
+                return kvj_fail_type(c, o,
+                                     "a string, a non-negative integer or a "
+                                     "boolean");
             snprintf(val, vsize, "%" PRIu64, u);
         } else {
-            return fail_type(c, o,
-                             "a string, a non-negative integer or a boolean");
+            return kvj_fail_type(
+                c, o, "a string, a non-negative integer or a boolean");
         }
         cfg->backend_opt_owner[k] = owner;
         cfg->nbackend_opts = k + 1;
-        path_pop(c, old);
+        kvj_pop(c, old);
     }
     return PDX_OK;
 }
 
-static pdx_status_t parse_backends(cfg_ctx_t *c, const cJSON *root,
+static pdx_status_t parse_backends(kvj_ctx_t *c, const cJSON *root,
                                    pdx_kv_config_t *cfg)
 {
     static const char *const keys[] = {"name", "options", "required"};
-    const cJSON *b = member(root, "backends");
-    size_t old = path_push_key(c, "backends");
+    const cJSON *b = kvj_member(root, "backends");
+    size_t old = kvj_push_key(c, "backends");
     char exp[64];
     snprintf(exp, sizeof(exp), "an array of 1 to %d backend objects",
              PDX_KV_MAX_BACKENDS);
@@ -1103,51 +606,52 @@ static pdx_status_t parse_backends(cfg_ctx_t *c, const cJSON *root,
     if (b == NULL) {
         snprintf(cfg->backends[0], sizeof(cfg->backends[0]), "ucx");
         cfg->nbackends = 1;
-        path_pop(c, old);
+        kvj_pop(c, old);
         return PDX_OK;
     }
     if (!cJSON_IsArray(b))
-        return fail_type(c, b, exp);
+        return kvj_fail_type(c, b, exp);
     int n = cJSON_GetArraySize(b);
     if (n < 1 || n > PDX_KV_MAX_BACKENDS)
-        return fail_at(c, "expected %s, got %d", exp, n);
+        return kvj_fail_at(c, "expected %s, got %d", exp, n);
     size_t i = 0;
     for (const cJSON *e = b->child; e != NULL; e = e->next, i++) {
-        size_t o2 = path_push_index(c, i);
+        size_t o2 = kvj_push_index(c, i);
         if (!cJSON_IsObject(e))
-            return fail_type(c, e, "a backend object");
-        pdx_status_t st = check_keys(c, e, keys, 3, "a backend");
+            return kvj_fail_type(c, e, "a backend object");
+        pdx_status_t st = kvj_check_keys(c, e, keys, 3, "a backend");
         if (st == PDX_OK)
-            st = get_str(c, e, "name", cfg->backends[i],
-                         sizeof(cfg->backends[i]), 1, STR_LOWER, 1, "");
+            st = kvj_get_str(c, e, "name", cfg->backends[i],
+                             sizeof(cfg->backends[i]), 1, KVJ_STR_LOWER, 1, "");
         if (st == PDX_OK)
-            st = get_bool(c, e, "required", false, &cfg->backend_required[i]);
+            st = kvj_get_bool(c, e, "required", false,
+                              &cfg->backend_required[i]);
         if (st != PDX_OK)
             return st;
         for (size_t j = 0; j < i; j++)
             if (strcmp(cfg->backends[j], cfg->backends[i]) == 0) {
-                path_push_key(c, "name");
-                return fail_at(c, "backend \"%s\" listed twice",
-                               cfg->backends[i]);
+                kvj_push_key(c, "name");
+                return kvj_fail_at(c, "backend \"%s\" listed twice",
+                                   cfg->backends[i]);
             }
         const cJSON *opts;
         size_t o3;
-        st = get_object(c, e, "options", 0, &opts, &o3);
+        st = kvj_get_object(c, e, "options", 0, &opts, &o3);
         if (st == PDX_OK && opts != NULL)
             st = parse_backend_opts(c, opts, cfg, (uint32_t)i);
         if (st != PDX_OK)
             return st;
-        path_pop(c, o3);
+        kvj_pop(c, o3);
         cfg->nbackends = (uint32_t)i + 1;
-        path_pop(c, o2);
+        kvj_pop(c, o2);
     }
-    path_pop(c, old);
+    kvj_pop(c, old);
     return PDX_OK;
 }
 
 /* The `store` section: a store module (etcd) for discovery by name,
  * liveness through leases and the block-owner registry. */
-static pdx_status_t parse_store(cfg_ctx_t *c, const cJSON *root,
+static pdx_status_t parse_store(kvj_ctx_t *c, const cJSON *root,
                                 pdx_kv_config_t *cfg)
 {
     static const char *const keys[] = {
@@ -1160,60 +664,63 @@ static pdx_status_t parse_store(cfg_ctx_t *c, const cJSON *root,
     const cJSON *s;
     size_t old;
     cfg->has_store = false;
-    pdx_status_t st = get_object(c, root, "store", 0, &s, &old);
+    pdx_status_t st = kvj_get_object(c, root, "store", 0, &s, &old);
     if (st != PDX_OK)
         return st;
     if (s == NULL) {
-        path_pop(c, old);
+        kvj_pop(c, old);
         return PDX_OK;
     }
-    st = check_keys(c, s, keys, sizeof(keys) / sizeof(keys[0]), "store");
+    st = kvj_check_keys(c, s, keys, sizeof(keys) / sizeof(keys[0]), "store");
     if (st == PDX_OK)
-        st = get_str(c, s, "type", cfg->store_type, sizeof(cfg->store_type),
-                     1, STR_LOWER, 0, "etcd");
+        st = kvj_get_str(c, s, "type", cfg->store_type, sizeof(cfg->store_type),
+                         1, KVJ_STR_LOWER, 0, "etcd");
     if (st != PDX_OK)
         return st;
     /* endpoints: one URL string (commas allowed) or an array of them. */
-    const cJSON *e = member(s, "endpoints");
-    size_t o1 = path_push_key(c, "endpoints");
+    const cJSON *e = kvj_member(s, "endpoints");
+    size_t o1 = kvj_push_key(c, "endpoints");
     const char *exp = "an array of 1 to 8 \"http://host:port\" strings";
     if (e == NULL)
-        return fail_at(c, "missing (required: %s)", exp);
+        return kvj_fail_at(c, "missing (required: %s)", exp);
     size_t n = 0, used = 0, i = 0;
     cfg->store_endpoints[0] = '\0';
     const cJSON *first = cJSON_IsArray(e) ? e->child : e;
     if (!cJSON_IsArray(e) && !cJSON_IsString(e))
-        return fail_type(c, e, exp);
+        return kvj_fail_type(c, e, exp);
     if (cJSON_IsArray(e) &&
         (cJSON_GetArraySize(e) < 1 || cJSON_GetArraySize(e) > 8))
-        return fail_at(c, "expected %s, got %d", exp, cJSON_GetArraySize(e));
+        return kvj_fail_at(c, "expected %s, got %d", exp,
+                           cJSON_GetArraySize(e));
     for (const cJSON *u = first; u != NULL;
          u = cJSON_IsArray(e) ? u->next : NULL, i++) {
-        size_t o2 = cJSON_IsArray(e) ? path_push_index(c, i) : c->path_len;
+        size_t o2 = cJSON_IsArray(e) ? kvj_push_index(c, i) : c->path_len;
         if (!cJSON_IsString(u) || u->valuestring == NULL)
-            return fail_type(c, u, "a \"http://host:port\" string");
+            return kvj_fail_type(c, u, "a \"http://host:port\" string");
         const char *v = u->valuestring;
         size_t len = strlen(v);
-        bool ok = len > 7 && len < 256 && str_ok(v, STR_ANY) &&
-                  (strncmp(v, "http://", 7) == 0 ||
-                   strncmp(v, "https://", 8) == 0) &&
-                  strchr(v, ' ') == NULL;
+        bool ok =
+            len > 7 && len < 256 && kvj_str_ok(v, KVJ_STR_ANY) &&
+            (strncmp(v, "http://", 7) == 0 || strncmp(v, "https://", 8) == 0) &&
+            strchr(v, ' ') == NULL;
         if (ok && cJSON_IsArray(e))
             ok = strchr(v, ',') == NULL;
         if (!ok)
-            return fail_type(c, u, "a \"http://host:port\" URL (http or "
-                                   "https, no spaces)");
+            return kvj_fail_type(c, u,
+                                 "a \"http://host:port\" URL (http or "
+                                 "https, no spaces)");
         if (used + len + 2 > sizeof(cfg->store_endpoints))
-            return fail_at(c, "%s", "endpoints longer than 511 bytes in all");
+            return kvj_fail_at(c, "%s",
+                               "endpoints longer than 511 bytes in all");
         used += (size_t)snprintf(cfg->store_endpoints + used,
                                  sizeof(cfg->store_endpoints) - used, "%s%s",
                                  n ? "," : "", v);
         n++;
-        path_pop(c, o2);
+        kvj_pop(c, o2);
     }
-    path_pop(c, o1);
-    st = get_str(c, s, "namespace", cfg->store_namespace,
-                 sizeof(cfg->store_namespace), 1, STR_ANY, 0, "pdx");
+    kvj_pop(c, o1);
+    st = kvj_get_str(c, s, "namespace", cfg->store_namespace,
+                     sizeof(cfg->store_namespace), 1, KVJ_STR_ANY, 0, "pdx");
     if (st != PDX_OK)
         return st;
     {
@@ -1225,58 +732,60 @@ static pdx_status_t parse_store(cfg_ctx_t *c, const cJSON *root,
                  (v[k] >= '0' && v[k] <= '9') || v[k] == '.' || v[k] == '_' ||
                  v[k] == '-' || v[k] == '/';
         if (!ok) {
-            path_push_key(c, "namespace");
-            return fail_type(c, member(s, "namespace"),
-                             "a string of 1 to 127 bytes of [A-Za-z0-9._/-] "
-                             "not ending in '/'");
+            kvj_push_key(c, "namespace");
+            return kvj_fail_type(
+                c, kvj_member(s, "namespace"),
+                "a string of 1 to 127 bytes of [A-Za-z0-9._/-] "
+                "not ending in '/'");
         }
     }
-    st = get_u32(c, s, "lease_ttl_ms", 1000, 3600000, 0, 10000,
-                 &cfg->store_lease_ttl_ms);
+    st = kvj_get_u32(c, s, "lease_ttl_ms", 1000, 3600000, 0, 10000,
+                     &cfg->store_lease_ttl_ms);
     if (st == PDX_OK)
-        st = get_u32(c, s, "timeout_ms", 1, 600000, 0, 2000,
-                     &cfg->store_timeout_ms);
+        st = kvj_get_u32(c, s, "timeout_ms", 1, 600000, 0, 2000,
+                         &cfg->store_timeout_ms);
     if (st == PDX_OK)
-        st = get_u32(c, s, "fetch_timeout_ms", 0, MS_MAX, 0, 5000,
-                     &cfg->store_fetch_timeout_ms);
+        st = kvj_get_u32(c, s, "fetch_timeout_ms", 0, MS_MAX, 0, 5000,
+                         &cfg->store_fetch_timeout_ms);
     if (st == PDX_OK)
-        st = get_u32(c, s, "max_txn_ops", 2, 1000000, 0, 128,
-                     &cfg->store_max_txn_ops);
+        st = kvj_get_u32(c, s, "max_txn_ops", 2, 1000000, 0, 128,
+                         &cfg->store_max_txn_ops);
     if (st == PDX_OK)
-        st = get_bool(c, s, "registry", true, &cfg->store_registry);
+        st = kvj_get_bool(c, s, "registry", true, &cfg->store_registry);
     if (st == PDX_OK)
-        st = get_u32(c, s, "demote_owners", 1, 65535, 0, 3,
-                     &cfg->store_demote_owners);
+        st = kvj_get_u32(c, s, "demote_owners", 1, 65535, 0, 3,
+                         &cfg->store_demote_owners);
     if (st == PDX_OK)
-        st = get_bool(c, s, "remote_offload", true,
-                      &cfg->store_remote_offload);
+        st = kvj_get_bool(c, s, "remote_offload", true,
+                          &cfg->store_remote_offload);
     if (st == PDX_OK)
-        st = get_u32(c, s, "remote_offload_timeout_ms", 0, MS_MAX, 0, 1000,
-                     &cfg->store_remote_offload_timeout_ms);
+        st = kvj_get_u32(c, s, "remote_offload_timeout_ms", 0, MS_MAX, 0, 1000,
+                         &cfg->store_remote_offload_timeout_ms);
     /* TLS and auth (docs/SECURITY.md); the module checks the pairs. */
     if (st == PDX_OK)
-        st = get_str(c, s, "ca_file", cfg->store_ca_file,
-                     sizeof(cfg->store_ca_file), 1, STR_ANY, 0, "");
+        st = kvj_get_str(c, s, "ca_file", cfg->store_ca_file,
+                         sizeof(cfg->store_ca_file), 1, KVJ_STR_ANY, 0, "");
     if (st == PDX_OK)
-        st = get_str(c, s, "cert_file", cfg->store_cert_file,
-                     sizeof(cfg->store_cert_file), 1, STR_ANY, 0, "");
+        st = kvj_get_str(c, s, "cert_file", cfg->store_cert_file,
+                         sizeof(cfg->store_cert_file), 1, KVJ_STR_ANY, 0, "");
     if (st == PDX_OK)
-        st = get_str(c, s, "key_file", cfg->store_key_file,
-                     sizeof(cfg->store_key_file), 1, STR_ANY, 0, "");
+        st = kvj_get_str(c, s, "key_file", cfg->store_key_file,
+                         sizeof(cfg->store_key_file), 1, KVJ_STR_ANY, 0, "");
     if (st == PDX_OK)
-        st = get_str(c, s, "user", cfg->store_user, sizeof(cfg->store_user),
-                     1, STR_ANY, 0, "");
+        st = kvj_get_str(c, s, "user", cfg->store_user, sizeof(cfg->store_user),
+                         1, KVJ_STR_ANY, 0, "");
     if (st == PDX_OK)
-        st = get_str(c, s, "password_file", cfg->store_password_file,
-                     sizeof(cfg->store_password_file), 1, STR_ANY, 0, "");
+        st = kvj_get_str(c, s, "password_file", cfg->store_password_file,
+                         sizeof(cfg->store_password_file), 1, KVJ_STR_ANY, 0,
+                         "");
     if (st != PDX_OK)
         return st;
     cfg->has_store = true;
-    path_pop(c, old);
+    kvj_pop(c, old);
     return PDX_OK;
 }
 
-static pdx_status_t parse_root(cfg_ctx_t *c, const cJSON *root,
+static pdx_status_t parse_root(kvj_ctx_t *c, const cJSON *root,
                                pdx_kv_config_t *cfg)
 {
     static const char *const keys[] = {"version",   "description", "model",
@@ -1285,18 +794,18 @@ static pdx_status_t parse_root(cfg_ctx_t *c, const cJSON *root,
                                        "store"};
     uint32_t version;
     if (!cJSON_IsObject(root))
-        return fail_type(c, root, "an object at the top level");
-    pdx_status_t st =
-        check_keys(c, root, keys, sizeof(keys) / sizeof(keys[0]), "the file");
+        return kvj_fail_type(c, root, "an object at the top level");
+    pdx_status_t st = kvj_check_keys(
+        c, root, keys, sizeof(keys) / sizeof(keys[0]), "the file");
     if (st == PDX_OK)
-        st = get_u32(c, root, "version", 1, 1, 0, 1, &version);
+        st = kvj_get_u32(c, root, "version", 1, 1, 0, 1, &version);
     if (st == PDX_OK) {
         /* Free text for people; checked for type only. */
-        const cJSON *d = member(root, "description");
-        size_t old = path_push_key(c, "description");
+        const cJSON *d = kvj_member(root, "description");
+        size_t old = kvj_push_key(c, "description");
         if (d != NULL && !cJSON_IsString(d))
-            return fail_type(c, d, "a string");
-        path_pop(c, old);
+            return kvj_fail_type(c, d, "a string");
+        kvj_pop(c, old);
     }
     /* Order matters: each section may check against the ones before. */
     if (st == PDX_OK)
@@ -1318,106 +827,13 @@ static pdx_status_t parse_root(cfg_ctx_t *c, const cJSON *root,
     return st;
 }
 
-/* ---- text checks cJSON leaves out --------------------------------- */
-
-static void line_col(const char *text, size_t off, size_t *line_p,
-                     size_t *col_p)
-{
-    size_t line = 1, col = 1;
-    for (size_t i = 0; i < off; i++) {
-        if (text[i] == '\n') {
-            line++;
-            col = 1;
-        } else if (((unsigned char)text[i] & 0xC0) != 0x80) {
-            col++;
-        }
-    }
-    *line_p = line;
-    *col_p = col;
-}
-
-/* Length of the valid UTF-8 sequence at s (n bytes left), 0 if invalid. */
-static size_t utf8_len(const unsigned char *s, size_t n)
-{
-    if (s[0] < 0x80)
-        return 1;
-    size_t len;
-    uint32_t cp;
-    if (s[0] >= 0xC2 && s[0] <= 0xDF) {
-        len = 2;
-        cp = s[0] & 0x1F;
-    } else if (s[0] >= 0xE0 && s[0] <= 0xEF) {
-        len = 3;
-        cp = s[0] & 0x0F;
-    } else if (s[0] >= 0xF0 && s[0] <= 0xF4) {
-        len = 4;
-        cp = s[0] & 0x07;
-    } else {
-        return 0;
-    }
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-        (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
-        return 0;
-    return len;
-}
-
-/* JSON rules cJSON does not enforce: UTF-8 text, no NUL byte, no raw
- * control character inside a string, and no \u0000 escape (it would cut
- * a C string short, silently changing e.g. the hash seed). */
-static pdx_status_t check_text(cfg_ctx_t *c, const char *text, size_t len,
-                               int *open_p)
-{
-    const unsigned char *s = (const unsigned char *)text;
-    int in_str = 0, depth = 0;
-    size_t line, col;
-    for (size_t i = 0; i < len;) {
-        const char *why = NULL;
-        size_t step = utf8_len(s + i, len - i);
-        if (step == 0) {
-            why = "invalid UTF-8";
-        } else if (s[i] == 0) {
-            why = "NUL byte";
-        } else if (in_str && s[i] < 0x20) {
-            why = "raw control character in a string (escape it)";
-        } else if (in_str && s[i] == '\\') {
-            if (i + 5 < len && s[i + 1] == 'u' && s[i + 2] == '0' &&
-                s[i + 3] == '0' && s[i + 4] == '0' && s[i + 5] == '0')
-                why = "\\u0000 in a string (not supported)";
-            else
-                step = i + 1 < len ? 2 : 1;
-        } else if (s[i] == '"') {
-            in_str = !in_str;
-        } else if (!in_str && (s[i] == '{' || s[i] == '[')) {
-            depth++;
-        } else if (!in_str && (s[i] == '}' || s[i] == ']')) {
-            depth--;
-        }
-        if (why != NULL) {
-            line_col(text, i, &line, &col);
-            return fail(c, "line %zu, column %zu: %s", line, col, why);
-        }
-        i += step;
-    }
-    /* What is still open at the end: a string, or brackets. Only a hint for
-     * the syntax error message (cJSON's error offsets are approximate). */
-    *open_p = in_str ? -1 : depth > 0 ? depth : 0;
-    return PDX_OK;
-}
-
 /* ---- public ------------------------------------------------------- */
 
 static pdx_status_t config_parse(const char *json, size_t len,
                                  const char *name, pdx_kv_config_t *cfg,
                                  char *err, size_t err_len)
 {
-    cfg_ctx_t c = {.name = name != NULL ? name : "<memory>",
+    kvj_ctx_t c = {.name = name != NULL ? name : "<memory>",
                    .err = err,
                    .err_len = err_len,
                    .path = "$",
@@ -1425,67 +841,19 @@ static pdx_status_t config_parse(const char *json, size_t len,
     if (err != NULL && err_len > 0)
         err[0] = '\0';
     if (len > PDX_KV_CONFIG_MAX_BYTES)
-        return fail(&c, "%zu bytes, more than the %u a config may have", len,
-                    PDX_KV_CONFIG_MAX_BYTES);
+        return kvj_fail(&c, "%zu bytes, more than the %u a config may have",
+                        len, PDX_KV_CONFIG_MAX_BYTES);
     if (len == 0)
-        return fail(&c, "empty file (expected a JSON object)");
-    int open = 0;
-    pdx_status_t st = check_text(&c, json, len, &open);
+        return kvj_fail(&c, "empty file (expected a JSON object)");
+    cJSON *root = NULL;
+    pdx_status_t st = kvj_parse(&c, json, len, &root);
     if (st != PDX_OK)
         return st;
-
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
-    size_t line, col;
-    if (root == NULL) {
-        size_t off = end != NULL && end >= json && end <= json + len
-                         ? (size_t)(end - json)
-                         : len;
-        if (open != 0 || off >= len) {
-            line_col(json, len, &line, &col);
-            if (open < 0)
-                return fail(&c,
-                            "line %zu, column %zu: JSON syntax error: the "
-                            "text ends early, inside a string",
-                            line, col);
-            if (open > 0)
-                return fail(&c,
-                            "line %zu, column %zu: JSON syntax error: the "
-                            "text ends early, %d unclosed bracket%s",
-                            line, col, open, open > 1 ? "s" : "");
-            return fail(&c,
-                        "line %zu, column %zu: JSON syntax error: the text "
-                        "ends early",
-                        line, col);
-        }
-        line_col(json, off, &line, &col);
-        char near[24];
-        size_t k = 0;
-        for (size_t i = off; i < len && k < 16 && json[i] != '\n'; i++)
-            near[k++] = json[i];
-        near[k] = '\0';
-        char safe[40];
-        sanitize_q(near, safe, sizeof(safe), 16, 1);
-        return fail(&c, "line %zu, column %zu: JSON syntax error near '%s'",
-                    line, col, safe);
-    }
-    size_t off = (size_t)(end - json);
-    while (off < len && (json[off] == ' ' || json[off] == '\t' ||
-                         json[off] == '\n' || json[off] == '\r'))
-        off++;
-    if (off < len) {
-        cJSON_Delete(root);
-        line_col(json, off, &line, &col);
-        return fail(&c,
-                    "line %zu, column %zu: JSON syntax error: text after "
-                    "the top-level value",
-                    line, col);
-    }
 
     pdx_kv_config_t *tmp = calloc(1, sizeof(*tmp));
     if (tmp == NULL) {
         cJSON_Delete(root);
-        return fail_st(&c, PDX_ERR_NOMEM, "out of memory");
+        return kvj_fail_st(&c, PDX_ERR_NOMEM, "out of memory");
     }
     snprintf(tmp->source, sizeof(tmp->source), "%s", c.name);
     st = parse_root(&c, root, tmp);
@@ -1517,7 +885,7 @@ pdx_status_t pdx_kv_config_parse(const char *json, size_t len, const char *name,
 static pdx_status_t config_load(const char *path, pdx_kv_config_t *cfg,
                                 char *err, size_t err_len)
 {
-    cfg_ctx_t c = {.name = path, .err = err, .err_len = err_len};
+    kvj_ctx_t c = {.name = path, .err = err, .err_len = err_len};
     if (err != NULL && err_len > 0)
         err[0] = '\0';
 
@@ -1525,18 +893,19 @@ static pdx_status_t config_load(const char *path, pdx_kv_config_t *cfg,
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
-        return fail_st(&c, e == ENOENT ? PDX_ERR_NOT_FOUND : PDX_ERR_IO,
-                       "cannot open: %s", strerror_r(e, ebuf, sizeof(ebuf)));
+        return kvj_fail_st(&c, e == ENOENT ? PDX_ERR_NOT_FOUND : PDX_ERR_IO,
+                           "cannot open: %s",
+                           strerror_r(e, ebuf, sizeof(ebuf)));
     }
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
-        return fail_st(&c, PDX_ERR_IO, "not a regular file");
+        return kvj_fail_st(&c, PDX_ERR_IO, "not a regular file");
     }
     if (sb.st_size > (off_t)PDX_KV_CONFIG_MAX_BYTES) {
         close(fd);
-        return fail(&c, "%lld bytes, more than the %u a config may have",
-                    (long long)sb.st_size, PDX_KV_CONFIG_MAX_BYTES);
+        return kvj_fail(&c, "%lld bytes, more than the %u a config may have",
+                        (long long)sb.st_size, PDX_KV_CONFIG_MAX_BYTES);
     }
     /* Read to EOF, not to st_size: the file may change under us. */
     size_t cap = (size_t)sb.st_size + 1, len = 0;
@@ -1544,18 +913,18 @@ static pdx_status_t config_load(const char *path, pdx_kv_config_t *cfg,
     pdx_status_t st = PDX_OK;
     if (buf == NULL) {
         close(fd);
-        return fail_st(&c, PDX_ERR_NOMEM, "out of memory");
+        return kvj_fail_st(&c, PDX_ERR_NOMEM, "out of memory");
     }
     for (;;) {
         if (len == cap) {
             if (cap > PDX_KV_CONFIG_MAX_BYTES) {
-                st = fail(&c, "more than the %u bytes a config may have",
-                          PDX_KV_CONFIG_MAX_BYTES);
+                st = kvj_fail(&c, "more than the %u bytes a config may have",
+                              PDX_KV_CONFIG_MAX_BYTES);
                 break;
             }
             char *nb = realloc(buf, cap * 2);
             if (nb == NULL) {
-                st = fail_st(&c, PDX_ERR_NOMEM, "out of memory");
+                st = kvj_fail_st(&c, PDX_ERR_NOMEM, "out of memory");
                 break;
             }
             buf = nb;
@@ -1566,8 +935,8 @@ static pdx_status_t config_load(const char *path, pdx_kv_config_t *cfg,
             continue;
         if (r < 0) {
             int e = errno;
-            st = fail_st(&c, PDX_ERR_IO, "read failed: %s",
-                         strerror_r(e, ebuf, sizeof(ebuf)));
+            st = kvj_fail_st(&c, PDX_ERR_IO, "read failed: %s",
+                             strerror_r(e, ebuf, sizeof(ebuf)));
             break;
         }
         if (r == 0)

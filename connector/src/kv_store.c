@@ -31,6 +31,7 @@
 #include <pdx/store.h>
 #include <pdx/xfer.h>
 
+#include "kv_handoff.h"
 #include "kv_store.h"
 
 #define MSG_FETCH "pdxkv:fetch "
@@ -790,9 +791,7 @@ static void fetch_reject(kv_store_t *s, xfetch_t *x)
     if (x->rid[0] != '\0' && x->owner[0] != '\0' &&
         (x->state == XF_WAIT || x->state == XF_OFFERED ||
          x->state == XF_MATCHED)) {
-        char note[128];
-        snprintf(note, sizeof(note), "pdxkv:reject %s", x->rid);
-        pdx_notif_send(s->agent, x->owner, note, strlen(note));
+        kv_msg_send(s->agent, x->owner, "reject", x->rid);
     }
 }
 
@@ -870,17 +869,6 @@ pdx_status_t kv_store_match(kv_store_t *s, const pdx_kv_request_t *r,
     return st;
 }
 
-static void json_add_u64s(cJSON *obj, const char *name, const uint64_t *v,
-                          size_t n)
-{
-    cJSON *arr = cJSON_AddArrayToObject(obj, name);
-    char buf[24];
-    for (size_t i = 0; arr != NULL && i < n; i++) {
-        snprintf(buf, sizeof(buf), "%" PRIu64, v[i]);
-        cJSON_AddItemToArray(arr, cJSON_CreateString(buf));
-    }
-}
-
 char *kv_store_take_params(kv_store_t *s, const char *req_id)
 {
     if (s == NULL) {
@@ -904,7 +892,7 @@ char *kv_store_take_params(kv_store_t *s, const char *req_id)
             key_hex(&x->keys[i], hex, sizeof(hex));
             cJSON_AddItemToArray(hs, cJSON_CreateString(hex));
         }
-        json_add_u64s(root, "addrs", x->addrs, x->offered);
+        kv_json_add_u64s(root, "addrs", x->addrs, x->offered);
         text = cJSON_PrintUnformatted(root);
         cJSON_Delete(root);
         *pp = x->next;
@@ -1041,9 +1029,7 @@ static void on_offer(kv_store_t *s, const char *peer, char *text)
     if (x == NULL || x->state != XF_WAIT || strcmp(x->owner, peer) != 0) {
         /* Too late (the lookup gave up): free the owner's lease now. */
         if (total > 0 && first == 0) {
-            char note[128];
-            snprintf(note, sizeof(note), "pdxkv:reject %s", rid);
-            pdx_notif_send(s->agent, peer, note, strlen(note));
+            kv_msg_send(s->agent, peer, "reject", rid);
         }
         return;
     }

@@ -106,6 +106,18 @@ PyObject *pdxpy_raise(pdx_status_t st, const char *what, const char *msg)
     return raise_with(pdxpy_exc_for(st), st, msg);
 }
 
+void pdxpy_call_done(pdxpy_call_t *c)
+{
+    if (c->st < 0 && c->err[0] == '\0') {
+        pdxpy_last_error(c->err, sizeof(c->err), c->st, c->what);
+    }
+}
+
+PyObject *pdxpy_call_raise(const pdxpy_call_t *c)
+{
+    return pdxpy_raise(c->st, c->what, c->err[0] ? c->err : NULL);
+}
+
 PyObject *pdxpy_closed(const char *what)
 {
     char buf[256];
@@ -198,8 +210,7 @@ int pdxpy_bytes_arg(PyObject *o, Py_buffer *view, const char **p,
     return 0;
 }
 
-int pdxpy_timeout_arg(PyObject *o, const char *what, int inf_ok,
-                      double *out)
+int pdxpy_timeout_arg(PyObject *o, const char *what, int inf_ok, double *out)
 {
     if (PyBool_Check(o)) {
         PyErr_Format(PyExc_TypeError,
@@ -624,8 +635,7 @@ int pdxpy_mem_from_object(PyObject *o, PyObject *mem_type, PyObject *device,
                              Py_TYPE(o)->tp_name);
                 return -1;
             }
-            if (writable != 1 ||
-                !PyErr_ExceptionMatches(PyExc_BufferError)) {
+            if (writable != 1 || !PyErr_ExceptionMatches(PyExc_BufferError)) {
                 return -1;
             }
             /* Read-only memory is fine as a WRITE source or READ target of
@@ -715,13 +725,13 @@ static PyObject *py_blob_describe(PyObject *self, PyObject *arg)
         return NULL;
     }
     char *text = NULL;
-    char why[512] = "";
-    pdx_status_t st;
-    Py_BEGIN_ALLOW_THREADS st =
-        pdx_blob_describe(v.buf, (size_t)v.len, &text, why, sizeof(why));
-    Py_END_ALLOW_THREADS PyBuffer_Release(&v);
-    if (st != PDX_OK) {
-        return pdxpy_raise(st, "blob_describe", why[0] ? why : NULL);
+    /* The blob's own reason (at most 512 bytes), else pdx_last_error(). */
+    PDXPY_CALL_DECL(call, "blob_describe");
+    PDXPY_CALL(&call,
+               pdx_blob_describe(v.buf, (size_t)v.len, &text, call.err, 512));
+    PyBuffer_Release(&v);
+    if (call.st != PDX_OK) {
+        return pdxpy_call_raise(&call);
     }
     PyObject *r = PyUnicode_FromString(text);
     pdx_blob_free(text);

@@ -58,6 +58,52 @@ int pdxpy_require(const void *fn, const char *name);
 /* Raise the exception class of `st` with `msg` (NULL: pdx_last_error(),
  * else "<what>: <status string>"). Always returns NULL. */
 PyObject *pdxpy_raise(pdx_status_t st, const char *what, const char *msg);
+/* ---- one pdx call with the GIL released
+ *
+ * Every binding of a pdx call that may block does the same: release the
+ * GIL, call, take the error text on this thread before the GIL is back
+ * (once Python code can run, a buffer release or a finalizer, a pdx call
+ * it makes would replace pdx_last_error()), then raise from it:
+ *
+ *     PDXPY_CALL_DECL(call, "describe");
+ *     PDXPY_CALL(&call, pdx_agent_describe(self->h, &blob, &len));
+ *     pdxpy_agent_leave(self);
+ *     if (call.st != PDX_OK) {
+ *         return pdxpy_call_raise(&call);
+ *     }
+ */
+typedef struct pdxpy_call {
+    const char *what; /* names the call where pdx gave no error text */
+    pdx_status_t st;
+    char err[2048]; /* a call that writes its own message may fill it */
+} pdxpy_call_t;
+
+/* Declares `name`, a pdxpy_call_t for the call `what_` (a string that
+ * outlives it). Only err[0] is set: a call on a hot path (Xfer.check)
+ * does not clear 2 KiB each time. */
+#define PDXPY_CALL_DECL(name, what_)                                           \
+    pdxpy_call_t name;                                                         \
+    name.what = (what_);                                                       \
+    name.st = PDX_OK;                                                          \
+    name.err[0] = '\0'
+
+/* Runs `expr`, a pdx call returning pdx_status_t that touches no Python
+ * object, into c->st with the GIL released. */
+#define PDXPY_CALL(c, expr)                                                    \
+    do {                                                                       \
+        Py_BEGIN_ALLOW_THREADS(c)->st = (expr);                                \
+        pdxpy_call_done(c);                                                    \
+        Py_END_ALLOW_THREADS                                                   \
+    } while (0)
+
+/* PDXPY_CALL's tail, without the GIL (also for a loop of calls run under
+ * one Py_BEGIN_ALLOW_THREADS): when c->st < 0 and c->err is empty, the
+ * error text (pdxpy_last_error) into c->err. */
+void pdxpy_call_done(pdxpy_call_t *c);
+/* Raise c->st's exception with c->err (empty: pdx_last_error() now).
+ * Always returns NULL. */
+PyObject *pdxpy_call_raise(const pdxpy_call_t *c);
+
 /* The exception for using a closed or released object. */
 PyObject *pdxpy_closed(const char *what);
 /* Copy pdx_last_error() (or a fallback) into buf. */
@@ -100,8 +146,7 @@ double pdxpy_now(void);
  * +inf allowed (no limit) when `inf_ok`. nan, negative values (-inf too)
  * and +inf where not allowed raise pdx.InvalidArgument naming `what` and
  * the value; a non-number raises TypeError. Returns 0 or -1. */
-int pdxpy_timeout_arg(PyObject *o, const char *what, int inf_ok,
-                      double *out);
+int pdxpy_timeout_arg(PyObject *o, const char *what, int inf_ok, double *out);
 
 /* ---- types */
 
@@ -143,6 +188,79 @@ DescListObject *pdxpy_desclist_new(size_t n, pdx_mem_type_t mt);
 
 int pdxpy_agent_enter(AgentObject *a);
 #define pdxpy_agent_leave(a) ((a)->uses--)
+
+/* ---- the Agent's family across files (agent.c, agent_store.c, memreg.c,
+ * desclist.c, dlist.c, xfer.c, bench.c) */
+
+/* Regions registered readonly=True (at most RO_MAX per agent). */
+enum { RO_MAX = 64 };
+typedef struct ro_ranges {
+    int n;
+    uint64_t lo[RO_MAX], hi[RO_MAX];
+} pdxpy_ro_ranges_t;
+
+/* The PreparedList type (dlist.c). */
+typedef struct DListObject {
+    PyObject_HEAD AgentObject *agent;
+    pdx_dlist_h h;
+    size_t count;
+    int uses;
+    PyObject *peer;
+    uint8_t *ro; /* local lists: 1 per entry in readonly memory, or NULL */
+} DListObject;
+
+/* agent.c: alive (not closing; no reference taken), the name of a memory
+ * type, and a wait of a polling loop: on the agent's event fd for at most
+ * `ms` (the caller released the GIL), then progress if it woke. */
+int pdxpy_agent_alive(AgentObject *a);
+const char *pdxpy_mem_name(pdx_mem_type_t t);
+void pdxpy_agent_sleep(pdx_agent_h h, int ms, int *spins);
+
+/* memreg.c: the agent's read-only regions; whether a descriptor (or which
+ * of n descriptors, -1 none) lands in one, and the exception saying so. */
+void pdxpy_memregs_forget(PyObject *regs);
+void pdxpy_readonly_ranges(AgentObject *a, pdxpy_ro_ranges_t *ro);
+int pdxpy_readonly_hit(const pdxpy_ro_ranges_t *ro, const pdx_desc_t *d);
+Py_ssize_t pdxpy_readonly_overlap(AgentObject *a, const pdx_desc_t *d,
+                                  size_t n);
+PyObject *pdxpy_readonly_refused(const char *what, Py_ssize_t i,
+                                 const pdx_desc_t *d);
+
+/* dlist.c: a call on a prepared list begins (-1 raised when released). */
+int pdxpy_dlist_enter(DListObject *d, const char *which);
+/* xfer.c: "READ"/"WRITE" (or the ints) into *op. */
+int pdxpy_parse_op(PyObject *o, pdx_xfer_op_t *op);
+
+/* Agent methods defined with what they make or use. */
+PyObject *pdxpy_agent_register(AgentObject *self, PyObject *args, PyObject *kw);
+PyObject *pdxpy_agent_deregister(AgentObject *self, PyObject *arg);
+PyObject *pdxpy_agent_prep_dlist(AgentObject *self, PyObject *args,
+                                 PyObject *kw);
+PyObject *pdxpy_agent_make_xfer(AgentObject *self, PyObject *const *args,
+                                Py_ssize_t nargs, PyObject *kwnames);
+PyObject *pdxpy_agent_create_xfer(AgentObject *self, PyObject *args,
+                                  PyObject *kw);
+PyObject *pdxpy_agent_publish(AgentObject *self, PyObject *unused);
+PyObject *pdxpy_agent_fetch_peer(AgentObject *self, PyObject *args,
+                                 PyObject *kw);
+PyObject *pdxpy_agent_store_status(AgentObject *self, PyObject *unused);
+PyObject *pdxpy_agent_bench(AgentObject *self, PyObject *args);
+
+/* ---- the connector's types across files (kvconfig.c, hasher.c, layout.c,
+ * kvconnector.c) */
+
+typedef struct KVConfigObject {
+    PyObject_HEAD pdx_kv_config_t *cfg;
+} KVConfigObject;
+
+typedef struct LayoutObject {
+    PyObject_HEAD pdx_layout_h h;
+    PyObject *keep; /* list: memory owners the arenas point into */
+    int frozen;     /* in use by a connector */
+} LayoutObject;
+
+/* hasher.c: a block hash from its bytes or hex string. */
+int pdxpy_hash_from(PyObject *o, pdx_block_hash_t *h);
 
 PyObject *pdxpy_mem_alloc(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *pdxpy_mem_attach(PyObject *self, PyObject *args, PyObject *kw);

@@ -1,5 +1,5 @@
 /* pdx-validate --multi-node: two prefill and two decode "hosts" (network +
- * pid namespaces joined by veth pairs, tests/store_netns/netns.h), one etcd
+ * pid namespaces joined by veth pairs, testing/netns.h), one etcd
  * on the hub, four glm52-pd-node processes whose configs carry a `store`
  * section and no peer: they find each other only through etcd, by the
  * names in handoff parameters. GLM-5.2 sessions are routed across the

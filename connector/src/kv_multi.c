@@ -1,0 +1,550 @@
+/* The MultiConnector: the connector's entry points per request, routed to
+ * its children (kv_connector_int.h) in config order for a lookup and by
+ * the match's source for a load; the records every child shares (loads,
+ * freed requests, pending lookups) are kept here. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <pdx/log.h>
+#include <pdx/notif.h>
+#include <pdx/xfer.h>
+
+#include "kv_call.h"
+#include "kv_connector_int.h"
+#include "kv_handoff.h"
+
+/* `req` of an entry point, whose id must be valid (logged otherwise). */
+static bool req_arg_ok(pdx_kv_connector_h c, const char *fn,
+                       const pdx_kv_request_t *r)
+{
+    if (!kv_arg_ok(r, fn, "req") || !kv_arg_ok(r->req_id, fn, "req->req_id")) {
+        return false;
+    }
+    if (!kv_valid_req(r->req_id)) {
+        pdx_call_fail(PDX_ERR_INVALID,
+                      "%s: kv connector %s: req->req_id of %zu bytes is not "
+                      "1..%d printable ASCII characters",
+                      fn, c->cfg.agent_name, strnlen(r->req_id, 4096),
+                      PDX_KV_REQ_ID_MAX - 1);
+        return false;
+    }
+    if (r->nfull > 0 && r->hashes == NULL) {
+        pdx_call_fail(PDX_ERR_INVALID, "%s: req->hashes is NULL (nfull %zu)",
+                      fn, r->nfull);
+        return false;
+    }
+    return true;
+}
+
+static size_t cap_tokens(const pdx_kv_request_t *r, size_t tokens)
+{
+    /* The last prompt token is always recomputed: its logits are needed. */
+    size_t limit = r->prompt_tokens > 0 ? r->prompt_tokens - 1 : 0;
+    return tokens < limit ? tokens : limit;
+}
+
+static pdx_status_t lookup(pdx_kv_connector_h c, const pdx_kv_request_t *r,
+                           pdx_kv_match_t *match_p)
+{
+    pdx_kv_match_t m = {0};
+    pdx_status_t st = PDX_OK;
+    if (c->store != NULL && r->params != NULL) {
+        /* The handoff's agent, by name through the store (bounded). */
+        kv_store_discover(c->store, r->params);
+    }
+    pthread_mutex_lock(&c->lock);
+    /* The first child in config order that matches anything wins. */
+    for (uint32_t i = 0; i < c->cfg.nchildren && m.blocks == 0 && !m.tail;
+         i++) {
+        kv_child_t *ch = c->order[i];
+        if (ch == NULL || ch->ops->lookup == NULL) {
+            continue;
+        }
+        st = ch->ops->lookup(ch, r, &m);
+        if (st != PDX_OK) {
+            break;
+        }
+    }
+    if (st == PDX_OK) {
+        kv_pending_forget(&c->pending, r->req_id);
+        m.tokens = cap_tokens(r, m.blocks * c->block_tokens +
+                                     (m.tail ? r->tail_tokens : 0));
+        *match_p = m;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+pdx_status_t pdx_kv_lookup(pdx_kv_connector_h c, const pdx_kv_request_t *r,
+                           pdx_kv_match_t *match_p)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !req_arg_ok(c, __func__, r) ||
+        !KV_ARG_OK(match_p, "match_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    KV_LEAVE(lookup(c, r, match_p));
+}
+
+static kv_load_t *find_load(pdx_kv_connector_h c, const char *req)
+{
+    for (kv_load_t *l = c->loads; l != NULL; l = l->next) {
+        if (strcmp(l->req, req) == 0) {
+            return l;
+        }
+    }
+    return NULL;
+}
+
+static kv_child_t *child_of_source(pdx_kv_connector_h c, pdx_kv_source_t s)
+{
+    return s == PDX_KV_SOURCE_REMOTE    ? c->remote_child
+           : s == PDX_KV_SOURCE_OFFLOAD ? c->offload_child
+                                        : NULL;
+}
+
+static pdx_status_t load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
+                         const pdx_kv_match_t *m, const uint64_t *ids)
+{
+    pdx_status_t st, prepared = PDX_OK;
+    kv_child_t *ch = child_of_source(c, m->source);
+    if (ch != NULL && ch->ops->load_prepare != NULL &&
+        (m->blocks > 0 || m->tail)) {
+        prepared = ch->ops->load_prepare(ch, r, m, ids); /* no lock */
+    }
+    pthread_mutex_lock(&c->lock);
+    if (find_load(c, r->req_id) != NULL) {
+        pthread_mutex_unlock(&c->lock);
+        pdx_error("kv: load %s: already loading", r->req_id);
+        return PDX_ERR_EXISTS;
+    }
+    kv_load_t *rec = calloc(1, sizeof(*rec));
+    if (rec == NULL) {
+        pthread_mutex_unlock(&c->lock);
+        pdx_error("kv connector %s: load %s: out of memory",
+                  c->cfg.agent_name, r->req_id);
+        return PDX_ERR_NOMEM;
+    }
+    snprintf(rec->req, sizeof(rec->req), "%s", r->req_id);
+    rec->tokens = m->tokens;
+    pdx_kv_request_t r2 = *r;
+    char *xparams = NULL;
+    ch = NULL;
+    if (m->blocks == 0 && !m->tail) {
+        rec->status = PDX_OK;
+    } else if (m->source == PDX_KV_SOURCE_REMOTE && c->store != NULL &&
+               (xparams = kv_store_take_params(c->store, r->req_id)) !=
+                   NULL) {
+        /* The offload child's cross-node hit: a handoff from the owner's
+         * pool, through the store. */
+        r2.params = xparams;
+        ch = c->offload_child;
+    } else if (m->source == PDX_KV_SOURCE_REMOTE && r->params != NULL) {
+        ch = c->remote_child;
+    } else if (m->source == PDX_KV_SOURCE_OFFLOAD) {
+        ch = c->offload_child;
+    }
+    if (m->blocks == 0 && !m->tail) {
+        st = PDX_OK;
+    } else if (ch != NULL && ch->ops->load != NULL) {
+        rec->child = ch;
+        st = ch->ops->load(ch, &r2, m, ids, prepared, rec);
+    } else {
+        pdx_error("kv connector %s: load %s: match source %d has no child "
+                  "here to load from (remote needs req->params and a remote "
+                  "child, offload an offload child)",
+                  c->cfg.agent_name, r->req_id, (int)m->source);
+        st = PDX_ERR_INVALID;
+    }
+    free(xparams);
+    if (st != PDX_OK && st != PDX_ERR_NOT_FOUND) {
+        free(rec);
+        pthread_mutex_unlock(&c->lock);
+        return st;
+    }
+    if (st == PDX_ERR_NOT_FOUND) {
+        rec->status = st; /* reported by load_check under the policy */
+    }
+    rec->next = c->loads;
+    c->loads = rec;
+    pthread_mutex_unlock(&c->lock);
+    return PDX_OK;
+}
+
+pdx_status_t pdx_kv_load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
+                         const pdx_kv_match_t *m, const uint64_t *ids)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !req_arg_ok(c, __func__, r) ||
+        !KV_ARG_OK(m, "match")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if ((m->blocks > 0 || m->tail) && !KV_ARG_OK(ids, "block_ids")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if (m->blocks > r->nfull || (m->tail && !r->has_tail)) {
+        pdx_error("kv connector %s: load %s: match of %zu blocks%s exceeds "
+                  "the request's %zu blocks%s",
+                  c->cfg.agent_name, r->req_id, m->blocks,
+                  m->tail ? " and a tail" : "", r->nfull,
+                  r->has_tail ? " and a tail" : "");
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    KV_LEAVE(load(c, r, m, ids));
+}
+
+pdx_status_t pdx_kv_load_abort(pdx_kv_connector_h c, const char *req_id)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !KV_ARG_OK(req_id, "req_id")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    pthread_mutex_lock(&c->lock);
+    kv_load_t *l = find_load(c, req_id);
+    if (l == NULL || l->aborted) {
+        bool aborting = l != NULL;
+        pthread_mutex_unlock(&c->lock);
+        pdx_error("kv connector %s: load abort: %s request %.*s",
+                  c->cfg.agent_name,
+                  aborting ? "already aborting the load of"
+                           : "no load is known of",
+                  PDX_KV_REQ_ID_MAX, req_id);
+        KV_LEAVE(PDX_ERR_NOT_FOUND);
+    }
+    l->aborted = true;
+    if (l->xfer != NULL) {
+        /* Asked, not waited for: the peer may still be answering, and
+         * waiting here would hold every lock of this node meanwhile. */
+        pdx_xfer_abort(l->xfer);
+        if (l->peer[0] != '\0') {
+            kv_msg_send(c->agent, l->peer, "reject", l->peer_req);
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    KV_LEAVE(PDX_OK);
+}
+
+static pdx_status_t load_check(pdx_kv_connector_h c, const char *req_id,
+                               size_t *tokens_p)
+{
+    pthread_mutex_lock(&c->lock);
+    kv_load_t **pp = &c->loads;
+    while (*pp != NULL && strcmp((*pp)->req, req_id) != 0) {
+        pp = &(*pp)->next;
+    }
+    kv_load_t *l = *pp;
+    if (l == NULL) {
+        pthread_mutex_unlock(&c->lock);
+        pdx_error("kv connector %s: load check: no load of request %.*s is "
+                  "known",
+                  c->cfg.agent_name, PDX_KV_REQ_ID_MAX, req_id);
+        return PDX_ERR_NOT_FOUND;
+    }
+    pdx_status_t st = l->child != NULL && l->child->ops->load_check != NULL
+                          ? l->child->ops->load_check(l->child, l)
+                          : l->status;
+    if (st == PDX_INPROGRESS) {
+        pthread_mutex_unlock(&c->lock);
+        return st;
+    }
+    *pp = l->next;
+    size_t tokens = l->tokens;
+    if (l->aborted) {
+        /* Final: no byte lands any more; the blocks are the caller's. The
+         * load may have completed first (PDX_OK, data valid). */
+        free(l);
+        pthread_mutex_unlock(&c->lock);
+        if (st == PDX_OK) {
+            *tokens_p = tokens;
+            return PDX_OK;
+        }
+        pdx_error("kv connector %s: load %.*s: aborted (%s when it stopped)",
+                  c->cfg.agent_name, PDX_KV_REQ_ID_MAX, req_id,
+                  pdx_status_string(st));
+        return PDX_ERR_CANCELED;
+    }
+    if (st != PDX_OK) {
+        /* The remote child's failure policy is the connector's. */
+        pdx_warn("kv: load %s failed: %s (policy %s)", req_id,
+                 pdx_status_string(st),
+                 c->remote && c->remote->failure_policy == PDX_KV_FAIL_FAIL
+                     ? "fail" : "recompute");
+        if (l->peer[0] != '\0') {
+            kv_msg_send(c->agent, l->peer, "reject", l->peer_req);
+        }
+        if (c->remote == NULL ||
+            c->remote->failure_policy == PDX_KV_FAIL_RECOMPUTE) {
+            st = PDX_OK;
+            tokens = 0;
+        }
+    }
+    free(l);
+    pthread_mutex_unlock(&c->lock);
+    if (st == PDX_OK) {
+        *tokens_p = tokens;
+    }
+    return st;
+}
+
+pdx_status_t pdx_kv_load_check(pdx_kv_connector_h c, const char *req_id,
+                               size_t *tokens_p)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !KV_ARG_OK(req_id, "req_id") ||
+        !KV_ARG_OK(tokens_p, "tokens_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    KV_LEAVE(load_check(c, req_id, tokens_p));
+}
+
+pdx_status_t pdx_kv_save(pdx_kv_connector_h c, const pdx_kv_request_t *r,
+                         const uint64_t *ids)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !req_arg_ok(c, __func__, r)) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if ((r->nfull > 0 || r->has_tail) && !KV_ARG_OK(ids, "block_ids")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    kv_child_t *ch = c->offload_child;
+    if (ch == NULL || ch->ops->save == NULL) {
+        KV_LEAVE(PDX_OK); /* no child saves */
+    }
+    pthread_mutex_lock(&c->lock);
+    pdx_status_t st = ch->ops->save(ch, r, ids);
+    pthread_mutex_unlock(&c->lock);
+    KV_LEAVE(st);
+}
+
+pdx_status_t pdx_kv_save_check(pdx_kv_connector_h c, const char *req_id)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !KV_ARG_OK(req_id, "req_id")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    kv_child_t *ch = c->offload_child;
+    pdx_status_t st = PDX_OK;
+    pthread_mutex_lock(&c->lock);
+    if (ch != NULL && ch->ops->save_check != NULL) {
+        st = ch->ops->save_check(ch, req_id);
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (st < 0) {
+        pdx_error("kv connector %s: save %.*s failed: %s", c->cfg.agent_name,
+                  PDX_KV_REQ_ID_MAX, req_id, pdx_status_string(st));
+    }
+    KV_LEAVE(st);
+}
+
+/* The remote child writes the handoff; the offload child adds its part
+ * first (from the pool: the slots it leases). */
+static pdx_status_t request_finished(pdx_kv_connector_h c,
+                                     const pdx_kv_request_t *r,
+                                     const uint64_t *ids, size_t tokens,
+                                     pdx_kv_handoff_from_t from,
+                                     char **params_p)
+{
+    if (c->remote_child == NULL) {
+        pdx_error("kv: request_finished %s: no remote child configured",
+                  r->req_id);
+        return PDX_ERR_UNSUPPORTED;
+    }
+    if (from == PDX_KV_FROM_POOL && c->pool == NULL) {
+        pdx_error("kv connector %s: request_finished %s: a handoff from the "
+                  "pool needs an offload child",
+                  c->cfg.agent_name, r->req_id);
+        return PDX_ERR_UNSUPPORTED;
+    }
+    kv_finish_t f = {.r = r, .ids = ids, .tokens = tokens, .from = from};
+    kv_child_t *parts[] = {c->offload_child, c->remote_child};
+    pdx_status_t st = PDX_OK;
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]) && st == PDX_OK;
+         i++) {
+        kv_child_t *ch = parts[i];
+        if (ch != NULL && ch->ops->request_finished != NULL) {
+            st = ch->ops->request_finished(ch, &f);
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (st == PDX_ERR_NOMEM) {
+        pdx_error("kv connector %s: request_finished %s: out of memory",
+                  c->cfg.agent_name, r->req_id);
+    }
+    if (f.lease != NULL) { /* not taken by a held handoff */
+        pdx_offload_release(c->pool, f.lease);
+    }
+    free(f.addrs);
+    if (st == PDX_OK) {
+        *params_p = f.params;
+    }
+    return st;
+}
+
+pdx_status_t pdx_kv_request_finished(pdx_kv_connector_h c,
+                                     const pdx_kv_request_t *r,
+                                     const uint64_t *ids, size_t tokens,
+                                     pdx_kv_handoff_from_t from,
+                                     char **params_p)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !req_arg_ok(c, __func__, r) ||
+        !KV_ARG_OK(params_p, "params_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if (from != PDX_KV_FROM_ARENA && from != PDX_KV_FROM_POOL) {
+        pdx_call_fail(PDX_ERR_INVALID,
+                      "%s: from %d is not a pdx_kv_handoff_from_t", __func__,
+                      (int)from);
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if (from == PDX_KV_FROM_ARENA && (r->nfull > 0 || r->has_tail) &&
+        !KV_ARG_OK(ids, "block_ids")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    KV_LEAVE(request_finished(c, r, ids, tokens, from, params_p));
+}
+
+pdx_status_t pdx_kv_reject(pdx_kv_connector_h c, const char *params)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !KV_ARG_OK(params, "params")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    kv_handoff_t h;
+    pdx_status_t st = kv_handoff_parse(params, c->narenas, &h);
+    if (st != PDX_OK) {
+        KV_LEAVE(st);
+    }
+    if (c->store != NULL) {
+        kv_store_discover(c->store, params); /* the holder, by name */
+    }
+    st = kv_msg_send(c->agent, h.agent, "reject", h.req);
+    if (st != PDX_OK) {
+        pdx_error("kv connector %s: reject of %s: cannot notify %s: %s",
+                  c->cfg.agent_name, h.req, h.agent, pdx_status_string(st));
+    }
+    kv_handoff_free(&h);
+    KV_LEAVE(st);
+}
+
+static void on_notif(void *arg, const char *peer, const void *msg, size_t len)
+{
+    pdx_kv_connector_h c = arg; /* c->lock is held by pdx_kv_progress */
+    if (kv_store_on_note(c->store, peer, msg, len)) {
+        return; /* cross-node offload messages */
+    }
+    char verb[16], req[PDX_KV_REQ_ID_MAX];
+    int k = kv_msg_parse(msg, len, verb, req);
+    if (k < 0) {
+        pdx_debug("kv: ignoring a %zu-byte message from %s", len, peer);
+    }
+    if (k <= 0) {
+        return;
+    }
+    for (uint32_t i = 0; i < c->cfg.nchildren; i++) {
+        kv_child_t *ch = c->order[i];
+        if (ch != NULL && ch->ops->on_message != NULL &&
+            ch->ops->on_message(ch, peer, verb, req)) {
+            return;
+        }
+    }
+    pdx_debug("kv: %s for unknown request %s from %s", verb, req, peer);
+}
+
+int pdx_kv_progress(pdx_kv_connector_h c)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c)) {
+        KV_LEAVE_INT(PDX_ERR_INVALID);
+    }
+    int events = 0;
+    pthread_mutex_lock(&c->lock);
+    events += pdx_notif_poll(c->agent, on_notif, c);
+    bool check_dead = false;
+    events += kv_store_progress(c->store, &check_dead);
+    uint64_t now = kv_now_ns();
+    kv_child_t *timers[] = {c->remote_child, c->offload_child};
+    for (size_t i = 0; i < sizeof(timers) / sizeof(timers[0]); i++) {
+        kv_child_t *ch = timers[i];
+        if (ch != NULL && ch->ops->progress != NULL) {
+            events += ch->ops->progress(ch, now, check_dead);
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    KV_LEAVE_INT(events);
+}
+
+int pdx_kv_poll_freed(pdx_kv_connector_h c, pdx_kv_freed_cb_t cb, void *arg)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c)) {
+        KV_LEAVE_INT(PDX_ERR_INVALID);
+    }
+    pthread_mutex_lock(&c->lock);
+    kv_freed_t *list = c->freed;
+    c->freed = c->freed_tail = NULL;
+    pthread_mutex_unlock(&c->lock);
+    int n = 0;
+    while (list != NULL) {
+        kv_freed_t *f = list;
+        list = f->next;
+        if (cb != NULL) {
+            /* The caller's code: its own pdx calls record their own
+             * errors, not this call's. */
+            int d = pdx_call_suspend();
+            cb(arg, f->req, f->why);
+            pdx_call_resume(d);
+        }
+        free(f);
+        n++;
+    }
+    KV_LEAVE_INT(n);
+}
+
+size_t pdx_kv_held_requests(pdx_kv_connector_h c)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c)) {
+        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    }
+    size_t n = 0;
+    pthread_mutex_lock(&c->lock);
+    if (c->remote_child != NULL) {
+        n = kv_remote_held(c->remote_child);
+    }
+    pthread_mutex_unlock(&c->lock);
+    KV_LEAVE_VAL(PDX_OK, n);
+}
+
+pdx_status_t pdx_kv_offload_stats(pdx_kv_connector_h c,
+                                  pdx_offload_stats_t *stats_p)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !KV_ARG_OK(stats_p, "stats_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if (c->pool == NULL) {
+        pdx_error("kv connector %s: offload stats: no offload child",
+                  c->cfg.agent_name);
+        KV_LEAVE(PDX_ERR_NOT_FOUND);
+    }
+    KV_LEAVE(pdx_offload_stats(c->pool, stats_p));
+}
+
+pdx_status_t pdx_kv_store_stats(pdx_kv_connector_h c,
+                                pdx_kv_store_stats_t *stats_p)
+{
+    KV_ENTER();
+    if (!KV_CONN_OK(c) || !KV_ARG_OK(stats_p, "stats_p")) {
+        KV_LEAVE(PDX_ERR_INVALID);
+    }
+    if (c->store == NULL) {
+        pdx_error("kv connector %s: store stats: no store section",
+                  c->cfg.agent_name);
+        KV_LEAVE(PDX_ERR_NOT_FOUND);
+    }
+    kv_store_stats(c->store, stats_p);
+    KV_LEAVE(PDX_OK);
+}
