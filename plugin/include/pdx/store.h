@@ -113,6 +113,12 @@ typedef struct pdx_store_status {
     uint32_t watches_down;  /* of those, waiting to reconnect */
     char endpoint[128];     /* endpoint in use */
     char last_error[256];   /* the last failure, "" if none */
+    /* Added with issue 22 (a module built before leaves them as the caller
+     * set them: zero the struct first). */
+    uint64_t events;        /* watch events reported to the host */
+    uint64_t event_bytes;   /* their key and value bytes */
+    uint64_t keepalives;    /* lease renewals sent */
+    uint64_t lease_late_ms; /* worst delay of a renewal past its schedule */
 } pdx_store_status_t;
 
 typedef enum pdx_store_event_type {
@@ -157,6 +163,10 @@ typedef struct pdx_store_host {
 /* Report every key under the prefix as a PUT first (PDX_STORE_EVF_RESYNC
  * set), then the changes after that listing. */
 #define PDX_STORE_WATCH_INITIAL (1u << 0)
+/* Watch exactly the key `prefix`, not every key starting with it. With
+ * INITIAL: its current value first (a PUT, RESYNC set), if it has one.
+ * The etcd store carries every key watch of a process on one stream. */
+#define PDX_STORE_WATCH_KEY (1u << 1)
 
 /* Owners of one block, for owners_get. */
 typedef void (*pdx_store_owner_cb_t)(void *arg, size_t index,
