@@ -487,8 +487,16 @@ static void publish_step(struct pdx_store_agent *g, uint64_t now)
     if (st == PDX_OK) {
         st = g->ops->put(g->st, key, blob, len, PDX_STORE_PUT_LEASED);
     }
-    free(blob);
     pthread_mutex_lock(&g->lock);
+    cached_t *self = st == PDX_OK ? cache_find(g, a->name) : NULL;
+    if (self != NULL && self->self) {
+        /* What it published, as the store holds it (the watch of its
+         * own key replaces it with the store's revision). */
+        pdx_blob_t b = {.instance = a->instance, .generation = gen};
+        cache_blob_locked(g, self, &b, blob, len,
+                          self->blob ? self->revision : 0);
+    }
+    free(blob);
     if (st == PDX_OK || st == PDX_INPROGRESS) {
         /* INPROGRESS: the module holds it and publishes when it can. */
         g->published_any = true;

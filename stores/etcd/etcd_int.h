@@ -117,7 +117,8 @@ typedef struct etcd_client {
     CURL *mh;
     struct etcd_store *mrep;  /* member whose settings opened it */
     etcd_buf_t mrx;
-    char *mbody;
+    char *mbody;              /* gRPC frames of the open stream */
+    size_t mbody_len;
     bool mdirty, mbroken;
     uint64_t mretry_at_ns, mopened_ns;
     uint32_t mbackoff_ms;
@@ -289,5 +290,25 @@ int etcd_pb_txn(const uint8_t *p, size_t n, int64_t *rev_p,
 int64_t etcd_pb_range_count(const uint8_t *p, size_t n);
 void etcd_pb_range_keys(const uint8_t *p, size_t n, etcd_pb_key_cb_t cb,
                         void *arg);
+
+/* Watch over gRPC (the key-watch stream): a WatchRequest with one
+ * create_request appended to `out` as a gRPC frame; a WatchResponse
+ * decoded into w, cb(arg, ev) per event (key and value point into p).
+ * Returns the number of events, -1 when malformed. */
+typedef struct etcd_pb_watch {
+    int64_t revision, watch_id, compact_revision;
+    bool created, canceled;
+} etcd_pb_watch_t;
+typedef struct etcd_pb_event {
+    bool is_delete;
+    const uint8_t *key, *value;
+    size_t key_len, value_len;
+    int64_t mod_revision, lease;
+} etcd_pb_event_t;
+typedef void (*etcd_pb_event_cb_t)(void *arg, const etcd_pb_event_t *ev);
+void etcd_pb_watch_create(etcd_buf_t *out, const char *key, int64_t start,
+                          int64_t watch_id);
+int etcd_pb_watch_resp(const uint8_t *p, size_t n, etcd_pb_watch_t *w,
+                       etcd_pb_event_cb_t cb, void *arg);
 
 #endif

@@ -25,6 +25,8 @@
 #define LIST_PAGE 512    /* keys a listing request */
 #define MUX_GAP_MS 50    /* key-watch stream reopened at most this often */
 #define LEASE_BATCH 64   /* renewals in one keepalive request */
+#define MUX_CREATE_WAIT_MS 5000 /* every key acknowledged by then */
+#define MUX_MSG_MAX (64u << 20) /* largest WatchResponse taken */
 #define IDLE_WAIT_MS 600000 /* an idle client thread sleeps at most this */
 
 static pthread_once_t g_curl_once = PTHREAD_ONCE_INIT;
@@ -597,9 +599,9 @@ static void stream_open(etcd_store_t *s, etcd_watch_t *w)
 
 /* ---- key watches: one multiplexed stream per client ----
  *
- * Every watched key of every member goes in one /v3/watch request: one
- * create_request a line, each with its own watch_id (the gateway reads
- * the body as a stream of requests). When the set of keys changes the
+ * Every watched key of every member goes in one gRPC Watch call: one
+ * WatchRequest frame a key, each with its own watch_id (etcd keeps the
+ * watches of a half-closed stream). When the set of keys changes the
  * stream is reopened with the new set (at most every MUX_GAP_MS), each key
  * from the revision after the last one it reported, so nothing is lost;
  * duplicates are dropped per subscriber by revision. */
@@ -809,6 +811,27 @@ static etcd_store_t *first_member(etcd_client_t *c)
     return s;
 }
 
+static size_t mux_header(char *p, size_t size, size_t n, void *arg)
+{
+    etcd_client_t *c = arg;
+    size_t len = size * n;
+    static const char gs[] = "grpc-status:";
+    if (len > sizeof(gs) - 1 && strncasecmp(p, gs, sizeof(gs) - 1) == 0) {
+        int code = atoi(p + sizeof(gs) - 1);
+        if (code != 0) {
+            pdx_warn("store etcd: key-watch stream ended by etcd: grpc-status "
+                     "%d", code);
+            if (code == 16 && c->mrep != NULL) {
+                etcd_auth_invalidate(c->mrep);
+            }
+        }
+    }
+    return len;
+}
+
+/* Open the stream: etcd's gRPC Watch over HTTP/2, one WatchRequest frame
+ * a key. (The JSON gateway drops the create requests of a body it has
+ * not read when it starts answering: one per stream only.) */
 static void mux_open(etcd_client_t *c)
 {
     etcd_store_t *rep = first_member(c);
@@ -828,26 +851,10 @@ static void mux_open(etcd_client_t *c)
         kw->pos = start;
         kw->created = false;
         kw->wid = ++wid;
-        char *kb = etcd_b64_enc(kw->full, strlen(kw->full));
-        char line[PDX_STORE_KEY_MAX * 2 + 256];
-        int n = kb ? snprintf(line, sizeof(line),
-                              "{\"create_request\":{\"key\":\"%s\","
-                              "\"watch_id\":\"%llu\"", kb,
-                              (unsigned long long)kw->wid) : -1;
-        free(kb);
-        if (n < 0 || (size_t)n >= sizeof(line) - 64) {
-            etcd_buf_free(&body);
-            mux_retry_later(c, rep);
-            return;
-        }
-        if (start > 0) {
-            n += snprintf(line + n, sizeof(line) - (size_t)n,
-                          ",\"start_revision\":\"%lld\"", (long long)start);
-        }
-        n += snprintf(line + n, sizeof(line) - (size_t)n, "}}\n");
-        etcd_buf_add(&body, line, (size_t)n);
+        etcd_pb_watch_create(&body, kw->full, start, (int64_t)kw->wid);
     }
     c->mbody = body.data;
+    c->mbody_len = body.len;
     c->mh = c->mbody ? curl_easy_init() : NULL;
     if (c->mh == NULL) {
         mux_close(c);
@@ -855,12 +862,40 @@ static void mux_open(etcd_client_t *c)
         return;
     }
     pthread_mutex_lock(&rep->lock);
-    const char *endpoint = rep->endpoints[rep->ep];
+    char url[512];
+    snprintf(url, sizeof(url), "%s/etcdserverpb.Watch/Watch",
+             rep->endpoints[rep->ep]);
+    bool tls = strncmp(rep->endpoints[rep->ep], "https://", 8) == 0;
+    char endpoint[256];
+    snprintf(endpoint, sizeof(endpoint), "%s", rep->endpoints[rep->ep]);
     pthread_mutex_unlock(&rep->lock);
-    etcd_easy_setup(rep, c->mh, endpoint, "/v3/watch", c->mbody, NULL, 0);
-    curl_easy_setopt(c->mh, CURLOPT_WRITEFUNCTION, mux_data);
-    curl_easy_setopt(c->mh, CURLOPT_WRITEDATA, c);
-    curl_easy_setopt(c->mh, CURLOPT_PRIVATE, NULL);
+    CURL *h = c->mh;
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTP_VERSION,
+                     tls ? (long)CURL_HTTP_VERSION_2TLS
+                         : (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE);
+    curl_easy_setopt(h, CURLOPT_POST, 1L);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, c->mbody);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)c->mbody_len);
+    etcd_auth_ensure(rep, endpoint);
+    pthread_mutex_lock(&rep->lock);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, rep->ghdrs);
+    pthread_mutex_unlock(&rep->lock);
+    etcd_tls_setup(rep, h);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, mux_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, c);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, mux_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, c);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)rep->timeout_ms);
+    /* A connection of its own: curl 7.88 fails streams that share a
+     * prior-knowledge h2c connection ("Error in the HTTP2 framing
+     * layer"). */
+    curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
+    curl_easy_setopt(h, CURLOPT_FORBID_REUSE, 1L);
+    curl_easy_setopt(h, CURLOPT_PRIVATE, NULL);
     if (curl_multi_add_handle(c->multi, c->mh) != CURLM_OK) {
         mux_close(c);
         mux_retry_later(c, rep);
@@ -869,8 +904,8 @@ static void mux_open(etcd_client_t *c)
     c->mrep = rep;
     c->mopened_ns = etcd_now_ns();
     c->mopens++;
-    pdx_debug("store etcd: key-watch stream opened with %u key(s)",
-              c->nkeys);
+    pdx_debug("store etcd: key-watch stream opened with %u key(s) (agent %s "
+              "and %u more)", c->nkeys, rep->host.agent_name, c->refs - 1);
 }
 
 static etcd_kw_t *kw_by_wid(etcd_client_t *c, uint64_t wid)
@@ -883,36 +918,62 @@ static etcd_kw_t *kw_by_wid(etcd_client_t *c, uint64_t wid)
     return NULL;
 }
 
-static void mux_line(void *arg, const char *line, size_t n)
+typedef struct mux_ev_ctx {
+    etcd_client_t *c;
+    etcd_kw_t *kw;
+} mux_ev_ctx_t;
+
+static void mux_event(void *arg, const etcd_pb_event_t *ev)
 {
-    etcd_client_t *c = arg;
-    cJSON *j = cJSON_ParseWithLength(line, n);
-    const cJSON *res = cJSON_GetObjectItemCaseSensitive(j, "result");
-    if (!cJSON_IsObject(res)) {
-        const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
-        const cJSON *m = cJSON_GetObjectItemCaseSensitive(e, "message");
-        pdx_warn("store etcd: key-watch stream error: %s",
-                 cJSON_IsString(m) ? m->valuestring : "unparsable message");
+    mux_ev_ctx_t *x = arg;
+    etcd_kw_t *kw = x->kw;
+    int64_t mrev = ev->mod_revision;
+    if (mrev <= 0 || (kw->pos > 0 && mrev < kw->pos)) {
+        return; /* reported before the stream was reopened */
+    }
+    if (ev->key_len != strlen(kw->full) ||
+        memcmp(ev->key, kw->full, ev->key_len) != 0) {
+        return; /* another key than the one asked for: untrusted */
+    }
+    kw->pos = mrev + 1;
+    pdx_debug("store etcd: key watch %s: %s at revision %lld", kw->full,
+              ev->is_delete ? "delete" : "put", (long long)mrev);
+    for (etcd_watch_t *w = kw->subs; w != NULL; w = w->kw_next) {
+        if (w->need_resync || mrev < w->next_rev) {
+            continue;
+        }
+        queue_event(w->owner, w->id,
+                    ev->is_delete ? PDX_STORE_EV_DELETE : PDX_STORE_EV_PUT, 0,
+                    w->prefix, ev->is_delete ? NULL : ev->value,
+                    ev->is_delete ? 0 : ev->value_len, mrev, ev->lease);
+        w->next_rev = mrev + 1;
+        w->known_rev = ev->is_delete ? 0 : mrev;
+    }
+}
+
+/* One WatchResponse of the stream (untrusted bytes). */
+static void mux_msg(etcd_client_t *c, const uint8_t *p, size_t n)
+{
+    etcd_pb_watch_t wr;
+    if (etcd_pb_watch_resp(p, n, &wr, NULL, NULL) < 0) {
+        pdx_warn("store etcd: key-watch stream: malformed message (%zu "
+                 "bytes): reopening", n);
         mux_retry_later(c, c->mrep);
-        cJSON_Delete(j);
         return;
     }
-    int64_t hrev = etcd_json_i64(
-        cJSON_GetObjectItemCaseSensitive(res, "header"), "revision");
-    if (hrev > 0 && c->mrep != NULL) {
-        etcd_note_ok(c->mrep, hrev);
+    if (wr.revision > 0 && c->mrep != NULL) {
+        etcd_note_ok(c->mrep, wr.revision);
     }
-    int64_t wid = etcd_json_i64(res, "watch_id");
-    etcd_kw_t *kw = wid > 0 ? kw_by_wid(c, (uint64_t)wid) : NULL;
+    etcd_kw_t *kw = wr.watch_id > 0 ? kw_by_wid(c, (uint64_t)wr.watch_id)
+                                    : NULL;
     if (kw == NULL) {
-        cJSON_Delete(j);
-        return; /* not one of ours (untrusted), or a key dropped since */
+        return; /* not one of ours, or a key dropped since */
     }
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "created"))) {
+    if (wr.created) {
         kw->created = true;
         c->mbackoff_ms = 0;
         if (kw->pos == 0) {
-            kw->pos = hrev + 1;
+            kw->pos = wr.revision + 1;
         }
         for (etcd_watch_t *w = kw->subs; w != NULL; w = w->kw_next) {
             if (!w->need_resync && w->next_rev == 0) {
@@ -921,12 +982,11 @@ static void mux_line(void *arg, const char *line, size_t n)
         }
         mux_set_up(c, kw, true);
     }
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "canceled"))) {
-        int64_t compact = etcd_json_i64(res, "compact_revision");
-        if (compact > 0) {
+    if (wr.canceled) {
+        if (wr.compact_revision > 0) {
             pdx_info("store etcd: key watch %s: revision %lld was compacted "
                      "(oldest kept %lld): reading the key instead", kw->full,
-                     (long long)kw->pos, (long long)compact);
+                     (long long)kw->pos, (long long)wr.compact_revision);
             for (etcd_watch_t *w = kw->subs; w != NULL; w = w->kw_next) {
                 w->need_resync = true;
             }
@@ -939,46 +999,10 @@ static void mux_line(void *arg, const char *line, size_t n)
         }
         mux_set_up(c, kw, false);
         kw->created = false;
-        cJSON_Delete(j);
         return;
     }
-    const cJSON *ev;
-    cJSON_ArrayForEach(ev, cJSON_GetObjectItemCaseSensitive(res, "events"))
-    {
-        const cJSON *kv = cJSON_GetObjectItemCaseSensitive(ev, "kv");
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(ev, "type");
-        bool del = cJSON_IsString(t) && strcmp(t->valuestring, "DELETE") == 0;
-        int64_t mrev = etcd_json_i64(kv, "mod_revision");
-        if (mrev <= 0 || (kw->pos > 0 && mrev < kw->pos)) {
-            continue;
-        }
-        kw->pos = mrev + 1;
-        const cJSON *k = cJSON_GetObjectItemCaseSensitive(kv, "key");
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(kv, "value");
-        size_t klen = 0, vlen = 0;
-        char *key = cJSON_IsString(k) ? etcd_b64_dec(k->valuestring, &klen)
-                                      : NULL;
-        if (key == NULL || strcmp(key, kw->full) != 0) {
-            free(key);
-            continue; /* another key than the one asked for: untrusted */
-        }
-        void *val = !del && cJSON_IsString(v)
-                        ? etcd_b64_dec(v->valuestring, &vlen) : NULL;
-        int64_t lease = etcd_json_i64(kv, "lease");
-        for (etcd_watch_t *w = kw->subs; w != NULL; w = w->kw_next) {
-            if (w->need_resync || mrev < w->next_rev) {
-                continue;
-            }
-            queue_event(w->owner, w->id,
-                        del ? PDX_STORE_EV_DELETE : PDX_STORE_EV_PUT, 0,
-                        w->prefix, val, val ? vlen : 0, mrev, lease);
-            w->next_rev = mrev + 1;
-            w->known_rev = del ? 0 : mrev;
-        }
-        free(key);
-        free(val);
-    }
-    cJSON_Delete(j);
+    mux_ev_ctx_t x = {c, kw};
+    etcd_pb_watch_resp(p, n, &wr, mux_event, &x);
 }
 
 static bool mux_stop(void *arg)
@@ -999,12 +1023,55 @@ static void mux_step(etcd_client_t *c, uint64_t now)
             return;
         }
     }
+    /* Every key acknowledged (created) within the wait, else the stream is
+     * not to be trusted: reopened. */
+    if (c->mh != NULL && !c->mbroken && !c->mdirty &&
+        now >= c->mopened_ns + (uint64_t)MUX_CREATE_WAIT_MS * 1000000ull) {
+        for (etcd_kw_t *kw = c->keys; kw != NULL; kw = kw->next) {
+            if (!kw->created) {
+                pdx_warn("store etcd: key watch %s not created by etcd "
+                         "within %u ms: reopening the stream", kw->full,
+                         MUX_CREATE_WAIT_MS);
+                c->mbroken = true;
+                break;
+            }
+        }
+    }
     bool gap_ok = c->mh == NULL || c->mbroken ||
                   now >= c->mopened_ns + (uint64_t)MUX_GAP_MS * 1000000ull;
     if ((c->mdirty || c->mbroken) && gap_ok) {
         mux_close(c);
         c->mdirty = c->mbroken = false;
         mux_open(c);
+    }
+}
+
+/* The gRPC frames received so far (5-byte prefix: flag, length). */
+static void mux_drain(etcd_client_t *c)
+{
+    size_t off = 0;
+    for (int guard = 0; guard < 1000000 && c->mh != NULL && !mux_stop(c) &&
+                        c->mrx.len - off >= 5;
+         guard++) {
+        const uint8_t *b = (const uint8_t *)c->mrx.data + off;
+        size_t len = (size_t)b[1] << 24 | (size_t)b[2] << 16 |
+                     (size_t)b[3] << 8 | (size_t)b[4];
+        if (b[0] != 0 || len > MUX_MSG_MAX) {
+            pdx_warn("store etcd: key-watch stream: bad frame (flag %u, %zu "
+                     "bytes): reopening", b[0], len);
+            mux_retry_later(c, c->mrep);
+            off = c->mrx.len;
+            break;
+        }
+        if (c->mrx.len - off - 5 < len) {
+            break;
+        }
+        mux_msg(c, b + 5, len);
+        off += 5 + len;
+    }
+    if (off > 0 && c->mrx.data != NULL) {
+        memmove(c->mrx.data, c->mrx.data + off, c->mrx.len - off);
+        c->mrx.len -= off;
     }
 }
 
@@ -1462,8 +1529,13 @@ static void streams_done(etcd_client_t *c)
         }
         CURLcode cc = m->data.result;
         if (m->easy_handle == c->mh) {
-            split_lines(&c->mrx, mux_line, mux_stop, c);
+            mux_drain(c);
             etcd_store_t *rep = c->mrep;
+            long code = 0;
+            curl_easy_getinfo(c->mh, CURLINFO_RESPONSE_CODE, &code);
+            pdx_debug("store etcd: key-watch stream of %s ended: %s, HTTP "
+                      "%ld", rep ? rep->host.agent_name : "?",
+                      curl_easy_strerror(cc), code);
             if (cc != CURLE_OK && rep != NULL) {
                 char what[256];
                 snprintf(what, sizeof(what), "key-watch stream: %s",
@@ -1537,6 +1609,14 @@ static uint64_t next_deadline(etcd_client_t *c, etcd_store_t *head,
         if (m < d) {
             d = m;
         }
+    }
+    bool uncreated = false;
+    for (etcd_kw_t *kw = c->keys; kw != NULL && c->mh != NULL; kw = kw->next) {
+        uncreated = uncreated || !kw->created;
+    }
+    uint64_t cw = c->mopened_ns + (uint64_t)MUX_CREATE_WAIT_MS * 1000000ull;
+    if (uncreated && cw < d) {
+        d = cw > now ? cw : now + 1000000ull;
     }
     long ct = -1;
     curl_multi_timeout(c->multi, &ct);
@@ -1621,7 +1701,7 @@ static void *client_main(void *arg)
             }
         }
         if (c->mh != NULL) {
-            split_lines(&c->mrx, mux_line, mux_stop, c);
+            mux_drain(c);
         }
         streams_done(c);
         for (etcd_store_t *s = head; s != NULL; s = s->cnext) {
@@ -1704,6 +1784,10 @@ static etcd_client_t *client_new(const char *key)
     c->pid = (int)getpid();
     c->key = key ? strdup(key) : NULL;
     c->multi = curl_multi_init();
+    if (c->multi != NULL) {
+        curl_multi_setopt(c->multi, CURLMOPT_PIPELINING,
+                          (long)CURLPIPE_NOTHING);
+    }
     c->th = curl_easy_init();
     c->lh = curl_easy_init();
     if ((key != NULL && c->key == NULL) || c->multi == NULL ||
