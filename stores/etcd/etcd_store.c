@@ -904,8 +904,8 @@ static void mux_open(etcd_client_t *c)
     c->mrep = rep;
     c->mopened_ns = etcd_now_ns();
     c->mopens++;
-    pdx_debug("store etcd: key-watch stream opened with %u key(s) (agent %s "
-              "and %u more)", c->nkeys, rep->host.agent_name, c->refs - 1);
+    pdx_debug("store etcd: key-watch stream opened with %u key(s) (agent "
+              "%s's client)", c->nkeys, rep->host.agent_name);
 }
 
 static etcd_kw_t *kw_by_wid(etcd_client_t *c, uint64_t wid)

@@ -44,7 +44,7 @@ typedef struct cfg {
     double kill_frac;
     uint32_t ttl_ms, timeout_ms;
     double idle_s;
-    bool restart, check, json, ucx, pidns;
+    bool restart, check, json, ucx, pidns, progress;
     char url[256];
     char ns[64];
 } cfg_t;
@@ -136,7 +136,8 @@ static void worker(int proc, int out, int in, bool restarted)
         char name[32];
         snprintf(name, sizeof(name), "a%d", first + i);
         pdx_agent_params_t ap = {
-            .field_mask = PDX_AGENT_PARAM_STORE,
+            .field_mask = PDX_AGENT_PARAM_STORE | PDX_AGENT_PARAM_FLAGS,
+            .flags = C.progress ? PDX_AGENT_F_PROGRESS_THREAD : 0,
             .store_endpoints = C.url, .store_namespace = C.ns,
             .store_lease_ttl_ms = C.ttl_ms, .store_timeout_ms = C.timeout_ms};
         if (pdx_agent_create(name, &ap, &ag[i]) != PDX_OK) {
@@ -574,7 +575,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: store_scale [--agents N] [--procs M] [--peers K] "
             "[--kill F] [--ttl-ms T] [--timeout-ms T] [--idle S] "
-            "[--no-restart] [--no-pidns] [--cma] [--etcd URL] [--check] "
+            "[--no-restart] [--no-pidns] [--cma] [--progress] [--etcd URL] [--check] "
             "[--json]\n");
     exit(2);
 }
@@ -607,6 +608,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--cma")) {
             C.ucx = false; /* one pid namespace: deaths seen by pidfd */
             C.pidns = false;
+        } else if (!strcmp(a, "--progress")) {
+            C.progress = true; /* UCX progressed: its keepalive runs */
         } else if (!strcmp(a, "--check")) {
             C.check = true;
         } else if (!strcmp(a, "--json")) {
