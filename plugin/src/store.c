@@ -15,6 +15,7 @@
  * idle, it sleeps). Neither thread holds the agent lock while calling the
  * store, and the store's thread never takes the agent lock. */
 #include <errno.h>
+#include <stddef.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -986,6 +987,25 @@ pdx_status_t pdx_store_status(pdx_agent_h agent, pdx_store_status_t *status_p)
         return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
     }
     agent->store->ops->status(agent->store->st, status_p);
+    return pdx_call_leave(__func__, PDX_OK);
+}
+
+pdx_status_t pdx_store_counters(pdx_agent_h agent, pdx_store_counters_t *c_p)
+{
+    pdx_call_enter();
+    if (!AGENT_OK(agent) || c_p == NULL ||
+        c_p->size < offsetof(pdx_store_counters_t, events)) {
+        return pdx_call_leave(__func__, PDX_ERR_INVALID);
+    }
+    if (!need_store(agent, __func__)) {
+        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+    }
+    const pdx_store_ops_t *ops = agent->store->ops;
+    if (ops->size <= offsetof(pdx_store_ops_t, counters) ||
+        ops->counters == NULL) {
+        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+    }
+    ops->counters(agent->store->st, c_p);
     return pdx_call_leave(__func__, PDX_OK);
 }
 

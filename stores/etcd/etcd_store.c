@@ -1920,10 +1920,26 @@ static void fill_status_locked(etcd_store_t *s, pdx_store_status_t *o)
     }
     snprintf(o->endpoint, sizeof(o->endpoint), "%s", s->endpoints[s->ep]);
     snprintf(o->last_error, sizeof(o->last_error), "%s", s->last_error);
-    o->events = s->events;
-    o->event_bytes = s->event_bytes;
-    o->keepalives = s->keepalives;
-    o->lease_late_ms = s->lease_late_ms;
+}
+
+static void etcd_counters(void *st, pdx_store_counters_t *c)
+{
+    etcd_store_t *s = st;
+    if (c == NULL) {
+        return;
+    }
+    pdx_store_counters_t v = {.size = (uint32_t)sizeof(v)};
+    pthread_mutex_lock(&s->lock);
+    v.events = s->events;
+    v.event_bytes = s->event_bytes;
+    v.keepalives = s->keepalives;
+    v.lease_late_ms = s->lease_late_ms;
+    pthread_mutex_unlock(&s->lock);
+    size_t n = c->size < sizeof(v) ? c->size : sizeof(v);
+    if (n > sizeof(v.size)) {
+        memcpy((char *)c + sizeof(v.size), (char *)&v + sizeof(v.size),
+               n - sizeof(v.size));
+    }
 }
 
 static void etcd_status(void *st, pdx_store_status_t *o)
@@ -2838,4 +2854,5 @@ PDX_API const pdx_store_ops_t pdx_store_v1 = {
     .owners_add = etcd_owners_add,
     .owners_del = etcd_owners_del,
     .owners_get = etcd_owners_get,
+    .counters = etcd_counters,
 };

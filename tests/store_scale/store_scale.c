@@ -240,12 +240,16 @@ static void worker(int proc, int out, int in, bool restarted)
     }
     for (int i = 0; i < n; i++) {
         pdx_store_status_t s;
+        pdx_store_counters_t k = {.size = sizeof(k)};
         memset(&s, 0, sizeof(s));
         pdx_store_status(ag[i], &s);
+        if (pdx_store_counters(ag[i], &k) != PDX_OK) {
+            _exit(7);
+        }
         wr(out, "S %d %llu %llu %llu %llu %llu %llu\n", first + i,
-           (unsigned long long)s.events, (unsigned long long)s.event_bytes,
-           (unsigned long long)s.keepalives,
-           (unsigned long long)s.lease_late_ms,
+           (unsigned long long)k.events, (unsigned long long)k.event_bytes,
+           (unsigned long long)k.keepalives,
+           (unsigned long long)k.lease_late_ms,
            (unsigned long long)s.leases_granted,
            (unsigned long long)s.requests);
     }

@@ -136,13 +136,19 @@ typedef struct pdx_store_status {
     uint32_t watches_down;  /* of those, waiting to reconnect */
     char endpoint[128];     /* endpoint in use */
     char last_error[256];   /* the last failure, "" if none */
-    /* Added with issue 22 (a module built before leaves them as the caller
-     * set them: zero the struct first). */
+} pdx_store_status_t;
+
+/* Traffic and lease counters of an instance (store_counters op). The
+ * caller sets `size` to sizeof(pdx_store_counters_t) as it was built; the
+ * module writes only the fields that fit, so either side may be newer.
+ * Append-only. */
+typedef struct pdx_store_counters {
+    uint32_t size;
     uint64_t events;        /* watch events reported to the host */
     uint64_t event_bytes;   /* their key and value bytes */
     uint64_t keepalives;    /* lease renewals sent */
     uint64_t lease_late_ms; /* worst delay of a renewal past its schedule */
-} pdx_store_status_t;
+} pdx_store_counters_t;
 
 typedef enum pdx_store_event_type {
     PDX_STORE_EV_PUT = 1,
@@ -259,6 +265,10 @@ typedef struct pdx_store_ops {
      * (block, owner), on the calling thread, blocks in order. Blocking. */
     pdx_status_t (*owners_get)(void *st, const char *const *blocks, size_t n,
                                pdx_store_owner_cb_t cb, void *arg);
+
+    /* Added with issue 22 (check size > offsetof(pdx_store_ops_t, op)). */
+    /* Counters into *c (the fields within c->size). Non-blocking. */
+    void (*counters)(void *st, pdx_store_counters_t *c);
 } pdx_store_ops_t;
 
 /* Oldest table a loader accepts: everything up to owners_get. */
@@ -329,6 +339,12 @@ PDX_API pdx_status_t pdx_peer_fetch(pdx_agent_h agent, const char *name,
  * Non-blocking. */
 PDX_API pdx_status_t pdx_store_status(pdx_agent_h agent,
                                       pdx_store_status_t *status_p);
+
+/* The agent's store counters (pdx_store_counters_t: set c_p->size first).
+ * PDX_ERR_UNSUPPORTED without a store or with a module that has none.
+ * Non-blocking. */
+PDX_API pdx_status_t pdx_store_counters(pdx_agent_h agent,
+                                        pdx_store_counters_t *c_p);
 
 /* One line for people: "etcd http://127.0.0.1:2379 ns pdx: reachable,
  * lease 7587..(5 s), 3 agents known" or "...: unreachable since
