@@ -820,6 +820,7 @@ static pdx_status_t backend_add(pdx_agent_h a, const pdx_backend_ops_t *ops,
     }
     a->backends[a->nbackends++] = b;
     a->generation++;
+    pdx_store_agent_changed_locked(a);
     char desc[256] = "";
     ops->describe(b->be, desc, sizeof(desc));
     pdx_info("agent %s: backend %s ready: %s", a->name, b->name, desc);
@@ -915,6 +916,7 @@ pdx_status_t pdxi_agent_set_invariant(pdx_agent_h agent, const char *key,
     }
     snprintf(slot->value, sizeof(slot->value), "%s", value);
     agent->generation++;
+    pdx_store_agent_changed_locked(agent);
 out:
     pthread_mutex_unlock(&agent->lock);
     return st;

@@ -374,6 +374,12 @@ pdx_status_t pdx_loader_open_store(const char *name,
 pdx_status_t pdx_store_agent_init(pdx_agent_h agent,
                                   const pdx_agent_params_t *params);
 void pdx_store_agent_fini(pdx_agent_h agent);
+/* Hooks, agent lock held: a peer was loaded (watch its key) or unloaded
+ * (its watch may go), the agent's generation changed (publish it). */
+void pdx_store_agent_peer_loaded_locked(pdx_agent_h agent, const char *name);
+void pdx_store_agent_peer_unloaded_locked(pdx_agent_h agent,
+                                          const char *name);
+void pdx_store_agent_changed_locked(pdx_agent_h agent);
 
 /* What pdx_stats_json shows of the agent's store. */
 typedef struct pdx_store_snapshot {
@@ -384,7 +390,7 @@ typedef struct pdx_store_snapshot {
     bool publishing;               /* pdx_agent_publish was called */
     bool published;                /* a generation was handed to the store */
     uint32_t published_generation;
-    uint32_t agents_known;         /* blobs in the local cache */
+    uint32_t agents_known;         /* blobs cached of the names watched */
     uint64_t reloads, deaths;      /* peers reloaded / failed by the watch */
     /* pdx_store_owners_* calls, the blocks of those that succeeded, and
      * the failed calls. */

@@ -168,6 +168,7 @@ pdx_status_t pdxi_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
     agent->regs[pos] = r;
     agent->nregs++;
     agent->generation++;
+    pdx_store_agent_changed_locked(agent);
     *reg_p = r;
     st = PDX_OK;
     goto out;
@@ -198,6 +199,7 @@ pdx_status_t pdxi_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg)
                 (agent->nregs - i - 1) * sizeof(*agent->regs));
         agent->nregs--;
         agent->generation++;
+        pdx_store_agent_changed_locked(agent);
         /* notif.c: loaded peers are told and acknowledge (bounded) before
          * the keys go, so none reads the memory once this returns. */
         pdx_ctl_region_gone_wait_locked(agent, reg);

@@ -815,6 +815,8 @@ done:
     if (name_out != NULL) {
         snprintf(name_out, PDX_NAME_MAX, "%s", b->name);
     }
+    /* store.c: watch its key from now on (non-blocking). */
+    pdx_store_agent_peer_loaded_locked(agent, b->name);
 out:
     pthread_mutex_unlock(&agent->lock);
     pdx_blob_free_parsed(b);
@@ -827,6 +829,7 @@ pdx_status_t pdxi_peer_unload(pdx_agent_h agent, const char *name)
     pdx_peer_t *p = pdx_peer_find(agent, name);
     if (p != NULL) {
         pdx_peer_destroy_locked(agent, p);
+        pdx_store_agent_peer_unloaded_locked(agent, name);
     } else {
         pdx_error("agent %s: unload: unknown peer %s", agent->name, name);
     }

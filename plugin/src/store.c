@@ -1,16 +1,21 @@
 /* Store glue: an agent's discovery, liveness and block-owner registry
  * through a store module (pdx/store.h).
  *
- * The module's thread reports changes under `agents/`; its callback only
- * updates the local cache (newest blob of every agent, by name) and queues
- * the event. One glue thread per agent does the agent work the events ask
- * for (reload a loaded peer whose instance or generation changed, mark one
- * whose key vanished dead) and publishes the agent's blob whenever its
- * generation differs from the one published (checked every PUBLISH_POLL_MS
- * under the agent lock, so no hook is needed where the generation
- * changes). Neither thread holds the agent lock while calling the store,
- * and the store's thread never takes the agent lock. */
+ * The agent watches only the names it uses: every peer it has loaded (by
+ * fetch, by hand or through the connector), every name it was asked to
+ * fetch (the most recent WANT_MAX of those not loaded), and its own key,
+ * each with a key watch (PDX_STORE_WATCH_KEY). So what it receives grows
+ * with the peers it uses, not with the namespace. The module's callback
+ * only updates the local cache (newest blob of each watched name) and
+ * queues the event. One glue thread per agent does the agent work the
+ * events ask for (reload a loaded peer whose instance or generation
+ * changed, mark one whose key vanished dead), drops watches of names no
+ * longer wanted, and publishes the agent's blob when its generation
+ * differs from the one published (woken where the generation changes:
+ * idle, it sleeps). Neither thread holds the agent lock while calling the
+ * store, and the store's thread never takes the agent lock. */
 #include <errno.h>
+#include <stddef.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,12 +29,19 @@
 #include "api_int.h"
 #include "pdx_call.h"
 
-#define PUBLISH_POLL_MS 20
-#define CACHE_MAX 4096 /* agents remembered per namespace */
+#define WANT_MAX 256 /* names asked for and not loaded, still watched */
 
+/* A watched name: its watch and the newest blob the store gave for it. */
 typedef struct cached {
     struct cached *next;
     char name[PDX_NAME_MAX];
+    bool loaded;       /* a loaded peer (or this agent itself) */
+    bool self;
+    uint64_t watch_id; /* 0: not watched (yet) */
+    bool subscribing;  /* a thread is opening its watch */
+    bool drop;         /* to be unwatched and forgotten (glue thread) */
+    uint64_t used_ns;  /* last asked for or unloaded (eviction order) */
+    /* Its blob, when the store has one (blob NULL otherwise). */
     uint64_t instance;
     uint32_t generation;
     int64_t revision;
@@ -58,18 +70,18 @@ struct pdx_store_agent {
     char module[32];
     char endpoints[512];
     char ns[128];
-    uint64_t watch_id;
 
     pthread_mutex_t lock; /* everything below */
     pthread_cond_t cv;    /* events queued, cache changed, stop */
     bool stop;
     bool publish;
     bool published_any;
+    bool gen_changed; /* the agent's generation moved */
     uint32_t published_gen;
     uint64_t publish_retry_ns;
     gev_t *evq, *evq_tail;
     cached_t *cache;
-    uint32_t ncache;
+    uint32_t ncache, nblobs, nwant_idle;
     uint64_t reloads, deaths;
     bool warned_name_clash;
     /* Owner registry calls through this agent (pdx_store_owners_*). */
@@ -98,21 +110,81 @@ static cached_t *cache_find(struct pdx_store_agent *g, const char *name)
     return NULL;
 }
 
-static void cache_drop(struct pdx_store_agent *g, const char *name,
-                       uint64_t *instance_p)
+static void blob_forget(struct pdx_store_agent *g, cached_t *c)
 {
-    for (cached_t **pp = &g->cache; *pp != NULL; pp = &(*pp)->next) {
-        if (strcmp((*pp)->name, name) == 0) {
-            cached_t *c = *pp;
-            *pp = c->next;
-            if (instance_p != NULL) {
-                *instance_p = c->instance;
-            }
-            free(c->blob);
-            free(c);
-            g->ncache--;
-            return;
+    if (c->blob != NULL) {
+        free(c->blob);
+        c->blob = NULL;
+        c->len = 0;
+        g->nblobs--;
+    }
+}
+
+/* Entries not loaded, watched because they were asked for. */
+static void count_idle(struct pdx_store_agent *g)
+{
+    uint32_t n = 0;
+    for (cached_t *c = g->cache; c != NULL; c = c->next) {
+        n += !c->loaded && !c->self && !c->drop;
+    }
+    g->nwant_idle = n;
+}
+
+/* The entry of `name`, made if missing (g->lock held); NULL without
+ * memory. */
+static cached_t *want_locked(struct pdx_store_agent *g, const char *name)
+{
+    cached_t *c = cache_find(g, name);
+    if (c == NULL) {
+        c = calloc(1, sizeof(*c));
+        if (c == NULL) {
+            return NULL;
         }
+        snprintf(c->name, sizeof(c->name), "%s", name);
+        c->next = g->cache;
+        g->cache = c;
+        g->ncache++;
+    }
+    c->drop = false;
+    c->used_ns = now_ns();
+    return c;
+}
+
+/* Make sure `name` is watched: from `from_rev` (a revision after the blob
+ * the caller holds), or with its current value first (0). Non-blocking
+ * (the module's watch op is); never from a store callback. g->lock not
+ * held. */
+static void watch_name(struct pdx_store_agent *g, const char *name,
+                       int64_t from_rev)
+{
+    pthread_mutex_lock(&g->lock);
+    cached_t *c = want_locked(g, name);
+    bool go = c != NULL && c->watch_id == 0 && !c->subscribing;
+    if (go) {
+        c->subscribing = true;
+    }
+    pthread_mutex_unlock(&g->lock);
+    if (!go) {
+        return;
+    }
+    char key[PDX_NAME_MAX + 16];
+    snprintf(key, sizeof(key), "agents/%s", name);
+    uint64_t id = 0;
+    pdx_status_t st = g->ops->watch(g->st, key, from_rev > 0 ? from_rev : 0,
+                                    PDX_STORE_WATCH_KEY |
+                                        (from_rev > 0
+                                             ? 0 : PDX_STORE_WATCH_INITIAL),
+                                    &id);
+    pthread_mutex_lock(&g->lock);
+    c = cache_find(g, name); /* only the glue thread frees entries */
+    if (c != NULL) {
+        c->subscribing = false;
+        c->watch_id = st == PDX_OK ? id : 0;
+    }
+    pthread_mutex_unlock(&g->lock);
+    if (st != PDX_OK) {
+        pdx_warn("agent %s: store: cannot watch %s: %s", g->agent->name,
+                 key, pdx_status_string(st));
     }
 }
 
@@ -159,17 +231,49 @@ static void queue_ev(struct pdx_store_agent *g, pdx_store_event_type_t type,
     g->evq_tail = e;
 }
 
+/* Put a valid blob of `name` at `revision` into its entry (g->lock held);
+ * an older one than the entry's never replaces it. */
+static void cache_blob_locked(struct pdx_store_agent *g, cached_t *c,
+                              const pdx_blob_t *b, const void *v, size_t len,
+                              int64_t revision)
+{
+    if (c->blob != NULL && revision < c->revision) {
+        return;
+    }
+    unsigned char *copy = malloc(len ? len : 1);
+    if (copy == NULL) {
+        pdx_warn("agent %s: out of memory: agents/%s not cached",
+                 g->agent->name, c->name);
+        return;
+    }
+    memcpy(copy, v, len);
+    if (c->blob == NULL) {
+        g->nblobs++;
+    }
+    free(c->blob);
+    c->blob = copy;
+    c->len = len;
+    c->instance = b->instance;
+    c->generation = b->generation;
+    c->revision = revision;
+    c->put_ns = pdx_now_ns();
+}
+
 /* Store thread: never takes the agent lock. */
 static void on_store_event(void *ctx, uint64_t watch_id,
                            const pdx_store_event_t *ev)
 {
     struct pdx_store_agent *g = ctx;
-    (void)watch_id;
     const char *name = agent_of_key(ev->key);
     if (name == NULL) {
         return;
     }
     pthread_mutex_lock(&g->lock);
+    cached_t *c = cache_find(g, name);
+    if (c == NULL || c->drop || (c->watch_id != 0 && c->watch_id != watch_id)) {
+        pthread_mutex_unlock(&g->lock); /* not (or no longer) wanted */
+        return;
+    }
     if (ev->type == PDX_STORE_EV_PUT) {
         pdx_blob_t *b = NULL;
         char why[192];
@@ -177,52 +281,28 @@ static void on_store_event(void *ctx, uint64_t watch_id,
         size_t in_len = 0;
         /* Signed with the agent's cluster key (sign.h), else ignored: a
          * forged put never replaces the cached blob of a peer. */
-        if (pdxi_blob_open(&g->agent->ckey, ev->value, ev->value_len, &in,
+        if (ev->value == NULL ||
+            pdxi_blob_open(&g->agent->ckey, ev->value, ev->value_len, &in,
                            &in_len, why, sizeof(why)) != PDX_OK ||
             pdx_blob_parse(in, in_len, &b, why, sizeof(why)) != PDX_OK ||
             strcmp(b->name, name) != 0) {
             pdx_warn("agent %s: store key agents/%s holds no valid blob of "
                      "that agent (%s): ignored", g->agent->name, name,
-                     b ? "name differs" : why);
+                     b ? "name differs" : ev->value ? why : "no value");
             pdx_blob_free_parsed(b);
             pthread_mutex_unlock(&g->lock);
             return;
         }
-        cached_t *c = cache_find(g, name);
-        unsigned char *copy = malloc(ev->value_len);
-        if (copy == NULL || (c == NULL && g->ncache >= CACHE_MAX)) {
-            pdx_warn("agent %s: store cache full or out of memory: agents/%s "
-                     "not cached", g->agent->name, name);
-            free(copy);
-        } else {
-            if (c == NULL) {
-                c = calloc(1, sizeof(*c));
-                if (c != NULL) {
-                    snprintf(c->name, sizeof(c->name), "%s", name);
-                    c->next = g->cache;
-                    g->cache = c;
-                    g->ncache++;
-                }
-            }
-            if (c != NULL) {
-                memcpy(copy, ev->value, ev->value_len);
-                free(c->blob);
-                c->blob = copy;
-                c->len = ev->value_len;
-                c->instance = b->instance;
-                c->generation = b->generation;
-                c->revision = ev->revision;
-                c->put_ns = pdx_now_ns();
-            } else {
-                free(copy);
-            }
-        }
+        cache_blob_locked(g, c, b, ev->value, ev->value_len, ev->revision);
         queue_ev(g, ev->type, name, b->instance, b->generation, ev->value,
                  ev->value_len);
         pdx_blob_free_parsed(b);
     } else {
-        uint64_t inst = 0;
-        cache_drop(g, name, &inst);
+        uint64_t inst = c->instance;
+        if (c->blob == NULL || ev->revision >= c->revision) {
+            blob_forget(g, c);
+            c->revision = ev->revision;
+        }
         queue_ev(g, ev->type, name, inst, 0, NULL, 0);
     }
     pthread_cond_broadcast(&g->cv);
@@ -238,6 +318,59 @@ static void on_store_state(void *ctx, const pdx_store_status_t *s)
     pdx_debug("agent %s: store %s (lease %llx)", g->agent->name,
               s->reachable ? "reachable" : "unreachable",
               (unsigned long long)s->lease);
+}
+
+/* ---- hooks of the core (agent lock held: agent -> glue order) ---- */
+
+void pdx_store_agent_peer_loaded_locked(pdx_agent_h a, const char *name)
+{
+    struct pdx_store_agent *g = a->store;
+    if (g == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&g->lock);
+    cached_t *c = want_locked(g, name);
+    if (c != NULL) {
+        c->loaded = true;
+    }
+    bool need = c != NULL && c->watch_id == 0 && !c->subscribing;
+    pthread_mutex_unlock(&g->lock);
+    if (need) {
+        /* Loaded by hand or from a cached blob: its current value first
+         * (the same description again changes nothing). */
+        watch_name(g, name, 0);
+    }
+}
+
+void pdx_store_agent_peer_unloaded_locked(pdx_agent_h a, const char *name)
+{
+    struct pdx_store_agent *g = a->store;
+    if (g == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&g->lock);
+    cached_t *c = cache_find(g, name);
+    if (c != NULL && !c->self) {
+        c->loaded = false;
+        c->used_ns = now_ns();
+        count_idle(g);
+        if (g->nwant_idle > WANT_MAX) {
+            pthread_cond_broadcast(&g->cv); /* the glue thread evicts */
+        }
+    }
+    pthread_mutex_unlock(&g->lock);
+}
+
+void pdx_store_agent_changed_locked(pdx_agent_h a)
+{
+    struct pdx_store_agent *g = a->store;
+    if (g == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&g->lock);
+    g->gen_changed = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->lock);
 }
 
 /* Glue thread: one event's agent work. */
@@ -336,6 +469,7 @@ static void publish_step(struct pdx_store_agent *g, uint64_t now)
     bool on = g->publish && now >= g->publish_retry_ns;
     bool any = g->published_any;
     uint32_t done = g->published_gen;
+    g->gen_changed = false;
     pthread_mutex_unlock(&g->lock);
     if (!on) {
         return;
@@ -354,20 +488,75 @@ static void publish_step(struct pdx_store_agent *g, uint64_t now)
     if (st == PDX_OK) {
         st = g->ops->put(g->st, key, blob, len, PDX_STORE_PUT_LEASED);
     }
-    free(blob);
     pthread_mutex_lock(&g->lock);
+    cached_t *self = st == PDX_OK ? cache_find(g, a->name) : NULL;
+    if (self != NULL && self->self) {
+        /* What it published, as the store holds it (the watch of its
+         * own key replaces it with the store's revision). */
+        pdx_blob_t b = {.instance = a->instance, .generation = gen};
+        cache_blob_locked(g, self, &b, blob, len,
+                          self->blob ? self->revision : 0);
+    }
+    free(blob);
     if (st == PDX_OK || st == PDX_INPROGRESS) {
         /* INPROGRESS: the module holds it and publishes when it can. */
         g->published_any = true;
         g->published_gen = gen;
+        g->publish_retry_ns = 0;
         pdx_debug("agent %s: generation %u %s as %s", a->name, gen,
                   st == PDX_OK ? "published" : "handed to the store", key);
     } else {
-        pdx_warn("agent %s: publishing %s failed: %s; retrying in 1 s",
-                 a->name, key, pdx_status_string(st));
-        g->publish_retry_ns = now + 1000000000ull;
+        /* 0.5-1.5 s: agents that failed together retry apart. */
+        uint64_t wait = 500000000ull + (now ^ a->instance) % 1000000000ull;
+        pdx_warn("agent %s: publishing %s failed: %s; retrying in %.1f s",
+                 a->name, key, pdx_status_string(st), (double)wait / 1e9);
+        g->publish_retry_ns = now + wait;
     }
     pthread_mutex_unlock(&g->lock);
+}
+
+/* Unwatch and forget names asked for long ago and never loaded, beyond
+ * WANT_MAX (glue thread: unwatch waits for a delivery in progress). */
+static void evict_step(struct pdx_store_agent *g)
+{
+    for (int guard = 0; guard < 4 * WANT_MAX; guard++) {
+        pthread_mutex_lock(&g->lock);
+        count_idle(g);
+        cached_t *old = NULL;
+        if (g->nwant_idle > WANT_MAX) {
+            for (cached_t *c = g->cache; c != NULL; c = c->next) {
+                if (!c->loaded && !c->self && !c->drop && !c->subscribing &&
+                    (old == NULL || c->used_ns < old->used_ns)) {
+                    old = c;
+                }
+            }
+        }
+        if (old == NULL) {
+            pthread_mutex_unlock(&g->lock);
+            return;
+        }
+        old->drop = true;
+        uint64_t id = old->watch_id;
+        old->watch_id = 0;
+        pthread_mutex_unlock(&g->lock);
+        if (id != 0) {
+            g->ops->unwatch(g->st, id);
+        }
+        pthread_mutex_lock(&g->lock);
+        for (cached_t **pp = &g->cache; *pp != NULL; pp = &(*pp)->next) {
+            if (*pp == old) {
+                if (!old->drop || old->subscribing) {
+                    break; /* wanted again meanwhile */
+                }
+                *pp = old->next;
+                blob_forget(g, old);
+                free(old);
+                g->ncache--;
+                break;
+            }
+        }
+        pthread_mutex_unlock(&g->lock);
+    }
 }
 
 static void *glue_main(void *arg)
@@ -385,16 +574,30 @@ static void *glue_main(void *arg)
             free(e);
         }
         publish_step(g, now_ns());
+        evict_step(g);
         pthread_mutex_lock(&g->lock);
-        if (g->evq == NULL && !g->stop) {
+        if (g->evq != NULL || g->stop || g->gen_changed) {
+            continue;
+        }
+        /* Sleeps until an event, a generation change or stop; a timer
+         * only while a failed publication waits for its retry. */
+        if (g->publish && g->publish_retry_ns != 0) {
+            uint64_t now = now_ns();
+            uint64_t wait = g->publish_retry_ns > now
+                                ? g->publish_retry_ns - now : 0;
             struct timespec dl;
             clock_gettime(CLOCK_REALTIME, &dl);
-            dl.tv_nsec += PUBLISH_POLL_MS * 1000000L;
+            dl.tv_sec += (time_t)(wait / 1000000000ull);
+            dl.tv_nsec += (long)(wait % 1000000000ull);
             if (dl.tv_nsec >= 1000000000L) {
                 dl.tv_sec++;
                 dl.tv_nsec -= 1000000000L;
             }
-            pthread_cond_timedwait(&g->cv, &g->lock, &dl);
+            if (wait > 0) {
+                pthread_cond_timedwait(&g->cv, &g->lock, &dl);
+            }
+        } else {
+            pthread_cond_wait(&g->cv, &g->lock);
         }
     }
     pthread_mutex_unlock(&g->lock);
@@ -480,13 +683,6 @@ pdx_status_t pdx_store_agent_init(pdx_agent_h a,
                   pdx_status_string(st));
         goto err;
     }
-    st = ops->watch(g->st, "agents/", 0, PDX_STORE_WATCH_INITIAL,
-                    &g->watch_id);
-    if (st != PDX_OK) {
-        pdx_error("agent %s: store %s: watch failed: %s", a->name, module,
-                  pdx_status_string(st));
-        goto err_store;
-    }
     int rc = pthread_create(&g->thread, NULL, glue_main, g);
     if (rc != 0) {
         pdx_error("agent %s: store thread: %s", a->name, strerror(rc));
@@ -547,7 +743,7 @@ bool pdx_store_agent_snapshot(pdx_agent_h a, pdx_store_snapshot_t *out)
     out->publishing = g->publish;
     out->published = g->publish && g->published_any;
     out->published_generation = g->published_gen;
-    out->agents_known = g->ncache;
+    out->agents_known = g->nblobs;
     out->reloads = g->reloads;
     out->deaths = g->deaths;
     out->owners_add_calls = g->own_add_calls;
@@ -604,8 +800,15 @@ pdx_status_t pdx_agent_publish(pdx_agent_h agent)
     struct pdx_store_agent *g = agent->store;
     pthread_mutex_lock(&g->lock);
     g->publish = true;
+    cached_t *c = want_locked(g, agent->name);
+    if (c != NULL) {
+        c->self = true;
+    }
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->lock);
+    /* Its own key: a deletion (lease lost) publishes it again, another
+     * instance under its name is reported. */
+    watch_name(g, agent->name, 0);
     return pdx_call_leave(__func__, PDX_OK);
 }
 
@@ -642,15 +845,27 @@ static pdx_status_t fetch(pdx_agent_h a, const char *name,
     uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
     bool asked = false;
     pdx_status_t store_st = PDX_OK;
+    pthread_mutex_lock(&g->lock);
+    cached_t *c = want_locked(g, name);
+    pthread_mutex_unlock(&g->lock);
+    if (c == NULL) {
+        return PDX_ERR_NOMEM;
+    }
     for (uint64_t guard = 0; guard < 1000000; guard++) {
         pthread_mutex_lock(&g->lock);
-        cached_t *c = cache_find(g, name);
+        c = cache_find(g, name);
+        if (c != NULL) {
+            c->used_ns = now_ns();
+            c->drop = false;
+        }
+        bool watched = c != NULL && (c->watch_id != 0 || c->subscribing);
         unsigned char *blob = NULL;
         size_t len = 0;
         /* A dead peer's own description again counts when it was put
          * after the death (the peer re-published: it lives). */
-        if (c != NULL && (p == NULL || c->instance != inst ||
-                          c->generation != gen || c->put_ns > dead_ns)) {
+        if (c != NULL && c->blob != NULL &&
+            (p == NULL || c->instance != inst || c->generation != gen ||
+             c->put_ns > dead_ns)) {
             blob = malloc(c->len);
             if (blob != NULL) {
                 memcpy(blob, c->blob, c->len);
@@ -659,14 +874,15 @@ static pdx_status_t fetch(pdx_agent_h a, const char *name,
         }
         pthread_mutex_unlock(&g->lock);
         if (blob == NULL && !asked) {
-            /* Not in the cache (the watch may not have listed it yet):
-             * ask the store once. */
+            /* Not cached: one point read, then a watch from the revision
+             * after it (nothing missed between the two). */
             asked = true;
             char key[PDX_NAME_MAX + 16];
             snprintf(key, sizeof(key), "agents/%s", name);
             void *v = NULL;
             size_t vlen = 0;
-            store_st = g->ops->get(g->st, key, &v, &vlen, NULL);
+            int64_t rev = 0;
+            store_st = g->ops->get(g->st, key, &v, &vlen, &rev);
             if (store_st == PDX_OK) {
                 pdx_blob_t *b = NULL;
                 char why[192];
@@ -676,15 +892,32 @@ static pdx_status_t fetch(pdx_agent_h a, const char *name,
                                    sizeof(why)) == PDX_OK &&
                     pdx_blob_parse(in, in_len, &b, why, sizeof(why)) ==
                         PDX_OK &&
-                    (p == NULL || b->instance != inst ||
-                     b->generation != gen)) {
-                    blob = v;
-                    len = vlen;
-                    v = NULL;
+                    strcmp(b->name, name) == 0) {
+                    pthread_mutex_lock(&g->lock);
+                    c = cache_find(g, name);
+                    if (c != NULL && !c->drop) {
+                        cache_blob_locked(g, c, b, v, vlen, rev);
+                    }
+                    pthread_mutex_unlock(&g->lock);
+                    if (p == NULL || b->instance != inst ||
+                        b->generation != gen) {
+                        blob = v;
+                        len = vlen;
+                        v = NULL;
+                    }
+                } else {
+                    pdx_warn("agent %s: store key agents/%s holds no valid "
+                             "blob of that agent (%s): ignored", a->name,
+                             name, b ? "name differs" : why);
                 }
                 pdx_blob_free_parsed(b);
                 free(v);
             }
+            if (!watched) {
+                watch_name(g, name, store_st == PDX_OK ? rev + 1 : 0);
+            }
+        } else if (!watched) {
+            watch_name(g, name, 0);
         }
         if (blob != NULL) {
             pdx_status_t st = pdxi_peer_load(a, blob, len, NULL);
@@ -757,6 +990,25 @@ pdx_status_t pdx_store_status(pdx_agent_h agent, pdx_store_status_t *status_p)
     return pdx_call_leave(__func__, PDX_OK);
 }
 
+pdx_status_t pdx_store_counters(pdx_agent_h agent, pdx_store_counters_t *c_p)
+{
+    pdx_call_enter();
+    if (!AGENT_OK(agent) || c_p == NULL ||
+        c_p->size < offsetof(pdx_store_counters_t, events)) {
+        return pdx_call_leave(__func__, PDX_ERR_INVALID);
+    }
+    if (!need_store(agent, __func__)) {
+        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+    }
+    const pdx_store_ops_t *ops = agent->store->ops;
+    if (ops->size <= offsetof(pdx_store_ops_t, counters) ||
+        ops->counters == NULL) {
+        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+    }
+    ops->counters(agent->store->st, c_p);
+    return pdx_call_leave(__func__, PDX_OK);
+}
+
 pdx_status_t pdx_store_describe(pdx_agent_h agent, char *buf, size_t len)
 {
     pdx_call_enter();
@@ -771,7 +1023,7 @@ pdx_status_t pdx_store_describe(pdx_agent_h agent, char *buf, size_t len)
     pdx_store_status_t s;
     g->ops->status(g->st, &s);
     pthread_mutex_lock(&g->lock);
-    uint32_t known = g->ncache;
+    uint32_t known = g->nblobs;
     uint32_t gen = g->published_gen;
     bool pub = g->publish && g->published_any;
     pthread_mutex_unlock(&g->lock);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <openssl/evp.h>
 
@@ -23,6 +24,19 @@ uint64_t etcd_realtime_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t etcd_rand_range(uint64_t lo, uint64_t hi)
+{
+    static _Thread_local uint64_t x;
+    if (x == 0) {
+        x = etcd_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)&x;
+        x |= 1;
+    }
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return hi > lo ? lo + x % (hi - lo + 1) : lo;
 }
 
 void etcd_buf_add(etcd_buf_t *b, const void *p, size_t n)
@@ -380,14 +394,17 @@ pdx_status_t etcd_call(etcd_store_t *s, CURL *h, const char *path,
     return st;
 }
 
+/* The pool is the client's: agents of one process reuse each other's
+ * connections. */
 CURL *etcd_handle_get(etcd_store_t *s)
 {
+    etcd_client_t *c = s->client;
     CURL *h = NULL;
-    pthread_mutex_lock(&s->lock);
-    if (s->npool > 0) {
-        h = s->pool[--s->npool];
+    pthread_mutex_lock(&c->lock);
+    if (c->npool > 0) {
+        h = c->pool[--c->npool];
     }
-    pthread_mutex_unlock(&s->lock);
+    pthread_mutex_unlock(&c->lock);
     return h != NULL ? h : curl_easy_init();
 }
 
@@ -396,12 +413,13 @@ void etcd_handle_put(etcd_store_t *s, CURL *h)
     if (h == NULL) {
         return;
     }
-    pthread_mutex_lock(&s->lock);
-    if (s->npool < ETCD_HANDLE_POOL) {
-        s->pool[s->npool++] = h;
+    etcd_client_t *c = s->client;
+    pthread_mutex_lock(&c->lock);
+    if (c->npool < ETCD_HANDLE_POOL) {
+        c->pool[c->npool++] = h;
         h = NULL;
     }
-    pthread_mutex_unlock(&s->lock);
+    pthread_mutex_unlock(&c->lock);
     if (h != NULL) {
         curl_easy_cleanup(h);
     }

@@ -45,13 +45,21 @@ typedef struct etcd_event {
     char mem[];
 } etcd_event_t;
 
+struct etcd_kw;
+
+/* A watch of an instance. A prefix watch has a stream of its own; a key
+ * watch (PDX_STORE_WATCH_KEY) is one subscriber of a key of the client's
+ * multiplexed stream (etcd_client_t), which carries every watched key of
+ * every instance sharing the client. */
 typedef struct etcd_watch {
     struct etcd_watch *next;
+    struct etcd_store *owner;
     uint64_t id;
-    char *prefix; /* relative */
+    char *prefix; /* relative; the key of a key watch */
     uint32_t flags;
-    int64_t next_rev;  /* resume from here; 0 = from now */
-    bool need_resync;  /* list the prefix before (re)opening */
+    bool keyed;
+    int64_t next_rev;  /* resume (prefix) or report (key) from here; 0 now */
+    bool need_resync;  /* list the prefix (read the key) before reporting */
     bool removed;
     CURL *h;           /* open stream, or NULL */
     etcd_buf_t rx;     /* partial line */
@@ -63,7 +71,60 @@ typedef struct etcd_watch {
     uint32_t backoff_ms;
     etcd_known_t *known;
     size_t nknown, known_cap;
+    /* Key watch: its key on the client's stream (client thread only). */
+    struct etcd_kw *kw;
+    struct etcd_watch *kw_next;
+    int64_t known_rev; /* mod revision of the PUT last reported; 0 none */
 } etcd_watch_t;
+
+/* A key on the multiplexed stream and the watches that want it. */
+typedef struct etcd_kw {
+    struct etcd_kw *next;
+    char *full;       /* full key */
+    uint64_t wid;     /* etcd watch id on the open stream */
+    int64_t pos;      /* next revision the stream reports; 0 unknown */
+    bool created;
+    etcd_watch_t *subs;
+} etcd_kw_t;
+
+struct etcd_store;
+
+/* One client of etcd per process and endpoint list (instances without
+ * module options share it; one with TLS or auth options has its own):
+ * its thread runs every member's watch streams, republication and event
+ * delivery; its lease thread renews every member's lease, all in one
+ * request, on its own schedule, never behind them. */
+typedef struct etcd_client {
+    struct etcd_client *next; /* process-wide list */
+    char *key;                /* endpoints; NULL: private */
+    int pid;                  /* a forked child never uses its parent's */
+    unsigned refs;            /* under the list lock */
+    pthread_mutex_t lock;     /* members, stop, busy flags, pool */
+    pthread_cond_t cv;        /* detach handshake, lease thread wake-up */
+    struct etcd_store *members;
+    bool stop;
+    pthread_t thread, lthread;
+    bool thread_running, lthread_running;
+    bool lease_kick;          /* a member needs the lease thread now */
+    CURLM *multi;
+    CURL *th;                 /* client thread's blocking handle */
+    CURL *lh;                 /* lease thread's */
+    CURL *pool[ETCD_HANDLE_POOL]; /* callers' handles (connections kept) */
+    uint32_t npool;
+    /* Multiplexed key-watch stream (client thread only). */
+    etcd_kw_t *keys;
+    uint32_t nkeys;
+    CURL *mh;
+    struct etcd_store *mrep;  /* member whose settings opened it */
+    etcd_buf_t mrx;
+    char *mbody;              /* gRPC frames of the open stream */
+    size_t mbody_len;
+    bool mdirty, mbroken;
+    uint64_t mretry_at_ns, mopened_ns;
+    uint32_t mbackoff_ms;
+    uint64_t mopens;          /* streams opened (status) */
+    uint64_t rx_bytes;        /* bytes received on watch streams */
+} etcd_client_t;
 
 typedef struct etcd_store {
     pdx_store_host_t host;
@@ -91,16 +152,22 @@ typedef struct etcd_store {
     uint64_t leases_granted;
     uint64_t keepalive_at_ns, lease_retry_at_ns;
     uint32_t lease_backoff_ms;
+    uint64_t keepalives;  /* renewals sent */
+    uint64_t lease_late_ms; /* worst lateness of a renewal vs its schedule */
     etcd_leased_t *leased;
+    uint64_t republish_at_ns; /* next try after a failed republication */
+    uint32_t republish_backoff_ms;
     pthread_mutex_t pub_lock; /* serialises puts of leased keys */
-    /* Easy handles for callers' requests (connections kept alive). */
-    CURL *pool[ETCD_HANDLE_POOL];
-    uint32_t npool;
-    /* Watches (list shared; their streams are the thread's). */
+    /* Watches (list shared; their streams are the client's thread's). */
     etcd_watch_t *watches;
     uint64_t next_watch_id;
-    bool stop;
     bool restart_watches; /* a keepalive failed: streams may be dead */
+    uint64_t events, event_bytes; /* reported to the host */
+
+    /* The shared client (under client->lock: the flags). */
+    etcd_client_t *client;
+    struct etcd_store *cnext;
+    bool detaching, detached, lease_busy;
 
     /* Owner transactions over gRPC (etcd_pb.c): handles for the streams
      * of one call; calls serialised by glock. */
@@ -108,11 +175,7 @@ typedef struct etcd_store {
     CURL *gh[ETCD_PARALLEL];
     struct curl_slist *ghdrs;
 
-    /* Thread only. */
-    pthread_t thread;
-    bool thread_running;
-    CURLM *multi;
-    CURL *th; /* the thread's handle for blocking requests */
+    /* Client thread only. */
     etcd_event_t *evq, *evq_tail;
     pthread_mutex_t deliver; /* held while callbacks run */
 
@@ -155,6 +218,10 @@ void etcd_auth_free(etcd_store_t *s);
 
 uint64_t etcd_now_ns(void);
 uint64_t etcd_realtime_ns(void);
+/* A uniform random number in [lo, hi] (per-thread xorshift, seeded from
+ * the clock, pid and thread): jitter, so that many clients restarted
+ * together do not retry in step. */
+uint64_t etcd_rand_range(uint64_t lo, uint64_t hi);
 
 void etcd_buf_add(etcd_buf_t *b, const void *p, size_t n);
 void etcd_buf_free(etcd_buf_t *b);
@@ -223,5 +290,25 @@ int etcd_pb_txn(const uint8_t *p, size_t n, int64_t *rev_p,
 int64_t etcd_pb_range_count(const uint8_t *p, size_t n);
 void etcd_pb_range_keys(const uint8_t *p, size_t n, etcd_pb_key_cb_t cb,
                         void *arg);
+
+/* Watch over gRPC (the key-watch stream): a WatchRequest with one
+ * create_request appended to `out` as a gRPC frame; a WatchResponse
+ * decoded into w, cb(arg, ev) per event (key and value point into p).
+ * Returns the number of events, -1 when malformed. */
+typedef struct etcd_pb_watch {
+    int64_t revision, watch_id, compact_revision;
+    bool created, canceled;
+} etcd_pb_watch_t;
+typedef struct etcd_pb_event {
+    bool is_delete;
+    const uint8_t *key, *value;
+    size_t key_len, value_len;
+    int64_t mod_revision, lease;
+} etcd_pb_event_t;
+typedef void (*etcd_pb_event_cb_t)(void *arg, const etcd_pb_event_t *ev);
+void etcd_pb_watch_create(etcd_buf_t *out, const char *key, int64_t start,
+                          int64_t watch_id);
+int etcd_pb_watch_resp(const uint8_t *p, size_t n, etcd_pb_watch_t *w,
+                       etcd_pb_event_cb_t cb, void *arg);
 
 #endif

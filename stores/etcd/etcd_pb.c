@@ -231,3 +231,105 @@ void etcd_pb_range_keys(const uint8_t *p, size_t n, etcd_pb_key_cb_t cb,
         }
     }
 }
+
+/* ---- Watch (the key-watch stream) ---- */
+
+void etcd_pb_watch_create(etcd_buf_t *out, const char *key, int64_t start,
+                          int64_t watch_id)
+{
+    etcd_buf_t c = {0}, w = {0};
+    put_bytes(&c, 1, key, strlen(key));
+    if (start > 0) {
+        put_uint(&c, 3, (uint64_t)start);
+    }
+    if (watch_id > 0) {
+        put_uint(&c, 7, (uint64_t)watch_id);
+    }
+    put_bytes(&w, 1, c.data ? c.data : "", c.len); /* create_request */
+    uint8_t hdr[5] = {0, (uint8_t)(w.len >> 24), (uint8_t)(w.len >> 16),
+                      (uint8_t)(w.len >> 8), (uint8_t)w.len};
+    etcd_buf_add(out, hdr, 5);
+    etcd_buf_add(out, w.data ? w.data : "", w.len);
+    etcd_buf_free(&c);
+    etcd_buf_free(&w);
+}
+
+/* KeyValue into ev (key, value point into p). */
+static int pb_kv(const uint8_t *p, size_t n, etcd_pb_event_t *ev)
+{
+    const uint8_t *end = p + n;
+    pb_field_t f;
+    int r;
+    while ((r = next_field(&p, end, &f)) == 1) {
+        if (f.num == 1 && f.wire == 2) {
+            ev->key = f.p;
+            ev->key_len = f.len;
+        } else if (f.num == 3 && f.wire == 0) {
+            ev->mod_revision = (int64_t)f.v;
+        } else if (f.num == 5 && f.wire == 2) {
+            ev->value = f.p;
+            ev->value_len = f.len;
+        } else if (f.num == 6 && f.wire == 0) {
+            ev->lease = (int64_t)f.v;
+        }
+    }
+    return r;
+}
+
+int etcd_pb_watch_resp(const uint8_t *p, size_t n, etcd_pb_watch_t *w,
+                       etcd_pb_event_cb_t cb, void *arg)
+{
+    const uint8_t *end = p + n;
+    pb_field_t f;
+    int r, nev = 0;
+    memset(w, 0, sizeof(*w));
+    /* Fields first (events may come before the flags on the wire). */
+    const uint8_t *q0 = p;
+    while ((r = next_field(&p, end, &f)) == 1) {
+        if (f.num == 1 && f.wire == 2) {
+            const uint8_t *q = f.p, *qe = f.p + f.len;
+            pb_field_t h;
+            while (next_field(&q, qe, &h) == 1) {
+                if (h.num == 3 && h.wire == 0) {
+                    w->revision = (int64_t)h.v;
+                }
+            }
+        } else if (f.num == 2 && f.wire == 0) {
+            w->watch_id = (int64_t)f.v;
+        } else if (f.num == 3 && f.wire == 0) {
+            w->created = f.v != 0;
+        } else if (f.num == 4 && f.wire == 0) {
+            w->canceled = f.v != 0;
+        } else if (f.num == 5 && f.wire == 0) {
+            w->compact_revision = (int64_t)f.v;
+        }
+    }
+    if (r < 0) {
+        return -1;
+    }
+    p = q0;
+    while (next_field(&p, end, &f) == 1) {
+        if (f.num != 11 || f.wire != 2) {
+            continue;
+        }
+        etcd_pb_event_t ev = {0};
+        const uint8_t *q = f.p, *qe = f.p + f.len;
+        pb_field_t e;
+        while ((r = next_field(&q, qe, &e)) == 1) {
+            if (e.num == 1 && e.wire == 0) {
+                ev.is_delete = e.v == 1;
+            } else if (e.num == 2 && e.wire == 2 &&
+                       pb_kv(e.p, e.len, &ev) < 0) {
+                return -1;
+            }
+        }
+        if (r < 0) {
+            return -1;
+        }
+        nev++;
+        if (cb != NULL) {
+            cb(arg, &ev);
+        }
+    }
+    return nev;
+}

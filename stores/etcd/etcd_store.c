@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "etcd_int.h"
 
@@ -20,7 +22,12 @@
 #define DEFAULT_RETRY_MIN_MS 100
 #define DEFAULT_RETRY_MAX_MS 5000
 #define DEFAULT_TXN_OPS 128
-#define POLL_MAX_MS 200
+#define LIST_PAGE 512    /* keys a listing request */
+#define MUX_GAP_MS 50    /* key-watch stream reopened at most this often */
+#define LEASE_BATCH 64   /* renewals in one keepalive request */
+#define MUX_CREATE_WAIT_MS 5000 /* every key acknowledged by then */
+#define MUX_MSG_MAX (64u << 20) /* largest WatchResponse taken */
+#define IDLE_WAIT_MS 600000 /* an idle client thread sleeps at most this */
 
 static pthread_once_t g_curl_once = PTHREAD_ONCE_INIT;
 static CURLcode g_curl_init = CURLE_OK;
@@ -76,9 +83,7 @@ static bool valid_owner(const char *o)
 
 static void wake(etcd_store_t *s)
 {
-    if (s->multi != NULL) {
-        curl_multi_wakeup(s->multi);
-    }
+    curl_multi_wakeup(s->client->multi);
 }
 
 static uint32_t backoff_next(etcd_store_t *s, uint32_t cur)
@@ -112,6 +117,10 @@ static void queue_event(etcd_store_t *s, uint64_t watch_id,
         .value = type == PDX_STORE_EV_PUT ? e->mem + klen + 1 : NULL,
         .value_len = type == PDX_STORE_EV_PUT ? vlen : 0, .revision = rev,
         .lease = lease};
+    pthread_mutex_lock(&s->lock);
+    s->events++;
+    s->event_bytes += klen + vlen;
+    pthread_mutex_unlock(&s->lock);
     if (s->evq_tail != NULL) {
         s->evq_tail->next = e;
     } else {
@@ -146,6 +155,9 @@ static void deliver(etcd_store_t *s)
         fill_status_locked(s, &status);
     }
     pthread_mutex_unlock(&s->lock);
+    if (list == NULL && !dirty) {
+        return;
+    }
     pthread_mutex_lock(&s->deliver);
     if (dirty && s->host.state_change != NULL) {
         s->host.state_change(s->host.ctx, &status);
@@ -164,7 +176,7 @@ static void deliver(etcd_store_t *s)
     pthread_mutex_unlock(&s->deliver);
 }
 
-/* ---- known keys of a watch (for resyncs) ---- */
+/* ---- known keys of a prefix watch (for resyncs) ---- */
 
 static ssize_t known_find(const etcd_watch_t *w, const char *key)
 {
@@ -228,69 +240,132 @@ static const char *rel_key(etcd_store_t *s, const char *full)
     return full + n + 1;
 }
 
-/* List the watch's prefix and report what changed since what it reported
- * (thread, blocking). */
+static bool str_in(char *const *v, size_t n, const char *k)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] != NULL && strcmp(v[i], k) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* List the watch's prefix, LIST_PAGE keys a request, all pages at the
+ * revision of the first (one snapshot), and report what changed since
+ * what it reported (client thread, blocking: each page within the
+ * timeout). */
 static pdx_status_t watch_resync(etcd_store_t *s, etcd_watch_t *w)
 {
     char *full = etcd_full_key(s, w->prefix);
-    cJSON *req = cJSON_CreateObject();
-    char *kb = full ? etcd_b64_enc(full, strlen(full)) : NULL;
     char *eb = full ? etcd_prefix_end_b64(full) : NULL;
-    cJSON *resp = NULL;
-    pdx_status_t st = PDX_ERR_NOMEM;
-    if (req != NULL && kb != NULL && eb != NULL) {
-        cJSON_AddStringToObject(req, "key", kb);
-        cJSON_AddStringToObject(req, "range_end", eb);
-        st = etcd_call(s, s->th, "/v3/kv/range", req, &resp, true, NULL, 0);
+    size_t from_len = full ? strlen(full) : 0;
+    char *from = full ? malloc(from_len + 1) : NULL;
+    if (from == NULL || eb == NULL) {
+        free(full);
+        free(eb);
+        free(from);
+        return PDX_ERR_NOMEM;
     }
-    free(full);
-    free(kb);
-    free(eb);
-    cJSON_Delete(req);
-    if (st != PDX_OK) {
-        return st;
-    }
-    const cJSON *hdr = cJSON_GetObjectItemCaseSensitive(resp, "header");
-    int64_t rev = etcd_json_i64(hdr, "revision");
-    const cJSON *kvs = cJSON_GetObjectItemCaseSensitive(resp, "kvs");
-    size_t n = (size_t)cJSON_GetArraySize(kvs);
-    char **seen = calloc(n ? n : 1, sizeof(*seen));
-    size_t nseen = 0, puts = 0, dels = 0;
-    const cJSON *kv;
-    cJSON_ArrayForEach(kv, kvs)
-    {
-        const cJSON *k = cJSON_GetObjectItemCaseSensitive(kv, "key");
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(kv, "value");
-        size_t klen = 0, vlen = 0;
-        char *key = cJSON_IsString(k) ? etcd_b64_dec(k->valuestring, &klen)
-                                      : NULL;
-        void *val = cJSON_IsString(v) ? etcd_b64_dec(v->valuestring, &vlen)
-                                      : NULL;
-        const char *rel = key ? rel_key(s, key) : NULL;
-        if (rel != NULL) {
-            int64_t mrev = etcd_json_i64(kv, "mod_revision");
-            ssize_t i = known_find(w, rel);
-            if (i < 0 || w->known[i].rev != mrev) {
-                queue_event(s, w->id, PDX_STORE_EV_PUT, PDX_STORE_EVF_RESYNC,
-                            rel, val, val ? vlen : 0, mrev,
-                            etcd_json_i64(kv, "lease"));
-                known_set(w, rel, mrev);
-                puts++;
+    memcpy(from, full, from_len);
+    int64_t rev = 0;
+    char **seen = NULL;
+    size_t nseen = 0, seen_cap = 0, puts = 0, dels = 0, pages = 0;
+    pdx_status_t st = PDX_OK;
+    bool complete = false;
+    for (int guard = 0; guard < 1000000 && st == PDX_OK && !complete;
+         guard++) {
+        char *kb = etcd_b64_enc(from, from_len);
+        cJSON *req = cJSON_CreateObject(), *resp = NULL;
+        st = PDX_ERR_NOMEM;
+        if (kb != NULL && req != NULL) {
+            cJSON_AddStringToObject(req, "key", kb);
+            cJSON_AddStringToObject(req, "range_end", eb);
+            etcd_json_add_i64(req, "limit", LIST_PAGE);
+            if (rev > 0) {
+                etcd_json_add_i64(req, "revision", rev);
             }
-            if (seen != NULL) {
-                seen[nseen++] = strdup(rel);
+            st = etcd_call(s, s->client->th, "/v3/kv/range", req, &resp, true,
+                           NULL, 0);
+        }
+        free(kb);
+        cJSON_Delete(req);
+        if (st != PDX_OK) {
+            break;
+        }
+        pages++;
+        if (rev == 0) {
+            rev = etcd_json_i64(
+                cJSON_GetObjectItemCaseSensitive(resp, "header"), "revision");
+        }
+        const cJSON *kvs = cJSON_GetObjectItemCaseSensitive(resp, "kvs");
+        const cJSON *kv;
+        char *last = NULL;
+        size_t last_len = 0;
+        cJSON_ArrayForEach(kv, kvs)
+        {
+            const cJSON *k = cJSON_GetObjectItemCaseSensitive(kv, "key");
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(kv, "value");
+            size_t klen = 0, vlen = 0;
+            char *key = cJSON_IsString(k) ? etcd_b64_dec(k->valuestring, &klen)
+                                          : NULL;
+            void *val = cJSON_IsString(v)
+                            ? etcd_b64_dec(v->valuestring, &vlen) : NULL;
+            const char *rel = key && strlen(key) == klen ? rel_key(s, key)
+                                                         : NULL;
+            if (rel != NULL) {
+                int64_t mrev = etcd_json_i64(kv, "mod_revision");
+                ssize_t i = known_find(w, rel);
+                if (i < 0 || w->known[i].rev != mrev) {
+                    queue_event(s, w->id, PDX_STORE_EV_PUT,
+                                PDX_STORE_EVF_RESYNC, rel, val,
+                                val ? vlen : 0, mrev,
+                                etcd_json_i64(kv, "lease"));
+                    known_set(w, rel, mrev);
+                    puts++;
+                }
+                if (nseen == seen_cap) {
+                    size_t cap = seen_cap ? seen_cap * 2 : 64;
+                    char **ns = realloc(seen, cap * sizeof(*ns));
+                    if (ns != NULL) {
+                        seen = ns;
+                        seen_cap = cap;
+                    }
+                }
+                if (nseen < seen_cap) {
+                    seen[nseen++] = strdup(rel);
+                }
             }
+            if (key != NULL) {
+                free(last);
+                last = key;
+                last_len = klen;
+            }
+            free(val);
         }
-        free(key);
-        free(val);
+        bool more = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(resp,
+                                                                  "more"));
+        cJSON_Delete(resp);
+        if (!more || last == NULL) {
+            free(last);
+            complete = true;
+            break;
+        }
+        /* The next page starts right after the last key (key + NUL). */
+        char *nf = realloc(last, last_len + 1);
+        if (nf == NULL) {
+            free(last);
+            st = PDX_ERR_NOMEM;
+            break;
+        }
+        nf[last_len] = '\0';
+        free(from);
+        from = nf;
+        from_len = last_len + 1;
     }
-    /* Keys reported before and gone now were deleted meanwhile. */
-    for (size_t i = 0; seen != NULL && i < w->nknown;) {
-        bool present = false;
-        for (size_t j = 0; j < nseen && !present; j++) {
-            present = seen[j] != NULL && strcmp(seen[j], w->known[i].key) == 0;
-        }
-        if (present) {
+    /* Keys reported before and gone now were deleted meanwhile (only
+     * when every page came: else the next resync finds them). */
+    for (size_t i = 0; complete && i < w->nknown;) {
+        if (str_in(seen, nseen, w->known[i].key)) {
             i++;
             continue;
         }
@@ -304,15 +379,22 @@ static pdx_status_t watch_resync(etcd_store_t *s, etcd_watch_t *w)
         free(seen[j]);
     }
     free(seen);
-    cJSON_Delete(resp);
-    pdx_debug("store etcd: watch %s resynced at revision %lld: %zu put, "
-              "%zu deleted", w->prefix, (long long)rev, puts, dels);
+    free(from);
+    free(full);
+    free(eb);
+    if (!complete) {
+        return st != PDX_OK ? st : PDX_ERR_IO;
+    }
+    pdx_debug("store etcd: watch %s resynced at revision %lld in %zu "
+              "page(s): %zu put, %zu deleted", w->prefix, (long long)rev,
+              pages, puts, dels);
     w->next_rev = rev + 1;
     w->need_resync = false;
     return PDX_OK;
 }
 
-/* One line of a watch stream: {"result": {...}} or {"error": {...}}. */
+/* One line of a prefix watch's stream: {"result": {...}} or
+ * {"error": {...}}. */
 static void stream_line(etcd_store_t *s, etcd_watch_t *w, const char *line,
                         size_t n)
 {
@@ -376,7 +458,7 @@ static void stream_line(etcd_store_t *s, etcd_watch_t *w, const char *line,
                                       : NULL;
         void *val = !del && cJSON_IsString(v)
                         ? etcd_b64_dec(v->valuestring, &vlen) : NULL;
-        const char *rel = key ? rel_key(s, key) : NULL;
+        const char *rel = key && strlen(key) == klen ? rel_key(s, key) : NULL;
         if (rel != NULL) {
             queue_event(s, w->id, del ? PDX_STORE_EV_DELETE : PDX_STORE_EV_PUT,
                         0, rel, val, val ? vlen : 0, mrev,
@@ -404,28 +486,47 @@ static size_t stream_data(char *p, size_t size, size_t nmemb, void *arg)
     return n;
 }
 
-/* Split the watch's received bytes into lines and handle each (thread). */
-static void stream_drain(etcd_store_t *s, etcd_watch_t *w)
+/* Split received bytes into lines; line(arg, line, len) for each, until
+ * stop() says so. Keeps a partial last line. */
+static void split_lines(etcd_buf_t *rx, void (*line)(void *, const char *,
+                                                     size_t),
+                        bool (*stop)(void *), void *arg)
 {
     size_t start = 0;
-    for (size_t i = 0; i < w->rx.len && !w->broken; i++) {
-        if (w->rx.data[i] == '\n') {
+    for (size_t i = 0; i < rx->len && !stop(arg); i++) {
+        if (rx->data[i] == '\n') {
             if (i > start) {
-                stream_line(s, w, w->rx.data + start, i - start);
+                line(arg, rx->data + start, i - start);
             }
             start = i + 1;
         }
     }
-    if (start > 0 && start <= w->rx.len) {
-        memmove(w->rx.data, w->rx.data + start, w->rx.len - start);
-        w->rx.len -= start;
+    if (start > 0 && start <= rx->len) {
+        memmove(rx->data, rx->data + start, rx->len - start);
+        rx->len -= start;
     }
 }
 
-static void stream_close(etcd_store_t *s, etcd_watch_t *w)
+static void w_line(void *arg, const char *l, size_t n)
+{
+    etcd_watch_t *w = arg;
+    stream_line(w->owner, w, l, n);
+}
+
+static bool w_stop(void *arg)
+{
+    return ((etcd_watch_t *)arg)->broken;
+}
+
+static void stream_drain(etcd_watch_t *w)
+{
+    split_lines(&w->rx, w_line, w_stop, w);
+}
+
+static void stream_close(etcd_client_t *c, etcd_watch_t *w)
 {
     if (w->h != NULL) {
-        curl_multi_remove_handle(s->multi, w->h);
+        curl_multi_remove_handle(c->multi, w->h);
         curl_easy_cleanup(w->h);
         w->h = NULL;
     }
@@ -434,19 +535,28 @@ static void stream_close(etcd_store_t *s, etcd_watch_t *w)
     etcd_buf_free(&w->rx);
     w->created = false;
     w->broken = false;
-    pthread_mutex_lock(&s->lock);
+    pthread_mutex_lock(&w->owner->lock);
     w->up = false;
-    pthread_mutex_unlock(&s->lock);
+    pthread_mutex_unlock(&w->owner->lock);
+}
+
+/* The wait before a retry after a backoff of `ms`: between half of it and
+ * all of it (jitter: clients that failed together retry apart). */
+static uint64_t backoff_ns(uint32_t ms)
+{
+    return etcd_rand_range((uint64_t)ms * 500000ull,
+                           (uint64_t)ms * 1000000ull);
 }
 
 static void stream_retry_later(etcd_store_t *s, etcd_watch_t *w)
 {
     w->backoff_ms = backoff_next(s, w->backoff_ms);
-    w->retry_at_ns = etcd_now_ns() + (uint64_t)w->backoff_ms * 1000000ull;
+    w->retry_at_ns = etcd_now_ns() + backoff_ns(w->backoff_ms);
 }
 
 static void stream_open(etcd_store_t *s, etcd_watch_t *w)
 {
+    etcd_client_t *c = s->client;
     if (w->need_resync && watch_resync(s, w) != PDX_OK) {
         stream_retry_later(s, w);
         return;
@@ -470,7 +580,7 @@ static void stream_open(etcd_store_t *s, etcd_watch_t *w)
     cJSON_Delete(req);
     w->h = w->body ? curl_easy_init() : NULL;
     if (w->h == NULL) {
-        stream_close(s, w);
+        stream_close(c, w);
         stream_retry_later(s, w);
         return;
     }
@@ -481,95 +591,777 @@ static void stream_open(etcd_store_t *s, etcd_watch_t *w)
     curl_easy_setopt(w->h, CURLOPT_WRITEFUNCTION, stream_data);
     curl_easy_setopt(w->h, CURLOPT_WRITEDATA, w);
     curl_easy_setopt(w->h, CURLOPT_PRIVATE, w);
-    if (curl_multi_add_handle(s->multi, w->h) != CURLM_OK) {
-        stream_close(s, w);
+    if (curl_multi_add_handle(c->multi, w->h) != CURLM_OK) {
+        stream_close(c, w);
         stream_retry_later(s, w);
     }
 }
 
-/* ---- lease (thread) ---- */
+/* ---- key watches: one multiplexed stream per client ----
+ *
+ * Every watched key of every member goes in one gRPC Watch call: one
+ * WatchRequest frame a key, each with its own watch_id (etcd keeps the
+ * watches of a half-closed stream). When the set of keys changes the
+ * stream is reopened with the new set (at most every MUX_GAP_MS), each key
+ * from the revision after the last one it reported, so nothing is lost;
+ * duplicates are dropped per subscriber by revision. */
 
-static void lease_step(etcd_store_t *s, uint64_t now)
+static void mux_set_up(etcd_client_t *c, etcd_kw_t *kw, bool up)
 {
-    pthread_mutex_lock(&s->lock);
-    int64_t lease = s->lease;
-    bool grant = lease == 0 && now >= s->lease_retry_at_ns;
-    bool keep = lease != 0 && now >= s->keepalive_at_ns;
-    pthread_mutex_unlock(&s->lock);
-    if (!grant && !keep) {
+    (void)c;
+    for (etcd_watch_t *w = kw->subs; w != NULL; w = w->kw_next) {
+        pthread_mutex_lock(&w->owner->lock);
+        w->up = up;
+        pthread_mutex_unlock(&w->owner->lock);
+    }
+}
+
+static void mux_close(etcd_client_t *c)
+{
+    if (c->mh != NULL) {
+        curl_multi_remove_handle(c->multi, c->mh);
+        curl_easy_cleanup(c->mh);
+        c->mh = NULL;
+    }
+    free(c->mbody);
+    c->mbody = NULL;
+    etcd_buf_free(&c->mrx);
+    c->mrep = NULL;
+    for (etcd_kw_t *kw = c->keys; kw != NULL; kw = kw->next) {
+        if (kw->created) {
+            mux_set_up(c, kw, false);
+        }
+        kw->created = false;
+        kw->wid = 0;
+    }
+}
+
+static void mux_retry_later(etcd_client_t *c, etcd_store_t *s)
+{
+    c->mbackoff_ms = s ? backoff_next(s, c->mbackoff_ms)
+                       : DEFAULT_RETRY_MIN_MS;
+    c->mretry_at_ns = etcd_now_ns() + backoff_ns(c->mbackoff_ms);
+    c->mbroken = true;
+}
+
+static size_t mux_data(char *p, size_t size, size_t nmemb, void *arg)
+{
+    etcd_client_t *c = arg;
+    size_t n = size * nmemb;
+    etcd_buf_add(&c->mrx, p, n);
+    c->rx_bytes += n;
+    return n;
+}
+
+static void kw_free(etcd_kw_t *kw)
+{
+    free(kw->full);
+    free(kw);
+}
+
+/* Take watch w off its key; a key nobody wants leaves the stream. */
+static void kw_unsub(etcd_client_t *c, etcd_watch_t *w)
+{
+    etcd_kw_t *kw = w->kw;
+    if (kw == NULL) {
         return;
     }
+    for (etcd_watch_t **pp = &kw->subs; *pp != NULL; pp = &(*pp)->kw_next) {
+        if (*pp == w) {
+            *pp = w->kw_next;
+            break;
+        }
+    }
+    w->kw = NULL;
+    w->kw_next = NULL;
+    if (kw->subs != NULL) {
+        return;
+    }
+    for (etcd_kw_t **pp = &c->keys; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == kw) {
+            *pp = kw->next;
+            c->nkeys--;
+            break;
+        }
+    }
+    kw_free(kw);
+    c->mdirty = true;
+}
+
+/* Put key watch w on its key (a new key joins the stream). */
+static void kw_sub(etcd_client_t *c, etcd_watch_t *w)
+{
+    char *full = etcd_full_key(w->owner, w->prefix);
+    if (full == NULL) {
+        return; /* retried at the next pass */
+    }
+    etcd_kw_t *kw = c->keys;
+    while (kw != NULL && strcmp(kw->full, full) != 0) {
+        kw = kw->next;
+    }
+    if (kw == NULL) {
+        kw = calloc(1, sizeof(*kw));
+        if (kw == NULL) {
+            free(full);
+            return;
+        }
+        kw->full = full;
+        full = NULL;
+        kw->next = c->keys;
+        c->keys = kw;
+        c->nkeys++;
+        c->mdirty = true;
+    }
+    free(full);
+    w->kw = kw;
+    w->kw_next = kw->subs;
+    kw->subs = w;
+    if (!w->need_resync) {
+        if (w->next_rev == 0) {
+            w->next_rev = kw->created ? kw->pos : 0;
+        } else if (kw->created && kw->pos > w->next_rev) {
+            c->mdirty = true; /* wants history the stream is past */
+        }
+    }
+    if (kw->created && !w->need_resync) {
+        pthread_mutex_lock(&w->owner->lock);
+        w->up = true;
+        pthread_mutex_unlock(&w->owner->lock);
+    }
+}
+
+/* Read the key of kw once for every subscriber that needs its current
+ * value (a new watch with PDX_STORE_WATCH_INITIAL, or after a
+ * compaction) and report what differs from what each was told. */
+static pdx_status_t kw_read(etcd_client_t *c, etcd_kw_t *kw)
+{
+    etcd_watch_t *w0 = kw->subs;
+    while (w0 != NULL && !w0->need_resync) {
+        w0 = w0->kw_next;
+    }
+    if (w0 == NULL) {
+        return PDX_OK;
+    }
+    etcd_store_t *s0 = w0->owner;
+    char *kb = etcd_b64_enc(kw->full, strlen(kw->full));
+    cJSON *req = cJSON_CreateObject(), *resp = NULL;
+    pdx_status_t st = PDX_ERR_NOMEM;
+    if (kb != NULL && req != NULL) {
+        cJSON_AddStringToObject(req, "key", kb);
+        st = etcd_call(s0, c->th, "/v3/kv/range", req, &resp, true, NULL, 0);
+    }
+    free(kb);
+    cJSON_Delete(req);
+    if (st != PDX_OK) {
+        return st;
+    }
+    int64_t rev = etcd_json_i64(
+        cJSON_GetObjectItemCaseSensitive(resp, "header"), "revision");
+    const cJSON *kv = cJSON_GetArrayItem(
+        cJSON_GetObjectItemCaseSensitive(resp, "kvs"), 0);
+    const cJSON *k = cJSON_GetObjectItemCaseSensitive(kv, "key");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(kv, "value");
+    size_t klen = 0, vlen = 0;
+    char *key = cJSON_IsString(k) ? etcd_b64_dec(k->valuestring, &klen) : NULL;
+    bool present = key != NULL && strcmp(key, kw->full) == 0;
+    void *val = present && cJSON_IsString(v)
+                    ? etcd_b64_dec(v->valuestring, &vlen) : NULL;
+    int64_t mrev = present ? etcd_json_i64(kv, "mod_revision") : 0;
+    int64_t lease = present ? etcd_json_i64(kv, "lease") : 0;
+    for (etcd_watch_t *w = kw->subs; w != NULL; w = w->kw_next) {
+        if (!w->need_resync) {
+            continue;
+        }
+        if (present && w->known_rev != mrev) {
+            queue_event(w->owner, w->id, PDX_STORE_EV_PUT,
+                        PDX_STORE_EVF_RESYNC, w->prefix, val,
+                        val ? vlen : 0, mrev, lease);
+            w->known_rev = mrev;
+        } else if (!present && w->known_rev != 0) {
+            queue_event(w->owner, w->id, PDX_STORE_EV_DELETE,
+                        PDX_STORE_EVF_RESYNC, w->prefix, NULL, 0, rev, 0);
+            w->known_rev = 0;
+        }
+        w->next_rev = rev + 1;
+        w->need_resync = false;
+        if (kw->created) {
+            if (kw->pos > w->next_rev) {
+                c->mdirty = true;
+            } else {
+                pthread_mutex_lock(&w->owner->lock);
+                w->up = true;
+                pthread_mutex_unlock(&w->owner->lock);
+            }
+        }
+    }
+    free(key);
+    free(val);
+    cJSON_Delete(resp);
+    return PDX_OK;
+}
+
+static etcd_store_t *first_member(etcd_client_t *c)
+{
+    pthread_mutex_lock(&c->lock);
+    etcd_store_t *s = c->members;
+    while (s != NULL && s->detaching) {
+        s = s->cnext;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return s;
+}
+
+static size_t mux_header(char *p, size_t size, size_t n, void *arg)
+{
+    etcd_client_t *c = arg;
+    size_t len = size * n;
+    static const char gs[] = "grpc-status:";
+    if (len > sizeof(gs) - 1 && strncasecmp(p, gs, sizeof(gs) - 1) == 0) {
+        int code = atoi(p + sizeof(gs) - 1);
+        if (code != 0) {
+            pdx_warn("store etcd: key-watch stream ended by etcd: grpc-status "
+                     "%d", code);
+            if (code == 16 && c->mrep != NULL) {
+                etcd_auth_invalidate(c->mrep);
+            }
+        }
+    }
+    return len;
+}
+
+/* Open the stream: etcd's gRPC Watch over HTTP/2, one WatchRequest frame
+ * a key. (The JSON gateway drops the create requests of a body it has
+ * not read when it starts answering: one per stream only.) */
+static void mux_open(etcd_client_t *c)
+{
+    etcd_store_t *rep = first_member(c);
+    if (rep == NULL || c->keys == NULL) {
+        return;
+    }
+    etcd_buf_t body = {0};
+    uint64_t wid = 0;
+    for (etcd_kw_t *kw = c->keys; kw != NULL; kw = kw->next) {
+        int64_t start = kw->pos;
+        for (etcd_watch_t *w = kw->subs; w != NULL; w = w->kw_next) {
+            if (!w->need_resync && w->next_rev > 0 &&
+                (start == 0 || w->next_rev < start)) {
+                start = w->next_rev;
+            }
+        }
+        kw->pos = start;
+        kw->created = false;
+        kw->wid = ++wid;
+        etcd_pb_watch_create(&body, kw->full, start, (int64_t)kw->wid);
+    }
+    c->mbody = body.data;
+    c->mbody_len = body.len;
+    c->mh = c->mbody ? curl_easy_init() : NULL;
+    if (c->mh == NULL) {
+        mux_close(c);
+        mux_retry_later(c, rep);
+        return;
+    }
+    pthread_mutex_lock(&rep->lock);
+    char url[512];
+    snprintf(url, sizeof(url), "%s/etcdserverpb.Watch/Watch",
+             rep->endpoints[rep->ep]);
+    bool tls = strncmp(rep->endpoints[rep->ep], "https://", 8) == 0;
+    char endpoint[256];
+    snprintf(endpoint, sizeof(endpoint), "%s", rep->endpoints[rep->ep]);
+    pthread_mutex_unlock(&rep->lock);
+    CURL *h = c->mh;
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTP_VERSION,
+                     tls ? (long)CURL_HTTP_VERSION_2TLS
+                         : (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE);
+    curl_easy_setopt(h, CURLOPT_POST, 1L);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, c->mbody);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)c->mbody_len);
+    etcd_auth_ensure(rep, endpoint);
+    pthread_mutex_lock(&rep->lock);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, rep->ghdrs);
+    pthread_mutex_unlock(&rep->lock);
+    etcd_tls_setup(rep, h);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, mux_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, c);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, mux_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, c);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)rep->timeout_ms);
+    /* A connection of its own: curl 7.88 fails streams that share a
+     * prior-knowledge h2c connection ("Error in the HTTP2 framing
+     * layer"). */
+    curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
+    curl_easy_setopt(h, CURLOPT_FORBID_REUSE, 1L);
+    curl_easy_setopt(h, CURLOPT_PRIVATE, NULL);
+    if (curl_multi_add_handle(c->multi, c->mh) != CURLM_OK) {
+        mux_close(c);
+        mux_retry_later(c, rep);
+        return;
+    }
+    c->mrep = rep;
+    c->mopened_ns = etcd_now_ns();
+    c->mopens++;
+    pdx_debug("store etcd: key-watch stream opened with %u key(s) (agent "
+              "%s's client)", c->nkeys, rep->host.agent_name);
+}
+
+static etcd_kw_t *kw_by_wid(etcd_client_t *c, uint64_t wid)
+{
+    for (etcd_kw_t *kw = c->keys; kw != NULL; kw = kw->next) {
+        if (kw->wid == wid) {
+            return kw;
+        }
+    }
+    return NULL;
+}
+
+typedef struct mux_ev_ctx {
+    etcd_client_t *c;
+    etcd_kw_t *kw;
+} mux_ev_ctx_t;
+
+static void mux_event(void *arg, const etcd_pb_event_t *ev)
+{
+    mux_ev_ctx_t *x = arg;
+    etcd_kw_t *kw = x->kw;
+    int64_t mrev = ev->mod_revision;
+    if (mrev <= 0 || (kw->pos > 0 && mrev < kw->pos)) {
+        return; /* reported before the stream was reopened */
+    }
+    if (ev->key_len != strlen(kw->full) ||
+        memcmp(ev->key, kw->full, ev->key_len) != 0) {
+        return; /* another key than the one asked for: untrusted */
+    }
+    kw->pos = mrev + 1;
+    pdx_debug("store etcd: key watch %s: %s at revision %lld", kw->full,
+              ev->is_delete ? "delete" : "put", (long long)mrev);
+    for (etcd_watch_t *w = kw->subs; w != NULL; w = w->kw_next) {
+        if (w->need_resync || mrev < w->next_rev) {
+            continue;
+        }
+        queue_event(w->owner, w->id,
+                    ev->is_delete ? PDX_STORE_EV_DELETE : PDX_STORE_EV_PUT, 0,
+                    w->prefix, ev->is_delete ? NULL : ev->value,
+                    ev->is_delete ? 0 : ev->value_len, mrev, ev->lease);
+        w->next_rev = mrev + 1;
+        w->known_rev = ev->is_delete ? 0 : mrev;
+    }
+}
+
+/* One WatchResponse of the stream (untrusted bytes). */
+static void mux_msg(etcd_client_t *c, const uint8_t *p, size_t n)
+{
+    etcd_pb_watch_t wr;
+    if (etcd_pb_watch_resp(p, n, &wr, NULL, NULL) < 0) {
+        pdx_warn("store etcd: key-watch stream: malformed message (%zu "
+                 "bytes): reopening", n);
+        mux_retry_later(c, c->mrep);
+        return;
+    }
+    if (wr.revision > 0 && c->mrep != NULL) {
+        etcd_note_ok(c->mrep, wr.revision);
+    }
+    etcd_kw_t *kw = wr.watch_id > 0 ? kw_by_wid(c, (uint64_t)wr.watch_id)
+                                    : NULL;
+    if (kw == NULL) {
+        return; /* not one of ours, or a key dropped since */
+    }
+    if (wr.created) {
+        kw->created = true;
+        c->mbackoff_ms = 0;
+        if (kw->pos == 0) {
+            kw->pos = wr.revision + 1;
+        }
+        for (etcd_watch_t *w = kw->subs; w != NULL; w = w->kw_next) {
+            if (!w->need_resync && w->next_rev == 0) {
+                w->next_rev = kw->pos;
+            }
+        }
+        mux_set_up(c, kw, true);
+    }
+    if (wr.canceled) {
+        if (wr.compact_revision > 0) {
+            pdx_info("store etcd: key watch %s: revision %lld was compacted "
+                     "(oldest kept %lld): reading the key instead", kw->full,
+                     (long long)kw->pos, (long long)wr.compact_revision);
+            for (etcd_watch_t *w = kw->subs; w != NULL; w = w->kw_next) {
+                w->need_resync = true;
+            }
+            kw->pos = 0;
+            c->mdirty = true;
+        } else {
+            pdx_warn("store etcd: key watch %s canceled by the server",
+                     kw->full);
+            mux_retry_later(c, c->mrep);
+        }
+        mux_set_up(c, kw, false);
+        kw->created = false;
+        return;
+    }
+    mux_ev_ctx_t x = {c, kw};
+    etcd_pb_watch_resp(p, n, &wr, mux_event, &x);
+}
+
+static bool mux_stop(void *arg)
+{
+    etcd_client_t *c = arg;
+    return c->mh == NULL || (c->mbroken && c->mretry_at_ns > etcd_now_ns());
+}
+
+/* Reads, then a (re)open when the key set changed or the stream broke. */
+static void mux_step(etcd_client_t *c, uint64_t now)
+{
+    if (now < c->mretry_at_ns) {
+        return;
+    }
+    for (etcd_kw_t *kw = c->keys; kw != NULL; kw = kw->next) {
+        if (kw_read(c, kw) != PDX_OK) {
+            mux_retry_later(c, kw->subs ? kw->subs->owner : NULL);
+            return;
+        }
+    }
+    /* Every key acknowledged (created) within the wait, else the stream is
+     * not to be trusted: reopened. */
+    if (c->mh != NULL && !c->mbroken && !c->mdirty &&
+        now >= c->mopened_ns + (uint64_t)MUX_CREATE_WAIT_MS * 1000000ull) {
+        for (etcd_kw_t *kw = c->keys; kw != NULL; kw = kw->next) {
+            if (!kw->created) {
+                pdx_warn("store etcd: key watch %s not created by etcd "
+                         "within %u ms: reopening the stream", kw->full,
+                         MUX_CREATE_WAIT_MS);
+                c->mbroken = true;
+                break;
+            }
+        }
+    }
+    bool gap_ok = c->mh == NULL || c->mbroken ||
+                  now >= c->mopened_ns + (uint64_t)MUX_GAP_MS * 1000000ull;
+    if ((c->mdirty || c->mbroken) && gap_ok) {
+        mux_close(c);
+        c->mdirty = c->mbroken = false;
+        mux_open(c);
+    }
+}
+
+/* The gRPC frames received so far (5-byte prefix: flag, length). */
+static void mux_drain(etcd_client_t *c)
+{
+    size_t off = 0;
+    for (int guard = 0; guard < 1000000 && c->mh != NULL && !mux_stop(c) &&
+                        c->mrx.len - off >= 5;
+         guard++) {
+        const uint8_t *b = (const uint8_t *)c->mrx.data + off;
+        size_t len = (size_t)b[1] << 24 | (size_t)b[2] << 16 |
+                     (size_t)b[3] << 8 | (size_t)b[4];
+        if (b[0] != 0 || len > MUX_MSG_MAX) {
+            pdx_warn("store etcd: key-watch stream: bad frame (flag %u, %zu "
+                     "bytes): reopening", b[0], len);
+            mux_retry_later(c, c->mrep);
+            off = c->mrx.len;
+            break;
+        }
+        if (c->mrx.len - off - 5 < len) {
+            break;
+        }
+        mux_msg(c, b + 5, len);
+        off += 5 + len;
+    }
+    if (off > 0 && c->mrx.data != NULL) {
+        memmove(c->mrx.data, c->mrx.data + off, c->mrx.len - off);
+        c->mrx.len -= off;
+    }
+}
+
+static bool mux_pending_reads(etcd_client_t *c)
+{
+    for (etcd_kw_t *kw = c->keys; kw != NULL; kw = kw->next) {
+        for (etcd_watch_t *w = kw->subs; w != NULL; w = w->kw_next) {
+            if (w->need_resync) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+/* ---- lease (the client's lease thread) ---- */
+
+/* Renewal period: a third of the TTL, +-10 % so that the members of a
+ * fleet started together spread out. */
+static uint64_t ka_period_ns(etcd_store_t *s)
+{
+    uint64_t ttl = s->lease_ttl_s ? s->lease_ttl_s : s->ttl_s;
+    uint64_t p = ttl * 1000000000ull / 3;
+    return etcd_rand_range(p - p / 10, p + p / 10);
+}
+
+static void lease_grant(etcd_store_t *s, CURL *h)
+{
     cJSON *req = cJSON_CreateObject(), *resp = NULL;
     if (req == NULL) {
         return;
     }
-    if (grant) {
-        etcd_json_add_i64(req, "TTL", s->ttl_s);
-    } else {
-        etcd_json_add_i64(req, "ID", lease);
-    }
-    pdx_status_t st = etcd_call(s, s->th, grant ? "/v3/lease/grant"
-                                                : "/v3/lease/keepalive",
-                                req, &resp, true, NULL, 0);
+    etcd_json_add_i64(req, "TTL", s->ttl_s);
+    pdx_status_t st = etcd_call(s, h, "/v3/lease/grant", req, &resp, true,
+                                NULL, 0);
     cJSON_Delete(req);
-    now = etcd_now_ns();
+    uint64_t now = etcd_now_ns();
     pthread_mutex_lock(&s->lock);
-    if (grant) {
-        int64_t id = st == PDX_OK ? etcd_json_i64(resp, "ID") : 0;
-        if (id != 0) {
-            s->lease = id;
-            s->lease_ttl_s = (uint32_t)etcd_json_i64(resp, "TTL");
-            s->leases_granted++;
-            s->lease_backoff_ms = 0;
-            uint64_t period_ms = (uint64_t)s->lease_ttl_s * 1000 / 3;
-            s->keepalive_at_ns = now + period_ms * 1000000ull;
-            s->state_dirty = true;
-            uint32_t nkeys = 0;
-            for (etcd_leased_t *k = s->leased; k != NULL; k = k->next) {
-                nkeys++;
-            }
-            if (s->leases_granted > 1) {
-                pdx_warn("store etcd (ns %s, agent %s): new lease %llx (TTL "
-                         "%u s) after the last one expired: publishing %u "
-                         "key(s) again", s->ns, s->host.agent_name,
-                         (unsigned long long)id, s->lease_ttl_s, nkeys);
-            } else {
-                pdx_info("store etcd (ns %s, agent %s): lease %llx granted "
-                         "(TTL %u s)", s->ns, s->host.agent_name,
-                         (unsigned long long)id, s->lease_ttl_s);
-            }
+    int64_t id = st == PDX_OK ? etcd_json_i64(resp, "ID") : 0;
+    if (id != 0) {
+        s->lease = id;
+        s->lease_ttl_s = (uint32_t)etcd_json_i64(resp, "TTL");
+        if (s->lease_ttl_s == 0) {
+            s->lease_ttl_s = s->ttl_s;
+        }
+        s->leases_granted++;
+        s->lease_backoff_ms = 0;
+        s->keepalive_at_ns = now + ka_period_ns(s);
+        s->republish_at_ns = 0;
+        s->state_dirty = true;
+        uint32_t nkeys = 0;
+        for (etcd_leased_t *k = s->leased; k != NULL; k = k->next) {
+            nkeys++;
+        }
+        if (s->leases_granted > 1) {
+            pdx_warn("store etcd (ns %s, agent %s): new lease %llx (TTL "
+                     "%u s) after the last one expired: publishing %u "
+                     "key(s) again", s->ns, s->host.agent_name,
+                     (unsigned long long)id, s->lease_ttl_s, nkeys);
         } else {
-            s->lease_backoff_ms = backoff_next(s, s->lease_backoff_ms);
-            s->lease_retry_at_ns =
-                now + (uint64_t)s->lease_backoff_ms * 1000000ull;
+            pdx_info("store etcd (ns %s, agent %s): lease %llx granted "
+                     "(TTL %u s)", s->ns, s->host.agent_name,
+                     (unsigned long long)id, s->lease_ttl_s);
         }
     } else {
-        const cJSON *res = cJSON_GetObjectItemCaseSensitive(resp, "result");
-        if (st == PDX_OK && etcd_json_i64(res, "TTL") > 0) {
-            uint64_t period_ms = (uint64_t)s->lease_ttl_s * 1000 / 3;
-            s->keepalive_at_ns = now + period_ms * 1000000ull;
-            s->lease_backoff_ms = 0;
-        } else if (st == PDX_OK || st == PDX_ERR_NOT_FOUND) {
-            pdx_warn("store etcd (ns %s, agent %s): lease %llx expired (the "
-                     "store did not hear from this agent for its TTL): "
-                     "granting a new one", s->ns, s->host.agent_name,
-                     (unsigned long long)lease);
-            s->lease = 0;
-            s->lease_retry_at_ns = now;
-            s->state_dirty = true;
-        } else {
-            /* Unreachable: retry sooner than the period, and the streams
-             * may be dead without knowing it (a partition sends no RST). */
-            s->lease_backoff_ms = backoff_next(s, s->lease_backoff_ms);
-            uint64_t period_ms = (uint64_t)s->lease_ttl_s * 1000 / 3;
-            uint64_t wait_ms = s->lease_backoff_ms < period_ms
-                                   ? s->lease_backoff_ms : period_ms;
-            s->keepalive_at_ns = now + wait_ms * 1000000ull;
-            s->restart_watches = true;
-        }
+        s->lease_backoff_ms = backoff_next(s, s->lease_backoff_ms);
+        s->lease_retry_at_ns = now + backoff_ns(s->lease_backoff_ms);
     }
     pthread_mutex_unlock(&s->lock);
     cJSON_Delete(resp);
+}
+
+/* The outcome of renewing `lease` of s: st PDX_OK with the TTL left (0:
+ * expired), PDX_ERR_NOT_FOUND (expired), else not reached. */
+static void lease_renewed(etcd_store_t *s, int64_t lease, pdx_status_t st,
+                          int64_t ttl)
+{
+    uint64_t now = etcd_now_ns();
+    pthread_mutex_lock(&s->lock);
+    if (s->lease != lease) {
+        pthread_mutex_unlock(&s->lock); /* replaced meanwhile */
+        return;
+    }
+    if (st == PDX_OK && ttl > 0) {
+        s->keepalive_at_ns = now + ka_period_ns(s);
+        s->lease_backoff_ms = 0;
+    } else if (st == PDX_OK || st == PDX_ERR_NOT_FOUND) {
+        pdx_warn("store etcd (ns %s, agent %s): lease %llx expired (the "
+                 "store did not hear from this agent for its TTL): "
+                 "granting a new one", s->ns, s->host.agent_name,
+                 (unsigned long long)lease);
+        s->lease = 0;
+        s->lease_retry_at_ns = now;
+        s->state_dirty = true;
+    } else {
+        /* Unreachable: retry sooner than the period, and the streams may
+         * be dead without knowing it (a partition sends no RST). */
+        s->lease_backoff_ms = backoff_next(s, s->lease_backoff_ms);
+        uint64_t period = (uint64_t)s->lease_ttl_s * 1000000000ull / 3;
+        uint64_t wait = backoff_ns(s->lease_backoff_ms);
+        s->keepalive_at_ns = now + (wait < period ? wait : period);
+        s->restart_watches = true;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Renew the leases of n members in one request: the gateway's keepalive
+ * is a stream, and a body of one request a line gets one result a line.
+ * A refusal that is not a result (auth) falls back to one call each. */
+static void lease_keepalive_batch(etcd_client_t *c, etcd_store_t **ms,
+                                  const int64_t *ids, size_t n)
+{
+    etcd_buf_t body = {0};
+    for (size_t i = 0; i < n; i++) {
+        char line[64];
+        int l = snprintf(line, sizeof(line), "{\"ID\":\"%lld\"}\n",
+                         (long long)ids[i]);
+        etcd_buf_add(&body, line, (size_t)l);
+    }
+    etcd_store_t *s0 = ms[0];
+    pthread_mutex_lock(&s0->lock);
+    const char *endpoint = s0->endpoints[s0->ep];
+    pthread_mutex_unlock(&s0->lock);
+    etcd_buf_t out = {0};
+    CURLcode cc = CURLE_OUT_OF_MEMORY;
+    long code = 0;
+    if (body.data != NULL) {
+        etcd_easy_setup(s0, c->lh, endpoint, "/v3/lease/keepalive",
+                        body.data, &out, (long)s0->timeout_ms);
+        cc = curl_easy_perform(c->lh);
+        curl_easy_getinfo(c->lh, CURLINFO_RESPONSE_CODE, &code);
+    }
+    int64_t *ttl = calloc(n, sizeof(*ttl));
+    bool *got = calloc(n, sizeof(*got));
+    int64_t rev = 0;
+    size_t ngot = 0;
+    for (size_t p = 0; cc == CURLE_OK && code == 200 && ttl && got &&
+                       out.data != NULL && p < out.len;) {
+        char *nl = memchr(out.data + p, '\n', out.len - p);
+        size_t e = nl ? (size_t)(nl - out.data) : out.len;
+        cJSON *j = cJSON_ParseWithLength(out.data + p, e - p);
+        const cJSON *res = cJSON_GetObjectItemCaseSensitive(j, "result");
+        int64_t id = etcd_json_i64(res, "ID");
+        int64_t hr = etcd_json_i64(
+            cJSON_GetObjectItemCaseSensitive(res, "header"), "revision");
+        rev = hr > rev ? hr : rev;
+        for (size_t i = 0; id != 0 && i < n; i++) {
+            if (ids[i] == id && !got[i]) {
+                got[i] = true;
+                ttl[i] = etcd_json_i64(res, "TTL");
+                ngot++;
+                break;
+            }
+        }
+        cJSON_Delete(j);
+        p = e + 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        etcd_store_t *s = ms[i];
+        pthread_mutex_lock(&s->lock);
+        s->requests += i == 0;
+        s->keepalives++;
+        pthread_mutex_unlock(&s->lock);
+        if (got != NULL && got[i]) {
+            etcd_note_ok(s, rev);
+            lease_renewed(s, ids[i], PDX_OK, ttl[i]);
+        } else if (cc == CURLE_OK && ngot == 0) {
+            /* Not a stream of results: one call, with its auth retry. */
+            cJSON *req = cJSON_CreateObject(), *resp = NULL;
+            pdx_status_t st = PDX_ERR_NOMEM;
+            if (req != NULL) {
+                etcd_json_add_i64(req, "ID", ids[i]);
+                st = etcd_call(s, c->lh, "/v3/lease/keepalive", req, &resp,
+                               true, NULL, 0);
+            }
+            const cJSON *res = cJSON_GetObjectItemCaseSensitive(resp,
+                                                                "result");
+            lease_renewed(s, ids[i], st, etcd_json_i64(res, "TTL"));
+            cJSON_Delete(req);
+            cJSON_Delete(resp);
+        } else {
+            char what[256];
+            snprintf(what, sizeof(what), "%s/v3/lease/keepalive: %s",
+                     endpoint, cc != CURLE_OK ? curl_easy_strerror(cc)
+                                              : "no result for the lease");
+            etcd_note_fail(s, what);
+            lease_renewed(s, ids[i], PDX_ERR_UNAVAILABLE, 0);
+        }
+    }
+    free(ttl);
+    free(got);
+    etcd_buf_free(&out);
+    etcd_buf_free(&body);
+}
+
+static void cv_wait_until(etcd_client_t *c, uint64_t deadline_ns)
+{
+    if (deadline_ns == UINT64_MAX) {
+        pthread_cond_wait(&c->cv, &c->lock);
+        return;
+    }
+    struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000ull),
+                          .tv_nsec = (long)(deadline_ns % 1000000000ull)};
+    pthread_cond_timedwait(&c->cv, &c->lock, &ts); /* CLOCK_MONOTONIC */
+}
+
+/* The lease thread: grants and renewals of every member, nothing else,
+ * so a slow listing, put or callback never delays a keepalive. Due
+ * renewals go together with those due within half a period: members
+ * settle on one request per period. */
+static void *lease_main(void *arg)
+{
+    etcd_client_t *c = arg;
+    pthread_mutex_lock(&c->lock);
+    while (!c->stop) {
+        uint64_t now = etcd_now_ns(), next = UINT64_MAX;
+        etcd_store_t *grant[LEASE_BATCH], *keep[LEASE_BATCH];
+        int64_t ids[LEASE_BATCH];
+        size_t ng = 0, nk = 0;
+        bool due = false;
+        for (etcd_store_t *s = c->members; s != NULL; s = s->cnext) {
+            if (s->detaching || s->lease_busy) {
+                continue;
+            }
+            pthread_mutex_lock(&s->lock);
+            if (s->lease == 0) {
+                if (now >= s->lease_retry_at_ns && ng < LEASE_BATCH) {
+                    grant[ng++] = s;
+                    s->lease_busy = true;
+                } else if (s->lease_retry_at_ns < next) {
+                    next = s->lease_retry_at_ns;
+                }
+            } else if (now >= s->keepalive_at_ns) {
+                due = true;
+            } else if (s->keepalive_at_ns < next) {
+                next = s->keepalive_at_ns;
+            }
+            pthread_mutex_unlock(&s->lock);
+        }
+        for (etcd_store_t *s = c->members; due && s != NULL; s = s->cnext) {
+            if (s->detaching || s->lease_busy || nk == LEASE_BATCH) {
+                continue;
+            }
+            pthread_mutex_lock(&s->lock);
+            uint64_t half = (uint64_t)s->lease_ttl_s * 1000000000ull / 6;
+            if (s->lease != 0 && s->keepalive_at_ns <= now + half) {
+                uint64_t late = now > s->keepalive_at_ns
+                                    ? (now - s->keepalive_at_ns) / 1000000
+                                    : 0;
+                if (late > s->lease_late_ms) {
+                    s->lease_late_ms = late;
+                }
+                keep[nk] = s;
+                ids[nk++] = s->lease;
+                s->lease_busy = true;
+            }
+            pthread_mutex_unlock(&s->lock);
+        }
+        if (ng == 0 && nk == 0) {
+            cv_wait_until(c, next);
+            continue;
+        }
+        pthread_mutex_unlock(&c->lock);
+        for (size_t i = 0; i < ng; i++) {
+            lease_grant(grant[i], c->lh);
+        }
+        if (nk > 0) {
+            lease_keepalive_batch(c, keep, ids, nk);
+        }
+        curl_multi_wakeup(c->multi); /* republish, state, streams */
+        pthread_mutex_lock(&c->lock);
+        for (size_t i = 0; i < ng; i++) {
+            grant[i]->lease_busy = false;
+        }
+        for (size_t i = 0; i < nk; i++) {
+            keep[i]->lease_busy = false;
+        }
+        pthread_cond_broadcast(&c->cv);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+/* Wake the lease thread (a member lost its lease, or joined). No
+ * instance lock held. */
+static void lease_kick(etcd_client_t *c)
+{
+    pthread_mutex_lock(&c->lock);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->lock);
 }
 
 /* Put one key under `lease`. */
@@ -602,9 +1394,11 @@ static pdx_status_t put_raw(etcd_store_t *s, CURL *h, const char *key,
     return st;
 }
 
-/* Publish leased keys not yet stored under the current lease (thread). */
-static void republish_step(etcd_store_t *s)
+/* Publish leased keys not yet stored under the current lease (client
+ * thread); a failure retries after a jittered backoff. */
+static void republish_step(etcd_store_t *s, uint64_t now)
 {
+    bool lost = false;
     for (int guard = 0; guard < 1024; guard++) {
         pthread_mutex_lock(&s->pub_lock);
         pthread_mutex_lock(&s->lock);
@@ -613,29 +1407,41 @@ static void republish_step(etcd_store_t *s)
         while (k != NULL && k->lease_put == lease) {
             k = k->next;
         }
+        bool wait = now < s->republish_at_ns;
         pthread_mutex_unlock(&s->lock);
-        if (lease == 0 || k == NULL) {
+        if (lease == 0 || k == NULL || wait) {
             pthread_mutex_unlock(&s->pub_lock);
-            return;
+            break;
         }
         /* Entries change only under pub_lock: k stays valid. */
-        pdx_status_t st = put_raw(s, s->th, k->key, k->value, k->len, lease,
-                                  true);
+        pdx_status_t st = put_raw(s, s->client->th, k->key, k->value, k->len,
+                                  lease, true);
         pthread_mutex_lock(&s->lock);
         if (st == PDX_OK) {
             k->lease_put = lease;
+            s->republish_backoff_ms = 0;
             pdx_info("store etcd (ns %s): published %s (%zu bytes) under "
                      "lease %llx", s->ns, k->key, k->len,
                      (unsigned long long)lease);
-        } else if (st == PDX_ERR_NOT_FOUND && s->lease == lease) {
-            s->lease = 0; /* lease gone: grant another, then retry */
-            s->lease_retry_at_ns = etcd_now_ns();
+        } else {
+            if (st == PDX_ERR_NOT_FOUND && s->lease == lease) {
+                s->lease = 0; /* lease gone: grant another, then retry */
+                s->lease_retry_at_ns = etcd_now_ns();
+                lost = true;
+            }
+            s->republish_backoff_ms = backoff_next(s,
+                                                   s->republish_backoff_ms);
+            s->republish_at_ns = etcd_now_ns() +
+                                 backoff_ns(s->republish_backoff_ms);
         }
         pthread_mutex_unlock(&s->lock);
         pthread_mutex_unlock(&s->pub_lock);
         if (st != PDX_OK) {
-            return; /* retried at the next pass, after the lease step */
+            break;
         }
+    }
+    if (lost) {
+        lease_kick(s->client);
     }
 }
 
@@ -647,12 +1453,25 @@ static etcd_watch_t *watch_head(etcd_store_t *s)
     return w;
 }
 
+static void watch_free(etcd_watch_t *w)
+{
+    free(w->prefix);
+    free(w->body);
+    etcd_buf_free(&w->rx);
+    known_free(w);
+    free(w);
+}
+
 static void watches_step(etcd_store_t *s, uint64_t now)
 {
+    etcd_client_t *c = s->client;
     pthread_mutex_lock(&s->lock);
     bool restart = s->restart_watches;
     s->restart_watches = false;
     pthread_mutex_unlock(&s->lock);
+    if (restart && c->mh != NULL) {
+        c->mbroken = true; /* reopened at once, from where it was */
+    }
     /* The list only grows from other threads (at its head) and is pruned
      * here: after reading the head under the lock this thread may walk it
      * (`removed` is read under the lock). */
@@ -662,13 +1481,19 @@ static void watches_step(etcd_store_t *s, uint64_t now)
         bool removed = w->removed;
         etcd_watch_t *next = w->next;
         pthread_mutex_unlock(&s->lock);
-        if (removed) {
+        if (w->keyed) {
+            if (removed) {
+                kw_unsub(c, w);
+            } else if (w->kw == NULL) {
+                kw_sub(c, w);
+            }
+        } else if (removed) {
             if (w->h != NULL) {
-                stream_close(s, w);
+                stream_close(c, w);
             }
         } else if (w->h != NULL && (restart || w->broken)) {
             bool resync = w->need_resync;
-            stream_close(s, w);
+            stream_close(c, w);
             if (resync) {
                 w->retry_at_ns = now; /* compacted: list and reopen now */
             } else {
@@ -684,11 +1509,9 @@ static void watches_step(etcd_store_t *s, uint64_t now)
     etcd_watch_t **pp = &s->watches;
     while (*pp != NULL) {
         etcd_watch_t *x = *pp;
-        if (x->removed && x->h == NULL) {
+        if (x->removed && x->h == NULL && x->kw == NULL) {
             *pp = x->next;
-            free(x->prefix);
-            known_free(x);
-            free(x);
+            watch_free(x);
         } else {
             pp = &x->next;
         }
@@ -696,12 +1519,35 @@ static void watches_step(etcd_store_t *s, uint64_t now)
     pthread_mutex_unlock(&s->lock);
 }
 
-static void streams_done(etcd_store_t *s)
+static void streams_done(etcd_client_t *c)
 {
     CURLMsg *m;
     int left;
-    while ((m = curl_multi_info_read(s->multi, &left)) != NULL) {
+    while ((m = curl_multi_info_read(c->multi, &left)) != NULL) {
         if (m->msg != CURLMSG_DONE) {
+            continue;
+        }
+        CURLcode cc = m->data.result;
+        if (m->easy_handle == c->mh) {
+            mux_drain(c);
+            etcd_store_t *rep = c->mrep;
+            long code = 0;
+            curl_easy_getinfo(c->mh, CURLINFO_RESPONSE_CODE, &code);
+            pdx_debug("store etcd: key-watch stream of %s ended: %s, HTTP "
+                      "%ld", rep ? rep->host.agent_name : "?",
+                      curl_easy_strerror(cc), code);
+            if (cc != CURLE_OK && rep != NULL) {
+                char what[256];
+                snprintf(what, sizeof(what), "key-watch stream: %s",
+                         curl_easy_strerror(cc));
+                etcd_note_fail(rep, what);
+            }
+            bool dirty = c->mdirty;
+            mux_close(c);
+            mux_retry_later(c, rep);
+            if (dirty && cc == CURLE_OK) {
+                c->mretry_at_ns = etcd_now_ns(); /* compacted: at once */
+            }
             continue;
         }
         etcd_watch_t *w = NULL;
@@ -709,86 +1555,327 @@ static void streams_done(etcd_store_t *s)
         if (w == NULL) {
             continue;
         }
-        CURLcode cc = m->data.result;
-        stream_drain(s, w);
+        stream_drain(w);
         bool resync = w->need_resync;
         if (cc != CURLE_OK && !w->broken) {
             char what[256];
             snprintf(what, sizeof(what), "watch %s: %s", w->prefix,
                      curl_easy_strerror(cc));
-            etcd_note_fail(s, what);
+            etcd_note_fail(w->owner, what);
         }
-        stream_close(s, w);
+        stream_close(c, w);
         if (resync) {
             w->retry_at_ns = etcd_now_ns();
         } else {
-            stream_retry_later(s, w);
+            stream_retry_later(w->owner, w);
         }
     }
 }
 
-static uint64_t next_deadline(etcd_store_t *s, uint64_t now)
+/* When the client thread must next act (CLOCK_MONOTONIC ns). */
+static uint64_t next_deadline(etcd_client_t *c, etcd_store_t *head,
+                              uint64_t now)
 {
-    uint64_t d = now + (uint64_t)POLL_MAX_MS * 1000000ull;
-    pthread_mutex_lock(&s->lock);
-    uint64_t l = s->lease ? s->keepalive_at_ns : s->lease_retry_at_ns;
-    if (l < d) {
-        d = l;
+    uint64_t d = now + (uint64_t)IDLE_WAIT_MS * 1000000ull;
+    for (etcd_store_t *s = head; s != NULL; s = s->cnext) {
+        pthread_mutex_lock(&s->lock);
+        for (etcd_watch_t *w = s->watches; w != NULL; w = w->next) {
+            if (!w->keyed && w->h == NULL && !w->removed &&
+                w->retry_at_ns < d) {
+                d = w->retry_at_ns;
+            }
+            if (w->keyed && (w->kw == NULL || w->removed)) {
+                d = now; /* to attach or detach */
+            }
+        }
+        for (etcd_leased_t *k = s->leased; k != NULL; k = k->next) {
+            if (s->lease != 0 && k->lease_put != s->lease &&
+                s->republish_at_ns < d) {
+                d = s->republish_at_ns; /* something to publish */
+            }
+        }
+        if (s->evq != NULL || s->state_dirty || s->restart_watches) {
+            d = now;
+        }
+        pthread_mutex_unlock(&s->lock);
     }
-    for (etcd_watch_t *w = s->watches; w != NULL; w = w->next) {
-        if (w->h == NULL && !w->removed && w->retry_at_ns < d) {
-            d = w->retry_at_ns;
+    if (c->keys != NULL && (c->mdirty || c->mbroken || c->mh == NULL ||
+                            mux_pending_reads(c))) {
+        uint64_t m = c->mretry_at_ns;
+        if (c->mdirty && !c->mbroken && c->mh != NULL &&
+            c->mopened_ns + (uint64_t)MUX_GAP_MS * 1000000ull > m) {
+            m = c->mopened_ns + (uint64_t)MUX_GAP_MS * 1000000ull;
+        }
+        if (m < d) {
+            d = m;
         }
     }
-    for (etcd_leased_t *k = s->leased; k != NULL; k = k->next) {
-        if (s->lease != 0 && k->lease_put != s->lease) {
-            d = now; /* something to publish */
-        }
+    bool uncreated = false;
+    for (etcd_kw_t *kw = c->keys; kw != NULL && c->mh != NULL; kw = kw->next) {
+        uncreated = uncreated || !kw->created;
     }
-    pthread_mutex_unlock(&s->lock);
+    uint64_t cw = c->mopened_ns + (uint64_t)MUX_CREATE_WAIT_MS * 1000000ull;
+    if (uncreated && cw < d) {
+        d = cw > now ? cw : now + 1000000ull;
+    }
+    long ct = -1;
+    curl_multi_timeout(c->multi, &ct);
+    if (ct >= 0 && now + (uint64_t)ct * 1000000ull < d) {
+        d = now + (uint64_t)ct * 1000000ull;
+    }
     return d;
 }
 
-static void *etcd_main(void *arg)
+/* Members leaving (destroy waits on `detached`): their streams and keys
+ * go, and nothing of theirs is touched after. Client thread. */
+static void detach_pass(etcd_client_t *c)
 {
-    etcd_store_t *s = arg;
+    pthread_mutex_lock(&c->lock);
+    for (etcd_store_t **pp = &c->members; *pp != NULL;) {
+        etcd_store_t *s = *pp;
+        if (!s->detaching) {
+            pp = &s->cnext;
+            continue;
+        }
+        for (etcd_watch_t *w = s->watches; w != NULL; w = w->next) {
+            if (w->keyed) {
+                kw_unsub(c, w);
+            } else if (w->h != NULL) {
+                stream_close(c, w);
+            }
+        }
+        if (c->mrep == s) {
+            mux_close(c);
+            c->mdirty = true;
+        }
+        while (s->evq != NULL) {
+            etcd_event_t *e = s->evq;
+            s->evq = e->next;
+            free(e);
+        }
+        s->evq_tail = NULL;
+        *pp = s->cnext;
+        s->cnext = NULL;
+        s->detached = true;
+        pthread_cond_broadcast(&c->cv);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+static etcd_store_t *members_head(etcd_client_t *c, bool *stop_p)
+{
+    pthread_mutex_lock(&c->lock);
+    etcd_store_t *s = c->members;
+    *stop_p = c->stop;
+    pthread_mutex_unlock(&c->lock);
+    return s;
+}
+
+/* The client thread: watch streams, republication and event delivery of
+ * every member; sleeps until a stream has data, a retry is due or a
+ * caller wakes it (no fixed period). Only this thread removes members,
+ * so it walks the list (which others only prepend to) without the lock. */
+static void *client_main(void *arg)
+{
+    etcd_client_t *c = arg;
     for (;;) {
-        pthread_mutex_lock(&s->lock);
-        bool stop = s->stop;
-        pthread_mutex_unlock(&s->lock);
+        detach_pass(c);
+        bool stop;
+        etcd_store_t *head = members_head(c, &stop);
         if (stop) {
             break;
         }
         uint64_t now = etcd_now_ns();
-        lease_step(s, now);
-        republish_step(s);
-        watches_step(s, etcd_now_ns());
+        for (etcd_store_t *s = head; s != NULL; s = s->cnext) {
+            republish_step(s, now);
+            watches_step(s, etcd_now_ns());
+        }
+        mux_step(c, etcd_now_ns());
         int running = 0;
-        curl_multi_perform(s->multi, &running);
-        for (etcd_watch_t *w = watch_head(s); w != NULL; w = w->next) {
-            if (w->h != NULL) {
-                stream_drain(s, w);
+        curl_multi_perform(c->multi, &running);
+        for (etcd_store_t *s = head; s != NULL; s = s->cnext) {
+            for (etcd_watch_t *w = watch_head(s); w != NULL; w = w->next) {
+                if (!w->keyed && w->h != NULL) {
+                    stream_drain(w);
+                }
             }
         }
-        streams_done(s);
-        deliver(s);
+        if (c->mh != NULL) {
+            mux_drain(c);
+        }
+        streams_done(c);
+        for (etcd_store_t *s = head; s != NULL; s = s->cnext) {
+            deliver(s);
+        }
         now = etcd_now_ns();
-        uint64_t d = next_deadline(s, now);
-        int wait_ms = d > now ? (int)((d - now + 999999) / 1000000) : 0;
-        if (wait_ms > POLL_MAX_MS) {
-            wait_ms = POLL_MAX_MS;
+        uint64_t d = next_deadline(c, head, now);
+        uint64_t wait = d > now ? (d - now + 999999) / 1000000 : 0;
+        if (wait > IDLE_WAIT_MS) {
+            wait = IDLE_WAIT_MS;
         }
-        if (wait_ms > 0) {
-            curl_multi_poll(s->multi, NULL, 0, wait_ms, NULL);
-        }
-        curl_multi_perform(s->multi, &running);
-    }
-    for (etcd_watch_t *w = watch_head(s); w != NULL; w = w->next) {
-        if (w->h != NULL) {
-            stream_close(s, w);
+        if (wait > 0) {
+            curl_multi_poll(c->multi, NULL, 0, (int)wait, NULL);
         }
     }
+    mux_close(c);
     return NULL;
+}
+
+/* ---- the process's clients ---- */
+
+static pthread_mutex_t g_clients_lock = PTHREAD_MUTEX_INITIALIZER;
+static etcd_client_t *g_clients;
+
+static void client_free(etcd_client_t *c)
+{
+    mux_close(c);
+    while (c->keys != NULL) {
+        etcd_kw_t *kw = c->keys;
+        c->keys = kw->next;
+        kw_free(kw);
+    }
+    for (uint32_t i = 0; i < c->npool; i++) {
+        curl_easy_cleanup(c->pool[i]);
+    }
+    if (c->th != NULL) {
+        curl_easy_cleanup(c->th);
+    }
+    if (c->lh != NULL) {
+        curl_easy_cleanup(c->lh);
+    }
+    if (c->multi != NULL) {
+        curl_multi_cleanup(c->multi);
+    }
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->lock);
+    free(c->key);
+    free(c);
+}
+
+static void client_stop(etcd_client_t *c)
+{
+    pthread_mutex_lock(&c->lock);
+    c->stop = true;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->lock);
+    if (c->multi != NULL) {
+        curl_multi_wakeup(c->multi);
+    }
+    if (c->thread_running) {
+        pthread_join(c->thread, NULL);
+    }
+    if (c->lthread_running) {
+        pthread_join(c->lthread, NULL);
+    }
+}
+
+static etcd_client_t *client_new(const char *key)
+{
+    etcd_client_t *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        return NULL;
+    }
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    c->pid = (int)getpid();
+    c->key = key ? strdup(key) : NULL;
+    c->multi = curl_multi_init();
+    if (c->multi != NULL) {
+        curl_multi_setopt(c->multi, CURLMOPT_PIPELINING,
+                          (long)CURLPIPE_NOTHING);
+    }
+    c->th = curl_easy_init();
+    c->lh = curl_easy_init();
+    if ((key != NULL && c->key == NULL) || c->multi == NULL ||
+        c->th == NULL || c->lh == NULL) {
+        client_free(c);
+        return NULL;
+    }
+    int rc = pthread_create(&c->thread, NULL, client_main, c);
+    c->thread_running = rc == 0;
+    if (rc == 0) {
+        rc = pthread_create(&c->lthread, NULL, lease_main, c);
+        c->lthread_running = rc == 0;
+    }
+    if (rc != 0) {
+        pdx_error("store etcd: thread: %s", strerror(rc));
+        client_stop(c);
+        client_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* Join the process's client for `key` (NULL: a private one), making it
+ * if needed, and become one of its members. */
+static pdx_status_t client_attach(etcd_store_t *s, const char *key)
+{
+    pthread_mutex_lock(&g_clients_lock);
+    etcd_client_t *c = g_clients;
+    while (key != NULL && c != NULL &&
+           (c->key == NULL || c->pid != (int)getpid() ||
+            strcmp(c->key, key) != 0)) {
+        c = c->next;
+    }
+    if (key == NULL || c == NULL) {
+        c = client_new(key);
+        if (c == NULL) {
+            pthread_mutex_unlock(&g_clients_lock);
+            return PDX_ERR_IO;
+        }
+        c->next = g_clients;
+        g_clients = c;
+    }
+    c->refs++;
+    pthread_mutex_unlock(&g_clients_lock);
+    s->client = c;
+    pthread_mutex_lock(&c->lock);
+    s->cnext = c->members;
+    c->members = s;
+    pthread_cond_broadcast(&c->cv); /* the lease thread grants */
+    pthread_mutex_unlock(&c->lock);
+    curl_multi_wakeup(c->multi);
+    return PDX_OK;
+}
+
+/* Leave the client: after this nothing of it touches s. */
+static void client_detach(etcd_store_t *s)
+{
+    etcd_client_t *c = s->client;
+    pthread_mutex_lock(&c->lock);
+    s->detaching = true;
+    pthread_mutex_unlock(&c->lock);
+    curl_multi_wakeup(c->multi);
+    pthread_mutex_lock(&c->lock);
+    for (int guard = 0; guard < 1000000 && (!s->detached || s->lease_busy);
+         guard++) {
+        pthread_cond_wait(&c->cv, &c->lock);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+static void client_release(etcd_client_t *c)
+{
+    pthread_mutex_lock(&g_clients_lock);
+    bool last = --c->refs == 0;
+    if (last) {
+        for (etcd_client_t **pp = &g_clients; *pp != NULL;
+             pp = &(*pp)->next) {
+            if (*pp == c) {
+                *pp = c->next;
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_clients_lock);
+    if (last) {
+        client_stop(c);
+        client_free(c);
+    }
 }
 
 /* ---- ops ---- */
@@ -835,6 +1922,26 @@ static void fill_status_locked(etcd_store_t *s, pdx_store_status_t *o)
     snprintf(o->last_error, sizeof(o->last_error), "%s", s->last_error);
 }
 
+static void etcd_counters(void *st, pdx_store_counters_t *c)
+{
+    etcd_store_t *s = st;
+    if (c == NULL) {
+        return;
+    }
+    pdx_store_counters_t v = {.size = (uint32_t)sizeof(v)};
+    pthread_mutex_lock(&s->lock);
+    v.events = s->events;
+    v.event_bytes = s->event_bytes;
+    v.keepalives = s->keepalives;
+    v.lease_late_ms = s->lease_late_ms;
+    pthread_mutex_unlock(&s->lock);
+    size_t n = c->size < sizeof(v) ? c->size : sizeof(v);
+    if (n > sizeof(v.size)) {
+        memcpy((char *)c + sizeof(v.size), (char *)&v + sizeof(v.size),
+               n - sizeof(v.size));
+    }
+}
+
 static void etcd_status(void *st, pdx_store_status_t *o)
 {
     etcd_store_t *s = st;
@@ -858,25 +1965,12 @@ static void etcd_free(etcd_store_t *s)
     while (s->watches != NULL) {
         etcd_watch_t *w = s->watches;
         s->watches = w->next;
-        free(w->prefix);
-        free(w->body);
-        etcd_buf_free(&w->rx);
-        known_free(w);
-        free(w);
+        watch_free(w);
     }
     while (s->evq != NULL) {
         etcd_event_t *e = s->evq;
         s->evq = e->next;
         free(e);
-    }
-    for (uint32_t i = 0; i < s->npool; i++) {
-        curl_easy_cleanup(s->pool[i]);
-    }
-    if (s->th != NULL) {
-        curl_easy_cleanup(s->th);
-    }
-    if (s->multi != NULL) {
-        curl_multi_cleanup(s->multi);
     }
     curl_slist_free_all(s->hdrs);
     for (size_t i = 0; i < ETCD_PARALLEL; i++) {
@@ -992,8 +2086,6 @@ static pdx_status_t etcd_create(const pdx_store_host_t *host,
         struct curl_slist *h2 = curl_slist_append(s->hdrs, "Expect:");
         s->hdrs = h2 ? h2 : s->hdrs;
     }
-    s->multi = curl_multi_init();
-    s->th = curl_easy_init();
     s->ghdrs = curl_slist_append(NULL, "content-type: application/grpc");
     if (s->ghdrs != NULL) {
         struct curl_slist *h2 = curl_slist_append(s->ghdrs, "te: trailers");
@@ -1004,18 +2096,17 @@ static pdx_status_t etcd_create(const pdx_store_host_t *host,
         s->gh[i] = curl_easy_init();
         handles = handles && s->gh[i] != NULL;
     }
-    if (s->hdrs == NULL || s->multi == NULL || s->th == NULL ||
-        s->ghdrs == NULL || !handles) {
+    if (s->hdrs == NULL || s->ghdrs == NULL || !handles) {
         etcd_free(s);
         return PDX_ERR_NOMEM;
     }
-    int rc = pthread_create(&s->thread, NULL, etcd_main, s);
-    if (rc != 0) {
-        pdx_error("store etcd: thread: %s", strerror(rc));
+    /* Instances with module options (TLS, auth: their own token) keep a
+     * client of their own; the others share the process's. */
+    st = client_attach(s, p->nopts == 0 ? p->endpoints : NULL);
+    if (st != PDX_OK) {
         etcd_free(s);
-        return PDX_ERR_IO;
+        return st;
     }
-    s->thread_running = true;
     pdx_info("store etcd: agent %s: %s, namespace %s, lease TTL %u s, "
              "timeout %u ms", s->host.agent_name, s->endpoints[0], s->ns,
              s->ttl_s, s->timeout_ms);
@@ -1029,13 +2120,8 @@ static void etcd_destroy(void *st)
     if (s == NULL) {
         return;
     }
-    pthread_mutex_lock(&s->lock);
-    s->stop = true;
-    pthread_mutex_unlock(&s->lock);
-    wake(s);
-    if (s->thread_running) {
-        pthread_join(s->thread, NULL);
-    }
+    /* No callback, stream or renewal of s after this. */
+    client_detach(s);
     /* Revoke: our keys vanish now rather than at the TTL, so peers learn
      * at once that this agent is gone. */
     pthread_mutex_lock(&s->lock);
@@ -1044,17 +2130,20 @@ static void etcd_destroy(void *st)
     pthread_mutex_unlock(&s->lock);
     if (lease != 0 && reachable) {
         cJSON *req = cJSON_CreateObject(), *resp = NULL;
-        if (req != NULL) {
+        CURL *h = etcd_handle_get(s);
+        if (req != NULL && h != NULL) {
             etcd_json_add_i64(req, "ID", lease);
-            if (etcd_call(s, s->th, "/v3/lease/revoke", req, &resp, true,
+            if (etcd_call(s, h, "/v3/lease/revoke", req, &resp, true,
                           NULL, 0) == PDX_OK) {
                 pdx_debug("store etcd: lease %llx revoked",
                           (unsigned long long)lease);
             }
-            cJSON_Delete(req);
-            cJSON_Delete(resp);
         }
+        etcd_handle_put(s, h);
+        cJSON_Delete(req);
+        cJSON_Delete(resp);
     }
+    client_release(s->client);
     etcd_free(s);
 }
 
@@ -1121,13 +2210,18 @@ static pdx_status_t etcd_put(void *st, const char *key, const void *value,
         r = h ? put_raw(s, h, key, value, len, lease, false) : PDX_ERR_NOMEM;
         etcd_handle_put(s, h);
         pthread_mutex_lock(&s->lock);
+        bool lost = false;
         if (r == PDX_OK) {
             k->lease_put = lease;
         } else if (r == PDX_ERR_NOT_FOUND && s->lease == lease) {
-            s->lease = 0; /* expired: the thread grants a new one */
+            s->lease = 0; /* expired: the lease thread grants a new one */
             s->lease_retry_at_ns = etcd_now_ns();
+            lost = true;
         }
         pthread_mutex_unlock(&s->lock);
+        if (lost) {
+            lease_kick(s->client);
+        }
         if (r == PDX_ERR_NOT_FOUND || r == PDX_ERR_UNAVAILABLE) {
             r = PDX_INPROGRESS;
         }
@@ -1230,7 +2324,9 @@ static pdx_status_t etcd_watch(void *st, const char *prefix,
         free(w);
         return PDX_ERR_NOMEM;
     }
+    w->owner = s;
     w->flags = flags;
+    w->keyed = (flags & PDX_STORE_WATCH_KEY) != 0;
     w->next_rev = start_revision;
     w->need_resync = (flags & PDX_STORE_WATCH_INITIAL) != 0;
     pthread_mutex_lock(&s->lock);
@@ -1631,7 +2727,7 @@ static pdx_status_t etcd_owners_add(void *st, const char *owner,
             s->lease_retry_at_ns = etcd_now_ns();
         }
         pthread_mutex_unlock(&s->lock);
-        wake(s);
+        lease_kick(s->client);
         r = PDX_ERR_UNAVAILABLE;
     }
     uint32_t *tmp = counts ? NULL : calloc(n, sizeof(*tmp));
@@ -1758,4 +2854,5 @@ PDX_API const pdx_store_ops_t pdx_store_v1 = {
     .owners_add = etcd_owners_add,
     .owners_del = etcd_owners_del,
     .owners_get = etcd_owners_get,
+    .counters = etcd_counters,
 };

@@ -28,14 +28,37 @@
  *
  * Threading. Ops may be called from any thread, concurrently (the module
  * locks what it shares); blocking ops block the calling thread for at most
- * their timeout. The module runs one thread of its own per instance
- * (keepalive, watch streams, retries). Host callbacks
- * (pdx_store_host_t) run on that thread only, one at a time, in order,
- * with no module lock held; a callback may call status, get, put, del and
- * the owner ops of the same instance (they use their own connections, so
- * a blocking call delays later events, nothing else), but never destroy,
+ * their timeout. The module runs threads of its own (the etcd store: one
+ * client per process and endpoint list, shared by every instance created
+ * without module options: one thread for watch streams, republication and
+ * event delivery, one for lease grants and renewals only, so a slow
+ * listing, put or callback never delays a keepalive). Host callbacks
+ * (pdx_store_host_t) run on the module's thread only, one at a time, in
+ * order, with no module lock held; a callback may call status, get, put,
+ * del and the owner ops of the same instance (they use their own
+ * connections, so a blocking call delays later events, of this and of the
+ * other instances sharing the thread, nothing else), but never destroy,
  * watch or unwatch. A callback must not wait on anything that waits for
- * the module's thread.
+ * the module's thread. Every retry waits an exponential backoff with
+ * jitter (between half and all of it), renewals come every TTL/3 +-10 %:
+ * clients started or failed together do not retry in step.
+ *
+ * Growth (etcd store; N agents in the namespace, K names an agent uses, P
+ * processes, A agents in a process). No operation of an agent costs in N:
+ * - publish (put, leased): 1 request, again only when the lease was lost;
+ * - renewal: 1 request per process per TTL/3 for all its agents' leases;
+ * - get / pdx_peer_fetch: 1 point read, cached while watched;
+ * - key watch (PDX_STORE_WATCH_KEY): events of that key only; all key
+ *   watches of a process share one stream (one connection), reopened with
+ *   every key when the set changes (at most every 50 ms): O(A K) bytes
+ *   sent per change, and etcd sends each change of a key once per process
+ *   watching it;
+ * - prefix watch: events of every key under it; its (re)listing is paged
+ *   (512 keys a request, one revision), so it grows with the prefix;
+ * - owner ops: the blocks asked for (max_txn_ops per transaction).
+ * Connections to etcd per process: the watch stream, the lease thread's,
+ * the client thread's and up to 8 pooled for callers (plus one per
+ * in-flight owner transaction).
  *
  * Memory: buffers returned through `void **` are malloc'd, freed by the
  * caller with free(). Strings in events are valid for the callback only. */
@@ -115,6 +138,18 @@ typedef struct pdx_store_status {
     char last_error[256];   /* the last failure, "" if none */
 } pdx_store_status_t;
 
+/* Traffic and lease counters of an instance (store_counters op). The
+ * caller sets `size` to sizeof(pdx_store_counters_t) as it was built; the
+ * module writes only the fields that fit, so either side may be newer.
+ * Append-only. */
+typedef struct pdx_store_counters {
+    uint32_t size;
+    uint64_t events;        /* watch events reported to the host */
+    uint64_t event_bytes;   /* their key and value bytes */
+    uint64_t keepalives;    /* lease renewals sent */
+    uint64_t lease_late_ms; /* worst delay of a renewal past its schedule */
+} pdx_store_counters_t;
+
 typedef enum pdx_store_event_type {
     PDX_STORE_EV_PUT = 1,
     PDX_STORE_EV_DELETE = 2, /* deleted, or its lease expired */
@@ -157,6 +192,10 @@ typedef struct pdx_store_host {
 /* Report every key under the prefix as a PUT first (PDX_STORE_EVF_RESYNC
  * set), then the changes after that listing. */
 #define PDX_STORE_WATCH_INITIAL (1u << 0)
+/* Watch exactly the key `prefix`, not every key starting with it. With
+ * INITIAL: its current value first (a PUT, RESYNC set), if it has one.
+ * The etcd store carries every key watch of a process on one stream. */
+#define PDX_STORE_WATCH_KEY (1u << 1)
 
 /* Owners of one block, for owners_get. */
 typedef void (*pdx_store_owner_cb_t)(void *arg, size_t index,
@@ -226,6 +265,10 @@ typedef struct pdx_store_ops {
      * (block, owner), on the calling thread, blocks in order. Blocking. */
     pdx_status_t (*owners_get)(void *st, const char *const *blocks, size_t n,
                                pdx_store_owner_cb_t cb, void *arg);
+
+    /* Added with issue 22 (check size > offsetof(pdx_store_ops_t, op)). */
+    /* Counters into *c (the fields within c->size). Non-blocking. */
+    void (*counters)(void *st, pdx_store_counters_t *c);
 } pdx_store_ops_t;
 
 /* Oldest table a loader accepts: everything up to owners_get. */
@@ -239,12 +282,16 @@ _Static_assert(offsetof(pdx_store_ops_t, size) == 4, "size second");
 /* ---- Agent side: discovery and the registry through the agent's store.
  *
  * An agent created with a store (PDX_AGENT_PARAM_STORE in
- * pdx_agent_params_t) loads libpdx_store_<store>.so, watches
- * `agents/` of its namespace and keeps the newest blob of every agent
- * there in a local cache (so lookups by name work while the store is
- * down). Once pdx_agent_publish is called, it keeps its own blob under
- * `agents/<name>` on its lease, publishing again whenever its generation
- * changes. For every loaded peer, the watch:
+ * pdx_agent_params_t) loads libpdx_store_<store>.so and watches only the
+ * names it uses, each key by itself (`agents/<name>`): every peer it has
+ * loaded (fetched, by hand, through the connector), the names it was
+ * asked to fetch (the 256 most recent not loaded) and its own. It keeps
+ * the newest blob of each in a local cache (so lookups of those names
+ * work while the store is down). What an agent receives from the store
+ * grows with the peers it uses, never with the namespace: a fleet's total
+ * traffic is linear in its size. Once pdx_agent_publish is called, it
+ * keeps its own blob under `agents/<name>` on its lease, publishing again
+ * whenever its generation changes. For every loaded peer, the watch:
  * - reloads it when its key gets another instance or generation (requests
  *   against the old one end PDX_ERR_STALE, as with pdx_peer_load);
  * - marks it dead when its key is deleted or its lease expires: its
@@ -254,8 +301,8 @@ _Static_assert(offsetof(pdx_store_ops_t, size) == 4, "size second");
  * name is in the namespace.
  *
  * While the store is unreachable: loaded peers keep transferring (nothing
- * on the data path touches the store); pdx_peer_fetch of a cached name
- * works, of an unknown one fails PDX_ERR_UNAVAILABLE; the death of a peer
+ * on the data path touches the store); pdx_peer_fetch of a cached
+ * (watched) name works, of another one fails PDX_ERR_UNAVAILABLE; the death of a peer
  * is seen only through the transports (pidfd, UCX keepalive), not through
  * its lease, until the watch resumes (from its revision: changes made
  * meanwhile are reported then, none lost); this agent's lease is not
@@ -270,9 +317,9 @@ _Static_assert(offsetof(pdx_store_ops_t, size) == 4, "size second");
 PDX_API pdx_status_t pdx_agent_publish(pdx_agent_h agent);
 
 /* Make peer `name` loaded: PDX_OK at once if it is loaded and alive;
- * otherwise its blob is taken from the cache, else from the store, else
- * waited for (it may not have published yet) until `timeout_ms` has
- * passed, and loaded with pdx_peer_load (invariants checked: a peer of
+ * otherwise its blob is taken from the cache, else from the store (one
+ * point read; its key is watched from then on), else waited for (it may
+ * not have published yet) until `timeout_ms` has passed, and loaded with pdx_peer_load (invariants checked: a peer of
  * another layout or seed is refused with PDX_ERR_MISMATCH naming the
  * field). A loaded but dead peer is reloaded only from a newer blob
  * (another instance or generation) or its own blob put again after it was
@@ -292,6 +339,12 @@ PDX_API pdx_status_t pdx_peer_fetch(pdx_agent_h agent, const char *name,
  * Non-blocking. */
 PDX_API pdx_status_t pdx_store_status(pdx_agent_h agent,
                                       pdx_store_status_t *status_p);
+
+/* The agent's store counters (pdx_store_counters_t: set c_p->size first).
+ * PDX_ERR_UNSUPPORTED without a store or with a module that has none.
+ * Non-blocking. */
+PDX_API pdx_status_t pdx_store_counters(pdx_agent_h agent,
+                                        pdx_store_counters_t *c_p);
 
 /* One line for people: "etcd http://127.0.0.1:2379 ns pdx: reachable,
  * lease 7587..(5 s), 3 agents known" or "...: unreachable since
