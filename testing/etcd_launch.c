@@ -305,3 +305,68 @@ void etcd_cleanup(etcd_proc_t *e)
         e->dir[0] = '\0';
     }
 }
+
+int etcd_start_cluster(etcd_proc_t *m, int n, char *endpoints,
+                       size_t endpoints_len, char *err, size_t err_len)
+{
+    if (n < 1 || n > 7) {
+        snprintf(err, err_len, "1 to 7 members");
+        return -1;
+    }
+    char cluster[512] = "";
+    const char *tmp = getenv("TMPDIR");
+    for (int i = 0; i < n; i++) {
+        etcd_proc_t *e = &m[i];
+        memset(e, 0, sizeof(*e));
+        snprintf(e->ip, sizeof(e->ip), "127.0.0.1");
+        snprintf(e->dir, sizeof(e->dir), "%s/pdx-etcd-XXXXXX",
+                 tmp && *tmp ? tmp : "/tmp");
+        if (mkdtemp(e->dir) == NULL) {
+            snprintf(err, err_len, "mkdtemp: %s", strerror(errno));
+            return -1;
+        }
+        /* Ports of every member first: each names all in its flags. */
+        for (int guard = 0; guard < 16; guard++) {
+            e->client_port = free_port(e->ip);
+            e->peer_port = free_port(e->ip);
+            bool clash = e->client_port <= 0 || e->peer_port <= 0 ||
+                         e->client_port == e->peer_port;
+            for (int j = 0; j < i && !clash; j++) {
+                clash = m[j].client_port == e->client_port ||
+                        m[j].peer_port == e->peer_port ||
+                        m[j].client_port == e->peer_port ||
+                        m[j].peer_port == e->client_port;
+            }
+            if (!clash) {
+                break;
+            }
+        }
+        size_t l = strlen(cluster);
+        snprintf(cluster + l, sizeof(cluster) - l, "%sm%d=http://%s:%d",
+                 i ? "," : "", i, e->ip, e->peer_port);
+    }
+    endpoints[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        etcd_proc_t *e = &m[i];
+        /* Later flags win over spawn's single-member defaults. */
+        snprintf(e->extra, sizeof(e->extra),
+                 "--name=m%d --initial-cluster=%s "
+                 "--initial-cluster-state=new --initial-cluster-token=pdx-%d",
+                 i, cluster, (int)getpid());
+        if (spawn(e) != 0) {
+            snprintf(err, err_len, "fork: %s", strerror(errno));
+            return -1;
+        }
+        size_t l = strlen(endpoints);
+        snprintf(endpoints + l, endpoints_len - l, "%s%s", i ? "," : "",
+                 e->url);
+    }
+    for (int i = 0; i < n; i++) {
+        if (etcd_wait_ready(&m[i], 30000) != 0) {
+            snprintf(err, err_len, "etcd member %d did not become healthy "
+                     "(log: %s/etcd.log)", i, m[i].dir);
+            return -1;
+        }
+    }
+    return 0;
+}

@@ -24,6 +24,12 @@ bool etcd_available(char *why, size_t len);
  * (at most 15 s). 0 on success, else -1 with `err` filled. */
 int etcd_start(etcd_proc_t *e, const char *ip, const char *extra, char *err,
                size_t err_len);
+/* Start an n-member cluster (m[0..n), 127.0.0.1, free ports, a directory
+ * each) and wait until every member is healthy (quorum); `endpoints` gets
+ * their client URLs, comma-separated. 0 on success, else -1 with `err`
+ * (stop each member with etcd_cleanup). */
+int etcd_start_cluster(etcd_proc_t *m, int n, char *endpoints,
+                       size_t endpoints_len, char *err, size_t err_len);
 /* Start it again on the same ports and data after a kill. */
 int etcd_restart(etcd_proc_t *e, char *err, size_t err_len);
 /* Send `sig` and reap it (SIGKILL: a crash; SIGTERM: a clean stop). */

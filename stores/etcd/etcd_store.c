@@ -2063,6 +2063,11 @@ static pdx_status_t etcd_create(const pdx_store_host_t *host,
     }
     snprintf(s->ns, sizeof(s->ns), "%s", p->ns);
     pdx_status_t st = parse_endpoints(s, p->endpoints);
+    if (st == PDX_OK && s->nendpoints > 1) {
+        /* Processes spread over the members; a process's agents share
+         * one (and its connections). */
+        s->ep = (uint32_t)getpid() % s->nendpoints;
+    }
     if (st == PDX_OK) {
         st = etcd_opts_parse(s, p->opts, p->nopts); /* TLS, auth */
     }

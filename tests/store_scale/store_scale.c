@@ -40,7 +40,7 @@
 #define MAX_K 32
 
 typedef struct cfg {
-    int agents, procs, k;
+    int agents, procs, k, members;
     double kill_frac;
     uint32_t ttl_ms, timeout_ms;
     double idle_s;
@@ -49,7 +49,7 @@ typedef struct cfg {
     char ns[64];
 } cfg_t;
 
-static cfg_t C = {.agents = 32, .procs = 8, .k = 4, .kill_frac = 0.25,
+static cfg_t C = {.members = 1, .agents = 32, .procs = 8, .k = 4, .kill_frac = 0.25,
                   .ttl_ms = 3000, .timeout_ms = 2000, .idle_s = 2.0,
                   .restart = true, .pidns = true, .ucx = true};
 
@@ -530,8 +530,32 @@ static uint64_t pct(uint64_t *v, size_t n, double q)
 
 /* etcd's CPU seconds and RSS (kB) from /proc, and its established client
  * connections from /proc/net/tcp. */
-static void etcd_usage(pid_t pid, int port, double *cpu, long *rss_kb,
-                       int *conns)
+static void etcd_usage1(pid_t pid, int port, double *cpu, long *rss_kb,
+                        int *conns);
+
+/* Summed over the members. */
+static void etcd_usage(const etcd_proc_t *m, int n, double *cpu,
+                       long *rss_kb, int *conns)
+{
+    double c = 0;
+    long r = 0;
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        double c1;
+        long r1;
+        int k1;
+        etcd_usage1(m[i].pid, m[i].client_port, &c1, &r1, &k1);
+        c += c1;
+        r += r1;
+        k += k1;
+    }
+    *cpu = c;
+    *rss_kb = r;
+    *conns = k;
+}
+
+static void etcd_usage1(pid_t pid, int port, double *cpu, long *rss_kb,
+                        int *conns)
 {
     char path[64], buf[4096];
     *cpu = 0;
@@ -579,7 +603,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: store_scale [--agents N] [--procs M] [--peers K] "
             "[--kill F] [--ttl-ms T] [--timeout-ms T] [--idle S] "
-            "[--no-restart] [--no-pidns] [--cma] [--progress] [--etcd URL] [--check] "
+            "[--members N] [--no-restart] [--no-pidns] [--cma] [--progress] [--etcd URL] [--check] "
             "[--json]\n");
     exit(2);
 }
@@ -603,6 +627,8 @@ int main(int argc, char **argv)
             C.timeout_ms = (uint32_t)atoi(v), i++;
         } else if (!strcmp(a, "--idle") && v) {
             C.idle_s = atof(v), i++;
+        } else if (!strcmp(a, "--members") && v) {
+            C.members = atoi(v), i++;
         } else if (!strcmp(a, "--etcd") && v) {
             snprintf(C.url, sizeof(C.url), "%s", v), i++;
         } else if (!strcmp(a, "--no-restart")) {
@@ -629,19 +655,31 @@ int main(int argc, char **argv)
             "1 <= peers < procs, peers <= %d", MAX_PROCS, MAX_AGENTS, MAX_K);
     }
     snprintf(C.ns, sizeof(C.ns), "scale-%d", (int)getpid());
-    etcd_proc_t e;
-    memset(&e, 0, sizeof(e));
+    etcd_proc_t em[7];
+    memset(em, 0, sizeof(em));
+    etcd_proc_t *ep = &em[0];
     bool own_etcd = C.url[0] == '\0';
+    if (C.members < 1 || C.members > 7) {
+        die("--members: 1 to 7");
+    }
     if (own_etcd) {
         char why[256];
         if (!etcd_available(why, sizeof(why))) {
             printf("SKIP: %s\n", why);
             return 77;
         }
-        if (etcd_start(&e, NULL, NULL, why, sizeof(why)) != 0) {
+        if (C.members == 1 ? etcd_start(ep, NULL, NULL, why, sizeof(why))
+                           : etcd_start_cluster(em, C.members, C.url,
+                                                sizeof(C.url), why,
+                                                sizeof(why))) {
+            for (int i = 0; i < C.members; i++) {
+                etcd_cleanup(&em[i]);
+            }
             die("etcd: %s", why);
         }
-        snprintf(C.url, sizeof(C.url), "%s", e.url);
+        if (C.members == 1) {
+            snprintf(C.url, sizeof(C.url), "%s", ep->url);
+        }
     }
     g_fetch_us = calloc((size_t)C.agents * (size_t)C.k * 2, sizeof(uint64_t));
     g_seen_ns = calloc((size_t)C.agents * (size_t)C.k, sizeof(uint64_t));
@@ -653,7 +691,7 @@ int main(int argc, char **argv)
     long rss = 0;
     int conns = 0, conns_peak = 0;
     if (own_etcd) {
-        etcd_usage(e.pid, e.client_port, &ecpu0, &rss, &conns);
+        etcd_usage(em, C.members, &ecpu0, &rss, &conns);
     }
     uint64_t t_start = mono_ns();
     for (int i = 0; i < C.procs; i++) {
@@ -670,13 +708,13 @@ int main(int argc, char **argv)
     send_all('F');
     bool ok_fetch = pump(all_ready, mono_ns() + 300000000000ull);
     if (own_etcd) {
-        etcd_usage(e.pid, e.client_port, &ecpu1, &rss, &conns_peak);
+        etcd_usage(em, C.members, &ecpu1, &rss, &conns_peak);
     }
     send_all('I');
     bool ok_idle = pump(all_idle,
                         mono_ns() + (uint64_t)(C.idle_s * 1e9) + 60000000000ull);
     if (own_etcd) {
-        etcd_usage(e.pid, e.client_port, &ecpu2, &rss, &conns);
+        etcd_usage(em, C.members, &ecpu2, &rss, &conns);
     }
     double etcd_idle = (ecpu2 - ecpu1) / C.idle_s;
     send_all('W');
@@ -772,7 +810,7 @@ int main(int argc, char **argv)
     double etcd_cpu_total = 0;
     if (own_etcd) {
         double c3;
-        etcd_usage(e.pid, e.client_port, &c3, &rss, &conns);
+        etcd_usage(em, C.members, &c3, &rss, &conns);
         etcd_cpu_total = c3 - ecpu0;
     }
     qsort(g_fetch_us, g_nfetch, sizeof(*g_fetch_us), cmp_u64);
@@ -810,10 +848,10 @@ int main(int argc, char **argv)
                (unsigned long long)back_max_ms, g_spurious, g_regrants,
                (unsigned long long)g_late_max, crashes);
     } else {
-        printf("%d agents in %d processes (%s), %d peers each, TTL %u ms\n",
-               C.agents, C.procs,
+        printf("%d agents in %d processes (%s), %d peers each, TTL %u ms, "
+               "%d etcd member(s)\n", C.agents, C.procs,
                g_pidns_ok ? "a pid namespace each" : "one pid namespace",
-               C.k, C.ttl_ms);
+               C.k, C.ttl_ms, C.members);
         printf("  all published        %.2f s after the first start%s\n",
                pub_s, unpublished ? " (NOT ALL)" : "");
         printf("  fetch p50 / p99      %.2f / %.2f ms (%zu, %zu failed)\n",
@@ -884,8 +922,8 @@ int main(int argc, char **argv)
             "an agent received %llu events (bound %llu from K, not N)",
             (unsigned long long)g_ev_max, (unsigned long long)ev_bound);
     }
-    if (own_etcd) {
-        etcd_cleanup(&e);
+    for (int i = 0; own_etcd && i < C.members; i++) {
+        etcd_cleanup(&em[i]);
     }
     free(seen);
     free(g_fetch_us);

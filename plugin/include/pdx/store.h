@@ -85,7 +85,9 @@ extern "C" {
 /* What the agent gives a store instance. Strings are copied by create. */
 typedef struct pdx_store_params {
     /* Comma-separated endpoints, e.g. "http://10.0.0.1:2379,
-     * http://10.0.0.2:2379"; tried in order, moving on at each failure. */
+     * http://10.0.0.2:2379"; tried in order, moving on at each failure,
+     * each process starting at its own (the etcd store: pid modulo their
+     * number), so a fleet spreads over the members. */
     const char *endpoints;
     /* Key prefix of every key, without a trailing '/': "pdx" or
      * "/pdx/glm52-prod". 1..127 bytes of [A-Za-z0-9._/-]. */
