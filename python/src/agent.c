@@ -910,9 +910,9 @@ static PyMethodDef Agent_methods[] = {
      "(addr, len, mem_type, device), or an object with data_ptr() / "
      "__cuda_array_interface__. A read-only buffer (bytes) is refused "
      "unless readonly=True: then it is never a local READ's destination "
-     "(refused here), but pdx does not stop a peer's WRITE into it, so "
-     "register read-only memory only for peers that do not WRITE to it "
-     "(at most 64 such regions per agent)."},
+     "(refused here) and, the flag travelling in the description, a "
+     "peer's WRITE into it is refused at the peer's create/make (at most "
+     "64 such regions per agent)."},
     {"deregister", (PyCFunction)(void (*)(void))pdxpy_agent_deregister, METH_O,
      "deregister(reg): as reg.deregister()."},
     {"prep_dlist", (PyCFunction)(void (*)(void))pdxpy_agent_prep_dlist,
