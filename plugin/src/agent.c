@@ -464,9 +464,10 @@ static void watch_pidfds_locked(pdx_agent_h agent)
 /* How long the progress thread may sleep now, in ms: 0, progress again at
  * once (a backend has events pending); -1, a short fixed pause
  * (progress_interval_us): a request is in flight on a backend without an
- * event fd (cma completes in its own threads and is polled), or was
- * shortly ago (PROGRESS_SPIN_NS, so the next one of a stream is served at
- * once); else every backend's event fd is armed and the thread sleeps
+ * event fd (cma completes in its own threads and is polled), or, with no
+ * request in flight, there was activity shortly ago (PROGRESS_SPIN_NS: a
+ * target serving a peer's stream serves the next message at once); else
+ * every backend's event fd is armed and the thread sleeps
  * until an event (a message or completion for a backend, a peer's exit, a
  * stats client, a wake), or PROGRESS_INFLIGHT_MS with requests in flight
  * (their timeouts), or PROGRESS_IDLE_MS. Lock held, no backend busy. */
@@ -489,7 +490,7 @@ static int idle_timeout_locked(pdx_agent_h agent, uint64_t *busy_ns)
         return -1;
     }
     if (!inflight && now - *busy_ns < PROGRESS_SPIN_NS) {
-        return -1; /* polled requests shortly ago: the next may follow */
+        return -1; /* activity shortly ago: the next message may follow */
     }
     for (uint32_t i = 0; i < agent->nbackends; i++) {
         struct pdx_backend *b = agent->backends[i];
@@ -505,7 +506,7 @@ static void *progress_main(void *arg)
 {
     pdx_agent_h agent = arg;
     struct epoll_event evs[16];
-    uint64_t busy_ns = 0; /* last pass with a polled request in flight */
+    uint64_t busy_ns = 0; /* last pass with activity or a polled request */
     while (!__atomic_load_n(&agent->stop, __ATOMIC_ACQUIRE)) {
         pdx_agent_lock(agent);
         int n = pdx_agent_progress_locked(agent);
@@ -516,6 +517,13 @@ static void *progress_main(void *arg)
         if (n == 0) {
             watch_pidfds_locked(agent);
             timeout = idle_timeout_locked(agent, &busy_ns);
+        } else {
+            /* Activity (a target serving a peer's emulated gets): keep
+             * short passes for PROGRESS_SPIN_NS before sleeping on events.
+             * Without it a target waited on UCX's event fd per message,
+             * and a missed event cost the 100 ms idle bound: a READ to a
+             * live peer timed out (1.5 s) in CI's stall_ucx_kill. */
+            busy_ns = pdx_now_ns();
         }
         /* Under the lock: a post or load after this sees it and wakes us
          * (one before it was seen by idle_timeout_locked). */
