@@ -65,7 +65,7 @@ if [ $tsan = 1 ]; then
     tsan_tests=(test_threads test_kv_offload test_backend_cma test_api)
     cmake --build build-tsan -j "$jobs" --target "${tsan_tests[@]}"
     for t in "${tsan_tests[@]}"; do
-        TSAN_OPTIONS=halt_on_error=1 build-tsan/bin/$t >build-tsan/$t.log 2>&1 \
+        TSAN_OPTIONS=halt_on_error=1:suppressions=$PWD/scripts/tsan.supp build-tsan/bin/$t >build-tsan/$t.log 2>&1 \
             || { cat build-tsan/$t.log; echo "tsan: $t failed"; exit 1; }
         echo "tsan: $t clean"
     done
@@ -76,7 +76,7 @@ if [ $tsan = 1 ]; then
     # crashes inside TSan's interceptors when a thread exits.
     cmake --build build-tsan -j "$jobs" --target twoproc pdx_backend_ucx \
         pdx_backend_cma
-    UCX_NET_DEVICES=lo UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1 \
+    UCX_NET_DEVICES=lo UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1:suppressions=$PWD/scripts/tsan.supp \
         timeout 900 build-tsan/bin/twoproc --tls sm --cma --shm --fit \
         >build-tsan/twoproc.log 2>&1 \
         || { cat build-tsan/twoproc.log; echo "tsan: twoproc --shm failed"; exit 1; }
@@ -91,7 +91,7 @@ if [ $tsan = 1 ]; then
         test_store_agent test_store_registry pdx_store_etcd pdx_backend_ucx
     for t in test_store_etcd test_store_agent test_store_registry; do
         UCX_NET_DEVICES=lo UCX_MEM_EVENTS=no \
-        TSAN_OPTIONS=halt_on_error=1:die_after_fork=0 \
+        TSAN_OPTIONS=halt_on_error=1:die_after_fork=0:suppressions=$PWD/scripts/tsan.supp \
             timeout 600 build-tsan/bin/$t >build-tsan/$t.log 2>&1 \
             || { cat build-tsan/$t.log; echo "tsan: $t failed"; exit 1; }
         echo "tsan: $t clean"
