@@ -301,7 +301,7 @@ void pdx_agent_lock(pdx_agent_h agent)
 }
 
 /* Handle what callbacks queued during an unlocked progress call. */
-static void run_deferred_locked(pdx_agent_h agent)
+void pdx_agent_run_deferred_locked(pdx_agent_h agent)
 {
     while (agent->defer_head != NULL) {
         pdx_deferred_t *d = agent->defer_head;
@@ -333,11 +333,6 @@ void pdx_backend_unlock_end(pdx_agent_h agent)
     pthread_cond_broadcast(&agent->be_cond); /* waiters, and a progress */
 }
 
-void pdx_agent_run_deferred_locked(pdx_agent_h agent)
-{
-    run_deferred_locked(agent);
-}
-
 bool pdx_backend_progress_unlocked(pdx_agent_h agent, struct pdx_backend *b,
                                    int *events_p)
 {
@@ -352,7 +347,7 @@ bool pdx_backend_progress_unlocked(pdx_agent_h agent, struct pdx_backend *b,
     pdx_backend_unlock_begin(agent);
     int n = b->ops->progress(b->be);
     pdx_backend_unlock_end(agent);
-    run_deferred_locked(agent);
+    pdx_agent_run_deferred_locked(agent);
     if (events_p != NULL) {
         *events_p += n > 0 ? n : 0;
     }

@@ -35,34 +35,6 @@ static pdx_agent_h idle_agent(const char *name)
     return a;
 }
 
-static int write_all(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n > 0) {
-        ssize_t k = write(fd, c, n);
-        if (k <= 0) {
-            return -1;
-        }
-        c += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-static int read_all(int fd, void *p, size_t n)
-{
-    char *c = p;
-    while (n > 0) {
-        ssize_t k = read(fd, c, n);
-        if (k <= 0) {
-            return -1;
-        }
-        c += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
 /* Voluntary context switches of every thread of the process (Linux sums
  * threads in RUSAGE_SELF): each is a wake-up after a wait. */
 static uint64_t task_switches(void)
@@ -78,12 +50,8 @@ static void idle_child(int in, int out, int k, double secs_)
     pdx_agent_h a = idle_agent("idle-me");
     for (int i = 0; i < k; i++) {
         uint32_t len;
-        if (read_all(in, &len, sizeof(len)) != 0 || len > (64u << 20)) {
-            _exit(3);
-        }
-        void *blob = malloc(len);
-        if (blob == NULL || read_all(in, blob, len) != 0 ||
-            pdx_peer_load(a, blob, len, NULL) != PDX_OK) {
+        char *blob = ctl_recv(in, &len);
+        if (blob == NULL || pdx_peer_load(a, blob, len, NULL) != PDX_OK) {
             fprintf(stderr, "idle: load: %s\n", pdx_last_error());
             _exit(3);
         }
@@ -109,7 +77,7 @@ static void idle_child(int in, int out, int k, double secs_)
                          /* minus the main thread's own nanosleep wake-up */
                          .wakeups_per_s = (double)(w1 - w0 - 1) / wall_s,
                          .ok = 1};
-    write_all(out, &res, sizeof(res));
+    ctl_send(out, &res, (uint32_t)sizeof(res));
     pdx_agent_destroy(a);
     _exit(0);
 }
@@ -141,14 +109,16 @@ static int idle_case(int k, double secs_, idle_result_t *res)
         if (pdx_agent_describe(peers[i], &blob, &len) != PDX_OK) {
             die("idle: describe: %s", pdx_last_error());
         }
-        uint32_t l32 = (uint32_t)len;
-        if (write_all(down[1], &l32, sizeof(l32)) != 0 ||
-            write_all(down[1], blob, len) != 0) {
-            die("idle: the child went away");
-        }
+        ctl_send(down[1], blob, (uint32_t)len);
         pdx_blob_free(blob);
     }
-    int rc = read_all(up[0], res, sizeof(*res));
+    uint32_t rlen = 0;
+    char *r = ctl_recv(up[0], &rlen);
+    int rc = r != NULL && rlen == sizeof(*res) ? 0 : -1;
+    if (rc == 0) {
+        memcpy(res, r, sizeof(*res));
+    }
+    free(r);
     int status = 0;
     waitpid(pid, &status, 0);
     for (int i = 0; i < k; i++) {
