@@ -3,6 +3,8 @@
  * losing or repeating an event (and resync after compaction), a lease lost
  * while the store was frozen and replaced with its keys published again,
  * batched owner registrations, and the unreachable state. */
+#include <errno.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -257,45 +259,112 @@ static void test_kv(void **state)
     client_close(&c);
 }
 
-/* A child process holding a leased key, killed without revoking. */
-static pid_t leased_child(const char *ns, const char *key, uint32_t ttl_ms)
+/* Children are a fresh exec of this binary (argv[0] with a mode), never a
+ * bare fork of this multithreaded process: a lock another thread held at
+ * fork() (curl's, libc's, the store's) would hang the child forever. The
+ * child reports one byte ('y' or 'n') on fd 3; the parent waits for it with a
+ * bound and kills the child when it does not come. */
+static const char *g_argv0;
+#define OWN_N 300
+
+static void owners_hex(char *hex[OWN_N])
+{
+    for (int i = 0; i < OWN_N; i++) {
+        hex[i] = malloc(65);
+        snprintf(hex[i], 65, "%064x", i * 2654435761u);
+    }
+}
+
+static void child_report(char ok)
+{
+    if (write(3, &ok, 1) != 1) {
+        _exit(3);
+    }
+    close(3);
+    for (int i = 0; i < 600; i++) { /* until killed (bounded) */
+        usleep(100000);
+    }
+    _exit(0);
+}
+
+/* mode "lease": hold a leased key; mode "owners": register OWN_N blocks. */
+static int child_main(const char *mode, const char *url, const char *ns,
+                      const char *key, uint32_t ttl_ms)
+{
+    pdx_store_host_t host = {.agent_name = key};
+    pdx_store_params_t p = {.endpoints = url, .ns = ns,
+                            .lease_ttl_ms = ttl_ms, .timeout_ms = 1000};
+    void *st = NULL;
+    if (ops->create(&host, &p, &st) != PDX_OK) {
+        child_report('c');
+    }
+    pdx_store_status_t s;
+    if (strcmp(mode, "lease") == 0) {
+        pdx_status_t r = ops->put(st, key, "alive", 5, PDX_STORE_PUT_LEASED);
+        uint64_t end = ms_now() + 10000;
+        do {
+            ops->status(st, &s);
+            usleep(10000);
+        } while ((s.lease == 0 || s.unpublished) && ms_now() < end);
+        child_report((r == PDX_OK || r == PDX_INPROGRESS) && !s.unpublished
+                         ? 'y' : 'n');
+    }
+    for (int i = 0; i < 500; i++) {
+        ops->status(st, &s);
+        if (s.lease) {
+            break;
+        }
+        usleep(10000);
+    }
+    char *hex[OWN_N];
+    owners_hex(hex);
+    uint32_t cc[OWN_N];
+    child_report(ops->owners_add(st, key, (const char *const *)hex, OWN_N,
+                                 cc) == PDX_OK &&
+                         cc[0] == 3 && cc[OWN_N - 1] == 3
+                     ? 'y' : 'n');
+    return 0;
+}
+
+/* Starts a child; returns its pid once it reported, or fails the test
+ * (after killing and reaping it) when the report is not 'y' within
+ * timeout_ms. */
+static pid_t spawn_child(const char *mode, const char *ns, const char *key,
+                         uint32_t ttl_ms, int timeout_ms)
 {
     int pfd[2];
     assert_int_equal(pipe(pfd), 0);
+    char ttl[16];
+    snprintf(ttl, sizeof(ttl), "%u", ttl_ms);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         close(pfd[0]);
-        client_t c;
-        memset(&c, 0, sizeof(c));
-        c.host = (pdx_store_host_t){.agent_name = "child"};
-        pdx_store_params_t p = {.endpoints = g_etcd.url, .ns = ns,
-                                .lease_ttl_ms = ttl_ms, .timeout_ms = 1000};
-        if (ops->create(&c.host, &p, &c.st) != PDX_OK) {
-            _exit(2);
+        if (dup2(pfd[1], 3) != 3) {
+            _exit(4);
         }
-        pdx_status_t st = ops->put(c.st, key, "alive", 5, PDX_STORE_PUT_LEASED);
-        uint64_t end = ms_now() + 10000;
-        pdx_store_status_t s;
-        do {
-            ops->status(c.st, &s);
-            usleep(10000);
-        } while ((s.lease == 0 || s.unpublished) && ms_now() < end);
-        char ok = (st == PDX_OK || st == PDX_INPROGRESS) && !s.unpublished
-                      ? 'y' : 'n';
-        if (write(pfd[1], &ok, 1) != 1) {
-            _exit(3);
-        }
-        for (int i = 0; i < 600; i++) { /* until killed (bounded) */
-            usleep(100000);
-        }
-        _exit(0);
+        execl(g_argv0, g_argv0, "--child", mode, g_etcd.url, ns, key, ttl,
+              (char *)NULL);
+        _exit(5);
     }
     close(pfd[1]);
     char ok = 0;
-    assert_int_equal(read(pfd[0], &ok, 1), 1);
+    struct pollfd pf = {.fd = pfd[0], .events = POLLIN};
+    int r;
+    do {
+        r = poll(&pf, 1, timeout_ms);
+    } while (r < 0 && errno == EINTR);
+    ssize_t n = r == 1 ? read(pfd[0], &ok, 1) : 0;
     close(pfd[0]);
-    assert_int_equal(ok, 'y');
+    if (n != 1 || ok != 'y') {
+        kill(pid, SIGKILL);
+        int ws = 0;
+        waitpid(pid, &ws, 0);
+        print_error("child %s/%s: %s (report '%c', exit status %d)\n", mode,
+                    key, r == 0 ? "no report within the bound" : "failed",
+                    n == 1 ? ok : '-', WIFEXITED(ws) ? WEXITSTATUS(ws) : -1);
+        fail();
+    }
     return pid;
 }
 
@@ -309,7 +378,7 @@ static void test_lease_expiry(void **state)
     assert_int_equal(ops->watch(w.st, "agents/", 0, PDX_STORE_WATCH_INITIAL,
                                 &id),
                      PDX_OK);
-    pid_t pid = leased_child("t-lease", "agents/p0", 2000);
+    pid_t pid = spawn_child("lease", "t-lease", "agents/p0", 2000, 20000);
     assert_true(rec_wait(&w.rec, 0, PDX_STORE_EV_PUT, "agents/p0", 5000) >= 0);
     uint64_t t0 = ms_now();
     kill(pid, SIGKILL);
@@ -539,12 +608,9 @@ static void test_owners_batched(void **state)
 {
     (void)state;
     NEED_ETCD();
-    enum { N = 300 };
+    enum { N = OWN_N };
     char *hex[N];
-    for (int i = 0; i < N; i++) {
-        hex[i] = malloc(65);
-        snprintf(hex[i], 65, "%064x", i * 2654435761u);
-    }
+    owners_hex(hex);
     client_t a, b;
     client_open(&a, "own-a", g_etcd.url, "t-own", 5000, 100, 128);
     client_open(&b, "own-b", g_etcd.url, "t-own", 5000, 100, 128);
@@ -567,50 +633,7 @@ static void test_owners_batched(void **state)
     assert_int_equal(counts[0], 2);
     assert_int_equal(counts[N - 1], 2);
     /* A third owner in a child, killed later: its entries vanish. */
-    int pfd[2];
-    assert_int_equal(pipe(pfd), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        close(pfd[0]);
-        client_t c;
-        memset(&c, 0, sizeof(c));
-        c.host = (pdx_store_host_t){.agent_name = "own-c"};
-        pdx_store_params_t p = {.endpoints = g_etcd.url, .ns = "t-own",
-                                .lease_ttl_ms = 2000, .timeout_ms = 1000};
-        if (ops->create(&c.host, &p, &c.st) != PDX_OK) {
-            _exit(2);
-        }
-        pdx_store_status_t s;
-        for (int i = 0; i < 500; i++) {
-            ops->status(c.st, &s);
-            if (s.lease) {
-                break;
-            }
-            usleep(10000);
-        }
-        uint32_t cc[N];
-        char ok = ops->owners_add(c.st, "own-c", (const char *const *)hex, N,
-                                  cc) == PDX_OK &&
-                          cc[0] == 3 && cc[N - 1] == 3
-                      ? 'y' : 'n';
-        if (write(pfd[1], &ok, 1) != 1) {
-            _exit(3);
-        }
-        for (int i = 0; i < 600; i++) { /* until killed (bounded) */
-            usleep(100000);
-        }
-        _exit(0);
-    }
-    close(pfd[1]);
-    char ok = 0;
-    assert_int_equal(read(pfd[0], &ok, 1), 1);
-    close(pfd[0]);
-    if (ok != 'y') {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-    }
-    assert_int_equal(ok, 'y');
+    pid_t pid = spawn_child("owners", "t-own", "own-c", 2000, 30000);
     uint32_t n[N];
     char first[N][64];
     owners_acc_t acc = {n, first};
@@ -727,9 +750,14 @@ static int teardown_all(void **state)
     return 0;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
+    g_argv0 = argv[0];
+    if (argc == 7 && strcmp(argv[1], "--child") == 0) {
+        return child_main(argv[2], argv[3], argv[4], argv[5],
+                          (uint32_t)strtoul(argv[6], NULL, 10));
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_abi),
         cmocka_unit_test(test_bad_params),
