@@ -347,6 +347,13 @@ bool pdx_backend_progress_unlocked(pdx_agent_h agent, struct pdx_backend *b,
     pdx_backend_unlock_begin(agent);
     int n = b->ops->progress(b->be);
     pdx_backend_unlock_end(agent);
+    if (n > 0) {
+        /* Events taken by another thread (a caller's check) may leave the
+         * sleeping progress thread's event fds disarmed (UCX re-arms an
+         * interface only in ucp_worker_arm): wake it to re-arm, so the
+         * next message is not left to the idle bound. */
+        pdx_agent_wake(agent);
+    }
     pdx_agent_run_deferred_locked(agent);
     if (events_p != NULL) {
         *events_p += n > 0 ? n : 0;
@@ -460,8 +467,9 @@ static void watch_pidfds_locked(pdx_agent_h agent)
  * once (a backend has events pending); -1, a short fixed pause
  * (progress_interval_us): a request is in flight on a backend without an
  * event fd (cma completes in its own threads and is polled), or, with no
- * request in flight, there was activity shortly ago (PROGRESS_SPIN_NS: a
- * target serving a peer's stream serves the next message at once); else
+ * request in flight, a stream of activity was seen shortly ago
+ * (PROGRESS_SPIN_NS: a target serving a peer's stream serves the next
+ * message at once; a lone message does not start it); else
  * every backend's event fd is armed and the thread sleeps
  * until an event (a message or completion for a backend, a peer's exit, a
  * stats client, a wake), or PROGRESS_INFLIGHT_MS with requests in flight
@@ -501,7 +509,8 @@ static void *progress_main(void *arg)
 {
     pdx_agent_h agent = arg;
     struct epoll_event evs[16];
-    uint64_t busy_ns = 0; /* last pass with activity or a polled request */
+    uint64_t busy_ns = 0;   /* last pass of a stream or a polled request */
+    uint64_t active_ns = 0; /* last pass with activity */
     while (!__atomic_load_n(&agent->stop, __ATOMIC_ACQUIRE)) {
         pdx_agent_lock(agent);
         int n = pdx_agent_progress_locked(agent);
@@ -513,12 +522,20 @@ static void *progress_main(void *arg)
             watch_pidfds_locked(agent);
             timeout = idle_timeout_locked(agent, &busy_ns);
         } else {
-            /* Activity (a target serving a peer's emulated gets): keep
-             * short passes for PROGRESS_SPIN_NS before sleeping on events.
-             * Without it a target waited on UCX's event fd per message,
-             * and a missed event cost the 100 ms idle bound: a READ to a
-             * live peer timed out (1.5 s) in CI's stall_ucx_kill. */
-            busy_ns = pdx_now_ns();
+            /* Activity twice within PROGRESS_SPIN_NS is a stream (a target
+             * serving a peer's emulated gets): keep short passes for
+             * PROGRESS_SPIN_NS before sleeping on events. Without it a
+             * target waited on UCX's event fd per message, and a missed
+             * event cost the 100 ms idle bound: a READ to a live peer
+             * timed out (1.5 s) in CI's stall_ucx_kill. A lone message (a
+             * peer's keepalive, once a second per endpoint) is served and
+             * the thread sleeps again: a spin per keepalive made 8 idle
+             * peers cost 2.3-2.5 ms of CPU a second. */
+            uint64_t now = pdx_now_ns();
+            if (now - active_ns < PROGRESS_SPIN_NS) {
+                busy_ns = now;
+            }
+            active_ns = now;
         }
         /* Under the lock: a post or load after this sees it and wakes us
          * (one before it was seen by idle_timeout_locked). */

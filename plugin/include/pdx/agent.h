@@ -127,8 +127,10 @@ typedef struct pdx_agent_params {
      * PDX_ERR_TIMEOUT (hung peer). 0 = never. Default 60000 ms. */
     uint32_t xfer_timeout_ms;
     /* Progress thread pause between passes while requests are in flight
-     * on a backend without an event fd (cma), and for 10 ms after
-     * activity when none is in flight, microseconds. Default 50. Otherwise the thread sleeps on events
+     * on a backend without an event fd (cma), and for 10 ms after a
+     * stream of activity (two active passes within 10 ms; not a lone
+     * message such as a keepalive) when none is in flight, microseconds.
+     * Default 50. Otherwise the thread sleeps on events
      * (backend event fds, armed: UCX messages and completions; peers'
      * pidfds, the stats socket, posts and loads), waking after 1 ms with
      * requests in flight (their timeouts) and 100 ms without. */
