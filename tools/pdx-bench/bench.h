@@ -24,6 +24,9 @@ typedef struct bench_opts {
     const char *self_path; /* this executable, for the target process */
     /* transfer */
     char tls[32]; /* "sm" (default) or "tcp" */
+    /* latency: the target in another network + pid namespace (UCX TCP
+     * over a veth pair, another host as pdx sees it) */
+    int netns;
     uint64_t sizes[BENCH_MAX_LIST];
     size_t nsizes;
     uint32_t batches[BENCH_MAX_LIST];
@@ -57,6 +60,10 @@ typedef struct bench_opts {
     int target_fd;
     const char *target_kind;
 } bench_opts_t;
+
+/* Set by latency --netns: targets start in host 1 of this lab. */
+struct netns_lab;
+extern struct netns_lab *bench_lab;
 
 /* Output: text goes to out_txt (stdout, or stderr with --json -). */
 extern FILE *out_txt;

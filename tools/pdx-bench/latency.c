@@ -11,12 +11,14 @@
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <ucp/api/ucp.h>
 
 #include "bench.h"
+#include "netns.h"
 
 #define LAT_REGION (64ull << 20)
 
@@ -218,6 +220,9 @@ static void run_pdx(const bench_opts_t *o, const lat_case_t *c,
                                            PDX_AGENT_PARAM_XFER_TIMEOUT,
                              .flags = PDX_AGENT_F_PROGRESS_THREAD,
                              .xfer_timeout_ms = 600000};
+    if (getenv("PDX_BENCH_NO_THREAD") != NULL) {
+        ap.flags &= ~PDX_AGENT_F_PROGRESS_THREAD; /* experiment */
+    }
     pdx_agent_h a;
     CHECK(pdx_agent_create("bench-lat", &ap, &a));
     pdx_kv_t opt = {"tls", o->tls};
@@ -300,6 +305,15 @@ static void run_pdx(const bench_opts_t *o, const lat_case_t *c,
     big_free(mem, LAT_REGION);
 }
 
+static void lab_cleanup(void)
+{
+    if (bench_lab != NULL) {
+        netns_enter(bench_lab, -1);
+        netns_cleanup(bench_lab);
+        bench_lab = NULL;
+    }
+}
+
 int mode_latency(const bench_opts_t *o, cJSON *root)
 {
     /* UCX alone on both pdx sides (no cma), private memory. */
@@ -308,14 +322,34 @@ int mode_latency(const bench_opts_t *o, cJSON *root)
     if (oo.ws_bytes < LAT_REGION) {
         oo.ws_bytes = LAT_REGION; /* the pdx target's region */
     }
+    static netns_lab_t lab;
+    const char *where = "one host";
+    if (o->netns) {
+        /* Another host: both sides in their own network namespace, joined
+         * by veth pairs; UCX over TCP on eth0. We enter host 0 before any
+         * UCX context exists, so UCX's threads live there too. */
+        char why[256];
+        if (netns_init(&lab, 2, why, sizeof(why)) != 0) {
+            die("latency --netns: %s", why);
+        }
+        if (netns_enter(&lab, 0) != 0) {
+            netns_cleanup(&lab);
+            die("latency --netns: cannot enter host 0");
+        }
+        bench_lab = &lab;
+        atexit(lab_cleanup); /* die() too */
+        snprintf(oo.tls, sizeof(oo.tls), "tcp");
+        setenv("UCX_NET_DEVICES", "eth0", 1);
+        where = "two network namespaces (veth, tcp/eth0)";
+    }
     static const uint64_t sizes[] = {8448, 65536, 1048576};
     static const uint32_t batches[] = {1, 64};
-    say("# latency over UCX tls=%s: one request at a time; raw UCP = %s "
+    say("# latency over UCX tls=%s, %s: one request at a time; raw UCP = %s "
         "ucp_get_nbx/ucp_put_nbx x batch + ucp_ep_flush_nbx, target "
         "spinning on ucp_worker_progress; pdx = ucx backend only, "
         "progress threads on, prepared request posted and polled; %.2f s "
         "per case after a warm-up; GB/s over the timed requests\n",
-        o->tls, "batch", o->case_s);
+        oo.tls, where, "batch", o->case_s);
     say("%-5s %8s %5s | %9s %9s %7s | %9s %9s %7s | %7s %7s\n", "op", "size",
         "batch", "ucp p50", "ucp p99", "GB/s", "pdx p50", "pdx p99", "GB/s",
         "p50 x", "GB/s x");

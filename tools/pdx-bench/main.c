@@ -36,6 +36,8 @@ static void usage(FILE *f)
         "  --plot FILE.svg    bandwidth vs size with the peers' curves "
         "(gnuplot)\n"
         "  --tls sm|tcp       UCX transports (default sm)\n"
+        "  --netns            latency: the target in another network and pid namespace\n"
+        "                     (UCX TCP over a veth pair: another host; needs root)\n"
         "  --path shm|cma|ucx how pdx moves same-host data: shm = cma "
         "backend + shared memory (pdx_mem_alloc / pdx_mem_share, memcpy "
         "into the peer's mapping; default), cma = cma backend on private "
@@ -218,6 +220,8 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--plot") == 0) {
             NEEDV();
             o.plot_path = v;
+        } else if (strcmp(a, "--netns") == 0) {
+            o.netns = 1;
         } else if (strcmp(a, "--tls") == 0) {
             NEEDV();
             if (strcmp(v, "sm") != 0 && strcmp(v, "tcp") != 0) {

@@ -15,6 +15,9 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "netns.h"
+
+struct netns_lab *bench_lab;
 
 FILE *out_txt;
 
@@ -352,8 +355,20 @@ int spawn_target(const bench_opts_t *o, const char *kind,
         argv[n++] = extra[i];
     }
     argv[n] = NULL;
-    /* The target's diagnostics go to our stderr. */
-    int pid = spawn_cmd(argv, NULL, 2, sv[1]);
+    int pid;
+    if (bench_lab != NULL) {
+        /* Another host: the target keeps the socket at its own number. */
+        char fdnum[16];
+        snprintf(fdnum, sizeof(fdnum), "%d", sv[1]);
+        argv[4] = fdnum;
+        int fl = fcntl(sv[1], F_GETFD);
+        fcntl(sv[1], F_SETFD, fl & ~FD_CLOEXEC);
+        static char *const env[] = {"UCX_NET_DEVICES=eth0", NULL};
+        pid = netns_spawn(bench_lab, 1, (char *const *)argv, env, sv[1]);
+    } else {
+        /* The target's diagnostics go to our stderr. */
+        pid = spawn_cmd(argv, NULL, 2, sv[1]);
+    }
     close(sv[1]);
     if (pid < 0) {
         die("starting %s: %s", o->self_path, strerror(errno));
