@@ -362,6 +362,8 @@ bool pdx_backend_progress_unlocked(pdx_agent_h agent, struct pdx_backend *b,
     return true;
 }
 
+static int agent_housekeeping_locked(pdx_agent_h agent);
+
 int pdx_agent_progress_locked(pdx_agent_h agent)
 {
     int events = 0;
@@ -374,6 +376,15 @@ int pdx_agent_progress_locked(pdx_agent_h agent)
             return events;
         }
     }
+    return events + agent_housekeeping_locked(agent);
+}
+
+/* Everything of a progress pass but the backends' own progress: liveness
+ * (pidfds, same-process destroys), request states and timeouts, removal
+ * acknowledgements. Lock held. Returns the requests it saw end. */
+static int agent_housekeeping_locked(pdx_agent_h agent)
+{
+    int events = 0;
     uint64_t now = pdx_now_ns();
     agent->last_full_progress_ns = now;
     check_liveness(agent, now);
@@ -534,6 +545,13 @@ static void *progress_main(void *arg)
             struct timespec nap = {0, (long)(cp + PROGRESS_POLL_NS - t)};
             nanosleep(&nap, NULL);
             waited = true;
+            /* The rest of a pass still runs: a peer's death or destroy,
+             * timeouts (the caller's check progresses only the backend). */
+            pdx_agent_lock(agent);
+            if (agent_housekeeping_locked(agent) > 0) {
+                pdx_agent_signal(agent);
+            }
+            pthread_mutex_unlock(&agent->lock);
             continue;
         }
         pdx_agent_lock(agent);

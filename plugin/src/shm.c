@@ -33,6 +33,26 @@ typedef struct shm_ent {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static shm_ent_t **g_ents;
 static size_t g_n, g_cap;
+/* Starts of inherited entries a child's own mapping took the place of
+ * (drop_inherited): a later free or unshare of one is the documented
+ * no-op, not "not found". The last GONE_MAX, lock held. */
+#define GONE_MAX 64
+static struct {
+    uint64_t addr;
+    bool allocated;
+} g_gone[GONE_MAX];
+static size_t g_ngone;
+
+static bool take_gone(uint64_t a, bool allocated)
+{
+    for (size_t i = 0; i < g_ngone && i < GONE_MAX; i++) {
+        if (g_gone[i].addr == a && g_gone[i].allocated == allocated) {
+            g_gone[i].addr = 0;
+            return true;
+        }
+    }
+    return false;
+}
 
 /* First entry whose addr >= a. Lock held. */
 static size_t lower_bound(uint64_t a)
@@ -93,6 +113,9 @@ static void drop_inherited(uint64_t a, uint64_t len)
     while (i < g_n && g_ents[i]->addr < a + len) {
         shm_ent_t *e = g_ents[i];
         if (e->inherited && e->addr + e->len > a) {
+            g_gone[g_ngone % GONE_MAX].addr = e->addr;
+            g_gone[g_ngone % GONE_MAX].allocated = e->allocated;
+            g_ngone++;
             drop_at(i);
             free(e);
             continue;
@@ -170,6 +193,11 @@ static shm_ent_t *remove_at(uint64_t a, bool allocated, pdx_status_t *st_p)
         /* The parent's, in a forked child: forgotten, nothing unmapped. */
         e = g_ents[i];
         drop_at(i);
+        *st_p = PDX_OK;
+    } else if ((i >= g_n || g_ents[i]->addr != a) &&
+               take_gone(a, allocated)) {
+        /* The parent's, superseded by a mapping of the child's own that
+         * has gone since: forgotten already. */
         *st_p = PDX_OK;
     } else if (i >= g_n || g_ents[i]->addr != a ||
                g_ents[i]->allocated != allocated) {

@@ -161,6 +161,17 @@ static int child_use(pair_t *p, pdx_xfer_h x, pdx_dlist_h dl)
                                                   &x2));
     printf("child: every call on inherited handles refused: %s\n",
            pdx_last_error());
+    /* A mapping of the child's own may take the place of inherited
+     * memory (not mapped here: MADV_DONTFORK); freeing the inherited
+     * pointer afterwards is still the documented no-op. */
+    void *q = NULL;
+    if (pdx_mem_alloc(LEN, 0, &q) != PDX_OK) {
+        fprintf(stderr, "child: pdx_mem_alloc: %s\n", pdx_last_error());
+        _exit(5);
+    }
+    printf("child: own allocation %s the inherited address\n",
+           q == (void *)p->src ? "took" : "did not take");
+    pdx_mem_free(q);
     /* The child's own pdx works. */
     pair_t c;
     pair_make(&c, "child", true);
