@@ -1,7 +1,6 @@
 /* Agent life cycle, backends, invariants, progress (explicit and thread),
  * liveness checks and the event fd. */
 #include <errno.h>
-#include <sched.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -348,21 +347,12 @@ bool pdx_backend_progress_unlocked(pdx_agent_h agent, struct pdx_backend *b,
     pdx_backend_unlock_begin(agent);
     int n = b->ops->progress(b->be);
     pdx_backend_unlock_end(agent);
-    if (n > 0) {
-        /* Events taken by another thread (a caller's check) may leave the
-         * sleeping progress thread's event fds disarmed (UCX re-arms an
-         * interface only in ucp_worker_arm): wake it to re-arm, so the
-         * next message is not left to the idle bound. */
-        pdx_agent_wake(agent);
-    }
     pdx_agent_run_deferred_locked(agent);
     if (events_p != NULL) {
         *events_p += n > 0 ? n : 0;
     }
     return true;
 }
-
-static int agent_housekeeping_locked(pdx_agent_h agent);
 
 int pdx_agent_progress_locked(pdx_agent_h agent)
 {
@@ -376,15 +366,6 @@ int pdx_agent_progress_locked(pdx_agent_h agent)
             return events;
         }
     }
-    return events + agent_housekeeping_locked(agent);
-}
-
-/* Everything of a progress pass but the backends' own progress: liveness
- * (pidfds, same-process destroys), request states and timeouts, removal
- * acknowledgements. Lock held. Returns the requests it saw end. */
-static int agent_housekeeping_locked(pdx_agent_h agent)
-{
-    int events = 0;
     uint64_t now = pdx_now_ns();
     agent->last_full_progress_ns = now;
     check_liveness(agent, now);
@@ -454,12 +435,6 @@ void pdx_agent_wake(pdx_agent_h agent)
  * well under a millisecond of CPU. */
 #define PROGRESS_IDLE_MS 100
 #define PROGRESS_SPIN_NS 10000000ull
-/* A fast stream (two active passes within this): the thread polls without
- * sleeping until this long after the last activity. A target serving a
- * peer's requests one at a time answers the next one at UCX's own latency
- * instead of a wake-up's (60-120 us on this VM); an idle agent never
- * polls (a lone keepalive does not start it). */
-#define PROGRESS_POLL_NS 1000000ull
 /* Longest sleep with requests in flight on event-fd backends only: how
  * late a request timeout can be noticed (their unit is ms). */
 #define PROGRESS_INFLIGHT_MS 1
@@ -484,13 +459,13 @@ static void watch_pidfds_locked(pdx_agent_h agent)
 /* How long the progress thread may sleep now, in ms: 0, progress again at
  * once (a backend has events pending); -1, a short fixed pause
  * (progress_interval_us): a request is in flight on a backend without an
- * event fd (cma completes in its own threads and is polled); else every
- * backend's event fd is armed and the thread sleeps until an event (a
- * message or completion for a backend, a peer's exit, a stats client, a
- * wake), or PROGRESS_INFLIGHT_MS with requests in flight (their timeouts)
- * or shortly after a stream of activity (PROGRESS_SPIN_NS: a target
- * serving a peer's stream; a lone message does not start one), or
- * PROGRESS_IDLE_MS. Lock held, no backend busy. */
+ * event fd (cma completes in its own threads and is polled), or, with no
+ * request in flight, there was activity shortly ago (PROGRESS_SPIN_NS: a
+ * target serving a peer's stream serves the next message at once); else
+ * every backend's event fd is armed and the thread sleeps
+ * until an event (a message or completion for a backend, a peer's exit, a
+ * stats client, a wake), or PROGRESS_INFLIGHT_MS with requests in flight
+ * (their timeouts), or PROGRESS_IDLE_MS. Lock held, no backend busy. */
 static int idle_timeout_locked(pdx_agent_h agent, uint64_t *busy_ns)
 {
     uint64_t now = pdx_now_ns();
@@ -509,12 +484,9 @@ static int idle_timeout_locked(pdx_agent_h agent, uint64_t *busy_ns)
         *busy_ns = now;
         return -1;
     }
-    /* A stream shortly ago: the next message may follow. Sleep on the
-     * armed event fds as below, but at most PROGRESS_INFLIGHT_MS, so an
-     * event missed while serving costs 1 ms, not the idle bound; a pause
-     * of fixed length here would add its own length (with the kernel's
-     * timer slack, ~100 us for 50 us) to every message of the stream. */
-    bool streaming = !inflight && now - *busy_ns < PROGRESS_SPIN_NS;
+    if (!inflight && now - *busy_ns < PROGRESS_SPIN_NS) {
+        return -1; /* activity shortly ago: the next message may follow */
+    }
     for (uint32_t i = 0; i < agent->nbackends; i++) {
         struct pdx_backend *b = agent->backends[i];
         if ((b->ops->caps & PDX_BACKEND_CAP_EVENT_FD) &&
@@ -522,79 +494,31 @@ static int idle_timeout_locked(pdx_agent_h agent, uint64_t *busy_ns)
             return 0;
         }
     }
-    return inflight || streaming ? PROGRESS_INFLIGHT_MS : PROGRESS_IDLE_MS;
+    return inflight ? PROGRESS_INFLIGHT_MS : PROGRESS_IDLE_MS;
 }
 
 static void *progress_main(void *arg)
 {
     pdx_agent_h agent = arg;
     struct epoll_event evs[16];
-    uint64_t busy_ns = 0;   /* last pass of a stream or a polled request */
-    uint64_t active_ns = 0; /* last pass with activity */
-    uint64_t poll_until = 0; /* a fast stream: poll, do not sleep, until */
-    bool waited = true;      /* a wait since the last active pass */
+    uint64_t busy_ns = 0; /* last pass with activity or a polled request */
     while (!__atomic_load_n(&agent->stop, __ATOMIC_ACQUIRE)) {
-        /* A caller polling its requests progresses the backend itself
-         * (pdx_xfer_check): keep out of its way (no second thread in the
-         * backend, no core taken from it) until it stops, at most
-         * PROGRESS_POLL_NS a time. It progresses the whole backend. */
-        uint64_t cp = __atomic_load_n(&agent->caller_poll_ns,
-                                      __ATOMIC_RELAXED);
-        uint64_t t = pdx_now_ns();
-        if (cp != 0 && t - cp < PROGRESS_POLL_NS) {
-            struct timespec nap = {0, (long)(cp + PROGRESS_POLL_NS - t)};
-            nanosleep(&nap, NULL);
-            waited = true;
-            /* The rest of a pass still runs: a peer's death or destroy,
-             * timeouts (the caller's check progresses only the backend). */
-            pdx_agent_lock(agent);
-            if (agent_housekeeping_locked(agent) > 0) {
-                pdx_agent_signal(agent);
-            }
-            pthread_mutex_unlock(&agent->lock);
-            continue;
-        }
         pdx_agent_lock(agent);
         int n = pdx_agent_progress_locked(agent);
         if (n > 0) {
             pdx_agent_signal(agent);
         }
-        /* A burst ends only with a wait (a sleep, or a yield while
-         * polling): passes back to back, and one after a busy arm, are a
-         * wake-up's own work, not a stream. */
-        bool in_burst = !waited;
-        if (n > 0) {
-            waited = false;
-        }
         int timeout = 0;
         if (n == 0) {
             watch_pidfds_locked(agent);
-            timeout = pdx_now_ns() < poll_until
-                          ? -2
-                          : idle_timeout_locked(agent, &busy_ns);
+            timeout = idle_timeout_locked(agent, &busy_ns);
         } else {
-            /* Two bursts of activity (a wait between them) within
-             * PROGRESS_POLL_NS are a fast stream (a target serving a
-             * peer's emulated gets one at a time): poll without sleeping
-             * until PROGRESS_POLL_NS after the last; within
-             * PROGRESS_SPIN_NS, a stream: sleep on events at most
-             * PROGRESS_INFLIGHT_MS (a missed UCX event once cost the 100
-             * ms idle bound per message: a READ to a live peer timed out
-             * in CI's stall_ucx_kill). A lone message (a peer's
-             * keepalive, once a second per endpoint) is served and the
-             * thread sleeps again: a spin per keepalive made 8 idle peers
-             * cost 2.3-2.5 ms of CPU a second. */
-            uint64_t now = pdx_now_ns();
-            if (!in_burst) {
-                /* A new burst after a wait. */
-                if (now - active_ns < PROGRESS_SPIN_NS) {
-                    busy_ns = now;
-                }
-                if (now - active_ns < PROGRESS_POLL_NS) {
-                    poll_until = now + PROGRESS_POLL_NS;
-                }
-            }
-            active_ns = now;
+            /* Activity (a target serving a peer's emulated gets): keep
+             * short passes for PROGRESS_SPIN_NS before sleeping on events.
+             * Without it a target waited on UCX's event fd per message,
+             * and a missed event cost the 100 ms idle bound: a READ to a
+             * live peer timed out (1.5 s) in CI's stall_ucx_kill. */
+            busy_ns = pdx_now_ns();
         }
         /* Under the lock: a post or load after this sees it and wakes us
          * (one before it was seen by idle_timeout_locked). */
@@ -604,11 +528,6 @@ static void *progress_main(void *arg)
         pdx_stats_sock_serve(agent);
         if (timeout == 0) {
             continue; /* activity: progress again at once */
-        }
-        waited = true;
-        if (timeout == -2) {
-            sched_yield(); /* polling a fast stream */
-            continue;
         }
         if (timeout < 0) {
             struct timespec pause = {

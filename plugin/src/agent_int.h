@@ -256,9 +256,6 @@ struct pdx_agent {
     int prog_epoll_fd;
     int wake_fd;
     int thread_sleeping; /* atomic: in a wait without a short timeout */
-    /* atomic: when a caller's pdx_xfer_check last progressed a backend
-     * itself; while it polls, the progress thread keeps out of its way */
-    uint64_t caller_poll_ns;
     struct pdx_store_agent *store; /* store.c: discovery; NULL if none */
     /* Region-removal notices (notif.c): deregistrations waiting for
      * loaded peers' acknowledgements, and removals told by peers whose

@@ -560,19 +560,11 @@ static void xfer_progress_own(pdx_agent_h agent, struct pdx_xfer *x)
     if (x->breq == NULL || agent->be_busy) {
         return;
     }
-    /* A polling caller progresses its request's backend at once (one
-     * bounded pass, without the lock), progress thread or not: waiting
-     * for the thread to wake cost a request over UCX 60-120 us more than
-     * UCX's own loop. Only when no other thread is in a backend: then
-     * the state is taken as it is, without waiting. */
-    if (pdx_backend_progress_unlocked(agent, agent->backends[x->bindex],
+    /* With a progress thread, it progresses; the caller's call stays
+     * short (one UCX progress call can take tens of ms). */
+    if (agent->thread_running ||
+        pdx_backend_progress_unlocked(agent, agent->backends[x->bindex],
                                       NULL)) {
-        if (agent->thread_running) {
-            __atomic_store_n(&agent->caller_poll_ns, pdx_now_ns(),
-                             __ATOMIC_RELAXED);
-        }
-        pdx_xfer_progress_locked(agent, x);
-    } else if (agent->thread_running) {
         pdx_xfer_progress_locked(agent, x);
     }
 }

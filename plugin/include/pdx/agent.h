@@ -13,16 +13,13 @@
  * WITHOUT the agent lock (one UCX progress call over sm or tcp can copy
  * megabytes: 10-45 ms measured): other calls that need a backend wait
  * for that one call at most; pdx_peer_state, pdx_notif_poll, the stats
- * reads and pdx_xfer_check (while another thread is in a backend) never
- * wait for it. What runs under the lock is short: a request check (UCX
- * O(1); cma copies at most one 512 KiB half-chunk), a make, liveness and
- * timeout sweeps. pdx_xfer_check progresses the request's backend itself
- * (one bounded pass, UCX: 0.5 ms plus one UCX call) when no other thread
- * is in a backend, progress thread or not, so a polling caller sees its
- * completion at UCX's own latency; while a caller polls so, the progress
- * thread keeps out of the backends (it naps at most 1 ms a time). With a
- * progress thread, pdx_notif_poll does not progress backends (the thread
- * does, woken by their events); without one, it progresses all of them.
+ * reads and pdx_xfer_check (with a progress thread, or while another
+ * thread is in a backend) never wait for it. What runs under the lock is
+ * short: a request check (UCX O(1); cma copies at most one 512 KiB
+ * half-chunk), a make, liveness and timeout sweeps. With a progress
+ * thread, pdx_xfer_check and pdx_notif_poll do not progress backends (the
+ * thread does, woken by their events); without one, they progress the
+ * request's backend (xfer_check) or all of them (notif_poll) themselves.
  * Measured on a shared 2-core VM while a peer was killed or stopped
  * mid-transfer (tests/faults/stall.c): p99 0.002-0.003 ms, longest call
  * 1-5 ms alone; beside a pdx-bench run and two compiles (load 4-5), 134 of
@@ -130,12 +127,8 @@ typedef struct pdx_agent_params {
      * PDX_ERR_TIMEOUT (hung peer). 0 = never. Default 60000 ms. */
     uint32_t xfer_timeout_ms;
     /* Progress thread pause between passes while requests are in flight
-     * on a backend without an event fd (cma), microseconds. Default 50.
-     * After two bursts of activity within 1 ms (a target serving a peer's
-     * requests one at a time) the thread polls, yielding, until 1 ms
-     * after the last; a lone message (a keepalive) does not start it, and
-     * for 10 ms after a stream its sleeps end after 1 ms at most.
-     * Otherwise the thread sleeps on events
+     * on a backend without an event fd (cma), and for 10 ms after
+     * activity when none is in flight, microseconds. Default 50. Otherwise the thread sleeps on events
      * (backend event fds, armed: UCX messages and completions; peers'
      * pidfds, the stats socket, posts and loads), waking after 1 ms with
      * requests in flight (their timeouts) and 100 ms without. */
