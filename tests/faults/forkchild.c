@@ -171,7 +171,11 @@ static int child_use(pair_t *p, pdx_xfer_h x, pdx_dlist_h dl)
     }
     printf("child: own allocation %s the inherited address\n",
            q == (void *)p->src ? "took" : "did not take");
-    pdx_mem_free(q);
+    if (pdx_mem_free(q) != PDX_OK) {
+        fprintf(stderr, "child: pdx_mem_free of its own memory: %s\n",
+                pdx_last_error());
+        _exit(5);
+    }
     /* The child's own pdx works. */
     pair_t c;
     pair_make(&c, "child", true);

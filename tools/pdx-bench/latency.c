@@ -7,7 +7,10 @@
  * one prepared request (pdx_xfer_make once, then post + poll
  * pdx_xfer_check), both agents with their progress thread on, UCX only
  * (no cma). Per case: p50 and p99 of the request time and GB/s over the
- * timed requests; ratios pdx / UCP. */
+ * timed requests; ratios pdx / UCP. --netns puts the target in another
+ * network + pid namespace (UCX TCP over a veth pair). PDX_BENCH_NO_THREAD=1
+ * runs the initiating agent without a progress thread (to tell its cost
+ * apart). */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>

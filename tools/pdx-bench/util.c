@@ -342,13 +342,17 @@ int spawn_target(const bench_opts_t *o, const char *kind,
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
         die("socketpair: %s", strerror(errno));
     }
+    /* Another host (latency --netns): the target keeps the socket at its
+     * own number; here spawn_cmd puts it at 3. */
+    char fdnum[16];
+    snprintf(fdnum, sizeof(fdnum), "%d", bench_lab != NULL ? sv[1] : 3);
     const char *argv[48];
     size_t n = 0;
     argv[n++] = o->self_path;
     argv[n++] = "--target";
     argv[n++] = kind;
     argv[n++] = "--fd";
-    argv[n++] = "3";
+    argv[n++] = fdnum;
     argv[n++] = "--tls";
     argv[n++] = o->tls;
     for (size_t i = 0; extra != NULL && extra[i] != NULL && n < 46; i++) {
@@ -357,10 +361,6 @@ int spawn_target(const bench_opts_t *o, const char *kind,
     argv[n] = NULL;
     int pid;
     if (bench_lab != NULL) {
-        /* Another host: the target keeps the socket at its own number. */
-        char fdnum[16];
-        snprintf(fdnum, sizeof(fdnum), "%d", sv[1]);
-        argv[4] = fdnum;
         int fl = fcntl(sv[1], F_GETFD);
         fcntl(sv[1], F_SETFD, fl & ~FD_CLOEXEC);
         static char *const env[] = {"UCX_NET_DEVICES=eth0", NULL};
