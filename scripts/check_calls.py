@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Checks that no two source files call each other, directly or around a
+loop (issue 20): reads the object files of a build with nm, draws an edge
+from a file to each file defining a symbol it uses, and prints every cycle
+(strongly connected component) with the symbols behind its edges.
+
+usage: check_calls.py BUILD_DIR [--allow FILE...]   exit 1 on a cycle
+"""
+import collections
+import glob
+import os
+import subprocess
+import sys
+
+
+def source_of(obj, build):
+    rel = os.path.relpath(obj, build)
+    top, rest = rel.split('/CMakeFiles/', 1) if '/CMakeFiles/' in rel \
+        else ('.', rel.split('CMakeFiles/', 1)[1])
+    src = rest.split('.dir/', 1)[1][:-2]
+    return os.path.normpath(os.path.join(top, src)), rest.split('.dir/')[0]
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__)
+        return 2
+    build = sys.argv[1]
+    objs = glob.glob(os.path.join(build, '**', 'CMakeFiles', '**', '*.o'),
+                     recursive=True)
+    defs = collections.defaultdict(set)   # symbol -> sources
+    uses = collections.defaultdict(set)   # source -> symbols
+    for o in objs:
+        src, _ = source_of(o, build)
+        out = subprocess.run(['nm', o], capture_output=True,
+                             text=True).stdout
+        for line in out.splitlines():
+            p = line.split()
+            if len(p) == 2 and p[0] == 'U':
+                uses[src].add(p[1])
+            elif len(p) == 3 and p[1] in 'TDBRVW':
+                defs[p[2]].add(src)
+    edges = collections.defaultdict(dict)
+    for src, syms in uses.items():
+        for s in syms:
+            ds = defs.get(s, set()) - {src}
+            if len(ds) > 1:   # same symbol in several programs: same tree
+                top = src.split('/')[0]
+                ds = {d for d in ds if d.split('/')[0] == top} or ds
+                if len(ds) > 1:
+                    continue
+            for d in ds:
+                edges[src].setdefault(d, []).append(s)
+    index, low, stack, on, comps = {}, {}, [], set(), []
+    counter = [0]
+    sys.setrecursionlimit(100000)
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    for v in sorted(uses):
+        if v not in index:
+            visit(v)
+    if not objs:
+        print('check_calls: no object files under ' + build)
+        return 2
+    for comp in comps:
+        print('cycle of %d files:' % len(comp))
+        cs = set(comp)
+        for a in comp:
+            for b, syms in sorted(edges[a].items()):
+                if b in cs:
+                    print('  %s -> %s (%s)' % (a, b,
+                                              ', '.join(sorted(syms)[:4])))
+    print('check_calls: %d files, %d cycles' % (len(uses), len(comps)))
+    return 1 if comps else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
