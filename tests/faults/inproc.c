@@ -1,10 +1,11 @@
-/* Two agents in one process: A has READs of 32 MiB from B in flight when B
+/* Two agents in one process: A has READs of 64 MiB from B in flight when B
  * is destroyed (or, --unload, when A unloads B). A's requests must end with
  * an error within 2 s (not at the 10 s request timeout), B's peer state in
  * A must say it is gone, and A must be destroyed cleanly (no UCX
- * assertion: the process exits 0).
+ * assertion: the process exits 0). --exit: the process calls exit() with
+ * both agents and the READs alive; it must exit 0 within 5 s.
  *
- * inproc --path ucx|shm [--unload] */
+ * inproc --path ucx|shm [--unload | --exit] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,7 @@
 #include "ctl.h"
 #include <pdx/pdx.h>
 
-#define LEN (32u << 20)
+#define LEN (64u << 20)
 #define NREQ 4
 
 const char *ctl_name = "inproc";
@@ -28,12 +29,14 @@ const char *ctl_name = "inproc";
 int main(int argc, char **argv)
 {
     const char *path = "ucx";
-    int unload = 0;
+    int unload = 0, at_exit = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--path") == 0 && i + 1 < argc) {
             path = argv[++i];
         } else if (strcmp(argv[i], "--unload") == 0) {
             unload = 1;
+        } else if (strcmp(argv[i], "--exit") == 0) {
+            at_exit = 1;
         }
     }
     int shm = strcmp(path, "shm") == 0;
@@ -85,6 +88,14 @@ int main(int argc, char **argv)
         if (st[i] < 0) {
             die("post: %s", pdx_last_error());
         }
+    }
+    if (at_exit) {
+        /* exit() runs pdx's and UCX's destructors with everything alive;
+         * SIGALRM (default action: the process dies) bounds it at 5 s. */
+        printf("exit with %d READs of %u MiB in flight\n", NREQ, LEN >> 20);
+        fflush(stdout);
+        alarm(5);
+        exit(0);
     }
     uint64_t t0 = now_ms();
     if (unload) {

@@ -27,8 +27,8 @@
 #include "ctl.h"
 #include <pdx/pdx.h>
 
-#define REGION (64u << 20) /* P's region */
-#define XFER (8u << 20)    /* one request */
+#define XFER (64u << 20)   /* one request */
+#define REGION (4 * XFER) /* P's region: one piece per request */
 #define NREAD 2
 #define NWRITE 2
 #define EXIT_BOUND_MS 5000
