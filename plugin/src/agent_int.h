@@ -12,6 +12,7 @@
 #include <pdx/store.h>
 #include <pdx/xfer.h>
 
+#include "base.h"
 #include "blob.h"
 #include "sign.h"
 #include "pdx_call.h"
@@ -284,7 +285,6 @@ void pdx_shm_release(uint64_t addr, uint64_t len);
 /* Deregister `r` from every backend that took it, release its shared
  * range, free it. The caller has removed it from agent->regs. */
 void pdx_mem_reg_free_locked(pdx_agent_h agent, struct pdx_mem_reg *r);
-uint64_t pdx_now_ns(void);
 pdx_peer_t *pdx_peer_find(pdx_agent_h agent, const char *name);
 pdx_peer_region_t *pdx_peer_region_find(pdx_peer_t *peer, pdx_mem_type_t t,
                                         uint64_t addr, uint64_t len);
@@ -349,9 +349,6 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x);
 /* The counters of peer `name`, made on first use (NULL only without
  * memory). */
 pdx_stats_entry_t *pdx_peer_stats_get(pdx_agent_h agent, const char *name);
-pdx_status_t pdx_host_id(char *buf, size_t len);
-/* Host ids of one kernel (boot) that differ only by pid namespace. */
-bool pdx_host_same_kernel(const char *a, const char *b);
 
 /* The stats socket (stats_sock.c). */
 void pdx_stats_sock_open(pdx_agent_h agent);

@@ -93,13 +93,6 @@ struct pdx_store_agent {
     bool thread_running;
 };
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static cached_t *cache_find(struct pdx_store_agent *g, const char *name)
 {
     for (cached_t *c = g->cache; c != NULL; c = c->next) {
@@ -146,7 +139,7 @@ static cached_t *want_locked(struct pdx_store_agent *g, const char *name)
         g->ncache++;
     }
     c->drop = false;
-    c->used_ns = now_ns();
+    c->used_ns = pdx_now_ns();
     return c;
 }
 
@@ -352,7 +345,7 @@ void pdx_store_agent_peer_unloaded_locked(pdx_agent_h a, const char *name)
     cached_t *c = cache_find(g, name);
     if (c != NULL && !c->self) {
         c->loaded = false;
-        c->used_ns = now_ns();
+        c->used_ns = pdx_now_ns();
         count_idle(g);
         if (g->nwant_idle > WANT_MAX) {
             pthread_cond_broadcast(&g->cv); /* the glue thread evicts */
@@ -573,7 +566,7 @@ static void *glue_main(void *arg)
             handle_event(g, e);
             free(e);
         }
-        publish_step(g, now_ns());
+        publish_step(g, pdx_now_ns());
         evict_step(g);
         pthread_mutex_lock(&g->lock);
         if (g->evq != NULL || g->stop || g->gen_changed) {
@@ -582,7 +575,7 @@ static void *glue_main(void *arg)
         /* Sleeps until an event, a generation change or stop; a timer
          * only while a failed publication waits for its retry. */
         if (g->publish && g->publish_retry_ns != 0) {
-            uint64_t now = now_ns();
+            uint64_t now = pdx_now_ns();
             uint64_t wait = g->publish_retry_ns > now
                                 ? g->publish_retry_ns - now : 0;
             struct timespec dl;
@@ -842,7 +835,7 @@ static pdx_status_t fetch(pdx_agent_h a, const char *name,
     if (state == PDX_OK) {
         return PDX_OK;
     }
-    uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t deadline = pdx_deadline_ns(timeout_ms);
     bool asked = false;
     pdx_status_t store_st = PDX_OK;
     pthread_mutex_lock(&g->lock);
@@ -855,7 +848,7 @@ static pdx_status_t fetch(pdx_agent_h a, const char *name,
         pthread_mutex_lock(&g->lock);
         c = cache_find(g, name);
         if (c != NULL) {
-            c->used_ns = now_ns();
+            c->used_ns = pdx_now_ns();
             c->drop = false;
         }
         bool watched = c != NULL && (c->watch_id != 0 || c->subscribing);
@@ -924,7 +917,7 @@ static pdx_status_t fetch(pdx_agent_h a, const char *name,
             free(blob);
             return st;
         }
-        uint64_t now = now_ns();
+        uint64_t now = pdx_now_ns();
         if (now >= deadline) {
             break;
         }
