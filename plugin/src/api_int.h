@@ -5,7 +5,12 @@
 #ifndef PDX_API_INT_H
 #define PDX_API_INT_H
 
-#include <pdx/pdx.h>
+#include <pdx/agent.h>
+#include <pdx/log.h>
+#include <pdx/notif.h>
+#include <pdx/status.h>
+#include <pdx/types.h>
+#include <pdx/xfer.h>
 
 pdx_status_t pdxi_agent_create(const char *name,
                                const pdx_agent_params_t *params,

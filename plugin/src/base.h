@@ -10,6 +10,7 @@
 
 #include <pdx/log.h>
 #include <pdx/status.h>
+#include <pdx/backend.h>
 
 /* CLOCK_MONOTONIC in ns: every timer, deadline and timestamp of pdx. */
 uint64_t pdx_now_ns(void);
@@ -30,6 +31,14 @@ void pdx_efd_drain(int fd);
 pdx_status_t pdx_host_id(char *buf, size_t len);
 /* Host ids of one kernel (boot) that differ only by pid namespace. */
 bool pdx_host_same_kernel(const char *a, const char *b);
+
+/* Does `r` hold [addr, addr+len)? The one containment check of the agent:
+ * len is compared first so the subtraction cannot wrap. */
+static inline bool pdx_region_holds(const pdx_region_t *r, uint64_t addr,
+                                    uint64_t len)
+{
+    return len <= r->len && addr >= r->addr && addr - r->addr <= r->len - len;
+}
 
 /* log.c hands every error and warning line to this hook before level
  * filtering; call.c installs pdx_call_capture at load (so that log.c never

@@ -1,4 +1,4 @@
-/* The exported function table and blob decoding for tools. */
+/* The exported function table. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,73 +7,6 @@
 
 #include "blob.h"
 #include "sign.h"
-
-#ifndef PDX_VERSION_STRING
-#define PDX_VERSION_STRING "0.0.0"
-#endif
-
-const char *pdx_version(void) { return PDX_VERSION_STRING; }
-
-pdx_status_t pdxi_blob_describe(const void *blob, size_t len, char **text_p,
-                               char *why, size_t why_len)
-{
-    pdx_blob_t *b = NULL;
-    const void *in = NULL;
-    size_t in_len = 0;
-    /* A signed blob (sign.h) is shown unverified: tools hold no key. */
-    pdx_status_t st = pdxi_blob_open(NULL, blob, len, &in, &in_len, why,
-                                     why_len);
-    bool sealed = st == PDX_OK && in != blob;
-    if (st == PDX_OK) {
-        st = pdx_blob_parse(in, in_len, &b, why, why_len);
-    }
-    if (st != PDX_OK) {
-        return st;
-    }
-    char *text = NULL;
-    size_t tlen = 0;
-    FILE *f = open_memstream(&text, &tlen);
-    if (f == NULL) {
-        pdx_blob_free_parsed(b);
-        return PDX_ERR_NOMEM;
-    }
-    fprintf(f, "agent:      %s\n", b->name);
-    fprintf(f, "instance:   %016llx\n", (unsigned long long)b->instance);
-    fprintf(f, "generation: %u\n", b->generation);
-    fprintf(f, "host:       %s\n", b->host_id);
-    fprintf(f, "pid:        %d\n", (int)b->pid);
-    fprintf(f, "blob:       %zu bytes, version %u%s\n", len, PDX_BLOB_VERSION,
-            sealed ? ", signed (HMAC-SHA-256, not verified here)" : "");
-    fprintf(f, "invariants: %u\n", b->ninv);
-    for (uint16_t i = 0; i < b->ninv; i++) {
-        fprintf(f, "  %s = %s\n", b->inv[i].key, b->inv[i].value);
-    }
-    fprintf(f, "backends:   %u\n", b->nbackends);
-    for (uint16_t i = 0; i < b->nbackends; i++) {
-        fprintf(f, "  [%u] %s (%u bytes of connection info)\n", i,
-                b->backends[i].name, b->backends[i].conn_len);
-    }
-    fprintf(f, "regions:    %u\n", b->nregions);
-    for (uint32_t i = 0; i < b->nregions; i++) {
-        const pdx_blob_region_t *g = &b->regions[i];
-        fprintf(f, "  %s 0x%llx +%llu dev %u keys:",
-                g->region.mem_type == PDX_MEM_VRAM ? "VRAM" : "DRAM",
-                (unsigned long long)g->region.addr,
-                (unsigned long long)g->region.len, g->region.dev_id);
-        for (uint16_t k = 0; k < g->nkeys; k++) {
-            fprintf(f, " %s(%u B)", b->backends[g->keys[k].backend].name,
-                    g->keys[k].len);
-        }
-        fprintf(f, "\n");
-    }
-    fclose(f);
-    pdx_blob_free_parsed(b);
-    if (text == NULL) {
-        return PDX_ERR_NOMEM;
-    }
-    *text_p = text;
-    return PDX_OK;
-}
 
 const pdx_plugin_v1_t pdx_plugin_v1 = {
     .abi_version = PDX_PLUGIN_ABI_VERSION,

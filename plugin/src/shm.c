@@ -18,7 +18,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "agent_int.h"
+#include "api_int.h"
+#include "base.h"
+#include "shm.h"
 
 typedef struct shm_ent {
     uint64_t addr, len;

@@ -303,6 +303,17 @@ PDX_API pdx_status_t pdx_agent_describe(pdx_agent_h agent, void **blob_p,
                                         size_t *len_p);
 PDX_API void pdx_blob_free(void *blob);
 
+/* pdx release string ("0.1.0"). */
+PDX_API const char *pdx_version(void);
+
+/* Decode a metadata blob into human-readable text (for pdx-info). On
+ * success *text_p is malloc'd (free with pdx_blob_free); on failure `why`
+ * names what is wrong and the status says how (PDX_ERR_CORRUPT, ...).
+ * Pure function: no agent; thread-safe. */
+PDX_API pdx_status_t pdx_blob_describe(const void *blob, size_t len,
+                                       char **text_p, char *why,
+                                       size_t why_len);
+
 /* Load a peer's blob: validate it (PDX_ERR_CORRUPT, PDX_ERR_VERSION,
  * PDX_ERR_TOO_LARGE with a logged reason, never reading out of bounds),
  * compare invariants (PDX_ERR_MISMATCH naming the field and both values),

@@ -25,9 +25,12 @@
 
 #include <pdx/store.h>
 
-#include "agent_int.h"
 #include "api_int.h"
+#include "discovery.h"
+#include "loader.h"
 #include "pdx_call.h"
+#include "peer_int.h"
+#include "xfer_int.h"
 
 #define WANT_MAX 256 /* names asked for and not loaded, still watched */
 
@@ -313,9 +316,10 @@ static void on_store_state(void *ctx, const pdx_store_status_t *s)
               (unsigned long long)s->lease);
 }
 
-/* ---- hooks of the core (agent lock held: agent -> glue order) ---- */
+/* ---- hooks of the core (agent lock held: agent -> glue order), called
+ * through agent->disc (pdx_disc_*_locked) ---- */
 
-void pdx_store_agent_peer_loaded_locked(pdx_agent_h a, const char *name)
+static void disc_peer_loaded_locked(pdx_agent_h a, const char *name)
 {
     struct pdx_store_agent *g = a->store;
     if (g == NULL) {
@@ -335,7 +339,7 @@ void pdx_store_agent_peer_loaded_locked(pdx_agent_h a, const char *name)
     }
 }
 
-void pdx_store_agent_peer_unloaded_locked(pdx_agent_h a, const char *name)
+static void disc_peer_unloaded_locked(pdx_agent_h a, const char *name)
 {
     struct pdx_store_agent *g = a->store;
     if (g == NULL) {
@@ -354,7 +358,7 @@ void pdx_store_agent_peer_unloaded_locked(pdx_agent_h a, const char *name)
     pthread_mutex_unlock(&g->lock);
 }
 
-void pdx_store_agent_changed_locked(pdx_agent_h a)
+static void disc_changed_locked(pdx_agent_h a)
 {
     struct pdx_store_agent *g = a->store;
     if (g == NULL) {
@@ -365,6 +369,12 @@ void pdx_store_agent_changed_locked(pdx_agent_h a)
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->lock);
 }
+
+static const pdx_disc_hooks_t disc_hooks = {
+    .peer_loaded = disc_peer_loaded_locked,
+    .peer_unloaded = disc_peer_unloaded_locked,
+    .changed = disc_changed_locked,
+};
 
 /* Glue thread: one event's agent work. */
 static void handle_event(struct pdx_store_agent *g, gev_t *e)
@@ -420,7 +430,7 @@ static void handle_event(struct pdx_store_agent *g, gev_t *e)
                  e->name, (int)p->pid);
     } else if (e->type == PDX_STORE_EV_DELETE && p != NULL &&
                p->dead == PDX_OK) {
-        pdx_peer_mark_dead_locked(a, p, PDX_ERR_REMOTE_DISCONNECT,
+        pdx_xfer_peer_gone_locked(a, p, PDX_ERR_REMOTE_DISCONNECT,
                                   "store: lease expired or key deleted",
                                   false);
         pthread_mutex_lock(&g->lock);
@@ -447,7 +457,7 @@ static void handle_event(struct pdx_store_agent *g, gev_t *e)
         pdx_agent_lock(a);
         p = pdx_peer_find(a, e->name);
         if (p != NULL && p->instance == old_inst) {
-            pdx_peer_mark_dead_locked(a, p, PDX_ERR_REMOTE_DISCONNECT,
+            pdx_xfer_peer_gone_locked(a, p, PDX_ERR_REMOTE_DISCONNECT,
                                       "store: replaced by an instance this "
                                       "agent refuses", false);
         }
@@ -638,12 +648,12 @@ pdx_status_t pdx_store_agent_init(pdx_agent_h a,
     }
     if (ops->query(why, sizeof(why)) != PDX_OK) {
         pdx_error("agent %s: store %s unavailable: %s", a->name, module, why);
-        dlclose_backend(dl);
+        pdx_loader_close(dl);
         return PDX_ERR_UNAVAILABLE;
     }
     struct pdx_store_agent *g = calloc(1, sizeof(*g));
     if (g == NULL) {
-        dlclose_backend(dl);
+        pdx_loader_close(dl);
         return PDX_ERR_NOMEM;
     }
     pthread_mutex_init(&g->lock, NULL);
@@ -685,6 +695,7 @@ pdx_status_t pdx_store_agent_init(pdx_agent_h a,
     g->thread_running = true;
     pdx_agent_lock(a); /* pdx_stats_json reads it under it */
     a->store = g;
+    a->disc = &disc_hooks;
     pthread_mutex_unlock(&a->lock);
     pdx_info("agent %s: store %s at %s, namespace %s (lease TTL %u ms)",
              a->name, module, g->endpoints, g->ns, sp.lease_ttl_ms);
@@ -692,7 +703,7 @@ pdx_status_t pdx_store_agent_init(pdx_agent_h a,
 err_store:
     ops->destroy(g->st);
 err:
-    dlclose_backend(g->dl);
+    pdx_loader_close(g->dl);
     glue_free(g);
     return st;
 }
@@ -702,6 +713,7 @@ void pdx_store_agent_fini(pdx_agent_h a)
     pdx_agent_lock(a);
     struct pdx_store_agent *g = a->store;
     a->store = NULL; /* pdx_stats_json no longer looks at it */
+    a->disc = NULL;
     pthread_mutex_unlock(&a->lock);
     if (g == NULL) {
         return;
@@ -716,7 +728,7 @@ void pdx_store_agent_fini(pdx_agent_h a)
     /* Stops the module's thread (no callback after this) and revokes the
      * lease: peers see this agent gone at once. */
     g->ops->destroy(g->st);
-    dlclose_backend(g->dl);
+    pdx_loader_close(g->dl);
     glue_free(g);
 }
 
