@@ -1,12 +1,7 @@
-/* The exported function table. */
-#include <stdbool.h>
-#include <stdio.h>
-#include <stdlib.h>
-
+/* The exported function table of libpdx.so (pdx/plugin.h): the plain C
+ * API of the core and of the connector, one versioned, append-only table.
+ * The library's own room: it names both and neither names it. */
 #include <pdx/plugin.h>
-
-#include "blob.h"
-#include "sign.h"
 
 const pdx_plugin_v1_t pdx_plugin_v1 = {
     .abi_version = PDX_PLUGIN_ABI_VERSION,
