@@ -119,7 +119,7 @@ pdx_status_t pdx_agent_describe(pdx_agent_h agent, void **blob_p,
 }
 
 pdx_status_t pdx_backend_create(pdx_agent_h agent, const char *name,
-                                const pdx_kv_t *opts, size_t nopts,
+                                const pdx_option_t *opts, size_t nopts,
                                 pdx_backend_h *be_p)
 {
     ENTER();
@@ -131,8 +131,8 @@ pdx_status_t pdx_backend_create(pdx_agent_h agent, const char *name,
 }
 
 pdx_status_t pdx_backend_create_with_ops(pdx_agent_h agent, const void *ops,
-                                         const pdx_kv_t *opts, size_t nopts,
-                                         pdx_backend_h *be_p)
+                                         const pdx_option_t *opts,
+                                         size_t nopts, pdx_backend_h *be_p)
 {
     ENTER();
     if (!AGENT_OK(agent) || !ARG_OK(ops, "ops") ||

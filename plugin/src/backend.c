@@ -34,8 +34,8 @@ void pdx_backend_unlock_end(pdx_agent_h agent)
 }
 
 static pdx_status_t backend_add(pdx_agent_h a, const pdx_backend_ops_t *ops,
-                                void *dl, const pdx_kv_t *opts, size_t nopts,
-                                pdx_backend_h *be_p)
+                                void *dl, const pdx_option_t *opts,
+                                size_t nopts, pdx_backend_h *be_p)
 {
     pdx_status_t st;
     char why[256] = "";
@@ -105,7 +105,7 @@ static pdx_status_t backend_add(pdx_agent_h a, const pdx_backend_ops_t *ops,
 }
 
 pdx_status_t pdxi_backend_create(pdx_agent_h agent, const char *name,
-                                const pdx_kv_t *opts, size_t nopts,
+                                const pdx_option_t *opts, size_t nopts,
                                 pdx_backend_h *be_p)
 {
     const pdx_backend_ops_t *ops;
@@ -127,8 +127,8 @@ pdx_status_t pdxi_backend_create(pdx_agent_h agent, const char *name,
 }
 
 pdx_status_t pdxi_backend_create_with_ops(pdx_agent_h agent, const void *ops,
-                                         const pdx_kv_t *opts, size_t nopts,
-                                         pdx_backend_h *be_p)
+                                          const pdx_option_t *opts,
+                                          size_t nopts, pdx_backend_h *be_p)
 {
     const pdx_backend_ops_t *o = ops;
     if (o == NULL || o->abi_version != PDX_BACKEND_ABI_VERSION ||

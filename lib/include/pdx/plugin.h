@@ -40,7 +40,8 @@ typedef struct pdx_plugin_v1 {
     void (*agent_destroy)(pdx_agent_h);
     const char *(*agent_name)(pdx_agent_h);
     pdx_status_t (*backend_create)(pdx_agent_h, const char *,
-                                   const pdx_kv_t *, size_t, pdx_backend_h *);
+                                   const pdx_option_t *, size_t,
+                                   pdx_backend_h *);
     pdx_status_t (*backend_probe)(const char *, uint64_t *, char *, size_t);
     pdx_status_t (*mem_register)(pdx_agent_h, pdx_mem_type_t, uint64_t,
                                  uint64_t, uint32_t, uint64_t,

@@ -167,7 +167,7 @@ typedef struct pdx_agent_params {
      * PDX_AGENT_PARAM_STORE), passed as pdx_store_params_t.opts; the etcd
      * store takes TLS and user/password auth options (pdx/store.h). Only
      * read during pdx_agent_create (the module copies what it keeps). */
-    const pdx_kv_t *store_opts;
+    const pdx_option_t *store_opts;
     size_t store_nopts;
 } pdx_agent_params_t;
 
@@ -200,14 +200,14 @@ PDX_API const char *pdx_agent_name(pdx_agent_h agent);
  * registering memory or loading peers. `*be_p` may be NULL; the handle is
  * owned by the agent. Blocking. */
 PDX_API pdx_status_t pdx_backend_create(pdx_agent_h agent, const char *name,
-                                        const pdx_kv_t *opts, size_t nopts,
-                                        pdx_backend_h *be_p);
+                                        const pdx_option_t *opts,
+                                        size_t nopts, pdx_backend_h *be_p);
 
 /* As pdx_backend_create, with an ops table the caller links in (tests,
  * static builds). `ops` must outlive the agent. */
 PDX_API pdx_status_t pdx_backend_create_with_ops(pdx_agent_h agent,
                                                  const void *ops,
-                                                 const pdx_kv_t *opts,
+                                                 const pdx_option_t *opts,
                                                  size_t nopts,
                                                  pdx_backend_h *be_p);
 
