@@ -26,8 +26,8 @@ pdx_status_t pdxi_backend_create(pdx_agent_h agent, const char *name,
                                  const pdx_option_t *opts, size_t nopts,
                                  pdx_backend_h *be_p);
 pdx_status_t pdxi_backend_create_with_ops(pdx_agent_h agent, const void *ops,
-                                          const pdx_option_t *opts, size_t nopts,
-                                          pdx_backend_h *be_p);
+                                          const pdx_option_t *opts,
+                                          size_t nopts, pdx_backend_h *be_p);
 void pdxi_backend_describe(pdx_backend_h be, char *buf, size_t len);
 pdx_status_t pdxi_backend_probe(const char *name, uint64_t *caps_p,
                                 char *why, size_t why_len);

@@ -231,8 +231,8 @@ pdx_status_t pdxi_dlist_prepare(pdx_agent_h agent, const char *peer,
                 r = pdx_reg_find(agent, list->mem_type, e->addr, e->len);
                 if (r != NULL) {
                     size_t before = d->nregs;
-                    if ((st = pdx_mem_reg_set_add(&d->regs, &d->nregs, &capset,
-                                           r)) != PDX_OK) {
+                    if ((st = pdx_mem_reg_set_add(&d->regs, &d->nregs,
+                                                  &capset, r)) != PDX_OK) {
                         goto err;
                     }
                     if (d->nregs > before) {

@@ -2,10 +2,10 @@
  * pdx_stats_json over an abstract unix socket "pdx-stats.<pid>.<agent>"
  * (per network namespace; only the same uid or root may read it). Served
  * by the progress thread, or by pdx_progress without one, at most every
- * 10 ms and never under the agent lock while writing. The JSON comes from
- * agent->stats_json (stats_json.c, set by agent create): the socket sits
- * below the progress thread, the JSON above everything it shows. PDX_STATS_SOCKET=0
- * in the environment turns it off. */
+ * 10 ms and never under the agent lock while writing. PDX_STATS_SOCKET=0
+ * in the environment turns it off. The JSON comes from agent->stats_json
+ * (stats_json.c, set by agent create): the socket sits below the progress
+ * thread, the JSON above everything it shows. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -321,7 +321,8 @@ pdx_status_t pdxi_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
                 st = PDX_ERR_NOT_FOUND;
                 goto err;
             }
-            if ((st = pdx_mem_reg_set_add(&set, &nset, &capset, lreg)) != PDX_OK) {
+            if ((st = pdx_mem_reg_set_add(&set, &nset, &capset, lreg)) !=
+                PDX_OK) {
                 goto err;
             }
         }
