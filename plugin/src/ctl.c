@@ -188,7 +188,7 @@ static void recv_ack(pdx_agent_h agent, const char *peer, uint64_t seq)
 bool pdx_ctl_recv_locked(pdx_agent_h agent, const char *peer,
                          const void *msg, size_t len)
 {
-    if (!pdx_ctl_reserved(msg, len)) {
+    if (!pdx_notif_reserved(msg, len)) {
         return false;
     }
     const unsigned char *m = msg;

@@ -161,8 +161,6 @@ pdx_status_t pdxi_blob_describe(const void *blob, size_t len, char **text_p,
     return PDX_OK;
 }
 
-void pdx_blob_free(void *blob) { free(blob); }
-
 void pdx_peer_destroy_locked(pdx_agent_h agent, pdx_peer_t *peer)
 {
     pdx_xfer_fail_peer_locked(agent, peer->epoch, PDX_ERR_STALE,

@@ -13,7 +13,7 @@
 /* pdx's control messages (ctl.c) start with these bytes. */
 const unsigned char pdx_ctl_prefix[8] = {0, 'P', 'D', 'X', 'C', 'T', 'L', 1};
 
-bool pdx_ctl_reserved(const void *msg, size_t len)
+bool pdx_notif_reserved(const void *msg, size_t len)
 {
     return msg != NULL && len >= sizeof(pdx_ctl_prefix) &&
            memcmp(msg, pdx_ctl_prefix, sizeof(pdx_ctl_prefix)) == 0;
@@ -80,7 +80,7 @@ pdx_status_t pdxi_notif_send(pdx_agent_h agent, const char *peer,
                   agent->name, len, PDX_NOTIF_MAX);
         return PDX_ERR_TOO_LARGE;
     }
-    if (pdx_ctl_reserved(msg, len)) {
+    if (pdx_notif_reserved(msg, len)) {
         pdx_error("agent %s: notification to %s starts with pdx's reserved "
                   "control prefix (\\0PDXCTL\\1)", agent->name, peer);
         return PDX_ERR_INVALID;

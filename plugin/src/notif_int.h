@@ -29,6 +29,6 @@ void pdx_notif_queue_locked(pdx_agent_h agent, const char *peer,
  * prefix, which applications may not send. */
 extern const unsigned char pdx_ctl_prefix[8];
 /* Does an application notification start with pdx's control prefix? */
-bool pdx_ctl_reserved(const void *msg, size_t len);
+bool pdx_notif_reserved(const void *msg, size_t len);
 
 #endif

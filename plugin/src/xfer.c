@@ -239,7 +239,7 @@ static pdx_status_t check_notif(pdx_agent_h agent, const void *notif,
                   agent->name, len, PDX_NOTIF_MAX);
         return PDX_ERR_TOO_LARGE;
     }
-    if (pdx_ctl_reserved(notif, len)) {
+    if (pdx_notif_reserved(notif, len)) {
         pdx_error("agent %s: notification starts with pdx's reserved "
                   "control prefix (\\0PDXCTL\\1)", agent->name);
         return PDX_ERR_INVALID;
