@@ -109,7 +109,7 @@ struct pdx_agent {
     int event_fd; /* eventfd: notifications and completions queued */
     int epoll_fd; /* event_fd + every backend's event fd (what users see) */
     uint64_t last_liveness_ns;
-    uint64_t destroyed_seen; /* agent.c's destroy sequence last looked at */
+    uint64_t destroyed_seen; /* progress.c's destroy sequence last looked at */
     uint64_t last_full_progress_ns;
     pthread_t progress_thread;
     bool thread_running;

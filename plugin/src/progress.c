@@ -59,7 +59,7 @@ static void peer_error_locked(pdx_agent_h agent, const char *peer_name,
 /* Called by backends when a message arrives: under the agent lock, or
  * queued when the backend is progressed without it. */
 void pdx_progress_notif_recv(void *ctx, const char *peer, const void *msg,
-                            size_t len)
+                             size_t len)
 {
     pdx_agent_h agent = ctx;
     if (pdx_backend_unlocked_agent() == agent) {
@@ -237,7 +237,7 @@ int pdx_progress_locked(pdx_agent_h agent)
     }
     pdx_xfer_timeouts_locked(agent, now);
     if (agent->ctl_acks != NULL) {
-        pdx_ctl_progress_locked(agent); /* notif.c: removal acks */
+        pdx_ctl_progress_locked(agent); /* ctl.c: removal acks */
     }
     return events;
 }
