@@ -110,7 +110,8 @@ BuildWithLib.build_dir_pdx = BUILD
 ext = Extension(
     "pdx._pdx",
     sources=sorted(glob.glob(os.path.join("src", "*.c"))),
-    include_dirs=[os.path.join(ROOT, "plugin", "include"),
+    include_dirs=[os.path.join(ROOT, "lib", "include"),
+                  os.path.join(ROOT, "plugin", "include"),
                   os.path.join(ROOT, "connector", "include")],
     library_dirs=[os.path.join(BUILD, "lib")],
     libraries=["pdx", "dl"],

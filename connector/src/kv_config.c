@@ -1054,7 +1054,7 @@ pdx_status_t pdx_kv_config_layout(const pdx_kv_config_t *cfg,
 }
 
 size_t pdx_kv_config_backend_opts(const pdx_kv_config_t *cfg, uint32_t backend,
-                                  pdx_kv_t *out, size_t max)
+                                  pdx_option_t *out, size_t max)
 {
     KV_ENTER();
     if (!KV_ARG_OK(cfg, "cfg"))

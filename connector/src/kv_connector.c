@@ -165,7 +165,7 @@ static pdx_status_t connector_create(const pdx_kv_connector_params_t *params,
     }
     for (uint32_t b = 0; b < c->cfg.nbackends; b++) {
         /* Each backend gets only its own options. */
-        pdx_kv_t opts[PDX_KV_MAX_BACKEND_OPTS];
+        pdx_option_t opts[PDX_KV_MAX_BACKEND_OPTS];
         size_t nopts = pdx_kv_config_backend_opts(&c->cfg, b, opts,
                                                   PDX_KV_MAX_BACKEND_OPTS);
         /* Probe first: a backend this host cannot run is one warning

@@ -171,7 +171,7 @@ void kv_store_agent_params(const pdx_kv_config_t *cfg,
     ap->store_max_txn_ops = cfg->store_max_txn_ops;
     /* TLS and auth options: read by pdx_agent_create, which the caller
      * makes next on this thread (the strings live in cfg). */
-    static _Thread_local pdx_kv_t opts[5];
+    static _Thread_local pdx_option_t opts[5];
     const char *const names[5] = {"ca_file", "cert_file", "key_file", "user",
                                   "password_file"};
     const char *const vals[5] = {cfg->store_ca_file, cfg->store_cert_file,

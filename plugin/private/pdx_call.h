@@ -29,7 +29,8 @@ pdx_status_t pdx_call_fail(pdx_status_t st, const char *fmt, ...)
 /* Record `fmt` as this call's error text without logging it: for states a
  * caller polls (a request that failed earlier, already logged once). */
 void pdx_call_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* Called by pdx_log for every error/warn line, before level filtering. */
+/* Called by pdx_log for every error/warn line, before level filtering
+ * (through the hook of base.h that call.c installs at load). */
 void pdx_call_capture(pdx_log_level_t level, const char *line);
 /* Around user callbacks run inside a call (notification and freed
  * callbacks): the callback's own pdx calls are outermost calls again. */
@@ -67,11 +68,6 @@ bool pdx_handle_check_release(const void *h, uint32_t magic, const char *fn,
  * connections and locks belong to the parent (pthread_atfork bumps an
  * epoch in the child). Cheap: one relaxed load. */
 bool pdx_handle_inherited(const void *h);
-
-/* shm.c's part of fork: 0 before fork (take its lock), 1 in the parent
- * after (release it), 2 in the child (release it, forget what the parent
- * shared: MADV_DONTFORK memory is not mapped in the child). */
-void pdx_shm_atfork(int phase);
 
 static inline bool pdx_handle_live(const void *h, uint32_t magic)
 {

@@ -3,9 +3,9 @@
  * otherwise be dereferenced (PDX_ERR_INVALID, with a line naming the
  * argument that becomes pdx_last_error()) and runs the implementation
  * (pdxi_*, api_int.h) inside the per-call error capture. */
-#include "agent_int.h"
 #include "api_int.h"
 #include "pdx_call.h"
+#include "xfer_int.h"
 
 #define ENTER() pdx_call_enter()
 #define LEAVE(st) return pdx_call_leave(__func__, (st))
@@ -38,6 +38,12 @@
                               "xfer's agent"))
 #define DLIST_REL_OK(d)                                                        \
     pdx_handle_check_release((d), PDX_MAGIC_DLIST, __func__, "dlist")
+
+#ifndef PDX_VERSION_STRING
+#define PDX_VERSION_STRING "0.0.0"
+#endif
+
+const char *pdx_version(void) { return PDX_VERSION_STRING; }
 
 /* A required pointer argument. */
 static bool arg_ok(const void *p, const char *fn, const char *what)
@@ -113,7 +119,7 @@ pdx_status_t pdx_agent_describe(pdx_agent_h agent, void **blob_p,
 }
 
 pdx_status_t pdx_backend_create(pdx_agent_h agent, const char *name,
-                                const pdx_kv_t *opts, size_t nopts,
+                                const pdx_option_t *opts, size_t nopts,
                                 pdx_backend_h *be_p)
 {
     ENTER();
@@ -125,8 +131,8 @@ pdx_status_t pdx_backend_create(pdx_agent_h agent, const char *name,
 }
 
 pdx_status_t pdx_backend_create_with_ops(pdx_agent_h agent, const void *ops,
-                                         const pdx_kv_t *opts, size_t nopts,
-                                         pdx_backend_h *be_p)
+                                         const pdx_option_t *opts,
+                                         size_t nopts, pdx_backend_h *be_p)
 {
     ENTER();
     if (!AGENT_OK(agent) || !ARG_OK(ops, "ops") ||

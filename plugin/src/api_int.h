@@ -5,7 +5,12 @@
 #ifndef PDX_API_INT_H
 #define PDX_API_INT_H
 
-#include <pdx/pdx.h>
+#include <pdx/agent.h>
+#include <pdx/log.h>
+#include <pdx/notif.h>
+#include <pdx/status.h>
+#include <pdx/types.h>
+#include <pdx/xfer.h>
 
 pdx_status_t pdxi_agent_create(const char *name,
                                const pdx_agent_params_t *params,
@@ -18,11 +23,11 @@ pdx_status_t pdxi_agent_set_invariant(pdx_agent_h agent, const char *key,
 pdx_status_t pdxi_agent_describe(pdx_agent_h agent, void **blob_p,
                                  size_t *len_p);
 pdx_status_t pdxi_backend_create(pdx_agent_h agent, const char *name,
-                                 const pdx_kv_t *opts, size_t nopts,
+                                 const pdx_option_t *opts, size_t nopts,
                                  pdx_backend_h *be_p);
 pdx_status_t pdxi_backend_create_with_ops(pdx_agent_h agent, const void *ops,
-                                          const pdx_kv_t *opts, size_t nopts,
-                                          pdx_backend_h *be_p);
+                                          const pdx_option_t *opts,
+                                          size_t nopts, pdx_backend_h *be_p);
 void pdxi_backend_describe(pdx_backend_h be, char *buf, size_t len);
 pdx_status_t pdxi_backend_probe(const char *name, uint64_t *caps_p,
                                 char *why, size_t why_len);

@@ -4,6 +4,8 @@
  * u32, pid i32, host id, invariants, backends with connection info, regions
  * with one key per backend. Strings are u16-length-prefixed, byte strings
  * u32-length-prefixed, every integer little-endian. */
+#include <pdx/agent.h>
+
 #include "blob.h"
 
 #include <ctype.h>
@@ -466,3 +468,6 @@ pdx_status_t pdx_blob_parse(const void *buf, size_t len, pdx_blob_t **blob_p,
     *blob_p = b;
     return PDX_OK;
 }
+
+/* pdx_agent_describe's blob (pdx/agent.h). */
+void pdx_blob_free(void *blob) { free(blob); }

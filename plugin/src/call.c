@@ -9,6 +9,7 @@
 
 #include <pdx/status.h>
 
+#include "base.h"
 #include "pdx_call.h"
 
 #define CALL_TEXT_MAX 1024
@@ -151,27 +152,26 @@ static pthread_mutex_t g_q_lock = PTHREAD_MUTEX_INITIALIZER;
 static void fork_prepare(void)
 {
     /* No pdx lock may be held across fork by another thread, or the child
-     * would find it locked forever (the quarantine at exit, shm). */
-    pdx_shm_atfork(0);
+     * would find it locked forever (the quarantine at exit; shm.c guards
+     * its own lock the same way). */
     pthread_mutex_lock(&g_q_lock);
 }
 
 static void fork_parent(void)
 {
     pthread_mutex_unlock(&g_q_lock);
-    pdx_shm_atfork(1);
 }
 
 static void fork_child(void)
 {
     atomic_fetch_add(&g_fork_epoch, 1);
     pthread_mutex_unlock(&g_q_lock);
-    pdx_shm_atfork(2);
 }
 
 __attribute__((constructor)) static void fork_init(void)
 {
     pthread_atfork(fork_prepare, fork_parent, fork_child);
+    pdx_log_set_capture(pdx_call_capture);
 }
 
 bool pdx_handle_inherited(const void *h)

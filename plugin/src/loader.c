@@ -11,7 +11,7 @@
 
 #include <pdx/store.h>
 
-#include "agent_int.h"
+#include "loader.h"
 
 /* Directory holding libpdx.so (found through one of its own symbols). */
 static void self_dir(char *buf, size_t len)
@@ -225,32 +225,7 @@ pdx_status_t pdx_loader_open_store(const char *name,
     return st;
 }
 
-pdx_status_t pdxi_backend_probe(const char *name, uint64_t *caps_p, char *why,
-                               size_t why_len)
-{
-    const pdx_backend_ops_t *ops;
-    void *dl;
-    char scratch[8];
-    if (why == NULL || why_len == 0) {
-        why = scratch;
-        why_len = sizeof(scratch);
-    }
-    pdx_status_t st = pdx_loader_open(name, &ops, &dl, why, why_len);
-    if (st != PDX_OK) {
-        return st;
-    }
-    if (caps_p != NULL) {
-        *caps_p = ops->caps;
-    }
-    st = ops->query(why, why_len);
-    dlclose(dl);
-    if (st == PDX_OK) {
-        why[0] = '\0';
-    }
-    return st;
-}
-
-void dlclose_backend(void *dl)
+void pdx_loader_close(void *dl)
 {
     if (dl != NULL) {
         dlclose(dl);

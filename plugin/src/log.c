@@ -1,7 +1,7 @@
 /* Process-wide log sink and level (see pdx/log.h for why it is global). */
 #include <pdx/log.h>
 
-#include "pdx_call.h"
+#include "base.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -22,6 +22,12 @@ typedef struct {
 
 static _Atomic int g_level = -1;
 static _Atomic(log_sink_t *) g_sink;
+static _Atomic(pdx_log_capture_cb_t) g_capture;
+
+void pdx_log_set_capture(pdx_log_capture_cb_t cb)
+{
+    atomic_store(&g_capture, cb);
+}
 
 static int level_from_env(void)
 {
@@ -100,13 +106,6 @@ static void rep_init(void)
     }
 }
 
-static uint64_t rep_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* Should `line` be shown? *dropped_p gets how many identical lines were
  * left out before it (to be said with it). */
 static int rep_admit(const char *line, uint32_t *dropped_p)
@@ -117,7 +116,7 @@ static int rep_admit(const char *line, uint32_t *dropped_p)
         return 1;
     }
     uint64_t h = XXH3_64bits(line, strlen(line)) | 1; /* 0: a free slot */
-    uint64_t now = rep_now_ns();
+    uint64_t now = pdx_now_ns();
     rep_slot_t *slot = &g_rep[h % REP_SLOTS];
     int show = 1;
     if (slot->hash != h || now - slot->window_start_ns >= g_rep_window_ns) {
@@ -149,7 +148,10 @@ void pdx_log(pdx_log_level_t level, const char *fmt, ...)
     va_end(ap);
     /* Error and warning lines of a call also become its pdx_last_error()
      * text, whatever the log level. */
-    pdx_call_capture(level, line);
+    pdx_log_capture_cb_t capture = atomic_load(&g_capture);
+    if (capture != NULL) {
+        capture(level, line);
+    }
     if (!shown) {
         return;
     }

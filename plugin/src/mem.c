@@ -4,7 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent_int.h"
+#include "api_int.h"
+#include "backend_int.h"
+#include "mem_int.h"
+#include "shm.h"
 
 static int region_cmp(const pdx_region_t *a, pdx_mem_type_t t, uint64_t addr)
 {
@@ -168,7 +171,7 @@ pdx_status_t pdxi_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
     agent->regs[pos] = r;
     agent->nregs++;
     agent->generation++;
-    pdx_store_agent_changed_locked(agent);
+    pdx_disc_changed_locked(agent);
     *reg_p = r;
     st = PDX_OK;
     goto out;
@@ -180,10 +183,10 @@ out:
     return st;
 }
 
-pdx_status_t pdxi_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg)
+pdx_status_t pdx_mem_unlink_locked(pdx_agent_h agent,
+                                   struct pdx_mem_reg *reg)
 {
     pdx_status_t st = PDX_ERR_INVALID;
-    pdx_agent_lock(agent);
     for (size_t i = 0; i < agent->nregs; i++) {
         if (agent->regs[i] != reg) {
             continue;
@@ -199,11 +202,7 @@ pdx_status_t pdxi_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg)
                 (agent->nregs - i - 1) * sizeof(*agent->regs));
         agent->nregs--;
         agent->generation++;
-        pdx_store_agent_changed_locked(agent);
-        /* notif.c: loaded peers are told and acknowledge (bounded) before
-         * the keys go, so none reads the memory once this returns. */
-        pdx_ctl_region_gone_wait_locked(agent, reg);
-        pdx_mem_reg_free_locked(agent, reg);
+        pdx_disc_changed_locked(agent);
         st = PDX_OK;
         break;
     }
@@ -212,6 +211,5 @@ pdx_status_t pdxi_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg)
                   "this agent (deregistered already?)", agent->name,
                   (void *)reg);
     }
-    pthread_mutex_unlock(&agent->lock);
     return st;
 }

@@ -18,7 +18,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "agent_int.h"
+#include "api_int.h"
+#include "base.h"
+#include "shm.h"
 
 typedef struct shm_ent {
     uint64_t addr, len;
@@ -124,7 +126,11 @@ static void drop_inherited(uint64_t a, uint64_t len)
     }
 }
 
-void pdx_shm_atfork(int phase)
+/* shm's part of fork: 0 before fork (take its lock), 1 in the parent
+ * after (release it), 2 in the child (release it, forget what the parent
+ * shared: MADV_DONTFORK memory is not mapped in the child). No other pdx
+ * lock is taken under g_lock, so its order against call.c's is free. */
+static void shm_atfork(int phase)
 {
     if (phase == 0) {
         pthread_mutex_lock(&g_lock);
@@ -140,6 +146,15 @@ void pdx_shm_atfork(int phase)
         }
     }
     pthread_mutex_unlock(&g_lock);
+}
+
+static void shm_fork_prepare(void) { shm_atfork(0); }
+static void shm_fork_parent(void) { shm_atfork(1); }
+static void shm_fork_child(void) { shm_atfork(2); }
+
+__attribute__((constructor)) static void shm_fork_init(void)
+{
+    pthread_atfork(shm_fork_prepare, shm_fork_parent, shm_fork_child);
 }
 
 static pdx_status_t insert(uint64_t a, uint64_t len, int fd, uint64_t off,

@@ -3,7 +3,9 @@
  * (per network namespace; only the same uid or root may read it). Served
  * by the progress thread, or by pdx_progress without one, at most every
  * 10 ms and never under the agent lock while writing. PDX_STATS_SOCKET=0
- * in the environment turns it off. */
+ * in the environment turns it off. The JSON comes from agent->stats_json
+ * (stats_json.c, set by agent create): the socket sits below the progress
+ * thread, the JSON above everything it shows. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,8 +14,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "agent_int.h"
-#include "api_int.h"
+#include "stats_int.h"
 
 #define STATS_SERVE_PERIOD_NS 10000000ull
 
@@ -78,7 +79,7 @@ void pdx_stats_sock_serve(pdx_agent_h agent)
         char *json = NULL;
         if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &crl) == 0 &&
             (cr.uid == getuid() || cr.uid == 0) &&
-            pdxi_stats_json(agent, &json) == PDX_OK) {
+            agent->stats_json(agent, &json) == PDX_OK) {
             /* A few KiB into an empty socket buffer: never blocks; a
              * reader that does not read gets what fitted. */
             size_t len = strlen(json);

@@ -7,73 +7,14 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include "agent_int.h"
 #include "api_int.h"
+#include "backend_int.h"
+#include "dlist_int.h"
+#include "mem_int.h"
+#include "notif_int.h"
+#include "path.h"
+#include "xfer_int.h"
 
-#define FULL_PROGRESS_PERIOD_NS 100000ull
-/* pdx_xfer_release of a request still in flight waits (without the agent
- * lock) for the backend to say nothing more lands, at most this long. */
-#define RELEASE_WAIT_MAX_NS 10000000000ull
-
-static uint64_t op_cap(pdx_xfer_op_t op)
-{
-    return op == PDX_XFER_READ ? PDX_BACKEND_CAP_READ : PDX_BACKEND_CAP_WRITE;
-}
-
-/* Pick the backend for a request: one that reaches the peer, holds both
- * regions and does the op. VRAM on either side prefers VRAM-capable
- * backends (cuda_ipc); host-only transfers prefer a same-host host-memory
- * backend (cma: one kernel copy), then message-capable ones (UCX). */
-static int choose_backend(pdx_agent_h agent, pdx_peer_t *peer,
-                          pdx_xfer_op_t op, struct pdx_mem_reg *lreg,
-                          pdx_peer_region_t *rreg)
-{
-    int vram = lreg->region.mem_type == PDX_MEM_VRAM ||
-               rreg->region.mem_type == PDX_MEM_VRAM;
-    int best = -1, best_score = -1;
-    for (uint32_t b = 0; b < agent->nbackends; b++) {
-        const pdx_backend_ops_t *ops = agent->backends[b]->ops;
-        if (peer->bpeer[b] == NULL || lreg->md[b] == NULL ||
-            rreg->rmd[b] == NULL || !(ops->caps & op_cap(op))) {
-            continue;
-        }
-        int same_host_dram = (ops->caps & PDX_BACKEND_CAP_SAME_HOST) &&
-                             !(ops->caps & PDX_BACKEND_CAP_VRAM);
-        int score = vram ? !!(ops->caps & PDX_BACKEND_CAP_VRAM)
-                         : same_host_dram ? 2
-                                          : !!(ops->caps & PDX_BACKEND_CAP_NOTIF);
-        if (score > best_score) {
-            best = (int)b;
-            best_score = score;
-        }
-    }
-    return best;
-}
-
-/* A backend that carries messages to this peer, for notifications. */
-static int notif_backend(pdx_agent_h agent, pdx_peer_t *peer)
-{
-    for (uint32_t b = 0; b < agent->nbackends; b++) {
-        if (peer->bpeer[b] != NULL &&
-            (agent->backends[b]->ops->caps & PDX_BACKEND_CAP_NOTIF)) {
-            return (int)b;
-        }
-    }
-    return -1;
-}
-
-pdx_status_t pdx_notif_send_locked(pdx_agent_h agent, pdx_peer_t *peer,
-                                   const void *msg, size_t len)
-{
-    int b = notif_backend(agent, peer);
-    if (b < 0) {
-        pdx_error("agent %s: no backend carries notifications to %s",
-                  agent->name, peer->name);
-        return PDX_ERR_UNSUPPORTED;
-    }
-    return agent->backends[b]->ops->notif_send(agent->backends[b]->be,
-                                               peer->bpeer[b], msg, len);
-}
 
 /* Hold users on the distinct local regions of a request, so a region in
  * use cannot be deregistered under it. */
@@ -90,28 +31,6 @@ static pdx_status_t hold_regs(struct pdx_xfer *x, struct pdx_mem_reg **regs,
         regs[i]->users++;
     }
     x->nregs = n;
-    return PDX_OK;
-}
-
-/* Append a region to a distinct set kept small by checking the last few. */
-static pdx_status_t distinct_add(struct pdx_mem_reg ***set, size_t *n,
-                                 size_t *cap, struct pdx_mem_reg *r)
-{
-    for (size_t i = 0; i < *n; i++) {
-        if ((*set)[i] == r) {
-            return PDX_OK;
-        }
-    }
-    if (*n == *cap) {
-        size_t c = *cap ? *cap * 2 : 8;
-        void *p = realloc(*set, c * sizeof(**set));
-        if (p == NULL) {
-            return PDX_ERR_NOMEM;
-        }
-        *set = p;
-        *cap = c;
-    }
-    (*set)[(*n)++] = r;
     return PDX_OK;
 }
 
@@ -234,36 +153,6 @@ static void xfer_end(pdx_agent_h agent, struct pdx_xfer *x, pdx_status_t st)
     }
 }
 
-/* Is a piece between `lreg` and `rreg` over backend `b` a fallback for a
- * same-host peer (pdx_path_policy_t)? Sets *why when it is. */
-static bool piece_fallback(pdx_agent_h agent, const pdx_peer_t *p, int b,
-                           const struct pdx_mem_reg *lreg,
-                           const pdx_peer_region_t *rreg, const char **why)
-{
-    if (!p->same_host) {
-        return false;
-    }
-    uint64_t caps = agent->backends[b]->ops->caps;
-    bool same_host_be = (caps & PDX_BACKEND_CAP_SAME_HOST) != 0;
-    if (lreg->region.mem_type == PDX_MEM_VRAM ||
-        rreg->region.mem_type == PDX_MEM_VRAM) {
-        if (same_host_be && (caps & PDX_BACKEND_CAP_VRAM) && !rreg->slow[b]) {
-            return false;
-        }
-        *why = same_host_be && rreg->slow[b] ? p->slow_why[b]
-               : p->vram_why[0] ? p->vram_why
-                                : "cuda_ipc does not reach this region";
-        return true;
-    }
-    if (same_host_be && !rreg->slow[b]) {
-        return false;
-    }
-    *why = same_host_be ? p->slow_why[b]
-           : p->dram_why[0] ? p->dram_why
-                            : "the cma backend does not reach this region";
-    return true;
-}
-
 /* Note the path of a new (lreg, rreg) pair of request `x`. */
 static void xfer_note_path(pdx_agent_h agent, struct pdx_xfer *x,
                            const pdx_peer_t *p,
@@ -272,7 +161,7 @@ static void xfer_note_path(pdx_agent_h agent, struct pdx_xfer *x,
 {
     const char *why = NULL;
     x->paths |= rreg->slow[x->bindex] ? 2 : 1;
-    if (piece_fallback(agent, p, x->bindex, lreg, rreg, &why) &&
+    if (pdx_path_fallback(agent, p, x->bindex, lreg, rreg, &why) &&
         !x->fallback) {
         x->fallback = true;
         snprintf(x->why, sizeof(x->why), "%s", why);
@@ -350,7 +239,7 @@ static pdx_status_t check_notif(pdx_agent_h agent, const void *notif,
                   agent->name, len, PDX_NOTIF_MAX);
         return PDX_ERR_TOO_LARGE;
     }
-    if (pdx_ctl_reserved(notif, len)) {
+    if (pdx_notif_reserved(notif, len)) {
         pdx_error("agent %s: notification starts with pdx's reserved "
                   "control prefix (\\0PDXCTL\\1)", agent->name);
         return PDX_ERR_INVALID;
@@ -432,7 +321,8 @@ pdx_status_t pdxi_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
                 st = PDX_ERR_NOT_FOUND;
                 goto err;
             }
-            if ((st = distinct_add(&set, &nset, &capset, lreg)) != PDX_OK) {
+            if ((st = pdx_mem_reg_set_add(&set, &nset, &capset, lreg)) !=
+                PDX_OK) {
                 goto err;
             }
         }
@@ -453,7 +343,7 @@ pdx_status_t pdxi_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
             goto err;
         }
         if (x->bindex < 0) {
-            x->bindex = choose_backend(agent, p, op, lreg, rreg);
+            x->bindex = pdx_path_choose(agent, p, op, lreg, rreg);
             if (x->bindex < 0) {
                 pdx_error("agent %s: xfer create: no backend reaches peer %s "
                           "for this memory", agent->name, peer);
@@ -535,7 +425,7 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x)
         pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
         if (p != NULL && p->epoch == x->peer_epoch) {
             xfer_end(agent, x, st);
-            pdx_peer_mark_dead_locked(agent, p, st, "transfer failed", false);
+            pdx_xfer_peer_gone_locked(agent, p, st, "transfer failed", false);
             return;
         }
     }
@@ -548,25 +438,6 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x)
         }
     }
     xfer_end(agent, x, st);
-}
-
-/* Progress `x`'s backend (without the agent lock: see struct pdx_agent),
- * then check `x`. Lock held, no backend busy; the lock is dropped and
- * retaken, so the caller keeps no pointer but `x`. When another thread
- * is progressing a backend, nothing is done: that thread's pass checks
- * every request. */
-static void xfer_progress_own(pdx_agent_h agent, struct pdx_xfer *x)
-{
-    if (x->breq == NULL || agent->be_busy) {
-        return;
-    }
-    /* With a progress thread, it progresses; the caller's call stays
-     * short (one UCX progress call can take tens of ms). */
-    if (agent->thread_running ||
-        pdx_backend_progress_unlocked(agent, agent->backends[x->bindex],
-                                      NULL)) {
-        pdx_xfer_progress_locked(agent, x);
-    }
 }
 
 /* Ask the backend to stop `x`'s request without waiting. Returns false
@@ -627,6 +498,36 @@ void pdx_xfer_fail_peer_locked(pdx_agent_h agent, uint64_t epoch,
     }
 }
 
+void pdx_xfer_peer_gone_locked(pdx_agent_h agent, pdx_peer_t *peer,
+                               pdx_status_t why, const char *how,
+                               bool in_backend)
+{
+    if (peer->dead != PDX_OK) {
+        return;
+    }
+    peer->dead = why;
+    snprintf(peer->dead_how, sizeof(peer->dead_how), "%s", how);
+    peer->dead_ns = pdx_now_ns();
+    if (peer->stats != NULL) {
+        peer->stats->s.dead_events++;
+    }
+    pdx_warn("agent %s: peer %s (pid %d) is gone (%s): failing its requests",
+             agent->name, peer->name, (int)peer->pid, how);
+    if (!in_backend) {
+        /* Backends drop the connection without waiting (UCX force-closes
+         * the endpoint), so its requests end now, not after a drain. */
+        for (uint32_t b = 0; b < agent->nbackends; b++) {
+            const pdx_backend_ops_t *ops = agent->backends[b]->ops;
+            if (peer->bpeer[b] != NULL && PDX_BE_HAS(ops, peer_failed)) {
+                ops->peer_failed(agent->backends[b]->be, peer->bpeer[b]);
+            }
+        }
+    }
+    pdx_xfer_fail_peer_locked(agent, peer->epoch, why,
+                              in_backend ? PDX_FAIL_MARK : PDX_FAIL_ABORT);
+    pdx_agent_signal(agent);
+}
+
 static bool uses_rmd(const struct pdx_xfer *x, void *const *rmds, size_t n)
 {
     if (rmds == NULL) {
@@ -663,146 +564,6 @@ void pdx_xfer_fail_rmds_locked(pdx_agent_h agent, uint64_t epoch,
     }
 }
 
-pdx_status_t pdxi_xfer_post(pdx_xfer_h x)
-{
-    pdx_agent_h agent = x->agent;
-    pdx_status_t st;
-    pdx_agent_lock(agent);
-    if (x->status == PDX_INPROGRESS) {
-        pdx_error("agent %s: xfer post: request still in progress",
-                  agent->name);
-        st = PDX_ERR_BUSY;
-        goto out;
-    }
-    /* Ended (peer failed, timed out) but still being stopped: one more
-     * look first (the lock is dropped in it, so before the peer lookup). */
-    xfer_progress_own(agent, x);
-    pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
-    if (p == NULL || p->epoch != x->peer_epoch) {
-        pdx_error("agent %s: xfer post: peer %s was %s since this request "
-                  "was made", agent->name, x->peer_name,
-                  p == NULL ? "unloaded" : "reloaded");
-        st = x->status = PDX_ERR_STALE;
-        goto out;
-    }
-    if (x->stale) {
-        pdx_error("agent %s: xfer post: peer %s removed or changed a region "
-                  "this request uses since it was made", agent->name,
-                  x->peer_name);
-        st = x->status = PDX_ERR_STALE;
-        goto out;
-    }
-    if (p->dead != PDX_OK) {
-        pdx_error("agent %s: xfer post: peer %s is gone (%s)", agent->name,
-                  x->peer_name, p->dead_how);
-        st = x->status = p->dead;
-        goto out;
-    }
-    if (x->breq != NULL) {
-        pdx_error("agent %s: xfer post: the previous post to %s ended "
-                  "(%s) but its data may still be moving; post again "
-                  "later", agent->name, x->peer_name,
-                  pdx_status_string(x->status));
-        st = PDX_ERR_BUSY;
-        goto out;
-    }
-
-    struct pdx_backend *b = agent->backends[x->bindex];
-    int carries = !!(b->ops->caps & PDX_BACKEND_CAP_NOTIF);
-    bool tele = (agent->params.flags & PDX_AGENT_F_TELEMETRY) != 0;
-    uint64_t t0 = 0;
-    if (tele) {
-        struct timespec rt;
-        clock_gettime(CLOCK_REALTIME, &rt);
-        x->start_rt_ns = (uint64_t)rt.tv_sec * 1000000000ull +
-                         (uint64_t)rt.tv_nsec;
-        t0 = pdx_now_ns();
-    }
-    x->posted = true;
-    x->counted = false;
-    x->aborting = false;
-    x->nposts++;
-    b->stats.requests++;
-    b->stats.fallbacks += x->fallback;
-    if (x->pstats != NULL) {
-        x->pstats->s.requests++;
-        x->pstats->s.fallbacks += x->fallback;
-    }
-    /* Without the agent lock: over UCX sm or tcp a post copies what fits
-     * (megabytes), and other threads' calls must not wait for that. */
-    void *bpeer = p->bpeer[x->bindex];
-    pdx_backend_unlock_begin(agent);
-    st = b->ops->xfer_post(b->be, bpeer, x->op, x->iov, x->niov,
-                           carries ? x->notif : NULL,
-                           carries ? x->notif_len : 0, &x->breq);
-    pdx_backend_unlock_end(agent);
-    /* The timeout clock starts when the request is in flight; a request
-     * done inside post needs no clock read. */
-    x->post_ns = st == PDX_INPROGRESS || tele ? pdx_now_ns() : 0;
-    if (tele) {
-        x->post_dur_ns = x->post_ns - t0;
-        x->post_ns = t0;
-    }
-    if (st == PDX_OK) {
-        x->breq = NULL;
-        st = xfer_finish(agent, x, p);
-    } else if (st != PDX_INPROGRESS) {
-        x->breq = NULL;
-        pdx_error("agent %s: xfer post to %s over %s: %s", agent->name,
-                  x->peer_name, b->name, pdx_status_string(st));
-    }
-    xfer_end(agent, x, st);
-    /* Callbacks the post made (a peer error) now that x is consistent. */
-    pdx_agent_run_deferred_locked(agent);
-out:
-    pthread_mutex_unlock(&agent->lock);
-    return st;
-}
-
-pdx_status_t pdxi_xfer_check(pdx_xfer_h x)
-{
-    pdx_agent_h agent = x->agent;
-    /* The plain lock: while another thread progresses a backend (the
-     * progress thread, or a check on another thread) this returns the
-     * state as it is, without waiting for that call. */
-    pthread_mutex_lock(&agent->lock);
-    if (!agent->be_busy && (x->status == PDX_INPROGRESS || x->breq != NULL)) {
-        /* Its own backend, progressed without the lock: O(1) per call. */
-        xfer_progress_own(agent, x);
-        uint64_t now = pdx_now_ns();
-        if (x->status == PDX_INPROGRESS && !agent->be_busy &&
-            !agent->thread_running &&
-            now - agent->last_full_progress_ns >= FULL_PROGRESS_PERIOD_NS) {
-            /* Liveness, timeouts and the other requests: at most every
-             * FULL_PROGRESS_PERIOD_NS, so a polling caller stays cheap. */
-            pdx_agent_progress_locked(agent);
-        }
-    }
-    pdx_status_t st = x->status;
-    if (st < 0) {
-        /* Said once in the log when it happened; here for the caller. */
-        pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
-        bool same = p != NULL && p->epoch == x->peer_epoch;
-        pdx_call_note("agent %s: request to %s (%s over %s): %s%s%s%s",
-                      agent->name, x->peer_name,
-                      x->op == PDX_XFER_READ ? "read" : "write",
-                      agent->backends[x->bindex]->name,
-                      pdx_status_string(st),
-                      st == PDX_ERR_REMOTE_DISCONNECT && same ? ": peer "
-                                                              : "",
-                      st == PDX_ERR_REMOTE_DISCONNECT && same ? p->dead_how
-                                                              : "",
-                      st == PDX_ERR_STALE
-                          ? x->stale ? ": the peer removed or changed a "
-                                       "region it uses"
-                                     : ": the peer was unloaded or reloaded "
-                                       "since it was made"
-                          : "");
-    }
-    pthread_mutex_unlock(&agent->lock);
-    return st;
-}
-
 void pdx_xfer_timeouts_locked(pdx_agent_h agent, uint64_t now)
 {
     uint64_t limit = (uint64_t)agent->params.xfer_timeout_ms * 1000000ull;
@@ -825,323 +586,7 @@ void pdx_xfer_timeouts_locked(pdx_agent_h agent, uint64_t now)
     }
 }
 
-void pdxi_xfer_release(pdx_xfer_h x)
-{
-    pdx_agent_h agent = x->agent;
-    pdx_agent_lock(agent);
-    if (x->breq != NULL && x->status == PDX_INPROGRESS) {
-        /* Still in flight: stop it and wait until the backend says no byte
-         * of it can land, without the agent lock (other threads and peers
-         * carry on). Bounded: backends give up on a silent peer (UCX fails
-         * it after 1 s without progress). */
-        if (!x->aborting) {
-            x->aborting = true;
-            if (!xfer_backend_abort(agent, x)) {
-                xfer_end(agent, x, PDX_ERR_CANCELED);
-            }
-        }
-        uint64_t start = pdx_now_ns();
-        long sleep_ns = 2000;
-        while (x->breq != NULL && x->status == PDX_INPROGRESS) {
-            xfer_progress_own(agent, x);
-            if (x->breq == NULL || x->status != PDX_INPROGRESS ||
-                pdx_now_ns() - start > RELEASE_WAIT_MAX_NS) {
-                break;
-            }
-            pthread_mutex_unlock(&agent->lock);
-            struct timespec ts = {0, sleep_ns};
-            nanosleep(&ts, NULL);
-            sleep_ns = sleep_ns < 1000000 ? sleep_ns * 2 : 1000000;
-            pdx_agent_lock(agent);
-        }
-        if (x->status == PDX_INPROGRESS) {
-            xfer_end(agent, x, PDX_ERR_CANCELED);
-        }
-    }
-    if (x->breq != NULL) {
-        agent->backends[x->bindex]->ops->xfer_release(
-            agent->backends[x->bindex]->be, x->breq);
-        x->breq = NULL;
-    }
-    xfer_unlink(agent, x);
-    xfer_free(x);
-    pthread_mutex_unlock(&agent->lock);
-}
-
 size_t pdxi_xfer_segments(pdx_xfer_h x) { return x->niov; }
-
-/* Prepared lists. */
-
-/* Entries of a prepared list. Large arrays (a 1M-descriptor model is 24 MB)
- * are mapped on huge pages and populated up front: first-touch faults of a
- * fresh malloc cost more than resolving the descriptors (15-20 vs 5-8
- * ns/desc measured from Python). */
-#define DLIST_MAP_MIN (2u << 20)
-#define DLIST_HUGE (2u << 20)
-/* Descriptors resolved per hold of the agent lock: other threads wait at
- * most for one chunk (about 0.1 ms), not for the whole list. */
-#define DLIST_CHUNK 16384
-
-/* Mappings of released lists, kept for the next prepare: releasing a
- * 100k-descriptor list was a 2.4 MB munmap (0.26 ms, issue 19), and a new
- * mapping costs its page faults again. Process-wide (lists of every agent
- * are the same kind of memory), at most DLIST_CACHE_N mappings and
- * DLIST_CACHE_MAX bytes; a leaf lock taken with trylock (contended, or
- * stuck after fork: plain mmap/munmap). */
-#define DLIST_CACHE_N 8
-#define DLIST_CACHE_MAX (256u << 20)
-static pthread_mutex_t g_dl_cache_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct {
-    void *m;
-    size_t len;
-} g_dl_cache[DLIST_CACHE_N];
-static size_t g_dl_cache_bytes;
-
-static void *dl_cache_take(size_t len, size_t *got_p)
-{
-    void *m = NULL;
-    if (pthread_mutex_trylock(&g_dl_cache_lock) != 0) {
-        return NULL;
-    }
-    int best = -1;
-    for (int i = 0; i < DLIST_CACHE_N; i++) {
-        /* The smallest that fits, and not more than 4x too large. */
-        if (g_dl_cache[i].m != NULL && g_dl_cache[i].len >= len &&
-            g_dl_cache[i].len / 4 <= len &&
-            (best < 0 || g_dl_cache[i].len < g_dl_cache[best].len)) {
-            best = i;
-        }
-    }
-    if (best >= 0) {
-        m = g_dl_cache[best].m;
-        *got_p = g_dl_cache[best].len;
-        g_dl_cache_bytes -= g_dl_cache[best].len;
-        g_dl_cache[best].m = NULL;
-    }
-    pthread_mutex_unlock(&g_dl_cache_lock);
-    return m;
-}
-
-static bool dl_cache_put(void *m, size_t len)
-{
-    bool kept = false;
-    if (pthread_mutex_trylock(&g_dl_cache_lock) != 0) {
-        return false;
-    }
-    for (int i = 0; i < DLIST_CACHE_N && !kept; i++) {
-        if (g_dl_cache[i].m == NULL &&
-            g_dl_cache_bytes + len <= DLIST_CACHE_MAX) {
-            g_dl_cache[i].m = m;
-            g_dl_cache[i].len = len;
-            g_dl_cache_bytes += len;
-            kept = true;
-        }
-    }
-    pthread_mutex_unlock(&g_dl_cache_lock);
-    return kept;
-}
-
-static pdx_dlist_entry_t *entries_alloc(size_t n, size_t *map_len_p)
-{
-    size_t bytes = (n ? n : 1) * sizeof(pdx_dlist_entry_t);
-    *map_len_p = 0;
-    if (bytes >= DLIST_MAP_MIN) {
-        size_t len = (bytes + DLIST_HUGE - 1) & ~(size_t)(DLIST_HUGE - 1);
-        /* A cached mapping may be larger: its true length is kept. */
-        void *m = dl_cache_take(len, &len);
-        if (m == NULL) {
-            m = mmap(NULL, len, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            if (m == MAP_FAILED) {
-                return malloc(bytes);
-            }
-            madvise(m, len, MADV_HUGEPAGE);
-#ifdef MADV_POPULATE_WRITE
-            madvise(m, len, MADV_POPULATE_WRITE); /* best effort */
-#endif
-        }
-        *map_len_p = len;
-        return m;
-    }
-    return malloc(bytes);
-}
-
-static void entries_free(pdx_dlist_entry_t *e, size_t map_len)
-{
-    if (map_len > 0) {
-        if (!dl_cache_put(e, map_len)) {
-            munmap(e, map_len);
-        }
-    } else {
-        free(e);
-    }
-}
-
-/* Drop the users a list under construction holds (lock held). */
-static void dlist_unhold(struct pdx_dlist *d)
-{
-    for (size_t i = 0; i < d->nregs; i++) {
-        d->regs[i]->users--;
-    }
-    d->nregs = 0;
-    for (size_t i = 0; i < d->nrregs; i++) {
-        pdx_peer_region_put_locked(d->rregs[i]);
-    }
-    d->nrregs = 0;
-}
-
-/* Hold peer region `g` in list `d` (once per distinct region). */
-static pdx_status_t dlist_hold_remote(struct pdx_dlist *d, size_t *cap,
-                                      pdx_peer_region_t *g)
-{
-    for (size_t i = d->nrregs; i > 0; i--) {
-        if (d->rregs[i - 1] == g) {
-            return PDX_OK;
-        }
-    }
-    if (d->nrregs == *cap) {
-        size_t c = *cap ? *cap * 2 : 8;
-        void *n = realloc(d->rregs, c * sizeof(*d->rregs));
-        if (n == NULL) {
-            return PDX_ERR_NOMEM;
-        }
-        d->rregs = n;
-        *cap = c;
-    }
-    d->rregs[d->nrregs++] = g;
-    g->users++;
-    return PDX_OK;
-}
-
-pdx_status_t pdxi_dlist_prepare(pdx_agent_h agent, const char *peer,
-                                const pdx_desc_list_t *list,
-                                pdx_dlist_h *dlist_p)
-{
-    if (list->count > UINT32_MAX) {
-        pdx_error("agent %s: prepare: %zu descriptors (at most %u)",
-                  agent->name, list->count, UINT32_MAX);
-        return PDX_ERR_TOO_LARGE;
-    }
-    pdx_status_t st = PDX_OK;
-    struct pdx_dlist *d = pdx_handle_alloc(sizeof(*d), PDX_MAGIC_DLIST);
-    if (d == NULL) {
-        return PDX_ERR_NOMEM;
-    }
-    d->agent = agent;
-    d->mem_type = list->mem_type;
-    d->count = list->count;
-    d->entries = entries_alloc(list->count, &d->entries_map_len);
-    if (d->entries == NULL) {
-        pdx_error("agent %s: prepare: out of memory for %zu descriptors",
-                  agent->name, list->count);
-        pdx_handle_release(d);
-        return PDX_ERR_NOMEM;
-    }
-    size_t capset = 0, caprset = 0;
-    pdx_agent_lock(agent);
-    pdx_peer_t *p = NULL;
-    if (peer != NULL) {
-        p = pdx_peer_find(agent, peer);
-        if (p == NULL) {
-            pdx_error("agent %s: prepare: unknown peer %s", agent->name, peer);
-            st = PDX_ERR_NOT_FOUND;
-            goto err;
-        }
-        d->remote = true;
-        snprintf(d->peer_name, sizeof(d->peer_name), "%s", peer);
-        d->peer_epoch = p->epoch;
-    }
-    void *last = NULL;
-    for (size_t i = 0; i < list->count; i++) {
-        if (i > 0 && i % DLIST_CHUNK == 0) {
-            /* Let other threads in. Local regions found so far hold users
-             * (they cannot be deregistered); a peer's are valid while the
-             * peer keeps its incarnation. */
-            pthread_mutex_unlock(&agent->lock);
-            pdx_agent_lock(agent);
-            if (p != NULL) {
-                p = pdx_peer_find(agent, peer);
-                if (p == NULL || p->epoch != d->peer_epoch) {
-                    pdx_error("agent %s: prepare: peer %s was unloaded or "
-                              "reloaded meanwhile", agent->name, peer);
-                    st = PDX_ERR_STALE;
-                    goto err;
-                }
-            }
-        }
-        const pdx_desc_t *e = &list->descs[i];
-        void *region;
-        if (e->len == 0) {
-            pdx_error("agent %s: prepare: descriptor %zu has length 0",
-                      agent->name, i);
-            st = PDX_ERR_INVALID;
-            goto err;
-        }
-        if (p != NULL) {
-            pdx_peer_region_t *g = last;
-            if (g == NULL || !pdx_region_holds(&g->region, e->addr, e->len)) {
-                g = pdx_peer_region_find(p, list->mem_type, e->addr, e->len);
-                if (g != NULL &&
-                    (st = dlist_hold_remote(d, &caprset, g)) != PDX_OK) {
-                    goto err;
-                }
-            }
-            region = g;
-        } else {
-            struct pdx_mem_reg *r = last;
-            if (r == NULL || !pdx_region_holds(&r->region, e->addr, e->len)) {
-                r = pdx_reg_find(agent, list->mem_type, e->addr, e->len);
-                if (r != NULL) {
-                    size_t before = d->nregs;
-                    if ((st = distinct_add(&d->regs, &d->nregs, &capset,
-                                           r)) != PDX_OK) {
-                        goto err;
-                    }
-                    if (d->nregs > before) {
-                        r->users++; /* held from now: see the chunks */
-                    }
-                }
-            }
-            region = r;
-        }
-        if (region == NULL) {
-            pdx_error("agent %s: prepare: descriptor %zu 0x%llx+%llu is not "
-                      "in %s registered memory", agent->name, i,
-                      (unsigned long long)e->addr, (unsigned long long)e->len,
-                      p ? p->name : "this agent's");
-            st = PDX_ERR_NOT_FOUND;
-            goto err;
-        }
-        last = region;
-        d->entries[i] = (pdx_dlist_entry_t){.addr = e->addr, .len = e->len,
-                                            .region = region};
-    }
-    pthread_mutex_unlock(&agent->lock);
-    *dlist_p = d;
-    return PDX_OK;
-err:
-    dlist_unhold(d);
-    pthread_mutex_unlock(&agent->lock);
-    free(d->regs);
-    free(d->rregs);
-    entries_free(d->entries, d->entries_map_len);
-    pdx_handle_release(d);
-    return st;
-}
-
-void pdxi_dlist_release(pdx_dlist_h d)
-{
-    pdx_agent_lock(d->agent);
-    dlist_unhold(d);
-    pthread_mutex_unlock(&d->agent->lock);
-    free(d->regs);
-    free(d->rregs);
-    d->rregs = NULL;
-    entries_free(d->entries, d->entries_map_len);
-    d->regs = NULL;
-    d->entries = NULL;
-    pdx_handle_release(d);
-}
 
 pdx_status_t pdxi_xfer_set_notif(pdx_xfer_h x, const void *msg, size_t len)
 {
@@ -1277,7 +722,7 @@ pdx_status_t pdxi_xfer_make(pdx_agent_h agent, pdx_xfer_op_t op,
                 goto err;
             }
             if (x->bindex < 0) {
-                x->bindex = choose_backend(agent, p, op, lr, rr);
+                x->bindex = pdx_path_choose(agent, p, op, lr, rr);
                 if (x->bindex < 0) {
                     pdx_error("agent %s: xfer make: no backend reaches peer "
                               "%s for this memory", agent->name, p->name);
@@ -1324,4 +769,107 @@ err:
 out:
     pthread_mutex_unlock(&agent->lock);
     return st;
+}
+
+pdx_status_t pdx_xfer_post_locked(pdx_agent_h agent, struct pdx_xfer *x)
+{
+    pdx_status_t st;
+    pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
+    if (p == NULL || p->epoch != x->peer_epoch) {
+        pdx_error("agent %s: xfer post: peer %s was %s since this request "
+                  "was made", agent->name, x->peer_name,
+                  p == NULL ? "unloaded" : "reloaded");
+        st = x->status = PDX_ERR_STALE;
+        return st;
+    }
+    if (x->stale) {
+        pdx_error("agent %s: xfer post: peer %s removed or changed a region "
+                  "this request uses since it was made", agent->name,
+                  x->peer_name);
+        st = x->status = PDX_ERR_STALE;
+        return st;
+    }
+    if (p->dead != PDX_OK) {
+        pdx_error("agent %s: xfer post: peer %s is gone (%s)", agent->name,
+                  x->peer_name, p->dead_how);
+        st = x->status = p->dead;
+        return st;
+    }
+    if (x->breq != NULL) {
+        pdx_error("agent %s: xfer post: the previous post to %s ended "
+                  "(%s) but its data may still be moving; post again "
+                  "later", agent->name, x->peer_name,
+                  pdx_status_string(x->status));
+        st = PDX_ERR_BUSY;
+        return st;
+    }
+
+    struct pdx_backend *b = agent->backends[x->bindex];
+    int carries = !!(b->ops->caps & PDX_BACKEND_CAP_NOTIF);
+    bool tele = (agent->params.flags & PDX_AGENT_F_TELEMETRY) != 0;
+    uint64_t t0 = 0;
+    if (tele) {
+        struct timespec rt;
+        clock_gettime(CLOCK_REALTIME, &rt);
+        x->start_rt_ns = (uint64_t)rt.tv_sec * 1000000000ull +
+                         (uint64_t)rt.tv_nsec;
+        t0 = pdx_now_ns();
+    }
+    x->posted = true;
+    x->counted = false;
+    x->aborting = false;
+    x->nposts++;
+    b->stats.requests++;
+    b->stats.fallbacks += x->fallback;
+    if (x->pstats != NULL) {
+        x->pstats->s.requests++;
+        x->pstats->s.fallbacks += x->fallback;
+    }
+    /* Without the agent lock: over UCX sm or tcp a post copies what fits
+     * (megabytes), and other threads' calls must not wait for that. */
+    void *bpeer = p->bpeer[x->bindex];
+    pdx_backend_unlock_begin(agent);
+    st = b->ops->xfer_post(b->be, bpeer, x->op, x->iov, x->niov,
+                           carries ? x->notif : NULL,
+                           carries ? x->notif_len : 0, &x->breq);
+    pdx_backend_unlock_end(agent);
+    /* The timeout clock starts when the request is in flight; a request
+     * done inside post needs no clock read. */
+    x->post_ns = st == PDX_INPROGRESS || tele ? pdx_now_ns() : 0;
+    if (tele) {
+        x->post_dur_ns = x->post_ns - t0;
+        x->post_ns = t0;
+    }
+    if (st == PDX_OK) {
+        x->breq = NULL;
+        st = xfer_finish(agent, x, p);
+    } else if (st != PDX_INPROGRESS) {
+        x->breq = NULL;
+        pdx_error("agent %s: xfer post to %s over %s: %s", agent->name,
+                  x->peer_name, b->name, pdx_status_string(st));
+    }
+    xfer_end(agent, x, st);
+    return st;
+}
+
+void pdx_xfer_free_locked(pdx_agent_h agent, struct pdx_xfer *x)
+{
+    if (x->breq != NULL) {
+        agent->backends[x->bindex]->ops->xfer_release(
+            agent->backends[x->bindex]->be, x->breq);
+        x->breq = NULL;
+    }
+    xfer_unlink(agent, x);
+    xfer_free(x);
+}
+
+void pdx_xfer_end_locked(pdx_agent_h agent, struct pdx_xfer *x,
+                         pdx_status_t st)
+{
+    xfer_end(agent, x, st);
+}
+
+bool pdx_xfer_backend_abort_locked(pdx_agent_h agent, struct pdx_xfer *x)
+{
+    return xfer_backend_abort(agent, x);
 }

@@ -40,7 +40,7 @@ static void test_table_transfer(void **state)
                                sizeof(void *));
     /* Nothing but the table and pdx_ names leaves the library. */
     assert_null(dlsym(dl, "pdx_blob_parse"));
-    assert_null(dlsym(dl, "pdx_agent_progress_locked"));
+    assert_null(dlsym(dl, "pdx_progress_locked"));
 
     pdx_agent_params_t p = {.field_mask = PDX_AGENT_PARAM_FLAGS,
                             .flags = PDX_AGENT_F_PROGRESS_THREAD};

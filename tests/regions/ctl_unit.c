@@ -13,6 +13,8 @@
 #include <cmocka.h>
 
 #include "agent_int.h"
+#include "backend_int.h"
+#include "peer_int.h"
 #include "mock_backend.h"
 #include <pdx/pdx.h>
 #include "poll_until.h"

@@ -105,7 +105,7 @@ typedef struct pdx_kv_config {
     /* Every backend's options, backend by backend. They point into the
      * opt_buf of the struct the config was loaded into: a copy of the
      * struct must take them from pdx_kv_config_backend_opts instead. */
-    pdx_kv_t backend_opts[PDX_KV_MAX_BACKEND_OPTS];
+    pdx_option_t backend_opts[PDX_KV_MAX_BACKEND_OPTS];
     uint32_t nbackend_opts;
     char opt_buf[PDX_KV_MAX_BACKEND_OPTS][2][64];
     /* backend_opts[i] belongs to backends[backend_opt_owner[i]]. */
@@ -200,7 +200,7 @@ PDX_API pdx_status_t pdx_kv_config_layout(const pdx_kv_config_t *cfg,
  * (0 for a NULL cfg or an index out of range, both errors recorded in
  * pdx_last_error()). Works on any copy of a loaded config. */
 PDX_API size_t pdx_kv_config_backend_opts(const pdx_kv_config_t *cfg,
-                                          uint32_t backend, pdx_kv_t *out,
+                                          uint32_t backend, pdx_option_t *out,
                                           size_t max);
 
 #ifdef __cplusplus

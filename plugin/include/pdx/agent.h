@@ -167,7 +167,7 @@ typedef struct pdx_agent_params {
      * PDX_AGENT_PARAM_STORE), passed as pdx_store_params_t.opts; the etcd
      * store takes TLS and user/password auth options (pdx/store.h). Only
      * read during pdx_agent_create (the module copies what it keeps). */
-    const pdx_kv_t *store_opts;
+    const pdx_option_t *store_opts;
     size_t store_nopts;
 } pdx_agent_params_t;
 
@@ -200,14 +200,14 @@ PDX_API const char *pdx_agent_name(pdx_agent_h agent);
  * registering memory or loading peers. `*be_p` may be NULL; the handle is
  * owned by the agent. Blocking. */
 PDX_API pdx_status_t pdx_backend_create(pdx_agent_h agent, const char *name,
-                                        const pdx_kv_t *opts, size_t nopts,
-                                        pdx_backend_h *be_p);
+                                        const pdx_option_t *opts,
+                                        size_t nopts, pdx_backend_h *be_p);
 
 /* As pdx_backend_create, with an ops table the caller links in (tests,
  * static builds). `ops` must outlive the agent. */
 PDX_API pdx_status_t pdx_backend_create_with_ops(pdx_agent_h agent,
                                                  const void *ops,
-                                                 const pdx_kv_t *opts,
+                                                 const pdx_option_t *opts,
                                                  size_t nopts,
                                                  pdx_backend_h *be_p);
 
@@ -302,6 +302,17 @@ PDX_API pdx_status_t pdx_mem_unshare(void *addr);
 PDX_API pdx_status_t pdx_agent_describe(pdx_agent_h agent, void **blob_p,
                                         size_t *len_p);
 PDX_API void pdx_blob_free(void *blob);
+
+/* pdx release string ("0.1.0"). */
+PDX_API const char *pdx_version(void);
+
+/* Decode a metadata blob into human-readable text (for pdx-info). On
+ * success *text_p is malloc'd (free with pdx_blob_free); on failure `why`
+ * names what is wrong and the status says how (PDX_ERR_CORRUPT, ...).
+ * Pure function: no agent; thread-safe. */
+PDX_API pdx_status_t pdx_blob_describe(const void *blob, size_t len,
+                                       char **text_p, char *why,
+                                       size_t why_len);
 
 /* Load a peer's blob: validate it (PDX_ERR_CORRUPT, PDX_ERR_VERSION,
  * PDX_ERR_TOO_LARGE with a logged reason, never reading out of bounds),

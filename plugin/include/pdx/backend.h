@@ -107,8 +107,9 @@ typedef struct pdx_backend_ops {
 
     /* Make an instance. `opts` are backend-specific key/values; an unknown
      * key is PDX_ERR_CONFIG with a log line naming it. */
-    pdx_status_t (*create)(const pdx_backend_host_t *host, const pdx_kv_t *opts,
-                           size_t nopts, void **be_p);
+    pdx_status_t (*create)(const pdx_backend_host_t *host,
+                           const pdx_option_t *opts, size_t nopts,
+                           void **be_p);
     /* Destroy an instance; every md, peer, rmd and request was released. */
     void (*destroy)(void *be);
 

@@ -115,7 +115,7 @@ typedef struct pdx_store_params {
      *               user's role must cover <ns>/ read-write.
      * Files are read by path at each connection (ca/cert/key) or at create
      * (password_file, one trailing newline dropped). */
-    const pdx_kv_t *opts;
+    const pdx_option_t *opts;
     size_t nopts;
 } pdx_store_params_t;
 

@@ -61,12 +61,21 @@ typedef struct pdx_desc_list {
 /* Fault every page in at allocation (MAP_POPULATE). */
 #define PDX_MEM_F_POPULATE (1ull << 0)
 
-/* A key/value option (backend options). Both strings are owned by the
- * caller and only read during the call. */
-typedef struct pdx_kv {
+/* A key/value option (backend, store and connector options). Both strings
+ * are owned by the caller and only read during the call. */
+typedef struct pdx_option {
     const char *key;
     const char *value;
-} pdx_kv_t;
+} pdx_option_t;
+
+/* The old name of pdx_option_t, kept for one release (0.1.x) and removed
+ * after it. Define PDX_WARN_DEPRECATED to have the compiler point at its
+ * uses. */
+#ifdef PDX_WARN_DEPRECATED
+typedef pdx_option_t pdx_kv_t __attribute__((deprecated("use pdx_option_t")));
+#else
+typedef pdx_option_t pdx_kv_t;
+#endif
 
 #ifdef __cplusplus
 }

@@ -25,9 +25,12 @@
 
 #include <pdx/store.h>
 
-#include "agent_int.h"
 #include "api_int.h"
+#include "discovery.h"
+#include "loader.h"
 #include "pdx_call.h"
+#include "peer_int.h"
+#include "xfer_int.h"
 
 #define WANT_MAX 256 /* names asked for and not loaded, still watched */
 
@@ -93,13 +96,6 @@ struct pdx_store_agent {
     bool thread_running;
 };
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static cached_t *cache_find(struct pdx_store_agent *g, const char *name)
 {
     for (cached_t *c = g->cache; c != NULL; c = c->next) {
@@ -146,7 +142,7 @@ static cached_t *want_locked(struct pdx_store_agent *g, const char *name)
         g->ncache++;
     }
     c->drop = false;
-    c->used_ns = now_ns();
+    c->used_ns = pdx_now_ns();
     return c;
 }
 
@@ -320,9 +316,10 @@ static void on_store_state(void *ctx, const pdx_store_status_t *s)
               (unsigned long long)s->lease);
 }
 
-/* ---- hooks of the core (agent lock held: agent -> glue order) ---- */
+/* ---- hooks of the core (agent lock held: agent -> glue order), called
+ * through agent->disc (pdx_disc_*_locked) ---- */
 
-void pdx_store_agent_peer_loaded_locked(pdx_agent_h a, const char *name)
+static void disc_peer_loaded_locked(pdx_agent_h a, const char *name)
 {
     struct pdx_store_agent *g = a->store;
     if (g == NULL) {
@@ -342,7 +339,7 @@ void pdx_store_agent_peer_loaded_locked(pdx_agent_h a, const char *name)
     }
 }
 
-void pdx_store_agent_peer_unloaded_locked(pdx_agent_h a, const char *name)
+static void disc_peer_unloaded_locked(pdx_agent_h a, const char *name)
 {
     struct pdx_store_agent *g = a->store;
     if (g == NULL) {
@@ -352,7 +349,7 @@ void pdx_store_agent_peer_unloaded_locked(pdx_agent_h a, const char *name)
     cached_t *c = cache_find(g, name);
     if (c != NULL && !c->self) {
         c->loaded = false;
-        c->used_ns = now_ns();
+        c->used_ns = pdx_now_ns();
         count_idle(g);
         if (g->nwant_idle > WANT_MAX) {
             pthread_cond_broadcast(&g->cv); /* the glue thread evicts */
@@ -361,7 +358,7 @@ void pdx_store_agent_peer_unloaded_locked(pdx_agent_h a, const char *name)
     pthread_mutex_unlock(&g->lock);
 }
 
-void pdx_store_agent_changed_locked(pdx_agent_h a)
+static void disc_changed_locked(pdx_agent_h a)
 {
     struct pdx_store_agent *g = a->store;
     if (g == NULL) {
@@ -372,6 +369,12 @@ void pdx_store_agent_changed_locked(pdx_agent_h a)
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->lock);
 }
+
+static const pdx_disc_hooks_t disc_hooks = {
+    .peer_loaded = disc_peer_loaded_locked,
+    .peer_unloaded = disc_peer_unloaded_locked,
+    .changed = disc_changed_locked,
+};
 
 /* Glue thread: one event's agent work. */
 static void handle_event(struct pdx_store_agent *g, gev_t *e)
@@ -427,7 +430,7 @@ static void handle_event(struct pdx_store_agent *g, gev_t *e)
                  e->name, (int)p->pid);
     } else if (e->type == PDX_STORE_EV_DELETE && p != NULL &&
                p->dead == PDX_OK) {
-        pdx_peer_mark_dead_locked(a, p, PDX_ERR_REMOTE_DISCONNECT,
+        pdx_xfer_peer_gone_locked(a, p, PDX_ERR_REMOTE_DISCONNECT,
                                   "store: lease expired or key deleted",
                                   false);
         pthread_mutex_lock(&g->lock);
@@ -454,7 +457,7 @@ static void handle_event(struct pdx_store_agent *g, gev_t *e)
         pdx_agent_lock(a);
         p = pdx_peer_find(a, e->name);
         if (p != NULL && p->instance == old_inst) {
-            pdx_peer_mark_dead_locked(a, p, PDX_ERR_REMOTE_DISCONNECT,
+            pdx_xfer_peer_gone_locked(a, p, PDX_ERR_REMOTE_DISCONNECT,
                                       "store: replaced by an instance this "
                                       "agent refuses", false);
         }
@@ -573,7 +576,7 @@ static void *glue_main(void *arg)
             handle_event(g, e);
             free(e);
         }
-        publish_step(g, now_ns());
+        publish_step(g, pdx_now_ns());
         evict_step(g);
         pthread_mutex_lock(&g->lock);
         if (g->evq != NULL || g->stop || g->gen_changed) {
@@ -582,7 +585,7 @@ static void *glue_main(void *arg)
         /* Sleeps until an event, a generation change or stop; a timer
          * only while a failed publication waits for its retry. */
         if (g->publish && g->publish_retry_ns != 0) {
-            uint64_t now = now_ns();
+            uint64_t now = pdx_now_ns();
             uint64_t wait = g->publish_retry_ns > now
                                 ? g->publish_retry_ns - now : 0;
             struct timespec dl;
@@ -645,12 +648,12 @@ pdx_status_t pdx_store_agent_init(pdx_agent_h a,
     }
     if (ops->query(why, sizeof(why)) != PDX_OK) {
         pdx_error("agent %s: store %s unavailable: %s", a->name, module, why);
-        dlclose_backend(dl);
+        pdx_loader_close(dl);
         return PDX_ERR_UNAVAILABLE;
     }
     struct pdx_store_agent *g = calloc(1, sizeof(*g));
     if (g == NULL) {
-        dlclose_backend(dl);
+        pdx_loader_close(dl);
         return PDX_ERR_NOMEM;
     }
     pthread_mutex_init(&g->lock, NULL);
@@ -692,6 +695,7 @@ pdx_status_t pdx_store_agent_init(pdx_agent_h a,
     g->thread_running = true;
     pdx_agent_lock(a); /* pdx_stats_json reads it under it */
     a->store = g;
+    a->disc = &disc_hooks;
     pthread_mutex_unlock(&a->lock);
     pdx_info("agent %s: store %s at %s, namespace %s (lease TTL %u ms)",
              a->name, module, g->endpoints, g->ns, sp.lease_ttl_ms);
@@ -699,7 +703,7 @@ pdx_status_t pdx_store_agent_init(pdx_agent_h a,
 err_store:
     ops->destroy(g->st);
 err:
-    dlclose_backend(g->dl);
+    pdx_loader_close(g->dl);
     glue_free(g);
     return st;
 }
@@ -709,6 +713,7 @@ void pdx_store_agent_fini(pdx_agent_h a)
     pdx_agent_lock(a);
     struct pdx_store_agent *g = a->store;
     a->store = NULL; /* pdx_stats_json no longer looks at it */
+    a->disc = NULL;
     pthread_mutex_unlock(&a->lock);
     if (g == NULL) {
         return;
@@ -723,7 +728,7 @@ void pdx_store_agent_fini(pdx_agent_h a)
     /* Stops the module's thread (no callback after this) and revokes the
      * lease: peers see this agent gone at once. */
     g->ops->destroy(g->st);
-    dlclose_backend(g->dl);
+    pdx_loader_close(g->dl);
     glue_free(g);
 }
 
@@ -842,7 +847,7 @@ static pdx_status_t fetch(pdx_agent_h a, const char *name,
     if (state == PDX_OK) {
         return PDX_OK;
     }
-    uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t deadline = pdx_deadline_ns(timeout_ms);
     bool asked = false;
     pdx_status_t store_st = PDX_OK;
     pthread_mutex_lock(&g->lock);
@@ -855,7 +860,7 @@ static pdx_status_t fetch(pdx_agent_h a, const char *name,
         pthread_mutex_lock(&g->lock);
         c = cache_find(g, name);
         if (c != NULL) {
-            c->used_ns = now_ns();
+            c->used_ns = pdx_now_ns();
             c->drop = false;
         }
         bool watched = c != NULL && (c->watch_id != 0 || c->subscribing);
@@ -924,7 +929,7 @@ static pdx_status_t fetch(pdx_agent_h a, const char *name,
             free(blob);
             return st;
         }
-        uint64_t now = now_ns();
+        uint64_t now = pdx_now_ns();
         if (now >= deadline) {
             break;
         }

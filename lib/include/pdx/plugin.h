@@ -40,7 +40,8 @@ typedef struct pdx_plugin_v1 {
     void (*agent_destroy)(pdx_agent_h);
     const char *(*agent_name)(pdx_agent_h);
     pdx_status_t (*backend_create)(pdx_agent_h, const char *,
-                                   const pdx_kv_t *, size_t, pdx_backend_h *);
+                                   const pdx_option_t *, size_t,
+                                   pdx_backend_h *);
     pdx_status_t (*backend_probe)(const char *, uint64_t *, char *, size_t);
     pdx_status_t (*mem_register)(pdx_agent_h, pdx_mem_type_t, uint64_t,
                                  uint64_t, uint32_t, uint64_t,
@@ -158,16 +159,7 @@ _Static_assert(offsetof(pdx_plugin_v1_t, version) == 8, "v1 layout");
 /* The table; `size` is sizeof(pdx_plugin_v1_t) of this build. */
 PDX_API extern const pdx_plugin_v1_t pdx_plugin_v1;
 
-/* pdx release string ("0.1.0"). */
-PDX_API const char *pdx_version(void);
-
-/* Decode a metadata blob into human-readable text (for pdx-info). On
- * success *text_p is malloc'd (free with pdx_blob_free); on failure `why`
- * names what is wrong and the status says how (PDX_ERR_CORRUPT, ...).
- * Pure function: no agent; thread-safe. */
-PDX_API pdx_status_t pdx_blob_describe(const void *blob, size_t len,
-                                       char **text_p, char *why,
-                                       size_t why_len);
+/* pdx_version and pdx_blob_describe: pdx/agent.h (included above). */
 
 #ifdef __cplusplus
 }

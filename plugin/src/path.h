@@ -1,0 +1,32 @@
+/* Path choice (path.c). All with agent->lock held. */
+#ifndef PDX_PATH_H
+#define PDX_PATH_H
+
+#include <stdbool.h>
+
+#include <pdx/xfer.h>
+
+#include "agent_int.h"
+#include "blob.h"
+#include "peer_int.h"
+
+struct pdx_mem_reg;
+
+/* The backend for a request between `lreg` and peer region `rreg`: one
+ * that reaches the peer, holds both regions and does the op; -1 if none. */
+int pdx_path_choose(pdx_agent_h agent, pdx_peer_t *peer, pdx_xfer_op_t op,
+                    struct pdx_mem_reg *lreg, pdx_peer_region_t *rreg);
+/* Is a piece between `lreg` and `rreg` over backend `b` a fallback for a
+ * same-host peer (pdx_path_policy_t)? Sets *why when it is. */
+bool pdx_path_fallback(pdx_agent_h agent, const pdx_peer_t *p, int b,
+                       const struct pdx_mem_reg *lreg,
+                       const pdx_peer_region_t *rreg, const char **why);
+/* Does backend k take its fallback for region g of peer p? (g->slow[k],
+ * and p->slow_why[k] for the first such region.) */
+void pdx_path_region(pdx_agent_h agent, pdx_peer_t *p, pdx_peer_region_t *g,
+                     uint32_t k);
+/* The path report of a new peer (warned once for a same-host peer whose
+ * memory would not take the fast path). */
+void pdx_path_peer(pdx_agent_h agent, pdx_peer_t *p, const pdx_blob_t *b);
+
+#endif

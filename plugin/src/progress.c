@@ -1,0 +1,604 @@
+/* Progress: the progress pass (every backend, liveness, requests,
+ * timeouts, removal acknowledgements), pidfd and same-process liveness,
+ * the backends' callbacks, the progress thread, and the calls that drive
+ * progress for the caller (pdx_progress, xfer post/check/release,
+ * notif poll, deregister's wait). Above xfer, notif and ctl. */
+#include <errno.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api_int.h"
+#include "backend_int.h"
+#include "ctl_int.h"
+#include "mem_int.h"
+#include "notif_int.h"
+#include "peer_int.h"
+#include "progress.h"
+#include "stats_int.h"
+#include "xfer_int.h"
+
+#define LIVENESS_PERIOD_NS 1000000ull /* pidfd poll at most once a ms */
+
+static void defer_event(pdx_agent_h agent, int kind, const char *peer,
+                        pdx_status_t why, const void *msg, size_t len)
+{
+    pdx_deferred_t *d = malloc(sizeof(*d) + len);
+    if (d == NULL) {
+        pdx_error("agent %s: dropped a %s from %s: out of memory",
+                  agent->name, kind == 0 ? "notification" : "peer error",
+                  peer);
+        return;
+    }
+    d->next = NULL;
+    d->kind = kind;
+    d->why = why;
+    snprintf(d->peer, sizeof(d->peer), "%s", peer);
+    d->len = len;
+    if (len > 0) {
+        memcpy(d->msg, msg, len);
+    }
+    if (agent->defer_tail != NULL) {
+        agent->defer_tail->next = d;
+    } else {
+        agent->defer_head = d;
+    }
+    agent->defer_tail = d;
+}
+
+static void notif_recv_locked(pdx_agent_h agent, const char *peer,
+                              const void *msg, size_t len);
+static void peer_error_locked(pdx_agent_h agent, const char *peer_name,
+                              pdx_status_t why);
+
+/* Called by backends when a message arrives: under the agent lock, or
+ * queued when the backend is progressed without it. */
+void pdx_progress_notif_recv(void *ctx, const char *peer, const void *msg,
+                             size_t len)
+{
+    pdx_agent_h agent = ctx;
+    if (pdx_backend_unlocked_agent() == agent) {
+        defer_event(agent, 0, peer, PDX_OK, msg, len);
+        return;
+    }
+    notif_recv_locked(agent, peer, msg, len);
+}
+
+static void notif_recv_locked(pdx_agent_h agent, const char *peer,
+                              const void *msg, size_t len)
+{
+    if (pdx_ctl_recv_locked(agent, peer, msg, len)) {
+        return; /* ctl.c: a region-removal notice, not the app's */
+    }
+    pdx_notif_queue_locked(agent, peer, msg, len);
+}
+
+void pdx_progress_peer_error(void *ctx, const char *peer_name,
+                             pdx_status_t why)
+{
+    pdx_agent_h agent = ctx;
+    if (pdx_backend_unlocked_agent() == agent) {
+        defer_event(agent, 1, peer_name, why, NULL, 0);
+        return;
+    }
+    peer_error_locked(agent, peer_name, why);
+}
+
+static void peer_error_locked(pdx_agent_h agent, const char *peer_name,
+                              pdx_status_t why)
+{
+    pdx_peer_t *peer = pdx_peer_find(agent, peer_name);
+    if (peer != NULL) {
+        pdx_xfer_peer_gone_locked(agent, peer, why, "connection error", true);
+    }
+}
+
+/* Agents destroyed in this process, for peers in the same process (a pidfd
+ * of our own pid never fires): a sequence and a ring of the last instance
+ * ids, written without a lock (destroy) and read by every agent's liveness
+ * pass when the sequence moved. Process-wide by nature, like the pid. A
+ * burst of more than PDX_DESTROYED_RING destroys between two passes of an
+ * agent can hide one from it (then UCX errors or timeouts still end its
+ * requests). */
+#define PDX_DESTROYED_RING 1024
+static _Atomic uint64_t g_destroyed_seq;
+static _Atomic uint64_t g_destroyed_ring[PDX_DESTROYED_RING];
+
+uint64_t pdx_progress_destroyed_seq(void)
+{
+    return atomic_load(&g_destroyed_seq);
+}
+
+void pdx_progress_announce_destroyed(uint64_t instance)
+{
+    uint64_t seq = atomic_load(&g_destroyed_seq);
+    atomic_store(&g_destroyed_ring[seq % PDX_DESTROYED_RING], instance);
+    atomic_fetch_add(&g_destroyed_seq, 1);
+}
+
+static void check_same_process(pdx_agent_h agent)
+{
+    uint64_t now = atomic_load(&g_destroyed_seq);
+    uint64_t from = agent->destroyed_seen;
+    if (now == from) {
+        return;
+    }
+    agent->destroyed_seen = now;
+    if (now - from > PDX_DESTROYED_RING) {
+        from = now - PDX_DESTROYED_RING;
+    }
+    pid_t self = getpid();
+    for (pdx_peer_t *p = agent->peers; p != NULL; p = p->next) {
+        if (p->dead != PDX_OK || !p->same_host || p->pid != self) {
+            continue;
+        }
+        for (uint64_t i = from; i < now; i++) {
+            if (atomic_load(&g_destroyed_ring[i % PDX_DESTROYED_RING]) ==
+                p->instance) {
+                pdx_xfer_peer_gone_locked(agent, p,
+                                          PDX_ERR_REMOTE_DISCONNECT,
+                                          "agent destroyed in this process",
+                                          false);
+                p->dead_final = true;
+                break;
+            }
+        }
+    }
+}
+
+static void check_liveness(pdx_agent_h agent, uint64_t now)
+{
+    if (now - agent->last_liveness_ns < LIVENESS_PERIOD_NS) {
+        return;
+    }
+    agent->last_liveness_ns = now;
+    check_same_process(agent);
+    for (pdx_peer_t *p = agent->peers; p != NULL; p = p->next) {
+        if (p->pidfd < 0 || p->dead != PDX_OK) {
+            continue;
+        }
+        struct pollfd pfd = {.fd = p->pidfd, .events = POLLIN};
+        if (poll(&pfd, 1, 0) > 0) {
+            pdx_xfer_peer_gone_locked(agent, p, PDX_ERR_REMOTE_DISCONNECT,
+                           "process exited", false);
+            p->dead_final = true;
+        }
+    }
+}
+
+/* Handle what callbacks queued during an unlocked progress call. */
+static void run_deferred_locked(pdx_agent_h agent)
+{
+    while (agent->defer_head != NULL) {
+        pdx_deferred_t *d = agent->defer_head;
+        agent->defer_head = d->next;
+        if (agent->defer_head == NULL) {
+            agent->defer_tail = NULL;
+        }
+        if (d->kind == 0) {
+            notif_recv_locked(agent, d->peer, d->msg, d->len);
+        } else {
+            peer_error_locked(agent, d->peer, d->why);
+        }
+        free(d);
+    }
+}
+
+static bool backend_progress_unlocked(pdx_agent_h agent,
+                                      struct pdx_backend *b, int *events_p)
+{
+    if (agent->be_busy) {
+        return false; /* another thread is progressing a backend now */
+    }
+    /* Callers waiting for a backend go first: each waits for one call.
+     * (One of them may start a progress of its own: wait for it too.) */
+    while (agent->be_waiters > 0 || agent->be_busy) {
+        pthread_cond_wait(&agent->be_cond, &agent->lock);
+    }
+    pdx_backend_unlock_begin(agent);
+    int n = b->ops->progress(b->be);
+    pdx_backend_unlock_end(agent);
+    run_deferred_locked(agent);
+    if (events_p != NULL) {
+        *events_p += n > 0 ? n : 0;
+    }
+    return true;
+}
+
+int pdx_progress_locked(pdx_agent_h agent)
+{
+    int events = 0;
+    if (agent->be_busy) {
+        return 0; /* mid-pass in another thread: that pass covers it */
+    }
+    for (uint32_t i = 0; i < agent->nbackends; i++) {
+        if (!backend_progress_unlocked(agent, agent->backends[i],
+                                           &events)) {
+            return events;
+        }
+    }
+    uint64_t now = pdx_now_ns();
+    agent->last_full_progress_ns = now;
+    check_liveness(agent, now);
+    for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
+        if (x->status == PDX_INPROGRESS) {
+            pdx_xfer_progress_locked(agent, x);
+            if (x->status != PDX_INPROGRESS) {
+                events++;
+            }
+        } else if (x->breq != NULL) {
+            pdx_xfer_progress_locked(agent, x); /* sweep a failed one */
+        }
+    }
+    pdx_xfer_timeouts_locked(agent, now);
+    if (agent->ctl_acks != NULL) {
+        pdx_ctl_progress_locked(agent); /* ctl.c: removal acks */
+    }
+    return events;
+}
+
+/* Re-arm every backend's event fd; one with events already pending keeps
+ * the agent's fd readable through the eventfd instead. */
+static void arm_backends(pdx_agent_h agent)
+{
+    for (uint32_t i = 0; i < agent->nbackends; i++) {
+        struct pdx_backend *b = agent->backends[i];
+        if (!(b->ops->caps & PDX_BACKEND_CAP_EVENT_FD)) {
+            continue;
+        }
+        if (b->ops->arm(b->be) == PDX_ERR_BUSY) {
+            pdx_agent_signal(agent);
+        }
+    }
+}
+
+int pdxi_progress(pdx_agent_h agent)
+{
+    pdx_agent_lock(agent);
+    pdx_efd_drain(agent->event_fd);
+    int n = pdx_progress_locked(agent);
+    if (agent->nq_head != NULL) {
+        /* Keep the fd readable while notifications wait for a poll. */
+        pdx_agent_signal(agent);
+    }
+    arm_backends(agent);
+    pthread_mutex_unlock(&agent->lock);
+    if (!agent->thread_running) {
+        pdx_stats_sock_serve(agent);
+    }
+    return n;
+}
+
+/* Longest sleep of an idle progress thread: the housekeeping a backend may
+ * need without an event (a UCX close whose flush deadline passes, a
+ * same-process peer's destroy), and a safety net should an event be missed
+ * (then it is late by this much, never lost). Ten wake-ups a second cost
+ * well under a millisecond of CPU. */
+#define PROGRESS_IDLE_MS 100
+#define PROGRESS_SPIN_NS 10000000ull
+/* Longest sleep with requests in flight on event-fd backends only: how
+ * late a request timeout can be noticed (their unit is ms). */
+#define PROGRESS_INFLIGHT_MS 1
+
+/* Add pidfds of peers loaded since the last pass to the progress thread's
+ * set (a closed pidfd leaves it by itself). Lock held. */
+static void watch_pidfds_locked(pdx_agent_h agent)
+{
+    for (pdx_peer_t *p = agent->peers; p != NULL; p = p->next) {
+        if (p->pidfd >= 0 && !p->pidfd_watched) {
+            struct epoll_event ev = {.events = EPOLLIN, .data.fd = p->pidfd};
+            if (epoll_ctl(agent->prog_epoll_fd, EPOLL_CTL_ADD, p->pidfd,
+                          &ev) != 0 && errno != EEXIST) {
+                pdx_debug("agent %s: pidfd of %s not watched: %s",
+                          agent->name, p->name, strerror(errno));
+            }
+            p->pidfd_watched = true;
+        }
+    }
+}
+
+/* How long the progress thread may sleep now, in ms: 0, progress again at
+ * once (a backend has events pending); -1, a short fixed pause
+ * (progress_interval_us): a request is in flight on a backend without an
+ * event fd (cma completes in its own threads and is polled), or, with no
+ * request in flight, there was activity shortly ago (PROGRESS_SPIN_NS: a
+ * target serving a peer's stream serves the next message at once); else
+ * every backend's event fd is armed and the thread sleeps
+ * until an event (a message or completion for a backend, a peer's exit, a
+ * stats client, a wake), or PROGRESS_INFLIGHT_MS with requests in flight
+ * (their timeouts), or PROGRESS_IDLE_MS. Lock held, no backend busy. */
+static int idle_timeout_locked(pdx_agent_h agent, uint64_t *busy_ns)
+{
+    uint64_t now = pdx_now_ns();
+    bool inflight = false, polled = false;
+    for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
+        if (x->status == PDX_INPROGRESS || x->breq != NULL) {
+            inflight = true;
+            if (!(agent->backends[x->bindex]->ops->caps &
+                  PDX_BACKEND_CAP_EVENT_FD)) {
+                polled = true;
+                break;
+            }
+        }
+    }
+    if (polled) {
+        *busy_ns = now;
+        return -1;
+    }
+    if (!inflight && now - *busy_ns < PROGRESS_SPIN_NS) {
+        return -1; /* activity shortly ago: the next message may follow */
+    }
+    for (uint32_t i = 0; i < agent->nbackends; i++) {
+        struct pdx_backend *b = agent->backends[i];
+        if ((b->ops->caps & PDX_BACKEND_CAP_EVENT_FD) &&
+            b->ops->arm(b->be) == PDX_ERR_BUSY) {
+            return 0;
+        }
+    }
+    return inflight ? PROGRESS_INFLIGHT_MS : PROGRESS_IDLE_MS;
+}
+
+void *pdx_progress_main(void *arg)
+{
+    pdx_agent_h agent = arg;
+    struct epoll_event evs[16];
+    uint64_t busy_ns = 0; /* last pass with activity or a polled request */
+    while (!__atomic_load_n(&agent->stop, __ATOMIC_ACQUIRE)) {
+        pdx_agent_lock(agent);
+        int n = pdx_progress_locked(agent);
+        if (n > 0) {
+            pdx_agent_signal(agent);
+        }
+        int timeout = 0;
+        if (n == 0) {
+            watch_pidfds_locked(agent);
+            timeout = idle_timeout_locked(agent, &busy_ns);
+        } else {
+            /* Activity (a target serving a peer's emulated gets): keep
+             * short passes for PROGRESS_SPIN_NS before sleeping on events.
+             * Without it a target waited on UCX's event fd per message,
+             * and a missed event cost the 100 ms idle bound: a READ to a
+             * live peer timed out (1.5 s) in CI's stall_ucx_kill. */
+            busy_ns = pdx_now_ns();
+        }
+        /* Under the lock: a post or load after this sees it and wakes us
+         * (one before it was seen by idle_timeout_locked). */
+        __atomic_store_n(&agent->thread_sleeping, timeout > 0,
+                         __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&agent->lock);
+        pdx_stats_sock_serve(agent);
+        if (timeout == 0) {
+            continue; /* activity: progress again at once */
+        }
+        if (timeout < 0) {
+            struct timespec pause = {
+                0, (long)agent->params.progress_interval_us * 1000};
+            nanosleep(&pause, NULL);
+            continue;
+        }
+        if (__atomic_load_n(&agent->stop, __ATOMIC_ACQUIRE)) {
+            break;
+        }
+        int k = epoll_wait(agent->prog_epoll_fd, evs, 16, timeout);
+        __atomic_store_n(&agent->thread_sleeping, 0, __ATOMIC_RELEASE);
+        for (int i = 0; i < k; i++) {
+            if (evs[i].data.fd == agent->wake_fd) {
+                uint64_t v;
+                if (read(agent->wake_fd, &v, sizeof(v)) < 0) {
+                    /* EAGAIN: another reader took it */
+                }
+            }
+        }
+    }
+    return NULL;
+}
+
+/* ---- the calls that drive progress for the caller ---- */
+
+/* pdx_xfer_check of a request in flight without a progress thread runs a
+ * full pass at most this often. */
+#define FULL_PROGRESS_PERIOD_NS 100000ull
+
+/* Progress `x`'s backend (without the agent lock: see struct pdx_agent),
+ * then check `x`. Lock held, no backend busy; the lock is dropped and
+ * retaken, so the caller keeps no pointer but `x`. When another thread
+ * is progressing a backend, nothing is done: that thread's pass checks
+ * every request. */
+static void xfer_progress_own(pdx_agent_h agent, struct pdx_xfer *x)
+{
+    if (x->breq == NULL || agent->be_busy) {
+        return;
+    }
+    /* With a progress thread, it progresses; the caller's call stays
+     * short (one UCX progress call can take tens of ms). */
+    if (agent->thread_running ||
+        backend_progress_unlocked(agent, agent->backends[x->bindex], NULL)) {
+        pdx_xfer_progress_locked(agent, x);
+    }
+}
+
+pdx_status_t pdxi_xfer_post(pdx_xfer_h x)
+{
+    pdx_agent_h agent = x->agent;
+    pdx_status_t st;
+    pdx_agent_lock(agent);
+    if (x->status == PDX_INPROGRESS) {
+        pdx_error("agent %s: xfer post: request still in progress",
+                  agent->name);
+        st = PDX_ERR_BUSY;
+        goto out;
+    }
+    /* Ended (peer failed, timed out) but still being stopped: one more
+     * look first (the lock is dropped in it, so before the peer lookup). */
+    xfer_progress_own(agent, x);
+    st = pdx_xfer_post_locked(agent, x);
+    /* Callbacks the post made (a peer error) now that x is consistent
+     * (none are queued when it returned before the backend's post). */
+    run_deferred_locked(agent);
+out:
+    pthread_mutex_unlock(&agent->lock);
+    return st;
+}
+
+pdx_status_t pdxi_xfer_check(pdx_xfer_h x)
+{
+    pdx_agent_h agent = x->agent;
+    /* The plain lock: while another thread progresses a backend (the
+     * progress thread, or a check on another thread) this returns the
+     * state as it is, without waiting for that call. */
+    pthread_mutex_lock(&agent->lock);
+    if (!agent->be_busy && (x->status == PDX_INPROGRESS || x->breq != NULL)) {
+        /* Its own backend, progressed without the lock: O(1) per call. */
+        xfer_progress_own(agent, x);
+        uint64_t now = pdx_now_ns();
+        if (x->status == PDX_INPROGRESS && !agent->be_busy &&
+            !agent->thread_running &&
+            now - agent->last_full_progress_ns >= FULL_PROGRESS_PERIOD_NS) {
+            /* Liveness, timeouts and the other requests: at most every
+             * FULL_PROGRESS_PERIOD_NS, so a polling caller stays cheap. */
+            pdx_progress_locked(agent);
+        }
+    }
+    pdx_status_t st = x->status;
+    if (st < 0) {
+        /* Said once in the log when it happened; here for the caller. */
+        pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
+        bool same = p != NULL && p->epoch == x->peer_epoch;
+        pdx_call_note("agent %s: request to %s (%s over %s): %s%s%s%s",
+                      agent->name, x->peer_name,
+                      x->op == PDX_XFER_READ ? "read" : "write",
+                      agent->backends[x->bindex]->name,
+                      pdx_status_string(st),
+                      st == PDX_ERR_REMOTE_DISCONNECT && same ? ": peer "
+                                                              : "",
+                      st == PDX_ERR_REMOTE_DISCONNECT && same ? p->dead_how
+                                                              : "",
+                      st == PDX_ERR_STALE
+                          ? x->stale ? ": the peer removed or changed a "
+                                       "region it uses"
+                                     : ": the peer was unloaded or reloaded "
+                                       "since it was made"
+                          : "");
+    }
+    pthread_mutex_unlock(&agent->lock);
+    return st;
+}
+
+/* pdx_xfer_release of a request still in flight waits (without the agent
+ * lock) for the backend to say nothing more lands, at most this long. */
+#define RELEASE_WAIT_MAX_NS 10000000000ull
+
+void pdxi_xfer_release(pdx_xfer_h x)
+{
+    pdx_agent_h agent = x->agent;
+    pdx_agent_lock(agent);
+    if (x->breq != NULL && x->status == PDX_INPROGRESS) {
+        /* Still in flight: stop it and wait until the backend says no byte
+         * of it can land, without the agent lock (other threads and peers
+         * carry on). Bounded: backends give up on a silent peer (UCX fails
+         * it after 1 s without progress). */
+        if (!x->aborting) {
+            x->aborting = true;
+            if (!pdx_xfer_backend_abort_locked(agent, x)) {
+                pdx_xfer_end_locked(agent, x, PDX_ERR_CANCELED);
+            }
+        }
+        uint64_t start = pdx_now_ns();
+        long sleep_ns = 2000;
+        while (x->breq != NULL && x->status == PDX_INPROGRESS) {
+            xfer_progress_own(agent, x);
+            if (x->breq == NULL || x->status != PDX_INPROGRESS ||
+                pdx_now_ns() - start > RELEASE_WAIT_MAX_NS) {
+                break;
+            }
+            pthread_mutex_unlock(&agent->lock);
+            struct timespec ts = {0, sleep_ns};
+            nanosleep(&ts, NULL);
+            sleep_ns = sleep_ns < 1000000 ? sleep_ns * 2 : 1000000;
+            pdx_agent_lock(agent);
+        }
+        if (x->status == PDX_INPROGRESS) {
+            pdx_xfer_end_locked(agent, x, PDX_ERR_CANCELED);
+        }
+    }
+    pdx_xfer_free_locked(agent, x);
+    pthread_mutex_unlock(&agent->lock);
+}
+
+int pdxi_notif_poll(pdx_agent_h agent, pdx_notif_cb_t cb, void *arg)
+{
+    /* The delivery lock keeps callbacks of concurrent polls in order; the
+     * agent lock is dropped while callbacks run so they may call in. */
+    pthread_mutex_lock(&agent->delivery);
+    /* The plain lock: while a backend is progressed on another thread,
+     * take what has arrived without waiting for that call. */
+    pthread_mutex_lock(&agent->lock);
+    if (!agent->thread_running) {
+        pdx_progress_locked(agent); /* the thread does, if any */
+    }
+    pdx_notif_item_t *list = agent->nq_head;
+    agent->nq_head = agent->nq_tail = NULL;
+    uint64_t v;
+    if (read(agent->event_fd, &v, sizeof(v)) < 0) {
+        /* nothing pending */
+    }
+    pthread_mutex_unlock(&agent->lock);
+    int n = 0;
+    while (list != NULL) {
+        pdx_notif_item_t *it = list;
+        list = it->next;
+        int depth = pdx_call_suspend();
+        cb(arg, it->peer, it->msg, it->len);
+        pdx_call_resume(depth);
+        free(it);
+        n++;
+    }
+    pthread_mutex_unlock(&agent->delivery);
+    return n;
+}
+
+/* pdx_mem_deregister's notice (ctl.c): tell every live loaded peer that
+ * carries notifications that `r` goes away and wait, dropping and
+ * retaking the lock, until each acknowledged, died, or the bound passed.
+ * `r` is out of agent->regs already and not freed. */
+static void region_gone_wait_locked(pdx_agent_h agent,
+                                    const struct pdx_mem_reg *r)
+{
+    pdx_ctl_wait_t w;
+    if (!pdx_ctl_gone_begin_locked(agent, r, &w)) {
+        return;
+    }
+    uint64_t start = pdx_now_ns();
+    uint64_t deadline = start + pdx_ctl_wait_bound_ms(agent) * 1000000ull;
+    while (w.left > 0) {
+        pdx_progress_locked(agent);
+        pdx_ctl_gone_check_locked(agent, &w);
+        if (w.left == 0 || pdx_now_ns() >= deadline) {
+            break;
+        }
+        pthread_mutex_unlock(&agent->lock);
+        struct timespec ts = {0, 200000}; /* 0.2 ms between passes */
+        nanosleep(&ts, NULL);
+        pdx_agent_lock(agent);
+    }
+    pdx_ctl_gone_end_locked(agent, r, &w, start);
+}
+
+pdx_status_t pdxi_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg)
+{
+    pdx_agent_lock(agent);
+    pdx_status_t st = pdx_mem_unlink_locked(agent, reg);
+    if (st == PDX_OK) {
+        /* Loaded peers are told and acknowledge (bounded) before the keys
+         * go, so none reads the memory once this returns. */
+        region_gone_wait_locked(agent, reg);
+        pdx_mem_reg_free_locked(agent, reg);
+    }
+    pthread_mutex_unlock(&agent->lock);
+    return st;
+}
