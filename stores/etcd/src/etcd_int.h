@@ -315,9 +315,11 @@ int etcd_pb_watch_resp(const uint8_t *p, size_t n, etcd_pb_watch_t *w,
 
 
 /* ---- the instance's parts (etcd_store.c and the files below it) ----
- * Calls point down this list: store (glue, create/destroy, keys) above
- * client (the thread), above lease, watch and keywatch, above events,
- * above common; all above http, auth, codec and pb. */
+ * Calls point down: store (glue: create/destroy, keys) above client (the
+ * thread), above lease and watch; watch above keywatch; those above
+ * events, above common. Below them all: http above auth above codec, and
+ * pb above codec. The owners registry sits beside the client, under the
+ * ops table. (scripts/check_calls.py checks that no file loops back.) */
 
 #define DEFAULT_TIMEOUT_MS 2000
 #define DEFAULT_RETRY_MIN_MS 100
