@@ -1,5 +1,5 @@
 /* libFuzzer harness for the etcd store's WatchResponse decoder (the
- * key-watch stream, stores/etcd/etcd_pb.c): bytes from etcd are untrusted.
+ * key-watch stream, stores/etcd/src/etcd_pb.c): bytes from etcd are untrusted.
  * Every event's key and value are read in full, so a pointer or length
  * past the input shows under ASan. */
 #include <stdint.h>

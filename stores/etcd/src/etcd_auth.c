@@ -157,7 +157,7 @@ void etcd_auth_ensure(etcd_store_t *s, const char *endpoint)
         return;
     }
     pthread_mutex_lock(&s->lock);
-    bool ok = s->token_ok || etcd_now_ns() < s->auth_retry_at_ns;
+    bool ok = s->token_ok || pdx_be_now_ns() < s->auth_retry_at_ns;
     pthread_mutex_unlock(&s->lock);
     if (ok) {
         return; /* a token, or backing off after a failure */
@@ -236,7 +236,7 @@ done:
                                  ? 30000
                                  : 2 * s->auth_backoff_ms;
         s->auth_retry_at_ns =
-            etcd_now_ns() + (uint64_t)s->auth_backoff_ms * 1000000ull;
+            pdx_be_now_ns() + (uint64_t)s->auth_backoff_ms * 1000000ull;
         pthread_mutex_unlock(&s->lock);
     } else {
         pthread_mutex_lock(&s->lock);

@@ -13,6 +13,8 @@
 #include <pdx/log.h>
 #include <pdx/store.h>
 
+#include "pdx_be_common.h"
+
 #define ETCD_MAX_ENDPOINTS 8
 #define ETCD_HANDLE_POOL 8
 #define ETCD_PARALLEL 8 /* owner transactions in flight per call */
@@ -214,10 +216,8 @@ void etcd_auth_invalidate(etcd_store_t *s);
 /* Free what etcd_opts_parse and authentications allocated. */
 void etcd_auth_free(etcd_store_t *s);
 
-/* ---- etcd_http.c ---- */
+/* ---- etcd_codec.c ---- */
 
-uint64_t etcd_now_ns(void);
-uint64_t etcd_realtime_ns(void);
 /* A uniform random number in [lo, hi] (per-thread xorshift, seeded from
  * the clock, pid and thread): jitter, so that many clients restarted
  * together do not retry in step. */
@@ -244,6 +244,12 @@ char *etcd_full_key(etcd_store_t *s, const char *rel);
 int64_t etcd_json_i64(const cJSON *obj, const char *name);
 void etcd_json_add_i64(cJSON *obj, const char *name, int64_t v);
 
+/* Parse a response body; NULL (and `why`) when it is not a JSON object. */
+cJSON *etcd_parse_body(const etcd_buf_t *b);
+void etcd_fmt_time(uint64_t rt_ns, char *buf, size_t len);
+
+/* ---- etcd_http.c ---- */
+
 /* Prepare `h` for a POST of `body` to <endpoint><path>; the response is
  * appended to `out`. */
 void etcd_easy_setup(etcd_store_t *s, CURL *h, const char *endpoint,
@@ -266,10 +272,6 @@ void etcd_handle_put(etcd_store_t *s, CURL *h);
 /* Record the outcome of a request (caller holds no lock). */
 void etcd_note_ok(etcd_store_t *s, int64_t revision);
 void etcd_note_fail(etcd_store_t *s, const char *what);
-
-/* Parse a response body; NULL (and `why`) when it is not a JSON object. */
-cJSON *etcd_parse_body(const etcd_buf_t *b);
-void etcd_fmt_time(uint64_t rt_ns, char *buf, size_t len);
 
 /* ---- etcd_pb.c: TxnRequest ops and TxnResponse decoding ---- */
 
@@ -310,5 +312,109 @@ void etcd_pb_watch_create(etcd_buf_t *out, const char *key, int64_t start,
                           int64_t watch_id);
 int etcd_pb_watch_resp(const uint8_t *p, size_t n, etcd_pb_watch_t *w,
                        etcd_pb_event_cb_t cb, void *arg);
+
+
+/* ---- the instance's parts (etcd_store.c and the files below it) ----
+ * Calls point down: store (glue: create/destroy, keys) above client (the
+ * thread), above lease and watch; watch above keywatch; those above
+ * events, above common. Below them all: http above auth above codec, and
+ * pb above codec. The owners registry sits beside the client, under the
+ * ops table. (scripts/check_calls.py checks that no file loops back.) */
+
+#define DEFAULT_TIMEOUT_MS 2000
+#define DEFAULT_RETRY_MIN_MS 100
+#define DEFAULT_RETRY_MAX_MS 5000
+#define DEFAULT_TXN_OPS 128
+#define LIST_PAGE 512    /* keys a listing request */
+#define MUX_GAP_MS 50    /* key-watch stream reopened at most this often */
+#define LEASE_BATCH 64   /* renewals in one keepalive request */
+#define MUX_CREATE_WAIT_MS 5000 /* every key acknowledged by then */
+#define MUX_MSG_MAX (64u << 20) /* largest WatchResponse taken */
+#define IDLE_WAIT_MS 600000 /* an idle client thread sleeps at most this */
+
+/* ---- etcd_common.c ---- */
+
+bool etcd_valid_key(const char *k);
+bool etcd_valid_block(const char *b);
+bool etcd_valid_owner(const char *o);
+void etcd_wake(etcd_store_t *s);
+uint32_t etcd_backoff_next(etcd_store_t *s, uint32_t cur);
+uint64_t etcd_backoff_ns(uint32_t ms);
+void etcd_lease_kick(etcd_client_t *c);
+void etcd_fill_status_locked(etcd_store_t *s, pdx_store_status_t *o);
+
+/* ---- etcd_events.c ---- */
+
+void etcd_queue_event(etcd_store_t *s, uint64_t watch_id,
+                      pdx_store_event_type_t type, uint32_t flags,
+                      const char *key, const void *value, size_t vlen,
+                      int64_t rev, int64_t lease);
+etcd_watch_t *etcd_find_watch_locked(etcd_store_t *s, uint64_t id);
+void etcd_deliver(etcd_store_t *s);
+
+/* ---- etcd_keywatch.c ---- */
+
+void etcd_mux_close(etcd_client_t *c);
+void etcd_mux_retry_later(etcd_client_t *c, etcd_store_t *s);
+void etcd_kw_free(etcd_kw_t *kw);
+void etcd_kw_unsub(etcd_client_t *c, etcd_watch_t *w);
+void etcd_kw_sub(etcd_client_t *c, etcd_watch_t *w);
+void etcd_mux_step(etcd_client_t *c, uint64_t now);
+void etcd_mux_drain(etcd_client_t *c);
+bool etcd_mux_pending_reads(etcd_client_t *c);
+
+/* ---- etcd_watch.c ---- */
+
+void etcd_stream_drain(etcd_watch_t *w);
+void etcd_stream_close(etcd_client_t *c, etcd_watch_t *w);
+void etcd_stream_retry_later(etcd_store_t *s, etcd_watch_t *w);
+etcd_watch_t *etcd_watch_head(etcd_store_t *s);
+void etcd_watch_free(etcd_watch_t *w);
+void etcd_watches_step(etcd_store_t *s, uint64_t now);
+pdx_status_t etcd_watch(void *st, const char *prefix,
+                        int64_t start_revision, uint32_t flags,
+                        uint64_t *id_p);
+pdx_status_t etcd_unwatch(void *st, uint64_t id);
+
+/* ---- etcd_lease.c ---- */
+
+void etcd_lease_grant(etcd_store_t *s, CURL *h);
+void etcd_lease_keepalive_batch(etcd_client_t *c, etcd_store_t **ms,
+                                const int64_t *ids, size_t n);
+pdx_status_t etcd_put_raw(etcd_store_t *s, CURL *h, const char *key,
+                          const void *value, size_t len, int64_t lease,
+                          bool force);
+void etcd_republish_step(etcd_store_t *s, uint64_t now);
+
+/* ---- etcd_client.c ---- */
+
+pdx_status_t etcd_client_attach(etcd_store_t *s, const char *key);
+void etcd_client_detach(etcd_store_t *s);
+void etcd_client_release(etcd_client_t *c);
+
+/* ---- etcd_owners.c ---- */
+
+pdx_status_t etcd_owners_add(void *st, const char *owner,
+                             const char *const *blocks, size_t n,
+                             uint32_t *counts);
+pdx_status_t etcd_owners_del(void *st, const char *owner,
+                             const char *const *blocks, size_t n);
+pdx_status_t etcd_owners_get(void *st, const char *const *blocks,
+                             size_t n, pdx_store_owner_cb_t cb,
+                             void *arg);
+
+/* ---- etcd_store.c ---- */
+
+pdx_status_t etcd_query(char *why, size_t why_len);
+void etcd_counters(void *st, pdx_store_counters_t *c);
+void etcd_status(void *st, pdx_store_status_t *o);
+pdx_status_t etcd_create(const pdx_store_host_t *host,
+                         const pdx_store_params_t *p, void **st_p);
+void etcd_destroy(void *st);
+pdx_status_t etcd_put(void *st, const char *key, const void *value,
+                      size_t len, uint32_t flags);
+pdx_status_t etcd_get(void *st, const char *key, void **value_p,
+                      size_t *len_p, int64_t *rev_p);
+pdx_status_t etcd_del(void *st, const char *key);
 
 #endif

@@ -1,0 +1,150 @@
+/* cma: private to the backend's files: limits, the instance, requests,
+ * peers and regions, and the functions the files share. Calls point down:
+ * cma_ops (the table) above cma_backend (instance), cma_peer and cma_xfer,
+ * above cma_work (the copy engine and its worker), above cma_wire. */
+#ifndef PDX_CMA_INT_H
+#define PDX_CMA_INT_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <pdx/backend.h>
+
+#include "cma_copy.h"
+#include "pdx_be_common.h"
+
+#define CMA_MAGIC 0x414d4350u /* "PCMA" */
+#define CMA_VERSION 1u
+#define CMA_HOST_MAX 128
+#define CMA_IOV_BATCH 1024 /* iovecs per system call (IOV_MAX) */
+#define CMA_KEY_PLAIN 16   /* addr, len */
+#define CMA_KEY_SHARED 36  /* + fd (4), inode (8), file offset (8) */
+#define CMA_INLINE_MAX_DEFAULT (1u << 20)
+#define CMA_COPY_CHUNK (1u << 20) /* unit of work; abort seen between */
+
+typedef struct cma_chunk {
+    size_t piece, npieces; /* whole pieces [piece, +npieces) if len == 0 */
+    uint64_t off, len;     /* else a slice of one piece */
+} cma_chunk_t;
+
+typedef struct cma_req {
+    struct cma_req *next;
+    pid_t pid;
+    pdx_xfer_op_t op;
+    pdx_backend_iov_t *iov;
+    size_t n, cap;
+    _Atomic int state; /* 0 queued/running, 1 done */
+    _Atomic int abort;
+    pdx_status_t status;
+    /* Every remote_md is mapped: memcpy, no system call, in chunks that
+     * the worker and xfer_check callers claim (the caller spinning on
+     * check copies instead of competing with the worker for the CPU). */
+    bool mapped;
+    cma_chunk_t *chunks;
+    size_t nchunks;
+    _Atomic size_t next_chunk[2], chunks_done; /* per lane; both lanes */
+    _Atomic int canceled;
+} cma_req_t;
+
+typedef struct cma_be {
+    char host_id[CMA_HOST_MAX];
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    cma_req_t *head, *tail;
+    bool stop;
+    pthread_t worker;
+    _Atomic uint64_t bytes, bytes_mapped;
+    /* Copied inline by post: ops run one at a time (the agent's lock), so
+     * a plain counter, cheaper than a locked add on every small request. */
+    uint64_t bytes_inline;
+    uint64_t inline_max; /* mapped requests up to this are copied in post */
+    /* The largest iov array of a finished request, reused by the next post:
+     * a fresh multi-MiB malloc page-faults on first touch, which cost more
+     * than the copy for 100k-piece requests. Under `lock`. */
+    pdx_backend_iov_t *spare;
+    size_t spare_cap;
+} cma_be_t;
+
+typedef struct cma_peer {
+    pid_t pid;
+    int pidfd; /* -1 until a shared region is loaded (or if refused) */
+} cma_peer_t;
+
+typedef struct cma_region {
+    uint64_t addr, len;
+    /* Local, shared: the fd and its file offset, packed into the key. */
+    int shm_fd;
+    uint64_t shm_offset;
+    /* Remote, mapped: `base` is `addr` in this process (NULL: use
+     * process_vm_*); `map`/`map_len` what to munmap. */
+    uint8_t *base;
+    void *map;
+    size_t map_len;
+    /* Remote, not mapped: why (for the agent's path report). */
+    char why[160];
+} cma_region_t;
+
+/* ---- functions shared between the files ---- */
+
+void cma_iov_recycle(cma_be_t *be, pdx_backend_iov_t *iov, size_t cap);
+void cma_put_le(uint8_t *p, uint64_t v, unsigned n);
+uint64_t cma_get_le(const uint8_t *p, unsigned n);
+pdx_status_t cma_errno_status(int e);
+void cma_copy_mapped(cma_be_t *be, const pdx_backend_iov_t *iov, size_t n,
+                     pdx_xfer_op_t op, uint64_t total);
+pdx_status_t cma_plan_chunks(cma_req_t *r);
+bool cma_help_mapped(cma_be_t *be, cma_req_t *r, int lane, size_t max);
+bool cma_mapped_done(cma_req_t *r);
+void *cma_worker_main(void *arg);
+pdx_status_t cma_query(char *why, size_t len);
+pdx_status_t cma_create(const pdx_backend_host_t *host,
+                        const pdx_kv_t *opts, size_t nopts,
+                        void **be_p);
+void cma_destroy(void *bev);
+pdx_status_t cma_conn_info(void *bev, void **buf_p, size_t *len_p);
+pdx_status_t cma_mem_register(void *bev, const pdx_region_t *r,
+                              void **md_p);
+void cma_mem_deregister(void *bev, void *md);
+pdx_status_t cma_mem_pack(void *bev, void *mdv, void **buf_p,
+                          size_t *len_p);
+pdx_status_t cma_peer_connect(void *bev, const char *name,
+                              const void *conn, size_t len,
+                              void **peer_p);
+void cma_peer_disconnect(void *bev, void *peerv);
+pdx_status_t cma_rmem_load(void *bev, void *peer,
+                           const pdx_region_t *r, const void *key,
+                           size_t len, void **rmd_p);
+void cma_rmem_unload(void *bev, void *rmdv);
+pdx_status_t cma_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
+                           const pdx_backend_iov_t *iov, size_t n,
+                           const void *notif, size_t notif_len,
+                           void **req_p);
+pdx_status_t cma_xfer_check(void *bev, void *reqv);
+pdx_status_t cma_xfer_abort(void *bev, void *reqv);
+void cma_xfer_release(void *bev, void *reqv);
+pdx_status_t cma_path(void *bev, void *peer, void *rmdv,
+                      char *transport, size_t tlen, char *why,
+                      size_t wlen);
+pdx_status_t cma_notif_send(void *bev, void *peer, const void *msg,
+                            size_t len);
+int cma_progress(void *bev);
+int cma_event_fd(void *bev);
+pdx_status_t cma_arm(void *bev);
+void cma_describe(void *bev, char *buf, size_t len);
+
+#endif

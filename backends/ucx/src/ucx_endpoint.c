@@ -1,0 +1,437 @@
+/* ucx: peers and their endpoints: connect, error callbacks, closes (with
+ * deadlines, forced when the peer failed), giving up on a stalled peer,
+ * and the transport report of a path. */
+#include "ucx_int.h"
+
+/* Mark `peer` failed; the agent hears of it from the next progress or
+ * xfer_check, and its live requests fail now. */
+static void ucx_peer_set_failed(ucx_peer_t *peer, ucs_status_t status)
+{
+    if (peer->ep_status != UCS_OK) {
+        return;
+    }
+    peer->ep_status = status;
+    peer->error_pending = 1;
+    if (peer->be != NULL) {
+        peer->be->lost++;
+    }
+    for (ucx_link_t *l = peer->reqs.next; l != &peer->reqs; l = l->next) {
+        ucx_req_finish(UCX_CONTAINER(l, ucx_req_t, link),
+                       PDX_ERR_REMOTE_DISCONNECT);
+    }
+}
+
+static void ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    ucx_peer_t *peer = arg;
+    (void)ep;
+    if (peer->ep_status == UCS_OK) {
+        pdx_error("ucx: peer %s: endpoint failed: %s", peer->name,
+                  ucs_status_string(status));
+    }
+    peer->ucx_failed = 1;
+    ucx_peer_set_failed(peer, status);
+}
+
+/* Report failed peers to the agent. The scan restarts after each callback
+ * because the agent may disconnect peers from inside it; each pass clears
+ * one flag, so it ends. */
+int ucx_deliver_errors(ucx_be_t *be)
+{
+    int n = 0;
+    int again = 1;
+    while (again) {
+        again = 0;
+        for (ucx_link_t *l = be->peers.next; l != &be->peers; l = l->next) {
+            ucx_peer_t *peer = UCX_CONTAINER(l, ucx_peer_t, link);
+            if (peer->error_pending) {
+                peer->error_pending = 0;
+                if (be->host.peer_error != NULL) {
+                    be->host.peer_error(be->host.agent_ctx, peer->name,
+                                        PDX_ERR_REMOTE_DISCONNECT);
+                }
+                n++;
+                again = 1;
+                break;
+            }
+        }
+    }
+    return n;
+}
+
+/* Start closing the endpoint of `peer` without waiting: the close request
+ * (if UCX needs one) is kept in peer->close_req and reaped by progress. */
+static void ucx_ep_close_async(ucx_be_t *be, ucx_peer_t *peer, int force)
+{
+    if (peer->ep == NULL) {
+        return;
+    }
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0,
+    };
+    be->forced += force != 0;
+    ucs_status_ptr_t sp = ucp_ep_close_nbx(peer->ep, &p);
+    peer->ep = NULL;
+    if (sp == NULL) {
+        return;
+    }
+    if (UCS_PTR_IS_ERR(sp)) {
+        /* The endpoint is released even when closing reports an error. */
+        pdx_debug("ucx: peer %s: close: %s", peer->name,
+                  ucs_status_string(UCS_PTR_STATUS(sp)));
+        return;
+    }
+    peer->close_req = sp;
+}
+
+/* Has the close of `peer` finished (or was there none)? Frees the close
+ * request when it has. */
+int ucx_close_done(ucx_peer_t *peer)
+{
+    if (peer->flush_req != NULL) {
+        return 0;
+    }
+    if (peer->close_req == NULL) {
+        return 1;
+    }
+    if (ucp_request_check_status(peer->close_req) == UCS_INPROGRESS) {
+        return 0;
+    }
+    ucp_request_free(peer->close_req);
+    peer->close_req = NULL;
+    return 1;
+}
+
+/* Start closing `peer`'s endpoint without waiting. A failed or given-up
+ * peer is forced at once. Any other is flushed first, so queued
+ * notifications still reach it; a flush that has not finished by
+ * close_deadline (a hung peer) is abandoned and the endpoint forced, which
+ * purges what UCX still holds for it. Never closing with a flush that cannot
+ * finish matters: UCX 1.13 asserts in ucp_worker_destroy on an endpoint
+ * whose requests were never completed or purged. */
+static void ucx_ep_close_start(ucx_be_t *be, ucx_peer_t *peer)
+{
+    if (peer->ep == NULL) {
+        return;
+    }
+    peer->close_deadline = pdx_be_deadline_ns(UCX_CLOSE_TIMEOUT_NS);
+    if (peer->ucx_failed || peer->ep_status != UCS_OK) {
+        ucx_ep_close_async(be, peer, 1);
+        return;
+    }
+    ucp_request_param_t p = {.op_attr_mask = 0};
+    ucs_status_ptr_t sp = ucp_ep_flush_nbx(peer->ep, &p);
+    if (sp == NULL) {
+        ucx_ep_close_async(be, peer, 0);
+    } else if (UCS_PTR_IS_ERR(sp)) {
+        pdx_debug("ucx: peer %s: flush before close: %s", peer->name,
+                  ucs_status_string(UCS_PTR_STATUS(sp)));
+        ucx_ep_close_async(be, peer, 1);
+    } else {
+        peer->flush_req = sp;
+    }
+}
+
+/* Move a close along: a finished flush becomes a close; a flush past its
+ * deadline (or any, when `now_force`) is abandoned and the endpoint forced.
+ * Never waits. */
+void ucx_ep_close_step(ucx_be_t *be, ucx_peer_t *peer, int now_force)
+{
+    if (peer->flush_req == NULL) {
+        return;
+    }
+    ucs_status_t fs = ucp_request_check_status(peer->flush_req);
+    if (fs == UCS_INPROGRESS) {
+        if (!now_force && pdx_be_before(peer->close_deadline)) {
+            return;
+        }
+        if (!now_force) {
+            pdx_warn("ucx: peer %s: endpoint flush did not finish within "
+                     "%llu ms; forcing the endpoint closed", peer->name,
+                     UCX_CLOSE_TIMEOUT_NS / 1000000ull);
+        }
+    }
+    /* An unfinished request is released by UCX when it completes (the
+     * force below completes it). */
+    ucp_request_free(peer->flush_req);
+    peer->flush_req = NULL;
+    ucx_ep_close_async(be, peer, fs != UCS_OK);
+}
+
+void ucx_peer_free(ucx_peer_t *peer)
+{
+    if (peer->close_req != NULL || peer->flush_req != NULL) {
+        /* Only after the worker is gone (destroy): UCX releases them. */
+        peer->close_req = NULL;
+        peer->flush_req = NULL;
+    }
+    /* Sends still listed here never completed; UCX is gone or will not
+     * touch them again (the worker is destroyed before this runs). */
+    while (!ucx_list_empty(&peer->sends)) {
+        ucx_link_t *l = peer->sends.next;
+        ucx_list_del(l);
+        free(UCX_CONTAINER(l, ucx_send_t, link));
+    }
+    free(peer->name);
+    free(peer);
+}
+
+pdx_status_t ucx_peer_connect(void *bev, const char *peer_name,
+                              const void *conn, size_t conn_len,
+                              void **peer_p)
+{
+    ucx_be_t *be = bev;
+    pdx_status_t st;
+    if (be == NULL || peer_name == NULL || conn == NULL || conn_len == 0 ||
+        peer_p == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    /* Peer bytes: UCX would abort or read out of bounds on a bad one. */
+    ucx_vaddr_t vaddr;
+    char vwhy[256];
+    st = ucx_validate_address(&be->vlocal, conn, conn_len, &vaddr, vwhy,
+                              sizeof(vwhy));
+    if (st != PDX_OK) {
+        pdx_error("ucx: peer %s: malformed connection info (%zu-byte worker "
+                  "address): %s", peer_name, conn_len, vwhy);
+        return st;
+    }
+    ucx_peer_t *peer = calloc(1, sizeof(*peer));
+    if (peer == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    peer->name = strdup(peer_name);
+    if (peer->name == NULL) {
+        st = PDX_ERR_NOMEM;
+        goto err_peer;
+    }
+    peer->be = be;
+    peer->ep_status = UCS_OK;
+    peer->vaddr = vaddr;
+    ucx_list_init(&peer->reqs);
+    ucx_list_init(&peer->sends);
+
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                      UCP_EP_PARAM_FIELD_NAME,
+        .address = conn,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = ucx_ep_err_cb, .arg = peer},
+        .name = peer_name,
+    };
+    ucs_status_t s = ucp_ep_create(be->worker, &ep, &peer->ep);
+    if (s != UCS_OK) {
+        pdx_error("ucx: connecting to peer %s (%zu-byte address) failed: %s",
+                  peer_name, conn_len, ucs_status_string(s));
+        /* No common transport: decline, so the agent can pick another
+         * backend, rather than calling the peer dead. */
+        st = s == UCS_ERR_UNREACHABLE ? PDX_ERR_UNSUPPORTED : ucx_status(s);
+        goto err_name;
+    }
+    ucx_list_push(&be->peers, &peer->link);
+    *peer_p = peer;
+    return PDX_OK;
+
+err_name:
+    free(peer->name);
+err_peer:
+    free(peer);
+    return st;
+}
+
+void ucx_peer_disconnect(void *bev, void *peerv)
+{
+    ucx_be_t *be = bev;
+    ucx_peer_t *peer = peerv;
+    if (be == NULL || peer == NULL) {
+        return;
+    }
+    ucx_list_del(&peer->link);
+    /* Requests still in flight: a flush would wait for what they moved
+     * (and for a peer that may be going away too); they are aborted, so
+     * the endpoint is forced and UCX purges them. */
+    int force = !ucx_list_empty(&peer->reqs) || peer->abandoned;
+    /* The agent releases requests first; if it did not, fail them and
+     * detach them from the peer so nothing points at it afterwards. */
+    while (!ucx_list_empty(&peer->reqs)) {
+        ucx_req_t *r = UCX_CONTAINER(peer->reqs.next, ucx_req_t, link);
+        pdx_debug("ucx: peer %s disconnected with a request in flight",
+                  peer->name);
+        r->aborted = 1;
+        ucx_req_finish(r, PDX_ERR_CANCELED);
+        r->peer = NULL;
+        ucx_list_del(&r->link);
+        ucx_list_push(&be->orphan_reqs, &r->link);
+    }
+    if (peer->ep != NULL) {
+        /* Never waits: a hung peer must not stall the agent. */
+        if (force) {
+            peer->close_deadline =
+                pdx_be_deadline_ns(UCX_CLOSE_TIMEOUT_NS);
+            ucx_ep_close_async(be, peer, 1);
+        } else {
+            ucx_ep_close_start(be, peer);
+        }
+        /* A responsive peer completes the flush and close within a few
+         * round trips: give it UCX_CLOSE_SPIN_NS of progress (bounded,
+         * like a progress pass) so the common case needs no zombie. */
+        uint64_t until = pdx_be_deadline_ns(UCX_CLOSE_SPIN_NS);
+        while ((peer->flush_req != NULL ||
+                (peer->close_req != NULL &&
+                 ucp_request_check_status(peer->close_req) ==
+                     UCS_INPROGRESS)) &&
+               pdx_be_before(until)) {
+            ucp_worker_progress(be->worker);
+            ucx_ep_close_step(be, peer, 0);
+        }
+    }
+    if (!ucx_close_done(peer)) {
+        /* UCX may still call back into this peer (error handler, sends):
+         * keep it until its close completes (progress reaps it) or the
+         * worker is destroyed. */
+        ucx_list_push(&be->zombies, &peer->link);
+        return;
+    }
+    while (!ucx_list_empty(&peer->sends)) {
+        ucx_link_t *l = peer->sends.next;
+        ucx_list_del(l);
+        ucx_list_push(&be->orphan_sends, l);
+    }
+    free(peer->name);
+    free(peer);
+}
+
+
+/* Give up on a peer that stopped answering: fail it (its requests end with
+ * PDX_ERR_REMOTE_DISCONNECT, the agent hears of it at the next progress)
+ * and force its endpoint closed, without waiting for the close. Even that
+ * does not always stop the replies of emulated gets if the peer wakes up
+ * later (seen over tcp with a stopped peer). An endpoint still in wireup
+ * cannot be forced (UCX asserts); its gets stay queued. */
+void ucx_peer_give_up(ucx_be_t *be, ucx_peer_t *peer, const char *why)
+{
+    ucx_peer_set_failed(peer, UCS_ERR_TIMED_OUT);
+    if (peer->ep == NULL) {
+        return;
+    }
+    if (!peer->wired) {
+        pdx_error("ucx: peer %s: %s while connecting; the peer is failed, "
+                  "but its queued gets may still land if it wakes",
+                  peer->name, why);
+        return;
+    }
+    pdx_error("ucx: peer %s: %s; forcing the endpoint closed (late replies "
+              "may still land if the peer wakes)", peer->name, why);
+    ucx_ep_close_async(be, peer, 1);
+}
+
+/* The agent saw the peer's process exit: fail its requests now and force
+ * the endpoint closed, so nothing waits for a drain that cannot come. */
+void ucx_peer_failed(void *bev, void *peerv)
+{
+    ucx_be_t *be = bev;
+    ucx_peer_t *peer = peerv;
+    if (be == NULL || peer == NULL) {
+        return;
+    }
+    ucx_peer_set_failed(peer, UCS_ERR_CONNECTION_RESET);
+    peer->error_pending = 0; /* the agent told us */
+    if (peer->ep != NULL && peer->wired) {
+        ucx_ep_close_async(be, peer, 1);
+    }
+}
+
+/* Transport names of the lanes of `peer`'s endpoint ("sysv/memory,tcp/lo"),
+ * computed once. */
+static void ucx_peer_transport(ucx_peer_t *peer)
+{
+    if (peer->transport[0] != '\0' || peer->ep == NULL) {
+        return;
+    }
+    char *dump = NULL;
+    size_t dump_len = 0;
+    FILE *f = open_memstream(&dump, &dump_len);
+    if (f == NULL) {
+        return;
+    }
+    ucp_ep_print_info(peer->ep, f);
+    fclose(f);
+    FILE *in = dump_len > 0 ? fmemopen(dump, dump_len, "r") : NULL;
+    if (in != NULL) {
+        ucx_describe_tls(in, 1, peer->transport, sizeof(peer->transport));
+        fclose(in);
+    }
+    free(dump);
+}
+
+pdx_status_t ucx_path(void *bev, void *peerv, void *rmd,
+                      char *transport, size_t tlen, char *why,
+                      size_t wlen)
+{
+    ucx_peer_t *peer = peerv;
+    (void)bev;
+    (void)rmd;
+    if (peer == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    ucx_peer_transport(peer);
+    snprintf(transport, tlen, "%s", peer->transport[0] ? peer->transport
+                                                       : "ucx");
+    if (why != NULL && wlen > 0) {
+        why[0] = '\0';
+    }
+    /* UCX's own choice among its transports is its fast path; whether a
+     * same-host peer should have used cma or cuda_ipc is the agent's call. */
+    return PDX_OK;
+}
+
+/* Collect transport names from UCX's multi-line dumps: "lane[i]: N:tl/dev.0"
+ * lines for an endpoint, "resource N : ... flags -- tl/dev" for a context. */
+void ucx_describe_tls(FILE *in, int lanes, char *out, size_t outlen)
+{
+    char line[512];
+    size_t used = strlen(out);
+    int count = 0;
+    while (count < 32 && fgets(line, sizeof(line), in) != NULL) {
+        char *p;
+        char name[96];
+        if (lanes) {
+            p = strstr(line, "lane[");
+            if (p == NULL || (p = strchr(p, ':')) == NULL) {
+                continue;
+            }
+            p = strchr(p + 1, ':');
+            if (p == NULL) {
+                continue;
+            }
+            p++;
+        } else {
+            p = strstr(line, "-- ");
+            if (strstr(line, "resource") == NULL || p == NULL) {
+                continue;
+            }
+            p += 3;
+        }
+        size_t k = 0;
+        while (p[k] != '\0' && p[k] != ' ' && p[k] != '\n' &&
+               (p[k] != '.' || !lanes) && k + 1 < sizeof(name)) {
+            name[k] = p[k];
+            k++;
+        }
+        name[k] = '\0';
+        if (k == 0 || strstr(out, name) != NULL) {
+            continue;
+        }
+        int w = snprintf(out + used, outlen - used, "%s%s",
+                         count > 0 ? "," : "", name);
+        if (w < 0 || (size_t)w >= outlen - used) {
+            out[used] = '\0';
+            break;
+        }
+        used += (size_t)w;
+        count++;
+    }
+}

@@ -1,0 +1,265 @@
+/* ucx: the backend's private header: limits, the objects (instance, peer,
+ * keys, requests, notifications) and the functions the files share. The
+ * layers, bottom up: ucx_status, ucx_am, ucx_request, ucx_endpoint, ucx_mem
+ * and ucx_xfer, ucx_worker, ucx_ops (the table); calls only point down. */
+#ifndef PDX_UCX_INT_H
+#define PDX_UCX_INT_H
+
+#include <pdx/backend.h>
+#include <pdx/log.h>
+
+#include "ucx_validate.h"
+
+#include <ucp/api/ucp.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pdx_be_common.h"
+
+/* Active message id of notifications; both sides are this module. */
+#define UCX_AM_ID_NOTIF 0x5d
+/* A single tcp put of 32-64 MiB stalls with UCX 1.13; smaller pieces flow. */
+#define UCX_DEFAULT_MAX_CHUNK (8ull << 20)
+#define UCX_MIN_MAX_CHUNK 4096ull
+#define UCX_MAX_MAX_CHUNK (1ull << 30)
+/* Notifications are control messages; the cap keeps a hostile or buggy peer
+ * from making us allocate without bound. */
+#define UCX_MAX_NOTIF (16u << 20)
+/* Up to this size a notification is forced eager: it arrives whole in the
+ * receive callback, with no rendezvous round trip. */
+#define UCX_NOTIF_EAGER_MAX 4096u
+/* Agent names travel as the AM header. */
+#define UCX_MAX_NAME 255u
+/* Bounds on waits inside an op: closing an endpoint, draining a READ. */
+#define UCX_CLOSE_TIMEOUT_NS 1000000000ull
+/* What disconnect spends progressing a close before leaving it to progress
+ * (the agent lock is held). */
+#define UCX_CLOSE_SPIN_NS 2000000ull
+/* What destroy spends progressing closes it had to force. */
+#define UCX_FORCE_REAP_NS 200000000ull
+/* Draining a released READ gives up after this long without a get chunk
+ * completing (a stalled peer), or after the cap even while data flows. */
+#define UCX_DRAIN_IDLE_NS 1000000000ull
+#define UCX_DRAIN_MAX_NS 5000000000ull
+/* ucp_worker_progress calls per progress op; keeps one call short. */
+#define UCX_PROGRESS_ROUNDS 64
+#define UCX_PROGRESS_MAX_NS 500000ull
+
+#define UCX_CONTAINER(ptr, type, member)                                       \
+    ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+
+/* Intrusive circular list: unlinking needs only the node, so a callback can
+ * drop an object from whichever list holds it. */
+typedef struct ucx_link {
+    struct ucx_link *prev;
+    struct ucx_link *next;
+} ucx_link_t;
+
+static inline void ucx_list_init(ucx_link_t *head)
+{
+    head->prev = head;
+    head->next = head;
+}
+
+static inline int ucx_list_empty(const ucx_link_t *head)
+{
+    return head->next == head;
+}
+
+static inline void ucx_list_push(ucx_link_t *head, ucx_link_t *node)
+{
+    node->prev = head->prev;
+    node->next = head;
+    head->prev->next = node;
+    head->prev = node;
+}
+
+static inline void ucx_list_del(ucx_link_t *node)
+{
+    node->prev->next = node->next;
+    node->next->prev = node->prev;
+    node->prev = node;
+    node->next = node;
+}
+
+typedef struct ucx_be ucx_be_t;
+
+typedef struct ucx_peer {
+    ucx_link_t link; /* be->peers, or be->zombies after a timed-out close */
+    ucx_be_t *be;
+    ucp_ep_h ep;              /* NULL once force-closed */
+    char *name;
+    ucs_status_t ep_status;   /* UCS_OK until the endpoint failed */
+    int ucx_failed;           /* UCX reported it: close must be forced */
+    int wired;                /* an operation completed: wireup is done */
+    int error_pending;        /* failure not yet reported to the agent */
+    ucx_link_t reqs;          /* live transfer requests */
+    ucx_link_t sends;         /* standalone notifications in flight */
+    void *close_req;          /* endpoint close in flight, or NULL */
+    void *flush_req;          /* flush before a close in flight, or NULL */
+    int abandoned;            /* a request was released still in flight */
+    uint64_t close_deadline;  /* when a flush or close gives up (forced) */
+    char transport[64];       /* lanes' transports, for the path report */
+    ucx_vaddr_t vaddr;        /* its validated address (keys are checked
+                                 against it) */
+} ucx_peer_t;
+
+typedef struct ucx_md {
+    ucp_mem_h memh;
+    uint64_t addr;
+    uint64_t len;
+} ucx_md_t;
+
+typedef struct ucx_rmd {
+    ucp_rkey_h rkey;
+    ucx_peer_t *peer;
+    uint64_t addr;
+    uint64_t len;
+} ucx_rmd_t;
+
+typedef enum ucx_stage {
+    UCX_STAGE_FLUSH = 0, /* puts/gets posted, waiting for the ep flush */
+    UCX_STAGE_NOTIF = 1, /* data landed, notification AM in flight */
+    UCX_STAGE_DONE = 2,
+} ucx_stage_t;
+
+/* A transfer request. At most one UCX request (the flush, then the AM send)
+ * points at it through user_data; after xfer_release the owner is gone and
+ * that callback frees it ("detach"), so no callback sees freed memory. */
+typedef struct ucx_req {
+    ucx_link_t link; /* peer->reqs; be->orphans once detached */
+    ucx_be_t *be;
+    ucx_peer_t *peer; /* NULL once released or the peer went away */
+    pdx_xfer_op_t op;
+    ucx_stage_t stage;
+    pdx_status_t status;
+    void *ucs_req;  /* UCX request in flight, or NULL */
+    int aborted;    /* do not start the notification */
+    int released;   /* owner gone: the callback frees */
+    /* Draining an aborted READ (see ucx_req_drain_check): when the last
+     * get chunk completed, as far as this request can tell. */
+    uint64_t drain_start_ns, drain_event_ns, drain_gets;
+    int has_notif;
+    size_t notif_len;
+    unsigned char notif[];
+} ucx_req_t;
+
+/* A standalone notification; the AM buffer must outlive the send. */
+typedef struct ucx_send {
+    ucx_link_t link; /* peer->sends; be->orphans' send list */
+    size_t len;
+    unsigned char data[];
+} ucx_send_t;
+
+/* A received notification, queued so that host callbacks run only from
+ * progress/xfer_check and in arrival order (a rendezvous one holds back
+ * the ones behind it until its data is in). */
+typedef struct ucx_inmsg {
+    ucx_link_t link;
+    ucx_be_t *be;
+    int ready;
+    int failed;
+    char peer[UCX_MAX_NAME + 1];
+    size_t len;
+    unsigned char data[];
+} ucx_inmsg_t;
+
+struct ucx_be {
+    pdx_backend_host_t host;
+    size_t name_len;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    int efd;
+    uint64_t max_chunk;
+    uint64_t gets_done; /* completed get chunks: drain progress indicator */
+    char tls[128];
+    ucx_link_t peers;
+    ucx_link_t zombies;       /* peers whose close did not finish in time */
+    ucx_link_t orphan_reqs;   /* released requests still owned by UCX */
+    ucx_link_t orphan_sends;
+    ucx_link_t inbox;
+    ucx_vlocal_t vlocal; /* local transports, to validate peer bytes */
+    unsigned forced;     /* endpoints force-closed (a peer failed) */
+    unsigned lost;       /* peers that failed, timed out or died */
+    ucx_be_t *leaked_next; /* g_leaked: a worker UCX could not destroy */
+};
+
+/* ucx_status.c: the one translator from ucs_status_t, and log levels. */
+pdx_status_t ucx_status(ucs_status_t s);
+pdx_log_level_t ucx_op_log_level(ucs_status_t s, ucs_status_t ep_status);
+
+/* ucx_am.c: notifications as active messages: receive, inbox, send. */
+ucs_status_t ucx_am_recv_cb(void *arg, const void *header,
+                            size_t header_length, void *data,
+                            size_t length,
+                            const ucp_am_recv_param_t *param);
+int ucx_deliver_inbox(ucx_be_t *be);
+ucs_status_ptr_t ucx_am_send(ucx_be_t *be, ucp_ep_h ep,
+                             const void *buf, size_t len,
+                             ucp_send_nbx_callback_t cb, void *arg);
+pdx_status_t ucx_notif_send(void *bev, void *peerv, const void *msg,
+                            size_t len);
+
+/* ucx_request.c: transfer requests: their end, flush and notification
+ * stages. */
+void ucx_req_finish(ucx_req_t *r, pdx_status_t st);
+pdx_status_t ucx_req_send_notif(ucx_req_t *r);
+void ucx_flush_cb(void *request, ucs_status_t status, void *user_data);
+void ucx_get_cb(void *request, ucs_status_t status, void *user_data);
+
+/* ucx_endpoint.c: peers: endpoints, their errors and closes, path reports. */
+int ucx_deliver_errors(ucx_be_t *be);
+int ucx_close_done(ucx_peer_t *peer);
+void ucx_ep_close_step(ucx_be_t *be, ucx_peer_t *peer, int now_force);
+void ucx_peer_free(ucx_peer_t *peer);
+pdx_status_t ucx_peer_connect(void *bev, const char *peer_name,
+                              const void *conn, size_t conn_len,
+                              void **peer_p);
+void ucx_peer_disconnect(void *bev, void *peerv);
+void ucx_peer_give_up(ucx_be_t *be, ucx_peer_t *peer, const char *why);
+void ucx_peer_failed(void *bev, void *peerv);
+pdx_status_t ucx_path(void *bev, void *peerv, void *rmd,
+                      char *transport, size_t tlen, char *why,
+                      size_t wlen);
+void ucx_describe_tls(FILE *in, int lanes, char *out, size_t outlen);
+
+/* ucx_mem.c: local registrations and remote keys. */
+pdx_status_t ucx_mem_register(void *bev, const pdx_region_t *region,
+                              void **md_p);
+void ucx_mem_deregister(void *bev, void *mdv);
+pdx_status_t ucx_mem_pack(void *bev, void *mdv, void **buf_p,
+                          size_t *len_p);
+pdx_status_t ucx_rmem_load(void *bev, void *peerv,
+                           const pdx_region_t *region, const void *key,
+                           size_t key_len, void **rmd_p);
+void ucx_rmem_unload(void *bev, void *rmdv);
+
+/* ucx_xfer.c: transfers: post, check, abort, release, drain. */
+pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
+                           const pdx_backend_iov_t *iov, size_t n,
+                           const void *notif, size_t notif_len,
+                           void **req_p);
+pdx_status_t ucx_xfer_check(void *bev, void *reqv);
+pdx_status_t ucx_xfer_abort(void *bev, void *reqv);
+void ucx_xfer_release(void *bev, void *reqv);
+
+/* ucx_worker.c: the instance: create, destroy, progress, event fd,
+ * describe. */
+pdx_status_t ucx_query(char *why, size_t why_len);
+pdx_status_t ucx_create(const pdx_backend_host_t *host,
+                        const pdx_kv_t *opts, size_t nopts,
+                        void **be_p);
+void ucx_destroy(void *bev);
+pdx_status_t ucx_conn_info(void *bev, void **buf_p, size_t *len_p);
+int ucx_progress(void *bev);
+int ucx_event_fd(void *bev);
+pdx_status_t ucx_arm(void *bev);
+void ucx_describe(void *bev, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,153 @@
+/* ucx: memory: local registrations (memh and packed rkey) and remote keys
+ * (validated against the peer's address before UCX unpacks them). */
+#include "ucx_int.h"
+
+pdx_status_t ucx_mem_register(void *bev, const pdx_region_t *region,
+                              void **md_p)
+{
+    ucx_be_t *be = bev;
+    if (be == NULL || region == NULL || md_p == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    if (region->mem_type != PDX_MEM_DRAM) {
+        pdx_error("ucx: cannot register memory type %d at 0x%" PRIx64
+                  " (this build handles DRAM only)", (int)region->mem_type,
+                  region->addr);
+        return PDX_ERR_UNSUPPORTED;
+    }
+    if (region->addr == 0 || region->len == 0 ||
+        region->addr + region->len < region->addr) {
+        pdx_error("ucx: bad region 0x%" PRIx64 " +%" PRIu64, region->addr,
+                  region->len);
+        return PDX_ERR_INVALID;
+    }
+    ucx_md_t *md = malloc(sizeof(*md));
+    if (md == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                      UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
+        .address = (void *)(uintptr_t)region->addr,
+        .length = region->len,
+        .memory_type = UCS_MEMORY_TYPE_HOST,
+    };
+    if (region->flags & PDX_REGION_F_READONLY) {
+        /* No remote write access (RDMA NICs enforce it). */
+        mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_PROT;
+        mp.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE |
+                  UCP_MEM_MAP_PROT_REMOTE_READ;
+    }
+    ucs_status_t s = ucp_mem_map(be->ctx, &mp, &md->memh);
+    if (s != UCS_OK) {
+        pdx_error("ucx: registering 0x%" PRIx64 " +%" PRIu64 " failed: %s",
+                  region->addr, region->len, ucs_status_string(s));
+        free(md);
+        return ucx_status(s);
+    }
+    md->addr = region->addr;
+    md->len = region->len;
+    *md_p = md;
+    return PDX_OK;
+}
+
+void ucx_mem_deregister(void *bev, void *mdv)
+{
+    ucx_be_t *be = bev;
+    ucx_md_t *md = mdv;
+    if (be == NULL || md == NULL) {
+        return;
+    }
+    ucs_status_t s = ucp_mem_unmap(be->ctx, md->memh);
+    if (s != UCS_OK) {
+        pdx_error("ucx: deregistering 0x%" PRIx64 " +%" PRIu64 " failed: %s",
+                  md->addr, md->len, ucs_status_string(s));
+    }
+    free(md);
+}
+
+pdx_status_t ucx_mem_pack(void *bev, void *mdv, void **buf_p,
+                          size_t *len_p)
+{
+    ucx_be_t *be = bev;
+    ucx_md_t *md = mdv;
+    void *rbuf = NULL;
+    size_t rlen = 0;
+    if (be == NULL || md == NULL || buf_p == NULL || len_p == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    ucs_status_t s = ucp_rkey_pack(be->ctx, md->memh, &rbuf, &rlen);
+    if (s != UCS_OK) {
+        pdx_error("ucx: packing the key of 0x%" PRIx64 " +%" PRIu64
+                  " failed: %s", md->addr, md->len, ucs_status_string(s));
+        return ucx_status(s);
+    }
+    void *buf = malloc(rlen > 0 ? rlen : 1);
+    if (buf == NULL) {
+        ucp_rkey_buffer_release(rbuf);
+        return PDX_ERR_NOMEM;
+    }
+    memcpy(buf, rbuf, rlen);
+    ucp_rkey_buffer_release(rbuf);
+    *buf_p = buf;
+    *len_p = rlen;
+    return PDX_OK;
+}
+
+pdx_status_t ucx_rmem_load(void *bev, void *peerv,
+                           const pdx_region_t *region, const void *key,
+                           size_t key_len, void **rmd_p)
+{
+    ucx_be_t *be = bev;
+    ucx_peer_t *peer = peerv;
+    if (be == NULL || peer == NULL || region == NULL || key == NULL ||
+        key_len == 0 || rmd_p == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    if (peer->ep == NULL || peer->ep_status != UCS_OK) {
+        return PDX_ERR_REMOTE_DISCONNECT;
+    }
+    if (region->mem_type != PDX_MEM_DRAM) {
+        pdx_error("ucx: peer %s: cannot load a key for memory type %d",
+                  peer->name, (int)region->mem_type);
+        return PDX_ERR_UNSUPPORTED;
+    }
+    char vwhy[256];
+    pdx_status_t vst = ucx_validate_rkey(&be->vlocal, &peer->vaddr, key,
+                                         key_len, vwhy, sizeof(vwhy));
+    if (vst != PDX_OK) {
+        pdx_error("ucx: peer %s: malformed key of region 0x%" PRIx64
+                  " +%" PRIu64 " (%zu bytes): %s", peer->name, region->addr,
+                  region->len, key_len, vwhy);
+        return vst;
+    }
+    ucx_rmd_t *rmd = malloc(sizeof(*rmd));
+    if (rmd == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    ucs_status_t s = ucp_ep_rkey_unpack(peer->ep, key, &rmd->rkey);
+    if (s != UCS_OK) {
+        pdx_error("ucx: peer %s: unpacking the %zu-byte key of 0x%" PRIx64
+                  " +%" PRIu64 " failed: %s", peer->name, key_len,
+                  region->addr, region->len, ucs_status_string(s));
+        free(rmd);
+        return ucx_status(s);
+    }
+    rmd->peer = peer;
+    rmd->addr = region->addr;
+    rmd->len = region->len;
+    *rmd_p = rmd;
+    return PDX_OK;
+}
+
+void ucx_rmem_unload(void *bev, void *rmdv)
+{
+    ucx_rmd_t *rmd = rmdv;
+    (void)bev;
+    if (rmd == NULL) {
+        return;
+    }
+    ucp_rkey_destroy(rmd->rkey);
+    free(rmd);
+}

@@ -1,0 +1,108 @@
+/* ucx: transfer requests: their end, and the UCX callbacks of their
+ * stages (the flush that confirms every byte landed, then the
+ * notification). */
+#include "ucx_int.h"
+
+void ucx_req_finish(ucx_req_t *r, pdx_status_t st)
+{
+    if (r->stage != UCX_STAGE_DONE) {
+        r->stage = UCX_STAGE_DONE;
+        r->status = st;
+    }
+}
+
+/* A UCX request of `r` failed: log it unless the endpoint failure that
+ * caused it was already logged, or it was a cancel we asked for. */
+static void ucx_req_fail(ucx_req_t *r, ucs_status_t status, const char *what)
+{
+    ucx_peer_t *peer = r->peer;
+    if (peer != NULL && peer->ep_status != UCS_OK) {
+        ucx_req_finish(r, PDX_ERR_REMOTE_DISCONNECT);
+        return;
+    }
+    if (!r->aborted) {
+        pdx_log(ucx_op_log_level(status, UCS_OK), "ucx: peer %s: %s %s "
+                "failed: %s", peer != NULL ? peer->name : "(gone)",
+                r->op == PDX_XFER_READ ? "read" : "write", what,
+                ucs_status_string(status));
+    }
+    ucx_req_finish(r, r->aborted ? PDX_ERR_CANCELED : ucx_status(status));
+}
+
+static void ucx_req_maybe_free(ucx_req_t *r)
+{
+    if (r->released && r->ucs_req == NULL) {
+        ucx_list_del(&r->link);
+        free(r);
+    }
+}
+
+static void ucx_notif_req_cb(void *request, ucs_status_t status,
+                             void *user_data)
+{
+    ucx_req_t *r = user_data;
+    ucp_request_free(request);
+    r->ucs_req = NULL;
+    if (status != UCS_OK) {
+        ucx_req_fail(r, status, "notification");
+    } else {
+        ucx_req_finish(r, PDX_OK);
+    }
+    ucx_req_maybe_free(r);
+}
+
+/* The data of `r` has landed; send its notification if it has one.
+ * PDX_INPROGRESS while the AM is in flight, else the final status. */
+pdx_status_t ucx_req_send_notif(ucx_req_t *r)
+{
+    if (!r->has_notif) {
+        return PDX_OK;
+    }
+    ucs_status_ptr_t sp = ucx_am_send(r->be, r->peer->ep, r->notif,
+                                      r->notif_len, ucx_notif_req_cb, r);
+    if (UCS_PTR_IS_ERR(sp)) {
+        ucs_status_t s = UCS_PTR_STATUS(sp);
+        pdx_log(ucx_op_log_level(s, r->peer->ep_status), "ucx: peer %s: "
+                "sending a %zu-byte notification failed: %s", r->peer->name,
+                r->notif_len, ucs_status_string(s));
+        return ucx_status(s);
+    }
+    if (sp == NULL) {
+        return PDX_OK;
+    }
+    r->stage = UCX_STAGE_NOTIF;
+    r->ucs_req = sp;
+    return PDX_INPROGRESS;
+}
+
+void ucx_flush_cb(void *request, ucs_status_t status, void *user_data)
+{
+    ucx_req_t *r = user_data;
+    ucp_request_free(request);
+    r->ucs_req = NULL;
+    if (r->stage == UCX_STAGE_FLUSH) {
+        if (status != UCS_OK) {
+            ucx_req_fail(r, status, "flush");
+        } else if (r->aborted) {
+            ucx_req_finish(r, PDX_ERR_CANCELED);
+        } else {
+            r->peer->wired = 1;
+            /* Sending from a callback is allowed; only progress is not. */
+            pdx_status_t st = ucx_req_send_notif(r);
+            if (st != PDX_INPROGRESS) {
+                ucx_req_finish(r, st);
+            }
+        }
+    }
+    ucx_req_maybe_free(r);
+}
+
+/* Gets carry a callback only so that a drain can tell a slow peer (chunks
+ * still completing) from a stalled one; the worker outlives every get. */
+void ucx_get_cb(void *request, ucs_status_t status, void *user_data)
+{
+    ucx_be_t *be = user_data;
+    (void)status; /* the flush reports failures */
+    ucp_request_free(request);
+    be->gets_done++;
+}

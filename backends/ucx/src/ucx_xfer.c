@@ -1,0 +1,264 @@
+/* ucx: transfers: post (puts or gets in chunks, then a flush), check,
+ * abort, release, and the drain of an aborted request that UCX cannot
+ * cancel. */
+#include "ucx_int.h"
+
+static int ucx_range_ok(uint64_t base, uint64_t len, uint64_t addr,
+                        uint64_t n)
+{
+    return addr >= base && n <= len && addr - base <= len - n;
+}
+
+static pdx_status_t ucx_check_iov(const ucx_peer_t *peer,
+                                  const pdx_backend_iov_t *iov, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const ucx_md_t *md = iov[i].local_md;
+        const ucx_rmd_t *rmd = iov[i].remote_md;
+        if (md == NULL || rmd == NULL) {
+            pdx_error("ucx: peer %s: piece %zu has no local or remote key",
+                      peer->name, i);
+            return PDX_ERR_INVALID;
+        }
+        if (rmd->peer != peer) {
+            pdx_error("ucx: peer %s: piece %zu uses a key of peer %s",
+                      peer->name, i, rmd->peer->name);
+            return PDX_ERR_INVALID;
+        }
+        if (!ucx_range_ok(md->addr, md->len, iov[i].local_addr, iov[i].len) ||
+            !ucx_range_ok(rmd->addr, rmd->len, iov[i].remote_addr,
+                          iov[i].len)) {
+            pdx_error("ucx: peer %s: piece %zu (local 0x%" PRIx64
+                      ", remote 0x%" PRIx64 ", %" PRIu64
+                      " bytes) is outside its registered region",
+                      peer->name, i, iov[i].local_addr, iov[i].remote_addr,
+                      iov[i].len);
+            return PDX_ERR_INVALID;
+        }
+    }
+    return PDX_OK;
+}
+
+/* UCX 1.13 cannot cancel RMA: an aborted READ ends when its flush does, so
+ * that no byte lands after the agent hears of its end. A peer that lets
+ * UCX_DRAIN_IDLE_NS pass without a get chunk completing (or
+ * UCX_DRAIN_MAX_NS in all) is given up on. An aborted WRITE (a timed-out
+ * one to a hung peer) has no such progress to watch: its peer is given up
+ * on after UCX_DRAIN_IDLE_NS, or its request would never end and could
+ * never be posted again. Never waits: called from xfer_check. Returns 1
+ * when the request ended. */
+static int ucx_req_drain_check(ucx_be_t *be, ucx_req_t *r)
+{
+    uint64_t now = pdx_be_now_ns();
+    if (r->drain_start_ns == 0) {
+        r->drain_start_ns = r->drain_event_ns = now;
+        r->drain_gets = be->gets_done;
+        return 0;
+    }
+    if (r->op == PDX_XFER_READ && be->gets_done != r->drain_gets) {
+        r->drain_gets = be->gets_done;
+        r->drain_event_ns = now;
+    }
+    if (now - r->drain_event_ns <= UCX_DRAIN_IDLE_NS &&
+        now - r->drain_start_ns <= UCX_DRAIN_MAX_NS) {
+        return 0;
+    }
+    char why[96];
+    snprintf(why, sizeof(why), "an aborted %s did not finish within %.0f ms",
+             r->op == PDX_XFER_READ ? "read" : "write",
+             (double)(now - r->drain_start_ns) / 1e6);
+    ucx_peer_give_up(be, r->peer, why);
+    ucx_req_finish(r, PDX_ERR_REMOTE_DISCONNECT);
+    return 1;
+}
+
+pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
+                           const pdx_backend_iov_t *iov, size_t n,
+                           const void *notif, size_t notif_len,
+                           void **req_p)
+{
+    ucx_be_t *be = bev;
+    ucx_peer_t *peer = peerv;
+    pdx_status_t st;
+
+    if (be == NULL || peer == NULL || req_p == NULL || (n > 0 && iov == NULL) ||
+        (op != PDX_XFER_READ && op != PDX_XFER_WRITE)) {
+        return PDX_ERR_INVALID;
+    }
+    if (notif == NULL) {
+        notif_len = 0;
+    }
+    if (notif_len > UCX_MAX_NOTIF) {
+        pdx_error("ucx: peer %s: notification of %zu bytes (limit %u)",
+                  peer->name, notif_len, UCX_MAX_NOTIF);
+        return PDX_ERR_TOO_LARGE;
+    }
+    if (peer->ep == NULL || peer->ep_status != UCS_OK) {
+        return PDX_ERR_REMOTE_DISCONNECT;
+    }
+    /* Validate everything before posting anything: an error return must
+     * leave nothing in flight. */
+    st = ucx_check_iov(peer, iov, n);
+    if (st != PDX_OK) {
+        return st;
+    }
+    ucx_req_t *r = calloc(1, sizeof(*r) + notif_len);
+    if (r == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    r->be = be;
+    r->peer = peer;
+    r->op = op;
+    r->stage = UCX_STAGE_FLUSH;
+    r->has_notif = notif != NULL;
+    r->notif_len = notif_len;
+    if (notif_len > 0) {
+        memcpy(r->notif, notif, notif_len);
+    }
+    ucx_list_init(&r->link);
+
+    /* Puts and gets are fire-and-forget: put requests are freed at once,
+     * gets on completion, and the one flush below reports their completion
+     * (and failure). */
+    ucp_request_param_t rp = {.op_attr_mask = 0};
+    if (op == PDX_XFER_READ) {
+        rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                          UCP_OP_ATTR_FIELD_USER_DATA;
+        rp.cb.send = ucx_get_cb;
+        rp.user_data = be;
+    }
+    ucp_request_param_t fp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = ucx_flush_cb,
+        .user_data = r,
+    };
+    ucs_status_ptr_t sp;
+    size_t posted = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ucx_rmd_t *rmd = iov[i].remote_md;
+        for (uint64_t off = 0; off < iov[i].len; off += be->max_chunk) {
+            uint64_t len = iov[i].len - off;
+            if (len > be->max_chunk) {
+                len = be->max_chunk;
+            }
+            void *laddr = (void *)(uintptr_t)(iov[i].local_addr + off);
+            uint64_t raddr = iov[i].remote_addr + off;
+            sp = op == PDX_XFER_WRITE
+                    ? ucp_put_nbx(peer->ep, laddr, len, raddr, rmd->rkey, &rp)
+                    : ucp_get_nbx(peer->ep, laddr, len, raddr, rmd->rkey, &rp);
+            if (UCS_PTR_IS_ERR(sp)) {
+                ucs_status_t s = UCS_PTR_STATUS(sp);
+                pdx_log(ucx_op_log_level(s, peer->ep_status),
+                        "ucx: peer %s: %s of %" PRIu64 " bytes at remote "
+                        "0x%" PRIx64 " (piece %zu of %zu) failed: %s",
+                        peer->name, op == PDX_XFER_WRITE ? "put" : "get",
+                        len, raddr, i, n, ucs_status_string(s));
+                st = ucx_status(s);
+                goto err_posted;
+            }
+            if (sp != NULL && op == PDX_XFER_WRITE) {
+                ucp_request_free(sp);
+            }
+            posted++;
+        }
+    }
+
+    sp = ucp_ep_flush_nbx(peer->ep, &fp);
+    if (UCS_PTR_IS_ERR(sp)) {
+        ucs_status_t s = UCS_PTR_STATUS(sp);
+        pdx_log(ucx_op_log_level(s, peer->ep_status), "ucx: peer %s: flush "
+                "after %zu operations failed: %s", peer->name, posted,
+                ucs_status_string(s));
+        st = ucx_status(s);
+        goto err_posted;
+    }
+    if (sp != NULL) {
+        r->ucs_req = sp;
+    } else {
+        peer->wired = 1;
+        st = ucx_req_send_notif(r);
+        if (st != PDX_INPROGRESS) {
+            /* Data landed and the notification (if any) went out, or the
+             * notification failed with nothing left in flight. */
+            free(r);
+            return st;
+        }
+    }
+    ucx_list_push(&peer->reqs, &r->link);
+    *req_p = r;
+    return PDX_INPROGRESS;
+
+err_posted:
+    if (posted > 0 && op == PDX_XFER_READ) {
+        /* Gets already posted may still write local memory and UCX cannot
+         * cancel them: the endpoint failed (the usual cause) or is made
+         * to, so the agent fails the peer and its buffers are suspect
+         * until it is reloaded. Never waits here. */
+        ucx_peer_give_up(be, peer, "a read failed half-posted");
+    }
+    free(r);
+    return st;
+}
+
+pdx_status_t ucx_xfer_check(void *bev, void *reqv)
+{
+    ucx_be_t *be = bev;
+    ucx_req_t *r = reqv;
+    if (be == NULL || r == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    /* No progress here: the agent progresses the worker (without its
+     * lock) before it checks, so a check is O(1) under the lock. */
+    if (r->stage != UCX_STAGE_DONE && r->aborted &&
+        r->stage == UCX_STAGE_FLUSH && r->ucs_req != NULL &&
+        r->peer != NULL) {
+        ucx_req_drain_check(be, r);
+    }
+    return r->stage == UCX_STAGE_DONE ? r->status : PDX_INPROGRESS;
+}
+
+/* Non-blocking abort: the flush still completes once the gets/puts are
+ * done, and then reports PDX_ERR_CANCELED without sending the note. */
+pdx_status_t ucx_xfer_abort(void *bev, void *reqv)
+{
+    ucx_be_t *be = bev;
+    ucx_req_t *r = reqv;
+    if (be == NULL || r == NULL) {
+        return PDX_ERR_INVALID;
+    }
+    r->aborted = 1;
+    if (r->ucs_req != NULL) {
+        ucp_request_cancel(be->worker, r->ucs_req);
+    }
+    /* A request already done keeps its result: its data has landed. */
+    return PDX_OK;
+}
+
+void ucx_xfer_release(void *bev, void *reqv)
+{
+    ucx_be_t *be = bev;
+    ucx_req_t *r = reqv;
+    if (be == NULL || r == NULL) {
+        return;
+    }
+    r->aborted = 1;
+    if (r->ucs_req != NULL) {
+        /* A no-op for RMA and AM sends in UCX 1.13, but the documented way
+         * to ask. Never waits: the agent released an in-flight READ only
+         * after xfer_check said it ended, or because the peer failed. */
+        ucp_request_cancel(be->worker, r->ucs_req);
+    }
+    ucx_list_del(&r->link);
+    if (r->ucs_req == NULL) {
+        free(r);
+        return;
+    }
+    /* Detach: the pending callback frees it. Its peer's endpoint still
+     * carries what it moved: a close forces it (see disconnect). */
+    if (r->peer != NULL) {
+        r->peer->abandoned = 1;
+    }
+    r->released = 1;
+    r->peer = NULL;
+    ucx_list_push(&be->orphan_reqs, &r->link);
+}
