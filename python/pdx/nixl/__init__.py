@@ -56,14 +56,28 @@ Where pdx behaves differently from NIXL:
   plus the regions it names; transfers may use only named regions
   (nixlNotFoundError otherwise), as NIXL.
   With NIXL_ETCD_ENDPOINTS (and NIXL_ETCD_NAMESPACE, default
-  /nixl/agents) the agent uses pdx's etcd store: send_local_metadata()
-  publishes, fetch_remote_metadata(name) fetches by name; pdx's own key
-  layout under that namespace, not NIXL's; invalidate without an address
-  is not supported (the key goes with the agent's lease at close()).
+  /nixl/agents) metadata goes through pdx's etcd store module under
+  NIXL's keys, <namespace>/<agent>/<label> ("metadata" for the full
+  metadata; pdx blobs, so pdx and NIXL agents do not read each other's):
+  send_local_metadata() and send_partial_agent_metadata(label=...)
+  publish, fetch_remote_metadata(name, label=...) waits up to 5 s for the
+  key and loads it, invalidate_local_metadata() removes every key the
+  agent sent (peers that loaded it keep it). The pdx agent also publishes
+  its own key (agents/<name>) for liveness: a peer sees it die with its
+  lease.
 * Loopback (the agent's own name as the remote side) goes through a shadow
   pdx.Agent "<name>.loopback" that registers the same regions (made at
   the first loopback use); its notifications come back under the agent's
-  own name. estimate_xfer_cost and prep_mem_view are not supported.
+  own name. prep_mem_view is not supported.
+* estimate_xfer_cost returns (duration us, margin us,
+  "ANALYTICAL_BACKEND") from pdx's model: the request's measured time
+  once it ran with telemetry captured, else its bytes over a nominal
+  bandwidth of the path pdx chose plus per-request and per-segment costs.
+
+The modules: _common (constants, errors, configs, handles), _descs
+(descriptor lists and their byte format), _binding (nixl._bindings'
+nixlAgent), _exchange (metadata: peers, partial metadata, listener, etcd
+mode), _etcd (the store module's keys), _agent (nixl_agent).
 
 docs/NIXL.md has the table of NIXL calls and their status per stack.
 """

@@ -522,7 +522,19 @@ class nixl_agent(_MetadataExchange):
                 self._renotify(handle, m)
         if isinstance(handle, nixl_xfer_handle):
             handle._posted = True
-        return "DONE" if handle.post() else "PROC"
+        if handle.post():
+            self._done_notif(handle)
+            return "DONE"
+        return "PROC"
+
+    def _done_notif(self, handle):
+        # Without a progress thread, the notification of a finished
+        # request may still need this agent progressed (_BindingAgent.
+        # _linger).
+        if self._notif_of.get(handle):
+            linger = getattr(self.agent, "_linger", None)
+            if linger is not None:
+                linger()
 
     def _renotify(self, handle, msg):
         """Remakes a request that is not in flight with notification
@@ -540,7 +552,10 @@ class nixl_agent(_MetadataExchange):
     def check_xfer_state(self, handle):
         """"DONE" or "PROC"; a failed request raises its NIXL error class
         (as NIXL's getXferStatus does)."""
-        return "DONE" if handle.check() else "PROC"
+        if handle.check():
+            self._done_notif(handle)
+            return "DONE"
+        return "PROC"
 
     def get_xfer_telemetry(self, handle):
         if not self._telemetry:

@@ -2,6 +2,8 @@
 nixlAgentConfig) on a pdx.Agent."""
 
 import sys
+import threading
+import time
 
 import pdx as _pdx
 from ._common import (  # noqa: F401
@@ -43,6 +45,14 @@ NIXL_IN_PROG, NIXL_SUCCESS = 1, 0
  NIXL_ERR_NO_TELEMETRY) = range(-1, -13, -1)
 
 
+# How long an agent without a progress thread is progressed in the
+# background after a request with a notification finished (_linger), and
+# how often.
+_LINGER_S = 1.0
+_LINGER_POLL = 0.001
+_LINGER_STEPS = 20000
+
+
 class _BindingAgent(_pdx.Agent):
     """nixl._bindings.nixlAgent: a pdx.Agent (what nixl_agent drives) that
     also has NIXL's low-level binding methods, as NIXL's own tests and
@@ -58,10 +68,49 @@ class _BindingAgent(_pdx.Agent):
     def __init__(self, *args, telemetry_on=False, **kw):
         super().__init__(*args, **kw)
         self._b_telemetry = telemetry_on
+        self._b_prog = bool(kw.get("progress_thread", True))
+        self._linger_lock = threading.Lock()
+        self._linger_until = 0.0
+        self._linger_thread = None
         self._b_regs = {}   # (mem_type, addr, len, dev) -> pdx.MemReg
         self._b_xfers = {}  # handle -> [pdx.Xfer, create args]
         self._b_next = 1
         self._b_backends = {}
+
+    def _linger(self):
+        """A request with a notification finished on an agent without a
+        progress thread: pdx counts it done once its data moved, while the
+        notification (and the UCX wire-up it may wait for) still needs
+        this agent progressed. NIXL's callers often stop progressing the
+        initiator then (NIXL's own test_agent waits on the target's
+        getNotifs only), so the agent is progressed in the background for
+        _LINGER_S after the last such completion."""
+        if self._b_prog:
+            return
+        with self._linger_lock:
+            self._linger_until = time.monotonic() + _LINGER_S
+            if self._linger_thread is not None:
+                return
+            t = threading.Thread(target=self._linger_run, daemon=True,
+                                 name="nixl-linger")
+            self._linger_thread = t
+        t.start()
+
+    def _linger_run(self):
+        # Bounded twice: by the deadline (moved by each completion) and by
+        # a count of steps.
+        try:
+            for _ in range(_LINGER_STEPS):
+                with self._linger_lock:
+                    if time.monotonic() >= self._linger_until:
+                        return
+                self.progress()
+                time.sleep(_LINGER_POLL)
+        except _pdx.Error:
+            pass  # closed meanwhile
+        finally:
+            with self._linger_lock:
+                self._linger_thread = None
 
     def _b_handle(self, reqh):
         x = self._b_xfers.get(int(reqh))
@@ -159,11 +208,19 @@ class _BindingAgent(_pdx.Agent):
                 new = self._b_make(ent[1], m)
                 ent[0].release()
                 ent[0], ent[2] = new, m
-        return NIXL_SUCCESS if ent[0].post() else NIXL_IN_PROG
+        if ent[0].post():
+            if ent[2]:
+                self._linger()
+            return NIXL_SUCCESS
+        return NIXL_IN_PROG
 
     def getXferStatus(self, reqh):
-        return NIXL_SUCCESS if self._b_handle(reqh)[0].check() \
-            else NIXL_IN_PROG
+        ent = self._b_handle(reqh)
+        if ent[0].check():
+            if ent[2]:
+                self._linger()
+            return NIXL_SUCCESS
+        return NIXL_IN_PROG
 
     def getXferTelemetry(self, reqh):
         x = self._b_handle(reqh)[0]
