@@ -720,6 +720,45 @@ def test_estimate_xfer_cost():
         y.close()
 
 
+def test_posix_query_plugin(tmp_path):
+    """The "POSIX" plugin answers file queries as NIXL's (queryMem,
+    query_memory on FILE descriptors: size, mode, mtime, None for a file
+    that is not there) and moves nothing (registerMem of FILE refused)."""
+    from nixl._api import nixl_agent, nixl_agent_config
+    from nixl import _bindings as b
+    f = tmp_path / "q.bin"
+    f.write_bytes(b"x" * 23)
+    missing = str(tmp_path / "none")
+    a = nixl_agent("pq-a", nixl_agent_config(backends=[]))
+    try:
+        assert "POSIX" in a.get_plugin_list()
+        assert a.get_plugin_mem_types("POSIX") == ["FILE"]
+        a.create_backend("POSIX", a.get_plugin_params("POSIX"))
+        got = a.query_memory([(0, 0, 0, str(f)), (0, 0, 0, missing)],
+                             "POSIX", mem_type="FILE")
+        assert got[0]["size"] == "23" and int(got[0]["mode"]) == \
+            os.stat(f).st_mode and "mtime" in got[0]
+        assert got[1] is None
+    finally:
+        a.close()
+    conf = b.nixlAgentConfig()
+    conf.useProgThread = False
+    ag = b.nixlAgent("pq-b", conf)
+    try:
+        params, mems = ag.getPluginParams("POSIX")
+        h = ag.createBackend("POSIX", params)
+        descs = b.nixlRegDList(b.FILE_SEG)
+        assert ag.queryMem(descs, h) == [] and descs.getType() == b.FILE_SEG
+        descs.addDesc((0, 0, 0, missing))
+        descs.addDesc((0, 0, 0, str(f)))
+        got = ag.queryMem(descs, h)
+        assert got[0] is None and got[1]["size"] == "23"
+        with pytest.raises(b.nixlNotSupportedError, match="FILE"):
+            ag.registerMem(descs, [h])
+    finally:
+        ag.close()
+
+
 def test_torch_tensors_as_nixl():
     """Tensors as NIXL takes them: one region per contiguous tensor (its
     data_ptr, numel * element_size), a list of tensors as rows, and None

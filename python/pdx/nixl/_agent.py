@@ -6,6 +6,8 @@ import threading
 
 import pdx as _pdx
 from ._common import (  # noqa: F401
+    _QUERY_PLUGINS,
+    _query_file,
     DEFAULT_COMM_PORT,
     NIXL_INIT_AGENT,
     _HAVE_TELEMETRY,
@@ -99,7 +101,7 @@ class nixl_agent(_MetadataExchange):
         self.backends = {}
         self.backend_mems = {}
         self.backend_options = {}
-        self.plugin_list = list(_PLUGIN_PARAMS)
+        self.plugin_list = list(_PLUGIN_PARAMS) + list(_QUERY_PLUGINS)
         self.nixl_mems = dict(_MEMS)
         self.nixl_ops = {"WRITE": "WRITE", "READ": "READ"}
         # (mem_type, addr, len, dev) -> [MemReg, refcount]
@@ -164,9 +166,13 @@ class nixl_agent(_MetadataExchange):
         return list(self.plugin_list)
 
     def get_plugin_mem_types(self, backend):
+        if backend.upper() in _QUERY_PLUGINS:
+            return list(_QUERY_PLUGINS[backend.upper()][1])
         return ["DRAM", "VRAM"] if backend.upper() in _PLUGIN_PARAMS else []
 
     def get_plugin_params(self, backend):
+        if backend.upper() in _QUERY_PLUGINS:
+            return dict(_QUERY_PLUGINS[backend.upper()][0])
         return dict(_PLUGIN_PARAMS.get(backend.upper(), {}))
 
     def get_backend_mem_types(self, backend):
@@ -185,6 +191,14 @@ class nixl_agent(_MetadataExchange):
             raise TypeError("create_backend: a backend name, not %s"
                             % type(backend).__name__)
         params = {str(k): str(v) for k, v in dict(initParams or {}).items()}
+        if backend.upper() in _QUERY_PLUGINS:
+            # Queries only (query_memory): nothing to make in pdx.
+            merged = self.get_plugin_params(backend)
+            merged.update(params)
+            self.backends[backend] = backend
+            self.backend_mems[backend] = self.get_plugin_mem_types(backend)
+            self.backend_options[backend] = merged
+            return backend
         mods = _backend_modules([backend])
         if not mods:
             raise nixlNotFoundError("create_backend %s: no such plugin in "
@@ -386,9 +400,17 @@ class nixl_agent(_MetadataExchange):
             self._drop_reg((dereg_list.mem_type, addr, length, dev))
 
     def query_memory(self, reg_list, backend, mem_type=None):
+        """pdx's backends: the registration of each region (None when not
+        registered). A query plugin ("POSIX") on FILE descriptors: each
+        file's size, mode and mtime, None where it cannot be stat'ed (the
+        path is the descriptor's metadata field), as NIXL's."""
         if backend not in self.backends:
             raise ValueError("Backend '%s' not found. Available backends: %s"
                              % (backend, list(self.backends)))
+        if backend.upper() in _QUERY_PLUGINS:
+            regs = reg_list.regions if isinstance(reg_list, nixl_reg_dlist) \
+                else list(reg_list)
+            return [_query_file(r[3]) if len(r) == 4 else None for r in regs]
         descs = self.get_reg_descs(reg_list, mem_type)
         out = []
         for (addr, length, dev, _) in descs.regions:

@@ -7,6 +7,9 @@ import time
 
 import pdx as _pdx
 from ._common import (  # noqa: F401
+    _QUERY_PLUGINS,
+    _query_file,
+    nixlNotSupportedError,
     DEFAULT_COMM_PORT,
     NIXL_READ,
     NIXL_WRITE,
@@ -121,9 +124,12 @@ class _BindingAgent(_pdx.Agent):
         return x
 
     def getAvailPlugins(self):
-        return list(_PLUGIN_PARAMS)
+        return list(_PLUGIN_PARAMS) + list(_QUERY_PLUGINS)
 
     def getPluginParams(self, backend):
+        if backend.upper() in _QUERY_PLUGINS:
+            params, mems = _QUERY_PLUGINS[backend.upper()]
+            return dict(params), list(mems)
         if backend.upper() not in _PLUGIN_PARAMS:
             raise nixlNotFoundError("getPluginParams: no plugin %s in pdx"
                                     % backend)
@@ -131,18 +137,33 @@ class _BindingAgent(_pdx.Agent):
 
     def createBackend(self, backend, initParams=None):
         if not isinstance(backend, str) or \
-                backend.upper() not in _PLUGIN_PARAMS:
+                backend.upper() not in _PLUGIN_PARAMS and \
+                backend.upper() not in _QUERY_PLUGINS:
             raise nixlNotFoundError("createBackend %r: no such plugin in pdx "
                                     "(plugins: %s)" % (backend, ", ".join(
                                         _PLUGIN_PARAMS)))
         return self._b_backends.setdefault(backend.upper(),
                                            len(self._b_backends) + 1)
 
+    def queryMem(self, descs, backend):
+        """NIXL's queryMem: for a query plugin's handle ("POSIX"), each
+        FILE descriptor's file info (size, mode, mtime) or None; for the
+        pdx backends, {} for a registered region, None otherwise."""
+        posix = self._b_backends.get("POSIX")
+        if posix is not None and int(backend) == posix:
+            return [_query_file(meta) for _a, _n, _d, meta in descs.regions]
+        return [{} if (descs.mem_type, a, n, d) in self._b_regs else None
+                for a, n, d, _m in descs.regions]
+
     def registerMem(self, descs, backends=()):
         done = []
         try:
             for addr, length, dev, _meta in descs.regions:
                 key = (descs.mem_type, addr, length, dev)
+                if descs.mem_type not in ("DRAM", "VRAM"):
+                    raise nixlNotSupportedError(
+                        "registerMem: %s memory: pdx registers DRAM and "
+                        "VRAM only" % descs.mem_type)
                 if key in self._b_regs:
                     raise nixlInvalidParamError(
                         "registerMem: 0x%x+%d is already registered"

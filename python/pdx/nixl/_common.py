@@ -84,6 +84,24 @@ _PLUGIN_PARAMS = {
 }
 _PDX_UCX_OPTS = ("tls", "max_chunk")
 
+# Plugins pdx answers queries for but moves no data with (no registration,
+# no transfers): "POSIX" stats files, as NIXL's POSIX plugin answers
+# queryMem / query_memory on FILE descriptors (path in the metadata
+# field). Parameters and mem types as getPluginParams gives them.
+_QUERY_PLUGINS = {"POSIX": ({}, ["FILE"])}
+
+
+def _query_file(path):
+    """NIXL's answer for one FILE descriptor: None when the file cannot
+    be stat'ed, else its size, mode and mtime (as strings, as NIXL's
+    backend parameters)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError, TypeError):
+        return None
+    return {"size": str(st.st_size), "mode": str(st.st_mode),
+            "mtime": str(int(st.st_mtime))}
+
 
 def _name(n):
     """An agent name as str: NIXL takes str or bytes (add_remote_agent

@@ -207,7 +207,7 @@ nixlRegDList = nixl_reg_dlist
 nixlRemoteDList = nixl_remote_dlist
 
 _MEMS = {"DRAM": "DRAM", "VRAM": "VRAM", "cpu": "DRAM", "cuda": "VRAM"}
-_SEG_OF = {"DRAM": DRAM_SEG, "VRAM": VRAM_SEG}
+_SEG_OF = {v: k for k, v in _SEG_NAME.items()}
 
 
 def serialize_descs(descs):
