@@ -731,7 +731,7 @@ def test_posix_query_plugin(tmp_path):
     missing = str(tmp_path / "none")
     a = nixl_agent("pq-a", nixl_agent_config(backends=[]))
     try:
-        assert "POSIX" in a.get_plugin_list()
+        assert "POSIX" not in a.get_plugin_list()  # it moves no data
         assert a.get_plugin_mem_types("POSIX") == ["FILE"]
         a.create_backend("POSIX", a.get_plugin_params("POSIX"))
         got = a.query_memory([(0, 0, 0, str(f)), (0, 0, 0, missing)],

@@ -101,7 +101,9 @@ class nixl_agent(_MetadataExchange):
         self.backends = {}
         self.backend_mems = {}
         self.backend_options = {}
-        self.plugin_list = list(_PLUGIN_PARAMS) + list(_QUERY_PLUGINS)
+        # Query plugins (POSIX) are not listed: a stack looking for POSIX
+        # here to move file data falls back (pdx moves none).
+        self.plugin_list = list(_PLUGIN_PARAMS)
         self.nixl_mems = dict(_MEMS)
         self.nixl_ops = {"WRITE": "WRITE", "READ": "READ"}
         # (mem_type, addr, len, dev) -> [MemReg, refcount]
