@@ -13,6 +13,7 @@ other's keys."""
 
 import ctypes as _ct
 import os
+import threading
 import time
 
 PDX_OK = 0
@@ -122,7 +123,9 @@ def _no_watch(ctx, watch_id, ev):
 class Store:
     """One client of pdx's store module: put (under its own lease), get
     and delete of keys relative to `namespace`. Every call blocks at most
-    `timeout` seconds; an unreachable store raises OSError."""
+    `timeout` seconds; an unreachable store raises OSError. Thread-safe:
+    calls are serialised, and close() waits for the one in progress (the
+    module's instance is never used after it is destroyed)."""
 
     def __init__(self, endpoints, namespace, kind="etcd", lease_ttl=10.0,
                  timeout=2.0, name="pdx.nixl"):
@@ -141,6 +144,7 @@ class Store:
                          namespace.rstrip("/").encode() or b"/",
                          int(lease_ttl * 1000), int(timeout * 1000),
                          0, 0, 0, None, 0)
+        self._lock = threading.Lock()
         st = _ct.c_void_p()
         rc = self._ops.create(_ct.byref(self._host), _ct.byref(params),
                               _ct.byref(st))
@@ -159,13 +163,18 @@ class Store:
         end = time.monotonic() + self._timeout
         s = _Status()
         for _ in range(int(self._timeout / 0.005) + 2):
-            self._ops.status(self._live(), _ct.byref(s))
+            with self._lock:
+                self._ops.status(self._live(), _ct.byref(s))
             if done(s):
                 return True
             if time.monotonic() >= end:
                 return False
             time.sleep(0.005)
         return False
+
+    @property
+    def closed(self):
+        return self._st is None
 
     def _live(self):
         if self._st is None:
@@ -176,8 +185,9 @@ class Store:
         """True once stored; False while the store is unreachable and the
         leased key waits to be put when it is back."""
         value = bytes(value)
-        rc = self._ops.put(self._live(), key.encode(), value, len(value),
-                           PUT_LEASED if leased else 0)
+        with self._lock:
+            rc = self._ops.put(self._live(), key.encode(), value, len(value),
+                               PUT_LEASED if leased else 0)
         if rc not in (PDX_OK, PDX_INPROGRESS):
             raise OSError("store put %s: status %d" % (key, rc))
         if rc == PDX_INPROGRESS:  # published with the lease: wait a while
@@ -187,8 +197,9 @@ class Store:
     def get(self, key):
         """The value (bytes), or None when the key is absent."""
         v, n, rev = _ct.c_void_p(), _ct.c_size_t(), _ct.c_int64()
-        rc = self._ops.get(self._live(), key.encode(), _ct.byref(v),
-                           _ct.byref(n), _ct.byref(rev))
+        with self._lock:
+            rc = self._ops.get(self._live(), key.encode(), _ct.byref(v),
+                               _ct.byref(n), _ct.byref(rev))
         if rc == PDX_ERR_NOT_FOUND:
             return None
         if rc != PDX_OK:
@@ -199,12 +210,14 @@ class Store:
             _libc.free(v)
 
     def delete(self, key):
-        rc = self._ops.del_(self._live(), key.encode())
+        with self._lock:
+            rc = self._ops.del_(self._live(), key.encode())
         if rc != PDX_OK:
             raise OSError("store delete %s: status %d" % (key, rc))
 
     def close(self):
         """Revokes the lease (the leased keys go at once)."""
-        st, self._st = self._st, None
-        if st is not None:
-            self._ops.destroy(st)
+        with self._lock:
+            st, self._st = self._st, None
+            if st is not None:
+                self._ops.destroy(st)

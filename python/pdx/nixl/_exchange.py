@@ -407,6 +407,8 @@ class _MetadataExchange:
             try:
                 md = st.get(key)
             except OSError as e:  # unreachable: try again until the end
+                if st.closed:
+                    raise
                 _log.debug("agent %s: %s", self.name, e)
                 md = None
             if md:
