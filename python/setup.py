@@ -122,7 +122,7 @@ ext = Extension(
 )
 
 setup(
-    packages=["pdx", "pdx._nixl_shim.nixl", "pdx._nixl_shim.nixl_cu12",
+    packages=["pdx", "pdx.nixl", "pdx._nixl_shim.nixl", "pdx._nixl_shim.nixl_cu12",
               "pdx._nixl_shim.nixl_cu13"],
     ext_modules=[ext],
     cmdclass={"build_ext": BuildWithLib},

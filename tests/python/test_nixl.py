@@ -260,9 +260,10 @@ def test_binding_agent(prog_thread, monkeypatch):
         if st != b.NIXL_SUCCESS:
             st = src_agent.getXferStatus(h)
         got = dst_agent.getNotifs(got)
-        # Without a progress thread the caller drives both agents: the
-        # notification of a cma WRITE goes out over UCX after the data.
-        assert src_agent.getNotifs({}) == {}
+        # As NIXL's test_agent: the initiator is not driven once its
+        # status reads SUCCESS. Without a progress thread its notification
+        # (after a cma WRITE, over UCX, maybe waiting for wire-up) still
+        # goes out: the agent is progressed in the background a while.
     assert st == b.NIXL_SUCCESS and got == {"bind-src": [b"n\0te"]}
     assert dst[lo:lo + n] == src[lo:lo + n]
     assert dst[:lo] == bytes(lo) and dst[lo + n:] == bytes(512 - lo - n)

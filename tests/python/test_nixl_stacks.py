@@ -562,40 +562,201 @@ def test_partial_metadata_over_listener(monkeypatch):
         target.close()
 
 
+def _wait_md(agent, name, descs=None, timeout=20.0):
+    end = time.monotonic() + timeout
+    while not agent.check_remote_metadata(name, descs) and \
+            time.monotonic() < end:
+        time.sleep(0.01)
+    return agent.check_remote_metadata(name, descs)
+
+
 def test_etcd_mode(monkeypatch, etcd):  # noqa: F811
     """NIXL's etcd mode on pdx's etcd store (a private etcd): with
-    NIXL_ETCD_ENDPOINTS set, send_local_metadata() publishes and
-    fetch_remote_metadata(name) finds the agent by name; READ byte-exact;
-    invalidate without an address is refused with the reason."""
+    NIXL_ETCD_ENDPOINTS set, send_local_metadata() publishes under NIXL's
+    key <namespace>/<name>/metadata and fetch_remote_metadata(name) finds
+    the agent by name; READ byte-exact; invalidate_local_metadata()
+    removes the key and the next send_local_metadata() puts it back."""
     from nixl._api import nixl_agent, nixl_agent_config
-    from nixl._bindings import nixlNotSupportedError
+    from pdx.nixl import _etcd
+    ns = "/nixl-test-%d" % os.getpid()
     monkeypatch.setenv("NIXL_ETCD_ENDPOINTS", etcd)
-    monkeypatch.setenv("NIXL_ETCD_NAMESPACE", "/nixl-test-%d" % os.getpid())
+    monkeypatch.setenv("NIXL_ETCD_NAMESPACE", ns)
     target = nixl_agent("et-target", nixl_agent_config(backends=["UCX"]))
     init = nixl_agent("et-init", nixl_agent_config(backends=["UCX"]))
+    late = nixl_agent("et-late", nixl_agent_config(backends=["UCX"]))
+    view = _etcd.Store([etcd], ns, timeout=2.0)
     try:
         src = pdx.mem_alloc(8192)
         np.frombuffer(src, np.uint8)[:] = np.arange(8192) % 251
         target.register_memory([(src.addr, 8192, 0, "")], "DRAM")
         target.send_local_metadata()
+        assert view.get("et-target/metadata") == \
+            target.get_agent_metadata()
         dst = np.zeros(8192, np.uint8)
         init.register_memory(dst)
         init.fetch_remote_metadata("et-target")
-        end = time.monotonic() + 20
-        while not init.check_remote_metadata("et-target") and \
-                time.monotonic() < end:
-            time.sleep(0.01)
-        assert init.check_remote_metadata("et-target")
+        assert _wait_md(init, "et-target")
         _read(init, "et-target", init.get_xfer_descs(dst),
               init.get_xfer_descs([(src.addr, 8192, 0)], "DRAM"))
         assert dst.tobytes() == (np.arange(8192) % 251).astype(
             np.uint8).tobytes()
-        with pytest.raises(nixlNotSupportedError, match="lease"):
-            target.invalidate_local_metadata()
+        target.invalidate_local_metadata()
+        assert view.get("et-target/metadata") is None
+        target.invalidate_local_metadata()  # nothing left: a no-op
+        target.send_local_metadata()
+        assert view.get("et-target/metadata") is not None
+        late.fetch_remote_metadata("et-target")
+        assert _wait_md(late, "et-target")
         init.remove_remote_agent("et-target")
     finally:
+        view.close()
+        late.close()
         init.close()
         target.close()
+    # The agent's keys go with its store client's lease at close().
+    view = _etcd.Store([etcd], ns, timeout=2.0)
+    try:
+        assert view.get("et-target/metadata") is None
+    finally:
+        view.close()
+
+
+def test_etcd_partial_metadata(monkeypatch, etcd):  # noqa: F811
+    """Partial metadata over etcd as NIXL's partial_md_example --etcd:
+    sent under a label (required), fetched by label, the receiver allows
+    only the named regions (nixlNotFoundError, check_remote_metadata
+    False for the others) until a second label names more; invalidate
+    removes every label."""
+    from nixl._api import nixl_agent, nixl_agent_config
+    from nixl._bindings import nixlInvalidParamError, nixlNotFoundError
+    from pdx.nixl import _etcd
+    ns = "/nixl-ptest-%d" % os.getpid()
+    monkeypatch.setenv("NIXL_ETCD_ENDPOINTS", etcd)
+    monkeypatch.setenv("NIXL_ETCD_NAMESPACE", ns)
+    target = nixl_agent("ep-target", nixl_agent_config(backends=["UCX"]))
+    init = nixl_agent("ep-init", nixl_agent_config(backends=["UCX"]))
+    view = _etcd.Store([etcd], ns, timeout=2.0)
+    try:
+        bufs = [pdx.mem_alloc(4096) for _ in range(4)]
+        for i, b in enumerate(bufs):
+            np.frombuffer(b, np.uint8)[:] = (np.arange(4096) + i) % 253
+        rows1 = [(b.addr, 4096, 0, "") for b in bufs[:2]]
+        rows2 = [(b.addr, 4096, 0, "") for b in bufs[2:]]
+        reg1 = target.get_reg_descs(rows1, "DRAM")
+        reg2 = target.get_reg_descs(rows2, "DRAM")
+        target.register_memory(reg1)
+        target.register_memory(reg2)
+        x1, x2 = reg1.trim(), reg2.trim()
+        with pytest.raises(nixlInvalidParamError, match="label"):
+            target.send_partial_agent_metadata(reg1, True, ["UCX"])
+        target.send_partial_agent_metadata(reg1, True, ["UCX"],
+                                           label="label_1")
+        init.fetch_remote_metadata("ep-target", label="label_1")
+        assert _wait_md(init, "ep-target", x1)
+        assert not init.check_remote_metadata("ep-target", x2)
+        dst = np.zeros(8192, np.uint8)
+        init.register_memory(dst)
+        a = dst.ctypes.data
+        local = init.get_xfer_descs([(a, 4096, 0), (a + 4096, 4096, 0)],
+                                    "DRAM")
+        _read(init, "ep-target", local, x1)
+        with pytest.raises(nixlNotFoundError):
+            init.initialize_xfer("READ", local, x2, "ep-target", b"")
+        target.send_partial_agent_metadata(reg2, True, ["UCX"],
+                                           label="label_2")
+        init.fetch_remote_metadata("ep-target", label="label_2")
+        assert _wait_md(init, "ep-target", x2)
+        _read(init, "ep-target", local, x2)
+        want = b"".join(bytes(b) for b in bufs[2:])
+        assert dst.tobytes() == want
+        assert view.get("ep-target/label_1") is not None
+        target.invalidate_local_metadata()
+        assert view.get("ep-target/label_1") is None
+        assert view.get("ep-target/label_2") is None
+    finally:
+        view.close()
+        init.close()
+        target.close()
+
+
+def test_estimate_xfer_cost():
+    """estimate_xfer_cost answers NIXL's shape: (duration us, error
+    margin us, "ANALYTICAL_BACKEND"); the nominal model grows with the
+    bytes; with telemetry captured, a request that ran is estimated by
+    its measured time."""
+    from nixl._api import nixl_agent, nixl_agent_config
+    x = nixl_agent("ec-a", nixl_agent_config(backends=["UCX"],
+                                             capture_telemetry=True))
+    y = nixl_agent("ec-b", nixl_agent_config(backends=["UCX"]))
+    try:
+        src = np.arange(1 << 20, dtype=np.uint8)
+        dst = np.zeros(1 << 20, np.uint8)
+        y.register_memory(src)
+        x.register_memory(dst)
+        name = x.add_remote_agent(y.get_agent_metadata())
+        remote = y.get_xfer_descs(src)
+        small = x.initialize_xfer("READ", x.get_xfer_descs(dst[:4096]),
+                                  y.get_xfer_descs(src[:4096]), name, b"")
+        big = x.initialize_xfer("READ", x.get_xfer_descs(dst), remote,
+                                name, b"")
+        d_small, m_small, how = x.estimate_xfer_cost(small)
+        d_big, m_big, how_big = x.estimate_xfer_cost(big)
+        assert how == how_big == "ANALYTICAL_BACKEND"
+        assert all(isinstance(v, int) and v > 0
+                   for v in (d_small, m_small, d_big, m_big))
+        assert d_big > d_small and m_big >= m_small
+        x.transfer(big)
+        assert wait_done(x, big) == "DONE"
+        measured = x.get_xfer_telemetry(big).xferDuration
+        d, m, how = x.estimate_xfer_cost(big)
+        assert how == "ANALYTICAL_BACKEND" and d == max(1, measured)
+        assert 1 <= m <= max(1, d)
+        x.release_xfer_handle(small)
+        x.release_xfer_handle(big)
+        with pytest.raises(pdx.Closed):
+            x.estimate_xfer_cost(big)
+    finally:
+        x.close()
+        y.close()
+
+
+def test_posix_query_plugin(tmp_path):
+    """The "POSIX" plugin answers file queries as NIXL's (queryMem,
+    query_memory on FILE descriptors: size, mode, mtime, None for a file
+    that is not there) and moves nothing (registerMem of FILE refused)."""
+    from nixl._api import nixl_agent, nixl_agent_config
+    from nixl import _bindings as b
+    f = tmp_path / "q.bin"
+    f.write_bytes(b"x" * 23)
+    missing = str(tmp_path / "none")
+    a = nixl_agent("pq-a", nixl_agent_config(backends=[]))
+    try:
+        assert "POSIX" not in a.get_plugin_list()  # it moves no data
+        assert a.get_plugin_mem_types("POSIX") == ["FILE"]
+        a.create_backend("POSIX", a.get_plugin_params("POSIX"))
+        got = a.query_memory([(0, 0, 0, str(f)), (0, 0, 0, missing)],
+                             "POSIX", mem_type="FILE")
+        assert got[0]["size"] == "23" and int(got[0]["mode"]) == \
+            os.stat(f).st_mode and "mtime" in got[0]
+        assert got[1] is None
+    finally:
+        a.close()
+    conf = b.nixlAgentConfig()
+    conf.useProgThread = False
+    ag = b.nixlAgent("pq-b", conf)
+    try:
+        params, mems = ag.getPluginParams("POSIX")
+        h = ag.createBackend("POSIX", params)
+        descs = b.nixlRegDList(b.FILE_SEG)
+        assert ag.queryMem(descs, h) == [] and descs.getType() == b.FILE_SEG
+        descs.addDesc((0, 0, 0, missing))
+        descs.addDesc((0, 0, 0, str(f)))
+        got = ag.queryMem(descs, h)
+        assert got[0] is None and got[1]["size"] == "23"
+        with pytest.raises(b.nixlNotSupportedError, match="FILE"):
+            ag.registerMem(descs, [h])
+    finally:
+        ag.close()
 
 
 def test_torch_tensors_as_nixl():

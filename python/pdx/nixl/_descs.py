@@ -1,0 +1,330 @@
+"""pdx.nixl: descriptor lists (nixl_xfer_dlist, nixl_reg_dlist,
+nixl_remote_dlist), their checked byte format, and what a region argument
+can be (tensor, buffer, N x 3 array)."""
+
+import struct
+
+import numpy as np
+
+import pdx as _pdx
+from ._common import (  # noqa: F401
+    DRAM_SEG,
+    VRAM_SEG,
+    _SEG_NAME,
+    _name,
+)
+
+
+_SER_MAGIC = b"PDXNIXLD"
+_SER_VERSION = 1
+_SER_XFER, _SER_REG = 1, 2
+_SER_MT = {"DRAM": 0, "VRAM": 1}
+_SER_MT_NAME = {v: k for k, v in _SER_MT.items()}
+_SER_MAX_DESCS = 1 << 26
+_SER_HDR = struct.Struct("<8sHBBQ")
+
+
+def _rows_array(rows):
+    """An N x 3 C-contiguous uint64 array from tuples or an array."""
+    a = np.ascontiguousarray(np.asarray(rows, dtype=np.uint64))
+    if a.size == 0:
+        return np.zeros((0, 3), np.uint64)
+    if a.ndim != 2 or a.shape[1] != 3:
+        raise _pdx.InvalidArgument(
+            "descriptors: (addr, len, device) rows expected, got shape %r"
+            % (a.shape,))
+    return a
+
+
+class nixl_xfer_dlist:
+    """A transfer descriptor list (get_xfer_descs; NIXL's nixlXferDList):
+    rows (addr, len, device) of one memory type, held as an N x 3 uint64
+    array and handed to pdx as a pdx.DescList."""
+
+    __slots__ = ("mem_type", "_rows", "_dl", "__weakref__")
+
+    def __init__(self, mem_type, rows=()):
+        if isinstance(mem_type, int):
+            mem_type = _SEG_NAME.get(mem_type, mem_type)
+        self.mem_type = _MEMS.get(mem_type, mem_type)
+        self._rows = _rows_array(rows)
+        self._dl = None
+
+    def desclist(self):
+        """The pdx.DescList of these rows (made once)."""
+        if self._dl is None:
+            self._dl = _pdx.DescList(self._rows, self.mem_type)
+        return self._dl
+
+    def descCount(self):
+        return int(self._rows.shape[0])
+
+    def isEmpty(self):
+        return self._rows.shape[0] == 0
+
+    def getType(self):
+        """NIXL's segment constant (DRAM_SEG, VRAM_SEG)."""
+        return _SEG_OF[self.mem_type]
+
+    def addDesc(self, desc):
+        self._rows = np.vstack([self._rows, _rows_array([tuple(desc[:3])])])
+        self._dl = None
+
+    def remDesc(self, index):
+        self._rows = np.delete(self._rows, int(index), axis=0)
+        self._dl = None
+
+    def clear(self):
+        self._rows = np.zeros((0, 3), np.uint64)
+        self._dl = None
+
+    def print(self):
+        print(repr(self), list(self))
+
+    def __getstate__(self):
+        return {"mem_type": self.mem_type, "rows": self._rows}
+
+    def __setstate__(self, st):
+        self.mem_type = st["mem_type"]
+        self._rows = _rows_array(st["rows"])
+        self._dl = None
+
+    def __len__(self):
+        return int(self._rows.shape[0])
+
+    def __getitem__(self, i):
+        r = self._rows[i]
+        return (int(r[0]), int(r[1]), int(r[2]))
+
+    def __iter__(self):
+        for r in self._rows:
+            yield (int(r[0]), int(r[1]), int(r[2]))
+
+    def __eq__(self, other):
+        return (isinstance(other, nixl_xfer_dlist) and
+                self.mem_type == other.mem_type and
+                np.array_equal(self._rows, other._rows))
+
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        return "nixl_xfer_dlist(%s, %d descs)" % (self.mem_type, len(self))
+
+
+class nixl_reg_dlist:
+    """A registration descriptor list (get_reg_descs; NIXL's nixlRegDList):
+    regions as (addr, len, device, meta) plus the objects they came from
+    (None for regions given by address)."""
+
+    __slots__ = ("mem_type", "regions", "objects", "__weakref__")
+
+    def __init__(self, mem_type, regions=(), objects=None):
+        if isinstance(mem_type, int):
+            mem_type = _SEG_NAME.get(mem_type, mem_type)
+        self.mem_type = _MEMS.get(mem_type, mem_type)
+        self.regions = list(regions)
+        self.objects = list(objects) if objects is not None else \
+            [None] * len(self.regions)
+
+    def descCount(self):
+        return len(self.regions)
+
+    def isEmpty(self):
+        return not self.regions
+
+    def getType(self):
+        """NIXL's segment constant (DRAM_SEG, VRAM_SEG)."""
+        return _SEG_OF[self.mem_type]
+
+    def addDesc(self, desc):
+        a, n, d = (int(v) for v in desc[:3])
+        self.regions.append((a, n, d, desc[3] if len(desc) > 3 else ""))
+        self.objects.append(None)
+
+    def remDesc(self, index):
+        del self.regions[int(index)]
+        del self.objects[int(index)]
+
+    def clear(self):
+        self.regions = []
+        self.objects = []
+
+    def print(self):
+        print(repr(self), self.regions)
+
+    def __getstate__(self):
+        return {"mem_type": self.mem_type, "regions": list(self.regions)}
+
+    def __setstate__(self, st):
+        self.mem_type = st["mem_type"]
+        self.regions = list(st["regions"])
+        self.objects = [None] * len(self.regions)
+
+    def trim(self):
+        """The transfer list of these regions (meta dropped), as NIXL's
+        nixlRegDList.trim()."""
+        return nixl_xfer_dlist(self.mem_type,
+                               [tuple(r[:3]) for r in self.regions])
+
+    def __len__(self):
+        return len(self.regions)
+
+    def __getitem__(self, i):
+        return self.regions[i]
+
+    def __eq__(self, other):
+        return (isinstance(other, nixl_reg_dlist) and
+                self.mem_type == other.mem_type and
+                self.regions == other.regions)
+
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        return "nixl_reg_dlist(%s, %d regions)" % (self.mem_type,
+                                                   len(self.regions))
+
+
+class nixl_remote_dlist:
+    """get_remote_descs: rows (addr, len, device, agent) for prep_mem_view,
+    which needs UCX's GPU device API (not in pdx)."""
+
+    __slots__ = ("mem_type", "rows")
+
+    def __init__(self, mem_type, rows):
+        self.mem_type = _MEMS.get(mem_type, mem_type)
+        self.rows = [(int(a), int(n), int(d), _name(g)) for a, n, d, g in rows]
+
+    def descCount(self):
+        return len(self.rows)
+
+    def __len__(self):
+        return len(self.rows)
+
+
+# nixl._bindings names for the list classes.
+nixlXferDList = nixl_xfer_dlist
+nixlRegDList = nixl_reg_dlist
+nixlRemoteDList = nixl_remote_dlist
+
+_MEMS = {"DRAM": "DRAM", "VRAM": "VRAM", "cpu": "DRAM", "cuda": "VRAM"}
+_SEG_OF = {v: k for k, v in _SEG_NAME.items()}
+
+
+def serialize_descs(descs):
+    """Bytes for a nixl_xfer_dlist or nixl_reg_dlist (pdx's own format:
+    header, rows as little-endian uint64, metas; no pickle, so bytes from a
+    peer can be rebuilt safely with deserialize_descs)."""
+    if isinstance(descs, _pdx.DescList):
+        descs = nixl_xfer_dlist(descs.mem_type, [tuple(d) for d in descs])
+    if isinstance(descs, nixl_xfer_dlist):
+        rows = descs._rows.astype("<u8", copy=False)
+        return _SER_HDR.pack(_SER_MAGIC, _SER_VERSION, _SER_XFER,
+                             _SER_MT[descs.mem_type], len(descs)) + \
+            rows.tobytes()
+    if isinstance(descs, nixl_reg_dlist):
+        rows = np.array([r[:3] for r in descs.regions] or
+                        np.zeros((0, 3)), dtype="<u8")
+        metas = []
+        for r in descs.regions:
+            m = r[3] if len(r) > 3 else ""
+            m = m.encode() if isinstance(m, str) else bytes(m)
+            metas.append(struct.pack("<I", len(m)) + m)
+        return _SER_HDR.pack(_SER_MAGIC, _SER_VERSION, _SER_REG,
+                             _SER_MT[descs.mem_type], len(descs)) + \
+            rows.tobytes() + b"".join(metas)
+    raise TypeError("get_serialized_descs: a descriptor list from "
+                    "get_xfer_descs or get_reg_descs, not %s"
+                    % type(descs).__name__)
+
+
+def deserialize_descs(data):
+    """The list serialize_descs made; malformed bytes raise
+    nixlInvalidParamError naming what is wrong."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError("deserialize_descs: bytes, not %s"
+                        % type(data).__name__)
+    data = bytes(data)
+    bad = _pdx.InvalidArgument
+    if len(data) < _SER_HDR.size:
+        raise bad("deserialize_descs: %d bytes, shorter than the %d-byte "
+                  "header" % (len(data), _SER_HDR.size))
+    magic, ver, kind, mt, n = _SER_HDR.unpack_from(data)
+    if magic != _SER_MAGIC:
+        raise bad("deserialize_descs: not a pdx descriptor list (magic %r)"
+                  % magic)
+    if ver != _SER_VERSION:
+        raise bad("deserialize_descs: version %d, this pdx reads %d"
+                  % (ver, _SER_VERSION))
+    if mt not in _SER_MT_NAME:
+        raise bad("deserialize_descs: memory type %d unknown" % mt)
+    if kind not in (_SER_XFER, _SER_REG):
+        raise bad("deserialize_descs: list kind %d unknown" % kind)
+    if n > _SER_MAX_DESCS:
+        raise bad("deserialize_descs: %d descriptors, at most %d"
+                  % (n, _SER_MAX_DESCS))
+    off = _SER_HDR.size
+    end = off + 24 * n
+    if len(data) < end:
+        raise bad("deserialize_descs: %d descriptors need %d bytes, got %d"
+                  % (n, end, len(data)))
+    rows = np.frombuffer(data, "<u8", 3 * n, off).reshape(n, 3)
+    if kind == _SER_XFER:
+        if len(data) != end:
+            raise bad("deserialize_descs: %d bytes after the descriptors"
+                      % (len(data) - end))
+        return nixl_xfer_dlist(_SER_MT_NAME[mt], rows.astype(np.uint64))
+    regions = []
+    off = end
+    for i in range(n):
+        if len(data) < off + 4:
+            raise bad("deserialize_descs: region %d: meta length truncated"
+                      % i)
+        (ml,) = struct.unpack_from("<I", data, off)
+        off += 4
+        if len(data) < off + ml:
+            raise bad("deserialize_descs: region %d: meta of %d bytes "
+                      "truncated" % (i, ml))
+        meta = data[off:off + ml]
+        off += ml
+        try:
+            meta = meta.decode()
+        except UnicodeDecodeError:
+            pass
+        r = rows[i]
+        regions.append((int(r[0]), int(r[1]), int(r[2]), meta))
+    if off != len(data):
+        raise bad("deserialize_descs: %d bytes after the regions"
+                  % (len(data) - off))
+    return nixl_reg_dlist(_SER_MT_NAME[mt], regions)
+
+
+def _is_tensorlike(o):
+    return (hasattr(o, "data_ptr") and callable(o.data_ptr)) or \
+        hasattr(o, "__cuda_array_interface__")
+
+
+def _non_contiguous(o):
+    f = getattr(o, "is_contiguous", None)
+    if callable(f):
+        return not f()
+    if isinstance(o, np.ndarray):
+        return not (o.flags.c_contiguous or o.flags.f_contiguous)
+    return False
+
+
+def _is_buffer(o):
+    """One object that is one region: a tensor, an array that is not an
+    N x 3 descriptor table, or any buffer-protocol object."""
+    if _is_tensorlike(o):
+        return True
+    if isinstance(o, (tuple, list, nixl_reg_dlist, nixl_xfer_dlist)):
+        return False
+    try:
+        memoryview(o)
+        return True
+    except TypeError:
+        return False
+
+
+def _nx3(o):
+    return isinstance(o, np.ndarray) and o.ndim == 2 and o.shape[1] == 3
