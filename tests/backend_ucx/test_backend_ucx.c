@@ -676,6 +676,8 @@ static void test_bad_options(void **state)
         {{"bogus", "1"}},      {{"max_chunk", "0"}},  {{"max_chunk", "12q"}},
         {{"max_chunk", "-5"}}, {{"max_chunk", "4g"}}, {{"tls", ""}},
         {{"allocate", "y"}},   {{"tls", NULL}},
+        {{"keepalive_ms", "-1"}}, {{"keepalive_ms", "5s"}},
+        {{"keepalive_ms", "3600001"}}, {{"keepalive_ms", ""}},
     };
     fake_host_t h;
     fake_host_init(&h, "test-opts");
@@ -685,13 +687,20 @@ static void test_bad_options(void **state)
         assert_ptr_equal(be, (void *)0x1); /* untouched on failure */
     }
     /* Good ones work, and the instance says what it is. */
-    pdx_kv_t good[] = {{"tls", "tcp"}, {"max_chunk", "1m"}};
+    pdx_kv_t good[] = {{"tls", "tcp"}, {"max_chunk", "1m"},
+                       {"keepalive_ms", "2500"}};
     void *be = NULL;
-    assert_int_equal(ops->create(&h.host, good, 2, &be), PDX_OK);
+    assert_int_equal(ops->create(&h.host, good, 3, &be), PDX_OK);
     char line[512];
     ops->describe(be, line, sizeof(line));
     assert_non_null(strstr(line, "max_chunk=1048576"));
     assert_non_null(strstr(line, "tls=tcp"));
+    assert_non_null(strstr(line, "keepalive_ms=2500"));
+    ops->destroy(be);
+    /* The default: 5 s (idle cost, see ucx_create). */
+    assert_int_equal(ops->create(&h.host, good, 1, &be), PDX_OK);
+    ops->describe(be, line, sizeof(line));
+    assert_non_null(strstr(line, "keepalive_ms=5000"));
     ops->destroy(be);
 }
 

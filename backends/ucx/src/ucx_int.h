@@ -26,6 +26,7 @@
 #define UCX_AM_ID_NOTIF 0x5d
 /* A single tcp put of 32-64 MiB stalls with UCX 1.13; smaller pieces flow. */
 #define UCX_DEFAULT_MAX_CHUNK (8ull << 20)
+#define UCX_DEFAULT_KEEPALIVE_MS 5000ull /* see ucx_create */
 #define UCX_MIN_MAX_CHUNK 4096ull
 #define UCX_MAX_MAX_CHUNK (1ull << 30)
 /* Notifications are control messages; the cap keeps a hostile or buggy peer
@@ -177,6 +178,7 @@ struct ucx_be {
     ucp_worker_h worker;
     int efd;
     uint64_t max_chunk;
+    uint64_t keepalive_ms; /* UCX keepalive period; 0: UCX's own setting */
     uint64_t gets_done; /* completed get chunks: drain progress indicator */
     char tls[128];
     ucx_link_t peers;

@@ -105,7 +105,8 @@ typedef enum pdx_path_policy {
  * its requests with PDX_ERR_REMOTE_DISCONNECT at the next progress, within
  * about a millisecond, and its connections are force-closed); a peer
  * elsewhere through its backend's connection errors (UCX peer error
- * handling and keepalive, about 1 s). A hung peer (alive but not
+ * handling: a killed process's RST within ~0.1 s over TCP; over RDMA,
+ * UCX keepalive, 5 s by default: the ucx option keepalive_ms). A hung peer (alive but not
  * progressing) is caught by the request timeout; UCX then gives up on it
  * (marks it dead) after 1 more second without progress on the aborted
  * request, in the background.
