@@ -447,15 +447,14 @@ static PyObject *Xfer_telemetry(XferObject *x, PyObject *u)
     if (xfer_enter(x) < 0) {
         return NULL;
     }
-    if (pdxpy_require((const void *)pdxpy_opt.xfer_telemetry,
-                      "pdx_xfer_telemetry") < 0) {
+    if (pdxpy_require(PDXPY_HAS(xfer_telemetry), "pdx_xfer_telemetry") < 0) {
         xfer_leave(x);
         return NULL;
     }
     pdx_xfer_telemetry_t t;
     memset(&t, 0, sizeof(t));
     PDXPY_CALL_DECL(call, "telemetry");
-    PDXPY_CALL(&call, pdxpy_opt.xfer_telemetry(x->h, &t));
+    PDXPY_CALL(&call, pdx_plugin_v1.xfer_telemetry(x->h, &t));
     xfer_leave(x);
     if (call.st != PDX_OK) {
         return pdxpy_call_raise(&call);
