@@ -1266,21 +1266,6 @@ static void run(node_t *nd)
     }
 }
 
-/* Send what is queued before exiting, for at most `ms`. */
-static void flush_out(node_t *nd, int ms)
-{
-    double end = pd_now_ms() + ms;
-    while (pd_chan_pending(&nd->chan) && pd_now_ms() < end) {
-        struct pollfd pfd = {.fd = nd->chan.fd, .events = POLLOUT};
-        if (poll(&pfd, 1, 10) < 0 && errno != EINTR) {
-            return;
-        }
-        if (pd_chan_flush(&nd->chan) != 0) {
-            return;
-        }
-    }
-}
-
 static void usage(void)
 {
     fprintf(stderr,
@@ -1302,7 +1287,7 @@ static int hello_error(node_t *nd, const char *fmt, ...)
     cJSON *r = reply_head("hello", false);
     cJSON_AddStringToObject(r, "error", buf);
     send_msg(nd, r);
-    flush_out(nd, 2000);
+    pd_chan_drain(&nd->chan, pd_now_ms() + 2000);
     return 2;
 }
 
@@ -1470,7 +1455,7 @@ int main(int argc, char **argv)
         (double)size / (1u << 30), fp);
 
     run(nd);
-    flush_out(nd, 2000);
+    pd_chan_drain(&nd->chan, pd_now_ms() + 2000);
     int rc = nd->refused ? 3 : nd->chan.eof || nd->chan.error ? 1 : 0;
     pdx_kv_connector_destroy(nd->conn);
     pd_model_fini(&nd->model);

@@ -107,35 +107,16 @@ void node_death(node_t *n, char *buf, size_t len)
  * timeout, with `why` filled. */
 cJSON *recv_one(node_t *n, double deadline, char *why, size_t len)
 {
-    for (;;) {
-        cJSON *m = pd_chan_next(&n->chan);
-        if (m != NULL) {
-            return m;
-        }
-        if (n->chan.error || n->chan.eof) {
-            char d[128];
-            node_death(n, d, sizeof(d));
-            snprintf(why, len, "node %s (%s) %s", n->tag, n->config, d);
-            return NULL;
-        }
-        double left = deadline - pd_now_ms();
-        if (left <= 0) {
-            snprintf(why, len, "node %s (%s) did not answer in time", n->tag,
-                     n->config);
-            return NULL;
-        }
-        struct pollfd pfd = {.fd = n->chan.fd, .events = POLLIN};
-        if (pd_chan_pending(&n->chan)) {
-            pfd.events |= POLLOUT;
-        }
-        int rc = poll(&pfd, 1, left > 100 ? 100 : (int)left + 1);
-        if (rc > 0 && (pfd.revents & POLLOUT)) {
-            pd_chan_flush(&n->chan);
-        }
-        if (rc > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR))) {
-            pd_chan_fill(&n->chan);
-        }
+    cJSON *m = pd_chan_recv(&n->chan, deadline);
+    if (m == NULL && (n->chan.error || n->chan.eof)) {
+        char d[128];
+        node_death(n, d, sizeof(d));
+        snprintf(why, len, "node %s (%s) %s", n->tag, n->config, d);
+    } else if (m == NULL) {
+        snprintf(why, len, "node %s (%s) did not answer in time", n->tag,
+                 n->config);
     }
+    return m;
 }
 
 void send_to(node_t *n, cJSON *msg)
@@ -154,13 +135,7 @@ void quit_nodes(double deadline)
             cJSON *q = cJSON_CreateObject();
             cJSON_AddStringToObject(q, "op", "quit");
             send_to(ns[i], q);
-            while (pd_chan_pending(&ns[i]->chan) && pd_now_ms() < deadline) {
-                struct pollfd pfd = {.fd = ns[i]->chan.fd, .events = POLLOUT};
-                poll(&pfd, 1, 10);
-                if (pd_chan_flush(&ns[i]->chan) != 0) {
-                    break;
-                }
-            }
+            pd_chan_drain(&ns[i]->chan, deadline);
         }
     }
     for (int i = 0; i < 2; i++) {
