@@ -6,11 +6,16 @@
 #include <string.h>
 #include <time.h>
 
-double pdxpy_now(void)
+uint64_t pdxpy_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+double pdxpy_now(void)
+{
+    return (double)pdxpy_now_ns() * 1e-9;
 }
 
 void pdxpy_wait_unused(int *uses)
