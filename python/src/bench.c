@@ -46,16 +46,7 @@ PyObject *pdxpy_agent_bench(AgentObject *self, PyObject *args)
         PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID), "index counts");
         goto out;
     }
-    if (pdxpy_agent_enter(self) < 0) {
-        goto out;
-    }
-    if (pdxpy_dlist_enter(ld, "local") < 0) {
-        pdxpy_agent_leave(self);
-        goto out;
-    }
-    if (pdxpy_dlist_enter(rd, "remote") < 0) {
-        ld->uses--;
-        pdxpy_agent_leave(self);
+    if (pdxpy_dlist_pair_enter(self, ld, rd) < 0) {
         goto out;
     }
     pdx_status_t st = PDX_OK;
@@ -78,9 +69,7 @@ PyObject *pdxpy_agent_bench(AgentObject *self, PyObject *args)
     }
     call.st = st;
     pdxpy_call_done(&call);
-    Py_END_ALLOW_THREADS ld->uses--;
-    rd->uses--;
-    pdxpy_agent_leave(self);
+    Py_END_ALLOW_THREADS pdxpy_dlist_pair_leave(self, ld, rd);
     if (st < 0) {
         pdxpy_call_raise(&call);
         goto out;

@@ -230,6 +230,11 @@ PyObject *pdxpy_readonly_refused(const char *what, Py_ssize_t i,
 
 /* dlist.c: a call on a prepared list begins (-1 raised when released). */
 int pdxpy_dlist_enter(DListObject *d, const char *which);
+/* dlist.c: a call on a local and a remote prepared list of agent `a`
+ * begins: the agent, then each list (-1 raised, nothing held, when one is
+ * closed or released); and ends. */
+int pdxpy_dlist_pair_enter(AgentObject *a, DListObject *ld, DListObject *rd);
+void pdxpy_dlist_pair_leave(AgentObject *a, DListObject *ld, DListObject *rd);
 /* xfer.c: "READ"/"WRITE" (or the ints) into *op. */
 int pdxpy_parse_op(PyObject *o, pdx_xfer_op_t *op);
 
