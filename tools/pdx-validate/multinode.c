@@ -686,13 +686,11 @@ int pd_multinode_main(int argc, char **argv)
         cJSON_AddStringToObject(q, "op", "quit");
         send_node(&g_nodes[i], q);
     }
+    double quit_deadline = pd_now_ms() + 5000;
     for (int i = 0; i < NNODES; i++) {
-        for (int k = 0; k < 100 && g_nodes[i].pid > 0; k++) {
-            if (waitpid(g_nodes[i].pid, NULL, WNOHANG) == g_nodes[i].pid) {
-                g_nodes[i].pid = -1;
-            } else {
-                usleep(50000);
-            }
+        if (g_nodes[i].pid > 0) {
+            reap_child(g_nodes[i].pid, quit_deadline);
+            g_nodes[i].pid = -1;
         }
         cJSON_Delete(g_nodes[i].stats);
     }

@@ -139,21 +139,27 @@ void quit_nodes(double deadline)
         }
     }
     for (int i = 0; i < 2; i++) {
-        while (ns[i]->pid > 0) {
-            int status;
-            pid_t r = waitpid(ns[i]->pid, &status, WNOHANG);
-            if (r == ns[i]->pid || r < 0) {
-                ns[i]->pid = -1;
-                break;
-            }
-            if (pd_now_ms() > deadline) {
-                kill(ns[i]->pid, SIGKILL);
-                waitpid(ns[i]->pid, &status, 0);
-                ns[i]->pid = -1;
-                break;
-            }
-            usleep(10000);
+        if (ns[i]->pid > 0) {
+            reap_child(ns[i]->pid, deadline);
+            ns[i]->pid = -1;
         }
+    }
+}
+
+void reap_child(pid_t pid, double deadline)
+{
+    for (;;) {
+        int status;
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid || r < 0) {
+            return;
+        }
+        if (pd_now_ms() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return;
+        }
+        usleep(10000);
     }
 }
 
