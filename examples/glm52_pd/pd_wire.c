@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -225,4 +226,46 @@ double pd_now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+cJSON *pd_chan_recv(pd_chan_t *c, double deadline)
+{
+    for (;;) {
+        cJSON *m = pd_chan_next(c);
+        if (m != NULL) {
+            return m;
+        }
+        if (c->error || c->eof) {
+            return NULL;
+        }
+        double left = deadline - pd_now_ms();
+        if (left <= 0) {
+            return NULL;
+        }
+        struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+        if (pd_chan_pending(c)) {
+            pfd.events |= POLLOUT;
+        }
+        int rc = poll(&pfd, 1, left > 100 ? 100 : (int)left + 1);
+        if (rc > 0 && (pfd.revents & POLLOUT)) {
+            pd_chan_flush(c);
+        }
+        if (rc > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR))) {
+            pd_chan_fill(c);
+        }
+    }
+}
+
+int pd_chan_drain(pd_chan_t *c, double deadline)
+{
+    while (pd_chan_pending(c) && pd_now_ms() < deadline) {
+        struct pollfd pfd = {.fd = c->fd, .events = POLLOUT};
+        if (poll(&pfd, 1, 10) < 0 && errno != EINTR) {
+            return -1;
+        }
+        if (pd_chan_flush(c) != 0) {
+            return -1;
+        }
+    }
+    return pd_chan_pending(c) ? -1 : 0;
 }

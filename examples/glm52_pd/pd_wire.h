@@ -60,6 +60,15 @@ int pd_chan_fill(pd_chan_t *c);
  * sets c->error (EPROTO) and returns NULL. */
 cJSON *pd_chan_next(pd_chan_t *c);
 
+/* Wait until `deadline` (pd_now_ms) for the next message, sending what
+ * is queued meanwhile. NULL when the channel failed or closed (c->error or
+ * c->eof set) or the deadline passed (neither set). */
+cJSON *pd_chan_recv(pd_chan_t *c, double deadline);
+
+/* Send what is queued, waiting until `deadline` (pd_now_ms) at most: 0
+ * when all went out, -1 on failure or with bytes left. */
+int pd_chan_drain(pd_chan_t *c, double deadline);
+
 /* Hex of `len` bytes, malloc'd and NUL-terminated (NULL on ENOMEM). */
 char *pd_hex_encode(const void *buf, size_t len);
 

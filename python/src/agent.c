@@ -13,21 +13,6 @@
 
 /* ------------------------------------------------------------------ Agent */
 
-int pdxpy_agent_enter(AgentObject *a)
-{
-    if (a->h == NULL || a->closing) {
-        pdxpy_closed("agent is closed");
-        return -1;
-    }
-    a->uses++;
-    return 0;
-}
-
-int pdxpy_agent_alive(AgentObject *a)
-{
-    return a->h != NULL && !__atomic_load_n(&a->closing, __ATOMIC_RELAXED);
-}
-
 typedef struct backend_spec {
     char name[32];
     pdx_kv_t opts[16];
@@ -161,8 +146,7 @@ static int parse_store(PyObject *o, store_spec_t *sp, pdx_agent_params_t *ap)
                         "'lease_ttl_ms': 10000}");
         return -1;
     }
-    if (pdxpy_require((const void *)pdxpy_opt.agent_publish,
-                      "pdx_agent_publish") < 0) {
+    if (pdxpy_require(PDXPY_HAS(agent_publish), "pdx_agent_publish") < 0) {
         return -1;
     }
     snprintf(sp->type, sizeof(sp->type), "etcd");
@@ -493,16 +477,11 @@ static PyObject *Agent_peer_state(AgentObject *self, PyObject *arg)
     return pdxpy_call_raise(&call);
 }
 
-const char *pdxpy_mem_name(pdx_mem_type_t t)
-{
-    return t == PDX_MEM_VRAM ? "VRAM" : "DRAM";
-}
-
 static PyObject *Agent_peer_info(AgentObject *self, PyObject *arg)
 {
     const char *name = PyUnicode_AsUTF8(arg);
     if (name == NULL ||
-        pdxpy_require((const void *)pdxpy_opt.peer_info, "pdx_peer_info") < 0 ||
+        pdxpy_require(PDXPY_HAS(peer_info), "pdx_peer_info") < 0 ||
         pdxpy_agent_enter(self) < 0) {
         return NULL;
     }
@@ -512,7 +491,7 @@ static PyObject *Agent_peer_info(AgentObject *self, PyObject *arg)
     pdx_status_t st;
     size_t cap = 0;
     Py_BEGIN_ALLOW_THREADS memset(&info, 0, sizeof(info));
-    st = pdxpy_opt.peer_info(self->h, name, &info, NULL, 0);
+    st = pdx_plugin_v1.peer_info(self->h, name, &info, NULL, 0);
     /* Regions may be added between the two calls: retry until they fit. */
     while (st == PDX_OK) {
         cap = info.nregions + 16;
@@ -522,7 +501,7 @@ static PyObject *Agent_peer_info(AgentObject *self, PyObject *arg)
             st = PDX_ERR_NOMEM;
             break;
         }
-        st = pdxpy_opt.peer_info(self->h, name, &info, regs, cap);
+        st = pdx_plugin_v1.peer_info(self->h, name, &info, regs, cap);
         if (st != PDX_OK || info.nregions <= cap) {
             break;
         }
@@ -614,26 +593,6 @@ static PyObject *Agent_event_fd(AgentObject *self, PyObject *unused)
     int fd = pdx_agent_event_fd(self->h);
     pdxpy_agent_leave(self);
     return PyLong_FromLong(fd);
-}
-
-/* Sleep on the agent's event fd for at most `ms` (with the GIL released by
- * the caller), then let the agent progress if it woke. */
-void pdxpy_agent_sleep(pdx_agent_h h, int ms, int *spins)
-{
-    struct pollfd p = {.fd = pdx_agent_event_fd(h), .events = POLLIN};
-    if (*spins > 2) {
-        /* The fd stayed readable without news for us (e.g. queued
-         * notifications keep it so): back off instead of spinning. */
-        struct timespec ts = {0, 100000};
-        nanosleep(&ts, NULL);
-    }
-    int r = p.fd >= 0 ? poll(&p, 1, ms) : 0;
-    if (r > 0) {
-        (*spins)++;
-        pdx_progress(h);
-    } else {
-        *spins = 0;
-    }
 }
 
 /* Notifications, collected without the GIL then turned into a dict. */
@@ -820,9 +779,8 @@ static PyObject *Agent_stats(AgentObject *self, PyObject *args, PyObject *kw)
                         "stats: give exactly one of backend= or peer=");
         return NULL;
     }
-    pdxpy_stats_fn fn =
-        backend ? pdxpy_opt.stats_backend : pdxpy_opt.stats_peer;
-    if (pdxpy_require((const void *)fn,
+    int have = backend ? PDXPY_HAS(stats_backend) : PDXPY_HAS(stats_peer);
+    if (pdxpy_require(have,
                       backend ? "pdx_stats_backend" : "pdx_stats_peer") < 0 ||
         pdxpy_agent_enter(self) < 0) {
         return NULL;
@@ -831,7 +789,8 @@ static PyObject *Agent_stats(AgentObject *self, PyObject *args, PyObject *kw)
     memset(&s, 0, sizeof(s));
     PDXPY_CALL_DECL(call, "stats");
     const char *which = backend ? backend : peer;
-    PDXPY_CALL(&call, fn(self->h, which, &s));
+    PDXPY_CALL(&call, backend ? pdx_plugin_v1.stats_backend(self->h, which, &s)
+                              : pdx_plugin_v1.stats_peer(self->h, which, &s));
     pdxpy_agent_leave(self);
     if (call.st != PDX_OK) {
         return pdxpy_call_raise(&call);
@@ -841,14 +800,14 @@ static PyObject *Agent_stats(AgentObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *Agent_stats_json(AgentObject *self, PyObject *unused)
 {
-    if (pdxpy_require((const void *)pdxpy_opt.stats_json, "pdx_stats_json") <
+    if (pdxpy_require(PDXPY_HAS(stats_json), "pdx_stats_json") <
             0 ||
         pdxpy_agent_enter(self) < 0) {
         return NULL;
     }
     char *json = NULL;
     PDXPY_CALL_DECL(call, "stats_json");
-    PDXPY_CALL(&call, pdxpy_opt.stats_json(self->h, &json));
+    PDXPY_CALL(&call, pdx_plugin_v1.stats_json(self->h, &json));
     pdxpy_agent_leave(self);
     if (call.st != PDX_OK) {
         return pdxpy_call_raise(&call);

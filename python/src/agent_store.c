@@ -12,13 +12,12 @@
 
 PyObject *pdxpy_agent_publish(AgentObject *self, PyObject *unused)
 {
-    if (pdxpy_require((const void *)pdxpy_opt.agent_publish,
-                      "pdx_agent_publish") < 0 ||
+    if (pdxpy_require(PDXPY_HAS(agent_publish), "pdx_agent_publish") < 0 ||
         pdxpy_agent_enter(self) < 0) {
         return NULL;
     }
     PDXPY_CALL_DECL(call, "publish");
-    PDXPY_CALL(&call, pdxpy_opt.agent_publish(self->h));
+    PDXPY_CALL(&call, pdx_plugin_v1.agent_publish(self->h));
     pdxpy_agent_leave(self);
     if (call.st != PDX_OK) {
         return pdxpy_call_raise(&call);
@@ -40,7 +39,7 @@ PyObject *pdxpy_agent_fetch_peer(AgentObject *self, PyObject *args,
         pdxpy_timeout_arg(to, "fetch_peer", 1, &timeout) < 0) {
         return NULL;
     }
-    if (pdxpy_require((const void *)pdxpy_opt.peer_fetch, "pdx_peer_fetch") <
+    if (pdxpy_require(PDXPY_HAS(peer_fetch), "pdx_peer_fetch") <
             0 ||
         pdxpy_agent_enter(self) < 0) {
         return NULL;
@@ -49,7 +48,7 @@ PyObject *pdxpy_agent_fetch_peer(AgentObject *self, PyObject *args,
     uint32_t timeout_ms = ms >= (double)UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
     PDXPY_CALL_DECL(call, "fetch_peer");
     /* waits up to timeout for a publisher */
-    PDXPY_CALL(&call, pdxpy_opt.peer_fetch(self->h, name, timeout_ms));
+    PDXPY_CALL(&call, pdx_plugin_v1.peer_fetch(self->h, name, timeout_ms));
     pdxpy_agent_leave(self);
     if (call.st != PDX_OK) {
         return pdxpy_call_raise(&call);
@@ -59,10 +58,8 @@ PyObject *pdxpy_agent_fetch_peer(AgentObject *self, PyObject *args,
 
 PyObject *pdxpy_agent_store_status(AgentObject *self, PyObject *unused)
 {
-    if (pdxpy_require((const void *)pdxpy_opt.store_status,
-                      "pdx_store_status") < 0 ||
-        pdxpy_require((const void *)pdxpy_opt.store_describe,
-                      "pdx_store_describe") < 0 ||
+    if (pdxpy_require(PDXPY_HAS(store_status), "pdx_store_status") < 0 ||
+        pdxpy_require(PDXPY_HAS(store_describe), "pdx_store_describe") < 0 ||
         pdxpy_agent_enter(self) < 0) {
         return NULL;
     }
@@ -70,9 +67,9 @@ PyObject *pdxpy_agent_store_status(AgentObject *self, PyObject *unused)
     char line[1024] = "";
     PDXPY_CALL_DECL(call, "store_status");
     Py_BEGIN_ALLOW_THREADS memset(&s, 0, sizeof(s));
-    call.st = pdxpy_opt.store_status(self->h, &s);
+    call.st = pdx_plugin_v1.store_status(self->h, &s);
     if (call.st == PDX_OK) {
-        pdxpy_opt.store_describe(self->h, line, sizeof(line));
+        pdx_plugin_v1.store_describe(self->h, line, sizeof(line));
     }
     pdxpy_call_done(&call);
     Py_END_ALLOW_THREADS pdxpy_agent_leave(self);

@@ -10,13 +10,6 @@
 
 /* ------------------------------------------------------------ benchmark */
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* _bench_make_post_check(op, local, local_idx, remote, remote_idx, iters,
  * notif=None) -> [ns per iteration]: the C baseline of python_bench.py,
  * the loop a C stack runs per request (make, post, check until done,
@@ -53,22 +46,14 @@ PyObject *pdxpy_agent_bench(AgentObject *self, PyObject *args)
         PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID), "index counts");
         goto out;
     }
-    if (pdxpy_agent_enter(self) < 0) {
-        goto out;
-    }
-    if (pdxpy_dlist_enter(ld, "local") < 0) {
-        pdxpy_agent_leave(self);
-        goto out;
-    }
-    if (pdxpy_dlist_enter(rd, "remote") < 0) {
-        ld->uses--;
-        pdxpy_agent_leave(self);
+    if (pdxpy_dlist_pair_enter(self, ld, rd) < 0) {
         goto out;
     }
     pdx_status_t st = PDX_OK;
+    PDXPY_CALL_DECL(call, "bench");
     Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < iters && st >= 0; i++)
     {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = pdxpy_now_ns();
         pdx_xfer_h h;
         st = pdx_xfer_make(self->h, op, ld->h, li, rd->h, ri, ln, np,
                            (size_t)nlen, &h);
@@ -80,13 +65,13 @@ PyObject *pdxpy_agent_bench(AgentObject *self, PyObject *args)
             st = pdx_xfer_check(h);
         }
         pdx_xfer_release(h);
-        ns[i] = now_ns() - t0;
+        ns[i] = pdxpy_now_ns() - t0;
     }
-    Py_END_ALLOW_THREADS ld->uses--;
-    rd->uses--;
-    pdxpy_agent_leave(self);
+    call.st = st;
+    pdxpy_call_done(&call);
+    Py_END_ALLOW_THREADS pdxpy_dlist_pair_leave(self, ld, rd);
     if (st < 0) {
-        pdxpy_raise(st, "bench", NULL);
+        pdxpy_call_raise(&call);
         goto out;
     }
     res = PyList_New(iters);

@@ -159,3 +159,27 @@ int pdxpy_dlist_enter(DListObject *d, const char *which)
     d->uses++;
     return 0;
 }
+
+int pdxpy_dlist_pair_enter(AgentObject *a, DListObject *ld, DListObject *rd)
+{
+    if (pdxpy_agent_enter(a) < 0) {
+        return -1;
+    }
+    if (pdxpy_dlist_enter(ld, "local") < 0) {
+        pdxpy_agent_leave(a);
+        return -1;
+    }
+    if (pdxpy_dlist_enter(rd, "remote") < 0) {
+        ld->uses--;
+        pdxpy_agent_leave(a);
+        return -1;
+    }
+    return 0;
+}
+
+void pdxpy_dlist_pair_leave(AgentObject *a, DListObject *ld, DListObject *rd)
+{
+    ld->uses--;
+    rd->uses--;
+    pdxpy_agent_leave(a);
+}

@@ -35,8 +35,7 @@ static PyObject *shm_map(int fd, size_t len, int populate, int created)
     size_t maplen = page_round(len);
     void *p;
     int err = 0;
-    pdx_status_t st = PDX_OK;
-    char msg[1024] = "";
+    PDXPY_CALL_DECL(call, "mem_share");
     Py_BEGIN_ALLOW_THREADS if (created && ftruncate(fd, (off_t)maplen) != 0)
     {
         err = errno;
@@ -53,9 +52,9 @@ static PyObject *shm_map(int fd, size_t len, int populate, int created)
     if (p != MAP_FAILED) {
         /* As pdx_mem_alloc: a fork()ed child must not get live KV bytes. */
         (void)madvise(p, maplen, MADV_DONTFORK);
-        st = pdx_mem_share(p, maplen, fd, 0);
-        if (st != PDX_OK) {
-            pdxpy_last_error(msg, sizeof(msg), st, "mem_share");
+        call.st = pdx_mem_share(p, maplen, fd, 0);
+        pdxpy_call_done(&call);
+        if (call.st != PDX_OK) {
             munmap(p, maplen);
             p = MAP_FAILED;
         }
@@ -64,12 +63,13 @@ static PyObject *shm_map(int fd, size_t len, int populate, int created)
     {
         close(fd);
         if (err != 0) {
+            char msg[256];
             snprintf(msg, sizeof(msg), "shared memory of %zu bytes: %s", len,
                      strerror(err));
             return pdxpy_raise(err == ENOMEM ? PDX_ERR_NOMEM : PDX_ERR_IO,
                                "mem_alloc", msg);
         }
-        return pdxpy_raise(st, "mem_share", msg);
+        return pdxpy_call_raise(&call);
     }
     ShmObject *s = PyObject_New(ShmObject, &pdxpy_SharedMemoryType);
     if (s == NULL) {

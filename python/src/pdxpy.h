@@ -13,47 +13,41 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <pdx/kv_connector.h>
 #include <pdx/pdx.h>
 #include <pdx/store.h>
 
-/* ---- optional C API (declared, maybe not exported by this libpdx.so) */
+/* ---- layers (each file calls only the ones above it in this list):
+ *   errors.c      exceptions, raising, the call block's helpers, the
+ *                 library's optional functions
+ *   args.c        argument helpers, the clock
+ *   buffer.c      the memory an object stands for
+ *   agent_base.c  what an Agent's children use of it
+ *   desclist.c, mem.c, kvconfig.c, hasher.c
+ *   memreg.c, layout.c
+ *   dlist.c, kvconnector.c
+ *   xfer.c
+ *   agent_store.c, bench.c
+ *   agent.c       the Agent type, with its children's methods
+ *   module.c      module functions and init */
 
-typedef pdx_status_t (*pdxpy_peer_info_fn)(pdx_agent_h, const char *,
-                                           pdx_peer_info_t *,
-                                           pdx_region_info_t *, size_t);
-typedef pdx_status_t (*pdxpy_telemetry_fn)(pdx_xfer_h, pdx_xfer_telemetry_t *);
-typedef pdx_status_t (*pdxpy_stats_fn)(pdx_agent_h, const char *,
-                                       pdx_stats_t *);
-typedef pdx_status_t (*pdxpy_stats_json_fn)(pdx_agent_h, char **);
-typedef pdx_status_t (*pdxpy_publish_fn)(pdx_agent_h);
-typedef pdx_status_t (*pdxpy_peer_fetch_fn)(pdx_agent_h, const char *,
-                                            uint32_t);
-typedef pdx_status_t (*pdxpy_store_status_fn)(pdx_agent_h,
-                                              pdx_store_status_t *);
-typedef pdx_status_t (*pdxpy_store_describe_fn)(pdx_agent_h, char *, size_t);
+/* ---- errors.c: the optional C API
+ *
+ * Functions added to libpdx.so after its first release are called through
+ * its exported table (pdx/plugin.h), never linked: an older libpdx.so
+ * lacks them. PDXPY_HAS(field) says whether this library's table holds
+ * `field` (its size reaches past the field's offset, the ABI's rule); a
+ * binding checks it with pdxpy_require, then calls pdx_plugin_v1.field. */
+int pdxpy_has(size_t offset);
+#define PDXPY_HAS(field) pdxpy_has(offsetof(pdx_plugin_v1_t, field))
 
-typedef struct pdxpy_optional {
-    pdxpy_peer_info_fn peer_info;
-    pdxpy_telemetry_fn xfer_telemetry;
-    pdxpy_stats_fn stats_backend;
-    pdxpy_stats_fn stats_peer;
-    pdxpy_stats_json_fn stats_json;
-    /* The store API (pdx/store.h). */
-    pdxpy_publish_fn agent_publish;
-    pdxpy_peer_fetch_fn peer_fetch;
-    pdxpy_store_status_fn store_status;
-    pdxpy_store_describe_fn store_describe;
-} pdxpy_optional_t;
+/* Raise pdx.Unsupported naming `name` unless `have`; 0 or -1. */
+int pdxpy_require(int have, const char *name);
 
-extern pdxpy_optional_t pdxpy_opt;
-
-/* Raise pdx.Unsupported naming `fn` when it is NULL. */
-int pdxpy_require(const void *fn, const char *name);
-
-/* ---- errors */
+/* ---- errors.c: errors */
 
 /* Raise the exception class of `st` with `msg` (NULL: pdx_last_error(),
  * else "<what>: <status string>"). Always returns NULL. */
@@ -110,11 +104,17 @@ PyObject *pdxpy_closed(const char *what);
 void pdxpy_last_error(char *buf, size_t len, pdx_status_t st, const char *what);
 extern PyObject *pdxpy_Error;
 PyObject *pdxpy_exc_for(pdx_status_t st);
+/* Creates the exception classes into module m; 0 or -1. */
+int pdxpy_errors_init(PyObject *m);
 
-/* ---- helpers */
+/* ---- args.c: argument helpers */
 
 /* "DRAM"/"VRAM"/"cpu"/"cuda"/0/1/None(default) -> mem type. */
 int pdxpy_mem_type(PyObject *o, pdx_mem_type_t dflt, pdx_mem_type_t *out);
+/* The name of a memory type. */
+const char *pdxpy_mem_name(pdx_mem_type_t t);
+/* A non-negative integer below 2**64 (an int or __index__); -1 raised. */
+int pdxpy_index_value(PyObject *item, uint64_t *v);
 /* Wait with the GIL released until *uses is 0. */
 void pdxpy_wait_unused(int *uses);
 /* The bytes-like or str argument `o` as (ptr, len); `view` must be
@@ -125,7 +125,8 @@ int pdxpy_bytes_arg(PyObject *o, Py_buffer *view, const char **p,
  * array of uint32 or uint64 (elem 4 or 8). */
 int pdxpy_int_array(PyObject *o, size_t elem, void *stack, size_t stack_n,
                     void **out, size_t *n);
-/* (addr, len) of an object: buffer, tuple, data_ptr()/CUDA interface. */
+/* ---- buffer.c: (addr, len) of an object: buffer, tuple,
+ * data_ptr()/CUDA interface. */
 typedef struct pdxpy_mem {
     uint64_t addr;
     uint64_t len;
@@ -140,7 +141,8 @@ typedef struct pdxpy_mem {
 int pdxpy_mem_from_object(PyObject *o, PyObject *mem_type, PyObject *device,
                           int writable, pdxpy_mem_t *m);
 void pdxpy_mem_clear(pdxpy_mem_t *m);
-/* Monotonic seconds. */
+/* The clock: monotonic nanoseconds, and the same in seconds. */
+uint64_t pdxpy_now_ns(void);
 double pdxpy_now(void);
 /* A timeout argument `o` (an int or float, seconds) into *out: 0 or more,
  * +inf allowed (no limit) when `inf_ok`. nan, negative values (-inf too)
@@ -186,6 +188,7 @@ DescListObject *pdxpy_desclist_from(PyObject *o, PyObject *mem_type);
 /* An uninitialised DescList of n descriptors. */
 DescListObject *pdxpy_desclist_new(size_t n, pdx_mem_type_t mt);
 
+/* agent_base.c: a call on the agent begins (-1 raised when closed). */
 int pdxpy_agent_enter(AgentObject *a);
 #define pdxpy_agent_leave(a) ((a)->uses--)
 
@@ -209,11 +212,10 @@ typedef struct DListObject {
     uint8_t *ro; /* local lists: 1 per entry in readonly memory, or NULL */
 } DListObject;
 
-/* agent.c: alive (not closing; no reference taken), the name of a memory
- * type, and a wait of a polling loop: on the agent's event fd for at most
- * `ms` (the caller released the GIL), then progress if it woke. */
+/* agent_base.c: alive (not closing; no reference taken), and a wait of a
+ * polling loop: on the agent's event fd for at most `ms` (the caller
+ * released the GIL), then progress if it woke. */
 int pdxpy_agent_alive(AgentObject *a);
-const char *pdxpy_mem_name(pdx_mem_type_t t);
 void pdxpy_agent_sleep(pdx_agent_h h, int ms, int *spins);
 
 /* memreg.c: the agent's read-only regions; whether a descriptor (or which
@@ -228,6 +230,11 @@ PyObject *pdxpy_readonly_refused(const char *what, Py_ssize_t i,
 
 /* dlist.c: a call on a prepared list begins (-1 raised when released). */
 int pdxpy_dlist_enter(DListObject *d, const char *which);
+/* dlist.c: a call on a local and a remote prepared list of agent `a`
+ * begins: the agent, then each list (-1 raised, nothing held, when one is
+ * closed or released); and ends. */
+int pdxpy_dlist_pair_enter(AgentObject *a, DListObject *ld, DListObject *rd);
+void pdxpy_dlist_pair_leave(AgentObject *a, DListObject *ld, DListObject *rd);
 /* xfer.c: "READ"/"WRITE" (or the ints) into *op. */
 int pdxpy_parse_op(PyObject *o, pdx_xfer_op_t *op);
 

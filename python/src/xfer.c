@@ -133,16 +133,7 @@ PyObject *pdxpy_agent_make_xfer(AgentObject *self, PyObject *const *args,
     if (pdxpy_bytes_arg(notif, &nv, &np, &nlen) < 0) {
         goto out;
     }
-    if (pdxpy_agent_enter(self) < 0) {
-        goto out;
-    }
-    if (pdxpy_dlist_enter(ld, "local") < 0) {
-        pdxpy_agent_leave(self);
-        goto out;
-    }
-    if (pdxpy_dlist_enter(rd, "remote") < 0) {
-        ld->uses--;
-        pdxpy_agent_leave(self);
+    if (pdxpy_dlist_pair_enter(self, ld, rd) < 0) {
         goto out;
     }
     pdx_xfer_h h = NULL;
@@ -151,9 +142,7 @@ PyObject *pdxpy_agent_make_xfer(AgentObject *self, PyObject *const *args,
      * which the progress thread may hold. */
     PDXPY_CALL(&call, pdx_xfer_make(self->h, op, ld->h, li, rd->h, ri, ln, np,
                                     (size_t)nlen, &h));
-    ld->uses--;
-    rd->uses--;
-    pdxpy_agent_leave(self);
+    pdxpy_dlist_pair_leave(self, ld, rd);
     if (call.st != PDX_OK) {
         pdxpy_call_raise(&call);
         goto out;
@@ -447,15 +436,14 @@ static PyObject *Xfer_telemetry(XferObject *x, PyObject *u)
     if (xfer_enter(x) < 0) {
         return NULL;
     }
-    if (pdxpy_require((const void *)pdxpy_opt.xfer_telemetry,
-                      "pdx_xfer_telemetry") < 0) {
+    if (pdxpy_require(PDXPY_HAS(xfer_telemetry), "pdx_xfer_telemetry") < 0) {
         xfer_leave(x);
         return NULL;
     }
     pdx_xfer_telemetry_t t;
     memset(&t, 0, sizeof(t));
     PDXPY_CALL_DECL(call, "telemetry");
-    PDXPY_CALL(&call, pdxpy_opt.xfer_telemetry(x->h, &t));
+    PDXPY_CALL(&call, pdx_plugin_v1.xfer_telemetry(x->h, &t));
     xfer_leave(x);
     if (call.st != PDX_OK) {
         return pdxpy_call_raise(&call);

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include <cjson/cJSON.h>
 
@@ -130,6 +131,10 @@ int spawn_cmd(const char *const *argv, const char *const *env_add, int out_fd,
 int spawn_target(const bench_opts_t *o, const char *kind,
                  const char *const *extra, int *fd_p);
 int reap_target(int pid, int timeout_ms);
+/* Wait for child `pid` until `deadline` (now_ns), then SIGKILL and reap
+ * it: 1 when it ended by itself, 0 when killed; its wait status in
+ * *status_p either way. */
+int wait_child(pid_t pid, uint64_t deadline, int *status_p);
 
 /* Blob exchange: send ours, load theirs. */
 void exchange_blobs(pdx_agent_h agent, int fd, char *peer_out);

@@ -104,16 +104,10 @@ static pid_t run_perftest(const char *bin, const char *tls, int user_mem,
 static int wait_deadline(pid_t pid, uint64_t deadline)
 {
     int status;
-    while (now_ns() < deadline) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid) {
-            return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        }
-        usleep(2000);
+    if (!wait_child(pid, deadline, &status)) {
+        return -2;
     }
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    return -2;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 static void last_line(const char *text, const char *needle, char *out,

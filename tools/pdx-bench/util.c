@@ -377,19 +377,34 @@ int spawn_target(const bench_opts_t *o, const char *kind,
     return pid;
 }
 
-int reap_target(int pid, int timeout_ms)
+int wait_child(pid_t pid, uint64_t deadline, int *status_p)
 {
     int status = 0;
-    for (int i = 0; i < timeout_ms; i++) {
+    for (;;) {
         pid_t r = waitpid(pid, &status, WNOHANG);
         if (r == pid) {
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+            *status_p = status;
+            return 1;
+        }
+        if (now_ns() >= deadline) {
+            break;
         }
         usleep(1000);
     }
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
-    return 128;
+    *status_p = status;
+    return 0;
+}
+
+int reap_target(int pid, int timeout_ms)
+{
+    int status;
+    if (!wait_child(pid, now_ns() + (uint64_t)timeout_ms * 1000000u,
+                    &status)) {
+        return 128;
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
 void exchange_blobs(pdx_agent_h agent, int fd, char *peer_out)

@@ -22,8 +22,10 @@
  * or a node that could not start; 3 when a node refused its peer at
  * connect.
  *
- * This file holds the sessions and the run's steps; options.c the command
- * line, nodes.c the node processes, report.c the report (validate.h). */
+ * This file holds the sessions and the run's steps, on top: it calls
+ * report.c (the report), multinode.c (--multi-node), options.c (the
+ * command line), nodes.c (the node processes) and wire.c (the protocol's
+ * names and fields); none of them calls back (validate.h). */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -48,15 +50,6 @@
 #include "validate.h"
 
 /* ---- sessions ---- */
-
-const char *plan_name(abort_plan_t k)
-{
-    static const char *const names[] = {"none", "d_load", "d_reject", "p_load",
-                                        "p_reject"};
-    return names[k];
-}
-
-const char *const g_done_names[DONE_KINDS] = {"load", "reject", "after_load"};
 
 static int done_kind(const char *name)
 {
@@ -103,15 +96,6 @@ static int hist_reserve(session_t *s, size_t n)
     s->hist = p;
     s->cap = cap;
     return 0;
-}
-
-static cJSON *tokens_json(const uint64_t *t, size_t n)
-{
-    cJSON *a = cJSON_CreateArray();
-    for (size_t i = 0; i < n; i++) {
-        cJSON_AddItemToArray(a, cJSON_CreateNumber((double)t[i]));
-    }
-    return a;
 }
 
 static void send_job(node_t *n, const char *op, session_t *s,
@@ -174,17 +158,6 @@ static int start_turn(session_t *s, const opts_t *o)
     send_job(&g_p, "prefill", s, s->turn > 1 ? s->params_d : NULL, 0);
     s->state = S_P;
     return 0;
-}
-
-size_t jnum(const cJSON *m, const char *k)
-{
-    double v = pd_json_num(m, k, 0);
-    return v > 0 ? (size_t)v : 0;
-}
-
-bool jbool(const cJSON *m, const char *k)
-{
-    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, k));
 }
 
 static void copy_err(char *dst, size_t len, const cJSON *m)
@@ -1066,7 +1039,6 @@ static void cleanup(void)
     }
 }
 
-int pd_multinode_main(int argc, char **argv); /* multinode.c */
 
 int main(int argc, char **argv)
 {

@@ -32,13 +32,14 @@
 #include "netns.h"
 #include "pd_model.h"
 #include "pd_wire.h"
+#include "validate.h"
 
 #ifndef PDX_SOURCE_DIR
 #define PDX_SOURCE_DIR "."
 #endif
 
 #define NNODES 4
-#define MAX_PROMPTS 16
+#define MN_MAX_PROMPTS 16
 
 typedef struct mnode {
     const char *role; /* "P" or "D" */
@@ -203,68 +204,21 @@ static int spawn_node(mnode_t *n, const char *node_bin)
 /* The next message from `n` within `ms`, or NULL (why printed). */
 static cJSON *recv_from(mnode_t *n, double ms)
 {
-    double deadline = pd_now_ms() + ms;
-    for (;;) {
-        cJSON *m = pd_chan_next(&n->chan);
-        if (m != NULL) {
-            return m;
-        }
-        if (n->chan.error || n->chan.eof) {
-            fprintf(stdout, "  node %s closed its channel\n", n->name);
-            n->up = false;
-            return NULL;
-        }
-        double left = deadline - pd_now_ms();
-        if (left <= 0) {
-            fprintf(stdout, "  node %s did not answer in %.0f ms\n", n->name,
-                    ms);
-            return NULL;
-        }
-        struct pollfd pfd = {.fd = n->chan.fd, .events = POLLIN};
-        if (pd_chan_pending(&n->chan)) {
-            pfd.events |= POLLOUT;
-        }
-        int rc = poll(&pfd, 1, left > 100 ? 100 : (int)left + 1);
-        if (rc > 0 && (pfd.revents & POLLOUT)) {
-            pd_chan_flush(&n->chan);
-        }
-        if (rc > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR))) {
-            pd_chan_fill(&n->chan);
-        }
+    cJSON *m = pd_chan_recv(&n->chan, pd_now_ms() + ms);
+    if (m == NULL && (n->chan.error || n->chan.eof)) {
+        fprintf(stdout, "  node %s closed its channel\n", n->name);
+        n->up = false;
+    } else if (m == NULL) {
+        fprintf(stdout, "  node %s did not answer in %.0f ms\n", n->name, ms);
     }
+    return m;
 }
 
 static void send_node(mnode_t *n, cJSON *m)
 {
     pd_chan_send(&n->chan, m);
     cJSON_Delete(m);
-    for (int i = 0; i < 1000 && pd_chan_pending(&n->chan); i++) {
-        struct pollfd pfd = {.fd = n->chan.fd, .events = POLLOUT};
-        poll(&pfd, 1, 10);
-        if (pd_chan_flush(&n->chan) != 0) {
-            break;
-        }
-    }
-}
-
-static size_t jnum(const cJSON *m, const char *k)
-{
-    double v = pd_json_num(m, k, 0);
-    return v > 0 ? (size_t)v : 0;
-}
-
-static bool jbool(const cJSON *m, const char *k)
-{
-    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, k));
-}
-
-static cJSON *tokens_json(const uint64_t *t, size_t n)
-{
-    cJSON *a = cJSON_CreateArray();
-    for (size_t i = 0; i < n; i++) {
-        cJSON_AddItemToArray(a, cJSON_CreateNumber((double)t[i]));
-    }
-    return a;
+    pd_chan_drain(&n->chan, pd_now_ms() + 10000);
 }
 
 /* One job on a node, waited for. */
@@ -350,13 +304,12 @@ static void print_paths(mnode_t *n)
     }
 }
 
-const char *pd_config_dir(void); /* main.c */
 
 int pd_multinode_main(int argc, char **argv)
 {
     int sessions = 6, turns = 2, gen = 64, user_tokens = 64, shared = 512;
-    size_t prompts[MAX_PROMPTS];
-    int nprompts = parse_prompts("1200,2600,700", prompts, MAX_PROMPTS);
+    size_t prompts[MN_MAX_PROMPTS];
+    int nprompts = parse_prompts("1200,2600,700", prompts, MN_MAX_PROMPTS);
     char node_bin[PATH_MAX] = "";
     static char p_def[PATH_MAX], d_def[PATH_MAX];
     snprintf(p_def, sizeof(p_def), "%s/glm52-fp8-mtp/colocated-prefill.json",
@@ -391,7 +344,7 @@ int pd_multinode_main(int argc, char **argv)
             turns = atoi(optarg);
             break;
         case 'l':
-            nprompts = parse_prompts(optarg, prompts, MAX_PROMPTS);
+            nprompts = parse_prompts(optarg, prompts, MN_MAX_PROMPTS);
             break;
         case 'g':
             gen = atoi(optarg);
@@ -733,13 +686,11 @@ int pd_multinode_main(int argc, char **argv)
         cJSON_AddStringToObject(q, "op", "quit");
         send_node(&g_nodes[i], q);
     }
+    double quit_deadline = pd_now_ms() + 5000;
     for (int i = 0; i < NNODES; i++) {
-        for (int k = 0; k < 100 && g_nodes[i].pid > 0; k++) {
-            if (waitpid(g_nodes[i].pid, NULL, WNOHANG) == g_nodes[i].pid) {
-                g_nodes[i].pid = -1;
-            } else {
-                usleep(50000);
-            }
+        if (g_nodes[i].pid > 0) {
+            reap_child(g_nodes[i].pid, quit_deadline);
+            g_nodes[i].pid = -1;
         }
         cJSON_Delete(g_nodes[i].stats);
     }

@@ -107,35 +107,16 @@ void node_death(node_t *n, char *buf, size_t len)
  * timeout, with `why` filled. */
 cJSON *recv_one(node_t *n, double deadline, char *why, size_t len)
 {
-    for (;;) {
-        cJSON *m = pd_chan_next(&n->chan);
-        if (m != NULL) {
-            return m;
-        }
-        if (n->chan.error || n->chan.eof) {
-            char d[128];
-            node_death(n, d, sizeof(d));
-            snprintf(why, len, "node %s (%s) %s", n->tag, n->config, d);
-            return NULL;
-        }
-        double left = deadline - pd_now_ms();
-        if (left <= 0) {
-            snprintf(why, len, "node %s (%s) did not answer in time", n->tag,
-                     n->config);
-            return NULL;
-        }
-        struct pollfd pfd = {.fd = n->chan.fd, .events = POLLIN};
-        if (pd_chan_pending(&n->chan)) {
-            pfd.events |= POLLOUT;
-        }
-        int rc = poll(&pfd, 1, left > 100 ? 100 : (int)left + 1);
-        if (rc > 0 && (pfd.revents & POLLOUT)) {
-            pd_chan_flush(&n->chan);
-        }
-        if (rc > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR))) {
-            pd_chan_fill(&n->chan);
-        }
+    cJSON *m = pd_chan_recv(&n->chan, deadline);
+    if (m == NULL && (n->chan.error || n->chan.eof)) {
+        char d[128];
+        node_death(n, d, sizeof(d));
+        snprintf(why, len, "node %s (%s) %s", n->tag, n->config, d);
+    } else if (m == NULL) {
+        snprintf(why, len, "node %s (%s) did not answer in time", n->tag,
+                 n->config);
     }
+    return m;
 }
 
 void send_to(node_t *n, cJSON *msg)
@@ -154,31 +135,31 @@ void quit_nodes(double deadline)
             cJSON *q = cJSON_CreateObject();
             cJSON_AddStringToObject(q, "op", "quit");
             send_to(ns[i], q);
-            while (pd_chan_pending(&ns[i]->chan) && pd_now_ms() < deadline) {
-                struct pollfd pfd = {.fd = ns[i]->chan.fd, .events = POLLOUT};
-                poll(&pfd, 1, 10);
-                if (pd_chan_flush(&ns[i]->chan) != 0) {
-                    break;
-                }
-            }
+            pd_chan_drain(&ns[i]->chan, deadline);
         }
     }
     for (int i = 0; i < 2; i++) {
-        while (ns[i]->pid > 0) {
-            int status;
-            pid_t r = waitpid(ns[i]->pid, &status, WNOHANG);
-            if (r == ns[i]->pid || r < 0) {
-                ns[i]->pid = -1;
-                break;
-            }
-            if (pd_now_ms() > deadline) {
-                kill(ns[i]->pid, SIGKILL);
-                waitpid(ns[i]->pid, &status, 0);
-                ns[i]->pid = -1;
-                break;
-            }
-            usleep(10000);
+        if (ns[i]->pid > 0) {
+            reap_child(ns[i]->pid, deadline);
+            ns[i]->pid = -1;
         }
+    }
+}
+
+void reap_child(pid_t pid, double deadline)
+{
+    for (;;) {
+        int status;
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid || r < 0) {
+            return;
+        }
+        if (pd_now_ms() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return;
+        }
+        usleep(10000);
     }
 }
 

@@ -1,7 +1,9 @@
 /* Private to pdx-validate: the options, the two nodes, the sessions and
  * turns, the checks and the state of one run, shared by main.c (the run's
- * steps), options.c (the command line), nodes.c (the node processes and
- * their channel) and report.c (aggregates and the JSON or text report). */
+ * steps, on top), report.c (aggregates and the JSON or text report),
+ * multinode.c (--multi-node runs), options.c (the command line), nodes.c
+ * (the node processes and their channel) and wire.c (the protocol's names
+ * and fields, at the bottom). Each calls only those after it. */
 #ifndef PDX_VALIDATE_H
 #define PDX_VALIDATE_H
 
@@ -10,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include <cjson/cJSON.h>
 
@@ -180,6 +183,14 @@ typedef struct run {
     uint64_t completed, naborted, planned_now[2];
 } run_t;
 
+/* wire.c (the bottom): the names of abort plans and of what a node did,
+ * and the fields of a node's JSON messages. */
+extern const char *const g_done_names[DONE_KINDS];
+const char *plan_name(abort_plan_t k);
+size_t jnum(const cJSON *m, const char *k);
+bool jbool(const cJSON *m, const char *k);
+cJSON *tokens_json(const uint64_t *t, size_t n);
+
 /* nodes.c: P and D, their processes and channel. */
 extern node_t g_p, g_d;
 void kill_nodes(void);
@@ -189,18 +200,21 @@ void node_death(node_t *n, char *buf, size_t len);
 cJSON *recv_one(node_t *n, double deadline, char *why, size_t len);
 void send_to(node_t *n, cJSON *msg);
 void quit_nodes(double deadline);
+/* Wait until `deadline` (pd_now_ms) for child `pid` to exit, then SIGKILL
+ * and reap it. */
+void reap_child(pid_t pid, double deadline);
 int read_hello(node_t *n, cJSON *m, char *why, size_t len);
 
 /* options.c: the command line into *o_p: -1 to run, else the exit code
  * (0 for --help); the config paths it settled on. */
 extern char g_p_cfg[PATH_MAX], g_d_cfg[PATH_MAX];
 int parse_args(int argc, char **argv, opts_t *o_p);
+/* options.c: the directory of the deployment configs. */
+const char *pd_config_dir(void);
 
-/* main.c: helpers of the sessions the report uses too. */
-extern const char *const g_done_names[DONE_KINDS];
-const char *plan_name(abort_plan_t k);
-size_t jnum(const cJSON *m, const char *k);
-bool jbool(const cJSON *m, const char *k);
+/* multinode.c: --multi-node runs, a command line of their own. */
+int pd_multinode_main(int argc, char **argv);
+
 
 /* report.c */
 void agg_add(agg_t *a, const turn_rec_t *r);
