@@ -4,7 +4,10 @@ loop (issue 20): reads the object files of a build with nm, draws an edge
 from a file to each file defining a symbol it uses, and prints every cycle
 (strongly connected component) with the symbols behind its edges.
 
-usage: check_calls.py BUILD_DIR [--allow FILE...]   exit 1 on a cycle
+usage: check_calls.py BUILD_DIR   exit 1 on a cycle, 2 on no objects
+
+Object files whose source is no longer in the tree (left in a reused build
+directory by a file that was moved or removed) are skipped.
 """
 import collections
 import glob
@@ -18,7 +21,26 @@ def source_of(obj, build):
     top, rest = rel.split('/CMakeFiles/', 1) if '/CMakeFiles/' in rel \
         else ('.', rel.split('CMakeFiles/', 1)[1])
     src = rest.split('.dir/', 1)[1][:-2]
+    src = '/'.join('..' if c == '__' else c for c in src.split('/'))
     return os.path.normpath(os.path.join(top, src)), rest.split('.dir/')[0]
+
+
+def source_root(build):
+    try:
+        with open(os.path.join(build, 'CMakeCache.txt')) as f:
+            for line in f:
+                if line.startswith('CMAKE_HOME_DIRECTORY:'):
+                    return line.split('=', 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def source_exists(root, src):
+    if root is None:
+        return True
+    return os.path.exists(os.path.join(root, src)) or \
+        os.path.exists('/' + src)
 
 
 def main():
@@ -28,10 +50,15 @@ def main():
     build = sys.argv[1]
     objs = glob.glob(os.path.join(build, '**', 'CMakeFiles', '**', '*.o'),
                      recursive=True)
+    root = source_root(build)
     defs = collections.defaultdict(set)   # symbol -> sources
     uses = collections.defaultdict(set)   # source -> symbols
+    stale = 0
     for o in objs:
         src, _ = source_of(o, build)
+        if not source_exists(root, src):
+            stale += 1
+            continue
         out = subprocess.run(['nm', o], capture_output=True,
                              text=True).stdout
         for line in out.splitlines():
@@ -91,7 +118,9 @@ def main():
                 if b in cs:
                     print('  %s -> %s (%s)' % (a, b,
                                               ', '.join(sorted(syms)[:4])))
-    print('check_calls: %d files, %d cycles' % (len(uses), len(comps)))
+    print('check_calls: %d files, %d cycles%s' % (
+        len(uses), len(comps),
+        ' (%d stale objects skipped)' % stale if stale else ''))
     return 1 if comps else 0
 
 
