@@ -58,42 +58,41 @@ typedef struct module_kind {
                          size_t len);
 } module_kind_t;
 
-static const char *check_backend(const void *table, const char *name,
-                                 char *detail, size_t len)
+/* The checks every module table takes: its ABI version, its size and the
+ * name it gives itself. NULL if they hold, else `detail` with the reason. */
+static const char *check_table(uint32_t abi, uint32_t need_abi, uint32_t size,
+                               size_t min_size, const char *self,
+                               const char *name, char *detail, size_t len)
 {
-    const pdx_backend_ops_t *ops = table;
-    if (ops->abi_version != PDX_BACKEND_ABI_VERSION) {
-        snprintf(detail, len, "abi version %u, need %u", ops->abi_version,
-                 PDX_BACKEND_ABI_VERSION);
-    } else if (ops->size < PDX_BACKEND_OPS_MIN_SIZE) {
-        snprintf(detail, len, "ops table of %u bytes, need %zu", ops->size,
-                 (size_t)PDX_BACKEND_OPS_MIN_SIZE);
-    } else if (ops->name == NULL || strcmp(ops->name, name) != 0) {
+    if (abi != need_abi) {
+        snprintf(detail, len, "abi version %u, need %u", abi, need_abi);
+    } else if (size < min_size) {
+        snprintf(detail, len, "ops table of %u bytes, need %zu", size,
+                 min_size);
+    } else if (self == NULL || strcmp(self, name) != 0) {
         snprintf(detail, len, "module names itself '%s'",
-                 ops->name ? ops->name : "(null)");
+                 self ? self : "(null)");
     } else {
         return NULL;
     }
     return detail;
 }
 
+static const char *check_backend(const void *table, const char *name,
+                                 char *detail, size_t len)
+{
+    const pdx_backend_ops_t *ops = table;
+    return check_table(ops->abi_version, PDX_BACKEND_ABI_VERSION, ops->size,
+                       PDX_BACKEND_OPS_MIN_SIZE, ops->name, name, detail,
+                       len);
+}
+
 static const char *check_store(const void *table, const char *name,
                                char *detail, size_t len)
 {
     const pdx_store_ops_t *ops = table;
-    if (ops->abi_version != PDX_STORE_ABI_VERSION) {
-        snprintf(detail, len, "abi version %u, need %u", ops->abi_version,
-                 PDX_STORE_ABI_VERSION);
-    } else if (ops->size < PDX_STORE_OPS_MIN_SIZE) {
-        snprintf(detail, len, "ops table of %u bytes, need %zu", ops->size,
-                 (size_t)PDX_STORE_OPS_MIN_SIZE);
-    } else if (ops->name == NULL || strcmp(ops->name, name) != 0) {
-        snprintf(detail, len, "module names itself '%s'",
-                 ops->name ? ops->name : "(null)");
-    } else {
-        return NULL;
-    }
-    return detail;
+    return check_table(ops->abi_version, PDX_STORE_ABI_VERSION, ops->size,
+                       PDX_STORE_OPS_MIN_SIZE, ops->name, name, detail, len);
 }
 
 static const module_kind_t g_backend_kind = {
