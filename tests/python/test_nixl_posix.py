@@ -118,6 +118,59 @@ def test_write_read_exact(agent, tmp_path, direct):
         os.close(fd1)
 
 
+def test_prepped_storage(agent, tmp_path):
+    """LMCache's NIXL storage pattern: one memory buffer prepared as pages
+    (prep_xfer_dlist(NIXL_INIT_AGENT)), a file's pages registered and
+    prepared under the agent's own name, make_prepped_xfer WRITE and READ
+    by page indices; bytes exact; bad indices and lists refused."""
+    page, n = 4096, 4
+    mem = pattern(page * n, 11)
+    p = tmp_path / "pages"
+    fd = os.open(p, os.O_RDWR | os.O_CREAT)
+    try:
+        agent.register_memory([(mem.ctypes.data, mem.nbytes, 0, "")],
+                              "DRAM")
+        mlist = agent.prep_xfer_dlist(pdx.nixl.NIXL_INIT_AGENT, [
+            (mem.ctypes.data + i * page, page, 0) for i in range(n)], "DRAM")
+        agent.register_memory([(i * page, page, fd, str(p))
+                               for i in range(n)], "FILE")
+        flist = agent.prep_xfer_dlist(agent.name, agent.get_xfer_descs(
+            [(i * page, page, fd) for i in range(n)], "FILE"), "FILE")
+        h = agent.make_prepped_xfer("WRITE", mlist, [0, 2], flist, [3, 1])
+        assert agent.transfer(h) == "PROC"
+        wait_done(agent, h)
+        data = p.read_bytes()
+        assert data[3 * page:4 * page] == mem[:page].tobytes()
+        assert data[page:2 * page] == mem[2 * page:3 * page].tobytes()
+        assert data[:page] == bytes(page)
+        agent.release_xfer_handle(h)
+        want = mem.copy()
+        mem[:] = 0
+        h = agent.make_prepped_xfer("READ", mlist, np.array([1, 3],
+                                                            np.int32),
+                                    flist, [1, 3])
+        agent.transfer(h)
+        wait_done(agent, h)
+        assert mem[page:2 * page].tobytes() == want[2 * page:3 * page].tobytes()
+        assert mem[3 * page:].tobytes() == want[:page].tobytes()
+        assert mem[:page].tobytes() == bytes(page)
+        agent.release_xfer_handle(h)
+        with pytest.raises(pdx.nixl.nixlInvalidParamError):
+            agent.make_prepped_xfer("READ", mlist, [0], flist, [4])
+        with pytest.raises(pdx.nixl.nixlInvalidParamError):
+            agent.make_prepped_xfer("READ", mlist, [7], flist, [0])
+        with pytest.raises(pdx.nixl.nixlNotSupportedError):
+            agent.prep_xfer_dlist("other", [(0, page, fd)], "FILE")
+        with pytest.raises(pdx.nixl.nixlNotFoundError):
+            agent.prep_xfer_dlist(agent.name, [(n * page, page, fd)], "FILE")
+        agent.release_dlist_handle(flist)
+        with pytest.raises(pdx.nixl.nixlInvalidParamError, match="released"):
+            agent.make_prepped_xfer("READ", mlist, [0], flist, [0])
+        agent.release_dlist_handle(mlist)
+    finally:
+        os.close(fd)
+
+
 def test_errors(tmp_path):
     """NIXL's error classes, and the agent keeps working after each."""
     p = tmp_path / "e"
@@ -159,7 +212,7 @@ def test_errors(tmp_path):
         with pytest.raises(pdx.nixl.nixlBackendError, match="notif"):
             a.initialize_xfer("READ", m, f(0, 100), a.name, b"note")
         with pytest.raises(pdx.nixl.nixlNotSupportedError):
-            a.prep_xfer_dlist(a.name, f(0, 100))
+            a.prep_xfer_dlist("", f(0, 100))
         with pytest.raises(KeyError):
             a.initialize_xfer("COPY", m, f(0, 100), a.name)
         # Past the end of the file: a backend error at check_xfer_state.

@@ -52,7 +52,7 @@ from ._exchange import (  # noqa: F401
     _MetadataExchange,
     _Listener,
 )
-from ._posix import _FileRegs, _PosixXfer, make_file_xfer
+from ._posix import FileDlist, _FileRegs, _PosixXfer, make_file_xfer
 from . import _telemetry as _tm
 
 
@@ -112,6 +112,9 @@ class nixl_agent(_MetadataExchange):
         self.plugin_list = list(_PLUGIN_PARAMS) + list(_QUERY_PLUGINS)
         self.nixl_mems = dict(_MEMS, FILE="FILE")
         self._files = _FileRegs()
+        # Local prepared lists made once the POSIX backend exists -> their
+        # nixl_xfer_dlist, for make_prepped_xfer against a FILE list.
+        self._local_rows = {}
         self.nixl_ops = {"WRITE": "WRITE", "READ": "READ"}
         # (mem_type, addr, len, dev) -> [MemReg, refcount]
         self._regs = {}
@@ -536,18 +539,26 @@ class nixl_agent(_MetadataExchange):
         if descs is None:
             raise nixlInvalidParamError(
                 "prep_xfer_dlist: no descriptor list for this input")
+        local = agent_name in (NIXL_INIT_AGENT, "", None, b"",
+                               NIXL_INIT_AGENT.encode())
         if descs.mem_type == "FILE":
-            raise nixlNotSupportedError(
-                "prep_xfer_dlist: FILE lists are moved with initialize_xfer "
-                "(pdx's POSIX plugin prepares no lists)")
-        if agent_name in (NIXL_INIT_AGENT, "", None, b"",
-                          NIXL_INIT_AGENT.encode()):
-            return self.agent.prep_dlist(descs.desclist())
+            if local or _name(agent_name) != self.name:
+                raise nixlNotSupportedError(
+                    "prep_xfer_dlist: FILE lists are the agent's own "
+                    "(prep_xfer_dlist(%r, ...)); the POSIX plugin moves "
+                    "local files" % self.name)
+            return FileDlist(self, list(descs))
+        if local:
+            h = self.agent.prep_dlist(descs.desclist())
+            if any(b.upper() == "POSIX" for b in self.backends):
+                self._local_rows[h] = descs
+            return h
         agent_name = self._peer(agent_name)
         self._check_remote(agent_name, descs)
         return self.agent.prep_dlist(descs.desclist(), agent_name)
 
     def release_dlist_handle(self, handle):
+        self._local_rows.pop(handle, None)
         handle.release()
         if self._zombies:
             self._reap()
@@ -572,6 +583,11 @@ class nixl_agent(_MetadataExchange):
         _mem(self.nixl_ops, operation)  # KeyError for others, as NIXL
         notif = _notif_bytes(notif_msg, "make_prepped_xfer") \
             if notif_msg else None
+        if isinstance(remote_xfer_side, FileDlist) or \
+                isinstance(local_xfer_side, FileDlist):
+            return self._prepped_file_xfer(operation, local_xfer_side,
+                                           local_indices, remote_xfer_side,
+                                           remote_indices, notif)
         agent = self.agent
 
         def remake(n):
@@ -628,6 +644,31 @@ class nixl_agent(_MetadataExchange):
             return make_file_xfer(self, op, local, remote,
                                   _name(remote_agent), n)
         return nixl_xfer_handle(x, remake)
+
+    def _prepped_file_xfer(self, operation, lside, lidx, rside, ridx,
+                           notif):
+        if isinstance(lside, FileDlist) or \
+                not isinstance(rside, FileDlist):
+            raise nixlNotSupportedError(
+                "make_prepped_xfer: the local side is memory and the remote "
+                "side FILE (NIXL's storage transfers)")
+        ldescs = self._local_rows.get(lside)
+        if ldescs is None:
+            raise nixlNotSupportedError(
+                "make_prepped_xfer: a FILE request needs a local memory list "
+                "prepared (prep_xfer_dlist(NIXL_INIT_AGENT, ...)) after "
+                "create_backend('POSIX')")
+        rows = []
+        for i in lidx:
+            i = int(i)
+            if not 0 <= i < len(ldescs):
+                raise nixlInvalidParamError(
+                    "make_prepped_xfer: local index %d of %d descriptors"
+                    % (i, len(ldescs)))
+            rows.append(ldescs[i])
+        local = nixl_xfer_dlist(ldescs.mem_type, rows)
+        remote = nixl_xfer_dlist("FILE", rside.pick(ridx, "FILE"))
+        return self._file_xfer(operation, local, remote, self.name, notif)
 
     def _mem_covers(self, mem_type, addr, length, dev):
         """Whether [addr, addr + length) lies in one region this agent
@@ -792,6 +833,7 @@ class nixl_agent(_MetadataExchange):
             self._listener = None
         self._etcd_close()
         self._files.close()
+        self._local_rows.clear()
         if self._tw is not None:
             self._tw.close()
         self.agent.close()

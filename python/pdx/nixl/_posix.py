@@ -233,6 +233,45 @@ class _PosixXfer:
         return "_PosixXfer(%s, %d descs)" % (self.operation, self.segments)
 
 
+class FileDlist:
+    """A prepared FILE list (prep_xfer_dlist(own name, FILE descs)): its
+    rows, for make_prepped_xfer."""
+
+    def __init__(self, nagent, descs):
+        for i, (off, n, fd) in enumerate(descs):
+            if not nagent._files.covers(off, n, fd):
+                raise nixlNotFoundError(
+                    "prep_xfer_dlist: FILE descriptor %d (offset %d, %d "
+                    "bytes, fd %d) is not inside a registered FILE region"
+                    % (i, off, n, fd))
+        self.mem_type = "FILE"
+        self.rows = list(descs)
+        self.valid = True
+
+    def release(self):
+        self.valid = False
+
+    def pick(self, indices, what):
+        if not self.valid:
+            raise nixlInvalidParamError("make_prepped_xfer: the %s list was "
+                                        "released" % what)
+        out = []
+        for i in indices:
+            i = int(i)
+            if not 0 <= i < len(self.rows):
+                raise nixlInvalidParamError(
+                    "make_prepped_xfer: %s index %d of %d descriptors"
+                    % (what, i, len(self.rows)))
+            out.append(self.rows[i])
+        return out
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __repr__(self):
+        return "FileDlist(%d descs)" % len(self.rows)
+
+
 def make_file_xfer(nagent, operation, local, remote, peer, notif):
     """initialize_xfer with a FILE side: checks the lists as NIXL's agent
     does and returns the request (not posted)."""
