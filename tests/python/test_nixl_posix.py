@@ -228,12 +228,15 @@ def test_errors(tmp_path):
         with pytest.raises(pdx.nixl.nixlBackendError, match="WRITE"):
             wait_done(a, h)
         a.release_xfer_handle(h)
-        # Still working: a good READ.
+        # Still working: a good READ (its nominal cost: POSIX figures).
         h = a.initialize_xfer("READ", m, f(0, 100), a.name)
+        assert a.estimate_xfer_cost(h) == (25, 12, "ANALYTICAL_BACKEND")
         a.transfer(h)
         wait_done(a, h)
         assert buf[:100].tobytes() == b"y" * 100
         a.release_xfer_handle(h)
+        with pytest.raises(pdx.nixl.nixlNotPostedError):
+            a.check_xfer_state(h)
         a.deregister_memory(files)
         with pytest.raises(pdx.nixl.nixlNotFoundError):
             a.initialize_xfer("READ", m, f(0, 100), a.name)

@@ -66,6 +66,9 @@ _COST_MODEL = {
     "ucx": (1.0, 30.0, 0.5),
     "ucx_rdma": (12.0, 5.0, 0.2),
     "cuda_ipc": (100.0, 15.0, 1.0),
+    # pdx.nixl's POSIX plugin: pread/pwrite on a worker thread, a local
+    # disk or page cache.
+    "POSIX": (2.0, 20.0, 5.0),
 }
 
 

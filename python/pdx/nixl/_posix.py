@@ -13,6 +13,8 @@ import os
 import threading
 import time
 
+import pdx as _pdx
+
 from ._common import (
     nixlBackendError,
     nixlInvalidParamError,
@@ -137,7 +139,7 @@ class _PosixXfer:
 
     def _live(self):
         if self._released:
-            raise nixlInvalidParamError("the transfer handle was released")
+            raise _pdx.Closed("the transfer handle was released")
 
     def post(self):
         self._live()
@@ -159,10 +161,12 @@ class _PosixXfer:
             for (addr, length, _), (off, flen, fd) in self._pairs:
                 if self._cancel:
                     return
-                self._move(addr, length, off, fd)
-        except OSError as e:
-            self.error = "POSIX %s on fd: %s" % (self.operation, e)
-            raise nixlBackendError(self.error)
+                try:
+                    self._move(addr, length, off, fd)
+                except OSError as e:
+                    self.error = "POSIX %s of %d bytes at offset %d of fd " \
+                        "%d: %s" % (self.operation, length, off, fd, e)
+                    raise nixlBackendError(self.error) from None
         except nixlBackendError as e:
             self.error = str(e)
             raise
