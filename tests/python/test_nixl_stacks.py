@@ -725,7 +725,7 @@ def test_posix_query_plugin(tmp_path):
     query_memory on FILE descriptors: size, mode, mtime, None for a file
     that is not there). nixl_agent moves file data with it
     (test_nixl_posix.py); the low-level nixlAgent binding does not
-    (registerMem of FILE refused)."""
+    (registerMem of FILE refused; getAvailPlugins does not list it)."""
     from nixl._api import nixl_agent, nixl_agent_config
     from nixl import _bindings as b
     f = tmp_path / "q.bin"
@@ -747,6 +747,7 @@ def test_posix_query_plugin(tmp_path):
     conf.useProgThread = False
     ag = b.nixlAgent("pq-b", conf)
     try:
+        assert ag.getAvailPlugins() == ["UCX"]
         params, mems = ag.getPluginParams("POSIX")
         h = ag.createBackend("POSIX", params)
         descs = b.nixlRegDList(b.FILE_SEG)
