@@ -66,6 +66,7 @@ def test_write_read_exact(agent, tmp_path, direct):
         fd1 = os.open(p1, flags)
     except OSError as e:  # a file system without O_DIRECT
         pytest.skip("open: %s" % e)
+    nfds = len(os.listdir("/proc/self/fd"))
     try:
         a, b = pattern(65536, 1), pattern(8192, 2)
         mem = agent.register_memory([(a.ctypes.data, a.nbytes, 0, "a"),
@@ -113,6 +114,8 @@ def test_write_read_exact(agent, tmp_path, direct):
         agent.deregister_memory(files, backends=["POSIX"])
         agent.deregister_memory(mem)
         assert not agent._files.regs
+        # No buffered twin of an O_DIRECT fd outlives its request.
+        assert len(os.listdir("/proc/self/fd")) == nfds
     finally:
         os.close(fd0)
         os.close(fd1)

@@ -27,15 +27,12 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
 class _FileRegs:
-    """The FILE regions an agent registered (refcounted, as memory), the
-    worker threads, and buffered twins of O_DIRECT fds (an unaligned
-    buffer or offset is moved through a twin opened without O_DIRECT on
-    the same file)."""
+    """The FILE regions an agent registered (refcounted, as memory) and
+    the worker threads that move their bytes."""
 
     def __init__(self):
         self.regs = {}  # (offset, len, fd) -> [meta, refcount]
         self._pool = None
-        self._twins = {}
         self._lock = threading.Lock()
 
     def add(self, regions):
@@ -64,8 +61,6 @@ class _FileRegs:
             ent[1] -= 1
             if ent[1] <= 0:
                 del self.regs[(off, length, fd)]
-                if not any(k[2] == fd for k in self.regs):
-                    self._close_twin(fd)
 
     def covers(self, off, length, fd):
         return any(k[2] == fd and k[0] <= off and off + length <= k[0] + k[1]
@@ -78,27 +73,10 @@ class _FileRegs:
                     max_workers=4, thread_name_prefix="pdx-nixl-posix")
             return self._pool
 
-    def twin(self, fd):
-        with self._lock:
-            t = self._twins.get(fd)
-            if t is None:
-                t = os.open("/proc/self/fd/%d" % fd,
-                            _accmode(fd) | os.O_CLOEXEC)
-                self._twins[fd] = t
-            return t
-
-    def _close_twin(self, fd):
-        with self._lock:
-            t = self._twins.pop(fd, None)
-        if t is not None:
-            os.close(t)
-
     def close(self):
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-        for fd in list(self._twins):
-            self._close_twin(fd)
         self.regs.clear()
 
 
@@ -157,6 +135,9 @@ class _PosixXfer:
 
     def _run(self):
         t0 = time.monotonic_ns()
+        # Buffered twins of O_DIRECT fds, opened for this run only (an fd
+        # number may name another file by the next one).
+        self._twins = {}
         try:
             for (addr, length, _), (off, flen, fd) in self._pairs:
                 if self._cancel:
@@ -171,6 +152,9 @@ class _PosixXfer:
             self.error = str(e)
             raise
         finally:
+            for t in self._twins.values():
+                os.close(t)
+            self._twins = {}
             self._xfer_ns = time.monotonic_ns() - t0
 
     def _move(self, addr, length, off, fd):
@@ -188,7 +172,11 @@ class _PosixXfer:
                 if e.errno == errno.EINVAL and use == fd and _is_direct(fd):
                     # O_DIRECT wants aligned buffers, offsets and lengths:
                     # the same file through a buffered twin.
-                    use = self._files.twin(fd)
+                    use = self._twins.get(fd)
+                    if use is None:
+                        use = self._twins[fd] = os.open(
+                            "/proc/self/fd/%d" % fd,
+                            _accmode(fd) | os.O_CLOEXEC)
                     continue
                 raise
             if n == 0:
