@@ -153,7 +153,7 @@ def test_nixl_conventions():
     a = nixl_agent("conv-a", nixl_agent_config(backends=["UCX"]))
     b = nixl_agent("conv-b", None)
     try:
-        assert a.get_plugin_list() == ["UCX"] and "UCX" in a.backends
+        assert a.get_plugin_list() == ["UCX", "POSIX"] and "UCX" in a.backends
         buf = pdx.mem_alloc(1 << 16)
         np.frombuffer(buf, np.uint8)[:] = 9
         dst = bytearray(1 << 16)

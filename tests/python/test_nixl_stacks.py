@@ -723,7 +723,9 @@ def test_estimate_xfer_cost():
 def test_posix_query_plugin(tmp_path):
     """The "POSIX" plugin answers file queries as NIXL's (queryMem,
     query_memory on FILE descriptors: size, mode, mtime, None for a file
-    that is not there) and moves nothing (registerMem of FILE refused)."""
+    that is not there). nixl_agent moves file data with it
+    (test_nixl_posix.py); the low-level nixlAgent binding does not
+    (registerMem of FILE refused; getAvailPlugins does not list it)."""
     from nixl._api import nixl_agent, nixl_agent_config
     from nixl import _bindings as b
     f = tmp_path / "q.bin"
@@ -731,8 +733,8 @@ def test_posix_query_plugin(tmp_path):
     missing = str(tmp_path / "none")
     a = nixl_agent("pq-a", nixl_agent_config(backends=[]))
     try:
-        assert "POSIX" not in a.get_plugin_list()  # it moves no data
-        assert a.get_plugin_mem_types("POSIX") == ["FILE"]
+        assert "POSIX" in a.get_plugin_list()
+        assert a.get_plugin_mem_types("POSIX") == ["FILE", "DRAM"]
         a.create_backend("POSIX", a.get_plugin_params("POSIX"))
         got = a.query_memory([(0, 0, 0, str(f)), (0, 0, 0, missing)],
                              "POSIX", mem_type="FILE")
@@ -745,6 +747,7 @@ def test_posix_query_plugin(tmp_path):
     conf.useProgThread = False
     ag = b.nixlAgent("pq-b", conf)
     try:
+        assert ag.getAvailPlugins() == ["UCX"]
         params, mems = ag.getPluginParams("POSIX")
         h = ag.createBackend("POSIX", params)
         descs = b.nixlRegDList(b.FILE_SEG)

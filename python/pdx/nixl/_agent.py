@@ -52,6 +52,8 @@ from ._exchange import (  # noqa: F401
     _MetadataExchange,
     _Listener,
 )
+from ._posix import FileDlist, _FileRegs, _PosixXfer, make_file_xfer
+from . import _telemetry as _tm
 
 
 # estimate_xfer_cost's nominal paths: (GB/s, per-request us, per-segment
@@ -64,6 +66,9 @@ _COST_MODEL = {
     "ucx": (1.0, 30.0, 0.5),
     "ucx_rdma": (12.0, 5.0, 0.2),
     "cuda_ipc": (100.0, 15.0, 1.0),
+    # pdx.nixl's POSIX plugin: pread/pwrite on a worker thread, a local
+    # disk or page cache.
+    "POSIX": (2.0, 20.0, 5.0),
 }
 
 
@@ -96,15 +101,23 @@ class nixl_agent(_MetadataExchange):
             bool(getattr(nixl_conf, "enable_listen", False)),
             getattr(nixl_conf, "port", DEFAULT_COMM_PORT), sync.value, 0,
             100000, self._telemetry)
+        # NIXL's telemetry file ($NIXL_TELEMETRY_DIR/<name>), or None.
+        self._tw = _tm.make_writer(self.name, self._telemetry)
+        self._op_of = {}
+        self._tw_posted = set()
         self._mods = []
         self._pdx_opts = {}
         self.backends = {}
         self.backend_mems = {}
         self.backend_options = {}
-        # Query plugins (POSIX) are not listed: a stack looking for POSIX
-        # here to move file data falls back (pdx moves none).
-        self.plugin_list = list(_PLUGIN_PARAMS)
-        self.nixl_mems = dict(_MEMS)
+        # "POSIX" moves data between host memory and files (pdx.nixl.
+        # _posix), as NIXL's plugin, so it is listed.
+        self.plugin_list = list(_PLUGIN_PARAMS) + list(_QUERY_PLUGINS)
+        self.nixl_mems = dict(_MEMS, FILE="FILE")
+        self._files = _FileRegs()
+        # Local prepared lists made once the POSIX backend exists -> their
+        # nixl_xfer_dlist, for make_prepped_xfer against a FILE list.
+        self._local_rows = {}
         self.nixl_ops = {"WRITE": "WRITE", "READ": "READ"}
         # (mem_type, addr, len, dev) -> [MemReg, refcount]
         self._regs = {}
@@ -289,13 +302,51 @@ class nixl_agent(_MetadataExchange):
             del self._zombies[key]
         self._shadow_sync()
 
+    # -- NIXL's telemetry file (pdx.nixl._telemetry) ----------------------
+    def _tw_error(self, exc):
+        if self._tw is not None and isinstance(exc, _pdx.Error):
+            self._tw.emit((_tm.error_event(exc), 1))
+
+    def _tw_done(self, handle):
+        """A posted request finished: NIXL's per-request events."""
+        if self._tw is None or handle not in self._tw_posted:
+            return
+        self._tw_posted.discard(handle)
+        t = handle.telemetry() if _HAVE_TELEMETRY or \
+            isinstance(getattr(handle, "_x", None), _PosixXfer) \
+            else dict(_NO_TELEMETRY)
+        write = self._op_of.get(handle, "WRITE") == "WRITE"
+        self._tw.emit(
+            (_tm.XFER_POST_TIME, int(t.get("post_duration_ns", 0)) // 1000),
+            (_tm.XFER_TIME, int(t.get("xfer_duration_ns", 0)) // 1000),
+            (_tm.TX_BYTES if write else _tm.RX_BYTES, int(t.get("bytes", 0))),
+            (_tm.TX_REQUESTS_NUM if write else _tm.RX_REQUESTS_NUM, 1))
+
     def register_memory(self, reg_list, mem_type=None, is_sorted=False,
                         backends=()):
+        try:
+            descs = self._register(reg_list, mem_type, is_sorted)
+        except BaseException as e:
+            self._tw_error(e)
+            raise
+        if self._tw is not None:
+            self._tw.emit((_tm.MEMORY_REGISTERED,
+                           sum(r[1] for r in descs.regions)))
+        return descs
+
+    def _register(self, reg_list, mem_type=None, is_sorted=False):
         descs = self.get_reg_descs(reg_list, mem_type, is_sorted)
         if descs is None:
             raise nixlInvalidParamError(
                 "register_memory: no descriptor list for this input "
                 "(a non-contiguous tensor, or tensors on different devices)")
+        if descs.mem_type == "FILE":
+            if not any(b.upper() == "POSIX" for b in self.backends):
+                raise nixlNotFoundError(
+                    "register_memory: FILE memory needs the POSIX backend "
+                    "(create_backend('POSIX')) on agent %s" % self.name)
+            self._files.add(descs.regions)
+            return descs
         if not self._mods:
             raise nixlNotFoundError(
                 "register_memory: agent %s has no backend; create one with "
@@ -398,6 +449,12 @@ class nixl_agent(_MetadataExchange):
         transfers complete or fail as they would have); then it is
         deregistered. Everything goes at close()."""
         dereg_list = self.get_reg_descs(dereg_list)
+        if self._tw is not None:
+            self._tw.emit((_tm.MEMORY_DEREGISTERED,
+                           sum(r[1] for r in dereg_list.regions)))
+        if dereg_list.mem_type == "FILE":
+            self._files.drop(dereg_list.regions)
+            return
         for (addr, length, dev, _) in dereg_list.regions:
             self._drop_reg((dereg_list.mem_type, addr, length, dev))
 
@@ -485,14 +542,26 @@ class nixl_agent(_MetadataExchange):
         if descs is None:
             raise nixlInvalidParamError(
                 "prep_xfer_dlist: no descriptor list for this input")
-        if agent_name in (NIXL_INIT_AGENT, "", None, b"",
-                          NIXL_INIT_AGENT.encode()):
-            return self.agent.prep_dlist(descs.desclist())
+        local = agent_name in (NIXL_INIT_AGENT, "", None, b"",
+                               NIXL_INIT_AGENT.encode())
+        if descs.mem_type == "FILE":
+            if local or _name(agent_name) != self.name:
+                raise nixlNotSupportedError(
+                    "prep_xfer_dlist: FILE lists are the agent's own "
+                    "(prep_xfer_dlist(%r, ...)); the POSIX plugin moves "
+                    "local files" % self.name)
+            return FileDlist(self, list(descs))
+        if local:
+            h = self.agent.prep_dlist(descs.desclist())
+            if any(b.upper() == "POSIX" for b in self.backends):
+                self._local_rows[h] = descs
+            return h
         agent_name = self._peer(agent_name)
         self._check_remote(agent_name, descs)
         return self.agent.prep_dlist(descs.desclist(), agent_name)
 
     def release_dlist_handle(self, handle):
+        self._local_rows.pop(handle, None)
         handle.release()
         if self._zombies:
             self._reap()
@@ -501,9 +570,27 @@ class nixl_agent(_MetadataExchange):
     def make_prepped_xfer(self, operation, local_xfer_side, local_indices,
                           remote_xfer_side, remote_indices, notif_msg=b"",
                           backends=(), skip_desc_merge=False):
+        try:
+            h = self._make_prepped(operation, local_xfer_side, local_indices,
+                                   remote_xfer_side, remote_indices,
+                                   notif_msg)
+        except BaseException as e:
+            self._tw_error(e)
+            raise
+        if self._tw is not None:
+            self._op_of[h] = operation
+        return h
+
+    def _make_prepped(self, operation, local_xfer_side, local_indices,
+                      remote_xfer_side, remote_indices, notif_msg):
         _mem(self.nixl_ops, operation)  # KeyError for others, as NIXL
         notif = _notif_bytes(notif_msg, "make_prepped_xfer") \
             if notif_msg else None
+        if isinstance(remote_xfer_side, FileDlist) or \
+                isinstance(local_xfer_side, FileDlist):
+            return self._prepped_file_xfer(operation, local_xfer_side,
+                                           local_indices, remote_xfer_side,
+                                           remote_indices, notif)
         agent = self.agent
 
         def remake(n):
@@ -516,6 +603,18 @@ class nixl_agent(_MetadataExchange):
 
     def initialize_xfer(self, operation, local_descs, remote_descs,
                         remote_agent, notif_msg=b"", backends=()):
+        try:
+            h = self._initialize(operation, local_descs, remote_descs,
+                                 remote_agent, notif_msg)
+        except BaseException as e:
+            self._tw_error(e)
+            raise
+        if self._tw is not None:
+            self._op_of[h] = operation
+        return h
+
+    def _initialize(self, operation, local_descs, remote_descs,
+                    remote_agent, notif_msg):
         _mem(self.nixl_ops, operation)
         notif = _notif_bytes(notif_msg, "initialize_xfer") \
             if notif_msg else None
@@ -525,6 +624,9 @@ class nixl_agent(_MetadataExchange):
             raise nixlInvalidParamError(
                 "initialize_xfer: no descriptor list for the %s side"
                 % ("local" if local is None else "remote"))
+        if local.mem_type == "FILE" or remote.mem_type == "FILE":
+            return self._file_xfer(operation, local, remote, remote_agent,
+                                   notif)
         agent, ld, rd = self.agent, local.desclist(), remote.desclist()
         peer = self._peer(remote_agent)
         self._check_remote(peer, remote)
@@ -536,10 +638,66 @@ class nixl_agent(_MetadataExchange):
             self._notif_of[h] = notif
         return h
 
+    def _file_xfer(self, operation, local, remote, remote_agent, notif):
+        op = _mem(self.nixl_ops, operation)
+        x = make_file_xfer(self, op, local, remote, _name(remote_agent),
+                           notif)
+
+        def remake(n):
+            return make_file_xfer(self, op, local, remote,
+                                  _name(remote_agent), n)
+        return nixl_xfer_handle(x, remake)
+
+    def _prepped_file_xfer(self, operation, lside, lidx, rside, ridx,
+                           notif):
+        if isinstance(lside, FileDlist) or \
+                not isinstance(rside, FileDlist):
+            raise nixlNotSupportedError(
+                "make_prepped_xfer: the local side is memory and the remote "
+                "side FILE (NIXL's storage transfers)")
+        ldescs = self._local_rows.get(lside)
+        if ldescs is None:
+            raise nixlNotSupportedError(
+                "make_prepped_xfer: a FILE request needs a local memory list "
+                "prepared (prep_xfer_dlist(NIXL_INIT_AGENT, ...)) after "
+                "create_backend('POSIX')")
+        rows = []
+        for i in lidx:
+            i = int(i)
+            if not 0 <= i < len(ldescs):
+                raise nixlInvalidParamError(
+                    "make_prepped_xfer: local index %d of %d descriptors"
+                    % (i, len(ldescs)))
+            rows.append(ldescs[i])
+        local = nixl_xfer_dlist(ldescs.mem_type, rows)
+        remote = nixl_xfer_dlist("FILE", rside.pick(ridx, "FILE"))
+        return self._file_xfer(operation, local, remote, self.name, notif)
+
+    def _mem_covers(self, mem_type, addr, length, dev):
+        """Whether [addr, addr + length) lies in one region this agent
+        registered (mem_type, device)."""
+        for (mt, a, n, d) in self._regs:
+            if mt == mem_type and d == dev and a <= addr and \
+                    addr + length <= a + n:
+                return True
+        return False
+
     def transfer(self, handle, notif_msg=b""):
         """Posts the request: "DONE" or "PROC"; a failure raises the NIXL
         error class for it (nixlRemoteDisconnectError for a peer that is
         gone, ...), as NIXL's bindings do, with pdx's text."""
+        try:
+            st = self._transfer(handle, notif_msg)
+        except BaseException as e:
+            self._tw_error(e)
+            raise
+        if self._tw is not None:
+            self._tw_posted.add(handle)
+            if st == "DONE":
+                self._tw_done(handle)
+        return st
+
+    def _transfer(self, handle, notif_msg):
         if notif_msg:
             m = _notif_bytes(notif_msg, "transfer")
             if self._notif_of.get(handle) != m:
@@ -576,8 +734,16 @@ class nixl_agent(_MetadataExchange):
     def check_xfer_state(self, handle):
         """"DONE" or "PROC"; a failed request raises its NIXL error class
         (as NIXL's getXferStatus does)."""
-        if handle.check():
+        try:
+            done = handle.check()
+        except BaseException as e:
+            if handle in self._tw_posted:
+                self._tw_posted.discard(handle)
+                self._tw_error(e)
+            raise
+        if done:
             self._done_notif(handle)
+            self._tw_done(handle)
             return "DONE"
         return "PROC"
 
@@ -600,6 +766,8 @@ class nixl_agent(_MetadataExchange):
 
     def release_xfer_handle(self, handle):
         self._notif_of.pop(handle, None)
+        self._op_of.pop(handle, None)
+        self._tw_posted.discard(handle)
         handle.release()
         if self._zombies:
             self._reap()
@@ -667,6 +835,10 @@ class nixl_agent(_MetadataExchange):
             self._listener.close()
             self._listener = None
         self._etcd_close()
+        self._files.close()
+        self._local_rows.clear()
+        if self._tw is not None:
+            self._tw.close()
         self.agent.close()
         if self._shadow is not None:
             self._shadow.close()

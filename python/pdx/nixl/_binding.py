@@ -124,7 +124,7 @@ class _BindingAgent(_pdx.Agent):
         return x
 
     def getAvailPlugins(self):
-        return list(_PLUGIN_PARAMS)  # query plugins (POSIX) unlisted
+        return list(_PLUGIN_PARAMS)  # POSIX: queries only at this level (no FILE registerMem), unlisted
 
     def getPluginParams(self, backend):
         if backend.upper() in _QUERY_PLUGINS:

@@ -84,11 +84,12 @@ _PLUGIN_PARAMS = {
 }
 _PDX_UCX_OPTS = ("tls", "max_chunk")
 
-# Plugins pdx answers queries for but moves no data with (no registration,
-# no transfers): "POSIX" stats files, as NIXL's POSIX plugin answers
-# queryMem / query_memory on FILE descriptors (path in the metadata
-# field). Parameters and mem types as getPluginParams gives them.
-_QUERY_PLUGINS = {"POSIX": ({}, ["FILE"])}
+# Plugins pdx.nixl implements in Python rather than with a pdx backend:
+# "POSIX" answers queryMem / query_memory on FILE descriptors (file stats,
+# path in the metadata field) and, in nixl_agent, moves data between
+# registered host memory and registered FILE regions (pdx.nixl._posix).
+# Parameters and mem types as NIXL's POSIX plugin gives them.
+_QUERY_PLUGINS = {"POSIX": ({}, ["FILE", "DRAM"])}
 
 
 def _query_file(path):
