@@ -7,9 +7,10 @@ file); it answers b"COMPLETE". Reports an exception as ("error",
 traceback)."""
 import os
 import time
-import traceback
 
 import numpy as np
+
+from nixl_stack_workers import reporting
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
@@ -40,22 +41,8 @@ def _xfer(agent, op, local, remote, peer):
     agent.release_xfer_handle(h)
 
 
+@reporting
 def storage_server(conn, fileprefix):
-    import faulthandler
-    faulthandler.dump_traceback_later(120, exit=True)
-    try:
-        _server(conn, fileprefix)
-    except BaseException:
-        try:
-            conn.send(("error", traceback.format_exc()))
-        except Exception:
-            pass
-        raise
-    finally:
-        conn.close()
-
-
-def _server(conn, fileprefix):
     from nixl._api import nixl_agent, nixl_agent_config
     agent = nixl_agent("storage", nixl_agent_config(backends=[]))
     assert "POSIX" in agent.get_plugin_list()

@@ -570,10 +570,16 @@ class nixl_agent(_MetadataExchange):
     def make_prepped_xfer(self, operation, local_xfer_side, local_indices,
                           remote_xfer_side, remote_indices, notif_msg=b"",
                           backends=(), skip_desc_merge=False):
+        return self._tw_made(operation, self._make_prepped, operation,
+                             local_xfer_side, local_indices, remote_xfer_side,
+                             remote_indices, notif_msg)
+
+    def _tw_made(self, operation, make, *args):
+        """make(*args) -> a handle; a failure is a telemetry error event,
+        and with telemetry on the handle's operation is kept for its
+        events."""
         try:
-            h = self._make_prepped(operation, local_xfer_side, local_indices,
-                                   remote_xfer_side, remote_indices,
-                                   notif_msg)
+            h = make(*args)
         except BaseException as e:
             self._tw_error(e)
             raise
@@ -603,15 +609,9 @@ class nixl_agent(_MetadataExchange):
 
     def initialize_xfer(self, operation, local_descs, remote_descs,
                         remote_agent, notif_msg=b"", backends=()):
-        try:
-            h = self._initialize(operation, local_descs, remote_descs,
-                                 remote_agent, notif_msg)
-        except BaseException as e:
-            self._tw_error(e)
-            raise
-        if self._tw is not None:
-            self._op_of[h] = operation
-        return h
+        return self._tw_made(operation, self._initialize, operation,
+                             local_descs, remote_descs, remote_agent,
+                             notif_msg)
 
     def _initialize(self, operation, local_descs, remote_descs,
                     remote_agent, notif_msg):
