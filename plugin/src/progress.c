@@ -210,18 +210,14 @@ static bool backend_progress_unlocked(pdx_agent_h agent,
     return true;
 }
 
-int pdx_progress_locked(pdx_agent_h agent)
+/* Everything of a pass but the backends' own progress: liveness (pidfds,
+ * same-process destroys), request states and timeouts, removal
+ * acknowledgements. The progress thread runs it alone while a caller
+ * progresses the backends itself. Lock held (pdx_agent_lock). Returns the
+ * requests it saw end. */
+static int housekeeping_locked(pdx_agent_h agent)
 {
-    int events = 0;
-    if (agent->be_busy) {
-        return 0; /* mid-pass in another thread: that pass covers it */
-    }
-    for (uint32_t i = 0; i < agent->nbackends; i++) {
-        if (!backend_progress_unlocked(agent, agent->backends[i],
-                                           &events)) {
-            return events;
-        }
-    }
+    int ended = 0;
     uint64_t now = pdx_now_ns();
     agent->last_full_progress_ns = now;
     check_liveness(agent, now);
@@ -229,7 +225,7 @@ int pdx_progress_locked(pdx_agent_h agent)
         if (x->status == PDX_INPROGRESS) {
             pdx_xfer_progress_locked(agent, x);
             if (x->status != PDX_INPROGRESS) {
-                events++;
+                ended++;
             }
         } else if (x->breq != NULL) {
             pdx_xfer_progress_locked(agent, x); /* sweep a failed one */
@@ -239,7 +235,37 @@ int pdx_progress_locked(pdx_agent_h agent)
     if (agent->ctl_acks != NULL) {
         pdx_ctl_progress_locked(agent); /* ctl.c: removal acks */
     }
-    return events;
+    return ended;
+}
+
+/* One pass: every backend, then housekeeping_locked. Returns the events
+ * seen (backend events and requests that ended); *ended_p (may be NULL)
+ * gets the requests that ended. */
+static int progress_pass_locked(pdx_agent_h agent, int *ended_p)
+{
+    int events = 0;
+    if (ended_p != NULL) {
+        *ended_p = 0;
+    }
+    if (agent->be_busy) {
+        return 0; /* mid-pass in another thread: that pass covers it */
+    }
+    for (uint32_t i = 0; i < agent->nbackends; i++) {
+        if (!backend_progress_unlocked(agent, agent->backends[i],
+                                           &events)) {
+            return events;
+        }
+    }
+    int ended = housekeeping_locked(agent);
+    if (ended_p != NULL) {
+        *ended_p = ended;
+    }
+    return events + ended;
+}
+
+int pdx_progress_locked(pdx_agent_h agent)
+{
+    return progress_pass_locked(agent, NULL);
 }
 
 /* Re-arm every backend's event fd; one with events already pending keeps
@@ -269,7 +295,7 @@ int pdxi_progress(pdx_agent_h agent)
     arm_backends(agent);
     pthread_mutex_unlock(&agent->lock);
     if (!agent->thread_running) {
-        pdx_stats_sock_serve(agent);
+        pdx_stats_sock_serve(agent, 0);
     }
     return n;
 }
@@ -280,7 +306,19 @@ int pdxi_progress(pdx_agent_h agent)
  * (then it is late by this much, never lost). Ten wake-ups a second cost
  * well under a millisecond of CPU. */
 #define PROGRESS_IDLE_MS 100
-#define PROGRESS_SPIN_NS 10000000ull
+/* After a stream of activity (below), sleeps on events end within
+ * PROGRESS_INFLIGHT_MS for this long: an event a backend failed to signal
+ * while serving a stream costs 1 ms, not the idle bound. */
+#define PROGRESS_STREAM_NS 10000000ull
+/* A fast stream (two bursts of activity, a wait between them, within
+ * this): the thread polls, yielding the CPU between passes, until this
+ * long after the last activity. A target serving a peer's requests one at
+ * a time answers the next one at UCX's own latency instead of a
+ * wake-up's (60-120 us on the 2-core VM). A lone message (a peer's UCX
+ * keepalive) does not start one: an idle agent never polls. Also how long
+ * the thread keeps out of the backends after a caller progressed one
+ * itself (pdx_xfer_check). */
+#define PROGRESS_POLL_NS 1000000ull
 /* Longest sleep with requests in flight on event-fd backends only: how
  * late a request timeout can be noticed (their unit is ms). */
 #define PROGRESS_INFLIGHT_MS 1
@@ -305,33 +343,24 @@ static void watch_pidfds_locked(pdx_agent_h agent)
 /* How long the progress thread may sleep now, in ms: 0, progress again at
  * once (a backend has events pending); -1, a short fixed pause
  * (progress_interval_us): a request is in flight on a backend without an
- * event fd (cma completes in its own threads and is polled), or, with no
- * request in flight, there was activity shortly ago (PROGRESS_SPIN_NS: a
- * target serving a peer's stream serves the next message at once); else
- * every backend's event fd is armed and the thread sleeps
- * until an event (a message or completion for a backend, a peer's exit, a
- * stats client, a wake), or PROGRESS_INFLIGHT_MS with requests in flight
- * (their timeouts), or PROGRESS_IDLE_MS. Lock held, no backend busy. */
-static int idle_timeout_locked(pdx_agent_h agent, uint64_t *busy_ns)
+ * event fd (cma completes in its own threads and is polled); else every
+ * backend's event fd is armed and the thread sleeps until an event (a
+ * message or completion for a backend, a peer's exit, a stats client, a
+ * wake), or PROGRESS_INFLIGHT_MS with requests in flight (their timeouts)
+ * or within PROGRESS_STREAM_NS of a stream, or PROGRESS_IDLE_MS. Lock
+ * held, no backend busy. */
+static int idle_timeout_locked(pdx_agent_h agent, uint64_t stream_ns)
 {
     uint64_t now = pdx_now_ns();
-    bool inflight = false, polled = false;
+    bool inflight = false;
     for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
         if (x->status == PDX_INPROGRESS || x->breq != NULL) {
             inflight = true;
             if (!(agent->backends[x->bindex]->ops->caps &
                   PDX_BACKEND_CAP_EVENT_FD)) {
-                polled = true;
-                break;
+                return -1;
             }
         }
-    }
-    if (polled) {
-        *busy_ns = now;
-        return -1;
-    }
-    if (!inflight && now - *busy_ns < PROGRESS_SPIN_NS) {
-        return -1; /* activity shortly ago: the next message may follow */
     }
     for (uint32_t i = 0; i < agent->nbackends; i++) {
         struct pdx_backend *b = agent->backends[i];
@@ -340,40 +369,95 @@ static int idle_timeout_locked(pdx_agent_h agent, uint64_t *busy_ns)
             return 0;
         }
     }
-    return inflight ? PROGRESS_INFLIGHT_MS : PROGRESS_IDLE_MS;
+    bool streaming = stream_ns != 0 && now - stream_ns < PROGRESS_STREAM_NS;
+    return inflight || streaming ? PROGRESS_INFLIGHT_MS : PROGRESS_IDLE_MS;
 }
 
 void *pdx_progress_main(void *arg)
 {
     pdx_agent_h agent = arg;
     struct epoll_event evs[16];
-    uint64_t busy_ns = 0; /* last pass with activity or a polled request */
+    uint64_t stream_ns = 0;  /* last burst of a stream */
+    uint64_t active_ns = 0;  /* last pass with activity */
+    uint64_t poll_until = 0; /* a fast stream: poll, do not sleep, until */
+    bool waited = true;      /* a wait since the last active pass */
+    uint64_t polls_seen = __atomic_load_n(&agent->caller_polls,
+                                          __ATOMIC_ACQUIRE);
     while (!__atomic_load_n(&agent->stop, __ATOMIC_ACQUIRE)) {
+        /* A caller polling its request progresses the backend itself
+         * (pdx_xfer_check): keep out of its way (no second thread in the
+         * backend, no core taken from it) while it polls, napping at most
+         * PROGRESS_POLL_NS a time; the rest of a pass still runs. */
+        uint64_t cp = __atomic_load_n(&agent->caller_polls,
+                                      __ATOMIC_ACQUIRE);
+        if (cp != polls_seen) {
+            polls_seen = cp;
+            struct timespec nap = {0, (long)PROGRESS_POLL_NS};
+            nanosleep(&nap, NULL);
+            waited = true;
+            pdx_agent_lock(agent);
+            if (housekeeping_locked(agent) > 0) {
+                pdx_agent_signal(agent);
+            }
+            pthread_mutex_unlock(&agent->lock);
+            continue;
+        }
         pdx_agent_lock(agent);
-        int n = pdx_progress_locked(agent);
-        if (n > 0) {
+        int ended;
+        int n = progress_pass_locked(agent, &ended);
+        if (ended > 0) {
+            /* Completions for a caller waiting on the agent's fd (a
+             * notification, a peer's death signal it themselves). Not per
+             * backend event: a target serving a stream would pay a write
+             * per message (~1 us on the VM). */
             pdx_agent_signal(agent);
         }
+        /* A burst ends only with a wait (a sleep, or a yield while
+         * polling): passes back to back, and one after a busy arm, are one
+         * wake-up's work, not a stream. */
+        bool in_burst = !waited;
         int timeout = 0;
         if (n == 0) {
             watch_pidfds_locked(agent);
-            timeout = idle_timeout_locked(agent, &busy_ns);
+            /* The pass's clock: one read a pass while polling. */
+            timeout = agent->last_full_progress_ns < poll_until
+                          ? -2
+                          : idle_timeout_locked(agent, stream_ns);
         } else {
-            /* Activity (a target serving a peer's emulated gets): keep
-             * short passes for PROGRESS_SPIN_NS before sleeping on events.
-             * Without it a target waited on UCX's event fd per message,
-             * and a missed event cost the 100 ms idle bound: a READ to a
-             * live peer timed out (1.5 s) in CI's stall_ucx_kill. */
-            busy_ns = pdx_now_ns();
+            waited = false;
+            uint64_t now = agent->last_full_progress_ns;
+            if (!in_burst) {
+                /* A new burst after a wait: a second one within
+                 * PROGRESS_POLL_NS is a fast stream (a target serving a
+                 * peer's emulated gets one at a time), within
+                 * PROGRESS_STREAM_NS a stream. A lone message (a peer's
+                 * keepalive) is served and the thread sleeps again. */
+                if (now - active_ns < PROGRESS_STREAM_NS) {
+                    stream_ns = now;
+                }
+                if (now - active_ns < PROGRESS_POLL_NS) {
+                    poll_until = now + PROGRESS_POLL_NS;
+                }
+            }
+            active_ns = now;
         }
         /* Under the lock: a post or load after this sees it and wakes us
          * (one before it was seen by idle_timeout_locked). */
         __atomic_store_n(&agent->thread_sleeping, timeout > 0,
                          __ATOMIC_RELEASE);
+        uint64_t pass_ns = agent->last_full_progress_ns;
         pthread_mutex_unlock(&agent->lock);
-        pdx_stats_sock_serve(agent);
+        pdx_stats_sock_serve(agent, pass_ns);
         if (timeout == 0) {
             continue; /* activity: progress again at once */
+        }
+        waited = true;
+        if (timeout == -2) {
+            /* Polling a fast stream: no system call between passes (a
+             * sched_yield cost every message ~1.3 us on the VM, 40% of a
+             * request); bounded by PROGRESS_POLL_NS after the last
+             * activity. */
+            continue;
         }
         if (timeout < 0) {
             struct timespec pause = {
@@ -414,12 +498,17 @@ static void xfer_progress_own(pdx_agent_h agent, struct pdx_xfer *x)
     if (x->breq == NULL || agent->be_busy) {
         return;
     }
-    /* With a progress thread, it progresses; the caller's call stays
-     * short (one UCX progress call can take tens of ms). */
-    if (agent->thread_running ||
-        backend_progress_unlocked(agent, agent->backends[x->bindex], NULL)) {
-        pdx_xfer_progress_locked(agent, x);
+    /* A polling caller progresses its request's backend at once (one
+     * bounded call, without the lock), progress thread or not: waiting
+     * for the thread to wake cost a request over UCX 60-120 us more than
+     * UCX's own loop. The thread keeps out of the backends while callers
+     * poll (caller_polls). */
+    if (backend_progress_unlocked(agent, agent->backends[x->bindex], NULL)) {
+        if (agent->thread_running) {
+            __atomic_fetch_add(&agent->caller_polls, 1, __ATOMIC_RELEASE);
+        }
     }
+    pdx_xfer_progress_locked(agent, x);
 }
 
 pdx_status_t pdxi_xfer_post(pdx_xfer_h x)
@@ -455,10 +544,10 @@ pdx_status_t pdxi_xfer_check(pdx_xfer_h x)
     if (!agent->be_busy && (x->status == PDX_INPROGRESS || x->breq != NULL)) {
         /* Its own backend, progressed without the lock: O(1) per call. */
         xfer_progress_own(agent, x);
-        uint64_t now = pdx_now_ns();
         if (x->status == PDX_INPROGRESS && !agent->be_busy &&
             !agent->thread_running &&
-            now - agent->last_full_progress_ns >= FULL_PROGRESS_PERIOD_NS) {
+            pdx_now_ns() - agent->last_full_progress_ns >=
+                FULL_PROGRESS_PERIOD_NS) {
             /* Liveness, timeouts and the other requests: at most every
              * FULL_PROGRESS_PERIOD_NS, so a polling caller stays cheap. */
             pdx_progress_locked(agent);

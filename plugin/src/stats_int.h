@@ -18,9 +18,10 @@ typedef struct pdx_stats_entry {
 pdx_stats_entry_t *pdx_peer_stats_get(pdx_agent_h agent, const char *name);
 
 /* The stats socket (stats_sock.c): open and close with the agent; serve
- * (without the lock) from the progress thread or pdx_progress. */
+ * (without the lock) from the progress thread or pdx_progress; `now` is
+ * the caller's pdx_now_ns() reading, or 0 to read the clock. */
 void pdx_stats_sock_open(pdx_agent_h agent);
-void pdx_stats_sock_serve(pdx_agent_h agent);
+void pdx_stats_sock_serve(pdx_agent_h agent, uint64_t now);
 void pdx_stats_sock_close(pdx_agent_h agent);
 
 #endif

@@ -55,12 +55,14 @@ void pdx_stats_sock_close(pdx_agent_h agent)
 }
 
 /* Answer waiting `pdx-info --stats` clients. Called without the lock. */
-void pdx_stats_sock_serve(pdx_agent_h agent)
+void pdx_stats_sock_serve(pdx_agent_h agent, uint64_t now)
 {
     if (agent->stats_fd < 0) {
         return;
     }
-    uint64_t now = pdx_now_ns();
+    if (now == 0) {
+        now = pdx_now_ns();
+    }
     uint64_t last = __atomic_load_n(&agent->stats_served_ns, __ATOMIC_RELAXED);
     if (now - last < STATS_SERVE_PERIOD_NS ||
         !__atomic_compare_exchange_n(&agent->stats_served_ns, &last, now,

@@ -118,6 +118,37 @@ typedef struct lat_res {
     size_t n;
 } lat_res_t;
 
+#define LAT_DEFAULT_ROUNDS 5
+#define LAT_MAX_ROUNDS 15
+
+static int cmp_dbl(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double lat_median_of(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_dbl);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* Each figure's median over `n` rounds. */
+static void lat_median(const lat_res_t *r, int n, lat_res_t *out)
+{
+    double a[LAT_MAX_ROUNDS], b[LAT_MAX_ROUNDS], g[LAT_MAX_ROUNDS];
+    out->n = 0;
+    for (int i = 0; i < n; i++) {
+        a[i] = r[i].p50_us;
+        b[i] = r[i].p99_us;
+        g[i] = r[i].gbps;
+        out->n += r[i].n;
+    }
+    out->p50_us = lat_median_of(a, n);
+    out->p99_us = lat_median_of(b, n);
+    out->gbps = lat_median_of(g, n);
+}
+
 static void summarize(dvec_t *v, uint64_t bytes_per, lat_res_t *r)
 {
     double sum = 0;
@@ -161,6 +192,11 @@ static void run_ucp(const bench_opts_t *o, const lat_case_t *c,
     }
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
                           .address = (const ucp_address_t *)addr};
+    if (getenv("PDX_BENCH_UCP_ERRMODE") != NULL) {
+        /* Experiment: the floor with error handling as pdx's endpoints. */
+        ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    }
     ucp_ep_h e;
     UCS_CHECK(ucp_ep_create(u.worker, &ep, &e));
     ucp_rkey_h rkey;
@@ -345,14 +381,18 @@ int mode_latency(const bench_opts_t *o, cJSON *root)
         setenv("UCX_NET_DEVICES", "eth0", 1);
         where = "two network namespaces (veth, tcp/eth0)";
     }
+    int rounds = o->reps > 1 ? o->reps : LAT_DEFAULT_ROUNDS;
+    rounds = rounds > LAT_MAX_ROUNDS ? LAT_MAX_ROUNDS : rounds;
+    oo.case_s = o->case_s / rounds;
     static const uint64_t sizes[] = {8448, 65536, 1048576};
     static const uint32_t batches[] = {1, 64};
     say("# latency over UCX tls=%s, %s: one request at a time; raw UCP = %s "
         "ucp_get_nbx/ucp_put_nbx x batch + ucp_ep_flush_nbx, target "
         "spinning on ucp_worker_progress; pdx = ucx backend only, "
-        "progress threads on, prepared request posted and polled; %.2f s "
-        "per case after a warm-up; GB/s over the timed requests\n",
-        oo.tls, where, "batch", o->case_s);
+        "progress threads on, prepared request posted and polled; %d "
+        "interleaved rounds of %.2f s per side after a warm-up, medians of "
+        "the rounds' figures; GB/s over a round's timed requests\n",
+        oo.tls, where, "batch", rounds, oo.case_s);
     say("%-5s %8s %5s | %9s %9s %7s | %9s %9s %7s | %7s %7s\n", "op", "size",
         "batch", "ucp p50", "ucp p99", "GB/s", "pdx p50", "pdx p99", "GB/s",
         "p50 x", "GB/s x");
@@ -364,9 +404,28 @@ int mode_latency(const bench_opts_t *o, cJSON *root)
                 if (c.size * c.batch > LAT_REGION / 2) {
                     continue;
                 }
+                /* PDX_BENCH_LAT_ROW=OP:SIZE:BATCH runs one row only (to
+                 * profile it). */
+                const char *only = getenv("PDX_BENCH_LAT_ROW");
+                char want[64];
+                snprintf(want, sizeof(want), "%s:%llu:%u",
+                         w ? "WRITE" : "READ", (unsigned long long)c.size,
+                         c.batch);
+                if (only != NULL && strcmp(only, want) != 0) {
+                    continue;
+                }
+                /* Interleaved rounds (UCP, pdx, UCP, pdx, ...), the
+                 * median of each figure kept: the VM's speed drifts by
+                 * tens of percent within seconds, and a row measured in
+                 * one block per side compared two machines. */
                 lat_res_t ru = {0}, rp = {0};
-                run_ucp(&oo, &c, &ru);
-                run_pdx(&oo, &c, &rp);
+                lat_res_t rus[LAT_MAX_ROUNDS], rps[LAT_MAX_ROUNDS];
+                for (int k = 0; k < rounds; k++) {
+                    run_ucp(&oo, &c, &rus[k]);
+                    run_pdx(&oo, &c, &rps[k]);
+                }
+                lat_median(rus, rounds, &ru);
+                lat_median(rps, rounds, &rp);
                 double x50 = ru.p50_us > 0 ? rp.p50_us / ru.p50_us : 0;
                 double xbw = ru.gbps > 0 ? rp.gbps / ru.gbps : 0;
                 say("%-5s %8llu %5u | %9.1f %9.1f %7.2f | %9.1f %9.1f %7.2f "

@@ -77,14 +77,22 @@ static unsigned ucx_worker_progress_bounded(ucx_be_t *be)
     unsigned total = 0;
     /* Over tcp or sm one call can copy megabytes (emulated RMA) while the
      * agent lock is held: stop once UCX_PROGRESS_MAX_NS have passed,
-     * counted from before the first call, checked after every call. (One
+     * counted from the end of the first call that did work, checked after
+     * every call. (One
      * call alone can still take longer: UCX drains a whole receive FIFO,
      * or purges every fragment queued for a peer it just forced closed.) */
-    uint64_t start = pdx_be_now_ns();
+    uint64_t start = 0; /* read after the first call that did work: an
+                         * idle pass reads no clock */
     for (int i = 0; i < UCX_PROGRESS_ROUNDS; i++) {
         unsigned n = ucp_worker_progress(be->worker);
         total += n;
-        if (n == 0 || pdx_be_now_ns() - start > UCX_PROGRESS_MAX_NS) {
+        if (n == 0) {
+            break;
+        }
+        uint64_t now = pdx_be_now_ns();
+        if (start == 0) {
+            start = now;
+        } else if (now - start > UCX_PROGRESS_MAX_NS) {
             break;
         }
     }
