@@ -14,6 +14,9 @@
 
 /* The agent whose backend this thread runs without the agent lock
  * (between pdx_backend_unlock_begin and _end): its callbacks are queued. */
+/* (Not initial-exec: libpdx is dlopen'ed by Python after numpy, when
+ * glibc's static TLS surplus may be gone: "cannot allocate memory in
+ * static TLS block".) */
 static __thread pdx_agent_h t_unlocked;
 
 pdx_agent_h pdx_backend_unlocked_agent(void) { return t_unlocked; }
