@@ -13,13 +13,14 @@
  * WITHOUT the agent lock (one UCX progress call over sm or tcp can copy
  * megabytes: 10-45 ms measured): other calls that need a backend wait
  * for that one call at most; pdx_peer_state, pdx_notif_poll, the stats
- * reads and pdx_xfer_check (with a progress thread, or while another
- * thread is in a backend) never wait for it. What runs under the lock is
+ * reads and pdx_xfer_check never wait for it. What runs under the lock is
  * short: a request check (UCX O(1); cma copies at most one 512 KiB
- * half-chunk), a make, liveness and timeout sweeps. With a progress
- * thread, pdx_xfer_check and pdx_notif_poll do not progress backends (the
- * thread does, woken by their events); without one, they progress the
- * request's backend (xfer_check) or all of them (notif_poll) themselves.
+ * half-chunk), a make, liveness and timeout sweeps. pdx_xfer_check
+ * progresses its request's backend itself (one call, without the lock,
+ * bounded to ~0.5 ms of UCX work) when no other thread is in a backend,
+ * with or without a progress thread; pdx_notif_poll progresses every
+ * backend only without a progress thread (the thread does, woken by
+ * their events).
  * Measured on a shared 2-core VM while a peer was killed or stopped
  * mid-transfer (tests/faults/stall.c): p99 0.002-0.003 ms, longest call
  * 1-5 ms alone; beside a pdx-bench run and two compiles (load 4-5), 134 of
@@ -101,6 +102,22 @@ typedef enum pdx_path_policy {
 /* Run a progress thread that drives every backend, checks peer liveness and
  * delivers notifications, so a peer that never polls still completes work.
  *
+ * How it waits (issue 19): idle, it sleeps on one epoll set (each
+ * backend's armed event fd: UCX's ucp_worker_get_efd + ucp_worker_arm;
+ * peers' pidfds; the stats socket; a wake fd for posts and loads), at most
+ * 100 ms (housekeeping; ~10 wake-ups and ~1 ms of CPU a second), 1 ms with
+ * requests in flight (their timeouts). A message wakes it: a peer's
+ * request is served without this process calling pdx. Two bursts of
+ * activity within 1 ms (a peer's stream of small requests) make it poll
+ * without system calls until 1 ms after the last, so the next one is
+ * served at UCX's own latency rather than a wake-up's (60-120 us on a
+ * small VM); a lone message (a keepalive) does not. While a caller polls
+ * pdx_xfer_check, the caller progresses the request's backend itself and
+ * the thread keeps out of the backends (it naps 1 ms at a time and still
+ * runs liveness, timeouts and request states). Requests in flight on a
+ * backend without an event fd (cma, polled) make it pause
+ * progress_interval_us between passes.
+ *
  * Liveness: a peer on this host is watched through a pidfd (its death fails
  * its requests with PDX_ERR_REMOTE_DISCONNECT at the next progress, within
  * about a millisecond, and its connections are force-closed); a peer
@@ -128,11 +145,9 @@ typedef struct pdx_agent_params {
      * PDX_ERR_TIMEOUT (hung peer). 0 = never. Default 60000 ms. */
     uint32_t xfer_timeout_ms;
     /* Progress thread pause between passes while requests are in flight
-     * on a backend without an event fd (cma), and for 10 ms after
-     * activity when none is in flight, microseconds. Default 50. Otherwise the thread sleeps on events
-     * (backend event fds, armed: UCX messages and completions; peers'
-     * pidfds, the stats socket, posts and loads), waking after 1 ms with
-     * requests in flight (their timeouts) and 100 ms without. */
+     * on a backend without an event fd (cma), microseconds. Default 50.
+     * Otherwise the thread sleeps on events (PDX_AGENT_F_PROGRESS_THREAD
+     * says how), or polls briefly after a stream. */
     uint32_t progress_interval_us;
     /* pdx_path_policy_t; default PDX_PATH_POLICY_ANY. */
     uint32_t path_policy;

@@ -47,10 +47,13 @@ PDX_API pdx_status_t pdx_xfer_post(pdx_xfer_h xfer);
 
 /* State of the last post: PDX_OK, PDX_INPROGRESS or the error (then
  * pdx_last_error() names the peer and why: "peer process exited", timed
- * out, ...). Without a progress thread it progresses the request's
- * backend (and the agent at most every 0.1 ms); with one it only looks
- * (the thread progresses). Never blocks: it never waits for another
- * thread's backend call (see "Bounded calls" in pdx/agent.h). */
+ * out, ...). It progresses the request's backend itself (one bounded
+ * call), progress thread or not, so a polling caller sees a completion at
+ * the backend's own latency; without a progress thread it also runs the
+ * rest of the agent's progress at most every 0.1 ms. When another thread
+ * is in a backend at that moment it only looks. Never blocks: it never
+ * waits for another thread's backend call (see "Bounded calls" in
+ * pdx/agent.h). */
 PDX_API pdx_status_t pdx_xfer_check(pdx_xfer_h xfer);
 
 /* Ask an in-flight request to stop, without waiting (the agent lock is
