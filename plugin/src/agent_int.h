@@ -120,10 +120,6 @@ struct pdx_agent {
     int prog_epoll_fd;
     int wake_fd;
     int thread_sleeping; /* atomic: in a wait without a short timeout */
-    /* atomic: how many times a caller's pdx_xfer_check progressed a
-     * backend itself; while it moves, the progress thread keeps out of the
-     * backends (progress.c) */
-    uint64_t caller_polls;
     struct pdx_store_agent *store; /* discovery.c; NULL if none */
     /* discovery.c's hooks, set and cleared with `store`: the rooms below
      * discovery tell it of loads, unloads and generation changes through

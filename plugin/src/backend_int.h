@@ -19,6 +19,10 @@ struct pdx_backend {
     uint32_t index;
     char name[PDX_BLOB_BACKEND_NAME_MAX];
     pdx_stats_t stats;
+    /* atomic: moves each time a caller's pdx_xfer_check progressed this
+     * backend itself; while it moves, the progress thread leaves this
+     * backend to the callers (progress.c) */
+    uint64_t caller_polls;
 };
 
 /* Optional ops of a backend table (appended after the first release). */

@@ -381,21 +381,33 @@ void *pdx_progress_main(void *arg)
     uint64_t active_ns = 0;  /* last pass with activity */
     uint64_t poll_until = 0; /* a fast stream: poll, do not sleep, until */
     bool waited = true;      /* a wait since the last active pass */
-    uint64_t polls_seen = __atomic_load_n(&agent->caller_polls,
-                                          __ATOMIC_ACQUIRE);
+    uint64_t polls_seen[PDX_MAX_BACKENDS] = {0};
     while (!__atomic_load_n(&agent->stop, __ATOMIC_ACQUIRE)) {
-        /* A caller polling its request progresses the backend itself
+        /* A caller polling its request progresses that backend itself
          * (pdx_xfer_check): keep out of its way (no second thread in the
-         * backend, no core taken from it) while it polls, napping at most
-         * PROGRESS_POLL_NS a time; the rest of a pass still runs. */
-        uint64_t cp = __atomic_load_n(&agent->caller_polls,
-                                      __ATOMIC_ACQUIRE);
-        if (cp != polls_seen) {
-            polls_seen = cp;
+         * backend, no core taken from it) while it polls, napping
+         * PROGRESS_POLL_NS at a time; the other backends and the rest of
+         * a pass still run each nap. */
+        uint64_t polled = 0; /* bit i: backend i polled by a caller */
+        for (uint32_t i = 0; i < agent->nbackends; i++) {
+            uint64_t cp = __atomic_load_n(&agent->backends[i]->caller_polls,
+                                          __ATOMIC_ACQUIRE);
+            if (cp != polls_seen[i]) {
+                polls_seen[i] = cp;
+                polled |= 1ull << i;
+            }
+        }
+        if (polled != 0) {
             struct timespec nap = {0, (long)PROGRESS_POLL_NS};
             nanosleep(&nap, NULL);
             waited = true;
             pdx_agent_lock(agent);
+            for (uint32_t i = 0; i < agent->nbackends; i++) {
+                if (!(polled & (1ull << i))) {
+                    backend_progress_unlocked(agent, agent->backends[i],
+                                              NULL);
+                }
+            }
             if (housekeeping_locked(agent) > 0) {
                 pdx_agent_signal(agent);
             }
@@ -502,10 +514,15 @@ static void xfer_progress_own(pdx_agent_h agent, struct pdx_xfer *x)
      * bounded call, without the lock), progress thread or not: waiting
      * for the thread to wake cost a request over UCX 60-120 us more than
      * UCX's own loop. The thread keeps out of the backends while callers
-     * poll (caller_polls). */
+     * poll (the backend's caller_polls). */
     if (backend_progress_unlocked(agent, agent->backends[x->bindex], NULL)) {
         if (agent->thread_running) {
-            __atomic_fetch_add(&agent->caller_polls, 1, __ATOMIC_RELEASE);
+            /* Any change will do: a plain store, no locked add. */
+            struct pdx_backend *b = agent->backends[x->bindex];
+            __atomic_store_n(&b->caller_polls,
+                             __atomic_load_n(&b->caller_polls,
+                                             __ATOMIC_RELAXED) + 1,
+                             __ATOMIC_RELEASE);
         }
     }
     pdx_xfer_progress_locked(agent, x);
