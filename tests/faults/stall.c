@@ -5,7 +5,8 @@
  * every call. Passes when
  *   - P1's requests end with PDX_ERR_REMOTE_DISCONNECT or PDX_ERR_TIMEOUT
  *     (or, over shared memory, complete byte-exact: a stopped peer's
- *     mapped memory needs no CPU of its own),
+ *     mapped memory needs no CPU of its own; over UCX sm READs may too,
+ *     when UCX gave the endpoint a cma lane),
  *   - P2's transfers complete byte-exact during the fault,
  *   - the other thread's longest single call is under 50 ms (a call
  *     during which the kernel preempted a thread of this process, or one
@@ -81,10 +82,12 @@ static unsigned char pattern(uint64_t off, unsigned salt)
     return (unsigned char)((x >> 31) ^ (off & 7) ^ salt);
 }
 
+static pdx_backend_h g_ucx; /* this process's last ucx backend */
+
 static void backends(pdx_agent_h a)
 {
     pdx_kv_t tls = {"tls", strcmp(g_path, "ucx-tcp") == 0 ? "tcp" : "sm"};
-    CHECK(pdx_backend_create(a, "ucx", &tls, 1, NULL));
+    CHECK(pdx_backend_create(a, "ucx", &tls, 1, &g_ucx));
     if (strcmp(g_path, "shm") == 0) {
         CHECK(pdx_backend_create(a, "cma", NULL, 0, NULL));
     }
@@ -544,6 +547,7 @@ static int d_main(void)
              end_at = fault_at + 3500000000ull, fault_ns = 0,
              p1_first_fail_ns = 0;
     bool faulted = false, p1_dead = false;
+    char fault_desc[512] = "";
     uint64_t main_max = 0;
     while (now_ns() < end_at) {
         if (!faulted && now_ns() >= fault_at) {
@@ -552,6 +556,7 @@ static int d_main(void)
             }
             fault_ns = now_ns();
             faulted = true;
+            pdx_backend_describe(g_ucx, fault_desc, sizeof(fault_desc));
             printf("fault: %s sent to %s with %u + %u READs in flight\n",
                    g_stop ? "SIGSTOP" : "SIGKILL", t[0].name, INFLIGHT,
                    INFLIGHT);
@@ -648,6 +653,7 @@ static int d_main(void)
            pdx_status_string(p1_end), (unsigned long long)s1.dead_events,
            m.reads_ok[0], m.reads_ok[1], m.notifs);
 
+    printf("D's ucx backend at the fault: %s\n", fault_desc);
     int bad = 0;
     printf("bound on one call: %.0f ms%s; calls over 5 ms during which the "
            "kernel preempted a thread of this process or kept one waiting "
@@ -670,7 +676,19 @@ static int d_main(void)
         bad = 1;
     }
     bool shm_stop = g_stop && strcmp(g_path, "shm") == 0;
-    if (!shm_stop && p1_failed == 0 && !p1_dead) {
+    /* Over UCX sm, a stopped peer's READs may also keep completing: UCX
+     * picks its lanes per endpoint at wireup, and when the gets go over
+     * cma (process_vm_readv) rather than the shm queues' emulation they
+     * need no CPU of the target (seen in 1 of 25 runs: the monitor's
+     * reads to the stopped P1 all byte-exact). Byte-exact, that is right. */
+    bool sm_read_stop = g_stop && !g_p1_write && strcmp(g_path, "ucx") == 0 &&
+                        p1_failed == 0 && done_during[0] > 0;
+    if (sm_read_stop) {
+        printf("%s stopped, UCX sm: its READs kept completing byte-exact "
+               "(%u during the fault: UCX moved them without its CPU)\n",
+               t[0].name, done_during[0]);
+    }
+    if (!shm_stop && !sm_read_stop && p1_failed == 0 && !p1_dead) {
         fprintf(stderr, "FAIL: no request to %s failed\n", t[0].name);
         bad = 1;
     }
