@@ -10,7 +10,9 @@
  * timed requests; ratios pdx / UCP. --netns puts the target in another
  * network + pid namespace (UCX TCP over a veth pair). PDX_BENCH_NO_THREAD=1
  * runs the initiating agent without a progress thread (to tell its cost
- * apart). */
+ * apart); PDX_BENCH_UCP_ERRMODE=1 gives the floor's endpoint peer error
+ * handling as pdx's (over sm also set UCX_MM_ERROR_HANDLING=y);
+ * PDX_BENCH_LAT_ROW=OP:SIZE:BATCH runs one row. */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
