@@ -389,6 +389,8 @@ void *pdx_progress_main(void *arg)
          * PROGRESS_POLL_NS at a time; the other backends and the rest of
          * a pass still run each nap. */
         uint64_t polled = 0; /* bit i: backend i polled by a caller */
+        /* The plain lock: backends are added while the thread runs. */
+        pthread_mutex_lock(&agent->lock);
         for (uint32_t i = 0; i < agent->nbackends; i++) {
             uint64_t cp = __atomic_load_n(&agent->backends[i]->caller_polls,
                                           __ATOMIC_ACQUIRE);
@@ -397,6 +399,7 @@ void *pdx_progress_main(void *arg)
                 polled |= 1ull << i;
             }
         }
+        pthread_mutex_unlock(&agent->lock);
         if (polled != 0) {
             struct timespec nap = {0, (long)PROGRESS_POLL_NS};
             nanosleep(&nap, NULL);
@@ -424,9 +427,9 @@ void *pdx_progress_main(void *arg)
              * per message (~1 us on the VM). */
             pdx_agent_signal(agent);
         }
-        /* A burst ends only with a wait (a sleep, or a yield while
-         * polling): passes back to back, and one after a busy arm, are one
-         * wake-up's work, not a stream. */
+        /* A burst ends only with a wait (a sleep, or a pass without
+         * activity while polling): passes back to back, and one after a
+         * busy arm, are one wake-up's work, not a stream. */
         bool in_burst = !waited;
         int timeout = 0;
         if (n == 0) {
