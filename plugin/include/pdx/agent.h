@@ -113,8 +113,9 @@ typedef enum pdx_path_policy {
  * served at UCX's own latency rather than a wake-up's (60-120 us on a
  * small VM); a lone message (a keepalive) does not. While a caller polls
  * pdx_xfer_check, the caller progresses the request's backend itself and
- * the thread keeps out of the backends (it naps 1 ms at a time and still
- * runs liveness, timeouts and request states). Requests in flight on a
+ * the thread keeps out of that backend (it naps 1 ms at a time and still
+ * progresses the other backends and runs liveness, timeouts and request
+ * states). Requests in flight on a
  * backend without an event fd (cma, polled) make it pause
  * progress_interval_us between passes.
  *
