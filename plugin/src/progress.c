@@ -311,13 +311,13 @@ int pdxi_progress(pdx_agent_h agent)
  * while serving a stream costs 1 ms, not the idle bound. */
 #define PROGRESS_STREAM_NS 10000000ull
 /* A fast stream (two bursts of activity, a wait between them, within
- * this): the thread polls, yielding the CPU between passes, until this
- * long after the last activity. A target serving a peer's requests one at
+ * this): the thread polls, without a system call between passes, until
+ * this long after the last activity. A target serving a peer's requests one at
  * a time answers the next one at UCX's own latency instead of a
  * wake-up's (60-120 us on the 2-core VM). A lone message (a peer's UCX
  * keepalive) does not start one: an idle agent never polls. Also how long
- * the thread keeps out of the backends after a caller progressed one
- * itself (pdx_xfer_check). */
+ * the thread keeps out of a backend after a caller progressed it itself
+ * (pdx_xfer_check). */
 #define PROGRESS_POLL_NS 1000000ull
 /* Longest sleep with requests in flight on event-fd backends only: how
  * late a request timeout can be noticed (their unit is ms). */
