@@ -1,5 +1,6 @@
-/* Shared by the multi-process tests: fatal errors, a monotonic clock and
- * length-framed messages over a control socket (blobs, commands). */
+/* Shared by the multi-process tests: fatal errors, monotonic clocks, a
+ * checked pdx call and length-framed messages over a control socket
+ * (blobs, commands). */
 #ifndef PDX_TEST_CTL_H
 #define PDX_TEST_CTL_H
 
@@ -34,6 +35,23 @@ static inline uint64_t now_ms(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
+
+static inline uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Die naming the call, its status and pdx_last_error() when a pdx call
+ * fails (the includer includes <pdx/pdx.h>). */
+#define CHECK(call)                                                            \
+    do {                                                                       \
+        pdx_status_t st_ = (call);                                             \
+        if (st_ < 0)                                                           \
+            die("%s: %s (%s)", #call, pdx_status_string(st_),                  \
+                pdx_last_error());                                             \
+    } while (0)
 
 static inline void send_msg(int fd, const void *p, uint32_t len)
 {

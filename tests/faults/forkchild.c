@@ -35,14 +35,6 @@
 
 const char *ctl_name = "forkchild";
 
-#define CHECK(call)                                                            \
-    do {                                                                       \
-        pdx_status_t st_ = (call);                                             \
-        if (st_ < 0)                                                           \
-            die("%s: %s (%s)", #call, pdx_status_string(st_),                  \
-                pdx_last_error());                                             \
-    } while (0)
-
 typedef struct pair {
     pdx_agent_h a, b; /* a READs from b */
     unsigned char *src, *dst;

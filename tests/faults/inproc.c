@@ -18,14 +18,6 @@
 
 const char *ctl_name = "inproc";
 
-#define CHECK(call)                                                            \
-    do {                                                                       \
-        pdx_status_t st_ = (call);                                             \
-        if (st_ < 0)                                                           \
-            die("%s: %s (%s)", #call, pdx_status_string(st_),                  \
-                pdx_last_error());                                             \
-    } while (0)
-
 int main(int argc, char **argv)
 {
     const char *path = "ucx";

@@ -50,21 +50,6 @@
 const char *ctl_name = "served";
 static const char *g_tls = "sm";
 
-#define CHECK(call)                                                            \
-    do {                                                                       \
-        pdx_status_t st_ = (call);                                             \
-        if (st_ < 0)                                                           \
-            die("%s: %s (%s)", #call, pdx_status_string(st_),                  \
-                pdx_last_error());                                             \
-    } while (0)
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static unsigned char pattern(uint64_t off, unsigned salt)
 {
     uint64_t x = (off >> 3) * 0x9e3779b97f4a7c15ull + salt * 0x2545f491ull;
@@ -167,8 +152,11 @@ static int target_main(int fd)
     return 0;
 }
 
-static pdx_status_t one(pdx_agent_h a, pdx_xfer_op_t op, unsigned char *mem,
-                        uint64_t loff, uint64_t raddr, const char *peer)
+/* One request of PIECE bytes, posted and polled to its end (bounded by the
+ * request timeout, 30 s); any end but PDX_OK is fatal. */
+static void one(pdx_agent_h a, pdx_xfer_op_t op, unsigned char *mem,
+                uint64_t loff, uint64_t raddr, const char *peer,
+                const char *what, uint64_t i)
 {
     pdx_desc_t l = {(uintptr_t)(mem + loff), PIECE, 0, 0};
     pdx_desc_t r = {raddr, PIECE, 0, 0};
@@ -176,12 +164,35 @@ static pdx_status_t one(pdx_agent_h a, pdx_xfer_op_t op, unsigned char *mem,
     pdx_xfer_h x;
     CHECK(pdx_xfer_create(a, op, &ll, &rl, peer, NULL, 0, &x));
     pdx_status_t st = pdx_xfer_post(x);
-    /* Bounded by the request timeout (30 s): the call ends it. */
     while (st == PDX_INPROGRESS) {
         st = pdx_xfer_check(x);
     }
     pdx_xfer_release(x);
-    return st;
+    if (st != PDX_OK) {
+        die("%s %llu: %s (%s)", what, (unsigned long long)i,
+            pdx_status_string(st), pdx_last_error());
+    }
+}
+
+/* NREQ requests one at a time along the region; READs are checked
+ * against pattern(salt). Returns the seconds they took. */
+static double requests(pdx_agent_h a, pdx_xfer_op_t op, unsigned char *mem,
+                       uint64_t base, const char *peer, unsigned salt,
+                       const char *what)
+{
+    uint64_t slots = REGION / PIECE;
+    uint64_t t0 = now_ns();
+    for (uint64_t i = 0; i < NREQ; i++) {
+        uint64_t off = (i % slots) * PIECE;
+        one(a, op, mem, off, base + off, peer, what, i);
+        for (uint64_t o = 0; op == PDX_XFER_READ && o < PIECE; o++) {
+            if (mem[off + o] != pattern(off + o, salt)) {
+                die("%s %llu differs at byte %llu", what,
+                    (unsigned long long)i, (unsigned long long)o);
+            }
+        }
+    }
+    return (double)(now_ns() - t0) / 1e9;
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -241,51 +252,14 @@ int main(int argc, char **argv)
     pdx_blob_free(mine);
 
     /* 1. READs, then WRITEs read back, one request at a time. */
-    uint64_t slots = REGION / PIECE;
-    uint64_t t0 = now_ns();
-    for (uint64_t i = 0; i < NREQ; i++) {
-        uint64_t off = (i % slots) * PIECE;
-        pdx_status_t st = one(a, PDX_XFER_READ, mem, off, base + off, peer);
-        if (st != PDX_OK) {
-            die("READ %llu: %s (%s)", (unsigned long long)i,
-                pdx_status_string(st), pdx_last_error());
-        }
-        for (uint64_t o = 0; o < PIECE; o++) {
-            if (mem[off + o] != pattern(off + o, 1)) {
-                die("READ %llu differs at byte %llu", (unsigned long long)i,
-                    (unsigned long long)o);
-            }
-        }
-    }
-    double read_s = (double)(now_ns() - t0) / 1e9;
+    double read_s = requests(a, PDX_XFER_READ, mem, base, peer, 1, "READ");
     for (uint64_t o = 0; o < REGION; o++) {
         mem[o] = pattern(o, 2);
     }
-    t0 = now_ns();
-    for (uint64_t i = 0; i < NREQ; i++) {
-        uint64_t off = (i % slots) * PIECE;
-        pdx_status_t st = one(a, PDX_XFER_WRITE, mem, off, base + off, peer);
-        if (st != PDX_OK) {
-            die("WRITE %llu: %s (%s)", (unsigned long long)i,
-                pdx_status_string(st), pdx_last_error());
-        }
-    }
-    double write_s = (double)(now_ns() - t0) / 1e9;
+    double write_s = requests(a, PDX_XFER_WRITE, mem, base, peer, 0,
+                              "WRITE");
     memset(mem, 0, REGION);
-    for (uint64_t i = 0; i < NREQ; i++) {
-        uint64_t off = (i % slots) * PIECE;
-        pdx_status_t st = one(a, PDX_XFER_READ, mem, off, base + off, peer);
-        if (st != PDX_OK) {
-            die("READ back %llu: %s (%s)", (unsigned long long)i,
-                pdx_status_string(st), pdx_last_error());
-        }
-        for (uint64_t o = 0; o < PIECE; o++) {
-            if (mem[off + o] != pattern(off + o, 2)) {
-                die("WRITE %llu did not land (byte %llu)",
-                    (unsigned long long)i, (unsigned long long)o);
-            }
-        }
-    }
+    requests(a, PDX_XFER_READ, mem, base, peer, 2, "READ back of WRITE");
     printf("served (tls=%s): %d READs in %.2f s, %d WRITEs in %.2f s, all "
            "byte-exact; the target made no pdx call\n",
            g_tls, NREQ, read_s, NREQ, write_s);
@@ -315,12 +289,9 @@ int main(int argc, char **argv)
         nanosleep(&gap, NULL);
         uint64_t off = (uint64_t)i * PIECE;
         uint64_t s = now_ns();
-        pdx_status_t st = one(a, PDX_XFER_READ, mem, off, base + off, peer);
+        one(a, PDX_XFER_READ, mem, off, base + off, peer, "lone READ",
+            (uint64_t)i);
         lone[i] = now_ns() - s;
-        if (st != PDX_OK) {
-            die("lone READ %d: %s (%s)", i, pdx_status_string(st),
-                pdx_last_error());
-        }
     }
     qsort(lone, LONE, sizeof(lone[0]), cmp_u64);
     double med = (double)lone[LONE / 2] / 1e6;

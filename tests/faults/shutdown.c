@@ -38,14 +38,6 @@ static const char *g_path = "ucx";
 static const char *g_end = "wait";
 static int g_stop, g_no_release;
 
-#define CHECK(call)                                                            \
-    do {                                                                       \
-        pdx_status_t st_ = (call);                                             \
-        if (st_ < 0)                                                           \
-            die("%s: %s (%s)", #call, pdx_status_string(st_),                  \
-                pdx_last_error());                                             \
-    } while (0)
-
 static void backends(pdx_agent_h a)
 {
     pdx_kv_t tls = {"tls", strcmp(g_path, "ucx-tcp") == 0 ? "tcp" : "sm"};

@@ -61,21 +61,6 @@ static const char *g_path = "ucx"; /* ucx (sm), ucx-tcp, shm (cma) */
 static int g_stop;                 /* SIGSTOP instead of SIGKILL */
 static int g_p1_write;             /* P1's requests are WRITEs */
 
-#define CHECK(call)                                                            \
-    do {                                                                       \
-        pdx_status_t st_ = (call);                                             \
-        if (st_ < 0)                                                           \
-            die("%s: %s (%s)", #call, pdx_status_string(st_),                  \
-                pdx_last_error());                                             \
-    } while (0)
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static unsigned char pattern(uint64_t off, unsigned salt)
 {
     uint64_t x = (off >> 3) * 0x9e3779b97f4a7c15ull + salt * 0x1234567ull;

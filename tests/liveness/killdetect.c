@@ -39,14 +39,6 @@ const char *ctl_name = "liveness_killdetect";
 
 static const char *g_self;
 
-#define CHECK(call)                                                            \
-    do {                                                                       \
-        pdx_status_t st_ = (call);                                             \
-        if (st_ < 0)                                                           \
-            die("%s: %s (%s)", #call, pdx_status_string(st_),                  \
-                pdx_last_error());                                             \
-    } while (0)
-
 static pdx_agent_h make_agent(const char *name)
 {
     pdx_agent_params_t p = {.field_mask = PDX_AGENT_PARAM_FLAGS |

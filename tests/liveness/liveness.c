@@ -36,13 +36,6 @@ const char *ctl_name = "liveness";
 #define TTL_MS 2000u
 #define XFER_TIMEOUT_MS 1000u
 
-#define CHECK(call)                                                            \
-    do {                                                                       \
-        pdx_status_t st_ = (call);                                             \
-        if (st_ < 0)                                                           \
-            die("%s: %s", #call, pdx_status_string(st_));                      \
-    } while (0)
-
 static unsigned char pattern(uint64_t off, unsigned salt)
 {
     return (unsigned char)(off * 7 + salt);

@@ -36,14 +36,6 @@ static const char *g_tls = "sm";
 static int g_cma;
 static const char *g_self;
 
-#define CHECK(call)                                                            \
-    do {                                                                       \
-        pdx_status_t st_ = (call);                                             \
-        if (st_ < 0)                                                           \
-            die("%s: %s (%s)", #call, pdx_status_string(st_),                  \
-                pdx_last_error());                                             \
-    } while (0)
-
 static unsigned char pattern(uint64_t off, unsigned salt)
 {
     return (unsigned char)(off * 131 + (off >> 12) + salt);

@@ -37,13 +37,6 @@ static const char *g_tls = "sm";
 static int g_cma;
 static const char *g_self;
 
-#define CHECK(call)                                                            \
-    do {                                                                       \
-        pdx_status_t st_ = (call);                                             \
-        if (st_ < 0)                                                           \
-            die("%s: %s", #call, pdx_status_string(st_));                      \
-    } while (0)
-
 static unsigned char pattern(uint64_t off) { return (unsigned char)(off * 131 + (off >> 12)); }
 
 static pdx_agent_h make_agent(const char *name)

@@ -515,7 +515,7 @@ static void on_signal(int sig)
     _exit(1);
 }
 
-#define CHECK(cond, ...)                                                       \
+#define EXPECT(cond, ...)                                                      \
     do {                                                                       \
         if (!(cond)) {                                                         \
             fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);               \
@@ -712,12 +712,12 @@ static void run_cases(void)
     }
     cJSON *r = call(&p, op_blocks("prefill", "r1", 1, 32, 0), 30000);
     char *params = strdup(str(r, "params"));
-    CHECK(num(r, "st") == 0 && params[0], "prefill: %s", str(r, "err"));
+    EXPECT(num(r, "st") == 0 && params[0], "prefill: %s", str(r, "err"));
     cJSON_Delete(r);
     cJSON *c = op_blocks("load", "r1", 1, 32, 100);
     cJSON_AddStringToObject(c, "params", params);
     r = call(&d, c, 60000);
-    CHECK(num(r, "st") == 0 && strcmp(str(r, "source"), "remote") == 0 &&
+    EXPECT(num(r, "st") == 0 && strcmp(str(r, "source"), "remote") == 0 &&
               num(r, "blocks") == 32 && num(r, "diff") == 0,
           "load by name: st %g source %s blocks %g diff %g: %s",
           num(r, "st"), str(r, "source"), num(r, "blocks"), num(r, "diff"),
@@ -736,11 +736,11 @@ static void run_cases(void)
            cJSON_IsTrue(cJSON_GetObjectItem(pe, "same_host")) ? "true"
                                                                : "false",
            str(ucx, "transport"), str(r, "store"));
-    CHECK(pe != NULL && cJSON_IsFalse(cJSON_GetObjectItem(pe, "same_host")),
+    EXPECT(pe != NULL && cJSON_IsFalse(cJSON_GetObjectItem(pe, "same_host")),
           "P and D must not be the same host");
-    CHECK(strstr(str(ucx, "transport"), "tcp") != NULL,
+    EXPECT(strstr(str(ucx, "transport"), "tcp") != NULL,
           "UCX over tcp expected, got '%s'", str(ucx, "transport"));
-    CHECK(num(r, "discovered") >= 1, "discovered %g", num(r, "discovered"));
+    EXPECT(num(r, "discovered") >= 1, "discovered %g", num(r, "discovered"));
     cJSON_Delete(r);
 
     /* -- P restarted -- */
@@ -749,7 +749,7 @@ static void run_cases(void)
     stop_node(&p, true);
     uint64_t dead_ms;
     int st = wait_state(&d, "p1", PDX_ERR_REMOTE_DISCONNECT, 15000, &dead_ms);
-    CHECK(st == PDX_ERR_REMOTE_DISCONNECT, "D did not see P die (%d)", st);
+    EXPECT(st == PDX_ERR_REMOTE_DISCONNECT, "D did not see P die (%d)", st);
     r = call(&d, op("stats"), 10000);
     printf("P killed: D failed it after %llu ms (%s)\n",
            (unsigned long long)(now_ms() - t0),
@@ -760,7 +760,7 @@ static void run_cases(void)
     }
     uint64_t back_ms;
     st = wait_state(&d, "p1", 0, 15000, &back_ms);
-    CHECK(st == 0, "D did not reload the restarted P through the watch");
+    EXPECT(st == 0, "D did not reload the restarted P through the watch");
     printf("restarted P reloaded by D through the watch %llu ms after its "
            "start\n", (unsigned long long)back_ms);
     r = call(&p, op_blocks("prefill", "r2", 2, 32, 0), 30000);
@@ -770,7 +770,7 @@ static void run_cases(void)
     c = op_blocks("load", "r2", 2, 32, 100);
     cJSON_AddStringToObject(c, "params", params);
     r = call(&d, c, 60000);
-    CHECK(num(r, "st") == 0 && num(r, "blocks") == 32 && num(r, "diff") == 0,
+    EXPECT(num(r, "st") == 0 && num(r, "blocks") == 32 && num(r, "diff") == 0,
           "load after restart: st %g blocks %g diff %g: %s", num(r, "st"),
           num(r, "blocks"), num(r, "diff"), str(r, "err"));
     cJSON_Delete(r);
@@ -788,7 +788,7 @@ static void run_cases(void)
         c = op_blocks("load", req, 30 + i, 16, 100);
         cJSON_AddStringToObject(c, "params", params);
         r = call(&d, c, 60000);
-        CHECK(num(r, "st") == 0 && num(r, "blocks") == 16 &&
+        EXPECT(num(r, "st") == 0 && num(r, "blocks") == 16 &&
                   num(r, "diff") == 0,
               "load with etcd down: st %g blocks %g diff %g: %s",
               num(r, "st"), num(r, "blocks"), num(r, "diff"), str(r, "err"));
@@ -798,7 +798,7 @@ static void run_cases(void)
     cJSON_Delete(r);
     r = call(&d, op("stats"), 10000);
     printf("while down, D says: %s\n", str(r, "store"));
-    CHECK(strstr(str(r, "store"), "unreachable since") != NULL,
+    EXPECT(strstr(str(r, "store"), "unreachable since") != NULL,
           "D's store status should say unreachable");
     double gen0 = num(peer_entry(r, "p1"), "generation");
     cJSON_Delete(r);
@@ -816,7 +816,7 @@ static void run_cases(void)
         gen = num(peer_entry(r, "p1"), "generation");
         cJSON_Delete(r);
     }
-    CHECK(gen > gen0, "P's new generation never reached D (%g)", gen);
+    EXPECT(gen > gen0, "P's new generation never reached D (%g)", gen);
     printf("etcd back: P's generation %g -> %g reached D %llu ms after the "
            "restart\n", gen0, gen, (unsigned long long)(now_ms() - t0));
     r = call(&p, op_blocks("prefill", "r4", 4, 16, 0), 30000);
@@ -826,7 +826,7 @@ static void run_cases(void)
     c = op_blocks("load", "r4", 4, 16, 100);
     cJSON_AddStringToObject(c, "params", params);
     r = call(&d, c, 60000);
-    CHECK(num(r, "st") == 0 && num(r, "diff") == 0, "load after etcd back");
+    EXPECT(num(r, "st") == 0 && num(r, "diff") == 0, "load after etcd back");
     cJSON_Delete(r);
 
     /* -- death of a host: no RST -- */
@@ -838,7 +838,7 @@ static void run_cases(void)
     c = op_blocks("prefill", "r6", 6, 8, 60);
     cJSON_AddStringToObject(c, "from", "pool");
     r = call(&d, c, 30000);
-    CHECK(num(r, "st") == 0, "pool handoff: %s", str(r, "err"));
+    EXPECT(num(r, "st") == 0, "pool handoff: %s", str(r, "err"));
     cJSON_Delete(r);
     r = call(&d, op("stats"), 10000);
     double held0 = num(r, "held");
@@ -849,7 +849,7 @@ static void run_cases(void)
     st = wait_state(&d, "p1", PDX_ERR_REMOTE_DISCONNECT, LEASE_TTL_MS + 15000,
                     &dead_ms);
     uint64_t t_dead = now_ms() - t0;
-    CHECK(st == PDX_ERR_REMOTE_DISCONNECT, "D never failed P");
+    EXPECT(st == PDX_ERR_REMOTE_DISCONNECT, "D never failed P");
     double held = held0, gone = 0;
     while (held >= held0 && now_ms() - t0 < (uint64_t)LEASE_TTL_MS + 15000) {
         r = call(&d, op("stats"), 10000);
@@ -865,15 +865,15 @@ static void run_cases(void)
         cJSON_Delete(r);
         usleep(20000);
     }
-    CHECK(held < held0 && gone >= 1, "D did not free P's handoff");
-    CHECK(t_dead <= (uint64_t)LEASE_TTL_MS + 2500,
+    EXPECT(held < held0 && gone >= 1, "D did not free P's handoff");
+    EXPECT(t_dead <= (uint64_t)LEASE_TTL_MS + 2500,
           "P failed after %llu ms: more than the TTL plus a watch round trip",
           (unsigned long long)t_dead);
     c = op_blocks("load", "r4b", 4, 16, 100);
     cJSON_AddStringToObject(c, "params", params);
     t0 = now_ms();
     r = call(&d, c, 60000);
-    CHECK(num(r, "tokens") == 0, "a load from dead P must load nothing");
+    EXPECT(num(r, "tokens") == 0, "a load from dead P must load nothing");
     printf("a request to dead P: answered in %llu ms, %g tokens (the engine "
            "recomputes)\n", (unsigned long long)(now_ms() - t0),
            num(r, "tokens"));
@@ -891,7 +891,7 @@ static void run_cases(void)
     proc_t *owners[3] = {&o1, &o2, &o3};
     for (int i = 0; i < 3; i++) {
         r = call(owners[i], op_blocks("save", "s7", 7, 24, 0), 30000);
-        CHECK(num(r, "st") == 0, "save on %s: %s", owners[i]->name,
+        EXPECT(num(r, "st") == 0, "save on %s: %s", owners[i]->name,
               str(r, "err"));
         cJSON_Delete(r);
         t0 = now_ms();
@@ -902,24 +902,24 @@ static void run_cases(void)
             cJSON_Delete(r);
             usleep(10000);
         }
-        CHECK(reg >= 24, "%s registered %g blocks", owners[i]->name, reg);
+        EXPECT(reg >= 24, "%s registered %g blocks", owners[i]->name, reg);
     }
     r = call(&o3, op("stats"), 10000);
     printf("third owner: %g reclaimable, %g retained, %g demoted, in %g "
            "registration call(s)\n", num(r, "reclaimable"),
            num(r, "retained"), num(r, "demoted"), num(r, "registrations"));
-    CHECK(num(r, "reclaimable") == 24 && num(r, "demoted") == 24,
+    EXPECT(num(r, "reclaimable") == 24 && num(r, "demoted") == 24,
           "the third replica should be reclaimable");
     cJSON_Delete(r);
     r = call(&o1, op("stats"), 10000);
-    CHECK(num(r, "reclaimable") == 0 && num(r, "retained") == 24,
+    EXPECT(num(r, "reclaimable") == 0 && num(r, "retained") == 24,
           "the first replica stays retained");
     cJSON_Delete(r);
     c = op("owners");
     cJSON_AddNumberToObject(c, "seed", 7);
     cJSON_AddNumberToObject(c, "nblocks", 24);
     r = call(&o2, c, 10000);
-    CHECK(num(r, "min") == 3 && num(r, "max") == 3, "owners %g..%g",
+    EXPECT(num(r, "min") == 3 && num(r, "max") == 3, "owners %g..%g",
           num(r, "min"), num(r, "max"));
     cJSON_Delete(r);
     t0 = now_ms();
@@ -934,12 +934,12 @@ static void run_cases(void)
         cJSON_Delete(r);
         usleep(50000);
     }
-    CHECK(mx == 2, "killed owner's entries still there (%g owners)", mx);
+    EXPECT(mx == 2, "killed owner's entries still there (%g owners)", mx);
     printf("owner o1 killed: its entries gone after %llu ms\n",
            (unsigned long long)(now_ms() - t0));
     /* D (host 1) has none of these blocks: a cross-node offload hit. */
     r = call(&d, op_blocks("load", "x1", 7, 24, 120), 60000);
-    CHECK(num(r, "st") == 0 && strcmp(str(r, "source"), "remote") == 0 &&
+    EXPECT(num(r, "st") == 0 && strcmp(str(r, "source"), "remote") == 0 &&
               num(r, "blocks") == 24 && num(r, "diff") == 0,
           "cross-node hit: st %g source %s blocks %g diff %g: %s",
           num(r, "st"), str(r, "source"), num(r, "blocks"), num(r, "diff"),
@@ -949,7 +949,7 @@ static void run_cases(void)
            num(r, "diff"), num(r, "ms"), num(r, "lookup_ms"));
     cJSON_Delete(r);
     r = call(&d, op("stats"), 10000);
-    CHECK(num(r, "remote_hits") >= 1, "no cross-node hit counted");
+    EXPECT(num(r, "remote_hits") >= 1, "no cross-node hit counted");
     cJSON_Delete(r);
 
     /* -- mismatch through the store -- */
@@ -961,7 +961,7 @@ static void run_cases(void)
     c = op("fetch");
     cJSON_AddStringToObject(c, "peer", "pz");
     r = call(&d, c, 10000);
-    CHECK(num(r, "st") == PDX_ERR_MISMATCH &&
+    EXPECT(num(r, "st") == PDX_ERR_MISMATCH &&
               strstr(str(r, "err"), "none_hash") != NULL,
           "seed: st %g: %s", num(r, "st"), str(r, "err"));
     printf("other seed: %s\n", str(r, "err"));
@@ -969,7 +969,7 @@ static void run_cases(void)
     c = op("fetch");
     cJSON_AddStringToObject(c, "peer", "py");
     r = call(&d, c, 10000);
-    CHECK(num(r, "st") == PDX_ERR_MISMATCH &&
+    EXPECT(num(r, "st") == PDX_ERR_MISMATCH &&
               strstr(str(r, "err"), "layout_fingerprint") != NULL,
           "layout: st %g: %s", num(r, "st"), str(r, "err"));
     printf("other layout: %s\n", str(r, "err"));

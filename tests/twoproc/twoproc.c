@@ -42,13 +42,6 @@ static pdx_backend_h g_cma_be;
 static int g_fit;
 
 
-#define CHECK(call)                                                            \
-    do {                                                                       \
-        pdx_status_t st_ = (call);                                             \
-        if (st_ < 0)                                                           \
-            die("%s: %s", #call, pdx_status_string(st_));                      \
-    } while (0)
-
 
 
 
