@@ -46,6 +46,7 @@ typedef struct rec_ev {
     char key[128];
     char value[64];
     int64_t rev;
+    uint64_t id;
 } rec_ev_t;
 
 typedef struct recorder {
@@ -58,7 +59,6 @@ typedef struct recorder {
 
 static void on_event(void *ctx, uint64_t id, const pdx_store_event_t *ev)
 {
-    (void)id;
     recorder_t *r = ctx;
     pthread_mutex_lock(&r->lock);
     if (r->n < MAX_EV) {
@@ -70,6 +70,7 @@ static void on_event(void *ctx, uint64_t id, const pdx_store_event_t *ev)
                  (int)(ev->value_len < 63 ? ev->value_len : 63),
                  ev->value ? (const char *)ev->value : "");
         e->rev = ev->revision;
+        e->id = id;
     }
     pthread_mutex_unlock(&r->lock);
 }
@@ -115,6 +116,32 @@ static int rec_wait(recorder_t *r, int from, pdx_store_event_type_t type,
         usleep(10000);
     }
     return i;
+}
+
+/* Index of the first event at or after `from` of watch `id` (0: any) on
+ * `key` of `type` with `value` (NULL: any), waiting up to timeout_ms; -1. */
+static int rec_wait_of(recorder_t *r, int from, uint64_t id,
+                       pdx_store_event_type_t type, const char *key,
+                       const char *value, int timeout_ms)
+{
+    uint64_t end = ms_now() + (uint64_t)timeout_ms;
+    for (;;) {
+        int found = -1;
+        pthread_mutex_lock(&r->lock);
+        for (int i = from; i < r->n && found < 0; i++) {
+            const rec_ev_t *e = &r->ev[i];
+            if ((id == 0 || e->id == id) && e->type == type &&
+                strcmp(e->key, key) == 0 &&
+                (value == NULL || strcmp(e->value, value) == 0)) {
+                found = i;
+            }
+        }
+        pthread_mutex_unlock(&r->lock);
+        if (found >= 0 || ms_now() >= end) {
+            return found;
+        }
+        usleep(10000);
+    }
 }
 
 typedef struct client {
@@ -535,6 +562,135 @@ static void test_watch_resync_after_compaction(void **state)
     client_close(&c);
 }
 
+/* Key watches share one stream that keys join and leave while it stays
+ * open: history from a start revision, a second watch of a key wanting
+ * older history than the stream is at, a key leaving (nothing of it
+ * reported after unwatch), deletes; and the stream opened once. */
+static void test_key_watch_stream(void **state)
+{
+    (void)state;
+    NEED_ETCD();
+    client_t c, w;
+    client_open(&c, "c", g_etcd.url, "t-keys", 5000, 100, 128);
+    client_open(&w, "w", g_etcd.url, "t-keys", 5000, 100, 128);
+    void *v;
+    size_t len;
+    int64_t rev_a1, rev_b1;
+    assert_int_equal(ops->put(c.st, "k/a", "a1", 2, 0), PDX_OK);
+    assert_int_equal(ops->get(c.st, "k/a", &v, &len, &rev_a1), PDX_OK);
+    free(v);
+    uint64_t ia, ib, ib2;
+    assert_int_equal(ops->watch(w.st, "k/a", rev_a1, PDX_STORE_WATCH_KEY,
+                                &ia),
+                     PDX_OK);
+    assert_true(rec_wait_of(&w.rec, 0, ia, PDX_STORE_EV_PUT, "k/a", "a1",
+                            5000) >= 0);
+    /* A second key joins the open stream, from its first revision. */
+    assert_int_equal(ops->put(c.st, "k/b", "b1", 2, 0), PDX_OK);
+    assert_int_equal(ops->get(c.st, "k/b", &v, &len, &rev_b1), PDX_OK);
+    free(v);
+    assert_int_equal(ops->watch(w.st, "k/b", rev_b1, PDX_STORE_WATCH_KEY,
+                                &ib),
+                     PDX_OK);
+    assert_true(rec_wait_of(&w.rec, 0, ib, PDX_STORE_EV_PUT, "k/b", "b1",
+                            5000) >= 0);
+    assert_int_equal(ops->put(c.st, "k/b", "b2", 2, 0), PDX_OK);
+    int at_b2 = rec_wait_of(&w.rec, 0, ib, PDX_STORE_EV_PUT, "k/b", "b2",
+                            5000);
+    assert_true(at_b2 >= 0);
+    /* Another watch of k/b from before the stream's position: both of its
+     * events come again for it, and none twice for the first. */
+    assert_int_equal(ops->watch(w.st, "k/b", rev_b1, PDX_STORE_WATCH_KEY,
+                                &ib2),
+                     PDX_OK);
+    int h1 = rec_wait_of(&w.rec, 0, ib2, PDX_STORE_EV_PUT, "k/b", "b1", 5000);
+    int h2 = rec_wait_of(&w.rec, 0, ib2, PDX_STORE_EV_PUT, "k/b", "b2", 5000);
+    assert_true(h1 >= 0 && h2 > h1);
+    /* k/a leaves; k/b's next put reaches both of its watches. */
+    assert_int_equal(ops->unwatch(w.st, ia), PDX_OK);
+    int from = rec_count(&w.rec);
+    assert_int_equal(ops->put(c.st, "k/a", "a2", 2, 0), PDX_OK);
+    assert_int_equal(ops->put(c.st, "k/b", "b3", 2, 0), PDX_OK);
+    assert_true(rec_wait_of(&w.rec, from, ib, PDX_STORE_EV_PUT, "k/b", "b3",
+                            5000) >= 0);
+    assert_true(rec_wait_of(&w.rec, from, ib2, PDX_STORE_EV_PUT, "k/b", "b3",
+                            5000) >= 0);
+    assert_int_equal(ops->del(c.st, "k/b"), PDX_OK);
+    assert_true(rec_wait_of(&w.rec, from, ib, PDX_STORE_EV_DELETE, "k/b",
+                            NULL, 5000) >= 0);
+    assert_true(rec_wait_of(&w.rec, from, ib2, PDX_STORE_EV_DELETE, "k/b",
+                            NULL, 5000) >= 0);
+    assert_true(rec_wait_of(&w.rec, 0, 0, PDX_STORE_EV_PUT, "k/a", "a2", 0) <
+                0);
+    /* Each event of k/b once per watch. */
+    pthread_mutex_lock(&w.rec.lock);
+    int nb = 0, nb2 = 0;
+    for (int i = 0; i < w.rec.n; i++) {
+        nb += w.rec.ev[i].id == ib;
+        nb2 += w.rec.ev[i].id == ib2;
+    }
+    pthread_mutex_unlock(&w.rec.lock);
+    assert_int_equal(nb, 4);  /* b1 b2 b3 delete */
+    assert_int_equal(nb2, 4);
+    pdx_store_counters_t k = {.size = sizeof(k)};
+    ops->counters(w.st, &k);
+    print_message("key-watch stream opened %llu time(s)\n",
+                  (unsigned long long)k.key_stream_opens);
+    assert_int_equal(k.key_stream_opens, 1);
+    client_close(&w);
+    client_close(&c);
+}
+
+/* A key watch from a compacted revision, on a stream already open: the
+ * key is read instead (a RESYNC event), then live events follow. */
+static void test_key_watch_compacted(void **state)
+{
+    (void)state;
+    NEED_ETCD();
+    client_t c, w;
+    client_open(&c, "c", g_etcd.url, "t-kcomp", 5000, 100, 128);
+    client_open(&w, "w", g_etcd.url, "t-kcomp", 5000, 100, 128);
+    void *v;
+    size_t len;
+    int64_t rev1;
+    assert_int_equal(ops->put(c.st, "k/y", "y1", 2, 0), PDX_OK);
+    uint64_t iy, ix;
+    assert_int_equal(ops->watch(w.st, "k/y", 0, PDX_STORE_WATCH_KEY, &iy),
+                     PDX_OK); /* opens the stream */
+    assert_int_equal(ops->put(c.st, "k/x", "x1", 2, 0), PDX_OK);
+    assert_int_equal(ops->get(c.st, "k/x", &v, &len, &rev1), PDX_OK);
+    free(v);
+    assert_int_equal(ops->put(c.st, "k/x", "x2", 2, 0), PDX_OK);
+    pdx_store_status_t s;
+    ops->status(c.st, &s);
+    cJSON *req = cJSON_CreateObject(), *resp = NULL;
+    etcd_json_add_i64(req, "revision", s.revision);
+    CURL *h = etcd_handle_get(c.st);
+    assert_int_equal(etcd_call(c.st, h, "/v3/kv/compaction", req, &resp, true,
+                               NULL, 0),
+                     PDX_OK);
+    etcd_handle_put(c.st, h);
+    cJSON_Delete(req);
+    cJSON_Delete(resp);
+    assert_int_equal(ops->watch(w.st, "k/x", rev1, PDX_STORE_WATCH_KEY, &ix),
+                     PDX_OK);
+    int r = rec_wait_of(&w.rec, 0, ix, PDX_STORE_EV_PUT, "k/x", "x2", 5000);
+    assert_true(r >= 0);
+    pthread_mutex_lock(&w.rec.lock);
+    assert_true(w.rec.ev[r].flags & PDX_STORE_EVF_RESYNC);
+    pthread_mutex_unlock(&w.rec.lock);
+    assert_int_equal(ops->put(c.st, "k/x", "x3", 2, 0), PDX_OK);
+    assert_int_equal(ops->put(c.st, "k/y", "y2", 2, 0), PDX_OK);
+    assert_true(rec_wait_of(&w.rec, r, ix, PDX_STORE_EV_PUT, "k/x", "x3",
+                            5000) >= 0);
+    assert_true(rec_wait_of(&w.rec, 0, iy, PDX_STORE_EV_PUT, "k/y", "y2",
+                            5000) >= 0);
+    assert_true(rec_wait_of(&w.rec, 0, ix, PDX_STORE_EV_PUT, "k/x", "x1", 0) <
+                0);
+    client_close(&w);
+    client_close(&c);
+}
+
 /* etcd frozen (SIGSTOP) longer than the TTL: requests time out (no RST,
  * like a partition), the lease expires when it wakes, and the client gets
  * a new one and publishes its keys again. */
@@ -767,6 +923,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_lease_expiry),
         cmocka_unit_test(test_owners_batched),
         cmocka_unit_test(test_watch_resync_after_compaction),
+        cmocka_unit_test(test_key_watch_stream),
+        cmocka_unit_test(test_key_watch_compacted),
         cmocka_unit_test(test_watch_resume_after_restart),
         cmocka_unit_test(test_lease_lost_and_replaced),
     };

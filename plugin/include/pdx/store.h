@@ -150,6 +150,10 @@ typedef struct pdx_store_counters {
     uint64_t event_bytes;   /* their key and value bytes */
     uint64_t keepalives;    /* lease renewals sent */
     uint64_t lease_late_ms; /* worst delay of a renewal past its schedule */
+    /* Opens of the key-watch stream this instance's keys ride on (shared
+     * by the instances of a process): keys join and leave an open stream,
+     * so this grows only when the stream breaks. */
+    uint64_t key_stream_opens;
 } pdx_store_counters_t;
 
 typedef enum pdx_store_event_type {

@@ -179,24 +179,18 @@ static uint64_t next_deadline(etcd_client_t *c, etcd_store_t *head,
         }
         pthread_mutex_unlock(&s->lock);
     }
-    if (c->keys != NULL && (c->mdirty || c->mbroken || c->mh == NULL ||
-                            etcd_mux_pending_reads(c))) {
-        uint64_t m = c->mretry_at_ns;
-        if (c->mdirty && !c->mbroken && c->mh != NULL &&
-            c->mopened_ns + (uint64_t)MUX_GAP_MS * 1000000ull > m) {
-            m = c->mopened_ns + (uint64_t)MUX_GAP_MS * 1000000ull;
-        }
-        if (m < d) {
-            d = m;
+    if ((c->keys != NULL && (c->mdirty || c->mbroken || c->mh == NULL ||
+                             etcd_mux_pending_reads(c))) ||
+        (c->keys == NULL && c->mh != NULL)) {
+        if (c->mretry_at_ns < d) {
+            d = c->mretry_at_ns;
         }
     }
-    bool uncreated = false;
     for (etcd_kw_t *kw = c->keys; kw != NULL && c->mh != NULL; kw = kw->next) {
-        uncreated = uncreated || !kw->created;
-    }
-    uint64_t cw = c->mopened_ns + (uint64_t)MUX_CREATE_WAIT_MS * 1000000ull;
-    if (uncreated && cw < d) {
-        d = cw > now ? cw : now + 1000000ull;
+        uint64_t cw = kw->sent_ns + (uint64_t)MUX_CREATE_WAIT_MS * 1000000ull;
+        if (!kw->created && kw->sent_ns != 0 && cw < d) {
+            d = cw > now ? cw : now + 1000000ull;
+        }
     }
     long ct = -1;
     curl_multi_timeout(c->multi, &ct);

@@ -86,6 +86,9 @@ typedef struct etcd_kw {
     uint64_t wid;     /* etcd watch id on the open stream */
     int64_t pos;      /* next revision the stream reports; 0 unknown */
     bool created;
+    bool recreate;    /* wants a create on the open stream (new key, older
+                       * history, after a compaction) */
+    uint64_t sent_ns; /* its create was queued then (acknowledgement wait) */
     etcd_watch_t *subs;
 } etcd_kw_t;
 
@@ -119,12 +122,14 @@ typedef struct etcd_client {
     CURL *mh;
     struct etcd_store *mrep;  /* member whose settings opened it */
     etcd_buf_t mrx;
-    char *mbody;              /* gRPC frames of the open stream */
-    size_t mbody_len;
-    bool mdirty, mbroken;
+    etcd_buf_t mtx;           /* gRPC frames not yet taken by curl */
+    size_t mtx_off;
+    bool mpaused;             /* the upload waits for frames */
+    uint64_t mnext_wid;       /* watch ids, never reused by a client */
+    bool mdirty, mbroken;     /* a key wants a create / the stream a reopen */
     uint64_t mretry_at_ns, mopened_ns;
     uint32_t mbackoff_ms;
-    uint64_t mopens;          /* streams opened (status) */
+    uint64_t mopens;          /* streams opened (under lock: counters) */
     uint64_t rx_bytes;        /* bytes received on watch streams */
 } etcd_client_t;
 
@@ -310,6 +315,8 @@ typedef struct etcd_pb_event {
 typedef void (*etcd_pb_event_cb_t)(void *arg, const etcd_pb_event_t *ev);
 void etcd_pb_watch_create(etcd_buf_t *out, const char *key, int64_t start,
                           int64_t watch_id);
+/* A WatchCancelRequest frame for watch_id (a key leaving the stream). */
+void etcd_pb_watch_cancel(etcd_buf_t *out, int64_t watch_id);
 int etcd_pb_watch_resp(const uint8_t *p, size_t n, etcd_pb_watch_t *w,
                        etcd_pb_event_cb_t cb, void *arg);
 
@@ -326,7 +333,6 @@ int etcd_pb_watch_resp(const uint8_t *p, size_t n, etcd_pb_watch_t *w,
 #define DEFAULT_RETRY_MAX_MS 5000
 #define DEFAULT_TXN_OPS 128
 #define LIST_PAGE 512    /* keys a listing request */
-#define MUX_GAP_MS 50    /* key-watch stream reopened at most this often */
 #define LEASE_BATCH 64   /* renewals in one keepalive request */
 #define MUX_CREATE_WAIT_MS 5000 /* every key acknowledged by then */
 #define MUX_MSG_MAX (64u << 20) /* largest WatchResponse taken */
@@ -362,6 +368,8 @@ void etcd_kw_sub(etcd_client_t *c, etcd_watch_t *w);
 void etcd_mux_step(etcd_client_t *c, uint64_t now);
 void etcd_mux_drain(etcd_client_t *c);
 bool etcd_mux_pending_reads(etcd_client_t *c);
+/* A subscriber of kw waits for a read of the key. */
+bool etcd_kw_resyncing(const etcd_kw_t *kw);
 
 /* ---- etcd_watch.c ---- */
 

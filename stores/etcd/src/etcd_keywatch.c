@@ -1,11 +1,16 @@
 /* etcd store: key watches: one multiplexed gRPC stream per client.
  *
- * Every watched key of every member goes in one gRPC Watch call: one
- * WatchRequest frame a key, each with its own watch_id (etcd keeps the
- * watches of a half-closed stream). When the set of keys changes the
- * stream is reopened with the new set (at most every MUX_GAP_MS), each key
- * from the revision after the last one it reported, so nothing is lost;
- * duplicates are dropped per subscriber by revision. */
+ * Every watched key of every member goes in one gRPC Watch call, a
+ * bidirectional stream: one WatchRequest frame a key, each with its own
+ * watch_id. A key that joins is one more create frame on the open stream
+ * (the upload pauses between frames), a key that leaves one cancel frame;
+ * a key that wants older history (or comes back after a compaction) is
+ * cancelled and created again under a new id. The stream is reopened only
+ * when it breaks, with every key from the revision after the last one it
+ * reported, so nothing is lost; duplicates are dropped per subscriber by
+ * revision. (Reopening the whole stream for each new key made etcd create
+ * every key again: at 512 agents that was most of its work in a burst of
+ * fetches.) */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,8 +38,9 @@ void etcd_mux_close(etcd_client_t *c)
         curl_easy_cleanup(c->mh);
         c->mh = NULL;
     }
-    free(c->mbody);
-    c->mbody = NULL;
+    etcd_buf_free(&c->mtx);
+    c->mtx_off = 0;
+    c->mpaused = false;
     etcd_buf_free(&c->mrx);
     c->mrep = NULL;
     for (etcd_kw_t *kw = c->keys; kw != NULL; kw = kw->next) {
@@ -43,6 +49,7 @@ void etcd_mux_close(etcd_client_t *c)
         }
         kw->created = false;
         kw->wid = 0;
+        kw->sent_ns = 0;
     }
 }
 
@@ -94,8 +101,11 @@ void etcd_kw_unsub(etcd_client_t *c, etcd_watch_t *w)
             break;
         }
     }
+    if (c->mh != NULL && !c->mbroken && kw->wid != 0) {
+        etcd_pb_watch_cancel(&c->mtx, (int64_t)kw->wid);
+        c->mdirty = true; /* sent by the next step */
+    }
     etcd_kw_free(kw);
-    c->mdirty = true;
 }
 
 /* Put key watch w on its key (a new key joins the stream). */
@@ -120,6 +130,7 @@ void etcd_kw_sub(etcd_client_t *c, etcd_watch_t *w)
         kw->next = c->keys;
         c->keys = kw;
         c->nkeys++;
+        kw->recreate = true;
         c->mdirty = true;
     }
     free(full);
@@ -130,7 +141,8 @@ void etcd_kw_sub(etcd_client_t *c, etcd_watch_t *w)
         if (w->next_rev == 0) {
             w->next_rev = kw->created ? kw->pos : 0;
         } else if (kw->created && kw->pos > w->next_rev) {
-            c->mdirty = true; /* wants history the stream is past */
+            kw->recreate = true; /* wants history the stream is past */
+            c->mdirty = true;
         }
     }
     if (kw->created && !w->need_resync) {
@@ -196,6 +208,7 @@ static pdx_status_t kw_read(etcd_client_t *c, etcd_kw_t *kw)
         w->need_resync = false;
         if (kw->created) {
             if (kw->pos > w->next_rev) {
+                kw->recreate = true;
                 c->mdirty = true;
             } else {
                 pthread_mutex_lock(&w->owner->lock);
@@ -239,33 +252,90 @@ static size_t mux_header(char *p, size_t size, size_t n, void *arg)
     return len;
 }
 
-/* Open the stream: etcd's gRPC Watch over HTTP/2, one WatchRequest frame
- * a key. (The JSON gateway drops the create requests of a body it has
- * not read when it starts answering: one per stream only.) */
+/* Where key kw's watch starts: the oldest revision a subscriber still
+ * waits for (0: from now). */
+static int64_t kw_start(const etcd_kw_t *kw)
+{
+    int64_t start = kw->pos;
+    for (etcd_watch_t *w = kw->subs; w != NULL; w = w->kw_next) {
+        if (!w->need_resync && w->next_rev > 0 &&
+            (start == 0 || w->next_rev < start)) {
+            start = w->next_rev;
+        }
+    }
+    return start;
+}
+
+/* Queue kw's create frame under a new watch id (cancelling the old one):
+ * events of the old id are dropped from then on, the new one starts where
+ * the oldest subscriber is. */
+static void kw_queue_create(etcd_client_t *c, etcd_kw_t *kw, uint64_t now)
+{
+    if (kw->wid != 0) {
+        etcd_pb_watch_cancel(&c->mtx, (int64_t)kw->wid);
+        if (kw->created) {
+            mux_set_up(c, kw, false);
+        }
+    }
+    kw->pos = kw_start(kw);
+    kw->created = false;
+    kw->recreate = false;
+    kw->wid = ++c->mnext_wid;
+    kw->sent_ns = now;
+    etcd_pb_watch_create(&c->mtx, kw->full, kw->pos, (int64_t)kw->wid);
+}
+
+/* The upload of the stream: queued frames, then a pause until more come
+ * (curl_easy_pause from mux_flush). */
+static size_t mux_read(char *buf, size_t size, size_t nitems, void *arg)
+{
+    etcd_client_t *c = arg;
+    size_t room = size * nitems, left = c->mtx.len - c->mtx_off;
+    if (left == 0) {
+        c->mpaused = true;
+        return CURL_READFUNC_PAUSE;
+    }
+    size_t n = left < room ? left : room;
+    memcpy(buf, c->mtx.data + c->mtx_off, n);
+    c->mtx_off += n;
+    if (c->mtx_off == c->mtx.len) {
+        c->mtx.len = c->mtx_off = 0;
+    }
+    return n;
+}
+
+/* Frames queued while the upload pauses: resume it (client thread; the
+ * next curl_multi_perform sends them). */
+static void mux_flush(etcd_client_t *c)
+{
+    if (c->mh != NULL && c->mpaused && c->mtx.len > c->mtx_off) {
+        c->mpaused = false;
+        if (curl_easy_pause(c->mh, CURLPAUSE_CONT) != CURLE_OK) {
+            pdx_warn("store etcd: key-watch stream: cannot resume its "
+                     "upload: reopening");
+            etcd_mux_retry_later(c, c->mrep);
+        }
+    }
+}
+
+/* Open the stream: etcd's gRPC Watch over HTTP/2 (prior knowledge on
+ * http), one WatchRequest frame a key, the upload left open for the keys
+ * that come later. */
 static void mux_open(etcd_client_t *c)
 {
     etcd_store_t *rep = first_member(c);
     if (rep == NULL || c->keys == NULL) {
         return;
     }
-    etcd_buf_t body = {0};
-    uint64_t wid = 0;
+    uint64_t now = pdx_be_now_ns();
+    etcd_buf_free(&c->mtx);
+    c->mtx_off = 0;
+    c->mpaused = false;
     for (etcd_kw_t *kw = c->keys; kw != NULL; kw = kw->next) {
-        int64_t start = kw->pos;
-        for (etcd_watch_t *w = kw->subs; w != NULL; w = w->kw_next) {
-            if (!w->need_resync && w->next_rev > 0 &&
-                (start == 0 || w->next_rev < start)) {
-                start = w->next_rev;
-            }
-        }
-        kw->pos = start;
-        kw->created = false;
-        kw->wid = ++wid;
-        etcd_pb_watch_create(&body, kw->full, start, (int64_t)kw->wid);
+        kw->wid = 0; /* nothing to cancel on a new stream */
+        kw_queue_create(c, kw, now);
     }
-    c->mbody = body.data;
-    c->mbody_len = body.len;
-    c->mh = c->mbody ? curl_easy_init() : NULL;
+    c->mh = c->mtx.data != NULL ? curl_easy_init() : NULL;
     if (c->mh == NULL) {
         etcd_mux_close(c);
         etcd_mux_retry_later(c, rep);
@@ -285,8 +355,8 @@ static void mux_open(etcd_client_t *c)
                      tls ? (long)CURL_HTTP_VERSION_2TLS
                          : (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE);
     curl_easy_setopt(h, CURLOPT_POST, 1L);
-    curl_easy_setopt(h, CURLOPT_POSTFIELDS, c->mbody);
-    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)c->mbody_len);
+    curl_easy_setopt(h, CURLOPT_READFUNCTION, mux_read);
+    curl_easy_setopt(h, CURLOPT_READDATA, c);
     etcd_auth_ensure(rep, endpoint);
     pthread_mutex_lock(&rep->lock);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, rep->ghdrs);
@@ -313,7 +383,9 @@ static void mux_open(etcd_client_t *c)
     }
     c->mrep = rep;
     c->mopened_ns = pdx_be_now_ns();
-    c->mopens++;
+    pthread_mutex_lock(&c->lock);
+    c->mopens++; /* read by etcd_counters */
+    pthread_mutex_unlock(&c->lock);
     pdx_debug("store etcd: key-watch stream opened with %u key(s) (agent "
               "%s's client)", c->nkeys, rep->host.agent_name);
 }
@@ -401,15 +473,19 @@ static void mux_msg(etcd_client_t *c, const uint8_t *p, size_t n)
             for (etcd_watch_t *w = kw->subs; w != NULL; w = w->kw_next) {
                 w->need_resync = true;
             }
+            mux_set_up(c, kw, false);
             kw->pos = 0;
+            kw->created = false;
+            kw->wid = 0; /* gone on etcd's side: nothing to cancel */
+            kw->recreate = true; /* after the read */
             c->mdirty = true;
         } else {
             pdx_warn("store etcd: key watch %s canceled by the server",
                      kw->full);
+            mux_set_up(c, kw, false);
+            kw->created = false;
             etcd_mux_retry_later(c, c->mrep);
         }
-        mux_set_up(c, kw, false);
-        kw->created = false;
         return;
     }
     mux_ev_ctx_t x = {c, kw};
@@ -422,7 +498,8 @@ static bool mux_stop(void *arg)
     return c->mh == NULL || (c->mbroken && c->mretry_at_ns > pdx_be_now_ns());
 }
 
-/* Reads, then a (re)open when the key set changed or the stream broke. */
+/* Reads, then creates and cancels on the open stream, or a (re)open when
+ * it broke. */
 void etcd_mux_step(etcd_client_t *c, uint64_t now)
 {
     if (now < c->mretry_at_ns) {
@@ -434,26 +511,36 @@ void etcd_mux_step(etcd_client_t *c, uint64_t now)
             return;
         }
     }
-    /* Every key acknowledged (created) within the wait, else the stream is
-     * not to be trusted: reopened. */
-    if (c->mh != NULL && !c->mbroken && !c->mdirty &&
-        now >= c->mopened_ns + (uint64_t)MUX_CREATE_WAIT_MS * 1000000ull) {
-        for (etcd_kw_t *kw = c->keys; kw != NULL; kw = kw->next) {
-            if (!kw->created) {
-                pdx_warn("store etcd: key watch %s not created by etcd "
-                         "within %u ms: reopening the stream", kw->full,
-                         MUX_CREATE_WAIT_MS);
-                c->mbroken = true;
-                break;
-            }
+    /* Every create acknowledged within the wait, else the stream is not
+     * to be trusted: reopened. */
+    for (etcd_kw_t *kw = c->keys; kw != NULL && c->mh != NULL && !c->mbroken;
+         kw = kw->next) {
+        if (!kw->created && !kw->recreate && kw->sent_ns != 0 &&
+            now >= kw->sent_ns + (uint64_t)MUX_CREATE_WAIT_MS * 1000000ull) {
+            pdx_warn("store etcd: key watch %s not created by etcd within "
+                     "%u ms: reopening the stream", kw->full,
+                     MUX_CREATE_WAIT_MS);
+            c->mbroken = true;
         }
     }
-    bool gap_ok = c->mh == NULL || c->mbroken ||
-                  now >= c->mopened_ns + (uint64_t)MUX_GAP_MS * 1000000ull;
-    if ((c->mdirty || c->mbroken) && gap_ok) {
-        etcd_mux_close(c);
+    if (c->mh != NULL && (c->mbroken || c->keys == NULL)) {
+        etcd_mux_close(c); /* broken, or nothing left to watch */
+    }
+    if (c->mh == NULL) {
         c->mdirty = c->mbroken = false;
         mux_open(c);
+        return;
+    }
+    if (c->mdirty) {
+        c->mdirty = false;
+        for (etcd_kw_t *kw = c->keys; kw != NULL; kw = kw->next) {
+            if (kw->recreate && !etcd_kw_resyncing(kw)) {
+                kw_queue_create(c, kw, now);
+            } else if (kw->recreate) {
+                c->mdirty = true; /* after its read */
+            }
+        }
+        mux_flush(c);
     }
 }
 
@@ -484,6 +571,16 @@ void etcd_mux_drain(etcd_client_t *c)
         memmove(c->mrx.data, c->mrx.data + off, c->mrx.len - off);
         c->mrx.len -= off;
     }
+}
+
+bool etcd_kw_resyncing(const etcd_kw_t *kw)
+{
+    for (etcd_watch_t *w = kw->subs; w != NULL; w = w->kw_next) {
+        if (w->need_resync) {
+            return true;
+        }
+    }
+    return false;
 }
 
 bool etcd_mux_pending_reads(etcd_client_t *c)

@@ -254,6 +254,19 @@ void etcd_pb_watch_create(etcd_buf_t *out, const char *key, int64_t start,
     etcd_buf_free(&w);
 }
 
+void etcd_pb_watch_cancel(etcd_buf_t *out, int64_t watch_id)
+{
+    etcd_buf_t c = {0}, w = {0};
+    put_uint(&c, 1, (uint64_t)watch_id);
+    put_bytes(&w, 2, c.data ? c.data : "", c.len); /* cancel_request */
+    uint8_t hdr[5] = {0, (uint8_t)(w.len >> 24), (uint8_t)(w.len >> 16),
+                      (uint8_t)(w.len >> 8), (uint8_t)w.len};
+    etcd_buf_add(out, hdr, 5);
+    etcd_buf_add(out, w.data ? w.data : "", w.len);
+    etcd_buf_free(&c);
+    etcd_buf_free(&w);
+}
+
 /* KeyValue into ev (key, value point into p). */
 static int pb_kv(const uint8_t *p, size_t n, etcd_pb_event_t *ev)
 {

@@ -54,6 +54,9 @@ void etcd_counters(void *st, pdx_store_counters_t *c)
     v.keepalives = s->keepalives;
     v.lease_late_ms = s->lease_late_ms;
     pthread_mutex_unlock(&s->lock);
+    pthread_mutex_lock(&s->client->lock);
+    v.key_stream_opens = s->client->mopens;
+    pthread_mutex_unlock(&s->client->lock);
     size_t n = c->size < sizeof(v) ? c->size : sizeof(v);
     if (n > sizeof(v.size)) {
         memcpy((char *)c + sizeof(v.size), (char *)&v + sizeof(v.size),
