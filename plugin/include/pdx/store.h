@@ -49,10 +49,10 @@
  * - renewal: 1 request per process per TTL/3 for all its agents' leases;
  * - get / pdx_peer_fetch: 1 point read, cached while watched;
  * - key watch (PDX_STORE_WATCH_KEY): events of that key only; all key
- *   watches of a process share one stream (one connection), reopened with
- *   every key when the set changes (at most every 50 ms): O(A K) bytes
- *   sent per change, and etcd sends each change of a key once per process
- *   watching it;
+ *   watches of a process share one stream (one connection); a key joining
+ *   or leaving is one create or cancel frame on it (O(1) per change; the
+ *   stream is reopened with every key only when it breaks), and etcd
+ *   sends each change of a key once per process watching it;
  * - prefix watch: events of every key under it; its (re)listing is paged
  *   (512 keys a request, one revision), so it grows with the prefix;
  * - owner ops: the blocks asked for (max_txn_ops per transaction).

@@ -108,6 +108,13 @@ void etcd_kw_unsub(etcd_client_t *c, etcd_watch_t *w)
     etcd_kw_free(kw);
 }
 
+/* The watch of kw on the stream (created, or its create in flight)
+ * starts after revision `rev`, which a subscriber still wants. */
+static bool kw_behind(const etcd_kw_t *kw, int64_t rev)
+{
+    return kw->wid != 0 && !kw->recreate && (kw->pos == 0 || kw->pos > rev);
+}
+
 /* Put key watch w on its key (a new key joins the stream). */
 void etcd_kw_sub(etcd_client_t *c, etcd_watch_t *w)
 {
@@ -140,7 +147,7 @@ void etcd_kw_sub(etcd_client_t *c, etcd_watch_t *w)
     if (!w->need_resync) {
         if (w->next_rev == 0) {
             w->next_rev = kw->created ? kw->pos : 0;
-        } else if (kw->created && kw->pos > w->next_rev) {
+        } else if (kw_behind(kw, w->next_rev)) {
             kw->recreate = true; /* wants history the stream is past */
             c->mdirty = true;
         }
@@ -206,15 +213,13 @@ static pdx_status_t kw_read(etcd_client_t *c, etcd_kw_t *kw)
         }
         w->next_rev = rev + 1;
         w->need_resync = false;
-        if (kw->created) {
-            if (kw->pos > w->next_rev) {
-                kw->recreate = true;
-                c->mdirty = true;
-            } else {
-                pthread_mutex_lock(&w->owner->lock);
-                w->up = true;
-                pthread_mutex_unlock(&w->owner->lock);
-            }
+        if (kw_behind(kw, w->next_rev)) {
+            kw->recreate = true;
+            c->mdirty = true;
+        } else if (kw->created) {
+            pthread_mutex_lock(&w->owner->lock);
+            w->up = true;
+            pthread_mutex_unlock(&w->owner->lock);
         }
     }
     free(key);
