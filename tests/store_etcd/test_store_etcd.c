@@ -632,6 +632,25 @@ static void test_key_watch_stream(void **state)
     pthread_mutex_unlock(&w.rec.lock);
     assert_int_equal(nb, 4);  /* b1 b2 b3 delete */
     assert_int_equal(nb2, 4);
+    /* A watch from now and, right after, one from history on a new key:
+     * the second gets the history (usually both reach the client thread
+     * before the key's create is sent; kw_behind covers the other order,
+     * which this cannot force). */
+    int64_t rev_c1;
+    assert_int_equal(ops->put(c.st, "k/c", "c1", 2, 0), PDX_OK);
+    assert_int_equal(ops->get(c.st, "k/c", &v, &len, &rev_c1), PDX_OK);
+    free(v);
+    assert_int_equal(ops->put(c.st, "k/c", "c2", 2, 0), PDX_OK);
+    uint64_t ic, ic2;
+    assert_int_equal(ops->watch(w.st, "k/c", 0, PDX_STORE_WATCH_KEY, &ic),
+                     PDX_OK);
+    assert_int_equal(ops->watch(w.st, "k/c", rev_c1, PDX_STORE_WATCH_KEY,
+                                &ic2),
+                     PDX_OK);
+    assert_true(rec_wait_of(&w.rec, 0, ic2, PDX_STORE_EV_PUT, "k/c", "c1",
+                            5000) >= 0);
+    assert_true(rec_wait_of(&w.rec, 0, ic2, PDX_STORE_EV_PUT, "k/c", "c2",
+                            5000) >= 0);
     pdx_store_counters_t k = {.size = sizeof(k)};
     ops->counters(w.st, &k);
     print_message("key-watch stream opened %llu time(s)\n",
