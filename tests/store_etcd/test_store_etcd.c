@@ -186,6 +186,22 @@ static bool wait_lease(client_t *c, int timeout_ms)
     return false;
 }
 
+/* Compact the store's history up to the newest revision c has seen. */
+static void compact_all(client_t *c)
+{
+    pdx_store_status_t s;
+    ops->status(c->st, &s);
+    cJSON *req = cJSON_CreateObject(), *resp = NULL;
+    etcd_json_add_i64(req, "revision", s.revision);
+    CURL *h = etcd_handle_get(c->st);
+    assert_int_equal(etcd_call(c->st, h, "/v3/kv/compaction", req, &resp,
+                               true, NULL, 0),
+                     PDX_OK);
+    etcd_handle_put(c->st, h);
+    cJSON_Delete(req);
+    cJSON_Delete(resp);
+}
+
 #define NEED_ETCD()                                                            \
     do {                                                                       \
         if (!g_have_etcd) {                                                    \
@@ -527,18 +543,7 @@ static void test_watch_resync_after_compaction(void **state)
     assert_int_equal(ops->put(c.st, "x/b", "2", 1, 0), PDX_OK);
     assert_int_equal(ops->del(c.st, "x/a"), PDX_OK);
     assert_int_equal(ops->put(c.st, "x/c", "3", 1, 0), PDX_OK);
-    pdx_store_status_t s;
-    ops->status(c.st, &s);
-    /* Compact everything up to now with a raw request. */
-    cJSON *req = cJSON_CreateObject(), *resp = NULL;
-    etcd_json_add_i64(req, "revision", s.revision);
-    CURL *h = etcd_handle_get(c.st);
-    assert_int_equal(etcd_call(c.st, h, "/v3/kv/compaction", req, &resp, true,
-                               NULL, 0),
-                     PDX_OK);
-    etcd_handle_put(c.st, h);
-    cJSON_Delete(req);
-    cJSON_Delete(resp);
+    compact_all(&c); /* a raw request */
     /* A watch from before the compaction lists the prefix instead. */
     client_open(&w, "w", g_etcd.url, "t-compact", 5000, 100, 128);
     uint64_t id;
@@ -680,17 +685,7 @@ static void test_key_watch_compacted(void **state)
     assert_int_equal(ops->get(c.st, "k/x", &v, &len, &rev1), PDX_OK);
     free(v);
     assert_int_equal(ops->put(c.st, "k/x", "x2", 2, 0), PDX_OK);
-    pdx_store_status_t s;
-    ops->status(c.st, &s);
-    cJSON *req = cJSON_CreateObject(), *resp = NULL;
-    etcd_json_add_i64(req, "revision", s.revision);
-    CURL *h = etcd_handle_get(c.st);
-    assert_int_equal(etcd_call(c.st, h, "/v3/kv/compaction", req, &resp, true,
-                               NULL, 0),
-                     PDX_OK);
-    etcd_handle_put(c.st, h);
-    cJSON_Delete(req);
-    cJSON_Delete(resp);
+    compact_all(&c);
     assert_int_equal(ops->watch(w.st, "k/x", rev1, PDX_STORE_WATCH_KEY, &ix),
                      PDX_OK);
     int r = rec_wait_of(&w.rec, 0, ix, PDX_STORE_EV_PUT, "k/x", "x2", 5000);

@@ -234,10 +234,24 @@ void etcd_pb_range_keys(const uint8_t *p, size_t n, etcd_pb_key_cb_t cb,
 
 /* ---- Watch (the key-watch stream) ---- */
 
+/* A WatchRequest frame: its one oneof field `field` holding message `m`,
+ * with gRPC's 5-byte prefix (flag 0, big-endian length). */
+static void watch_request(etcd_buf_t *out, uint32_t field,
+                          const etcd_buf_t *m)
+{
+    etcd_buf_t w = {0};
+    put_bytes(&w, field, m->data ? m->data : "", m->len);
+    uint8_t hdr[5] = {0, (uint8_t)(w.len >> 24), (uint8_t)(w.len >> 16),
+                      (uint8_t)(w.len >> 8), (uint8_t)w.len};
+    etcd_buf_add(out, hdr, 5);
+    etcd_buf_add(out, w.data ? w.data : "", w.len);
+    etcd_buf_free(&w);
+}
+
 void etcd_pb_watch_create(etcd_buf_t *out, const char *key, int64_t start,
                           int64_t watch_id)
 {
-    etcd_buf_t c = {0}, w = {0};
+    etcd_buf_t c = {0};
     put_bytes(&c, 1, key, strlen(key));
     if (start > 0) {
         put_uint(&c, 3, (uint64_t)start);
@@ -245,26 +259,16 @@ void etcd_pb_watch_create(etcd_buf_t *out, const char *key, int64_t start,
     if (watch_id > 0) {
         put_uint(&c, 7, (uint64_t)watch_id);
     }
-    put_bytes(&w, 1, c.data ? c.data : "", c.len); /* create_request */
-    uint8_t hdr[5] = {0, (uint8_t)(w.len >> 24), (uint8_t)(w.len >> 16),
-                      (uint8_t)(w.len >> 8), (uint8_t)w.len};
-    etcd_buf_add(out, hdr, 5);
-    etcd_buf_add(out, w.data ? w.data : "", w.len);
+    watch_request(out, 1, &c); /* create_request */
     etcd_buf_free(&c);
-    etcd_buf_free(&w);
 }
 
 void etcd_pb_watch_cancel(etcd_buf_t *out, int64_t watch_id)
 {
-    etcd_buf_t c = {0}, w = {0};
+    etcd_buf_t c = {0};
     put_uint(&c, 1, (uint64_t)watch_id);
-    put_bytes(&w, 2, c.data ? c.data : "", c.len); /* cancel_request */
-    uint8_t hdr[5] = {0, (uint8_t)(w.len >> 24), (uint8_t)(w.len >> 16),
-                      (uint8_t)(w.len >> 8), (uint8_t)w.len};
-    etcd_buf_add(out, hdr, 5);
-    etcd_buf_add(out, w.data ? w.data : "", w.len);
+    watch_request(out, 2, &c); /* cancel_request */
     etcd_buf_free(&c);
-    etcd_buf_free(&w);
 }
 
 /* KeyValue into ev (key, value point into p). */
