@@ -1,5 +1,6 @@
 /* libFuzzer harness for the etcd store's WatchResponse decoder (the
- * key-watch stream, stores/etcd/src/etcd_pb.c): bytes from etcd are untrusted.
+ * key-watch stream, stores/etcd/src/etcd_pb.c) and its RangeResponse
+ * decoder (point reads over gRPC): bytes from etcd are untrusted.
  * Every event's key and value are read in full, so a pointer or length
  * past the input shows under ASan. */
 #include <stdint.h>
@@ -31,5 +32,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if ((n < 0) != (m < 0)) {
         __builtin_trap();
     }
+    /* The same bytes as a RangeResponse. */
+    int64_t rev = 0;
+    etcd_pb_event_t kv;
+    if (etcd_pb_range_resp(data, size, &rev, &kv) == 1) {
+        on_event(&sum, &kv);
+    }
+    sum += (uint64_t)rev;
     return (int)(sum & 0);
 }

@@ -226,6 +226,55 @@ static double bench_death(const char *url, uint32_t ttl_ms)
     return dt;
 }
 
+/* CPU seconds process `pid` has used (utime + stime). */
+static double proc_cpu_s(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    if (f != NULL) {
+        fclose(f);
+    }
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    unsigned long ut = 0, stt = 0;
+    if (p == NULL || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u "
+                                   "%*u %lu %lu", &ut, &stt) != 2) {
+        return 0;
+    }
+    return (double)(ut + stt) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* Point reads of one 600-byte key (a peer's blob, as pdx_peer_fetch
+ * reads it), one at a time: microseconds each, and etcd's CPU each. */
+static void bench_get(const char *url, pid_t etcd_pid, int n, double *us_p,
+                      double *etcd_us_p)
+{
+    pdx_store_host_t h;
+    void *a = open_client(url, "reader", 128, 30000, &h);
+    char blob[600];
+    memset(blob, 'b', sizeof(blob));
+    if (ops->put(a, "agents/peer", blob, sizeof(blob), 0) != PDX_OK) {
+        fprintf(stderr, "put failed\n");
+        exit(1);
+    }
+    double c0 = proc_cpu_s(etcd_pid), t0 = now_s();
+    for (int i = 0; i < n; i++) {
+        void *v = NULL;
+        size_t len = 0;
+        if (ops->get(a, "agents/peer", &v, &len, NULL) != PDX_OK ||
+            len != sizeof(blob)) {
+            fprintf(stderr, "get failed\n");
+            exit(1);
+        }
+        free(v);
+    }
+    *us_p = (now_s() - t0) / n * 1e6;
+    *etcd_us_p = (proc_cpu_s(etcd_pid) - c0) / n * 1e6;
+    ops->destroy(a);
+}
+
 int main(int argc, char **argv)
 {
     size_t n = 2000;
@@ -252,6 +301,8 @@ int main(int argc, char **argv)
     double r128 = bench_register(e.url, 128, n, rounds, &l1, &l3);
     double r4k = bench_register(e.url, 4096, n, rounds, &l1b, &l3b);
     double death = bench_death(e.url, 5000);
+    double get_us = 0, get_etcd_us = 0;
+    bench_get(e.url, e.pid, 3000, &get_us, &get_etcd_us);
     printf("RESULT registry_blocks_per_s_txn128=%.0f\n", r128);
     printf("RESULT registry_blocks_per_s_txn4096=%.0f\n", r4k);
     printf("RESULT lookup_2000_ms_1owner=%.2f lookup_2000_ms_3owners=%.2f "
@@ -261,6 +312,8 @@ int main(int argc, char **argv)
     printf("RESULT longest_prefix_2000_ms=%.2f\n", g_longest_ms);
     printf("RESULT death_to_delete_s_ttl5=%.2f (NIXL etcd backend: never, "
            "until someone deletes the key)\n", death);
+    printf("RESULT point_read_us=%.1f etcd_cpu_us_per_read=%.1f (one "
+           "600-byte key, one at a time)\n", get_us, get_etcd_us);
     etcd_cleanup(&e);
     return 0;
 }

@@ -309,6 +309,7 @@ static void client_free(etcd_client_t *c)
     for (uint32_t i = 0; i < c->npool; i++) {
         curl_easy_cleanup(c->pool[i]);
     }
+    etcd_h2_pool_free(c);
     if (c->th != NULL) {
         curl_easy_cleanup(c->th);
     }

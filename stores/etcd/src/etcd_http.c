@@ -99,7 +99,7 @@ void etcd_note_fail(etcd_store_t *s, const char *what)
     pthread_mutex_unlock(&s->lock);
 }
 
-static pdx_status_t grpc_status(int code)
+pdx_status_t etcd_grpc_status(int code)
 {
     switch (code) {
     case 3: /* INVALID_ARGUMENT */
@@ -209,7 +209,7 @@ pdx_status_t etcd_call(etcd_store_t *s, CURL *h, const char *path,
         pthread_mutex_lock(&s->lock);
         snprintf(s->last_error, sizeof(s->last_error), "%s", what);
         pthread_mutex_unlock(&s->lock);
-        st = grpc_status(g);
+        st = etcd_grpc_status(g);
         break;
     }
     free(body);
@@ -245,4 +245,157 @@ void etcd_handle_put(etcd_store_t *s, CURL *h)
     if (h != NULL) {
         curl_easy_cleanup(h);
     }
+}
+
+void etcd_kv_read_free(etcd_kv_read_t *o)
+{
+    free(o->value);
+    memset(o, 0, sizeof(*o));
+}
+
+/* Fill o from a decoded KeyValue of `full` (untrusted: another key than
+ * the one asked for counts as absent). */
+static pdx_status_t kv_take(etcd_kv_read_t *o, const char *full,
+                            const void *key, size_t klen, const void *val,
+                            size_t vlen, int64_t mod_rev, int64_t lease)
+{
+    if (key == NULL || klen != strlen(full) || memcmp(key, full, klen) != 0) {
+        return PDX_OK;
+    }
+    o->value = malloc(vlen + 1);
+    if (o->value == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    if (vlen > 0) {
+        memcpy(o->value, val, vlen);
+    }
+    ((char *)o->value)[vlen] = '\0';
+    o->len = vlen;
+    o->present = true;
+    o->mod_rev = mod_rev;
+    o->lease = lease;
+    return PDX_OK;
+}
+
+/* The point read over gRPC on the client's h2c connections. */
+static pdx_status_t read_h2(etcd_store_t *s, const char *full, bool force,
+                            etcd_kv_read_t *o)
+{
+    uint64_t now = pdx_be_now_ns();
+    pthread_mutex_lock(&s->lock);
+    bool fast_fail = !force && !s->reachable && s->unreach_mono_ns != 0 &&
+                     now < s->probe_at_ns;
+    uint32_t ep = s->ep;
+    pthread_mutex_unlock(&s->lock);
+    if (fast_fail) {
+        return PDX_ERR_UNAVAILABLE;
+    }
+    etcd_buf_t req = {0};
+    etcd_pb_range_req(&req, full);
+    if (req.data == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    pdx_status_t st = PDX_ERR_UNAVAILABLE;
+    uint64_t deadline = now + (uint64_t)s->timeout_ms * 1000000ull;
+    for (uint32_t t = 0; t < s->nendpoints && pdx_be_now_ns() < deadline;
+         t++) {
+        const char *endpoint = s->endpoints[(ep + t) % s->nendpoints];
+        etcd_buf_t out = {0};
+        int g = -1;
+        char err[192] = "";
+        pdx_status_t r = etcd_h2_unary(s->client, endpoint,
+                                       "/etcdserverpb.KV/Range", &req,
+                                       deadline, &out, &g, err, sizeof(err));
+        pthread_mutex_lock(&s->lock);
+        s->requests++;
+        pthread_mutex_unlock(&s->lock);
+        char what[320];
+        snprintf(what, sizeof(what), "%s/etcdserverpb.KV/Range: %s",
+                 endpoint, err);
+        if (r == PDX_OK && g == 0) {
+            int64_t rev = 0;
+            etcd_pb_event_t kv;
+            int f = etcd_pb_range_resp((const uint8_t *)out.data, out.len,
+                                       &rev, &kv);
+            if (f < 0) {
+                snprintf(what, sizeof(what), "%s/etcdserverpb.KV/Range: "
+                         "malformed RangeResponse (%zu bytes)", endpoint,
+                         out.len);
+                etcd_note_fail(s, what);
+                etcd_buf_free(&out);
+                st = PDX_ERR_CORRUPT;
+                continue;
+            }
+            etcd_note_ok(s, rev);
+            o->rev = rev;
+            st = f == 1 ? kv_take(o, full, kv.key, kv.key_len, kv.value,
+                                  kv.value_len, kv.mod_revision, kv.lease)
+                        : PDX_OK;
+            etcd_buf_free(&out);
+            break;
+        }
+        etcd_buf_free(&out);
+        if (r == PDX_OK && g != 14) {
+            /* Refused (not "unavailable"): reachable, the reason kept. */
+            etcd_note_ok(s, 0);
+            pthread_mutex_lock(&s->lock);
+            snprintf(s->last_error, sizeof(s->last_error), "%s", what);
+            pthread_mutex_unlock(&s->lock);
+            st = etcd_grpc_status(g);
+            break;
+        }
+        etcd_note_fail(s, what);
+        st = r == PDX_OK ? PDX_ERR_UNAVAILABLE : r;
+    }
+    etcd_buf_free(&req);
+    return st == PDX_ERR_IO || st == PDX_ERR_TIMEOUT || st == PDX_ERR_CORRUPT
+               ? PDX_ERR_UNAVAILABLE : st;
+}
+
+pdx_status_t etcd_read_key(etcd_store_t *s, CURL *h, const char *full,
+                           bool force, etcd_kv_read_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    pthread_mutex_lock(&s->lock);
+    bool h2 = s->user == NULL && etcd_h2_usable(s->endpoints[s->ep]);
+    pthread_mutex_unlock(&s->lock);
+    if (h2) {
+        return read_h2(s, full, force, o);
+    }
+    char *kb = etcd_b64_enc(full, strlen(full));
+    cJSON *req = cJSON_CreateObject(), *resp = NULL;
+    CURL *own = h == NULL ? etcd_handle_get(s) : NULL;
+    pdx_status_t st = PDX_ERR_NOMEM;
+    if (kb != NULL && req != NULL && (h != NULL || own != NULL)) {
+        cJSON_AddStringToObject(req, "key", kb);
+        st = etcd_call(s, h != NULL ? h : own, "/v3/kv/range", req, &resp,
+                       force, NULL, 0);
+    }
+    etcd_handle_put(s, own);
+    free(kb);
+    cJSON_Delete(req);
+    if (st == PDX_OK) {
+        o->rev = etcd_json_i64(cJSON_GetObjectItemCaseSensitive(resp, "header"),
+                               "revision");
+        const cJSON *kv = cJSON_GetArrayItem(
+            cJSON_GetObjectItemCaseSensitive(resp, "kvs"), 0);
+        const cJSON *k = cJSON_GetObjectItemCaseSensitive(kv, "key");
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(kv, "value");
+        size_t klen = 0, vlen = 0;
+        char *key = cJSON_IsString(k) ? etcd_b64_dec(k->valuestring, &klen)
+                                      : NULL;
+        void *val = cJSON_IsString(v) ? etcd_b64_dec(v->valuestring, &vlen)
+                                      : NULL;
+        if (kv != NULL && (key == NULL || (cJSON_IsString(v) && val == NULL))) {
+            st = PDX_ERR_CORRUPT;
+        } else if (kv != NULL) {
+            st = kv_take(o, full, key, klen, val, val ? vlen : 0,
+                         etcd_json_i64(kv, "mod_revision"),
+                         etcd_json_i64(kv, "lease"));
+        }
+        free(key);
+        free(val);
+    }
+    cJSON_Delete(resp);
+    return st;
 }

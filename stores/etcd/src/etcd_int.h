@@ -48,6 +48,7 @@ typedef struct etcd_event {
 } etcd_event_t;
 
 struct etcd_kw;
+typedef struct etcd_h2 etcd_h2_t;
 
 /* A watch of an instance. A prefix watch has a stream of its own; a key
  * watch (PDX_STORE_WATCH_KEY) is one subscriber of a key of the client's
@@ -116,6 +117,8 @@ typedef struct etcd_client {
     CURL *lh;                 /* lease thread's */
     CURL *pool[ETCD_HANDLE_POOL]; /* callers' handles (connections kept) */
     uint32_t npool;
+    etcd_h2_t *h2[ETCD_HANDLE_POOL]; /* idle h2c connections (etcd_h2.c) */
+    uint32_t nh2;
     /* Multiplexed key-watch stream (client thread only). */
     etcd_kw_t *keys;
     uint32_t nkeys;
@@ -319,7 +322,53 @@ void etcd_pb_watch_create(etcd_buf_t *out, const char *key, int64_t start,
 void etcd_pb_watch_cancel(etcd_buf_t *out, int64_t watch_id);
 int etcd_pb_watch_resp(const uint8_t *p, size_t n, etcd_pb_watch_t *w,
                        etcd_pb_event_cb_t cb, void *arg);
+/* RangeRequest of one key; RangeResponse: header revision and the first
+ * KeyValue (pointing into p). 1 found, 0 none, -1 malformed. */
+void etcd_pb_range_req(etcd_buf_t *out, const char *key);
+int etcd_pb_range_resp(const uint8_t *p, size_t n, int64_t *rev_p,
+                       etcd_pb_event_t *kv);
 
+
+/* ---- etcd_http.c: point reads ---- */
+
+/* A key as one point read found it. */
+typedef struct etcd_kv_read {
+    int64_t rev;     /* the store's revision when read */
+    bool present;
+    void *value;     /* malloc'd, NUL-terminated; NULL when absent */
+    size_t len;
+    int64_t mod_rev, lease;
+} etcd_kv_read_t;
+/* Read full key `full` (linearizable): gRPC on the client's h2c
+ * connections where the endpoint is plain http and there is no user,
+ * else the JSON gateway with handle h (NULL: one from the pool).
+ * Reachability bookkeeping and fail-fast as etcd_call (force: no
+ * fail-fast). PDX_OK with o filled (absent or present), or an error.
+ * Blocking, at most the store timeout. */
+pdx_status_t etcd_read_key(etcd_store_t *s, CURL *h, const char *full,
+                           bool force, etcd_kv_read_t *o);
+void etcd_kv_read_free(etcd_kv_read_t *o);
+/* A gRPC status code as a pdx status. */
+pdx_status_t etcd_grpc_status(int code);
+
+/* ---- etcd_h2.c: unary gRPC over persistent h2c connections ---- */
+
+/* Whether `endpoint` can be reached this way (plain http://host:port). */
+bool etcd_h2_usable(const char *endpoint);
+/* Call `path` with protobuf message `msg` on a pooled connection of
+ * client cl to `endpoint` (opened when none; blocking until `deadline`,
+ * CLOCK_MONOTONIC ns). PDX_OK: the call ended; *grpc_p is its grpc-status,
+ * and with 0 the response message is appended to `out`. Otherwise the
+ * connection is closed and `err` says why (PDX_ERR_TIMEOUT, PDX_ERR_IO,
+ * PDX_ERR_CORRUPT for a malformed response). Any thread; a connection
+ * carries one call at a time. */
+pdx_status_t etcd_h2_unary(etcd_client_t *cl, const char *endpoint,
+                           const char *path, const etcd_buf_t *msg,
+                           uint64_t deadline, etcd_buf_t *out, int *grpc_p,
+                           char *err, size_t elen);
+void etcd_h2_close(etcd_h2_t *c);
+/* Close the idle connections (client teardown). */
+void etcd_h2_pool_free(etcd_client_t *cl);
 
 /* ---- the instance's parts (etcd_store.c and the files below it) ----
  * Calls point down: store (glue: create/destroy, keys) above client (the

@@ -171,32 +171,16 @@ static pdx_status_t kw_read(etcd_client_t *c, etcd_kw_t *kw)
     if (w0 == NULL) {
         return PDX_OK;
     }
-    etcd_store_t *s0 = w0->owner;
-    char *kb = etcd_b64_enc(kw->full, strlen(kw->full));
-    cJSON *req = cJSON_CreateObject(), *resp = NULL;
-    pdx_status_t st = PDX_ERR_NOMEM;
-    if (kb != NULL && req != NULL) {
-        cJSON_AddStringToObject(req, "key", kb);
-        st = etcd_call(s0, c->th, "/v3/kv/range", req, &resp, true, NULL, 0);
-    }
-    free(kb);
-    cJSON_Delete(req);
+    etcd_kv_read_t o;
+    pdx_status_t st = etcd_read_key(w0->owner, c->th, kw->full, true, &o);
     if (st != PDX_OK) {
         return st;
     }
-    int64_t rev = etcd_json_i64(
-        cJSON_GetObjectItemCaseSensitive(resp, "header"), "revision");
-    const cJSON *kv = cJSON_GetArrayItem(
-        cJSON_GetObjectItemCaseSensitive(resp, "kvs"), 0);
-    const cJSON *k = cJSON_GetObjectItemCaseSensitive(kv, "key");
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(kv, "value");
-    size_t klen = 0, vlen = 0;
-    char *key = cJSON_IsString(k) ? etcd_b64_dec(k->valuestring, &klen) : NULL;
-    bool present = key != NULL && strcmp(key, kw->full) == 0;
-    void *val = present && cJSON_IsString(v)
-                    ? etcd_b64_dec(v->valuestring, &vlen) : NULL;
-    int64_t mrev = present ? etcd_json_i64(kv, "mod_revision") : 0;
-    int64_t lease = present ? etcd_json_i64(kv, "lease") : 0;
+    int64_t rev = o.rev;
+    bool present = o.present;
+    void *val = o.value;
+    size_t vlen = o.len;
+    int64_t mrev = o.mod_rev, lease = o.lease;
     for (etcd_watch_t *w = kw->subs; w != NULL; w = w->kw_next) {
         if (!w->need_resync) {
             continue;
@@ -222,9 +206,7 @@ static pdx_status_t kw_read(etcd_client_t *c, etcd_kw_t *kw)
             pthread_mutex_unlock(&w->owner->lock);
         }
     }
-    free(key);
-    free(val);
-    cJSON_Delete(resp);
+    etcd_kv_read_free(&o);
     return PDX_OK;
 }
 

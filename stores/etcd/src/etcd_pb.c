@@ -232,6 +232,41 @@ void etcd_pb_range_keys(const uint8_t *p, size_t n, etcd_pb_key_cb_t cb,
     }
 }
 
+void etcd_pb_range_req(etcd_buf_t *out, const char *key)
+{
+    put_bytes(out, 1, key, strlen(key));
+}
+
+/* KeyValue into ev (defined below). */
+static int pb_kv(const uint8_t *p, size_t n, etcd_pb_event_t *ev);
+
+int etcd_pb_range_resp(const uint8_t *p, size_t n, int64_t *rev_p,
+                       etcd_pb_event_t *kv)
+{
+    const uint8_t *end = p + n;
+    pb_field_t f;
+    int r, found = 0;
+    *rev_p = 0;
+    memset(kv, 0, sizeof(*kv));
+    while ((r = next_field(&p, end, &f)) == 1) {
+        if (f.num == 1 && f.wire == 2) {
+            const uint8_t *q = f.p, *qe = f.p + f.len;
+            pb_field_t h;
+            while (next_field(&q, qe, &h) == 1) {
+                if (h.num == 3 && h.wire == 0) {
+                    *rev_p = (int64_t)h.v;
+                }
+            }
+        } else if (f.num == 2 && f.wire == 2 && !found) {
+            if (pb_kv(f.p, f.len, kv) < 0) {
+                return -1;
+            }
+            found = 1;
+        }
+    }
+    return r < 0 ? -1 : found;
+}
+
 /* ---- Watch (the key-watch stream) ---- */
 
 /* A WatchRequest frame: its one oneof field `field` holding message `m`,

@@ -368,39 +368,24 @@ pdx_status_t etcd_get(void *st, const char *key, void **value_p,
     if (!etcd_valid_key(key) || value_p == NULL || len_p == NULL) {
         return PDX_ERR_INVALID;
     }
-    char *kb = etcd_key_b64(s, key);
-    cJSON *req = cJSON_CreateObject(), *resp = NULL;
-    CURL *h = etcd_handle_get(s);
-    pdx_status_t r = PDX_ERR_NOMEM;
-    if (kb != NULL && req != NULL && h != NULL) {
-        cJSON_AddStringToObject(req, "key", kb);
-        r = etcd_call(s, h, "/v3/kv/range", req, &resp, false, NULL, 0);
+    char *full = etcd_full_key(s, key);
+    if (full == NULL) {
+        return PDX_ERR_NOMEM;
     }
-    etcd_handle_put(s, h);
-    free(kb);
-    cJSON_Delete(req);
-    if (r == PDX_OK) {
-        const cJSON *kv = cJSON_GetArrayItem(
-            cJSON_GetObjectItemCaseSensitive(resp, "kvs"), 0);
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(kv, "value");
-        if (kv == NULL) {
-            r = PDX_ERR_NOT_FOUND;
-        } else {
-            size_t len = 0;
-            void *val = cJSON_IsString(v) ? etcd_b64_dec(v->valuestring, &len)
-                                          : calloc(1, 1);
-            if (val == NULL) {
-                r = PDX_ERR_CORRUPT;
-            } else {
-                *value_p = val;
-                *len_p = len;
-                if (rev_p != NULL) {
-                    *rev_p = etcd_json_i64(kv, "mod_revision");
-                }
-            }
+    etcd_kv_read_t o;
+    pdx_status_t r = etcd_read_key(s, NULL, full, false, &o);
+    free(full);
+    if (r == PDX_OK && !o.present) {
+        r = PDX_ERR_NOT_FOUND;
+    } else if (r == PDX_OK) {
+        *value_p = o.value;
+        *len_p = o.len;
+        o.value = NULL;
+        if (rev_p != NULL) {
+            *rev_p = o.mod_rev;
         }
     }
-    cJSON_Delete(resp);
+    etcd_kv_read_free(&o);
     return r;
 }
 
