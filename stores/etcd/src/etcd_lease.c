@@ -26,6 +26,7 @@ void etcd_lease_grant(etcd_store_t *s, CURL *h)
         return;
     }
     etcd_json_add_i64(req, "TTL", s->ttl_s);
+    uint64_t sent = pdx_be_now_ns(); /* the TTL runs from about here */
     pdx_status_t st = etcd_call(s, h, "/v3/lease/grant", req, &resp, true,
                                 NULL, 0);
     cJSON_Delete(req);
@@ -40,7 +41,7 @@ void etcd_lease_grant(etcd_store_t *s, CURL *h)
         }
         s->leases_granted++;
         s->lease_backoff_ms = 0;
-        s->keepalive_at_ns = now + ka_period_ns(s);
+        s->keepalive_at_ns = sent + ka_period_ns(s);
         s->republish_at_ns = 0;
         s->state_dirty = true;
         uint32_t nkeys = 0;
@@ -65,10 +66,13 @@ void etcd_lease_grant(etcd_store_t *s, CURL *h)
     cJSON_Delete(resp);
 }
 
-/* The outcome of renewing `lease` of s: st PDX_OK with the TTL left (0:
- * expired), PDX_ERR_NOT_FOUND (expired), else not reached. */
+/* The outcome of renewing `lease` of s with a request sent at sent_ns:
+ * st PDX_OK with the TTL left (0: expired), PDX_ERR_NOT_FOUND (expired),
+ * else not reached. The next renewal is due a period after the send, not
+ * after the answer: a slow etcd (a restart of many agents) then does not
+ * push each renewal later by its own response time. */
 static void lease_renewed(etcd_store_t *s, int64_t lease, pdx_status_t st,
-                          int64_t ttl)
+                          int64_t ttl, uint64_t sent_ns)
 {
     uint64_t now = pdx_be_now_ns();
     pthread_mutex_lock(&s->lock);
@@ -77,7 +81,7 @@ static void lease_renewed(etcd_store_t *s, int64_t lease, pdx_status_t st,
         return;
     }
     if (st == PDX_OK && ttl > 0) {
-        s->keepalive_at_ns = now + ka_period_ns(s);
+        s->keepalive_at_ns = sent_ns + ka_period_ns(s);
         s->lease_backoff_ms = 0;
     } else if (st == PDX_OK || st == PDX_ERR_NOT_FOUND) {
         pdx_warn("store etcd (ns %s, agent %s): lease %llx expired (the "
@@ -119,6 +123,7 @@ void etcd_lease_keepalive_batch(etcd_client_t *c, etcd_store_t **ms,
     etcd_buf_t out = {0};
     CURLcode cc = CURLE_OUT_OF_MEMORY;
     long code = 0;
+    uint64_t sent = pdx_be_now_ns();
     if (body.data != NULL) {
         etcd_easy_setup(s0, c->lh, endpoint, "/v3/lease/keepalive",
                         body.data, &out, (long)s0->timeout_ms);
@@ -158,11 +163,12 @@ void etcd_lease_keepalive_batch(etcd_client_t *c, etcd_store_t **ms,
         pthread_mutex_unlock(&s->lock);
         if (got != NULL && got[i]) {
             etcd_note_ok(s, rev);
-            lease_renewed(s, ids[i], PDX_OK, ttl[i]);
+            lease_renewed(s, ids[i], PDX_OK, ttl[i], sent);
         } else if (cc == CURLE_OK && ngot == 0) {
             /* Not a stream of results: one call, with its auth retry. */
             cJSON *req = cJSON_CreateObject(), *resp = NULL;
             pdx_status_t st = PDX_ERR_NOMEM;
+            uint64_t sent1 = pdx_be_now_ns();
             if (req != NULL) {
                 etcd_json_add_i64(req, "ID", ids[i]);
                 st = etcd_call(s, c->lh, "/v3/lease/keepalive", req, &resp,
@@ -170,7 +176,7 @@ void etcd_lease_keepalive_batch(etcd_client_t *c, etcd_store_t **ms,
             }
             const cJSON *res = cJSON_GetObjectItemCaseSensitive(resp,
                                                                 "result");
-            lease_renewed(s, ids[i], st, etcd_json_i64(res, "TTL"));
+            lease_renewed(s, ids[i], st, etcd_json_i64(res, "TTL"), sent1);
             cJSON_Delete(req);
             cJSON_Delete(resp);
         } else {
@@ -179,7 +185,7 @@ void etcd_lease_keepalive_batch(etcd_client_t *c, etcd_store_t **ms,
                      endpoint, cc != CURLE_OK ? curl_easy_strerror(cc)
                                               : "no result for the lease");
             etcd_note_fail(s, what);
-            lease_renewed(s, ids[i], PDX_ERR_UNAVAILABLE, 0);
+            lease_renewed(s, ids[i], PDX_ERR_UNAVAILABLE, 0, sent);
         }
     }
     free(ttl);
