@@ -439,21 +439,15 @@ void etcd_h2_pool_free(etcd_client_t *cl)
     cl->nh2 = 0;
 }
 
-pdx_status_t etcd_h2_unary(etcd_client_t *cl, const char *endpoint,
-                           const char *path, const etcd_buf_t *msg,
-                           uint64_t deadline, etcd_buf_t *out, int *grpc_p,
-                           char *err, size_t elen)
+/* Send gRPC frames `frames` (one request message, or several on a
+ * client-streaming call, then end of stream) and collect the response's
+ * frames, raw, in `raw`. */
+static pdx_status_t h2_exchange(etcd_client_t *cl, const char *endpoint,
+                                const char *path, const etcd_buf_t *frames,
+                                uint64_t deadline, etcd_buf_t *raw,
+                                int *grpc_p, char *err, size_t elen)
 {
     *grpc_p = -1;
-    etcd_buf_t frame = {0};
-    uint8_t hdr[5] = {0, (uint8_t)(msg->len >> 24), (uint8_t)(msg->len >> 16),
-                      (uint8_t)(msg->len >> 8), (uint8_t)msg->len};
-    etcd_buf_add(&frame, hdr, 5);
-    etcd_buf_add(&frame, msg->data ? msg->data : "", msg->len);
-    if (frame.data == NULL) {
-        snprintf(err, elen, "out of memory");
-        return PDX_ERR_NOMEM;
-    }
     pdx_status_t st = PDX_ERR_IO;
     /* A pooled connection may have been closed by the server while idle:
      * then once more on a new one. */
@@ -467,7 +461,7 @@ pdx_status_t etcd_h2_unary(etcd_client_t *cl, const char *endpoint,
                 break;
             }
         }
-        st = h2_call(c, path, (const uint8_t *)frame.data, frame.len,
+        st = h2_call(c, path, (const uint8_t *)frames->data, frames->len,
                      deadline, err, elen);
         if (st != PDX_OK) {
             etcd_h2_close(c);
@@ -483,25 +477,13 @@ pdx_status_t etcd_h2_unary(etcd_client_t *cl, const char *endpoint,
                      c->grpc_message[0] ? ": " : "", c->grpc_message);
         } else if (c->grpc_status != 0 || c->rst_code != 0 ||
                    c->http_status != 200) {
-            snprintf(err, elen, "HTTP %d, stream reset %u", c->http_status,
-                     c->rst_code);
+            snprintf(err, elen, "HTTP %d, grpc-status %d, stream reset %u",
+                     c->http_status, c->grpc_status, c->rst_code);
             st = PDX_ERR_IO;
         } else {
-            /* One message: the 5-byte prefix (not compressed), then it. */
-            const uint8_t *b = (const uint8_t *)c->in.data;
-            size_t len = c->in.len >= 5
-                             ? ((size_t)b[1] << 24 | (size_t)b[2] << 16 |
-                                (size_t)b[3] << 8 | (size_t)b[4])
-                             : 0;
-            if (c->in.len < 5 || b[0] != 0 || len != c->in.len - 5) {
-                snprintf(err, elen, "malformed gRPC response (%zu bytes)",
-                         c->in.len);
-                st = PDX_ERR_CORRUPT;
-            } else {
-                etcd_buf_add(out, b + 5, len);
-                if (len > 0 && out->data == NULL) {
-                    st = PDX_ERR_NOMEM;
-                }
+            etcd_buf_add(raw, c->in.data ? c->in.data : "", c->in.len);
+            if (raw->data == NULL) {
+                st = PDX_ERR_NOMEM;
             }
         }
         if (st == PDX_OK) {
@@ -511,6 +493,73 @@ pdx_status_t etcd_h2_unary(etcd_client_t *cl, const char *endpoint,
         }
         break;
     }
+    return st;
+}
+
+bool etcd_grpc_next_frame(const uint8_t **p, size_t *left,
+                          const uint8_t **msg, size_t *len)
+{
+    if (*left < 5 || (*p)[0] != 0) {
+        return false;
+    }
+    size_t n = (size_t)(*p)[1] << 24 | (size_t)(*p)[2] << 16 |
+               (size_t)(*p)[3] << 8 | (size_t)(*p)[4];
+    if (n > *left - 5) {
+        return false;
+    }
+    *msg = *p + 5;
+    *len = n;
+    *p += 5 + n;
+    *left -= 5 + n;
+    return true;
+}
+
+void etcd_grpc_frame(etcd_buf_t *out, const etcd_buf_t *msg)
+{
+    uint8_t hdr[5] = {0, (uint8_t)(msg->len >> 24), (uint8_t)(msg->len >> 16),
+                      (uint8_t)(msg->len >> 8), (uint8_t)msg->len};
+    etcd_buf_add(out, hdr, 5);
+    etcd_buf_add(out, msg->data ? msg->data : "", msg->len);
+}
+
+pdx_status_t etcd_h2_stream(etcd_client_t *cl, const char *endpoint,
+                            const char *path, const etcd_buf_t *frames,
+                            uint64_t deadline, etcd_buf_t *raw, int *grpc_p,
+                            char *err, size_t elen)
+{
+    return h2_exchange(cl, endpoint, path, frames, deadline, raw, grpc_p, err,
+                       elen);
+}
+
+pdx_status_t etcd_h2_unary(etcd_client_t *cl, const char *endpoint,
+                           const char *path, const etcd_buf_t *msg,
+                           uint64_t deadline, etcd_buf_t *out, int *grpc_p,
+                           char *err, size_t elen)
+{
+    etcd_buf_t frame = {0}, raw = {0};
+    etcd_grpc_frame(&frame, msg);
+    if (frame.data == NULL) {
+        snprintf(err, elen, "out of memory");
+        return PDX_ERR_NOMEM;
+    }
+    pdx_status_t st = h2_exchange(cl, endpoint, path, &frame, deadline, &raw,
+                                  grpc_p, err, elen);
+    if (st == PDX_OK && *grpc_p == 0) {
+        /* Exactly one message. */
+        const uint8_t *p = (const uint8_t *)raw.data, *m = NULL;
+        size_t left = raw.len, len = 0;
+        if (!etcd_grpc_next_frame(&p, &left, &m, &len) || left != 0) {
+            snprintf(err, elen, "malformed gRPC response (%zu bytes)",
+                     raw.len);
+            st = PDX_ERR_CORRUPT;
+        } else {
+            etcd_buf_add(out, m, len);
+            if (len > 0 && out->data == NULL) {
+                st = PDX_ERR_NOMEM;
+            }
+        }
+    }
     etcd_buf_free(&frame);
+    etcd_buf_free(&raw);
     return st;
 }

@@ -327,6 +327,11 @@ int etcd_pb_watch_resp(const uint8_t *p, size_t n, etcd_pb_watch_t *w,
 void etcd_pb_range_req(etcd_buf_t *out, const char *key);
 int etcd_pb_range_resp(const uint8_t *p, size_t n, int64_t *rev_p,
                        etcd_pb_event_t *kv);
+/* LeaseKeepAliveRequest of lease `id`; LeaseKeepAliveResponse: header
+ * revision, ID and TTL (0 when not found). 0, or -1 malformed. */
+void etcd_pb_lease_ka_req(etcd_buf_t *out, int64_t id);
+int etcd_pb_lease_ka_resp(const uint8_t *p, size_t n, int64_t *rev_p,
+                          int64_t *id_p, int64_t *ttl_p);
 
 
 /* ---- etcd_http.c: point reads ---- */
@@ -366,6 +371,20 @@ pdx_status_t etcd_h2_unary(etcd_client_t *cl, const char *endpoint,
                            const char *path, const etcd_buf_t *msg,
                            uint64_t deadline, etcd_buf_t *out, int *grpc_p,
                            char *err, size_t elen);
+/* The same for a call whose request is several messages (a client
+ * stream, ended after them): `frames` are gRPC-framed (etcd_grpc_frame)
+ * and the response's frames come back raw in `raw`
+ * (etcd_grpc_next_frame). */
+pdx_status_t etcd_h2_stream(etcd_client_t *cl, const char *endpoint,
+                            const char *path, const etcd_buf_t *frames,
+                            uint64_t deadline, etcd_buf_t *raw, int *grpc_p,
+                            char *err, size_t elen);
+/* Append message `msg` with gRPC's 5-byte prefix. */
+void etcd_grpc_frame(etcd_buf_t *out, const etcd_buf_t *msg);
+/* The next frame of untrusted gRPC bytes (*p, *left advance); false at
+ * the end or on a bad prefix or length. */
+bool etcd_grpc_next_frame(const uint8_t **p, size_t *left,
+                          const uint8_t **msg, size_t *len);
 void etcd_h2_close(etcd_h2_t *c);
 /* Close the idle connections (client teardown). */
 void etcd_h2_pool_free(etcd_client_t *cl);

@@ -106,6 +106,55 @@ static void lease_renewed(etcd_store_t *s, int64_t lease, pdx_status_t st,
 /* Renew the leases of n members in one request: the gateway's keepalive
  * is a stream, and a body of one request a line gets one result a line.
  * A refusal that is not a result (auth) falls back to one call each. */
+/* The renewals as gRPC LeaseKeepAlive on the client's h2c connections:
+ * one request message a lease, the stream ended after them; etcd answers
+ * each in order. true when the call went through (results in ttl/got). */
+static bool keepalive_h2(etcd_client_t *c, etcd_store_t *s0,
+                         const char *endpoint, const int64_t *ids, size_t n,
+                         int64_t *ttl, bool *got, size_t *ngot, int64_t *rev,
+                         char *err, size_t elen)
+{
+    etcd_buf_t frames = {0}, raw = {0};
+    for (size_t i = 0; i < n; i++) {
+        etcd_buf_t m = {0};
+        etcd_pb_lease_ka_req(&m, ids[i]);
+        etcd_grpc_frame(&frames, &m);
+        etcd_buf_free(&m);
+    }
+    int g = -1;
+    uint64_t deadline = pdx_be_now_ns() + (uint64_t)s0->timeout_ms * 1000000ull;
+    pdx_status_t st = frames.data == NULL
+                          ? PDX_ERR_NOMEM
+                          : etcd_h2_stream(c, endpoint,
+                                           "/etcdserverpb.Lease/LeaseKeepAlive",
+                                           &frames, deadline, &raw, &g, err,
+                                           elen);
+    bool ok = st == PDX_OK && g == 0;
+    const uint8_t *p = (const uint8_t *)raw.data, *msg;
+    size_t left = raw.len, len;
+    while (ok && etcd_grpc_next_frame(&p, &left, &msg, &len)) {
+        int64_t r = 0, id = 0, t = 0;
+        if (etcd_pb_lease_ka_resp(msg, len, &r, &id, &t) < 0) {
+            break; /* untrusted: the rest is not read */
+        }
+        *rev = r > *rev ? r : *rev;
+        for (size_t i = 0; id != 0 && i < n; i++) {
+            if (ids[i] == id && !got[i]) {
+                got[i] = true;
+                ttl[i] = t;
+                (*ngot)++;
+                break;
+            }
+        }
+    }
+    if (st == PDX_OK && g > 0) {
+        ok = true; /* refused (auth, ...): the calls one by one say why */
+    }
+    etcd_buf_free(&frames);
+    etcd_buf_free(&raw);
+    return ok;
+}
+
 void etcd_lease_keepalive_batch(etcd_client_t *c, etcd_store_t **ms,
                                 const int64_t *ids, size_t n)
 {
@@ -124,17 +173,24 @@ void etcd_lease_keepalive_batch(etcd_client_t *c, etcd_store_t **ms,
     CURLcode cc = CURLE_OUT_OF_MEMORY;
     long code = 0;
     uint64_t sent = pdx_be_now_ns();
-    if (body.data != NULL) {
+    int64_t *ttl = calloc(n, sizeof(*ttl));
+    bool *got = calloc(n, sizeof(*got));
+    int64_t rev = 0;
+    size_t ngot = 0;
+    char h2err[192] = "";
+    bool h2 = s0->user == NULL && etcd_h2_usable(endpoint);
+    if (h2 && ttl != NULL && got != NULL) {
+        cc = keepalive_h2(c, s0, endpoint, ids, n, ttl, got, &ngot, &rev,
+                          h2err, sizeof(h2err))
+                 ? CURLE_OK : CURLE_RECV_ERROR;
+        code = 200;
+    } else if (body.data != NULL) {
         etcd_easy_setup(s0, c->lh, endpoint, "/v3/lease/keepalive",
                         body.data, &out, (long)s0->timeout_ms);
         cc = curl_easy_perform(c->lh);
         curl_easy_getinfo(c->lh, CURLINFO_RESPONSE_CODE, &code);
     }
-    int64_t *ttl = calloc(n, sizeof(*ttl));
-    bool *got = calloc(n, sizeof(*got));
-    int64_t rev = 0;
-    size_t ngot = 0;
-    for (size_t p = 0; cc == CURLE_OK && code == 200 && ttl && got &&
+    for (size_t p = 0; !h2 && cc == CURLE_OK && code == 200 && ttl && got &&
                        out.data != NULL && p < out.len;) {
         char *nl = memchr(out.data + p, '\n', out.len - p);
         size_t e = nl ? (size_t)(nl - out.data) : out.len;
@@ -181,9 +237,12 @@ void etcd_lease_keepalive_batch(etcd_client_t *c, etcd_store_t **ms,
             cJSON_Delete(resp);
         } else {
             char what[256];
-            snprintf(what, sizeof(what), "%s/v3/lease/keepalive: %s",
-                     endpoint, cc != CURLE_OK ? curl_easy_strerror(cc)
-                                              : "no result for the lease");
+            snprintf(what, sizeof(what), "%s%s: %s", endpoint,
+                     h2 ? "/etcdserverpb.Lease/LeaseKeepAlive"
+                        : "/v3/lease/keepalive",
+                     h2 && h2err[0] ? h2err
+                     : cc != CURLE_OK ? curl_easy_strerror(cc)
+                                      : "no result for the lease");
             etcd_note_fail(s, what);
             lease_renewed(s, ids[i], PDX_ERR_UNAVAILABLE, 0, sent);
         }

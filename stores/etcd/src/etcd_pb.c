@@ -267,6 +267,36 @@ int etcd_pb_range_resp(const uint8_t *p, size_t n, int64_t *rev_p,
     return r < 0 ? -1 : found;
 }
 
+void etcd_pb_lease_ka_req(etcd_buf_t *out, int64_t id)
+{
+    put_uint(out, 1, (uint64_t)id);
+}
+
+int etcd_pb_lease_ka_resp(const uint8_t *p, size_t n, int64_t *rev_p,
+                          int64_t *id_p, int64_t *ttl_p)
+{
+    const uint8_t *end = p + n;
+    pb_field_t f;
+    int r;
+    *rev_p = *id_p = *ttl_p = 0;
+    while ((r = next_field(&p, end, &f)) == 1) {
+        if (f.num == 1 && f.wire == 2) {
+            const uint8_t *q = f.p, *qe = f.p + f.len;
+            pb_field_t h;
+            while (next_field(&q, qe, &h) == 1) {
+                if (h.num == 3 && h.wire == 0) {
+                    *rev_p = (int64_t)h.v;
+                }
+            }
+        } else if (f.num == 2 && f.wire == 0) {
+            *id_p = (int64_t)f.v;
+        } else if (f.num == 3 && f.wire == 0) {
+            *ttl_p = (int64_t)f.v;
+        }
+    }
+    return r < 0 ? -1 : 0;
+}
+
 /* ---- Watch (the key-watch stream) ---- */
 
 /* A WatchRequest frame: its one oneof field `field` holding message `m`,
