@@ -1,6 +1,7 @@
 /* libFuzzer harness for the etcd store's WatchResponse decoder (the
- * key-watch stream, stores/etcd/src/etcd_pb.c) and its RangeResponse
- * decoder (point reads over gRPC): bytes from etcd are untrusted.
+ * key-watch stream, stores/etcd/src/etcd_pb.c), its RangeResponse and
+ * LeaseKeepAliveResponse decoders and gRPC's framing (reads and renewals
+ * over gRPC, etcd_h2.c): bytes from etcd are untrusted.
  * Every event's key and value are read in full, so a pointer or length
  * past the input shows under ASan. */
 #include <stdint.h>
@@ -39,5 +40,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         on_event(&sum, &kv);
     }
     sum += (uint64_t)rev;
+    /* As a LeaseKeepAliveResponse, and as a run of gRPC frames. */
+    int64_t id = 0, ttl = 0;
+    if (etcd_pb_lease_ka_resp(data, size, &rev, &id, &ttl) == 0) {
+        sum += (uint64_t)(rev + id + ttl);
+    }
+    const uint8_t *p = data, *msg;
+    size_t left = size, len;
+    while (etcd_grpc_next_frame(&p, &left, &msg, &len)) {
+        for (size_t i = 0; i < len; i++) {
+            sum += msg[i];
+        }
+    }
     return (int)(sum & 0);
 }

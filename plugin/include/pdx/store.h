@@ -57,8 +57,9 @@
  *   (512 keys a request, one revision), so it grows with the prefix;
  * - owner ops: the blocks asked for (max_txn_ops per transaction).
  * Connections to etcd per process: the watch stream, the lease thread's,
- * the client thread's and up to 8 pooled for callers (plus one per
- * in-flight owner transaction).
+ * the client thread's, up to 8 pooled for callers' JSON requests and up
+ * to 8 kept for gRPC point reads and renewals (plus one per in-flight
+ * owner transaction).
  *
  * Memory: buffers returned through `void **` are malloc'd, freed by the
  * caller with free(). Strings in events are valid for the callback only. */
