@@ -470,6 +470,12 @@ static pdx_status_t h2_exchange(etcd_client_t *cl, const char *endpoint,
             }
             continue;
         }
+        if (!fresh && c->rst_code == NGHTTP2_REFUSED_STREAM) {
+            /* A kept connection the server is closing (GOAWAY): the call
+             * was not processed; once more on a new one. */
+            etcd_h2_close(c);
+            continue;
+        }
         *grpc_p = c->grpc_status;
         if (c->http_status == 200 && c->grpc_status > 0) {
             /* Refused by etcd: the connection is fine, the caller maps. */
