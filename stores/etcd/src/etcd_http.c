@@ -16,6 +16,23 @@ static size_t on_data(char *p, size_t size, size_t n, void *arg)
     return size * n;
 }
 
+/* What every request of s sets: its header list (JSON or gRPC, with the
+ * token once known), TLS, where the response goes, no signals, no proxy,
+ * no Nagle. */
+static void easy_common(etcd_store_t *s, CURL *h, bool grpc,
+                        curl_write_callback on, void *arg)
+{
+    pthread_mutex_lock(&s->lock); /* replaced when a token comes */
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, grpc ? s->ghdrs : s->hdrs);
+    pthread_mutex_unlock(&s->lock);
+    etcd_tls_setup(s, h);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, arg);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+}
+
 void etcd_easy_setup(etcd_store_t *s, CURL *h, const char *endpoint,
                      const char *path, const char *body, etcd_buf_t *out,
                      long timeout_ms)
@@ -27,21 +44,37 @@ void etcd_easy_setup(etcd_store_t *s, CURL *h, const char *endpoint,
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-    pthread_mutex_lock(&s->lock); /* replaced when a token comes */
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, s->hdrs);
-    pthread_mutex_unlock(&s->lock);
-    etcd_tls_setup(s, h);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
-    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+    easy_common(s, h, false, on_data, out);
     long connect_ms = (long)s->timeout_ms;
     if (timeout_ms > 0 && timeout_ms < connect_ms) {
         connect_ms = timeout_ms;
     }
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
+}
+
+void etcd_grpc_easy_setup(etcd_store_t *s, CURL *h, const char *endpoint,
+                          const char *path, curl_write_callback on_data,
+                          curl_write_callback on_header, void *arg)
+{
+    char url[512];
+    snprintf(url, sizeof(url), "%s%s", endpoint, path);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTP_VERSION,
+                     strncmp(endpoint, "https://", 8) == 0
+                         ? (long)CURL_HTTP_VERSION_2TLS
+                         : (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE);
+    curl_easy_setopt(h, CURLOPT_POST, 1L);
+    etcd_auth_ensure(s, endpoint);
+    easy_common(s, h, true, on_data, arg);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, arg);
+    /* A connection a call: curl 7.88 fails a second stream on a
+     * prior-knowledge h2c connection ("Error in the HTTP2 framing
+     * layer"; etcd_h2.c keeps connections for the calls that matter). */
+    curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
+    curl_easy_setopt(h, CURLOPT_FORBID_REUSE, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)s->timeout_ms);
 }
 
 void etcd_note_ok(etcd_store_t *s, int64_t revision)
@@ -118,17 +151,38 @@ pdx_status_t etcd_grpc_status(int code)
     }
 }
 
+/* A request refused by etcd with gRPC code g: the store is reachable,
+ * but the reason goes into last_error for pdx_store_status. */
+static pdx_status_t refused(etcd_store_t *s, const char *what, int g)
+{
+    etcd_note_ok(s, 0);
+    pthread_mutex_lock(&s->lock);
+    snprintf(s->last_error, sizeof(s->last_error), "%s", what);
+    pthread_mutex_unlock(&s->lock);
+    return etcd_grpc_status(g);
+}
+
+/* Whether a caller's request fails at once (the store was unreachable a
+ * moment ago: no timeout per call while it is down; force: never); and
+ * the endpoint to try first. */
+static bool fail_fast(etcd_store_t *s, bool force, uint64_t now,
+                      uint32_t *ep_p)
+{
+    pthread_mutex_lock(&s->lock);
+    bool ff = !force && !s->reachable && s->unreach_mono_ns != 0 &&
+              now < s->probe_at_ns;
+    *ep_p = s->ep;
+    pthread_mutex_unlock(&s->lock);
+    return ff;
+}
+
 pdx_status_t etcd_call(etcd_store_t *s, CURL *h, const char *path,
                        cJSON *req, cJSON **resp_p, bool force, char *err,
                        size_t err_len)
 {
     uint64_t now = pdx_be_now_ns();
-    pthread_mutex_lock(&s->lock);
-    bool fast_fail = !force && !s->reachable && s->unreach_mono_ns != 0 &&
-                     now < s->probe_at_ns;
-    uint32_t ep = s->ep;
-    pthread_mutex_unlock(&s->lock);
-    if (fast_fail) {
+    uint32_t ep;
+    if (fail_fast(s, force, now, &ep)) {
         if (err != NULL) {
             snprintf(err, err_len, "store unreachable");
         }
@@ -203,13 +257,8 @@ pdx_status_t etcd_call(etcd_store_t *s, CURL *h, const char *path,
             now = pdx_be_now_ns();
             continue;
         }
-        etcd_note_ok(s, 0);
-        /* Refused (permission denied, no user, ...): reachable, but the
-         * reason goes into last_error for pdx_store_status. */
-        pthread_mutex_lock(&s->lock);
-        snprintf(s->last_error, sizeof(s->last_error), "%s", what);
-        pthread_mutex_unlock(&s->lock);
-        st = etcd_grpc_status(g);
+        /* Refused (permission denied, no user, ...). */
+        st = refused(s, what, g);
         break;
     }
     free(body);
@@ -282,12 +331,8 @@ static pdx_status_t read_h2(etcd_store_t *s, const char *full, bool force,
                             etcd_kv_read_t *o)
 {
     uint64_t now = pdx_be_now_ns();
-    pthread_mutex_lock(&s->lock);
-    bool fast_fail = !force && !s->reachable && s->unreach_mono_ns != 0 &&
-                     now < s->probe_at_ns;
-    uint32_t ep = s->ep;
-    pthread_mutex_unlock(&s->lock);
-    if (fast_fail) {
+    uint32_t ep;
+    if (fail_fast(s, force, now, &ep)) {
         return PDX_ERR_UNAVAILABLE;
     }
     etcd_buf_t req = {0};
@@ -336,12 +381,7 @@ static pdx_status_t read_h2(etcd_store_t *s, const char *full, bool force,
         }
         etcd_buf_free(&out);
         if (r == PDX_OK && g != 14) {
-            /* Refused (not "unavailable"): reachable, the reason kept. */
-            etcd_note_ok(s, 0);
-            pthread_mutex_lock(&s->lock);
-            snprintf(s->last_error, sizeof(s->last_error), "%s", what);
-            pthread_mutex_unlock(&s->lock);
-            st = etcd_grpc_status(g);
+            st = refused(s, what, g); /* not "unavailable" */
             break;
         }
         etcd_note_fail(s, what);

@@ -269,6 +269,14 @@ void etcd_easy_setup(etcd_store_t *s, CURL *h, const char *endpoint,
  * within timeout_ms. On PDX_OK, *resp_p is the parsed response (cJSON
  * delete it). A gRPC error from etcd maps to a status (NOT_FOUND for
  * code 5) and its message goes into `err` when not NULL. */
+/* A gRPC call of s's on handle h (after curl_easy_reset or on a new
+ * one): endpoint + path over HTTP/2 (prior knowledge on http), s's gRPC
+ * headers (with its token), TLS options, response data and headers to
+ * on_data/on_header with `arg`, a new connection (never reused), connect
+ * timeout the store timeout. The caller sets the body and the rest. */
+void etcd_grpc_easy_setup(etcd_store_t *s, CURL *h, const char *endpoint,
+                          const char *path, curl_write_callback on_data,
+                          curl_write_callback on_header, void *arg);
 pdx_status_t etcd_call(etcd_store_t *s, CURL *h, const char *path,
                        cJSON *req, cJSON **resp_p, bool force, char *err,
                        size_t err_len);

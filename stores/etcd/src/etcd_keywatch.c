@@ -329,39 +329,15 @@ static void mux_open(etcd_client_t *c)
         return;
     }
     pthread_mutex_lock(&rep->lock);
-    char url[512];
-    snprintf(url, sizeof(url), "%s/etcdserverpb.Watch/Watch",
-             rep->endpoints[rep->ep]);
-    bool tls = strncmp(rep->endpoints[rep->ep], "https://", 8) == 0;
     char endpoint[256];
     snprintf(endpoint, sizeof(endpoint), "%s", rep->endpoints[rep->ep]);
     pthread_mutex_unlock(&rep->lock);
     CURL *h = c->mh;
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_HTTP_VERSION,
-                     tls ? (long)CURL_HTTP_VERSION_2TLS
-                         : (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE);
-    curl_easy_setopt(h, CURLOPT_POST, 1L);
+    /* A connection of its own (etcd_grpc_easy_setup). */
+    etcd_grpc_easy_setup(rep, h, endpoint, "/etcdserverpb.Watch/Watch",
+                         mux_data, mux_header, c);
     curl_easy_setopt(h, CURLOPT_READFUNCTION, mux_read);
     curl_easy_setopt(h, CURLOPT_READDATA, c);
-    etcd_auth_ensure(rep, endpoint);
-    pthread_mutex_lock(&rep->lock);
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, rep->ghdrs);
-    pthread_mutex_unlock(&rep->lock);
-    etcd_tls_setup(rep, h);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, mux_data);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, c);
-    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, mux_header);
-    curl_easy_setopt(h, CURLOPT_HEADERDATA, c);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
-    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)rep->timeout_ms);
-    /* A connection of its own: curl 7.88 fails streams that share a
-     * prior-knowledge h2c connection ("Error in the HTTP2 framing
-     * layer"). */
-    curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
-    curl_easy_setopt(h, CURLOPT_FORBID_REUSE, 1L);
     curl_easy_setopt(h, CURLOPT_PRIVATE, NULL);
     if (curl_multi_add_handle(c->multi, c->mh) != CURLM_OK) {
         etcd_mux_close(c);

@@ -88,31 +88,11 @@ static bool job_msg(const txn_job_t *j, const uint8_t **p, size_t *n)
 static void grpc_setup(etcd_store_t *s, txn_job_t *j, CURL *h,
                        const char *endpoint)
 {
-    char url[512];
-    snprintf(url, sizeof(url), "%s/etcdserverpb.KV/Txn", endpoint);
     curl_easy_reset(h);
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_HTTP_VERSION,
-                     strncmp(endpoint, "https://", 8) == 0
-                         ? (long)CURL_HTTP_VERSION_2TLS
-                         : (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE);
-    curl_easy_setopt(h, CURLOPT_POST, 1L);
+    etcd_grpc_easy_setup(s, h, endpoint, "/etcdserverpb.KV/Txn",
+                         on_grpc_data, on_grpc_header, j);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, j->body.data);
     curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)j->body.len);
-    etcd_auth_ensure(s, endpoint);
-    pthread_mutex_lock(&s->lock);
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, s->ghdrs);
-    pthread_mutex_unlock(&s->lock);
-    etcd_tls_setup(s, h);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_grpc_data);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, j);
-    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_grpc_header);
-    curl_easy_setopt(h, CURLOPT_HEADERDATA, j);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
-    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
-    curl_easy_setopt(h, CURLOPT_FORBID_REUSE, 1L);
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)s->timeout_ms);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)s->timeout_ms);
     curl_easy_setopt(h, CURLOPT_PRIVATE, j);
 }

@@ -163,6 +163,20 @@ static int next_field(const uint8_t **p, const uint8_t *end, pb_field_t *f)
     }
 }
 
+/* The revision of a ResponseHeader field (0 if absent). */
+static int64_t header_revision(const pb_field_t *f)
+{
+    const uint8_t *q = f->p, *qe = f->p + f->len;
+    pb_field_t h;
+    int64_t rev = 0;
+    while (next_field(&q, qe, &h) == 1) {
+        if (h.num == 3 && h.wire == 0) {
+            rev = (int64_t)h.v;
+        }
+    }
+    return rev;
+}
+
 int etcd_pb_txn(const uint8_t *p, size_t n, int64_t *rev_p,
                 etcd_pb_op_cb_t cb, void *arg)
 {
@@ -172,13 +186,7 @@ int etcd_pb_txn(const uint8_t *p, size_t n, int64_t *rev_p,
     int r;
     while ((r = next_field(&p, end, &f)) == 1) {
         if (f.num == 1 && f.wire == 2 && rev_p != NULL) {
-            const uint8_t *q = f.p, *qe = f.p + f.len;
-            pb_field_t h;
-            while (next_field(&q, qe, &h) == 1) {
-                if (h.num == 3 && h.wire == 0) {
-                    *rev_p = (int64_t)h.v;
-                }
-            }
+            *rev_p = header_revision(&f);
         } else if (f.num == 3 && f.wire == 2) {
             /* ResponseOp: which one, and its bytes. */
             const uint8_t *q = f.p, *qe = f.p + f.len;
@@ -250,13 +258,7 @@ int etcd_pb_range_resp(const uint8_t *p, size_t n, int64_t *rev_p,
     memset(kv, 0, sizeof(*kv));
     while ((r = next_field(&p, end, &f)) == 1) {
         if (f.num == 1 && f.wire == 2) {
-            const uint8_t *q = f.p, *qe = f.p + f.len;
-            pb_field_t h;
-            while (next_field(&q, qe, &h) == 1) {
-                if (h.num == 3 && h.wire == 0) {
-                    *rev_p = (int64_t)h.v;
-                }
-            }
+            *rev_p = header_revision(&f);
         } else if (f.num == 2 && f.wire == 2 && !found) {
             if (pb_kv(f.p, f.len, kv) < 0) {
                 return -1;
@@ -281,13 +283,7 @@ int etcd_pb_lease_ka_resp(const uint8_t *p, size_t n, int64_t *rev_p,
     *rev_p = *id_p = *ttl_p = 0;
     while ((r = next_field(&p, end, &f)) == 1) {
         if (f.num == 1 && f.wire == 2) {
-            const uint8_t *q = f.p, *qe = f.p + f.len;
-            pb_field_t h;
-            while (next_field(&q, qe, &h) == 1) {
-                if (h.num == 3 && h.wire == 0) {
-                    *rev_p = (int64_t)h.v;
-                }
-            }
+            *rev_p = header_revision(&f);
         } else if (f.num == 2 && f.wire == 0) {
             *id_p = (int64_t)f.v;
         } else if (f.num == 3 && f.wire == 0) {
