@@ -222,8 +222,7 @@ static void detach_pass(etcd_client_t *c)
             }
         }
         if (c->mrep == s) {
-            etcd_mux_close(c);
-            c->mdirty = true;
+            etcd_mux_close(c); /* reopened by another member's settings */
         }
         while (s->evq != NULL) {
             etcd_event_t *e = s->evq;

@@ -442,10 +442,10 @@ void etcd_h2_pool_free(etcd_client_t *cl)
 /* Send gRPC frames `frames` (one request message, or several on a
  * client-streaming call, then end of stream) and collect the response's
  * frames, raw, in `raw`. */
-static pdx_status_t h2_exchange(etcd_client_t *cl, const char *endpoint,
-                                const char *path, const etcd_buf_t *frames,
-                                uint64_t deadline, etcd_buf_t *raw,
-                                int *grpc_p, char *err, size_t elen)
+pdx_status_t etcd_h2_stream(etcd_client_t *cl, const char *endpoint,
+                            const char *path, const etcd_buf_t *frames,
+                            uint64_t deadline, etcd_buf_t *raw, int *grpc_p,
+                            char *err, size_t elen)
 {
     *grpc_p = -1;
     pdx_status_t st = PDX_ERR_IO;
@@ -502,41 +502,6 @@ static pdx_status_t h2_exchange(etcd_client_t *cl, const char *endpoint,
     return st;
 }
 
-bool etcd_grpc_next_frame(const uint8_t **p, size_t *left,
-                          const uint8_t **msg, size_t *len)
-{
-    if (*left < 5 || (*p)[0] != 0) {
-        return false;
-    }
-    size_t n = (size_t)(*p)[1] << 24 | (size_t)(*p)[2] << 16 |
-               (size_t)(*p)[3] << 8 | (size_t)(*p)[4];
-    if (n > *left - 5) {
-        return false;
-    }
-    *msg = *p + 5;
-    *len = n;
-    *p += 5 + n;
-    *left -= 5 + n;
-    return true;
-}
-
-void etcd_grpc_frame(etcd_buf_t *out, const etcd_buf_t *msg)
-{
-    uint8_t hdr[5] = {0, (uint8_t)(msg->len >> 24), (uint8_t)(msg->len >> 16),
-                      (uint8_t)(msg->len >> 8), (uint8_t)msg->len};
-    etcd_buf_add(out, hdr, 5);
-    etcd_buf_add(out, msg->data ? msg->data : "", msg->len);
-}
-
-pdx_status_t etcd_h2_stream(etcd_client_t *cl, const char *endpoint,
-                            const char *path, const etcd_buf_t *frames,
-                            uint64_t deadline, etcd_buf_t *raw, int *grpc_p,
-                            char *err, size_t elen)
-{
-    return h2_exchange(cl, endpoint, path, frames, deadline, raw, grpc_p, err,
-                       elen);
-}
-
 pdx_status_t etcd_h2_unary(etcd_client_t *cl, const char *endpoint,
                            const char *path, const etcd_buf_t *msg,
                            uint64_t deadline, etcd_buf_t *out, int *grpc_p,
@@ -548,8 +513,8 @@ pdx_status_t etcd_h2_unary(etcd_client_t *cl, const char *endpoint,
         snprintf(err, elen, "out of memory");
         return PDX_ERR_NOMEM;
     }
-    pdx_status_t st = h2_exchange(cl, endpoint, path, &frame, deadline, &raw,
-                                  grpc_p, err, elen);
+    pdx_status_t st = etcd_h2_stream(cl, endpoint, path, &frame, deadline,
+                                     &raw, grpc_p, err, elen);
     if (st == PDX_OK && *grpc_p == 0) {
         /* Exactly one message. */
         const uint8_t *p = (const uint8_t *)raw.data, *m = NULL;

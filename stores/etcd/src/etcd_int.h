@@ -130,7 +130,7 @@ typedef struct etcd_client {
     bool mpaused;             /* the upload waits for frames */
     uint64_t mnext_wid;       /* watch ids, never reused by a client */
     bool mdirty, mbroken;     /* a key wants a create / the stream a reopen */
-    uint64_t mretry_at_ns, mopened_ns;
+    uint64_t mretry_at_ns;
     uint32_t mbackoff_ms;
     uint64_t mopens;          /* streams opened (under lock: counters) */
     uint64_t rx_bytes;        /* bytes received on watch streams */
@@ -324,6 +324,12 @@ typedef struct etcd_pb_event {
     int64_t mod_revision, lease;
 } etcd_pb_event_t;
 typedef void (*etcd_pb_event_cb_t)(void *arg, const etcd_pb_event_t *ev);
+/* gRPC framing (etcd_pb.c). Append message `msg` with gRPC's 5-byte prefix. */
+void etcd_grpc_frame(etcd_buf_t *out, const etcd_buf_t *msg);
+/* The next frame of untrusted gRPC bytes (*p, *left advance); false at
+ * the end or on a bad prefix or length. */
+bool etcd_grpc_next_frame(const uint8_t **p, size_t *left,
+                          const uint8_t **msg, size_t *len);
 void etcd_pb_watch_create(etcd_buf_t *out, const char *key, int64_t start,
                           int64_t watch_id);
 /* A WatchCancelRequest frame for watch_id (a key leaving the stream). */
@@ -387,12 +393,6 @@ pdx_status_t etcd_h2_stream(etcd_client_t *cl, const char *endpoint,
                             const char *path, const etcd_buf_t *frames,
                             uint64_t deadline, etcd_buf_t *raw, int *grpc_p,
                             char *err, size_t elen);
-/* Append message `msg` with gRPC's 5-byte prefix. */
-void etcd_grpc_frame(etcd_buf_t *out, const etcd_buf_t *msg);
-/* The next frame of untrusted gRPC bytes (*p, *left advance); false at
- * the end or on a bad prefix or length. */
-bool etcd_grpc_next_frame(const uint8_t **p, size_t *left,
-                          const uint8_t **msg, size_t *len);
 void etcd_h2_close(etcd_h2_t *c);
 /* Close the idle connections (client teardown). */
 void etcd_h2_pool_free(etcd_client_t *cl);

@@ -345,7 +345,6 @@ static void mux_open(etcd_client_t *c)
         return;
     }
     c->mrep = rep;
-    c->mopened_ns = pdx_be_now_ns();
     pthread_mutex_lock(&c->lock);
     c->mopens++; /* read by etcd_counters */
     pthread_mutex_unlock(&c->lock);

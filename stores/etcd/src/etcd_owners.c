@@ -71,18 +71,9 @@ static pdx_status_t grpc_code_status(int code)
 /* The TxnResponse of a finished job (after its 5-byte gRPC prefix). */
 static bool job_msg(const txn_job_t *j, const uint8_t **p, size_t *n)
 {
-    if (j->out.len < 5 || (uint8_t)j->out.data[0] != 0) {
-        return false;
-    }
     const uint8_t *b = (const uint8_t *)j->out.data;
-    size_t len = (size_t)b[1] << 24 | (size_t)b[2] << 16 |
-                 (size_t)b[3] << 8 | (size_t)b[4];
-    if (len > j->out.len - 5) {
-        return false;
-    }
-    *p = b + 5;
-    *n = len;
-    return true;
+    size_t left = j->out.len;
+    return b != NULL && etcd_grpc_next_frame(&b, &left, p, n);
 }
 
 static void grpc_setup(etcd_store_t *s, txn_job_t *j, CURL *h,
@@ -276,11 +267,7 @@ static pdx_status_t build_jobs(etcd_store_t *s, own_kind_t kind,
             free(full);
         }
         if (ok && txn.len > 0) {
-            uint8_t hdr[5] = {0, (uint8_t)(txn.len >> 24),
-                              (uint8_t)(txn.len >> 16),
-                              (uint8_t)(txn.len >> 8), (uint8_t)txn.len};
-            etcd_buf_add(&jobs[j].body, hdr, 5);
-            etcd_buf_add(&jobs[j].body, txn.data, txn.len);
+            etcd_grpc_frame(&jobs[j].body, &txn);
             ok = jobs[j].body.len == txn.len + 5;
         }
         etcd_buf_free(&txn);

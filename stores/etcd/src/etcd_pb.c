@@ -295,17 +295,41 @@ int etcd_pb_lease_ka_resp(const uint8_t *p, size_t n, int64_t *rev_p,
 
 /* ---- Watch (the key-watch stream) ---- */
 
-/* A WatchRequest frame: its one oneof field `field` holding message `m`,
- * with gRPC's 5-byte prefix (flag 0, big-endian length). */
+/* ---- gRPC's framing: a 5-byte prefix (flag 0, big-endian length) ---- */
+
+bool etcd_grpc_next_frame(const uint8_t **p, size_t *left,
+                          const uint8_t **msg, size_t *len)
+{
+    if (*left < 5 || (*p)[0] != 0) {
+        return false;
+    }
+    size_t n = (size_t)(*p)[1] << 24 | (size_t)(*p)[2] << 16 |
+               (size_t)(*p)[3] << 8 | (size_t)(*p)[4];
+    if (n > *left - 5) {
+        return false;
+    }
+    *msg = *p + 5;
+    *len = n;
+    *p += 5 + n;
+    *left -= 5 + n;
+    return true;
+}
+
+void etcd_grpc_frame(etcd_buf_t *out, const etcd_buf_t *msg)
+{
+    uint8_t hdr[5] = {0, (uint8_t)(msg->len >> 24), (uint8_t)(msg->len >> 16),
+                      (uint8_t)(msg->len >> 8), (uint8_t)msg->len};
+    etcd_buf_add(out, hdr, 5);
+    etcd_buf_add(out, msg->data ? msg->data : "", msg->len);
+}
+
+/* A WatchRequest frame: its one oneof field `field` holding message `m`. */
 static void watch_request(etcd_buf_t *out, uint32_t field,
                           const etcd_buf_t *m)
 {
     etcd_buf_t w = {0};
     put_bytes(&w, field, m->data ? m->data : "", m->len);
-    uint8_t hdr[5] = {0, (uint8_t)(w.len >> 24), (uint8_t)(w.len >> 16),
-                      (uint8_t)(w.len >> 8), (uint8_t)w.len};
-    etcd_buf_add(out, hdr, 5);
-    etcd_buf_add(out, w.data ? w.data : "", w.len);
+    etcd_grpc_frame(out, &w);
     etcd_buf_free(&w);
 }
 
