@@ -1,6 +1,6 @@
 /* Shared by the multi-process tests: fatal errors, monotonic clocks, a
- * checked pdx call and length-framed messages over a control socket
- * (blobs, commands). */
+ * checked pdx call, an agent with a ucx backend, and length-framed
+ * messages over a control socket (blobs, commands). */
 #ifndef PDX_TEST_CTL_H
 #define PDX_TEST_CTL_H
 
@@ -12,6 +12,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <pdx/pdx.h>
 
 /* Each test names itself in its fatal messages. */
 extern const char *ctl_name;
@@ -44,7 +46,7 @@ static inline uint64_t now_ns(void)
 }
 
 /* Die naming the call, its status and pdx_last_error() when a pdx call
- * fails (the includer includes <pdx/pdx.h>). */
+ * fails. */
 #define CHECK(call)                                                            \
     do {                                                                       \
         pdx_status_t st_ = (call);                                             \
@@ -52,6 +54,23 @@ static inline uint64_t now_ns(void)
             die("%s: %s (%s)", #call, pdx_status_string(st_),                  \
                 pdx_last_error());                                             \
     } while (0)
+
+/* An agent with its progress thread and a request timeout of
+ * xfer_timeout_ms, and a ucx backend over transports `tls` (UCX_TLS
+ * style: "sm", "tcp"); dies on failure. */
+static inline pdx_agent_h ctl_ucx_agent(const char *name, const char *tls,
+                                        uint32_t xfer_timeout_ms)
+{
+    pdx_agent_params_t p = {.field_mask = PDX_AGENT_PARAM_FLAGS |
+                                          PDX_AGENT_PARAM_XFER_TIMEOUT,
+                            .flags = PDX_AGENT_F_PROGRESS_THREAD,
+                            .xfer_timeout_ms = xfer_timeout_ms};
+    pdx_agent_h a;
+    CHECK(pdx_agent_create(name, &p, &a));
+    pdx_option_t opt = {"tls", tls};
+    CHECK(pdx_backend_create(a, "ucx", &opt, 1, NULL));
+    return a;
+}
 
 static inline void send_msg(int fd, const void *p, uint32_t len)
 {
@@ -86,6 +105,20 @@ static inline char *recv_msg(int fd, uint32_t *len_p)
         *len_p = len;
     }
     return b;
+}
+
+/* Receive a peer's blob on `fd` and load it into agent a (its name into
+ * name_p when not NULL); dies naming `who` when none comes. */
+static inline void ctl_load_peer(pdx_agent_h a, int fd, char *name_p,
+                                 const char *who)
+{
+    uint32_t len;
+    char *blob = recv_msg(fd, &len);
+    if (blob == NULL) {
+        die("no blob from %s", who);
+    }
+    CHECK(pdx_peer_load(a, blob, len, name_p));
+    free(blob);
 }
 
 #endif

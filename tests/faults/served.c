@@ -58,15 +58,7 @@ static unsigned char pattern(uint64_t off, unsigned salt)
 
 static pdx_agent_h make_agent(const char *name)
 {
-    pdx_agent_params_t ap = {.field_mask = PDX_AGENT_PARAM_FLAGS |
-                                           PDX_AGENT_PARAM_XFER_TIMEOUT,
-                             .flags = PDX_AGENT_F_PROGRESS_THREAD,
-                             .xfer_timeout_ms = 30000};
-    pdx_agent_h a;
-    CHECK(pdx_agent_create(name, &ap, &a));
-    pdx_option_t opt = {"tls", g_tls};
-    CHECK(pdx_backend_create(a, "ucx", &opt, 1, NULL));
-    return a;
+    return ctl_ucx_agent(name, g_tls, 30000);
 }
 
 static void *region(void)
@@ -117,13 +109,7 @@ static int target_main(int fd)
     snprintf(base, sizeof(base), "%llx",
              (unsigned long long)(uintptr_t)mem);
     send_msg(fd, base, (uint32_t)strlen(base));
-    uint32_t ilen;
-    char *iblob = recv_msg(fd, &ilen);
-    if (iblob == NULL) {
-        die("no blob from the initiator");
-    }
-    CHECK(pdx_peer_load(a, iblob, ilen, NULL));
-    free(iblob);
+    ctl_load_peer(a, fd, NULL, "the initiator");
     /* From here on: no pdx call until the socket says quit. */
     double c0 = 0;
     long w0 = 0;
@@ -234,17 +220,14 @@ int main(int argc, char **argv)
     pdx_mem_reg_h reg;
     CHECK(pdx_mem_register(a, PDX_MEM_DRAM, (uintptr_t)mem, REGION, 0, 0,
                            &reg));
-    uint32_t blen;
-    char *blob = recv_msg(fd, &blen);
+    char peer[PDX_NAME_MAX];
+    ctl_load_peer(a, fd, peer, "the target");
     char *bases = recv_msg(fd, NULL);
-    if (blob == NULL || bases == NULL) {
+    if (bases == NULL) {
         die("the target did not start");
     }
     uint64_t base = strtoull(bases, NULL, 16);
     free(bases);
-    char peer[PDX_NAME_MAX];
-    CHECK(pdx_peer_load(a, blob, blen, peer));
-    free(blob);
     void *mine;
     size_t mlen;
     CHECK(pdx_agent_describe(a, &mine, &mlen));

@@ -41,15 +41,7 @@ static const char *g_self;
 
 static pdx_agent_h make_agent(const char *name)
 {
-    pdx_agent_params_t p = {.field_mask = PDX_AGENT_PARAM_FLAGS |
-                                          PDX_AGENT_PARAM_XFER_TIMEOUT,
-                            .flags = PDX_AGENT_F_PROGRESS_THREAD,
-                            .xfer_timeout_ms = XFER_TIMEOUT_MS};
-    pdx_agent_h a;
-    CHECK(pdx_agent_create(name, &p, &a));
-    pdx_kv_t opt = {"tls", "tcp"};
-    CHECK(pdx_backend_create(a, "ucx", &opt, 1, NULL));
-    return a;
+    return ctl_ucx_agent(name, "tcp", XFER_TIMEOUT_MS);
 }
 
 /* P: a region, its address and blob to the test, then wait to be killed. */

@@ -43,14 +43,7 @@ static unsigned char pattern(uint64_t off, unsigned salt)
 
 static pdx_agent_h make_agent(const char *name)
 {
-    pdx_agent_params_t p = {.field_mask = PDX_AGENT_PARAM_FLAGS |
-                                          PDX_AGENT_PARAM_XFER_TIMEOUT,
-                            .flags = PDX_AGENT_F_PROGRESS_THREAD,
-                            .xfer_timeout_ms = 10000};
-    pdx_agent_h a;
-    CHECK(pdx_agent_create(name, &p, &a));
-    pdx_kv_t opt = {"tls", g_tls};
-    CHECK(pdx_backend_create(a, "ucx", &opt, 1, NULL));
+    pdx_agent_h a = ctl_ucx_agent(name, g_tls, 10000);
     if (g_cma) {
         CHECK(pdx_backend_create(a, "cma", NULL, 0, NULL));
     }
@@ -68,13 +61,7 @@ static void send_blob(pdx_agent_h a, int ctl)
 
 static void load_blob(pdx_agent_h a, int ctl)
 {
-    uint32_t len;
-    char *blob = recv_msg(ctl, &len);
-    if (blob == NULL) {
-        die("the other side closed the control socket before its blob");
-    }
-    CHECK(pdx_peer_load(a, blob, len, NULL));
-    free(blob);
+    ctl_load_peer(a, ctl, NULL, "the other side (control socket closed)");
 }
 
 static char *expect(int ctl, const char *what)

@@ -41,14 +41,7 @@ static unsigned char pattern(uint64_t off) { return (unsigned char)(off * 131 + 
 
 static pdx_agent_h make_agent(const char *name)
 {
-    pdx_agent_params_t p = {.field_mask = PDX_AGENT_PARAM_FLAGS |
-                                          PDX_AGENT_PARAM_XFER_TIMEOUT,
-                            .flags = PDX_AGENT_F_PROGRESS_THREAD,
-                            .xfer_timeout_ms = 30000};
-    pdx_agent_h a;
-    CHECK(pdx_agent_create(name, &p, &a));
-    pdx_kv_t opt = {"tls", g_tls};
-    CHECK(pdx_backend_create(a, "ucx", &opt, 1, NULL));
+    pdx_agent_h a = ctl_ucx_agent(name, g_tls, 30000);
     if (g_cma) {
         CHECK(pdx_backend_create(a, "cma", NULL, 0, NULL));
     }
@@ -410,13 +403,7 @@ int main(int argc, char **argv)
         die("target sent no addresses");
     }
     free(addrs);
-    uint32_t len;
-    char *blob = recv_msg(ctl, &len);
-    if (blob == NULL) {
-        die("target sent no blob");
-    }
-    CHECK(pdx_peer_load(a, blob, len, NULL));
-    free(blob);
+    ctl_load_peer(a, ctl, NULL, "the target");
     reader_t r = {.a = a, .rstable = rstable};
     r.mem = alloc_region(STABLE);
     pdx_mem_reg_h reg;

@@ -123,14 +123,7 @@ static void on_target_note(void *arg, const char *peer, const void *msg,
 
 static pdx_agent_h make_agent(const char *name, unsigned char **mem_p)
 {
-    pdx_agent_params_t p = {.field_mask = PDX_AGENT_PARAM_FLAGS |
-                                          PDX_AGENT_PARAM_XFER_TIMEOUT,
-                            .flags = PDX_AGENT_F_PROGRESS_THREAD,
-                            .xfer_timeout_ms = 120000};
-    pdx_agent_h a;
-    CHECK(pdx_agent_create(name, &p, &a));
-    pdx_kv_t opt = {"tls", g_tls};
-    CHECK(pdx_backend_create(a, "ucx", &opt, 1, NULL));
+    pdx_agent_h a = ctl_ucx_agent(name, g_tls, 120000);
     if (g_cma) {
         CHECK(pdx_backend_create(a, "cma", NULL, 0, &g_cma_be));
     }
