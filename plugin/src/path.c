@@ -105,6 +105,18 @@ void pdx_path_region(pdx_agent_h agent, pdx_peer_t *p, pdx_peer_region_t *g,
     }
 }
 
+void pdx_path_transport(pdx_agent_h agent, pdx_peer_t *p, uint32_t k)
+{
+    struct pdx_backend *be = agent->backends[k];
+    if (p->bpeer[k] == NULL || !PDX_BE_HAS(be->ops, path) ||
+        (be->ops->caps & PDX_BACKEND_CAP_SAME_HOST)) {
+        return;
+    }
+    char why[PDX_WHY_MAX] = "";
+    be->ops->path(be->be, p->bpeer[k], NULL, p->transport[k],
+                  sizeof(p->transport[k]), why, sizeof(why));
+}
+
 /* The path report of a new peer: each backend's transport for it, which
  * regions take a backend's fallback, and for a same-host peer why host or
  * GPU memory would not take the fast path (warned once here). */

@@ -27,6 +27,11 @@ void pdx_path_region(pdx_agent_h agent, pdx_peer_t *p, pdx_peer_region_t *g,
                      uint32_t k);
 /* The path report of a new peer (warned once for a same-host peer whose
  * memory would not take the fast path). */
+/* Ask backend k again for its transport to peer p (into p->transport[k]):
+ * a backend that connects at first use (ucx) names its transport only
+ * then. Backends for same-host memory keep what the load found. Lock held
+ * with pdx_agent_lock (backend calls). */
+void pdx_path_transport(pdx_agent_h agent, pdx_peer_t *p, uint32_t k);
 void pdx_path_peer(pdx_agent_h agent, pdx_peer_t *p, const pdx_blob_t *b);
 
 #endif

@@ -9,6 +9,7 @@
 #include "api_int.h"
 #include "backend_int.h"
 #include "discovery.h"
+#include "path.h"
 #include "peer_int.h"
 #include "stats_int.h"
 #include "xfer_int.h"
@@ -185,6 +186,7 @@ pdx_status_t pdxi_stats_json(pdx_agent_h agent, char **json_p)
                 }
                 fputs(pf ? "" : ", ", f);
                 pf = false;
+                pdx_path_transport(agent, p, b);
                 json_str(f, agent->backends[b]->name);
                 fputs(": {\"transport\": ", f);
                 json_str(f, p->transport[b]);

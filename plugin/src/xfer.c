@@ -628,6 +628,9 @@ pdx_status_t pdxi_xfer_telemetry(pdx_xfer_h x, pdx_xfer_telemetry_t *t)
         struct pdx_backend *b = agent->backends[x->bindex];
         snprintf(t->backend, sizeof(t->backend), "%s", b->name);
         pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
+        if (p != NULL && p->epoch == x->peer_epoch) {
+            pdx_path_transport(agent, p, (uint32_t)x->bindex);
+        }
         const char *tr = p != NULL && p->epoch == x->peer_epoch
                              ? p->transport[x->bindex]
                              : "";

@@ -1,6 +1,6 @@
 /* ucx: notifications as active messages: the receive callbacks, the inbox
- * that delivers them in arrival order from progress, and the sends (a
- * transfer's own, after its flush, and standalone ones). */
+ * that delivers them in arrival order from progress, and the send both a
+ * transfer's notification and a standalone one (ucx_xfer.c) go through. */
 #include "ucx_int.h"
 
 static void ucx_am_rndv_cb(void *request, ucs_status_t status, size_t length,
@@ -115,61 +115,4 @@ ucs_status_ptr_t ucx_am_send(ucx_be_t *be, ucp_ep_h ep,
      * after every send completed or the worker is gone. */
     return ucp_am_send_nbx(ep, UCX_AM_ID_NOTIF, be->host.agent_name,
                            be->name_len, buf, len, &p);
-}
-
-static void ucx_send_cb(void *request, ucs_status_t status, void *user_data)
-{
-    ucx_send_t *s = user_data;
-    ucp_request_free(request);
-    if (status != UCS_OK) {
-        pdx_log(ucx_op_log_level(status, UCS_OK) == PDX_LOG_ERROR
-                    ? PDX_LOG_WARN : PDX_LOG_DEBUG,
-                "ucx: a %zu-byte notification was not delivered: %s", s->len,
-                ucs_status_string(status));
-    }
-    ucx_list_del(&s->link);
-    free(s);
-}
-
-pdx_status_t ucx_notif_send(void *bev, void *peerv, const void *msg,
-                            size_t len)
-{
-    ucx_be_t *be = bev;
-    ucx_peer_t *peer = peerv;
-    if (be == NULL || peer == NULL || (msg == NULL && len > 0)) {
-        return PDX_ERR_INVALID;
-    }
-    if (len > UCX_MAX_NOTIF) {
-        pdx_error("ucx: peer %s: notification of %zu bytes (limit %u)",
-                  peer->name, len, UCX_MAX_NOTIF);
-        return PDX_ERR_TOO_LARGE;
-    }
-    if (peer->ep == NULL || peer->ep_status != UCS_OK) {
-        return PDX_ERR_REMOTE_DISCONNECT;
-    }
-    ucx_send_t *s = malloc(sizeof(*s) + len);
-    if (s == NULL) {
-        return PDX_ERR_NOMEM;
-    }
-    s->len = len;
-    if (len > 0) {
-        memcpy(s->data, msg, len);
-    }
-    ucx_list_init(&s->link);
-    ucs_status_ptr_t sp = ucx_am_send(be, peer->ep, s->data, len,
-                                      ucx_send_cb, s);
-    if (UCS_PTR_IS_ERR(sp)) {
-        ucs_status_t us = UCS_PTR_STATUS(sp);
-        pdx_log(ucx_op_log_level(us, peer->ep_status), "ucx: peer %s: "
-                "sending a %zu-byte notification failed: %s", peer->name, len,
-                ucs_status_string(us));
-        free(s);
-        return ucx_status(us);
-    }
-    if (sp == NULL) {
-        free(s);
-        return PDX_OK;
-    }
-    ucx_list_push(&peer->sends, &s->link);
-    return PDX_OK;
 }

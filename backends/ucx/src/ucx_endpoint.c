@@ -173,6 +173,7 @@ void ucx_peer_free(ucx_peer_t *peer)
         ucx_list_del(l);
         free(UCX_CONTAINER(l, ucx_send_t, link));
     }
+    free(peer->addr);
     free(peer->name);
     free(peer);
 }
@@ -202,44 +203,90 @@ pdx_status_t ucx_peer_connect(void *bev, const char *peer_name,
         return PDX_ERR_NOMEM;
     }
     peer->name = strdup(peer_name);
-    if (peer->name == NULL) {
+    peer->addr = malloc(conn_len);
+    if (peer->name == NULL || peer->addr == NULL) {
         st = PDX_ERR_NOMEM;
         goto err_peer;
     }
+    memcpy(peer->addr, conn, conn_len);
+    peer->addr_len = conn_len;
     peer->be = be;
     peer->ep_status = UCS_OK;
     peer->vaddr = vaddr;
     ucx_list_init(&peer->reqs);
     ucx_list_init(&peer->sends);
-
-    ucp_ep_params_t ep = {
-        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                      UCP_EP_PARAM_FIELD_NAME,
-        .address = conn,
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = ucx_ep_err_cb, .arg = peer},
-        .name = peer_name,
-    };
-    ucs_status_t s = ucp_ep_create(be->worker, &ep, &peer->ep);
-    if (s != UCS_OK) {
-        pdx_error("ucx: connecting to peer %s (%zu-byte address) failed: %s",
-                  peer_name, conn_len, ucs_status_string(s));
-        /* No common transport: decline, so the agent can pick another
-         * backend, rather than calling the peer dead. */
-        st = s == UCS_ERR_UNREACHABLE ? PDX_ERR_UNSUPPORTED : ucx_status(s);
-        goto err_name;
+    if (!be->lazy) {
+        st = ucx_peer_ep(be, peer);
+        if (st != PDX_OK) {
+            goto err_peer;
+        }
     }
     ucx_list_push(&be->peers, &peer->link);
     *peer_p = peer;
     return PDX_OK;
 
-err_name:
-    free(peer->name);
 err_peer:
+    free(peer->addr);
+    free(peer->name);
     free(peer);
     return st;
+}
+
+/* The endpoint of `peer`, created on first use where the instance
+ * connects lazily (UCX's endpoint creation is the costly part of loading
+ * a peer: it queries every interface for lane selection and wires up a
+ * reply endpoint at the peer, work wasted on peers never transferred
+ * with). PDX_OK once the endpoint exists; PDX_ERR_REMOTE_DISCONNECT for a
+ * failed or closed peer; PDX_ERR_UNSUPPORTED when UCX has no transport to
+ * reach it. Non-blocking. */
+pdx_status_t ucx_peer_ep(ucx_be_t *be, ucx_peer_t *peer)
+{
+    if (peer->connect_st != PDX_OK) {
+        return peer->connect_st;
+    }
+    if (peer->ep_status != UCS_OK) {
+        return PDX_ERR_REMOTE_DISCONNECT;
+    }
+    if (peer->ep != NULL) {
+        return PDX_OK;
+    }
+    if (peer->addr == NULL) {
+        return PDX_ERR_REMOTE_DISCONNECT; /* closed */
+    }
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                      UCP_EP_PARAM_FIELD_NAME,
+        .address = peer->addr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = ucx_ep_err_cb, .arg = peer},
+        .name = peer->name,
+    };
+    ucs_status_t s = ucp_ep_create(be->worker, &ep, &peer->ep);
+    if (s != UCS_OK) {
+        peer->ep = NULL;
+        pdx_error("ucx: connecting to peer %s (%zu-byte address)%s failed: "
+                  "%s%s", peer->name, peer->addr_len,
+                  be->lazy ? " at its first use" : "", ucs_status_string(s),
+                  be->lazy ? "; requests to it fail until it is unloaded"
+                           : "");
+        /* No common transport: decline, so the agent can pick another
+         * backend, rather than calling the peer dead. */
+        pdx_status_t st = s == UCS_ERR_UNREACHABLE ? PDX_ERR_UNSUPPORTED
+                                                   : ucx_status(s);
+        if (be->lazy) {
+            /* Loaded already: every request to it ends with this error
+             * (retrying each would repeat it), until it is reloaded. */
+            peer->connect_st = st;
+            free(peer->addr);
+            peer->addr = NULL;
+        }
+        return st;
+    }
+    free(peer->addr);
+    peer->addr = NULL;
+    return PDX_OK;
 }
 
 void ucx_peer_disconnect(void *bev, void *peerv)
@@ -300,6 +347,7 @@ void ucx_peer_disconnect(void *bev, void *peerv)
         ucx_list_del(l);
         ucx_list_push(&be->orphan_sends, l);
     }
+    free(peer->addr);
     free(peer->name);
     free(peer);
 }

@@ -94,7 +94,12 @@ typedef struct ucx_be ucx_be_t;
 typedef struct ucx_peer {
     ucx_link_t link; /* be->peers, or be->zombies after a timed-out close */
     ucx_be_t *be;
-    ucp_ep_h ep;              /* NULL once force-closed */
+    ucp_ep_h ep;              /* NULL until first use (lazy connect) and
+                                 once force-closed */
+    void *addr;               /* the validated worker address, kept until
+                                 the endpoint is created (NULL after) */
+    size_t addr_len;
+    pdx_status_t connect_st;  /* a lazy connect that failed, or PDX_OK */
     char *name;
     ucs_status_t ep_status;   /* UCS_OK until the endpoint failed */
     int ucx_failed;           /* UCX reported it: close must be forced */
@@ -118,7 +123,10 @@ typedef struct ucx_md {
 } ucx_md_t;
 
 typedef struct ucx_rmd {
-    ucp_rkey_h rkey;
+    ucp_rkey_h rkey;  /* NULL until first use (unpacking needs the
+                         endpoint) */
+    void *key;        /* the validated packed key until then */
+    size_t key_len;
     ucx_peer_t *peer;
     uint64_t addr;
     uint64_t len;
@@ -179,6 +187,7 @@ struct ucx_be {
     int efd;
     uint64_t max_chunk;
     uint64_t keepalive_ms; /* UCX keepalive period; 0: UCX's own setting */
+    int lazy;              /* endpoints at first use, not at connect */
     uint64_t gets_done; /* completed get chunks: drain progress indicator */
     char tls[128];
     ucx_link_t peers;
@@ -205,8 +214,6 @@ int ucx_deliver_inbox(ucx_be_t *be);
 ucs_status_ptr_t ucx_am_send(ucx_be_t *be, ucp_ep_h ep,
                              const void *buf, size_t len,
                              ucp_send_nbx_callback_t cb, void *arg);
-pdx_status_t ucx_notif_send(void *bev, void *peerv, const void *msg,
-                            size_t len);
 
 /* ucx_request.c: transfer requests: their end, flush and notification
  * stages. */
@@ -224,6 +231,7 @@ pdx_status_t ucx_peer_connect(void *bev, const char *peer_name,
                               const void *conn, size_t conn_len,
                               void **peer_p);
 void ucx_peer_disconnect(void *bev, void *peerv);
+pdx_status_t ucx_peer_ep(ucx_be_t *be, ucx_peer_t *peer);
 void ucx_peer_give_up(ucx_be_t *be, ucx_peer_t *peer, const char *why);
 void ucx_peer_failed(void *bev, void *peerv);
 pdx_status_t ucx_path(void *bev, void *peerv, void *rmd,
@@ -241,8 +249,10 @@ pdx_status_t ucx_rmem_load(void *bev, void *peerv,
                            const pdx_region_t *region, const void *key,
                            size_t key_len, void **rmd_p);
 void ucx_rmem_unload(void *bev, void *rmdv);
+pdx_status_t ucx_rmd_rkey(ucx_be_t *be, ucx_rmd_t *rmd);
 
-/* ucx_xfer.c: transfers: post, check, abort, release, drain. */
+/* ucx_xfer.c: transfers: post, check, abort, release, drain; standalone
+ * notifications. */
 pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
                            const pdx_backend_iov_t *iov, size_t n,
                            const void *notif, size_t notif_len,
@@ -250,6 +260,8 @@ pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
 pdx_status_t ucx_xfer_check(void *bev, void *reqv);
 pdx_status_t ucx_xfer_abort(void *bev, void *reqv);
 void ucx_xfer_release(void *bev, void *reqv);
+pdx_status_t ucx_notif_send(void *bev, void *peerv, const void *msg,
+                            size_t len);
 
 /* ucx_worker.c: the instance: create, destroy, progress, event fd,
  * describe. */

@@ -105,7 +105,10 @@ pdx_status_t ucx_rmem_load(void *bev, void *peerv,
         key_len == 0 || rmd_p == NULL) {
         return PDX_ERR_INVALID;
     }
-    if (peer->ep == NULL || peer->ep_status != UCS_OK) {
+    if (peer->connect_st != PDX_OK) {
+        return peer->connect_st;
+    }
+    if (peer->ep_status != UCS_OK || (peer->ep == NULL && peer->addr == NULL)) {
         return PDX_ERR_REMOTE_DISCONNECT;
     }
     if (region->mem_type != PDX_MEM_DRAM) {
@@ -122,22 +125,55 @@ pdx_status_t ucx_rmem_load(void *bev, void *peerv,
                   region->len, key_len, vwhy);
         return vst;
     }
-    ucx_rmd_t *rmd = malloc(sizeof(*rmd));
+    ucx_rmd_t *rmd = calloc(1, sizeof(*rmd));
     if (rmd == NULL) {
         return PDX_ERR_NOMEM;
-    }
-    ucs_status_t s = ucp_ep_rkey_unpack(peer->ep, key, &rmd->rkey);
-    if (s != UCS_OK) {
-        pdx_error("ucx: peer %s: unpacking the %zu-byte key of 0x%" PRIx64
-                  " +%" PRIu64 " failed: %s", peer->name, key_len,
-                  region->addr, region->len, ucs_status_string(s));
-        free(rmd);
-        return ucx_status(s);
     }
     rmd->peer = peer;
     rmd->addr = region->addr;
     rmd->len = region->len;
+    rmd->key_len = key_len;
+    rmd->key = malloc(key_len);
+    if (rmd->key == NULL) {
+        free(rmd);
+        return PDX_ERR_NOMEM;
+    }
+    memcpy(rmd->key, key, key_len);
+    if (peer->ep != NULL) {
+        /* Connected already: unpack now (else at first use). */
+        pdx_status_t st = ucx_rmd_rkey(be, rmd);
+        if (st != PDX_OK) {
+            free(rmd->key);
+            free(rmd);
+            return st;
+        }
+    }
     *rmd_p = rmd;
+    return PDX_OK;
+}
+
+/* The remote key of `rmd`, unpacked on first use (with its peer's
+ * endpoint, created then if the instance connects lazily). The key bytes
+ * were validated at load. Non-blocking. */
+pdx_status_t ucx_rmd_rkey(ucx_be_t *be, ucx_rmd_t *rmd)
+{
+    if (rmd->rkey != NULL) {
+        return PDX_OK;
+    }
+    pdx_status_t st = ucx_peer_ep(be, rmd->peer);
+    if (st != PDX_OK) {
+        return st;
+    }
+    ucs_status_t s = ucp_ep_rkey_unpack(rmd->peer->ep, rmd->key, &rmd->rkey);
+    if (s != UCS_OK) {
+        rmd->rkey = NULL;
+        pdx_error("ucx: peer %s: unpacking the %zu-byte key of 0x%" PRIx64
+                  " +%" PRIu64 " failed: %s", rmd->peer->name, rmd->key_len,
+                  rmd->addr, rmd->len, ucs_status_string(s));
+        return ucx_status(s);
+    }
+    free(rmd->key);
+    rmd->key = NULL;
     return PDX_OK;
 }
 
@@ -148,6 +184,9 @@ void ucx_rmem_unload(void *bev, void *rmdv)
     if (rmd == NULL) {
         return;
     }
-    ucp_rkey_destroy(rmd->rkey);
+    if (rmd->rkey != NULL) {
+        ucp_rkey_destroy(rmd->rkey);
+    }
+    free(rmd->key);
     free(rmd);
 }

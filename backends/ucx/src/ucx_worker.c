@@ -49,9 +49,20 @@ static pdx_status_t ucx_parse_opts(ucx_be_t *be, const pdx_kv_t *opts,
                           "own setting) or 1 to 3600000 ms", v);
                 return PDX_ERR_CONFIG;
             }
+        } else if (strcmp(k, "connect") == 0) {
+            if (strcmp(v, "lazy") == 0) {
+                be->lazy = 1;
+            } else if (strcmp(v, "eager") == 0) {
+                be->lazy = 0;
+            } else {
+                pdx_error("ucx: option connect='%s': expected lazy (an "
+                          "endpoint at a peer's first use) or eager (at "
+                          "its load)", v);
+                return PDX_ERR_CONFIG;
+            }
         } else {
             pdx_error("ucx: unknown option '%s' (known: tls, max_chunk, "
-                      "keepalive_ms)", k);
+                      "keepalive_ms, connect)", k);
             return PDX_ERR_CONFIG;
         }
     }
@@ -114,8 +125,6 @@ pdx_status_t ucx_query(char *why, size_t why_len)
     return PDX_OK;
 }
 
-/* Does a UCX_TLS value select a shared-memory (mm) transport? Unset, "all"
- * and exclusion lists ("^tcp") may. */
 /* May UCX use tcp with this transport list (NULL: UCX_TLS unset, all)? */
 static int ucx_tls_has_tcp(const char *tls)
 {
@@ -134,6 +143,8 @@ static int ucx_tls_has_tcp(const char *tls)
     return 0;
 }
 
+/* Does a UCX_TLS value select a shared-memory (mm) transport? Unset, "all"
+ * and exclusion lists ("^tcp") may. */
 static int ucx_tls_has_mm(const char *tls)
 {
     if (tls == NULL || tls[0] == '^') {
@@ -194,6 +205,7 @@ pdx_status_t ucx_create(const pdx_backend_host_t *host,
     be->efd = -1;
     be->max_chunk = UCX_DEFAULT_MAX_CHUNK;
     be->keepalive_ms = UCX_DEFAULT_KEEPALIVE_MS;
+    be->lazy = -1;
     ucx_list_init(&be->peers);
     ucx_list_init(&be->zombies);
     ucx_list_init(&be->orphan_reqs);
@@ -203,6 +215,15 @@ pdx_status_t ucx_create(const pdx_backend_host_t *host,
     st = ucx_parse_opts(be, opts, nopts);
     if (st != PDX_OK) {
         goto err_free;
+    }
+    if (be->lazy < 0) {
+        /* With tcp UCX reaches every peer, so an endpoint made at load
+         * could never decline one: make it at first use (loading a peer
+         * is then a copy of its address; UCX's endpoint creation queries
+         * every interface and wires up a reply endpoint at the peer).
+         * Without tcp (shared memory or RDMA alone) whether UCX reaches a
+         * peer decides at load whether the agent uses another backend. */
+        be->lazy = ucx_tls_has_tcp(be->tls[0] ? be->tls : getenv("UCX_TLS"));
     }
     char vwhy[256] = "";
     st = ucx_vlocal_init(&be->vlocal, vwhy, sizeof(vwhy));
@@ -592,18 +613,19 @@ void ucx_describe(void *bev, char *buf, size_t len)
         }
         free(dump);
     }
-    size_t npeers = 0;
+    size_t npeers = 0, neps = 0;
     for (ucx_link_t *l = be->peers.next; l != &be->peers && npeers < 1000000;
          l = l->next) {
         npeers++;
+        neps += UCX_CONTAINER(l, ucx_peer_t, link)->ep != NULL;
     }
     snprintf(buf, len,
              "ucx %s tls=%s %s=%s max_chunk=%" PRIu64 " keepalive_ms=%"
-             PRIu64 "%s peers=%zu",
+             PRIu64 "%s connect=%s peers=%zu endpoints=%zu",
              ucp_get_version_string(), be->tls[0] ? be->tls : "(default)",
              lanes ? "lanes" : "resources", tls[0] ? tls : "?",
              be->max_chunk, be->keepalive_ms,
              be->keepalive_ms > 0 && getenv("UCX_KEEPALIVE_INTERVAL") != NULL
                  ? " (UCX_KEEPALIVE_INTERVAL wins)" : "",
-             npeers);
+             be->lazy ? "lazy" : "eager", npeers, neps);
 }

@@ -1,6 +1,7 @@
 /* ucx: transfers: post (puts or gets in chunks, then a flush), check,
- * abort, release, and the drain of an aborted request that UCX cannot
- * cancel. */
+ * abort, release, the drain of an aborted request that UCX cannot
+ * cancel, and standalone notifications. Posting to a peer is where a lazy
+ * instance makes its endpoint (ucx_peer_ep). */
 #include "ucx_int.h"
 
 static int ucx_range_ok(uint64_t base, uint64_t len, uint64_t addr,
@@ -9,12 +10,14 @@ static int ucx_range_ok(uint64_t base, uint64_t len, uint64_t addr,
     return addr >= base && n <= len && addr - base <= len - n;
 }
 
-static pdx_status_t ucx_check_iov(const ucx_peer_t *peer,
+/* Check the pieces of a post, and unpack the remote keys not used before
+ * (a lazy instance connects here on the first post to a peer). */
+static pdx_status_t ucx_check_iov(ucx_be_t *be, const ucx_peer_t *peer,
                                   const pdx_backend_iov_t *iov, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         const ucx_md_t *md = iov[i].local_md;
-        const ucx_rmd_t *rmd = iov[i].remote_md;
+        ucx_rmd_t *rmd = iov[i].remote_md;
         if (md == NULL || rmd == NULL) {
             pdx_error("ucx: peer %s: piece %zu has no local or remote key",
                       peer->name, i);
@@ -34,6 +37,12 @@ static pdx_status_t ucx_check_iov(const ucx_peer_t *peer,
                       peer->name, i, iov[i].local_addr, iov[i].remote_addr,
                       iov[i].len);
             return PDX_ERR_INVALID;
+        }
+        if (rmd->rkey == NULL) {
+            pdx_status_t st = ucx_rmd_rkey(be, rmd);
+            if (st != PDX_OK) {
+                return st;
+            }
         }
     }
     return PDX_OK;
@@ -93,12 +102,13 @@ pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
                   peer->name, notif_len, UCX_MAX_NOTIF);
         return PDX_ERR_TOO_LARGE;
     }
-    if (peer->ep == NULL || peer->ep_status != UCS_OK) {
-        return PDX_ERR_REMOTE_DISCONNECT;
+    st = ucx_peer_ep(be, peer);
+    if (st != PDX_OK) {
+        return st;
     }
     /* Validate everything before posting anything: an error return must
      * leave nothing in flight. */
-    st = ucx_check_iov(peer, iov, n);
+    st = ucx_check_iov(be, peer, iov, n);
     if (st != PDX_OK) {
         return st;
     }
@@ -261,4 +271,63 @@ void ucx_xfer_release(void *bev, void *reqv)
     r->released = 1;
     r->peer = NULL;
     ucx_list_push(&be->orphan_reqs, &r->link);
+}
+
+/* Standalone notifications (the agent's notif_send). */
+static void ucx_send_cb(void *request, ucs_status_t status, void *user_data)
+{
+    ucx_send_t *s = user_data;
+    ucp_request_free(request);
+    if (status != UCS_OK) {
+        pdx_log(ucx_op_log_level(status, UCS_OK) == PDX_LOG_ERROR
+                    ? PDX_LOG_WARN : PDX_LOG_DEBUG,
+                "ucx: a %zu-byte notification was not delivered: %s", s->len,
+                ucs_status_string(status));
+    }
+    ucx_list_del(&s->link);
+    free(s);
+}
+
+pdx_status_t ucx_notif_send(void *bev, void *peerv, const void *msg,
+                            size_t len)
+{
+    ucx_be_t *be = bev;
+    ucx_peer_t *peer = peerv;
+    if (be == NULL || peer == NULL || (msg == NULL && len > 0)) {
+        return PDX_ERR_INVALID;
+    }
+    if (len > UCX_MAX_NOTIF) {
+        pdx_error("ucx: peer %s: notification of %zu bytes (limit %u)",
+                  peer->name, len, UCX_MAX_NOTIF);
+        return PDX_ERR_TOO_LARGE;
+    }
+    pdx_status_t st = ucx_peer_ep(be, peer);
+    if (st != PDX_OK) {
+        return st;
+    }
+    ucx_send_t *s = malloc(sizeof(*s) + len);
+    if (s == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    s->len = len;
+    if (len > 0) {
+        memcpy(s->data, msg, len);
+    }
+    ucx_list_init(&s->link);
+    ucs_status_ptr_t sp = ucx_am_send(be, peer->ep, s->data, len,
+                                      ucx_send_cb, s);
+    if (UCS_PTR_IS_ERR(sp)) {
+        ucs_status_t us = UCS_PTR_STATUS(sp);
+        pdx_log(ucx_op_log_level(us, peer->ep_status), "ucx: peer %s: "
+                "sending a %zu-byte notification failed: %s", peer->name, len,
+                ucs_status_string(us));
+        free(s);
+        return ucx_status(us);
+    }
+    if (sp == NULL) {
+        free(s);
+        return PDX_OK;
+    }
+    ucx_list_push(&peer->sends, &s->link);
+    return PDX_OK;
 }
