@@ -277,7 +277,7 @@ pdx_status_t ucx_peer_ep(ucx_be_t *be, ucx_peer_t *peer)
                                                    : ucx_status(s);
         if (be->lazy) {
             /* Loaded already: every request to it ends with this error
-             * (retrying each would repeat it), until it is reloaded. */
+             * (retrying each would repeat it), until it is unloaded. */
             peer->connect_st = st;
             free(peer->addr);
             peer->addr = NULL;
