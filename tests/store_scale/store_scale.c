@@ -47,6 +47,7 @@ typedef struct cfg {
     bool restart, check, json, ucx, pidns, progress;
     char url[256];
     char ns[64];
+    char connect[8]; /* the ucx option connect (lazy, eager), or "" */
 } cfg_t;
 
 static cfg_t C = {.members = 1, .agents = 32, .procs = 8, .k = 4, .kill_frac = 0.25,
@@ -146,9 +147,10 @@ static void worker(int proc, int out, int in, bool restarted)
         }
         /* UCX over TCP on loopback reaches a peer in another pid
          * namespace; cma only one of this namespace (--no-pidns). */
-        pdx_kv_t opt = {"tls", "tcp"};
+        pdx_kv_t opt[2] = {{"tls", "tcp"}, {"connect", C.connect}};
         if (pdx_backend_create(ag[i], C.ucx ? "ucx" : "cma",
-                               C.ucx ? &opt : NULL, C.ucx ? 1 : 0,
+                               C.ucx ? opt : NULL,
+                               C.ucx ? (C.connect[0] ? 2 : 1) : 0,
                                NULL) != PDX_OK) {
             wr(out, "E backend of %s\n", name);
             _exit(5);
@@ -603,7 +605,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: store_scale [--agents N] [--procs M] [--peers K] "
             "[--kill F] [--ttl-ms T] [--timeout-ms T] [--idle S] "
-            "[--members N] [--no-restart] [--no-pidns] [--cma] [--progress] [--etcd URL] [--check] "
+            "[--members N] [--no-restart] [--no-pidns] [--cma] [--connect lazy|eager] [--progress] [--etcd URL] [--check] "
             "[--json]\n");
     exit(2);
 }
@@ -638,6 +640,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--cma")) {
             C.ucx = false; /* one pid namespace: deaths seen by pidfd */
             C.pidns = false;
+        } else if (!strcmp(a, "--connect") && v) {
+            snprintf(C.connect, sizeof(C.connect), "%s", v), i++;
         } else if (!strcmp(a, "--progress")) {
             C.progress = true; /* UCX progressed: its keepalive runs */
         } else if (!strcmp(a, "--check")) {
