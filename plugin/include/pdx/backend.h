@@ -126,7 +126,11 @@ typedef struct pdx_backend_ops {
     pdx_status_t (*mem_pack)(void *be, void *md, void **buf_p, size_t *len_p);
 
     /* Connect to a peer from its conn_info. PDX_ERR_UNSUPPORTED means the
-     * backend declines this peer (other host); the agent uses another. */
+     * backend declines this peer (other host); the agent uses another. A
+     * backend may validate the bytes here and connect at the peer's first
+     * use instead (ucx with connect=lazy); a peer it then cannot reach
+     * fails xfer_post, notif_send and later rmem_load calls with
+     * PDX_ERR_UNSUPPORTED, without a peer_error (it is not dead). */
     pdx_status_t (*peer_connect)(void *be, const char *peer_name,
                                  const void *conn, size_t conn_len,
                                  void **peer_p);
