@@ -163,18 +163,23 @@ static int next_field(const uint8_t **p, const uint8_t *end, pb_field_t *f)
     }
 }
 
-/* The revision of a ResponseHeader field (0 if absent). */
-static int64_t header_revision(const pb_field_t *f)
+/* The last varint field `num` of the message [p, end) (`v` if absent). */
+static int64_t last_varint(const uint8_t *p, const uint8_t *end, uint32_t num,
+                           int64_t v)
 {
-    const uint8_t *q = f->p, *qe = f->p + f->len;
-    pb_field_t h;
-    int64_t rev = 0;
-    while (next_field(&q, qe, &h) == 1) {
-        if (h.num == 3 && h.wire == 0) {
-            rev = (int64_t)h.v;
+    pb_field_t f;
+    while (next_field(&p, end, &f) == 1) {
+        if (f.num == num && f.wire == 0) {
+            v = (int64_t)f.v;
         }
     }
-    return rev;
+    return v;
+}
+
+/* The revision of a ResponseHeader field (`v` if absent). */
+static int64_t header_revision(const pb_field_t *f, int64_t v)
+{
+    return last_varint(f->p, f->p + f->len, 3, v);
 }
 
 int etcd_pb_txn(const uint8_t *p, size_t n, int64_t *rev_p,
@@ -186,7 +191,7 @@ int etcd_pb_txn(const uint8_t *p, size_t n, int64_t *rev_p,
     int r;
     while ((r = next_field(&p, end, &f)) == 1) {
         if (f.num == 1 && f.wire == 2 && rev_p != NULL) {
-            *rev_p = header_revision(&f);
+            *rev_p = header_revision(&f, 0);
         } else if (f.num == 3 && f.wire == 2) {
             /* ResponseOp: which one, and its bytes. */
             const uint8_t *q = f.p, *qe = f.p + f.len;
@@ -210,15 +215,7 @@ int etcd_pb_txn(const uint8_t *p, size_t n, int64_t *rev_p,
 
 int64_t etcd_pb_range_count(const uint8_t *p, size_t n)
 {
-    const uint8_t *end = p + n;
-    pb_field_t f;
-    int64_t count = 0;
-    while (next_field(&p, end, &f) == 1) {
-        if (f.num == 4 && f.wire == 0) {
-            count = (int64_t)f.v;
-        }
-    }
-    return count;
+    return last_varint(p, p + n, 4, 0);
 }
 
 void etcd_pb_range_keys(const uint8_t *p, size_t n, etcd_pb_key_cb_t cb,
@@ -258,7 +255,7 @@ int etcd_pb_range_resp(const uint8_t *p, size_t n, int64_t *rev_p,
     memset(kv, 0, sizeof(*kv));
     while ((r = next_field(&p, end, &f)) == 1) {
         if (f.num == 1 && f.wire == 2) {
-            *rev_p = header_revision(&f);
+            *rev_p = header_revision(&f, 0);
         } else if (f.num == 2 && f.wire == 2 && !found) {
             if (pb_kv(f.p, f.len, kv) < 0) {
                 return -1;
@@ -283,7 +280,7 @@ int etcd_pb_lease_ka_resp(const uint8_t *p, size_t n, int64_t *rev_p,
     *rev_p = *id_p = *ttl_p = 0;
     while ((r = next_field(&p, end, &f)) == 1) {
         if (f.num == 1 && f.wire == 2) {
-            *rev_p = header_revision(&f);
+            *rev_p = header_revision(&f, 0);
         } else if (f.num == 2 && f.wire == 0) {
             *id_p = (int64_t)f.v;
         } else if (f.num == 3 && f.wire == 0) {
@@ -389,13 +386,7 @@ int etcd_pb_watch_resp(const uint8_t *p, size_t n, etcd_pb_watch_t *w,
     const uint8_t *q0 = p;
     while ((r = next_field(&p, end, &f)) == 1) {
         if (f.num == 1 && f.wire == 2) {
-            const uint8_t *q = f.p, *qe = f.p + f.len;
-            pb_field_t h;
-            while (next_field(&q, qe, &h) == 1) {
-                if (h.num == 3 && h.wire == 0) {
-                    w->revision = (int64_t)h.v;
-                }
-            }
+            w->revision = header_revision(&f, w->revision);
         } else if (f.num == 2 && f.wire == 0) {
             w->watch_id = (int64_t)f.v;
         } else if (f.num == 3 && f.wire == 0) {
