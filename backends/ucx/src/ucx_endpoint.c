@@ -232,6 +232,20 @@ err_peer:
     return st;
 }
 
+/* Can `peer` still be used (its endpoint made, or to be made at first
+ * use)? PDX_OK; the lazy connect's error; or PDX_ERR_REMOTE_DISCONNECT
+ * for a failed or closed peer. Makes nothing. */
+pdx_status_t ucx_peer_usable(const ucx_peer_t *peer)
+{
+    if (peer->connect_st != PDX_OK) {
+        return peer->connect_st;
+    }
+    if (peer->ep_status != UCS_OK || (peer->ep == NULL && peer->addr == NULL)) {
+        return PDX_ERR_REMOTE_DISCONNECT; /* failed, or closed */
+    }
+    return PDX_OK;
+}
+
 /* The endpoint of `peer`, created on first use where the instance
  * connects lazily (UCX's endpoint creation is the costly part of loading
  * a peer: it queries every interface for lane selection and wires up a
@@ -241,17 +255,9 @@ err_peer:
  * reach it. Non-blocking. */
 pdx_status_t ucx_peer_ep(ucx_be_t *be, ucx_peer_t *peer)
 {
-    if (peer->connect_st != PDX_OK) {
-        return peer->connect_st;
-    }
-    if (peer->ep_status != UCS_OK) {
-        return PDX_ERR_REMOTE_DISCONNECT;
-    }
-    if (peer->ep != NULL) {
-        return PDX_OK;
-    }
-    if (peer->addr == NULL) {
-        return PDX_ERR_REMOTE_DISCONNECT; /* closed */
+    pdx_status_t ust = ucx_peer_usable(peer);
+    if (ust != PDX_OK || peer->ep != NULL) {
+        return ust;
     }
     ucp_ep_params_t ep = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |

@@ -231,6 +231,7 @@ pdx_status_t ucx_peer_connect(void *bev, const char *peer_name,
                               const void *conn, size_t conn_len,
                               void **peer_p);
 void ucx_peer_disconnect(void *bev, void *peerv);
+pdx_status_t ucx_peer_usable(const ucx_peer_t *peer);
 pdx_status_t ucx_peer_ep(ucx_be_t *be, ucx_peer_t *peer);
 void ucx_peer_give_up(ucx_be_t *be, ucx_peer_t *peer, const char *why);
 void ucx_peer_failed(void *bev, void *peerv);

@@ -105,11 +105,9 @@ pdx_status_t ucx_rmem_load(void *bev, void *peerv,
         key_len == 0 || rmd_p == NULL) {
         return PDX_ERR_INVALID;
     }
-    if (peer->connect_st != PDX_OK) {
-        return peer->connect_st;
-    }
-    if (peer->ep_status != UCS_OK || (peer->ep == NULL && peer->addr == NULL)) {
-        return PDX_ERR_REMOTE_DISCONNECT;
+    pdx_status_t ust = ucx_peer_usable(peer);
+    if (ust != PDX_OK) {
+        return ust;
     }
     if (region->mem_type != PDX_MEM_DRAM) {
         pdx_error("ucx: peer %s: cannot load a key for memory type %d",
