@@ -113,9 +113,15 @@ pdx_status_t pdxi_agent_create(const char *name,
     }
     a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     a->prog_epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-    ev = (struct epoll_event){.events = EPOLLIN, .data.fd = a->wake_fd};
-    if (a->wake_fd < 0 || a->prog_epoll_fd < 0 ||
-        epoll_ctl(a->prog_epoll_fd, EPOLL_CTL_ADD, a->wake_fd, &ev) != 0) {
+    a->nap_epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    /* data.u64 in the nap set: pidfds are tagged in its high bits. */
+    ev = (struct epoll_event){.events = EPOLLIN,
+                              .data.u64 = (uint64_t)(uint32_t)a->wake_fd};
+    struct epoll_event nev = {.events = EPOLLIN, .data.fd = a->nap_epoll_fd};
+    if (a->wake_fd < 0 || a->prog_epoll_fd < 0 || a->nap_epoll_fd < 0 ||
+        epoll_ctl(a->nap_epoll_fd, EPOLL_CTL_ADD, a->wake_fd, &ev) != 0 ||
+        epoll_ctl(a->prog_epoll_fd, EPOLL_CTL_ADD, a->nap_epoll_fd, &nev) !=
+            0) {
         pdx_error("agent %s: progress wait setup failed: %s", name,
                   strerror(errno));
         if (a->wake_fd >= 0) {
@@ -123,6 +129,9 @@ pdx_status_t pdxi_agent_create(const char *name,
         }
         if (a->prog_epoll_fd >= 0) {
             close(a->prog_epoll_fd);
+        }
+        if (a->nap_epoll_fd >= 0) {
+            close(a->nap_epoll_fd);
         }
         close(a->epoll_fd);
         close(a->event_fd);
@@ -135,8 +144,9 @@ pdx_status_t pdxi_agent_create(const char *name,
     a->stats_json = pdxi_stats_json;
     pdx_stats_sock_open(a);
     if (a->stats_fd >= 0) {
-        ev = (struct epoll_event){.events = EPOLLIN, .data.fd = a->stats_fd};
-        (void)epoll_ctl(a->prog_epoll_fd, EPOLL_CTL_ADD, a->stats_fd, &ev);
+        ev = (struct epoll_event){
+            .events = EPOLLIN, .data.u64 = (uint64_t)(uint32_t)a->stats_fd};
+        (void)epoll_ctl(a->nap_epoll_fd, EPOLL_CTL_ADD, a->stats_fd, &ev);
     }
     if (a->params.flags & PDX_AGENT_F_PROGRESS_THREAD) {
         int rc = pthread_create(&a->progress_thread, NULL, pdx_progress_main,
@@ -164,6 +174,7 @@ err_mutex:
     pthread_cond_destroy(&a->be_cond);
     pthread_mutex_destroy(&a->lock);
     close(a->prog_epoll_fd);
+    close(a->nap_epoll_fd);
     close(a->wake_fd);
     close(a->epoll_fd);
     close(a->event_fd);
@@ -238,6 +249,7 @@ void pdxi_agent_destroy(pdx_agent_h a)
     pthread_cond_destroy(&a->be_cond);
     pthread_mutex_destroy(&a->lock);
     close(a->prog_epoll_fd);
+    close(a->nap_epoll_fd);
     close(a->wake_fd);
     close(a->epoll_fd);
     close(a->event_fd);

@@ -18,6 +18,8 @@
 
 /* The blob's limits are the agent's: what one side writes the other reads. */
 #define PDX_MAX_BACKENDS PDX_BLOB_MAX_BACKENDS
+/* A peer's pidfd in nap_epoll_fd: epoll data PDX_PIDFD_TAG | fd. */
+#define PDX_PIDFD_TAG (1ull << 32)
 #define PDX_INV_KEY_MAX PDX_BLOB_INV_KEY_MAX
 #define PDX_INV_VAL_MAX PDX_BLOB_INV_VAL_MAX
 #define PDX_MAX_INVARIANTS PDX_BLOB_MAX_INVARIANTS
@@ -69,7 +71,9 @@ struct pdx_agent {
      * while be_busy is set. One backend is progressed unlocked at a time.
      * be_waiters counts threads waiting in pdx_agent_lock: the progressing
      * thread lets them in before its next unlocked call, so a caller
-     * waits for at most one backend progress call. */
+     * waits for at most one backend progress call (be_waiters is written
+     * atomically, under the lock; the progress thread's spin reads it
+     * without). */
     pthread_mutex_t lock;
     pthread_cond_t be_cond;
     bool be_busy;
@@ -115,9 +119,12 @@ struct pdx_agent {
     bool thread_running;
     volatile int stop;
     /* The progress thread's own wait (progress.c): an epoll set of the
-     * backends' event fds, peers' pidfds, the stats socket and wake_fd
-     * (an eventfd: stop, a post or a load while it sleeps). */
+     * backends' event fds and nap_epoll_fd, itself a set of the peers'
+     * pidfds (data: PDX_PIDFD_TAG | fd), the stats socket and wake_fd (an
+     * eventfd: stop, a post or a load while it sleeps). The thread naps on
+     * nap_epoll_fd alone while callers progress the backends. */
     int prog_epoll_fd;
+    int nap_epoll_fd;
     int wake_fd;
     int thread_sleeping; /* atomic: in a wait without a short timeout */
     struct pdx_store_agent *store; /* discovery.c; NULL if none */
@@ -144,11 +151,13 @@ static inline void pdx_agent_lock(pdx_agent_h agent)
     if (!agent->be_busy) {
         return;
     }
-    agent->be_waiters++;
+    /* Atomic: the progress thread's spin (progress.c) reads it without
+     * the lock to let a waiter in at once. */
+    __atomic_fetch_add(&agent->be_waiters, 1, __ATOMIC_RELAXED);
     while (agent->be_busy) {
         pthread_cond_wait(&agent->be_cond, &agent->lock);
     }
-    if (--agent->be_waiters == 0) {
+    if (__atomic_sub_fetch(&agent->be_waiters, 1, __ATOMIC_RELAXED) == 0) {
         pthread_cond_broadcast(&agent->be_cond); /* the progressing thread */
     }
 }

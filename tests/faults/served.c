@@ -16,7 +16,10 @@
  *      event fds in between): their median time must be under 30 ms. A
  *      target that found the request only at its 100 ms housekeeping bound
  *      would take ~50 ms at the median; an event wake-up takes
- *      microseconds to a few ms on a loaded machine.
+ *      microseconds to a few ms on a loaded machine;
+ *   4. lets the target exit and keeps it loaded: a READ to it fails, and
+ *      the initiator, idle for 2 s, must not spin (an exited process's
+ *      pidfd stays readable).
  * Prints what it measured.
  *
  * served --tls sm|tcp */
@@ -285,6 +288,32 @@ int main(int argc, char **argv)
     send_msg(fd, "quit", 4);
     int status = 0;
     waitpid(pid, &status, 0);
+
+    /* 4. The target gone, still loaded here: its pidfd stays readable for
+     * good, and this agent's progress thread must not wake on it again
+     * and again. A request to it fails. */
+    nanosleep(&settle, NULL); /* the death is seen; a stream's sleeps end */
+    pdx_desc_t dl = {(uintptr_t)mem, PIECE, 0, 0}, dr = {base, PIECE, 0, 0};
+    pdx_desc_list_t dll = {PDX_MEM_DRAM, &dl, 1}, drl = {PDX_MEM_DRAM, &dr, 1};
+    pdx_xfer_h dx;
+    pdx_status_t dst = pdx_xfer_create(a, PDX_XFER_READ, &dll, &drl, peer,
+                                       NULL, 0, &dx);
+    if (dst == PDX_OK) {
+        dst = pdx_xfer_post(dx);
+        while (dst == PDX_INPROGRESS) {
+            dst = pdx_xfer_check(dx);
+        }
+        pdx_xfer_release(dx);
+    }
+    double c1 = cpu_ms();
+    long w1 = wakeups();
+    uint64_t t1 = now_ns();
+    nanosleep(&idle, NULL);
+    double s1 = (double)(now_ns() - t1) / 1e9;
+    double dcpu = (cpu_ms() - c1) / s1, dwk = (double)(wakeups() - w1) / s1;
+    printf("initiator idle with the dead target loaded: %.2f ms of CPU per "
+           "s, %.1f wake-ups per s; a READ to it: %s\n", dcpu, dwk,
+           pdx_status_string(dst));
     pdx_agent_destroy(a);
     munmap(mem, REGION);
     int bad = 0;
@@ -295,6 +324,14 @@ int main(int argc, char **argv)
     }
     if (cpu > IDLE_CPU_MAX_MS_PER_S || wk > IDLE_WAKEUPS_MAX_PER_S) {
         fprintf(stderr, "served: the idle target spins\n");
+        bad = 1;
+    }
+    if (dst == PDX_OK) {
+        fprintf(stderr, "served: a READ to the exited target succeeded\n");
+        bad = 1;
+    }
+    if (dcpu > IDLE_CPU_MAX_MS_PER_S || dwk > IDLE_WAKEUPS_MAX_PER_S) {
+        fprintf(stderr, "served: the initiator spins on its dead peer\n");
         bad = 1;
     }
     if (med > LONE_MEDIAN_MAX_MS) {
