@@ -161,7 +161,7 @@ int mode_latency(const bench_opts_t *o, cJSON *root);
 
 /* Targets (the other process). */
 int target_transfer(const bench_opts_t *o);
-int target_ucp(const bench_opts_t *o);
+int target_ucp(const bench_opts_t *o, int errmode);
 int target_handoff(const bench_opts_t *o);
 
 /* Plotting with gnuplot: panels of series of (x, y) points. */

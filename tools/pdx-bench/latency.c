@@ -3,16 +3,22 @@
  * processes, the target maps a region and spins on ucp_worker_progress
  * (as UCX's own examples do); the initiator posts `batch` ucp_get_nbx /
  * ucp_put_nbx of `size` bytes and flushes the endpoint, progressing its
- * worker until the flush completes. pdx: the same sizes and batches as
- * one prepared request (pdx_xfer_make once, then post + poll
- * pdx_xfer_check), both agents with their progress thread on, UCX only
- * (no cma). Per case: p50 and p99 of the request time and GB/s over the
- * timed requests; ratios pdx / UCP. --netns puts the target in another
- * network + pid namespace (UCX TCP over a veth pair). PDX_BENCH_NO_THREAD=1
- * runs the initiating agent without a progress thread (to tell its cost
- * apart); PDX_BENCH_UCP_ERRMODE=1 gives the floor's endpoint peer error
- * handling as pdx's (over sm also set UCX_MM_ERROR_HANDLING=y);
- * PDX_BENCH_LAT_ROW=OP:SIZE:BATCH runs one row. */
+ * worker until the flush completes. Two floors: the endpoint with peer
+ * error handling (UCP_ERR_HANDLING_MODE_PEER, as pdx's endpoints, NIXL's
+ * and UCX's ucp_client_server example have it: what it costs to notice a
+ * peer's death; over shared memory the mm transports' error handling on,
+ * UCX_MM_ERROR_HANDLING), the floor the ratios are taken against; and a
+ * bare one without (UCX's fastest path, reported beside it). pdx: the
+ * same sizes and batches as one prepared request (pdx_xfer_make once,
+ * then post + poll pdx_xfer_check), both agents with their progress
+ * thread on, UCX only (no cma). Per case: p50 and p99 of the request time
+ * and GB/s over the timed requests; ratios pdx / UCP. --netns puts the
+ * target in another network + pid namespace (UCX TCP over a veth pair).
+ * PDX_BENCH_NO_THREAD=1 runs the initiating agent without a progress
+ * thread (to tell its cost apart); PDX_BENCH_LAT_ROW=OP:SIZE:BATCH runs
+ * one row; PDX_BENCH_LAT_DUMP=FILE appends each round's request times
+ * (ns, sorted, "END" after each round; rounds in the order bare UCP, UCP
+ * with peer errors, pdx) to FILE. */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -42,11 +48,23 @@ typedef struct ucp_side {
     uint8_t *mem;
 } ucp_side_t;
 
-static void ucp_side_init(ucp_side_t *u, const char *tls)
+/* Does a UCX transport list name shared memory (sm, posix, sysv, mm)? */
+static int tls_has_mm(const char *tls)
+{
+    return strstr(tls, "sm") != NULL || strstr(tls, "posix") != NULL ||
+           strstr(tls, "sysv") != NULL || strstr(tls, "mm") != NULL;
+}
+
+/* errmode: the context's shared memory transports may serve endpoints
+ * with peer error handling (both sides need it, as pdx's backend sets). */
+static void ucp_side_init(ucp_side_t *u, const char *tls, int errmode)
 {
     ucp_config_t *cfg;
     UCS_CHECK(ucp_config_read(NULL, NULL, &cfg));
     UCS_CHECK(ucp_config_modify(cfg, "TLS", tls));
+    if (errmode && tls_has_mm(tls)) {
+        UCS_CHECK(ucp_config_modify(cfg, "MM_ERROR_HANDLING", "y"));
+    }
     ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
                       .features = UCP_FEATURE_RMA};
     UCS_CHECK(ucp_init(&p, cfg, &u->ctx));
@@ -72,14 +90,15 @@ static void ucp_side_fini(ucp_side_t *u)
     big_free(u->mem, LAT_REGION);
 }
 
-/* The raw target: address, rkey and region out; then progress until the
+/* The raw target (errmode: as the floor with peer error handling's):
+ * address, rkey and region out; then progress until the
  * initiator says quit (the control socket is looked at every 4096 idle
  * calls, so it costs the loop nothing). */
-int target_ucp(const bench_opts_t *o)
+int target_ucp(const bench_opts_t *o, int errmode)
 {
     int fd = o->target_fd;
     ucp_side_t u;
-    ucp_side_init(&u, o->tls);
+    ucp_side_init(&u, o->tls, errmode);
     ucp_address_t *addr;
     size_t alen;
     UCS_CHECK(ucp_worker_get_address(u.worker, &addr, &alen));
@@ -161,6 +180,17 @@ static void summarize(dvec_t *v, uint64_t bytes_per, lat_res_t *r)
     r->p50_us = quantile(v->v, v->n, 0.5) / 1e3;
     r->p99_us = quantile(v->v, v->n, 0.99) / 1e3;
     r->gbps = sum > 0 ? (double)bytes_per * (double)v->n / sum : 0;
+    const char *dump = getenv("PDX_BENCH_LAT_DUMP");
+    if (dump != NULL) {
+        FILE *f = fopen(dump, "a");
+        for (size_t i = 0; f != NULL && i < v->n; i++) {
+            fprintf(f, "%.0f\n", v->v[i]);
+        }
+        if (f != NULL) {
+            fprintf(f, "END\n");
+            fclose(f);
+        }
+    }
 }
 
 static void wait_req(ucp_worker_h w, ucs_status_ptr_t sp, const char *what)
@@ -177,13 +207,15 @@ static void wait_req(ucp_worker_h w, ucs_status_ptr_t sp, const char *what)
     ucp_request_free(sp);
 }
 
-static void run_ucp(const bench_opts_t *o, const lat_case_t *c,
+/* One round of the floor; errmode: the endpoint with peer error handling
+ * (as pdx's). */
+static void run_ucp(const bench_opts_t *o, const lat_case_t *c, int errmode,
                     lat_res_t *r)
 {
     int fd;
-    int pid = spawn_target(o, "ucp", NULL, &fd);
+    int pid = spawn_target(o, errmode ? "ucp-err" : "ucp", NULL, &fd);
     ucp_side_t u;
-    ucp_side_init(&u, o->tls);
+    ucp_side_init(&u, o->tls, errmode);
     uint32_t alen, rlen;
     char *addr = ctl_recv(fd, &alen), *rk = ctl_recv(fd, &rlen);
     char *m = ctl_recv(fd, NULL);
@@ -194,8 +226,7 @@ static void run_ucp(const bench_opts_t *o, const lat_case_t *c,
     }
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
                           .address = (const ucp_address_t *)addr};
-    if (getenv("PDX_BENCH_UCP_ERRMODE") != NULL) {
-        /* Experiment: the floor with error handling as pdx's endpoints. */
+    if (errmode) {
         ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
         ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     }
@@ -390,14 +421,18 @@ int mode_latency(const bench_opts_t *o, cJSON *root)
     static const uint32_t batches[] = {1, 64};
     say("# latency over UCX tls=%s, %s: one request at a time; raw UCP = %s "
         "ucp_get_nbx/ucp_put_nbx x batch + ucp_ep_flush_nbx, target "
-        "spinning on ucp_worker_progress; pdx = ucx backend only, "
-        "progress threads on, prepared request posted and polled; %d "
-        "interleaved rounds of %.2f s per side after a warm-up, medians of "
-        "the rounds' figures; GB/s over a round's timed requests\n",
+        "spinning on ucp_worker_progress, the endpoint with peer error "
+        "handling as pdx's (\"ucp\") or without (\"bare\"); pdx = ucx "
+        "backend only, progress threads on, prepared request posted and "
+        "polled; %d interleaved rounds of %.2f s per side after a warm-up "
+        "(bare, ucp, pdx, bare, ...), medians of the rounds' figures; GB/s "
+        "over a round's timed requests; ratios pdx / ucp, and GB/s pdx / "
+        "bare\n",
         oo.tls, where, "batch", rounds, oo.case_s);
-    say("%-5s %8s %5s | %9s %9s %7s | %9s %9s %7s | %7s %7s\n", "op", "size",
-        "batch", "ucp p50", "ucp p99", "GB/s", "pdx p50", "pdx p99", "GB/s",
-        "p50 x", "GB/s x");
+    say("%-5s %8s %5s | %9s %9s %7s | %9s %9s %7s | %7s %7s | %8s %7s %7s\n",
+        "op", "size", "batch", "ucp p50", "ucp p99", "GB/s", "pdx p50",
+        "pdx p99", "GB/s", "p50 x", "GB/s x", "bare p50", "GB/s",
+        "bare x");
     cJSON *rows = cJSON_AddArrayToObject(root, "rows");
     for (int w = 0; w < 2; w++) {
         for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
@@ -420,21 +455,25 @@ int mode_latency(const bench_opts_t *o, cJSON *root)
                  * median of each figure kept: the VM's speed drifts by
                  * tens of percent within seconds, and a row measured in
                  * one block per side compared two machines. */
-                lat_res_t ru = {0}, rp = {0};
-                lat_res_t rus[LAT_MAX_ROUNDS], rps[LAT_MAX_ROUNDS];
+                lat_res_t rb = {0}, ru = {0}, rp = {0};
+                lat_res_t rbs[LAT_MAX_ROUNDS], rus[LAT_MAX_ROUNDS],
+                    rps[LAT_MAX_ROUNDS];
                 for (int k = 0; k < rounds; k++) {
-                    run_ucp(&oo, &c, &rus[k]);
+                    run_ucp(&oo, &c, 0, &rbs[k]);
+                    run_ucp(&oo, &c, 1, &rus[k]);
                     run_pdx(&oo, &c, &rps[k]);
                 }
+                lat_median(rbs, rounds, &rb);
                 lat_median(rus, rounds, &ru);
                 lat_median(rps, rounds, &rp);
                 double x50 = ru.p50_us > 0 ? rp.p50_us / ru.p50_us : 0;
                 double xbw = ru.gbps > 0 ? rp.gbps / ru.gbps : 0;
+                double xbare = rb.gbps > 0 ? rp.gbps / rb.gbps : 0;
                 say("%-5s %8llu %5u | %9.1f %9.1f %7.2f | %9.1f %9.1f %7.2f "
-                    "| %7.2f %7.2f\n",
+                    "| %7.2f %7.2f | %8.1f %7.2f %7.2f\n",
                     w ? "WRITE" : "READ", (unsigned long long)c.size,
                     c.batch, ru.p50_us, ru.p99_us, ru.gbps, rp.p50_us,
-                    rp.p99_us, rp.gbps, x50, xbw);
+                    rp.p99_us, rp.gbps, x50, xbw, rb.p50_us, rb.gbps, xbare);
                 cJSON *row = cJSON_CreateObject();
                 jstr(row, "op", w ? "WRITE" : "READ");
                 jnum(row, "size", (double)c.size);
@@ -447,11 +486,15 @@ int mode_latency(const bench_opts_t *o, cJSON *root)
                 jnum(row, "pdx_gbps", rp.gbps);
                 jnum(row, "p50_ratio", x50);
                 jnum(row, "gbps_ratio", xbw);
+                jnum(row, "bare_p50_us", rb.p50_us);
+                jnum(row, "bare_p99_us", rb.p99_us);
+                jnum(row, "bare_gbps", rb.gbps);
+                jnum(row, "gbps_ratio_bare", xbare);
                 cJSON_AddItemToArray(rows, row);
             }
         }
     }
     say("# targets (issue 19): pdx p50 <= 1.3x UCP at batch 1, GB/s >= 0.9x "
-        "at every row\n");
+        "at every row (against the floor with pdx's error handling)\n");
     return 0;
 }

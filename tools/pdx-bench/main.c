@@ -363,7 +363,10 @@ int main(int argc, char **argv)
             return target_transfer(&o);
         }
         if (strcmp(o.target_kind, "ucp") == 0) {
-            return target_ucp(&o);
+            return target_ucp(&o, 0);
+        }
+        if (strcmp(o.target_kind, "ucp-err") == 0) {
+            return target_ucp(&o, 1);
         }
         if (strcmp(o.target_kind, "handoff") == 0) {
             return target_handoff(&o);
