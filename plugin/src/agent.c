@@ -214,6 +214,9 @@ void pdxi_agent_destroy(pdx_agent_h a)
     while (a->peers != NULL) {
         pdx_peer_destroy_locked(a, a->peers);
     }
+    free(a->peer_buckets);
+    a->peer_buckets = NULL;
+    a->peer_nbuckets = 0;
     for (size_t i = 0; i < a->nregs; i++) {
         pdx_mem_reg_free_locked(a, a->regs[i]);
     }

@@ -87,13 +87,17 @@ struct pdx_agent {
     char host_id[PDX_BLOB_HOST_MAX];
 
     struct pdx_backend *backends[PDX_MAX_BACKENDS];
-    uint32_t nbackends;
+    uint32_t nbackends; /* written under the lock with a release store */
     pdx_backend_host_t host;
 
     struct pdx_mem_reg **regs; /* sorted by (mem_type, addr) */
     size_t nregs, regs_cap;
 
     struct pdx_peer *peers;
+    /* peers by name (peer.c): chained buckets, a power of two of them,
+     * NULL while none could be allocated (then pdx_peer_find walks) */
+    struct pdx_peer **peer_buckets;
+    uint32_t peer_nbuckets, npeers;
     uint64_t next_epoch;
 
     pdx_invariant_t invariants[PDX_MAX_INVARIANTS];

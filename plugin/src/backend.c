@@ -95,7 +95,10 @@ static pdx_status_t backend_add(pdx_agent_h a, const pdx_backend_ops_t *ops,
             pdx_agent_signal(a);
         }
     }
-    a->backends[a->nbackends++] = b;
+    a->backends[a->nbackends] = b;
+    /* Published: the progress thread looks at the backends without the
+     * lock (their caller_polls). */
+    __atomic_store_n(&a->nbackends, a->nbackends + 1, __ATOMIC_RELEASE);
     a->generation++;
     pdx_disc_changed_locked(a);
     char desc[256] = "";

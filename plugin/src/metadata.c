@@ -178,6 +178,7 @@ void pdx_peer_destroy_locked(pdx_agent_h agent, pdx_peer_t *peer)
     if (peer->pidfd >= 0) {
         close(peer->pidfd);
     }
+    pdx_peer_index_del_locked(agent, peer);
     pdx_peer_t **pp = &agent->peers;
     while (*pp != NULL && *pp != peer) {
         pp = &(*pp)->next;
@@ -697,6 +698,7 @@ pdx_status_t pdxi_peer_load(pdx_agent_h agent, const void *blob, size_t len,
     if (st != PDX_OK) {
         goto out;
     }
+    pdx_peer_index_add_locked(agent, p);
     p->next = agent->peers;
     agent->peers = p;
     pdx_info("agent %s: peer %s loaded (generation %u, %zu regions, pid %d%s)",

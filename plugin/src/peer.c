@@ -10,14 +10,88 @@
 #include "backend_int.h"
 #include "peer_int.h"
 
+#include <xxhash.h>
+
+/* Peers by name: every request looks its peer up (make, post, end), and a
+ * walk of the loaded peers touched two cache lines of each (a pdx_peer_t
+ * spans kilobytes): with tens of peers loaded that was microseconds a
+ * request. A chained hash on XXH3 of the name (written here: glibc's
+ * hsearch_r cannot delete; nothing else in Debian that pdx links fits),
+ * one bucket a peer or more. */
+static uint64_t peer_name_hash(const char *name)
+{
+    return XXH3_64bits(name, strlen(name));
+}
+
 pdx_peer_t *pdx_peer_find(pdx_agent_h agent, const char *name)
 {
-    for (pdx_peer_t *p = agent->peers; p != NULL; p = p->next) {
-        if (strcmp(p->name, name) == 0) {
+    if (agent->peer_buckets == NULL) {
+        for (pdx_peer_t *p = agent->peers; p != NULL; p = p->next) {
+            if (strcmp(p->name, name) == 0) {
+                return p;
+            }
+        }
+        return NULL;
+    }
+    uint64_t h = peer_name_hash(name);
+    for (pdx_peer_t *p =
+             agent->peer_buckets[h & (agent->peer_nbuckets - 1)];
+         p != NULL; p = p->hnext) {
+        if (p->name_hash == h && strcmp(p->name, name) == 0) {
             return p;
         }
     }
     return NULL;
+}
+
+static void peer_bucket_put(pdx_agent_h agent, pdx_peer_t *p)
+{
+    pdx_peer_t **b = &agent->peer_buckets[p->name_hash &
+                                          (agent->peer_nbuckets - 1)];
+    p->hnext = *b;
+    *b = p;
+}
+
+void pdx_peer_index_add_locked(pdx_agent_h agent, pdx_peer_t *p)
+{
+    p->name_hash = peer_name_hash(p->name);
+    p->hnext = NULL;
+    agent->npeers++;
+    if (agent->npeers > agent->peer_nbuckets) {
+        /* Rebuilt from the list (p is not in it yet); without memory the
+         * old buckets stay (longer chains), or none (a walk). */
+        uint32_t n = agent->peer_nbuckets ? agent->peer_nbuckets * 2 : 16;
+        pdx_peer_t **nb = n > agent->peer_nbuckets
+                              ? calloc(n, sizeof(*nb))
+                              : NULL;
+        if (nb != NULL) {
+            free(agent->peer_buckets);
+            agent->peer_buckets = nb;
+            agent->peer_nbuckets = n;
+            for (pdx_peer_t *q = agent->peers; q != NULL; q = q->next) {
+                peer_bucket_put(agent, q);
+            }
+        }
+    }
+    if (agent->peer_buckets != NULL) {
+        peer_bucket_put(agent, p);
+    }
+}
+
+void pdx_peer_index_del_locked(pdx_agent_h agent, pdx_peer_t *p)
+{
+    agent->npeers--;
+    if (agent->peer_buckets == NULL) {
+        return;
+    }
+    pdx_peer_t **pp = &agent->peer_buckets[p->name_hash &
+                                           (agent->peer_nbuckets - 1)];
+    while (*pp != NULL && *pp != p) {
+        pp = &(*pp)->hnext;
+    }
+    if (*pp == p) {
+        *pp = p->hnext;
+    }
 }
 
 /* Index of the last region of `peer` starting at or before (t, addr), or

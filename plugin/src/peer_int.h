@@ -29,6 +29,8 @@ typedef struct pdx_peer_region {
 
 typedef struct pdx_peer {
     char name[PDX_NAME_MAX];
+    uint64_t name_hash;     /* XXH3 of name: the agent's peer index */
+    struct pdx_peer *hnext; /* next in its index bucket */
     uint64_t instance;   /* the peer's instance id from its blob */
     uint32_t generation; /* the peer's generation from its blob */
     uint64_t epoch;      /* this agent's id for this incarnation */
@@ -61,6 +63,11 @@ typedef struct pdx_peer {
 
 /* All with agent->lock held. */
 pdx_peer_t *pdx_peer_find(pdx_agent_h agent, const char *name);
+/* The index of loaded peers by name (pdx_peer_find): add a peer before it
+ * is linked into agent->peers, remove it before it is unlinked. Lock
+ * held. */
+void pdx_peer_index_add_locked(pdx_agent_h agent, pdx_peer_t *p);
+void pdx_peer_index_del_locked(pdx_agent_h agent, pdx_peer_t *p);
 /* Index of the last region of `peer` starting at or before (t, addr), or
  * SIZE_MAX. */
 size_t pdx_peer_region_index(const pdx_peer_t *peer, pdx_mem_type_t t,

@@ -317,10 +317,21 @@ int pdxi_progress(pdx_agent_h agent)
  * wake-up's (60-120 us on the 2-core VM). A lone message (a peer's UCX
  * keepalive) does not start one: an idle agent never polls. */
 #define PROGRESS_POLL_NS 1000000ull
-/* The thread's naps while callers poll their requests (nap_ms_locked). */
+/* While callers poll their requests the thread naps (then looks whether
+ * they still poll) PROGRESS_NAP_MIN_MS, twice as long after each nap in
+ * which a caller spun (PROGRESS_NAP_SPIN_POLLS checks a ms, a check every
+ * 50 us or more often: its own checks progress the backend that often),
+ * up to PROGRESS_NAP_MAX_MS, so the thread's lag after a spin ends (the
+ * backend then waits for it) stays under the spin's length so far. It
+ * takes the lock for housekeeping at least every PROGRESS_HK_MAX_NS
+ * (hk_due_locked). Each wake-up cost a spinning caller: on the 2-core VM,
+ * 8448-byte READs over UCX sm measured 0.85-0.87x the raw UCP loop's GB/s
+ * with 1 ms naps that took the lock, 0.90-0.91x with 1 ms naps without
+ * it, 0.93-0.96x with naps up to 8 ms. */
 #define PROGRESS_NAP_MIN_MS 1
 #define PROGRESS_NAP_MAX_MS 8
-#define PROGRESS_NAP_SPIN_POLLS 1000 /* checks a ms: a caller spinning */
+#define PROGRESS_NAP_SPIN_POLLS 20
+#define PROGRESS_HK_MAX_NS 10000000ull
 /* Longest sleep with requests in flight on event-fd backends only: how
  * late a request timeout can be noticed (their unit is ms). */
 #define PROGRESS_INFLIGHT_MS 1
@@ -396,48 +407,43 @@ static bool nap_events(pdx_agent_h agent, const struct epoll_event *evs,
     return exited;
 }
 
-/* The next nap while callers poll (`polls`: their checks in the last nap,
- * `last`: its length in ms). A caller spinning on its request (at least
- * PROGRESS_NAP_SPIN_POLLS checks a ms) doubles it, up to
- * PROGRESS_NAP_MAX_MS: each wake-up of the thread stalled that caller's
- * requests (on the 2-core VM a 1 ms nap put 8448-byte READs over UCX sm
- * at 0.85-0.87x the raw UCP loop's GB/s, mostly in a tail of 50-80 us
- * requests; 10 ms naps 0.92). Otherwise, or while a request is in flight
- * on a backend no caller polls, or while an event-fd backend is not
- * polled (its messages are the thread's to serve), PROGRESS_NAP_MIN_MS.
- * Never past the first request deadline. Lock held. */
-static int nap_ms_locked(pdx_agent_h agent, uint64_t polled, uint64_t polls,
-                         int last)
+/* While callers poll their requests, when the thread's next housekeeping
+ * (request states and timeouts, same-process liveness, removal acks, the
+ * other backends) is due: at every nap (0, and naps stay short) while a
+ * backend no caller polls has requests in flight or is event-driven (its
+ * messages are the thread's to serve), while more than one request is in
+ * flight (one no caller polls ends only here), or while removal acks
+ * wait; else at the first request deadline, or PROGRESS_HK_MAX_NS on. A
+ * nap that ends before it, without a peer's exit, takes no lock. Lock
+ * held. */
+static uint64_t hk_due_locked(pdx_agent_h agent, uint64_t polled)
 {
-    int ms = PROGRESS_NAP_MIN_MS;
-    if (polls >= (uint64_t)last * PROGRESS_NAP_SPIN_POLLS) {
-        ms = last * 2 > PROGRESS_NAP_MAX_MS ? PROGRESS_NAP_MAX_MS : last * 2;
-    }
     for (uint32_t i = 0; i < agent->nbackends; i++) {
         if ((agent->backends[i]->ops->caps & PDX_BACKEND_CAP_EVENT_FD) &&
             !(polled & (1ull << i))) {
-            return PROGRESS_NAP_MIN_MS;
+            return 0;
         }
     }
-    uint64_t limit = (uint64_t)agent->params.xfer_timeout_ms * 1000000ull;
+    if (agent->ctl_acks != NULL) {
+        return 0;
+    }
     uint64_t now = agent->last_full_progress_ns;
-    for (struct pdx_xfer *x = agent->xfers; x != NULL && ms > 1;
-         x = x->next) {
+    uint64_t due = now + PROGRESS_HK_MAX_NS;
+    uint64_t limit = (uint64_t)agent->params.xfer_timeout_ms * 1000000ull;
+    int inflight = 0;
+    for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
         if (x->status != PDX_INPROGRESS && x->breq == NULL) {
             continue;
         }
-        if (!(polled & (1ull << x->bindex))) {
-            return PROGRESS_NAP_MIN_MS;
+        if (!(polled & (1ull << x->bindex)) || ++inflight > 1) {
+            return 0;
         }
-        if (limit != 0 && x->status == PDX_INPROGRESS && x->post_ns != 0) {
-            uint64_t due = x->post_ns + limit;
-            uint64_t left = due > now ? (due - now + 999999) / 1000000 : 1;
-            if (left < (uint64_t)ms) {
-                ms = (int)left;
-            }
+        if (limit != 0 && x->status == PDX_INPROGRESS && x->post_ns != 0 &&
+            x->post_ns + limit < due) {
+            due = x->post_ns + limit;
         }
     }
-    return ms;
+    return due;
 }
 
 /* Polling a fast stream, between full passes: the event-fd backends'
@@ -492,20 +498,23 @@ void *pdx_progress_main(void *arg)
     uint64_t poll_until = 0; /* a fast stream: poll, do not sleep, until */
     bool waited = true;      /* a wait since the last active pass */
     int spun = 0;            /* events the spin saw, for the next pass */
-    int nap_ms = PROGRESS_NAP_MIN_MS; /* while callers poll */
+    uint64_t hk_due = 0; /* callers poll: housekeeping due (0: each nap) */
+    uint64_t hk_seq = 0; /* same-process destroys seen by it */
+    int nap_ms = PROGRESS_NAP_MIN_MS; /* the last nap's length */
     uint64_t polls_seen[PDX_MAX_BACKENDS] = {0};
     while (!__atomic_load_n(&agent->stop, __ATOMIC_ACQUIRE)) {
         /* A caller polling its request progresses that backend itself
          * (pdx_xfer_check): keep out of its way (no second thread in the
-         * backend, no core taken from it) while it polls, napping
-         * (nap_ms_locked: 1 ms, longer while a caller spins) on the
-         * pidfds, the stats socket and the wake fd; the other backends and
-         * the rest of a pass still run each nap. */
+         * backend, no core taken from it, no lock taken for nothing)
+         * while it polls, napping (PROGRESS_NAP_MIN_MS, longer while a
+         * caller spins) on the pidfds, the stats socket and the wake fd;
+         * housekeeping (and the other backends) when due (hk_due_locked).
+         * No lock to look: backends are published with a release store of
+         * nbackends. */
         uint64_t polled = 0; /* bit i: backend i polled by a caller */
         uint64_t polls = 0;  /* their checks since the last look */
-        /* The plain lock: backends are added while the thread runs. */
-        pthread_mutex_lock(&agent->lock);
-        for (uint32_t i = 0; i < agent->nbackends; i++) {
+        uint32_t nb = __atomic_load_n(&agent->nbackends, __ATOMIC_ACQUIRE);
+        for (uint32_t i = 0; i < nb; i++) {
             uint64_t cp = __atomic_load_n(&agent->backends[i]->caller_polls,
                                           __ATOMIC_ACQUIRE);
             if (cp != polls_seen[i]) {
@@ -514,16 +523,36 @@ void *pdx_progress_main(void *arg)
                 polled |= 1ull << i;
             }
         }
-        pthread_mutex_unlock(&agent->lock);
         if (polled != 0) {
-            /* The nap: a peer's exit, a stats client or a wake end it. */
-            int k = epoll_wait(agent->nap_epoll_fd, evs, 16, nap_ms);
+            uint64_t now = pdx_now_ns();
+            if (hk_due == 0 ||
+                polls < (uint64_t)nap_ms * PROGRESS_NAP_SPIN_POLLS) {
+                nap_ms = PROGRESS_NAP_MIN_MS;
+            } else if (nap_ms < PROGRESS_NAP_MAX_MS) {
+                nap_ms *= 2;
+            }
+            int ms = nap_ms;
+            if (hk_due != 0 && hk_due > now &&
+                (hk_due - now) / 1000000ull < (uint64_t)ms) {
+                ms = (int)((hk_due - now) / 1000000ull) + 1;
+            }
+            int k = epoll_wait(agent->nap_epoll_fd, evs, 16, ms);
             bool exited = nap_events(agent, evs, k);
             waited = true;
-            pdx_agent_lock(agent);
-            if (exited) {
-                agent->last_liveness_ns = 0; /* check the pidfds now */
+            if (k > 0) {
+                pdx_stats_sock_serve(agent, 0); /* a stats client */
             }
+            uint64_t seq = atomic_load_explicit(&g_destroyed_seq,
+                                                memory_order_relaxed);
+            if (!exited && hk_due != 0 && seq == hk_seq &&
+                pdx_now_ns() < hk_due) {
+                continue; /* nothing due: look at the callers again */
+            }
+            pdx_agent_lock(agent);
+            if (exited || seq != hk_seq) {
+                agent->last_liveness_ns = 0; /* liveness now */
+            }
+            hk_seq = seq;
             for (uint32_t i = 0; i < agent->nbackends; i++) {
                 if (!(polled & (1ull << i))) {
                     backend_progress_unlocked(agent, agent->backends[i],
@@ -533,12 +562,13 @@ void *pdx_progress_main(void *arg)
             if (housekeeping_locked(agent) > 0) {
                 pdx_agent_signal(agent);
             }
-            nap_ms = nap_ms_locked(agent, polled, polls, nap_ms);
+            hk_due = hk_due_locked(agent, polled);
             uint64_t pass_ns = agent->last_full_progress_ns;
             pthread_mutex_unlock(&agent->lock);
             pdx_stats_sock_serve(agent, pass_ns);
             continue;
         }
+        hk_due = 0;
         nap_ms = PROGRESS_NAP_MIN_MS;
         pdx_agent_lock(agent);
         int ended;

@@ -389,6 +389,75 @@ static void test_prepared_lists(void **state)
     side_fini(&b);
 }
 
+/* Many peers loaded (the agent's index of peers by name grows past its
+ * first buckets), unloaded in part, one reloaded: every lookup (state,
+ * a request's make and post) finds the right one, and only it. */
+#define MANY_PEERS 40
+static void test_many_peers(void **state)
+{
+    (void)state;
+    side_t hub;
+    side_init(&hub, "hub", MB);
+    side_t *sp = calloc(MANY_PEERS, sizeof(*sp));
+    assert_non_null(sp);
+    char name[32];
+    for (int i = 0; i < MANY_PEERS; i++) {
+        snprintf(name, sizeof(name), "spoke%02d", i);
+        side_init(&sp[i], name, 4096);
+        void *blob;
+        size_t len;
+        char got[PDX_NAME_MAX];
+        assert_int_equal(pdx_agent_describe(sp[i].agent, &blob, &len),
+                         PDX_OK);
+        assert_int_equal(pdx_peer_load(hub.agent, blob, len, got), PDX_OK);
+        assert_string_equal(got, name);
+        pdx_blob_free(blob);
+    }
+    for (int i = 0; i < MANY_PEERS; i += 2) {
+        snprintf(name, sizeof(name), "spoke%02d", i);
+        assert_int_equal(pdx_peer_unload(hub.agent, name), PDX_OK);
+    }
+    for (int i = 0; i < MANY_PEERS; i++) {
+        snprintf(name, sizeof(name), "spoke%02d", i);
+        assert_int_equal(pdx_peer_state(hub.agent, name),
+                         i % 2 ? PDX_OK : PDX_ERR_NOT_FOUND);
+    }
+    assert_int_equal(pdx_peer_state(hub.agent, "spoke"), PDX_ERR_NOT_FOUND);
+    void *blob;
+    size_t len;
+    assert_int_equal(pdx_agent_describe(sp[0].agent, &blob, &len), PDX_OK);
+    assert_int_equal(pdx_peer_load(hub.agent, blob, len, NULL), PDX_OK);
+    pdx_blob_free(blob);
+    assert_int_equal(pdx_peer_state(hub.agent, "spoke00"), PDX_OK);
+    /* A WRITE to each of two peers lands in that peer's memory only. */
+    int to[2] = {0, MANY_PEERS - 1};
+    for (int k = 0; k < 2; k++) {
+        memset(hub.mem, 0x40 + k, 4096);
+        pdx_desc_t l = {.addr = (uintptr_t)hub.mem, .len = 4096};
+        pdx_desc_t r = {.addr = (uintptr_t)sp[to[k]].mem, .len = 4096};
+        pdx_desc_list_t ll = {PDX_MEM_DRAM, &l, 1},
+                        rl = {PDX_MEM_DRAM, &r, 1};
+        snprintf(name, sizeof(name), "spoke%02d", to[k]);
+        pdx_xfer_h x;
+        assert_int_equal(pdx_xfer_create(hub.agent, PDX_XFER_WRITE, &ll, &rl,
+                                         name, NULL, 0, &x), PDX_OK);
+        assert_true(pdx_xfer_post(x) >= PDX_OK);
+        assert_int_equal(wait_xfer(x, &sp[to[k]]), PDX_OK);
+        pdx_xfer_release(x);
+    }
+    for (int i = 0; i < MANY_PEERS; i++) {
+        unsigned char want = i == to[0] ? 0x40 : i == to[1] ? 0x41 : 0;
+        for (size_t o = 0; o < 4096; o++) {
+            assert_int_equal(sp[i].mem[o], want);
+        }
+    }
+    side_fini(&hub);
+    for (int i = 0; i < MANY_PEERS; i++) {
+        side_fini(&sp[i]);
+    }
+    free(sp);
+}
+
 static void test_stale_peer(void **state)
 {
     side_t a, b;
@@ -720,6 +789,7 @@ int main(void)
         cmocka_unit_test(test_blob_crafted_counts),
         cmocka_unit_test(test_write_read_notif),
         cmocka_unit_test(test_prepared_lists),
+        cmocka_unit_test(test_many_peers),
         cmocka_unit_test(test_stale_peer),
         cmocka_unit_test(test_invariants),
         cmocka_unit_test(test_bad_requests),

@@ -14,6 +14,7 @@ static void ucx_peer_set_failed(ucx_peer_t *peer, ucs_status_t status)
     peer->error_pending = 1;
     if (peer->be != NULL) {
         peer->be->lost++;
+        peer->be->errors_hint = 1;
     }
     for (ucx_link_t *l = peer->reqs.next; l != &peer->reqs; l = l->next) {
         ucx_req_finish(UCX_CONTAINER(l, ucx_req_t, link),
@@ -33,13 +34,20 @@ static void ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     ucx_peer_set_failed(peer, status);
 }
 
-/* Report failed peers to the agent. The scan restarts after each callback
+/* Report failed peers to the agent (those marked since the hint was set).
+ * The scan restarts after each callback
  * because the agent may disconnect peers from inside it; each pass clears
  * one flag, so it ends. */
 int ucx_deliver_errors(ucx_be_t *be)
 {
     int n = 0;
     int again = 1;
+    /* Every progress call comes here: no walk of the peers without a
+     * failure (a callback may set the hint again). */
+    if (!be->errors_hint) {
+        return 0;
+    }
+    be->errors_hint = 0;
     while (again) {
         again = 0;
         for (ucx_link_t *l = be->peers.next; l != &be->peers; l = l->next) {

@@ -197,6 +197,7 @@ struct ucx_be {
     ucx_link_t inbox;
     ucx_vlocal_t vlocal; /* local transports, to validate peer bytes */
     unsigned forced;     /* endpoints force-closed (a peer failed) */
+    int errors_hint;     /* a peer's error_pending may be set: scan */
     unsigned lost;       /* peers that failed, timed out or died */
     ucx_be_t *leaked_next; /* g_leaked: a worker UCX could not destroy */
 };

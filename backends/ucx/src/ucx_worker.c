@@ -75,7 +75,8 @@ static int ucx_has_pending_events(ucx_be_t *be)
         UCX_CONTAINER(be->inbox.next, ucx_inmsg_t, link)->ready) {
         return 1;
     }
-    for (ucx_link_t *l = be->peers.next; l != &be->peers; l = l->next) {
+    for (ucx_link_t *l = be->peers.next;
+         be->errors_hint && l != &be->peers; l = l->next) {
         if (UCX_CONTAINER(l, ucx_peer_t, link)->error_pending) {
             return 1;
         }
