@@ -113,9 +113,13 @@ typedef enum pdx_path_policy {
  * served at UCX's own latency rather than a wake-up's (60-120 us on a
  * small VM); a lone message (a keepalive) does not. While a caller polls
  * pdx_xfer_check, the caller progresses the request's backend itself and
- * the thread keeps out of that backend (it naps 1 ms at a time and still
- * progresses the other backends and runs liveness, timeouts and request
- * states). Requests in flight on a
+ * the thread keeps out of that backend: it naps on the pidfds, the stats
+ * socket and the wake fd, 1 ms at a time, doubling up to 8 ms while a
+ * caller spins (20 or more checks a ms), and takes the agent lock only
+ * when housekeeping is due (a request deadline, a peer's exit, every 10 ms;
+ * every nap while another backend or request needs it). So after a
+ * spinning caller stops, a backend it progressed can wait up to 8 ms for
+ * the thread (less than the spin had lasted). Requests in flight on a
  * backend without an event fd (cma, polled) make it pause
  * progress_interval_us between passes.
  *
