@@ -14,6 +14,11 @@
 
 /* CLOCK_MONOTONIC in ns: every timer, deadline and timestamp of pdx. */
 uint64_t pdx_now_ns(void);
+/* A time not before now on pdx_now_ns's clock, at most one kernel tick
+ * (1-10 ms) after it: CLOCK_MONOTONIC_COARSE plus its resolution, ~4 ns
+ * against ~25 for pdx_now_ns on the 2-core VM. For deadlines that may
+ * fire a tick late, never early; compare with `now > t` first. */
+uint64_t pdx_now_after_ns(void);
 
 /* The pdx_now_ns() value `ms` milliseconds from now. */
 static inline uint64_t pdx_deadline_ns(uint64_t ms)

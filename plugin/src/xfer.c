@@ -580,7 +580,7 @@ void pdx_xfer_timeouts_locked(pdx_agent_h agent, uint64_t now)
     }
     for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
         if (x->status == PDX_INPROGRESS && x->post_ns != 0 &&
-            now - x->post_ns > limit) {
+            now > x->post_ns && now - x->post_ns > limit) {
             pdx_warn("agent %s: request to %s timed out after %u ms "
                      "(peer hung?)", agent->name, x->peer_name,
                      agent->params.xfer_timeout_ms);
@@ -854,9 +854,12 @@ pdx_status_t pdx_xfer_post_locked(pdx_agent_h agent, struct pdx_xfer *x)
     if (unlocked) {
         pdx_backend_unlock_end(agent);
     }
-    /* The timeout clock starts when the request is in flight; a request
-     * done inside post needs no clock read. */
-    x->post_ns = st == PDX_INPROGRESS || tele ? pdx_now_ns() : 0;
+    /* The timeout clock starts when the request is in flight (a request
+     * done inside post needs none), on the coarse clock: the timeout may
+     * end up to a tick late, never early. */
+    x->post_ns = tele                    ? pdx_now_ns()
+                 : st == PDX_INPROGRESS ? pdx_now_after_ns()
+                                        : 0;
     if (tele) {
         x->post_dur_ns = x->post_ns - t0;
         x->post_ns = t0;
