@@ -531,9 +531,11 @@ void *pdx_progress_main(void *arg)
             } else if (nap_ms < PROGRESS_NAP_MAX_MS) {
                 nap_ms *= 2;
             }
-            int ms = nap_ms;
-            if (hk_due != 0 && hk_due > now &&
-                (hk_due - now) / 1000000ull < (uint64_t)ms) {
+            int ms = nap_ms; /* not past housekeeping's due time */
+            if (hk_due != 0 && hk_due <= now) {
+                ms = 0;
+            } else if (hk_due != 0 &&
+                       (hk_due - now) / 1000000ull < (uint64_t)ms) {
                 ms = (int)((hk_due - now) / 1000000ull) + 1;
             }
             int k = epoll_wait(agent->nap_epoll_fd, evs, 16, ms);
