@@ -625,8 +625,7 @@ static pdx_status_t peer_refresh(pdx_agent_h agent, pdx_peer_t *p,
         p->dead = PDX_OK;
         p->dead_how[0] = '\0';
         /* Its pidfd left the progress thread's set when it was found
-         * dead: watched again from the next pass. */
-        p->pidfd_watched = false;
+         * dead: watched again from the next pass (wake a sleeping one). */
         pdx_agent_wake(agent);
     } else {
         for (size_t i = 0; i < nn; i++) {

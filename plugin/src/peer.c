@@ -1,10 +1,13 @@
 /* The peer object: finding a loaded peer and its regions, holding and
  * letting go of peer regions, and what pdx_peer_state/info report.
- * Loading and unloading peers is metadata.c. */
+ * Loading and unloading peers is metadata.c; the progress thread's pidfd
+ * set (which peers it watches) is kept here. */
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 
 #include "api_int.h"
 #include "backend_int.h"
@@ -232,4 +235,29 @@ void pdx_peer_region_retire_locked(pdx_peer_t *peer, pdx_peer_region_t *g)
 void pdx_peer_region_drop_locked(pdx_agent_h agent, pdx_peer_region_t *g)
 {
     region_drop(agent, g);
+}
+
+void pdx_peer_watch_pidfds_locked(pdx_agent_h agent)
+{
+    for (pdx_peer_t *p = agent->peers; p != NULL; p = p->next) {
+        if (p->pidfd >= 0 && !p->pidfd_watched && p->dead == PDX_OK) {
+            struct epoll_event ev = {
+                .events = EPOLLIN,
+                .data.u64 = PDX_PIDFD_TAG | (uint32_t)p->pidfd};
+            if (epoll_ctl(agent->nap_epoll_fd, EPOLL_CTL_ADD, p->pidfd,
+                          &ev) != 0 && errno != EEXIST) {
+                pdx_debug("agent %s: pidfd of %s not watched: %s",
+                          agent->name, p->name, strerror(errno));
+            }
+            p->pidfd_watched = true;
+        }
+    }
+}
+
+void pdx_peer_unwatch_pidfd_locked(pdx_agent_h agent, pdx_peer_t *p)
+{
+    if (p->pidfd_watched && p->pidfd >= 0) {
+        (void)epoll_ctl(agent->nap_epoll_fd, EPOLL_CTL_DEL, p->pidfd, NULL);
+    }
+    p->pidfd_watched = false;
 }

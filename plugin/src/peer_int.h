@@ -37,7 +37,7 @@ typedef struct pdx_peer {
     char host_id[PDX_BLOB_HOST_MAX];
     int32_t pid;
     int pidfd; /* -1 when the peer is not on this host */
-    bool pidfd_watched; /* in the progress thread's epoll set */
+    bool pidfd_watched; /* in the progress thread's set (live peers) */
     bool same_host; /* same host id: fallbacks are counted for it */
     pdx_status_t dead; /* PDX_OK while alive */
     char dead_how[64]; /* how it was found dead */
@@ -68,6 +68,14 @@ pdx_peer_t *pdx_peer_find(pdx_agent_h agent, const char *name);
  * held. */
 void pdx_peer_index_add_locked(pdx_agent_h agent, pdx_peer_t *p);
 void pdx_peer_index_del_locked(pdx_agent_h agent, pdx_peer_t *p);
+/* The progress thread's set of peers' pidfds (agent->nap_epoll_fd), live
+ * peers only. Watch: add those of peers loaded or revived since the last
+ * look (a closed pidfd leaves by itself). Unwatch: a peer found dead (an
+ * exited process's pidfd stays readable, and every wait would end at once
+ * while the dead peer stays loaded); a revived one comes back at the next
+ * watch. Lock held. */
+void pdx_peer_watch_pidfds_locked(pdx_agent_h agent);
+void pdx_peer_unwatch_pidfd_locked(pdx_agent_h agent, pdx_peer_t *p);
 /* Index of the last region of `peer` starting at or before (t, addr), or
  * SIZE_MAX. */
 size_t pdx_peer_region_index(const pdx_peer_t *peer, pdx_mem_type_t t,

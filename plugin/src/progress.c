@@ -336,25 +336,6 @@ int pdxi_progress(pdx_agent_h agent)
  * late a request timeout can be noticed (their unit is ms). */
 #define PROGRESS_INFLIGHT_MS 1
 
-/* Add pidfds of peers loaded since the last pass to the progress thread's
- * set (a closed pidfd leaves it by itself). Lock held. */
-static void watch_pidfds_locked(pdx_agent_h agent)
-{
-    for (pdx_peer_t *p = agent->peers; p != NULL; p = p->next) {
-        if (p->pidfd >= 0 && !p->pidfd_watched) {
-            struct epoll_event ev = {
-                .events = EPOLLIN,
-                .data.u64 = PDX_PIDFD_TAG | (uint32_t)p->pidfd};
-            if (epoll_ctl(agent->nap_epoll_fd, EPOLL_CTL_ADD, p->pidfd,
-                          &ev) != 0 && errno != EEXIST) {
-                pdx_debug("agent %s: pidfd of %s not watched: %s",
-                          agent->name, p->name, strerror(errno));
-            }
-            p->pidfd_watched = true;
-        }
-    }
-}
-
 /* How long the progress thread may sleep now, in ms: 0, progress again at
  * once (a backend has events pending); -1, a short fixed pause
  * (progress_interval_us): a request is in flight on a backend without an
@@ -589,7 +570,7 @@ void *pdx_progress_main(void *arg)
         bool in_burst = !waited;
         int timeout = 0;
         if (n == 0) {
-            watch_pidfds_locked(agent);
+            pdx_peer_watch_pidfds_locked(agent);
             /* The pass's clock: one read a pass while polling. */
             timeout = agent->last_full_progress_ns < poll_until
                           ? -2

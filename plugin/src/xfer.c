@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <time.h>
 
@@ -514,13 +513,7 @@ void pdx_xfer_peer_gone_locked(pdx_agent_h agent, pdx_peer_t *peer,
     }
     pdx_warn("agent %s: peer %s (pid %d) is gone (%s): failing its requests",
              agent->name, peer->name, (int)peer->pid, how);
-    if (peer->pidfd_watched && peer->pidfd >= 0) {
-        /* An exited process's pidfd stays readable: out of the progress
-         * thread's set, or its every wait would end at once while the
-         * dead peer stays loaded. */
-        (void)epoll_ctl(agent->nap_epoll_fd, EPOLL_CTL_DEL, peer->pidfd,
-                        NULL);
-    }
+    pdx_peer_unwatch_pidfd_locked(agent, peer);
     if (!in_backend) {
         /* Backends drop the connection without waiting (UCX force-closes
          * the endpoint), so its requests end now, not after a drain. */
