@@ -141,22 +141,34 @@ static int target_main(int fd)
     return 0;
 }
 
-/* One request of PIECE bytes, posted and polled to its end (bounded by the
- * request timeout, 30 s); any end but PDX_OK is fatal. */
-static void one(pdx_agent_h a, pdx_xfer_op_t op, unsigned char *mem,
-                uint64_t loff, uint64_t raddr, const char *peer,
-                const char *what, uint64_t i)
+/* One request of PIECE bytes, made, posted and polled to its end (bounded
+ * by the request timeout, 30 s); its end (or why it could not be made). */
+static pdx_status_t request(pdx_agent_h a, pdx_xfer_op_t op,
+                            unsigned char *mem, uint64_t loff, uint64_t raddr,
+                            const char *peer)
 {
     pdx_desc_t l = {(uintptr_t)(mem + loff), PIECE, 0, 0};
     pdx_desc_t r = {raddr, PIECE, 0, 0};
     pdx_desc_list_t ll = {PDX_MEM_DRAM, &l, 1}, rl = {PDX_MEM_DRAM, &r, 1};
     pdx_xfer_h x;
-    CHECK(pdx_xfer_create(a, op, &ll, &rl, peer, NULL, 0, &x));
-    pdx_status_t st = pdx_xfer_post(x);
+    pdx_status_t st = pdx_xfer_create(a, op, &ll, &rl, peer, NULL, 0, &x);
+    if (st != PDX_OK) {
+        return st;
+    }
+    st = pdx_xfer_post(x);
     while (st == PDX_INPROGRESS) {
         st = pdx_xfer_check(x);
     }
     pdx_xfer_release(x);
+    return st;
+}
+
+/* request(), where any end but PDX_OK is fatal. */
+static void one(pdx_agent_h a, pdx_xfer_op_t op, unsigned char *mem,
+                uint64_t loff, uint64_t raddr, const char *peer,
+                const char *what, uint64_t i)
+{
+    pdx_status_t st = request(a, op, mem, loff, raddr, peer);
     if (st != PDX_OK) {
         die("%s %llu: %s (%s)", what, (unsigned long long)i,
             pdx_status_string(st), pdx_last_error());
@@ -293,18 +305,7 @@ int main(int argc, char **argv)
      * good, and this agent's progress thread must not wake on it again
      * and again. A request to it fails. */
     nanosleep(&settle, NULL); /* the death is seen; a stream's sleeps end */
-    pdx_desc_t dl = {(uintptr_t)mem, PIECE, 0, 0}, dr = {base, PIECE, 0, 0};
-    pdx_desc_list_t dll = {PDX_MEM_DRAM, &dl, 1}, drl = {PDX_MEM_DRAM, &dr, 1};
-    pdx_xfer_h dx;
-    pdx_status_t dst = pdx_xfer_create(a, PDX_XFER_READ, &dll, &drl, peer,
-                                       NULL, 0, &dx);
-    if (dst == PDX_OK) {
-        dst = pdx_xfer_post(dx);
-        while (dst == PDX_INPROGRESS) {
-            dst = pdx_xfer_check(dx);
-        }
-        pdx_xfer_release(dx);
-    }
+    pdx_status_t dst = request(a, PDX_XFER_READ, mem, 0, base, peer);
     double c1 = cpu_ms();
     long w1 = wakeups();
     uint64_t t1 = now_ns();
