@@ -156,8 +156,15 @@ typedef struct ucx_req {
     uint64_t drain_start_ns, drain_event_ns, drain_gets;
     int has_notif;
     size_t notif_len;
+    size_t notif_cap; /* bytes of notif[] allocated */
     unsigned char notif[];
 } ucx_req_t;
+
+/* Ended requests kept for the next post (ucx_req_get / ucx_req_put): a
+ * malloc and a free less per small request. Only those with room for a
+ * notification of UCX_REQ_CACHE_NOTIF bytes, at most UCX_REQ_CACHE_MAX. */
+#define UCX_REQ_CACHE_MAX 64
+#define UCX_REQ_CACHE_NOTIF 64
 
 /* A standalone notification; the AM buffer must outlive the send. */
 typedef struct ucx_send {
@@ -189,10 +196,15 @@ struct ucx_be {
     uint64_t keepalive_ms; /* UCX keepalive period; 0: UCX's own setting */
     int lazy;              /* endpoints at first use, not at connect */
     uint64_t gets_done; /* completed get chunks: drain progress indicator */
+    /* transfer requests that ended (ucx_req_finish): a progress call
+     * returns once one ends (ucx_worker_progress_bounded) */
+    uint64_t reqs_done;
     char tls[128];
     ucx_link_t peers;
     ucx_link_t zombies;       /* peers whose close did not finish in time */
     ucx_link_t orphan_reqs;   /* released requests still owned by UCX */
+    ucx_link_t req_cache;     /* ended requests to reuse (ucx_req_put) */
+    uint32_t nreq_cache;
     ucx_link_t orphan_sends;
     ucx_link_t inbox;
     ucx_vlocal_t vlocal; /* local transports, to validate peer bytes */
@@ -219,6 +231,10 @@ ucs_status_ptr_t ucx_am_send(ucx_be_t *be, ucp_ep_h ep,
 /* ucx_request.c: transfer requests: their end, flush and notification
  * stages. */
 void ucx_req_finish(ucx_req_t *r, pdx_status_t st);
+/* A zeroed request with room for `notif_len` notification bytes, or NULL;
+ * back with ucx_req_put once neither UCX nor the agent holds it. */
+ucx_req_t *ucx_req_get(ucx_be_t *be, size_t notif_len);
+void ucx_req_put(ucx_be_t *be, ucx_req_t *r);
 pdx_status_t ucx_req_send_notif(ucx_req_t *r);
 void ucx_flush_cb(void *request, ucs_status_t status, void *user_data);
 void ucx_get_cb(void *request, ucs_status_t status, void *user_data);

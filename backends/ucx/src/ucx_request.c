@@ -3,11 +3,45 @@
  * notification). */
 #include "ucx_int.h"
 
+ucx_req_t *ucx_req_get(ucx_be_t *be, size_t notif_len)
+{
+    ucx_req_t *r;
+    if (notif_len <= UCX_REQ_CACHE_NOTIF && !ucx_list_empty(&be->req_cache)) {
+        ucx_link_t *l = be->req_cache.next;
+        ucx_list_del(l);
+        be->nreq_cache--;
+        r = UCX_CONTAINER(l, ucx_req_t, link);
+        memset(r, 0, sizeof(*r));
+    } else {
+        size_t cap = notif_len <= UCX_REQ_CACHE_NOTIF ? UCX_REQ_CACHE_NOTIF
+                                                      : notif_len;
+        r = calloc(1, sizeof(*r) + cap);
+        if (r == NULL) {
+            return NULL;
+        }
+    }
+    r->notif_cap = notif_len <= UCX_REQ_CACHE_NOTIF ? UCX_REQ_CACHE_NOTIF
+                                                    : notif_len;
+    return r;
+}
+
+void ucx_req_put(ucx_be_t *be, ucx_req_t *r)
+{
+    if (r->notif_cap == UCX_REQ_CACHE_NOTIF &&
+        be->nreq_cache < UCX_REQ_CACHE_MAX) {
+        ucx_list_push(&be->req_cache, &r->link);
+        be->nreq_cache++;
+        return;
+    }
+    free(r);
+}
+
 void ucx_req_finish(ucx_req_t *r, pdx_status_t st)
 {
     if (r->stage != UCX_STAGE_DONE) {
         r->stage = UCX_STAGE_DONE;
         r->status = st;
+        r->be->reqs_done++;
     }
 }
 
@@ -33,7 +67,7 @@ static void ucx_req_maybe_free(ucx_req_t *r)
 {
     if (r->released && r->ucs_req == NULL) {
         ucx_list_del(&r->link);
-        free(r);
+        ucx_req_put(r->be, r);
     }
 }
 

@@ -112,7 +112,7 @@ pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
     if (st != PDX_OK) {
         return st;
     }
-    ucx_req_t *r = calloc(1, sizeof(*r) + notif_len);
+    ucx_req_t *r = ucx_req_get(be, notif_len);
     if (r == NULL) {
         return PDX_ERR_NOMEM;
     }
@@ -190,7 +190,7 @@ pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
         if (st != PDX_INPROGRESS) {
             /* Data landed and the notification (if any) went out, or the
              * notification failed with nothing left in flight. */
-            free(r);
+            ucx_req_put(be, r);
             return st;
         }
     }
@@ -206,7 +206,7 @@ err_posted:
          * until it is reloaded. Never waits here. */
         ucx_peer_give_up(be, peer, "a read failed half-posted");
     }
-    free(r);
+    ucx_req_put(be, r);
     return st;
 }
 
@@ -260,7 +260,7 @@ void ucx_xfer_release(void *bev, void *reqv)
     }
     ucx_list_del(&r->link);
     if (r->ucs_req == NULL) {
-        free(r);
+        ucx_req_put(be, r);
         return;
     }
     /* Detach: the pending callback frees it. Its peer's endpoint still
