@@ -98,6 +98,7 @@ struct pdx_agent {
      * NULL while none could be allocated (then pdx_peer_find walks) */
     struct pdx_peer **peer_buckets;
     uint32_t peer_nbuckets, npeers;
+    uint64_t peer_del_gen; /* moves when a peer leaves the index */
     uint64_t next_epoch;
 
     pdx_invariant_t invariants[PDX_MAX_INVARIANTS];

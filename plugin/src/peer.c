@@ -84,6 +84,7 @@ void pdx_peer_index_add_locked(pdx_agent_h agent, pdx_peer_t *p)
 void pdx_peer_index_del_locked(pdx_agent_h agent, pdx_peer_t *p)
 {
     agent->npeers--;
+    agent->peer_del_gen++; /* requests' cached peers are looked up again */
     if (agent->peer_buckets == NULL) {
         return;
     }

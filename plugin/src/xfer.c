@@ -62,6 +62,8 @@ static struct pdx_xfer *xfer_new(pdx_agent_h agent, pdx_xfer_op_t op,
     memcpy(x->peer_name, peer->name, nl);
     x->peer_name[nl] = '\0';
     x->peer_epoch = peer->epoch;
+    x->pcache = peer;
+    x->pcache_gen = agent->peer_del_gen;
     x->pstats = peer->stats;
     x->iov = max_iov <= PDX_XFER_INLINE_IOV
                  ? x->iov_inline
@@ -151,6 +153,18 @@ static void xfer_end(pdx_agent_h agent, struct pdx_xfer *x, pdx_status_t st)
             s->timeouts += st == PDX_ERR_TIMEOUT;
         }
     }
+}
+
+/* The loaded peer named by `x` (any epoch), or NULL: the cached one
+ * while no peer has left the index since it was found. */
+static pdx_peer_t *xfer_peer(pdx_agent_h agent, struct pdx_xfer *x)
+{
+    if (x->pcache != NULL && x->pcache_gen == agent->peer_del_gen) {
+        return x->pcache;
+    }
+    x->pcache = pdx_peer_find(agent, x->peer_name);
+    x->pcache_gen = agent->peer_del_gen;
+    return x->pcache;
 }
 
 /* Note the path of a new (lreg, rreg) pair of request `x`. */
@@ -422,7 +436,7 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x)
     if (st == PDX_ERR_REMOTE_DISCONNECT) {
         /* A backend saw the peer gone (e.g. cma's ESRCH): every other
          * request to it fails too, and new posts are refused. */
-        pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
+        pdx_peer_t *p = xfer_peer(agent, x);
         if (p != NULL && p->epoch == x->peer_epoch) {
             xfer_end(agent, x, st);
             pdx_xfer_peer_gone_locked(agent, p, st, "transfer failed", false);
@@ -430,7 +444,7 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x)
         }
     }
     if (st == PDX_OK && !x->aborting) {
-        pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
+        pdx_peer_t *p = xfer_peer(agent, x);
         if (p == NULL || p->epoch != x->peer_epoch) {
             st = PDX_ERR_STALE;
         } else {
@@ -781,7 +795,7 @@ out:
 pdx_status_t pdx_xfer_post_locked(pdx_agent_h agent, struct pdx_xfer *x)
 {
     pdx_status_t st;
-    pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
+    pdx_peer_t *p = xfer_peer(agent, x);
     if (p == NULL || p->epoch != x->peer_epoch) {
         pdx_error("agent %s: xfer post: peer %s was %s since this request "
                   "was made", agent->name, x->peer_name,

@@ -24,6 +24,11 @@ struct pdx_xfer {
     pdx_xfer_op_t op;
     char peer_name[PDX_NAME_MAX];
     uint64_t peer_epoch;
+    /* The peer as last found, while agent->peer_del_gen is pcache_gen (no
+     * peer left the index since): post and end skip the lookup. Check
+     * its epoch against peer_epoch as that of a lookup's result. */
+    struct pdx_peer *pcache;
+    uint64_t pcache_gen;
     int bindex; /* chosen backend */
     pdx_backend_iov_t *iov;
     size_t niov;
