@@ -51,6 +51,7 @@
 /* ucp_worker_progress calls per progress op; keeps one call short. */
 #define UCX_PROGRESS_ROUNDS 64
 #define UCX_PROGRESS_MAX_NS 500000ull
+#define UCX_PROGRESS_CLOCK_EVERY 8 /* a power of two */
 
 #define UCX_CONTAINER(ptr, type, member)                                       \
     ((type *)(void *)((char *)(ptr) - offsetof(type, member)))

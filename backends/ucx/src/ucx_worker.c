@@ -89,15 +89,16 @@ static unsigned ucx_worker_progress_bounded(ucx_be_t *be)
     unsigned total = 0;
     /* Over tcp or sm one call can copy megabytes (emulated RMA) while the
      * agent lock is held: stop once UCX_PROGRESS_MAX_NS have passed,
-     * counted from the end of the second call that did work, checked after
-     * every call after it. (One call alone can still take longer: UCX
-     * drains a whole receive FIFO, or purges every fragment queued for a
-     * peer it just forced closed.) Not from the first: a clock read there
-     * sat on every small request's path (a get's reply, then the caller's
-     * check): 8448-byte sm READs waited 2,511-2,571 ns without it against
-     * 2,663-2,758 with it, five alternated runs. */
-    uint64_t start = 0; /* read after the second call that did work: an
-                         * idle pass, or one with a single message (a
+     * counted from the end of call number UCX_PROGRESS_CLOCK_EVERY (all of
+     * them busy), checked after every UCX_PROGRESS_CLOCK_EVERY calls after
+     * it: a clock read is ~25 ns on the VM, a call that takes in one 8 KiB
+     * fragment of a large READ ~300. (One call alone can still take longer:
+     * UCX drains a whole receive FIFO, or purges every fragment queued for
+     * a peer it just forced closed.) Not from the first call: a clock read
+     * there sat on every small request's path (a get's reply, then the
+     * caller's check): 8448-byte sm READs waited 2,511-2,571 ns without it
+     * against 2,663-2,758 with it, five alternated runs. */
+    uint64_t start = 0; /* an idle pass, or one with a few messages (a
                          * reply a caller polls for), reads no clock */
     /* A request that ended ends the call too: the caller polling it sees
      * it at once, without one more worker progress (~40-60 ns between the
@@ -109,7 +110,7 @@ static unsigned ucx_worker_progress_bounded(ucx_be_t *be)
         if (n == 0 || be->reqs_done != done0) {
             break;
         }
-        if (i == 0) {
+        if (((i + 1) & (UCX_PROGRESS_CLOCK_EVERY - 1)) != 0) {
             continue;
         }
         uint64_t now = pdx_be_now_ns();
