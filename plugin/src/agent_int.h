@@ -148,52 +148,11 @@ struct pdx_agent {
     uint64_t ctl_seq;
 };
 
-/* How long a caller spins for the agent mutex before it blocks. The
- * progress thread holds it a few microseconds for housekeeping (every
- * 10 ms while a caller polls); a polling caller that blocked on it slept
- * until a futex wake-up instead, 50-100 us on the 2-core VM (seen with
- * perf's sched_switch: the caller in __lll_lock_wait every 10 ms). */
-#define PDX_LOCK_SPIN_NS 50000ull
-
-static inline void pdx_cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield" ::: "memory");
-#endif
-}
-
-/* pthread_mutex_lock of the agent mutex, spinning (bounded by
- * PDX_LOCK_SPIN_NS) while another thread holds it before it blocks. */
-static inline void pdx_agent_mutex_lock(pdx_agent_h agent)
-{
-    if (pthread_mutex_trylock(&agent->lock) == 0) {
-        return;
-    }
-    uint64_t until = 0;
-    for (unsigned i = 1;; i++) {
-        pdx_cpu_relax();
-        if ((i & 63) == 0) {
-            uint64_t now = pdx_now_ns();
-            if (until == 0) {
-                until = now + PDX_LOCK_SPIN_NS;
-            } else if (now >= until) {
-                break;
-            }
-        }
-        if (pthread_mutex_trylock(&agent->lock) == 0) {
-            return;
-        }
-    }
-    pthread_mutex_lock(&agent->lock);
-}
-
 /* Take the agent lock for work that may call into a backend: waits (lock
  * released) while a backend is progressed without the lock. */
 static inline void pdx_agent_lock(pdx_agent_h agent)
 {
-    pdx_agent_mutex_lock(agent);
+    pthread_mutex_lock(&agent->lock);
     if (!agent->be_busy) {
         return;
     }

@@ -31,7 +31,7 @@ void pdx_backend_unlock_begin(pdx_agent_h agent)
 void pdx_backend_unlock_end(pdx_agent_h agent)
 {
     t_unlocked = NULL;
-    pdx_agent_mutex_lock(agent);
+    pthread_mutex_lock(&agent->lock);
     agent->be_busy = false;
     pthread_cond_broadcast(&agent->be_cond); /* waiters, and a progress */
 }

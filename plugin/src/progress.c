@@ -702,7 +702,7 @@ pdx_status_t pdxi_xfer_check(pdx_xfer_h x)
     /* The plain lock: while another thread progresses a backend (the
      * progress thread, or a check on another thread) this returns the
      * state as it is, without waiting for that call. */
-    pdx_agent_mutex_lock(agent);
+    pthread_mutex_lock(&agent->lock);
     if (!agent->be_busy && (x->status == PDX_INPROGRESS || x->breq != NULL)) {
         /* Its own backend, progressed without the lock: O(1) per call. */
         xfer_progress_own(agent, x);
