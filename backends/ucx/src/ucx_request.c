@@ -5,23 +5,19 @@
 
 ucx_req_t *ucx_req_get(ucx_be_t *be, size_t notif_len)
 {
+    size_t cap = notif_len <= UCX_REQ_CACHE_NOTIF ? UCX_REQ_CACHE_NOTIF
+                                                  : notif_len;
     ucx_req_t *r;
-    if (notif_len <= UCX_REQ_CACHE_NOTIF && !ucx_list_empty(&be->req_cache)) {
+    if (cap == UCX_REQ_CACHE_NOTIF && !ucx_list_empty(&be->req_cache)) {
         ucx_link_t *l = be->req_cache.next;
         ucx_list_del(l);
         be->nreq_cache--;
         r = UCX_CONTAINER(l, ucx_req_t, link);
         memset(r, 0, sizeof(*r));
-    } else {
-        size_t cap = notif_len <= UCX_REQ_CACHE_NOTIF ? UCX_REQ_CACHE_NOTIF
-                                                      : notif_len;
-        r = calloc(1, sizeof(*r) + cap);
-        if (r == NULL) {
-            return NULL;
-        }
+    } else if ((r = calloc(1, sizeof(*r) + cap)) == NULL) {
+        return NULL;
     }
-    r->notif_cap = notif_len <= UCX_REQ_CACHE_NOTIF ? UCX_REQ_CACHE_NOTIF
-                                                    : notif_len;
+    r->notif_cap = cap;
     return r;
 }
 

@@ -382,6 +382,16 @@ err_free:
 static pthread_mutex_t g_leaked_lock = PTHREAD_MUTEX_INITIALIZER;
 static ucx_be_t *g_leaked;
 
+/* Free every request record on a list (destroy, worker gone). */
+static void ucx_req_list_free(ucx_link_t *head)
+{
+    while (!ucx_list_empty(head)) {
+        ucx_link_t *l = head->next;
+        ucx_list_del(l);
+        free(UCX_CONTAINER(l, ucx_req_t, link));
+    }
+}
+
 static void ucx_keep_leaked(ucx_be_t *be)
 {
     pthread_mutex_lock(&g_leaked_lock);
@@ -485,16 +495,8 @@ void ucx_destroy(void *bev)
         ucx_list_del(l);
         ucx_peer_free(UCX_CONTAINER(l, ucx_peer_t, link));
     }
-    while (!ucx_list_empty(&be->orphan_reqs)) {
-        ucx_link_t *l = be->orphan_reqs.next;
-        ucx_list_del(l);
-        free(UCX_CONTAINER(l, ucx_req_t, link));
-    }
-    while (!ucx_list_empty(&be->req_cache)) {
-        ucx_link_t *l = be->req_cache.next;
-        ucx_list_del(l);
-        free(UCX_CONTAINER(l, ucx_req_t, link));
-    }
+    ucx_req_list_free(&be->orphan_reqs);
+    ucx_req_list_free(&be->req_cache);
     while (!ucx_list_empty(&be->orphan_sends)) {
         ucx_link_t *l = be->orphan_sends.next;
         ucx_list_del(l);
