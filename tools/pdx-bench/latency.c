@@ -18,7 +18,11 @@
  * thread (to tell its cost apart); PDX_BENCH_LAT_ROW=OP:SIZE:BATCH runs
  * one row; PDX_BENCH_LAT_DUMP=FILE appends each round's request times
  * (ns, sorted, "END" after each round; rounds in the order bare UCP, UCP
- * with peer errors, pdx) to FILE. */
+ * with peer errors, on READ rows UCP waiting on its gets, pdx) to FILE.
+ * READ rows add a third floor: with peer error handling, waiting on each
+ * get's own request instead of a flush; pdx's READs end that way (a
+ * get's completion says its bytes landed), and the issue's floor
+ * flushes. */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -208,9 +212,10 @@ static void wait_req(ucp_worker_h w, ucs_status_ptr_t sp, const char *what)
 }
 
 /* One round of the floor; errmode: the endpoint with peer error handling
- * (as pdx's). */
+ * (as pdx's); gets: a READ waits on its gets' own requests instead of a
+ * flush (a get completes when its bytes have landed; pdx's READs end so). */
 static void run_ucp(const bench_opts_t *o, const lat_case_t *c, int errmode,
-                    lat_res_t *r)
+                    int gets, lat_res_t *r)
 {
     int fd;
     int pid = spawn_target(o, errmode ? "ucp-err" : "ucp", NULL, &fd);
@@ -240,6 +245,11 @@ static void run_ucp(const bench_opts_t *o, const lat_case_t *c, int errmode,
     warm_until = t_start + (uint64_t)((o->quick ? 0.02 : 0.1) * 1e9);
     end = warm_until + (uint64_t)(o->case_s * 1e9);
     ucp_request_param_t rp = {.op_attr_mask = 0};
+    gets = gets && !c->write;
+    void **held = calloc(c->batch, sizeof(*held));
+    if (held == NULL) {
+        die("latency: out of memory");
+    }
     for (size_t it = 0;; it++) {
         uint64_t t0 = now_ns();
         if (t0 > end && v.n >= 20) {
@@ -257,11 +267,18 @@ static void run_ucp(const bench_opts_t *o, const lat_case_t *c, int errmode,
                 die("ucp %s: %s", c->write ? "put" : "get",
                     ucs_status_string(UCS_PTR_STATUS(sp)));
             }
-            if (sp != NULL) {
+            held[j] = sp;
+            if (sp != NULL && !gets) {
                 ucp_request_free(sp); /* completion is the flush's */
             }
         }
-        wait_req(u.worker, ucp_ep_flush_nbx(e, &rp), "flush");
+        if (gets) {
+            for (uint32_t j = 0; j < c->batch; j++) {
+                wait_req(u.worker, held[j], "get");
+            }
+        } else {
+            wait_req(u.worker, ucp_ep_flush_nbx(e, &rp), "flush");
+        }
         uint64_t t1 = now_ns();
         if (t0 >= warm_until) {
             dvec_push(&v, (double)(t1 - t0));
@@ -269,6 +286,7 @@ static void run_ucp(const bench_opts_t *o, const lat_case_t *c, int errmode,
     }
     summarize(&v, span, r);
     dvec_free(&v);
+    free(held);
     ucp_rkey_destroy(rkey);
     /* A flush close: the target is alive (a forced close needs peer error
      * handling, which the floor does not pay for). */
@@ -427,12 +445,15 @@ int mode_latency(const bench_opts_t *o, cJSON *root)
         "polled; %d interleaved rounds of %.2f s per side after a warm-up "
         "(bare, ucp, pdx, bare, ...), medians of the rounds' figures; GB/s "
         "over a round's timed requests; ratios pdx / ucp, and GB/s pdx / "
-        "bare\n",
+        "bare; READ rows also \"gets\": the floor with error handling "
+        "waiting on its gets' own requests, no flush (as pdx's READs end), "
+        "and GB/s pdx / gets\n",
         oo.tls, where, "batch", rounds, oo.case_s);
-    say("%-5s %8s %5s | %9s %9s %7s | %9s %9s %7s | %7s %7s | %8s %7s %7s\n",
+    say("%-5s %8s %5s | %9s %9s %7s | %9s %9s %7s | %7s %7s | %8s %7s %7s "
+        "| %8s %7s %7s\n",
         "op", "size", "batch", "ucp p50", "ucp p99", "GB/s", "pdx p50",
         "pdx p99", "GB/s", "p50 x", "GB/s x", "bare p50", "GB/s",
-        "bare x");
+        "bare x", "gets p50", "GB/s", "gets x");
     cJSON *rows = cJSON_AddArrayToObject(root, "rows");
     for (int w = 0; w < 2; w++) {
         for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
@@ -455,25 +476,38 @@ int mode_latency(const bench_opts_t *o, cJSON *root)
                  * median of each figure kept: the VM's speed drifts by
                  * tens of percent within seconds, and a row measured in
                  * one block per side compared two machines. */
-                lat_res_t rb = {0}, ru = {0}, rp = {0};
+                lat_res_t rb = {0}, ru = {0}, rp = {0}, rg = {0};
                 lat_res_t rbs[LAT_MAX_ROUNDS], rus[LAT_MAX_ROUNDS],
-                    rps[LAT_MAX_ROUNDS];
+                    rps[LAT_MAX_ROUNDS], rgs[LAT_MAX_ROUNDS];
                 for (int k = 0; k < rounds; k++) {
-                    run_ucp(&oo, &c, 0, &rbs[k]);
-                    run_ucp(&oo, &c, 1, &rus[k]);
+                    run_ucp(&oo, &c, 0, 0, &rbs[k]);
+                    run_ucp(&oo, &c, 1, 0, &rus[k]);
+                    if (!c.write) {
+                        run_ucp(&oo, &c, 1, 1, &rgs[k]);
+                    }
                     run_pdx(&oo, &c, &rps[k]);
                 }
                 lat_median(rbs, rounds, &rb);
                 lat_median(rus, rounds, &ru);
                 lat_median(rps, rounds, &rp);
+                if (!c.write) {
+                    lat_median(rgs, rounds, &rg);
+                }
                 double x50 = ru.p50_us > 0 ? rp.p50_us / ru.p50_us : 0;
                 double xbw = ru.gbps > 0 ? rp.gbps / ru.gbps : 0;
                 double xbare = rb.gbps > 0 ? rp.gbps / rb.gbps : 0;
+                double xgets = rg.gbps > 0 ? rp.gbps / rg.gbps : 0;
+                char gcols[64] = "| -";
+                if (!c.write) {
+                    snprintf(gcols, sizeof(gcols), "| %8.1f %7.2f %7.2f",
+                             rg.p50_us, rg.gbps, xgets);
+                }
                 say("%-5s %8llu %5u | %9.1f %9.1f %7.2f | %9.1f %9.1f %7.2f "
-                    "| %7.2f %7.2f | %8.1f %7.2f %7.2f\n",
+                    "| %7.2f %7.2f | %8.1f %7.2f %7.2f %s\n",
                     w ? "WRITE" : "READ", (unsigned long long)c.size,
                     c.batch, ru.p50_us, ru.p99_us, ru.gbps, rp.p50_us,
-                    rp.p99_us, rp.gbps, x50, xbw, rb.p50_us, rb.gbps, xbare);
+                    rp.p99_us, rp.gbps, x50, xbw, rb.p50_us, rb.gbps, xbare,
+                    gcols);
                 cJSON *row = cJSON_CreateObject();
                 jstr(row, "op", w ? "WRITE" : "READ");
                 jnum(row, "size", (double)c.size);
@@ -490,6 +524,12 @@ int mode_latency(const bench_opts_t *o, cJSON *root)
                 jnum(row, "bare_p99_us", rb.p99_us);
                 jnum(row, "bare_gbps", rb.gbps);
                 jnum(row, "gbps_ratio_bare", xbare);
+                if (!c.write) {
+                    jnum(row, "gets_p50_us", rg.p50_us);
+                    jnum(row, "gets_p99_us", rg.p99_us);
+                    jnum(row, "gets_gbps", rg.gbps);
+                    jnum(row, "gbps_ratio_gets", xgets);
+                }
                 cJSON_AddItemToArray(rows, row);
             }
         }

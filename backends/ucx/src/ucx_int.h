@@ -149,7 +149,11 @@ typedef struct ucx_req {
     pdx_xfer_op_t op;
     ucx_stage_t stage;
     pdx_status_t status;
-    void *ucs_req;  /* UCX request in flight, or NULL */
+    void *ucs_req;  /* UCX request in flight (flush, notification), or NULL */
+    /* A READ's gets whose completion has not come: a READ ends on its
+     * gets' own completions (no flush); their first failure. */
+    uint32_t gets_left;
+    ucs_status_t get_status;
     int aborted;    /* do not start the notification */
     int released;   /* owner gone: the callback frees */
     /* Draining an aborted READ (see ucx_req_drain_check): when the last
@@ -239,6 +243,13 @@ void ucx_req_put(ucx_be_t *be, ucx_req_t *r);
 pdx_status_t ucx_req_send_notif(ucx_req_t *r);
 void ucx_flush_cb(void *request, ucs_status_t status, void *user_data);
 void ucx_get_cb(void *request, ucs_status_t status, void *user_data);
+
+/* UCX still holds `r` (a flush, a notification or gets in flight): it
+ * may not be freed before their callbacks. */
+static inline int ucx_req_busy(const ucx_req_t *r)
+{
+    return r->ucs_req != NULL || r->gets_left > 0;
+}
 
 /* ucx_endpoint.c: peers: endpoints, their errors and closes, path reports. */
 int ucx_deliver_errors(ucx_be_t *be);

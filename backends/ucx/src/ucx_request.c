@@ -1,6 +1,6 @@
 /* ucx: transfer requests: their end, and the UCX callbacks of their
- * stages (the flush that confirms every byte landed, then the
- * notification). */
+ * stages (a READ's gets or a WRITE's flush, which confirm every byte
+ * landed, then the notification). */
 #include "ucx_int.h"
 
 ucx_req_t *ucx_req_get(ucx_be_t *be, size_t notif_len)
@@ -61,7 +61,7 @@ static void ucx_req_fail(ucx_req_t *r, ucs_status_t status, const char *what)
 
 static void ucx_req_maybe_free(ucx_req_t *r)
 {
-    if (r->released && r->ucs_req == NULL) {
+    if (r->released && !ucx_req_busy(r)) {
         ucx_list_del(&r->link);
         ucx_req_put(r->be, r);
     }
@@ -105,34 +105,51 @@ pdx_status_t ucx_req_send_notif(ucx_req_t *r)
     return PDX_INPROGRESS;
 }
 
+/* Every byte of `r` has landed (status UCS_OK) or its move failed. */
+static void ucx_req_data_done(ucx_req_t *r, ucs_status_t status,
+                              const char *what)
+{
+    if (r->stage != UCX_STAGE_FLUSH) {
+        return;
+    }
+    if (status != UCS_OK) {
+        ucx_req_fail(r, status, what);
+    } else if (r->aborted) {
+        ucx_req_finish(r, PDX_ERR_CANCELED);
+    } else {
+        r->peer->wired = 1;
+        /* Sending from a callback is allowed; only progress is not. */
+        pdx_status_t st = ucx_req_send_notif(r);
+        if (st != PDX_INPROGRESS) {
+            ucx_req_finish(r, st);
+        }
+    }
+}
+
 void ucx_flush_cb(void *request, ucs_status_t status, void *user_data)
 {
     ucx_req_t *r = user_data;
     ucp_request_free(request);
     r->ucs_req = NULL;
-    if (r->stage == UCX_STAGE_FLUSH) {
-        if (status != UCS_OK) {
-            ucx_req_fail(r, status, "flush");
-        } else if (r->aborted) {
-            ucx_req_finish(r, PDX_ERR_CANCELED);
-        } else {
-            r->peer->wired = 1;
-            /* Sending from a callback is allowed; only progress is not. */
-            pdx_status_t st = ucx_req_send_notif(r);
-            if (st != PDX_INPROGRESS) {
-                ucx_req_finish(r, st);
-            }
-        }
-    }
+    ucx_req_data_done(r, status, "flush");
     ucx_req_maybe_free(r);
 }
 
-/* Gets carry a callback only so that a drain can tell a slow peer (chunks
- * still completing) from a stalled one; the worker outlives every get. */
+/* A READ's get: the last one to complete ends the data stage (a get's
+ * completion means its bytes landed; no flush is needed). Each also
+ * counts for a drain, which tells a slow peer (chunks still completing)
+ * from a stalled one. */
 void ucx_get_cb(void *request, ucs_status_t status, void *user_data)
 {
-    ucx_be_t *be = user_data;
-    (void)status; /* the flush reports failures */
+    ucx_req_t *r = user_data;
     ucp_request_free(request);
-    be->gets_done++;
+    r->be->gets_done++;
+    if (status != UCS_OK && r->get_status == UCS_OK) {
+        r->get_status = status;
+    }
+    if (--r->gets_left > 0) {
+        return;
+    }
+    ucx_req_data_done(r, r->get_status, "get");
+    ucx_req_maybe_free(r);
 }

@@ -48,8 +48,8 @@ static pdx_status_t ucx_check_iov(ucx_be_t *be, const ucx_peer_t *peer,
     return PDX_OK;
 }
 
-/* UCX 1.13 cannot cancel RMA: an aborted READ ends when its flush does, so
- * that no byte lands after the agent hears of its end. A peer that lets
+/* UCX 1.13 cannot cancel RMA: an aborted READ ends when its last get does,
+ * so that no byte lands after the agent hears of its end. A peer that lets
  * UCX_DRAIN_IDLE_NS pass without a get chunk completing (or
  * UCX_DRAIN_MAX_NS in all) is given up on. An aborted WRITE (a timed-out
  * one to a hung peer) has no such progress to watch: its peer is given up
@@ -127,15 +127,18 @@ pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
     }
     ucx_list_init(&r->link);
 
-    /* Puts and gets are fire-and-forget: put requests are freed at once,
-     * gets on completion, and the one flush below reports their completion
-     * (and failure). */
+    /* A WRITE's puts are fire-and-forget (their requests freed at once):
+     * a put's completion says only that its source may be reused, so the
+     * one flush below reports that every byte landed (or failed). A
+     * READ's get completes when its bytes have landed: the READ ends with
+     * its last get's callback, without a flush (which cost a small
+     * request a second UCX request and callback). */
     ucp_request_param_t rp = {.op_attr_mask = 0};
     if (op == PDX_XFER_READ) {
         rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                           UCP_OP_ATTR_FIELD_USER_DATA;
         rp.cb.send = ucx_get_cb;
-        rp.user_data = be;
+        rp.user_data = r;
     }
     ucp_request_param_t fp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
@@ -168,12 +171,23 @@ pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
             }
             if (sp != NULL && op == PDX_XFER_WRITE) {
                 ucp_request_free(sp);
+            } else if (sp != NULL) {
+                r->gets_left++; /* its callback comes from progress */
             }
             posted++;
         }
     }
 
-    sp = ucp_ep_flush_nbx(peer->ep, &fp);
+    if (op == PDX_XFER_READ) {
+        if (r->gets_left > 0) {
+            ucx_list_push(&peer->reqs, &r->link);
+            *req_p = r;
+            return PDX_INPROGRESS;
+        }
+        sp = NULL; /* every get completed in place */
+    } else {
+        sp = ucp_ep_flush_nbx(peer->ep, &fp);
+    }
     if (UCS_PTR_IS_ERR(sp)) {
         ucs_status_t s = UCS_PTR_STATUS(sp);
         pdx_log(ucx_op_log_level(s, peer->ep_status), "ucx: peer %s: flush "
@@ -206,6 +220,15 @@ err_posted:
          * until it is reloaded. Never waits here. */
         ucx_peer_give_up(be, peer, "a read failed half-posted");
     }
+    if (r->gets_left > 0) {
+        /* Their callbacks still come (the endpoint's failure purges
+         * them): the last one frees it. */
+        r->aborted = 1;
+        r->released = 1;
+        r->peer = NULL;
+        ucx_list_push(&be->orphan_reqs, &r->link);
+        return st;
+    }
     ucx_req_put(be, r);
     return st;
 }
@@ -220,15 +243,15 @@ pdx_status_t ucx_xfer_check(void *bev, void *reqv)
     /* No progress here: the agent progresses the worker (without its
      * lock) before it checks, so a check is O(1) under the lock. */
     if (r->stage != UCX_STAGE_DONE && r->aborted &&
-        r->stage == UCX_STAGE_FLUSH && r->ucs_req != NULL &&
+        r->stage == UCX_STAGE_FLUSH && ucx_req_busy(r) &&
         r->peer != NULL) {
         ucx_req_drain_check(be, r);
     }
     return r->stage == UCX_STAGE_DONE ? r->status : PDX_INPROGRESS;
 }
 
-/* Non-blocking abort: the flush still completes once the gets/puts are
- * done, and then reports PDX_ERR_CANCELED without sending the note. */
+/* Non-blocking abort: the gets or the flush still complete, and then the
+ * request reports PDX_ERR_CANCELED without sending the note. */
 pdx_status_t ucx_xfer_abort(void *bev, void *reqv)
 {
     ucx_be_t *be = bev;
@@ -259,7 +282,7 @@ void ucx_xfer_release(void *bev, void *reqv)
         ucp_request_cancel(be->worker, r->ucs_req);
     }
     ucx_list_del(&r->link);
-    if (r->ucs_req == NULL) {
+    if (!ucx_req_busy(r)) {
         ucx_req_put(be, r);
         return;
     }
