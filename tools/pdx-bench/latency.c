@@ -388,6 +388,9 @@ static void run_pdx(const bench_opts_t *o, const lat_case_t *c,
     free(ld);
     free(rd);
     free(idx);
+    /* Unloaded before the target goes: its exit is then no peer's death
+     * (over tcp, UCX failed the endpoint with "Endpoint timeout"). */
+    pdx_peer_unload(a, peer);
     ctl_sendf(fd, "quit");
     reap_target(pid, 10000);
     close(fd);
