@@ -178,27 +178,21 @@ pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
         }
     }
 
-    if (op == PDX_XFER_READ) {
-        if (r->gets_left > 0) {
-            ucx_list_push(&peer->reqs, &r->link);
-            *req_p = r;
-            return PDX_INPROGRESS;
-        }
-        sp = NULL; /* every get completed in place */
-    } else {
+    if (op == PDX_XFER_WRITE) {
         sp = ucp_ep_flush_nbx(peer->ep, &fp);
-    }
-    if (UCS_PTR_IS_ERR(sp)) {
-        ucs_status_t s = UCS_PTR_STATUS(sp);
-        pdx_log(ucx_op_log_level(s, peer->ep_status), "ucx: peer %s: flush "
-                "after %zu operations failed: %s", peer->name, posted,
-                ucs_status_string(s));
-        st = ucx_status(s);
-        goto err_posted;
-    }
-    if (sp != NULL) {
+        if (UCS_PTR_IS_ERR(sp)) {
+            ucs_status_t s = UCS_PTR_STATUS(sp);
+            pdx_log(ucx_op_log_level(s, peer->ep_status), "ucx: peer %s: "
+                    "flush after %zu operations failed: %s", peer->name,
+                    posted, ucs_status_string(s));
+            st = ucx_status(s);
+            goto err_posted;
+        }
         r->ucs_req = sp;
-    } else {
+    }
+    if (!ucx_req_busy(r)) {
+        /* Every byte landed in place: the flush ended at once, or every
+         * get did. */
         peer->wired = 1;
         st = ucx_req_send_notif(r);
         if (st != PDX_INPROGRESS) {
