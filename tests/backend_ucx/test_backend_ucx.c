@@ -677,6 +677,14 @@ static void test_describe(void **state)
     assert_non_null(strstr(line, "ucx "));
     assert_null(strchr(line, '\n'));
     assert_null(strstr(line, "lanes=?"));
+    /* A same-host peer over shared memory gets a worker of its own (its
+     * replies then never queue behind another sender's half-written
+     * message in a shared receive FIFO); over tcp alone none does. */
+    int mm = strstr(g_tls, "posix") != NULL || strstr(g_tls, "sysv") != NULL;
+    const char *want = mm ? "peer_workers=auto(1)" : "peer_workers=auto(0)";
+    if (strstr(line, want) == NULL) {
+        fail_msg("describe says '%s', expected %s", line, want);
+    }
 }
 
 /* ---- misc: options and errors ----------------------------------------- */
@@ -699,6 +707,22 @@ static void test_query_and_table(void **state)
     }
 }
 
+/* What describe says after `key`= (a count), or -1. */
+static long describe_count(void *be, const char *key)
+{
+    char line[1024];
+    ops->describe(be, line, sizeof(line));
+    const char *k = strstr(line, key);
+    return k != NULL ? strtol(k + strlen(key), NULL, 10) : -1;
+}
+
+static int describe_has(void *be, const char *what)
+{
+    char line[1024];
+    ops->describe(be, line, sizeof(line));
+    return strstr(line, what) != NULL;
+}
+
 static void test_bad_options(void **state)
 {
     (void)state;
@@ -709,6 +733,7 @@ static void test_bad_options(void **state)
         {{"keepalive_ms", "-1"}}, {{"keepalive_ms", "5s"}},
         {{"keepalive_ms", "3600001"}}, {{"keepalive_ms", ""}},
         {{"connect", "later"}}, {{"connect", ""}},
+        {{"peer_workers", "on"}}, {{"peer_workers", ""}},
     };
     fake_host_t h;
     fake_host_init(&h, "test-opts");
@@ -728,27 +753,15 @@ static void test_bad_options(void **state)
     assert_non_null(strstr(line, "tls=tcp"));
     assert_non_null(strstr(line, "keepalive_ms=2500"));
     ops->destroy(be);
+    pdx_kv_t off[] = {{"tls", "posix,sysv,self"}, {"peer_workers", "off"}};
+    assert_int_equal(ops->create(&h.host, off, 2, &be), PDX_OK);
+    assert_true(describe_has(be, "peer_workers=off(0)"));
+    ops->destroy(be);
     /* The default: 5 s (idle cost, see ucx_create). */
     assert_int_equal(ops->create(&h.host, good, 1, &be), PDX_OK);
     ops->describe(be, line, sizeof(line));
     assert_non_null(strstr(line, "keepalive_ms=5000"));
     ops->destroy(be);
-}
-
-/* What describe says after `key`= (a count), or -1. */
-static long describe_count(void *be, const char *key)
-{
-    char line[1024];
-    ops->describe(be, line, sizeof(line));
-    const char *k = strstr(line, key);
-    return k != NULL ? strtol(k + strlen(key), NULL, 10) : -1;
-}
-
-static int describe_has(void *be, const char *what)
-{
-    char line[1024];
-    ops->describe(be, line, sizeof(line));
-    return strstr(line, what) != NULL;
 }
 
 /* Endpoints at a peer's first use (connect=lazy, the default with tcp) or
@@ -1141,6 +1154,21 @@ static void peer_death(const char *tls)
     assert_string_equal(p.h.error_peer, "test-child");
     /* Later ops fail fast instead of hanging. */
     assert_int_equal(ops->notif_send(p.be, p.peer, "y", 1),
+                     PDX_ERR_REMOTE_DISCONNECT);
+    /* The agent, told of the death, fails the peer: over shared memory
+     * its own worker (and the keys unpacked on it) goes once the forced
+     * close is done, while the peer stays loaded. */
+    long own = describe_count(p.be, "peer_workers=auto(");
+    assert_int_equal(own, strcmp(tls, "tcp") == 0 ? 0 : 1);
+    ops->peer_failed(p.be, p.peer);
+    deadline = now_ns() + 10ull * 1000000000ull;
+    while (describe_count(p.be, "peer_workers=auto(") != 0 &&
+           now_ns() < deadline) {
+        ops->progress(p.be);
+        usleep(1000);
+    }
+    assert_int_equal(describe_count(p.be, "peer_workers=auto("), 0);
+    assert_int_equal(parent_xfer(&p, &c, PDX_XFER_READ, DEADLINE_NS),
                      PDX_ERR_REMOTE_DISCONNECT);
     parent_teardown(&p);
     close(c.to_child); /* the child was reaped above */

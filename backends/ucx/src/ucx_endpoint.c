@@ -167,6 +167,120 @@ void ucx_ep_close_step(ucx_be_t *be, ucx_peer_t *peer, int now_force)
     ucx_ep_close_async(be, peer, fs != UCS_OK);
 }
 
+/* A worker of the instance: SERIALIZED (the agent never calls in from two
+ * threads at once), its wake-up fds in the instance's epoll set (so one fd
+ * wakes the agent for every worker). Blocking (UCX opens its interfaces). */
+pdx_status_t ucx_worker_open(ucx_be_t *be, const char *name,
+                             ucp_worker_h *w_p)
+{
+    ucp_worker_params_t wp = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE |
+                      UCP_WORKER_PARAM_FIELD_NAME |
+                      UCP_WORKER_PARAM_FIELD_EVENT_FD |
+                      UCP_WORKER_PARAM_FIELD_USER_DATA,
+        .thread_mode = UCS_THREAD_MODE_SERIALIZED,
+        .name = name,
+        .event_fd = be->efd,
+        .user_data = be,
+    };
+    ucs_status_t s = ucp_worker_create(be->ctx, &wp, w_p);
+    if (s != UCS_OK) {
+        *w_p = NULL;
+        pdx_error("ucx: worker creation with tls=%s failed: %s",
+                  be->tls[0] ? be->tls : "(default)", ucs_status_string(s));
+        return be->tls[0] ? PDX_ERR_CONFIG : ucx_status(s);
+    }
+    return PDX_OK;
+}
+
+/* Does `peer` get a worker of its own? Where the instance may use UCX's
+ * shared-memory FIFOs (its own address has an mm transport) and the peer's
+ * address has one on this host (the same device address: UCX's system
+ * id): then UCX reaches it over shared memory. */
+static int ucx_peer_wants_worker(const ucx_be_t *be, const ucx_peer_t *peer)
+{
+    const ucx_vaddr_t *a = &peer->vaddr, *me = &be->self;
+    return be->peer_workers && me->has_mm && a->has_mm &&
+           a->mm_dev_len == me->mm_dev_len && a->mm_dev_len > 0 &&
+           memcmp(a->mm_dev, me->mm_dev, a->mm_dev_len) == 0;
+}
+
+/* UCX no longer calls back for requests on `w` (destroyed): end those
+ * still counted on it, and free the ones nobody owns. */
+static void ucx_reqs_worker_gone(ucx_be_t *be, ucx_link_t *head,
+                                 ucp_worker_h w)
+{
+    ucx_link_t *l = head->next;
+    while (l != head) {
+        ucx_link_t *next = l->next;
+        ucx_req_t *r = UCX_CONTAINER(l, ucx_req_t, link);
+        if (r->worker == w && ucx_req_busy(r)) {
+            r->ucs_req = NULL;
+            r->gets_left = 0;
+            ucx_req_finish(r, PDX_ERR_REMOTE_DISCONNECT);
+            if (r->released) {
+                ucx_list_del(&r->link);
+                ucx_req_put(be, r);
+            }
+        }
+        l = next;
+    }
+}
+
+/* Destroy `peer`'s own worker (if it has one) and what UCX held on it: its
+ * keys first (UCX frees them into the worker's pool), then the worker
+ * (which completes or drops its requests), then the records of requests
+ * and notifications whose callbacks will not come. The endpoint must be
+ * closed (or the worker be going with the instance). Blocking (bounded:
+ * UCX closes its interfaces). */
+void ucx_peer_worker_destroy(ucx_be_t *be, ucx_peer_t *peer)
+{
+    if (!peer->own_worker || peer->worker == NULL) {
+        return;
+    }
+    for (ucx_link_t *l = peer->rmds.next; l != &peer->rmds; l = l->next) {
+        ucx_rmd_t *rmd = UCX_CONTAINER(l, ucx_rmd_t, plink);
+        if (rmd->rkey != NULL) {
+            ucp_rkey_destroy(rmd->rkey);
+            rmd->rkey = NULL;
+        }
+    }
+    ucp_worker_h w = peer->worker;
+    ucp_worker_destroy(w);
+    peer->worker = NULL;
+    ucx_list_del(&peer->wlink);
+    be->npeer_workers--;
+    ucx_reqs_worker_gone(be, &peer->reqs, w);
+    ucx_reqs_worker_gone(be, &be->orphan_reqs, w);
+    while (!ucx_list_empty(&peer->sends)) {
+        ucx_link_t *l = peer->sends.next;
+        ucx_list_del(l);
+        free(UCX_CONTAINER(l, ucx_send_t, link));
+    }
+}
+
+/* Free a peer taken off every list whose endpoint is closed: its own
+ * worker goes; notifications still in flight on the main worker are
+ * handed to the instance (their callbacks free them); its keys, if the
+ * agent still holds any, are detached. */
+void ucx_peer_release(ucx_be_t *be, ucx_peer_t *peer)
+{
+    ucx_peer_worker_destroy(be, peer);
+    while (!ucx_list_empty(&peer->sends)) {
+        ucx_link_t *l = peer->sends.next;
+        ucx_list_del(l);
+        ucx_list_push(&be->orphan_sends, l);
+    }
+    while (!ucx_list_empty(&peer->rmds)) {
+        ucx_rmd_t *rmd = UCX_CONTAINER(peer->rmds.next, ucx_rmd_t, plink);
+        ucx_list_del(&rmd->plink);
+        rmd->peer = NULL;
+    }
+    free(peer->addr);
+    free(peer->name);
+    free(peer);
+}
+
 void ucx_peer_free(ucx_peer_t *peer)
 {
     if (peer->close_req != NULL || peer->flush_req != NULL) {
@@ -176,6 +290,11 @@ void ucx_peer_free(ucx_peer_t *peer)
     }
     /* Sends still listed here never completed; UCX is gone or will not
      * touch them again (the worker is destroyed before this runs). */
+    while (!ucx_list_empty(&peer->rmds)) {
+        ucx_rmd_t *rmd = UCX_CONTAINER(peer->rmds.next, ucx_rmd_t, plink);
+        ucx_list_del(&rmd->plink);
+        rmd->peer = NULL;
+    }
     while (!ucx_list_empty(&peer->sends)) {
         ucx_link_t *l = peer->sends.next;
         ucx_list_del(l);
@@ -219,10 +338,13 @@ pdx_status_t ucx_peer_connect(void *bev, const char *peer_name,
     memcpy(peer->addr, conn, conn_len);
     peer->addr_len = conn_len;
     peer->be = be;
+    peer->worker = be->worker;
     peer->ep_status = UCS_OK;
     peer->vaddr = vaddr;
     ucx_list_init(&peer->reqs);
     ucx_list_init(&peer->sends);
+    ucx_list_init(&peer->rmds);
+    ucx_list_init(&peer->wlink);
     if (!be->lazy) {
         st = ucx_peer_ep(be, peer);
         if (st != PDX_OK) {
@@ -267,6 +389,19 @@ pdx_status_t ucx_peer_ep(ucx_be_t *be, ucx_peer_t *peer)
     if (ust != PDX_OK || peer->ep != NULL) {
         return ust;
     }
+    if (!peer->own_worker && ucx_peer_wants_worker(be, peer)) {
+        ucp_worker_h w;
+        if (ucx_worker_open(be, peer->name, &w) == PDX_OK) {
+            peer->worker = w;
+            peer->own_worker = 1;
+            ucx_list_push(&be->wpeers, &peer->wlink);
+            be->npeer_workers++;
+        } else {
+            pdx_warn("ucx: peer %s: no worker of its own (see above): its "
+                     "replies share the main worker's receive queue",
+                     peer->name);
+        }
+    }
     ucp_ep_params_t ep = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
@@ -277,9 +412,14 @@ pdx_status_t ucx_peer_ep(ucx_be_t *be, ucx_peer_t *peer)
         .err_handler = {.cb = ucx_ep_err_cb, .arg = peer},
         .name = peer->name,
     };
-    ucs_status_t s = ucp_ep_create(be->worker, &ep, &peer->ep);
+    ucs_status_t s = ucp_ep_create(peer->worker, &ep, &peer->ep);
     if (s != UCS_OK) {
         peer->ep = NULL;
+        if (peer->own_worker) {
+            ucx_peer_worker_destroy(be, peer);
+            peer->own_worker = 0;
+            peer->worker = be->worker;
+        }
         pdx_error("ucx: connecting to peer %s (%zu-byte address)%s failed: "
                   "%s%s", peer->name, peer->addr_len,
                   be->lazy ? " at its first use" : "", ucs_status_string(s),
@@ -345,7 +485,7 @@ void ucx_peer_disconnect(void *bev, void *peerv)
                  ucp_request_check_status(peer->close_req) ==
                      UCS_INPROGRESS)) &&
                pdx_be_before(until)) {
-            ucp_worker_progress(be->worker);
+            ucp_worker_progress(peer->worker);
             ucx_ep_close_step(be, peer, 0);
         }
     }
@@ -356,14 +496,7 @@ void ucx_peer_disconnect(void *bev, void *peerv)
         ucx_list_push(&be->zombies, &peer->link);
         return;
     }
-    while (!ucx_list_empty(&peer->sends)) {
-        ucx_link_t *l = peer->sends.next;
-        ucx_list_del(l);
-        ucx_list_push(&be->orphan_sends, l);
-    }
-    free(peer->addr);
-    free(peer->name);
-    free(peer);
+    ucx_peer_release(be, peer);
 }
 
 

@@ -48,6 +48,11 @@
  * completing (a stalled peer), or after the cap even while data flows. */
 #define UCX_DRAIN_IDLE_NS 1000000000ull
 #define UCX_DRAIN_MAX_NS 5000000000ull
+/* A worker that cannot be armed while its progress finds nothing is
+ * polled at once for this long, then left unarmed (see ucx_arm_one), and
+ * reported after UCX_STUCK_WARN_NS. */
+#define UCX_STUCK_NS 10000000ull
+#define UCX_STUCK_WARN_NS 1000000000ull
 /* ucp_worker_progress calls per progress op; keeps one call short. */
 #define UCX_PROGRESS_ROUNDS 64
 #define UCX_PROGRESS_MAX_NS 500000ull
@@ -92,9 +97,31 @@ static inline void ucx_list_del(ucx_link_t *node)
 
 typedef struct ucx_be ucx_be_t;
 
+/* A worker's receive FIFO blocked by a half-written message (see
+ * ucx_arm_one): what the last progress of the worker found, and since when
+ * it cannot be armed with nothing to progress. */
+typedef struct ucx_wstate {
+    unsigned last_events;
+    uint64_t stuck_since_ns;
+    int stuck_warned;
+} ucx_wstate_t;
+
 typedef struct ucx_peer {
     ucx_link_t link; /* be->peers, or be->zombies after a timed-out close */
     ucx_be_t *be;
+    /* The worker its endpoint lives on: the instance's main one, or (a
+     * same-host peer over shared memory, ucx_peer_wants_worker) its own,
+     * made with the endpoint and destroyed with the peer. A get's reply
+     * comes back to the worker that posted it, into that worker's one
+     * shared-memory receive FIFO, which every sender to it writes in
+     * order: a sender stopped or killed between taking a FIFO slot and
+     * filling it blocks every message behind it, for good if it died.
+     * With a worker of its own per such peer, only that peer's replies
+     * wait behind it. */
+    ucp_worker_h worker;
+    int own_worker;
+    ucx_link_t wlink;         /* be->wpeers while it has its own worker */
+    ucx_wstate_t ws;          /* its own worker's */
     ucp_ep_h ep;              /* NULL until first use (lazy connect) and
                                  once force-closed */
     void *addr;               /* the validated worker address, kept until
@@ -115,6 +142,8 @@ typedef struct ucx_peer {
     char transport[64];       /* lanes' transports, for the path report */
     ucx_vaddr_t vaddr;        /* its validated address (keys are checked
                                  against it) */
+    ucx_link_t rmds;          /* its keys (ucx_rmd_t.plink): unpacked on
+                                 its endpoint's worker, destroyed first */
 } ucx_peer_t;
 
 typedef struct ucx_md {
@@ -124,6 +153,7 @@ typedef struct ucx_md {
 } ucx_md_t;
 
 typedef struct ucx_rmd {
+    ucx_link_t plink; /* peer->rmds while the peer lives */
     ucp_rkey_h rkey;  /* NULL until first use (unpacking needs the
                          endpoint) */
     void *key;        /* the validated packed key until then */
@@ -150,6 +180,7 @@ typedef struct ucx_req {
     ucx_stage_t stage;
     pdx_status_t status;
     void *ucs_req;  /* UCX request in flight (flush, notification), or NULL */
+    ucp_worker_h worker; /* the worker its UCX requests are on */
     /* A READ's gets whose completion has not come: a READ ends on its
      * gets' own completions (no flush); their first failure. */
     uint32_t gets_left;
@@ -195,8 +226,16 @@ struct ucx_be {
     pdx_backend_host_t host;
     size_t name_len;
     ucp_context_h ctx;
-    ucp_worker_h worker;
+    ucp_worker_h worker; /* main: its address is the conn info; peers'
+                            requests and notifications arrive here */
+    /* One epoll set (UCX's external event fd) holding the wake-up fds of
+     * every worker of the instance: the fd the agent sleeps on. */
     int efd;
+    int peer_workers;    /* option peer_workers: 1 auto, 0 off */
+    unsigned npeer_workers;
+    ucx_link_t wpeers;   /* peers with a worker of their own (wlink) */
+    ucx_wstate_t main_ws; /* the main worker's */
+    ucx_vaddr_t self;    /* the main worker's own address, parsed */
     uint64_t max_chunk;
     uint64_t keepalive_ms; /* UCX keepalive period; 0: UCX's own setting */
     int lazy;              /* endpoints at first use, not at connect */
@@ -254,6 +293,10 @@ static inline int ucx_req_busy(const ucx_req_t *r)
 /* ucx_endpoint.c: peers: endpoints, their errors and closes, path reports. */
 int ucx_deliver_errors(ucx_be_t *be);
 int ucx_close_done(ucx_peer_t *peer);
+void ucx_peer_worker_destroy(ucx_be_t *be, ucx_peer_t *peer);
+void ucx_peer_release(ucx_be_t *be, ucx_peer_t *peer);
+pdx_status_t ucx_worker_open(ucx_be_t *be, const char *name,
+                             ucp_worker_h *w_p);
 void ucx_ep_close_step(ucx_be_t *be, ucx_peer_t *peer, int now_force);
 void ucx_peer_free(ucx_peer_t *peer);
 pdx_status_t ucx_peer_connect(void *bev, const char *peer_name,

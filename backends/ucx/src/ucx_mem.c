@@ -128,6 +128,7 @@ pdx_status_t ucx_rmem_load(void *bev, void *peerv,
         return PDX_ERR_NOMEM;
     }
     rmd->peer = peer;
+    ucx_list_init(&rmd->plink);
     rmd->addr = region->addr;
     rmd->len = region->len;
     rmd->key_len = key_len;
@@ -146,6 +147,7 @@ pdx_status_t ucx_rmem_load(void *bev, void *peerv,
             return st;
         }
     }
+    ucx_list_push(&peer->rmds, &rmd->plink);
     *rmd_p = rmd;
     return PDX_OK;
 }
@@ -182,6 +184,7 @@ void ucx_rmem_unload(void *bev, void *rmdv)
     if (rmd == NULL) {
         return;
     }
+    ucx_list_del(&rmd->plink);
     if (rmd->rkey != NULL) {
         ucp_rkey_destroy(rmd->rkey);
     }

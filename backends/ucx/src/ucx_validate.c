@@ -273,8 +273,18 @@ static void check_iface_addr(vr_t *r, const ucx_vtl_t *tl, const uint8_t *p,
     }
 }
 
+/* Is `v` one of UCX's mm transports (a receive FIFO in shared memory that
+ * every same-host sender writes into)? */
+static int vtl_is_mm(const ucx_vtl_t *v)
+{
+    return strcmp(v->component, "posix") == 0 ||
+           strcmp(v->component, "sysv") == 0 ||
+           strcmp(v->component, "xpmem") == 0;
+}
+
 static void parse_ifaces(vr_t *r, const ucx_vlocal_t *local, ucx_vaddr_t *a,
-                         unsigned version, unsigned md_index)
+                         unsigned version, unsigned md_index,
+                         const uint8_t *dev, size_t dev_len)
 {
     int last_tl = 0;
     while (!last_tl && !r->bad) {
@@ -289,6 +299,12 @@ static void parse_ifaces(vr_t *r, const ucx_vlocal_t *local, ucx_vaddr_t *a,
         uint16_t csum = (uint16_t)(r->p[r->off] | r->p[r->off + 1] << 8);
         r->off += 2;
         int tl = vlocal_tl(local, csum);
+        if (tl >= 0 && !a->has_mm && vtl_is_mm(&local->tl[tl])) {
+            a->has_mm = 1;
+            a->mm_dev_len = (uint8_t)(dev_len < sizeof(a->mm_dev)
+                                          ? dev_len : sizeof(a->mm_dev));
+            memcpy(a->mm_dev, dev, a->mm_dev_len);
+        }
         if (tl >= 0 && a->md_tl[md_index] < 0) {
             a->md_tl[md_index] = (int16_t)tl;
         } else if (tl >= 0 &&
@@ -445,9 +461,10 @@ pdx_status_t ucx_validate_address(const ucx_vlocal_t *local, const void *buf,
                           sd);
                 }
             }
+            const uint8_t *dev = r.p + r.off;
             vskip(&r, dlen, "device address");
             if (!empty && !r.bad) {
-                parse_ifaces(&r, local, &a, version, md);
+                parse_ifaces(&r, local, &a, version, md, dev, dlen);
             }
         }
     }

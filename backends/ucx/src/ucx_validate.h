@@ -41,6 +41,12 @@ typedef struct ucx_vaddr {
     unsigned ndevices, nifaces;
     uint64_t md_map;         /* md indexes that appear */
     int16_t md_tl[UCX_V_MAX_MDS]; /* local tl index for the md, or -1 */
+    /* A shared-memory FIFO transport (posix, sysv, xpmem: UCX's mm) in the
+     * address, and the device address of the first one (for UCX: the
+     * host's system id, so equal bytes mean the same host). */
+    int has_mm;
+    uint8_t mm_dev_len;
+    uint8_t mm_dev[16];
 } ucx_vaddr_t;
 
 /* Fill `local` from UCT (components, their mds and transports).

@@ -3,6 +3,9 @@
  * and describe. */
 #include "ucx_int.h"
 
+#include <sys/epoll.h>
+#include <unistd.h>
+
 static void ucx_reap_zombies(ucx_be_t *be);
 
 static pdx_status_t ucx_parse_size(const char *key, const char *value,
@@ -60,9 +63,20 @@ static pdx_status_t ucx_parse_opts(ucx_be_t *be, const pdx_kv_t *opts,
                           "its load)", v);
                 return PDX_ERR_CONFIG;
             }
+        } else if (strcmp(k, "peer_workers") == 0) {
+            if (strcmp(v, "auto") == 0) {
+                be->peer_workers = 1;
+            } else if (strcmp(v, "off") == 0) {
+                be->peer_workers = 0;
+            } else {
+                pdx_error("ucx: option peer_workers='%s': expected auto (a "
+                          "worker of its own for each same-host peer over "
+                          "shared memory) or off (one worker for all)", v);
+                return PDX_ERR_CONFIG;
+            }
         } else {
             pdx_error("ucx: unknown option '%s' (known: tls, max_chunk, "
-                      "keepalive_ms, connect)", k);
+                      "keepalive_ms, connect, peer_workers)", k);
             return PDX_ERR_CONFIG;
         }
     }
@@ -84,7 +98,124 @@ static int ucx_has_pending_events(ucx_be_t *be)
     return 0;
 }
 
+/* Does the own worker of `peer` still have work to watch? Not once its
+ * endpoint is gone and closed (a failed peer's: nothing of it is awaited
+ * there, and a receive FIFO its stopped sender left half-written would
+ * keep that worker from ever arming): ucx_progress destroys it. */
+static int ucx_wpeer_live(const ucx_peer_t *peer)
+{
+    return peer->ep != NULL || peer->close_req != NULL ||
+           peer->flush_req != NULL;
+}
+
+static unsigned ucx_progress_one(ucx_be_t *be, ucp_worker_h w,
+                                 uint64_t done0, uint64_t *start_p);
+
+/* A worker's receive queue moves (or armed): not blocked (any more).
+ * `peer`: whose own worker it is, NULL for the main one. */
+static void ucx_wstate_clear(ucx_wstate_t *ws, const char *peer)
+{
+    if (ws->stuck_since_ns == 0) {
+        return;
+    }
+    if (ws->stuck_warned) {
+        pdx_warn("ucx: %s%s%s: its receive queue moves again after %.0f ms",
+                 peer != NULL ? "peer " : "the main worker",
+                 peer != NULL ? peer : "", peer != NULL ? "'s worker" : "",
+                 (double)(pdx_be_now_ns() - ws->stuck_since_ns) / 1e6);
+    }
+    ws->stuck_since_ns = 0;
+    ws->stuck_warned = 0;
+}
+
+/* What a progress of a worker found. */
+static void ucx_wstate_note(ucx_wstate_t *ws, unsigned n, const char *peer)
+{
+    ws->last_events = n;
+    if (n > 0) {
+        ucx_wstate_clear(ws, peer);
+    }
+}
+
+/* Arm one worker. UCX says busy when events wait, and progress takes them;
+ * but a worker whose progress just found nothing and that still cannot be
+ * armed holds a shared-memory receive FIFO slot that a sender took and has
+ * not filled: one in the middle of its copy (microseconds), preempted, or
+ * stopped or killed there. Busy for UCX_STUCK_NS (polled again at once),
+ * then left unarmed (UCS_OK): the agent's sleep ends at its timeout (1 ms
+ * with requests in flight, else its idle bound) and that worker's messages
+ * wait, instead of a progress thread spinning as long as the sender is
+ * stopped. Reported once past UCX_STUCK_WARN_NS. */
+static ucs_status_t ucx_arm_one(ucp_worker_h w, ucx_wstate_t *ws,
+                                const char *peer)
+{
+    ucs_status_t s = ucp_worker_arm(w);
+    if (s == UCS_OK) {
+        ucx_wstate_clear(ws, peer);
+    }
+    if (s != UCS_ERR_BUSY || ws->last_events > 0) {
+        return s;
+    }
+    uint64_t now = pdx_be_now_ns();
+    if (ws->stuck_since_ns == 0) {
+        ws->stuck_since_ns = now;
+        return UCS_ERR_BUSY;
+    }
+    if (now - ws->stuck_since_ns < UCX_STUCK_NS) {
+        return UCS_ERR_BUSY;
+    }
+    if (!ws->stuck_warned && now - ws->stuck_since_ns >= UCX_STUCK_WARN_NS) {
+        ws->stuck_warned = 1;
+        pdx_warn("ucx: %s%s%s: a message in its shared-memory receive queue "
+                 "has been half-written for %.0f ms (a same-host sender "
+                 "stopped or killed in the middle of it): %s wait behind it",
+                 peer != NULL ? "peer " : "the main worker",
+                 peer != NULL ? peer : "", peer != NULL ? "'s worker" : "",
+                 (double)(now - ws->stuck_since_ns) / 1e6,
+                 peer != NULL ? "this peer's replies"
+                              : "the requests and notifications of every "
+                                "same-host peer over UCX shared memory");
+    }
+    return UCS_OK;
+}
+
+/* Progress every worker: peers' own first (a polling caller's replies),
+ * then the main one, unless a request ended (the caller sees it at once;
+ * the main worker's turn comes at the next pass). */
 static unsigned ucx_worker_progress_bounded(ucx_be_t *be)
+{
+    uint64_t start = 0, done0 = be->reqs_done;
+    unsigned total = 0;
+    for (ucx_link_t *l = be->wpeers.next; l != &be->wpeers; l = l->next) {
+        ucx_peer_t *peer = UCX_CONTAINER(l, ucx_peer_t, wlink);
+        if (!ucx_wpeer_live(peer)) {
+            continue;
+        }
+        unsigned n = ucx_progress_one(be, peer->worker, done0, &start);
+        ucx_wstate_note(&peer->ws, n, peer->name);
+        total += n;
+        if (be->reqs_done != done0) {
+            return total;
+        }
+    }
+    unsigned n = ucx_progress_one(be, be->worker, done0, &start);
+    ucx_wstate_note(&be->main_ws, n, NULL);
+    return total + n;
+}
+
+/* One pass over every worker, unbounded (destroy's drains). */
+static unsigned ucx_progress_all_once(ucx_be_t *be)
+{
+    unsigned n = ucp_worker_progress(be->worker);
+    for (ucx_link_t *l = be->wpeers.next; l != &be->wpeers; l = l->next) {
+        n += ucp_worker_progress(UCX_CONTAINER(l, ucx_peer_t,
+                                               wlink)->worker);
+    }
+    return n;
+}
+
+static unsigned ucx_progress_one(ucx_be_t *be, ucp_worker_h w,
+                                 uint64_t done0, uint64_t *start_p)
 {
     unsigned total = 0;
     /* Over tcp or sm one call can copy megabytes (emulated RMA) while the
@@ -98,14 +229,13 @@ static unsigned ucx_worker_progress_bounded(ucx_be_t *be)
      * there sat on every small request's path (a get's reply, then the
      * caller's check): 8448-byte sm READs waited 2,511-2,571 ns without it
      * against 2,663-2,758 with it, five alternated runs. */
-    uint64_t start = 0; /* an idle pass, or one with a few messages (a
-                         * reply a caller polls for), reads no clock */
-    /* A request that ended ends the call too: the caller polling it sees
-     * it at once, without one more worker progress (~40-60 ns between the
-     * flush's callback and the caller's return, 8448-byte sm READs). */
-    uint64_t done0 = be->reqs_done;
+    /* *start_p: 0 in an idle pass, or one with a few messages (a reply a
+     * caller polls for): it reads no clock. A request that ended ends the
+     * call too: the caller polling it sees it at once, without one more
+     * worker progress (~40-60 ns between the flush's callback and the
+     * caller's return, 8448-byte sm READs). */
     for (int i = 0; i < UCX_PROGRESS_ROUNDS; i++) {
-        unsigned n = ucp_worker_progress(be->worker);
+        unsigned n = ucp_worker_progress(w);
         total += n;
         if (n == 0 || be->reqs_done != done0) {
             break;
@@ -114,9 +244,9 @@ static unsigned ucx_worker_progress_bounded(ucx_be_t *be)
             continue;
         }
         uint64_t now = pdx_be_now_ns();
-        if (start == 0) {
-            start = now;
-        } else if (now - start > UCX_PROGRESS_MAX_NS) {
+        if (*start_p == 0) {
+            *start_p = now;
+        } else if (now - *start_p > UCX_PROGRESS_MAX_NS) {
             break;
         }
     }
@@ -219,6 +349,8 @@ pdx_status_t ucx_create(const pdx_backend_host_t *host,
     be->max_chunk = UCX_DEFAULT_MAX_CHUNK;
     be->keepalive_ms = UCX_DEFAULT_KEEPALIVE_MS;
     be->lazy = -1;
+    be->peer_workers = 1;
+    ucx_list_init(&be->wpeers);
     ucx_list_init(&be->peers);
     ucx_list_init(&be->zombies);
     ucx_list_init(&be->orphan_reqs);
@@ -302,19 +434,17 @@ pdx_status_t ucx_create(const pdx_backend_host_t *host,
     ucp_config_release(cfg);
     cfg = NULL;
 
-    /* SERIALIZED: the agent never calls in from two threads at once. */
-    ucp_worker_params_t wp = {
-        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE |
-                      UCP_WORKER_PARAM_FIELD_NAME,
-        .thread_mode = UCS_THREAD_MODE_SERIALIZED,
-        .name = host->agent_name,
-    };
-    s = ucp_worker_create(be->ctx, &wp, &be->worker);
-    if (s != UCS_OK) {
-        pdx_error("ucx: worker creation with tls=%s failed: %s",
-                  be->tls[0] ? be->tls : "(default)", ucs_status_string(s));
-        st = be->tls[0] ? PDX_ERR_CONFIG : ucx_status(s);
+    /* Every worker's wake-up fds go into this one set, the fd the agent
+     * sleeps on (UCX's external event fd). */
+    be->efd = epoll_create1(EPOLL_CLOEXEC);
+    if (be->efd < 0) {
+        pdx_error("ucx: epoll_create1: %s", strerror(errno));
+        st = PDX_ERR_NOMEM;
         goto err_ctx;
+    }
+    st = ucx_worker_open(be, host->agent_name, &be->worker);
+    if (st != PDX_OK) {
+        goto err_efd;
     }
 
     ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER};
@@ -349,13 +479,24 @@ pdx_status_t ucx_create(const pdx_backend_host_t *host,
         goto err_worker;
     }
 
-    s = ucp_worker_get_efd(be->worker, &be->efd);
+    /* Our own address, parsed as a peer's would be: whether UCX may reach
+     * same-host peers over shared memory (ucx_peer_wants_worker). */
+    ucp_address_t *self = NULL;
+    size_t self_len = 0;
+    s = ucp_worker_get_address(be->worker, &self, &self_len);
     if (s != UCS_OK) {
-        pdx_error("ucx: getting the worker event fd failed: %s",
+        pdx_error("ucx: getting the worker address failed: %s",
                   ucs_status_string(s));
         st = ucx_status(s);
         goto err_worker;
     }
+    if (ucx_validate_address(&be->vlocal, self, self_len, &be->self, vwhy,
+                             sizeof(vwhy)) != PDX_OK) {
+        /* Never seen; without it no peer gets a worker of its own. */
+        pdx_debug("ucx: own worker address not understood: %s", vwhy);
+        memset(&be->self, 0, sizeof(be->self));
+    }
+    ucp_worker_release_address(be->worker, self);
 
     pdx_debug("ucx: created instance for %s (tls=%s max_chunk=%" PRIu64 ")",
               host->agent_name, be->tls[0] ? be->tls : "(default)",
@@ -365,6 +506,8 @@ pdx_status_t ucx_create(const pdx_backend_host_t *host,
 
 err_worker:
     ucp_worker_destroy(be->worker);
+err_efd:
+    close(be->efd);
 err_ctx:
     ucp_cleanup(be->ctx);
 err_cfg:
@@ -424,7 +567,7 @@ void ucx_destroy(void *bev)
         }
     }
     while (!ucx_list_empty(&be->zombies) && pdx_be_before(deadline)) {
-        ucp_worker_progress(be->worker);
+        ucx_progress_all_once(be);
         ucx_reap_zombies(be);
     }
     /* Flushes that did not finish: forced now, and a short bounded
@@ -443,7 +586,7 @@ void ucx_destroy(void *bev)
     deadline = pdx_be_deadline_ns(UCX_FORCE_REAP_NS);
     while (forced && !ucx_list_empty(&be->zombies) &&
            pdx_be_before(deadline)) {
-        ucp_worker_progress(be->worker);
+        ucx_progress_all_once(be);
         ucx_reap_zombies(be);
     }
     for (ucx_link_t *l = be->zombies.next; l != &be->zombies; l = l->next) {
@@ -464,7 +607,7 @@ void ucx_destroy(void *bev)
      * been idle for 1024 calls, at most UCX_CLOSE_TIMEOUT_NS. */
     deadline = pdx_be_deadline_ns(UCX_CLOSE_TIMEOUT_NS);
     for (int idle = 0; idle < 1024 && pdx_be_before(deadline);) {
-        idle = ucp_worker_progress(be->worker) == 0 ? idle + 1 : 0;
+        idle = ucx_progress_all_once(be) == 0 ? idle + 1 : 0;
     }
     /* UCX 1.13 over tcp: a wireup reply queued to a peer that died cannot
      * go, and ucp_worker_destroy asserts purging it ("got REP message" in
@@ -487,9 +630,13 @@ void ucx_destroy(void *bev)
                   "exit (UCX 1.13 asserts destroying it)");
         return;
     }
-    /* Destroying the worker completes (or drops) every UCX request, so the
-     * lists below are ours alone afterwards. */
+    /* Destroying the workers completes (or drops) every UCX request, so
+     * the lists below are ours alone afterwards. */
+    for (ucx_link_t *l = be->zombies.next; l != &be->zombies; l = l->next) {
+        ucx_peer_worker_destroy(be, UCX_CONTAINER(l, ucx_peer_t, link));
+    }
     ucp_worker_destroy(be->worker);
+    close(be->efd);
     while (!ucx_list_empty(&be->zombies)) {
         ucx_link_t *l = be->zombies.next;
         ucx_list_del(l);
@@ -547,13 +694,7 @@ static void ucx_reap_zombies(ucx_be_t *be)
         ucx_ep_close_step(be, peer, 0);
         if (ucx_close_done(peer)) {
             ucx_list_del(l);
-            while (!ucx_list_empty(&peer->sends)) {
-                ucx_link_t *sl = peer->sends.next;
-                ucx_list_del(sl);
-                ucx_list_push(&be->orphan_sends, sl);
-            }
-            free(peer->name);
-            free(peer);
+            ucx_peer_release(be, peer);
         }
         l = next;
     }
@@ -570,6 +711,20 @@ int ucx_progress(void *bev)
     events += ucx_deliver_errors(be);
     events += ucx_deliver_inbox(be);
     ucx_reap_zombies(be);
+    /* A failed peer's own worker, once its endpoint is closed, has nothing
+     * left to do: it goes now, with its fds (a keepalive timer or a signal
+     * its FIFO left pending would otherwise keep the agent's fd readable,
+     * and nothing would arm it again). */
+    for (ucx_link_t *l = be->wpeers.next; l != &be->wpeers;) {
+        ucx_peer_t *peer = UCX_CONTAINER(l, ucx_peer_t, wlink);
+        l = l->next;
+        if (peer->ep == NULL) {
+            (void)ucx_close_done(peer); /* a forced close's request */
+        }
+        if (!ucx_wpeer_live(peer)) {
+            ucx_peer_worker_destroy(be, peer);
+        }
+    }
     return events;
 }
 
@@ -589,7 +744,14 @@ pdx_status_t ucx_arm(void *bev)
     if (ucx_has_pending_events(be)) {
         return PDX_ERR_BUSY;
     }
-    ucs_status_t s = ucp_worker_arm(be->worker);
+    ucs_status_t s = ucx_arm_one(be->worker, &be->main_ws, NULL);
+    for (ucx_link_t *l = be->wpeers.next; s == UCS_OK && l != &be->wpeers;
+         l = l->next) {
+        ucx_peer_t *peer = UCX_CONTAINER(l, ucx_peer_t, wlink);
+        if (ucx_wpeer_live(peer)) {
+            s = ucx_arm_one(peer->worker, &peer->ws, peer->name);
+        }
+    }
     if (s == UCS_ERR_BUSY) {
         return PDX_ERR_BUSY;
     }
@@ -642,11 +804,13 @@ void ucx_describe(void *bev, char *buf, size_t len)
     }
     snprintf(buf, len,
              "ucx %s tls=%s %s=%s max_chunk=%" PRIu64 " keepalive_ms=%"
-             PRIu64 "%s connect=%s peers=%zu endpoints=%zu",
+             PRIu64 "%s connect=%s peers=%zu endpoints=%zu "
+             "peer_workers=%s(%u)",
              ucp_get_version_string(), be->tls[0] ? be->tls : "(default)",
              lanes ? "lanes" : "resources", tls[0] ? tls : "?",
              be->max_chunk, be->keepalive_ms,
              be->keepalive_ms > 0 && getenv("UCX_KEEPALIVE_INTERVAL") != NULL
                  ? " (UCX_KEEPALIVE_INTERVAL wins)" : "",
-             be->lazy ? "lazy" : "eager", npeers, neps);
+             be->lazy ? "lazy" : "eager", npeers, neps,
+             be->peer_workers ? "auto" : "off", be->npeer_workers);
 }

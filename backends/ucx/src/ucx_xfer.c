@@ -25,7 +25,8 @@ static pdx_status_t ucx_check_iov(ucx_be_t *be, const ucx_peer_t *peer,
         }
         if (rmd->peer != peer) {
             pdx_error("ucx: peer %s: piece %zu uses a key of peer %s",
-                      peer->name, i, rmd->peer->name);
+                      peer->name, i,
+                      rmd->peer != NULL ? rmd->peer->name : "(unloaded)");
             return PDX_ERR_INVALID;
         }
         if (!ucx_range_ok(md->addr, md->len, iov[i].local_addr, iov[i].len) ||
@@ -118,6 +119,7 @@ pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
     }
     r->be = be;
     r->peer = peer;
+    r->worker = peer->worker;
     r->op = op;
     r->stage = UCX_STAGE_FLUSH;
     r->has_notif = notif != NULL;
@@ -255,7 +257,7 @@ pdx_status_t ucx_xfer_abort(void *bev, void *reqv)
     }
     r->aborted = 1;
     if (r->ucs_req != NULL) {
-        ucp_request_cancel(be->worker, r->ucs_req);
+        ucp_request_cancel(r->worker, r->ucs_req);
     }
     /* A request already done keeps its result: its data has landed. */
     return PDX_OK;
@@ -273,7 +275,7 @@ void ucx_xfer_release(void *bev, void *reqv)
         /* A no-op for RMA and AM sends in UCX 1.13, but the documented way
          * to ask. Never waits: the agent released an in-flight READ only
          * after xfer_check said it ended, or because the peer failed. */
-        ucp_request_cancel(be->worker, r->ucs_req);
+        ucp_request_cancel(r->worker, r->ucs_req);
     }
     ucx_list_del(&r->link);
     if (!ucx_req_busy(r)) {
