@@ -119,7 +119,7 @@ static void ucx_wstate_clear(ucx_wstate_t *ws, const char *peer)
         return;
     }
     if (ws->stuck_warned) {
-        pdx_warn("ucx: %s%s%s: its receive queue moves again after %.0f ms",
+        pdx_warn("ucx: %s%s%s: moves again after %.0f ms",
                  peer != NULL ? "peer " : "the main worker",
                  peer != NULL ? peer : "", peer != NULL ? "'s worker" : "",
                  (double)(pdx_be_now_ns() - ws->stuck_since_ns) / 1e6);
@@ -139,13 +139,16 @@ static void ucx_wstate_note(ucx_wstate_t *ws, unsigned n, const char *peer)
 
 /* Arm one worker. UCX says busy when events wait, and progress takes them;
  * but a worker whose progress just found nothing and that still cannot be
- * armed holds a shared-memory receive FIFO slot that a sender took and has
- * not filled: one in the middle of its copy (microseconds), preempted, or
- * stopped or killed there. Busy for UCX_STUCK_NS (polled again at once),
- * then left unarmed (UCS_OK): the agent's sleep ends at its timeout (1 ms
- * with requests in flight, else its idle bound) and that worker's messages
- * wait, instead of a progress thread spinning as long as the sender is
- * stopped. Reported once past UCX_STUCK_WARN_NS. */
+ * armed waits on a peer: over shared memory, either a slot of its receive
+ * FIFO that a sender took and has not filled (one in the middle of its
+ * copy, microseconds; preempted; or stopped or killed there), or sends
+ * queued for a peer whose own FIFO is full (a stopped peer takes none).
+ * No event comes for either. Busy for UCX_STUCK_NS (polled again at
+ * once), then left unarmed (UCS_OK): the agent's sleep ends at its timeout
+ * (1 ms with requests in flight, else its idle bound), instead of a
+ * progress thread spinning as long as the peer is stopped (the stall test
+ * saw it at every SIGSTOP of a peer with READs in flight). Reported once
+ * past UCX_STUCK_WARN_NS. */
 static ucs_status_t ucx_arm_one(ucp_worker_h w, ucx_wstate_t *ws,
                                 const char *peer)
 {
@@ -166,15 +169,19 @@ static ucs_status_t ucx_arm_one(ucp_worker_h w, ucx_wstate_t *ws,
     }
     if (!ws->stuck_warned && now - ws->stuck_since_ns >= UCX_STUCK_WARN_NS) {
         ws->stuck_warned = 1;
-        pdx_warn("ucx: %s%s%s: a message in its shared-memory receive queue "
-                 "has been half-written for %.0f ms (a same-host sender "
-                 "stopped or killed in the middle of it): %s wait behind it",
+        pdx_warn("ucx: %s%s%s: nothing moved for %.0f ms and it cannot sleep "
+                 "on events (a same-host %s stopped or killed in the middle "
+                 "of a message to it, or its sends wait for a peer that "
+                 "takes none): polled at the agent's timeouts until it "
+                 "moves; %s",
                  peer != NULL ? "peer " : "the main worker",
                  peer != NULL ? peer : "", peer != NULL ? "'s worker" : "",
                  (double)(now - ws->stuck_since_ns) / 1e6,
-                 peer != NULL ? "this peer's replies"
-                              : "the requests and notifications of every "
-                                "same-host peer over UCX shared memory");
+                 peer != NULL ? "peer" : "sender",
+                 peer != NULL ? "only this peer's replies can wait behind it"
+                              : "every same-host peer's requests and "
+                                "notifications over UCX shared memory can "
+                                "wait behind it");
     }
     return UCS_OK;
 }
