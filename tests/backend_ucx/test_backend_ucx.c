@@ -3,8 +3,10 @@
  * die or stall under a tcp connection.
  *
  * Usage: test_backend_ucx --suite transfer|misc [--tls LIST] [--quick]
- *        test_backend_ucx --peer-child WFD RFD   (internal, for misc) */
+ *        test_backend_ucx --peer-child WFD RFD   (internal, for misc)
+ *        test_backend_ucx --stuck-sender RFD WFD (internal, for misc) */
 #include <pdx/backend.h>
+#include <ucp/api/ucp.h>
 
 #include <errno.h>
 #include <inttypes.h>
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1068,11 +1071,16 @@ typedef struct parent {
     uint8_t *mem;
 } parent_t;
 
+/* The parent's option peer_workers (NULL: the default). */
+static const char *g_peer_workers;
+
 static void parent_setup(parent_t *p, child_t *c, const char *tls)
 {
     fake_host_init(&p->h, "test-parent");
-    pdx_kv_t opts[] = {{"tls", tls}};
-    assert_int_equal(ops->create(&p->h.host, opts, 1, &p->be), PDX_OK);
+    pdx_kv_t opts[] = {{"tls", tls}, {"peer_workers", g_peer_workers}};
+    assert_int_equal(ops->create(&p->h.host, opts,
+                                 g_peer_workers != NULL ? 2 : 1, &p->be),
+                     PDX_OK);
     assert_int_equal(
         ops->peer_connect(p->be, "test-child", c->conn, c->conn_len, &p->peer),
         PDX_OK);
@@ -1261,6 +1269,215 @@ static void test_release_stalled_read(void **state)
     child_reap(&c);
 }
 
+/* ---- a sender stopped in the middle of a message ------------------------
+ * UCX's shared-memory transport gives a worker one receive FIFO that every
+ * same-host sender writes into in order: a sender takes a slot, copies its
+ * message in, then marks it written. The stuck sender (a raw UCP process)
+ * sends the parent's main worker an active message whose generic datatype
+ * packs it, and blocks inside that pack: inside the slot it took, exactly
+ * where a peer stopped or killed mid-message leaves one. */
+static int g_stuck_wfd = -1;
+
+static void *stuck_start_pack(void *context, const void *buffer,
+                              size_t count)
+{
+    (void)context, (void)count;
+    return (void *)buffer;
+}
+
+static size_t stuck_packed_size(void *state)
+{
+    (void)state;
+    return 256;
+}
+
+static size_t stuck_pack(void *state, size_t offset, void *dest,
+                         size_t max_length)
+{
+    (void)state, (void)offset, (void)dest, (void)max_length;
+    if (write(g_stuck_wfd, "p", 1) != 1) {
+        _exit(6);
+    }
+    for (;;) {
+        pause(); /* until the parent kills us */
+    }
+}
+
+static void stuck_finish(void *state) { (void)state; }
+
+static int stuck_sender_main(int rfd, int wfd)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    alarm(120);
+    g_stuck_wfd = wfd;
+    uint64_t len;
+    if (read_full(rfd, &len, sizeof(len)) != 0 || len == 0 || len > 65536) {
+        _exit(3);
+    }
+    void *addr = malloc(len);
+    if (addr == NULL || read_full(rfd, addr, len) != 0) {
+        _exit(3);
+    }
+    ucp_config_t *cfg;
+    ucp_context_h ctx;
+    ucp_worker_h w;
+    ucp_ep_h ep;
+    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK ||
+        ucp_config_modify(cfg, "TLS", "posix,sysv,self") != UCS_OK) {
+        _exit(4);
+    }
+    ucp_params_t prm = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                        .features = UCP_FEATURE_AM};
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    ucp_ep_params_t epp = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
+                           .address = addr};
+    if (ucp_init(&prm, cfg, &ctx) != UCS_OK ||
+        ucp_worker_create(ctx, &wp, &w) != UCS_OK ||
+        ucp_ep_create(w, &epp, &ep) != UCS_OK) {
+        _exit(5);
+    }
+    ucp_config_release(cfg);
+    ucp_generic_dt_ops_t dops = {.start_pack = stuck_start_pack,
+                                 .packed_size = stuck_packed_size,
+                                 .pack = stuck_pack,
+                                 .finish = stuck_finish};
+    ucp_datatype_t dt;
+    if (ucp_dt_create_generic(&dops, NULL, &dt) != UCS_OK) {
+        _exit(5);
+    }
+    static char payload[256];
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS,
+        .datatype = dt,
+        .flags = UCP_AM_SEND_FLAG_EAGER,
+    };
+    ucs_status_ptr_t sp = ucp_am_send_nbx(ep, 0x5e, NULL, 0, payload, 1, &rp);
+    if (UCS_PTR_IS_ERR(sp)) {
+        _exit(7);
+    }
+    for (int i = 0; i < 100000000; i++) {
+        ucp_worker_progress(w); /* the pack comes from here at the latest */
+    }
+    _exit(8);
+}
+
+/* Start a stuck sender aimed at `be`'s main worker and wait (bounded,
+ * progressing `be`) until it sits inside its slot. */
+static pid_t stuck_sender_start(void *be)
+{
+    int down[2], up[2];
+    assert_int_equal(pipe(down), 0);
+    assert_int_equal(pipe(up), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char rfd[16], wfd[16];
+        snprintf(rfd, sizeof(rfd), "%d", down[0]);
+        snprintf(wfd, sizeof(wfd), "%d", up[1]);
+        close(down[1]);
+        close(up[0]);
+        execl(g_self, "test_backend_ucx", "--stuck-sender", rfd, wfd,
+              (char *)NULL);
+        _exit(127);
+    }
+    g_child_pid = pid;
+    close(down[0]);
+    close(up[1]);
+    void *conn;
+    size_t len;
+    assert_int_equal(ops->conn_info(be, &conn, &len), PDX_OK);
+    uint64_t l = len;
+    assert_int_equal(write(down[1], &l, sizeof(l)), (ssize_t)sizeof(l));
+    assert_int_equal(write(down[1], conn, len), (ssize_t)len);
+    free(conn);
+    uint64_t deadline = now_ns() + DEADLINE_NS;
+    int in_pack = 0;
+    while (!in_pack && now_ns() < deadline) {
+        ops->progress(be); /* its wireup, if UCX wants one */
+        struct pollfd pfd = {.fd = up[0], .events = POLLIN};
+        char ch;
+        in_pack = poll(&pfd, 1, 1) == 1 && read(up[0], &ch, 1) == 1;
+    }
+    close(up[0]);
+    close(down[1]);
+    assert_true(in_pack);
+    return pid;
+}
+
+/* With the parent's main receive FIFO blocked by the stuck sender, a READ
+ * from the child (the peer): with a worker of its own for the peer the
+ * reply comes back there and the READ completes; with one worker for all
+ * (peer_workers=off, the control that shows the slot really blocks) it
+ * waits behind the slot. Either way the blocked worker stops asking to be
+ * polled at once (arm says busy for UCX_STUCK_NS at most, then armed). */
+static void stuck_fifo(const char *peer_workers)
+{
+    const char *tls = "posix,sysv,self";
+    int own = strcmp(peer_workers, "auto") == 0;
+    child_t c;
+    parent_t p;
+    child_start(&c, tls);
+    g_peer_workers = peer_workers;
+    parent_setup(&p, &c, tls);
+    g_peer_workers = NULL;
+    assert_int_equal(describe_count(p.be, own ? "peer_workers=auto("
+                                              : "peer_workers=off("),
+                     own ? 1 : 0);
+    assert_int_equal(parent_xfer(&p, &c, PDX_XFER_READ, DEADLINE_NS), PDX_OK);
+    pid_t sender = stuck_sender_start(p.be);
+    pid_t child_pid = c.pid;
+    g_child_pid = child_pid; /* the teardown kills the peer; the sender
+                                dies with us (PR_SET_PDEATHSIG) */
+
+    memset(p.mem, 0, c.region.len);
+    uint64_t t0 = now_ns();
+    pdx_status_t st = parent_xfer(&p, &c, PDX_XFER_READ,
+                                  own ? DEADLINE_NS : 2000000000ull);
+    double ms = (double)(now_ns() - t0) / 1e6;
+    printf("[ ucx stuck fifo peer_workers=%s ] READ from the peer behind a "
+           "half-written slot: %s after %.1f ms\n", peer_workers,
+           pdx_status_string(st), ms);
+    if (own) {
+        assert_int_equal(st, PDX_OK);
+        assert_true(check_pattern(p.mem, 8u << 20, 77, 0));
+    } else {
+        assert_int_equal(st, PDX_INPROGRESS);
+    }
+
+    /* No spin: within a bounded time arm stops saying busy. */
+    uint64_t deadline = now_ns() + 2000000000ull;
+    pdx_status_t ast = PDX_ERR_BUSY;
+    while (ast == PDX_ERR_BUSY && now_ns() < deadline) {
+        ops->progress(p.be);
+        ast = ops->arm(p.be);
+        usleep(1000);
+    }
+    assert_int_equal(ast, PDX_OK);
+
+    kill(sender, SIGKILL);
+    waitpid(sender, NULL, 0);
+    t0 = now_ns();
+    parent_teardown(&p);
+    ms = (double)(now_ns() - t0) / 1e6;
+    printf("[ ucx stuck fifo peer_workers=%s ] teardown %.1f ms\n",
+           peer_workers, ms);
+    assert_true(ms < 10000.0);
+    child_reap(&c);
+}
+
+static void test_stuck_fifo_own_worker(void **state)
+{
+    (void)state;
+    stuck_fifo("auto");
+}
+
+static void test_stuck_fifo_one_worker(void **state)
+{
+    (void)state;
+    stuck_fifo("off");
+}
+
 int main(int argc, char **argv)
 {
     const char *suite = "transfer";
@@ -1271,6 +1488,8 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--peer-child") == 0 && i + 3 < argc) {
             return peer_child_main(atoi(argv[i + 1]), atoi(argv[i + 2]),
                                    argv[i + 3]);
+        } else if (strcmp(argv[i], "--stuck-sender") == 0 && i + 2 < argc) {
+            return stuck_sender_main(atoi(argv[i + 1]), atoi(argv[i + 2]));
         } else if (strcmp(argv[i], "--suite") == 0 && i + 1 < argc) {
             suite = argv[++i];
         } else if (strcmp(argv[i], "--tls") == 0 && i + 1 < argc) {
@@ -1322,6 +1541,10 @@ int main(int argc, char **argv)
             cmocka_unit_test_teardown(test_peer_death_tcp, child_teardown),
             cmocka_unit_test_teardown(test_peer_death_shm, child_teardown),
             cmocka_unit_test_teardown(test_release_stalled_read,
+                                      child_teardown),
+            cmocka_unit_test_teardown(test_stuck_fifo_own_worker,
+                                      child_teardown),
+            cmocka_unit_test_teardown(test_stuck_fifo_one_worker,
                                       child_teardown),
         };
         return cmocka_run_group_tests_name("backend_ucx_misc", tests, NULL,

@@ -675,6 +675,17 @@ static int d_main(void)
 
     printf("D's ucx backend at the fault: %s\n", fault_desc);
     int bad = 0;
+    /* Over shared memory each target has a worker of its own at D (its
+     * replies queue only behind its own messages); over tcp none does. */
+    if (strcmp(g_peer_workers, "auto") == 0) {
+        const char *want = strcmp(g_path, "ucx-tcp") == 0
+                               ? "peer_workers=auto(0)"
+                               : "peer_workers=auto(2)";
+        if (strstr(fault_desc, want) == NULL) {
+            fprintf(stderr, "FAIL: D's ucx backend does not say %s\n", want);
+            bad = 1;
+        }
+    }
     printf("bound on one call: %.0f ms%s; calls over 5 ms during which the "
            "kernel preempted a thread of this process or kept one waiting "
            "for a CPU: %u (%u by the wait), longest %.1f ms (bound 1000 "
