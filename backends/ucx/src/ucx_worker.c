@@ -99,9 +99,12 @@ static int ucx_has_pending_events(ucx_be_t *be)
 }
 
 /* Does the own worker of `peer` still have work to watch? Not once its
- * endpoint is gone and closed (a failed peer's: nothing of it is awaited
- * there, and a receive FIFO its stopped sender left half-written would
- * keep that worker from ever arming): ucx_progress destroys it. */
+ * endpoint is gone and closed (a failed peer's): nothing of it is awaited
+ * there. It stays until the peer is unloaded, progressed (late replies of
+ * a peer that resumes land there and are dropped, rather than queue at the
+ * peer for a FIFO nobody reads) and armed, but its being busy wakes
+ * nobody (a receive FIFO its stopped sender left half-written would keep
+ * it from ever arming). */
 static int ucx_wpeer_live(const ucx_peer_t *peer)
 {
     return peer->ep != NULL || peer->close_req != NULL ||
@@ -195,9 +198,6 @@ static unsigned ucx_worker_progress_bounded(ucx_be_t *be)
     unsigned total = 0;
     for (ucx_link_t *l = be->wpeers.next; l != &be->wpeers; l = l->next) {
         ucx_peer_t *peer = UCX_CONTAINER(l, ucx_peer_t, wlink);
-        if (!ucx_wpeer_live(peer)) {
-            continue;
-        }
         unsigned n = ucx_progress_one(be, peer->worker, done0, &start);
         ucx_wstate_note(&peer->ws, n, peer->name);
         total += n;
@@ -718,18 +718,12 @@ int ucx_progress(void *bev)
     events += ucx_deliver_errors(be);
     events += ucx_deliver_inbox(be);
     ucx_reap_zombies(be);
-    /* A failed peer's own worker, once its endpoint is closed, has nothing
-     * left to do: it goes now, with its fds (a keepalive timer or a signal
-     * its FIFO left pending would otherwise keep the agent's fd readable,
-     * and nothing would arm it again). */
-    for (ucx_link_t *l = be->wpeers.next; l != &be->wpeers;) {
+    /* A failed peer's forced close: its request is freed once done (the
+     * worker then stops counting as live; see ucx_wpeer_live). */
+    for (ucx_link_t *l = be->wpeers.next; l != &be->wpeers; l = l->next) {
         ucx_peer_t *peer = UCX_CONTAINER(l, ucx_peer_t, wlink);
-        l = l->next;
-        if (peer->ep == NULL) {
-            (void)ucx_close_done(peer); /* a forced close's request */
-        }
-        if (!ucx_wpeer_live(peer)) {
-            ucx_peer_worker_destroy(be, peer);
+        if (peer->ep == NULL && peer->close_req != NULL) {
+            (void)ucx_close_done(peer);
         }
     }
     return events;
@@ -757,6 +751,8 @@ pdx_status_t ucx_arm(void *bev)
         ucx_peer_t *peer = UCX_CONTAINER(l, ucx_peer_t, wlink);
         if (ucx_wpeer_live(peer)) {
             s = ucx_arm_one(peer->worker, &peer->ws, peer->name);
+        } else {
+            (void)ucp_worker_arm(peer->worker); /* drains its fds */
         }
     }
     if (s == UCS_ERR_BUSY) {
