@@ -675,10 +675,11 @@ static int d_main(void)
 
     printf("D's ucx backend at the fault: %s\n", fault_desc);
     int bad = 0;
-    /* Over shared memory each target has a worker of its own at D (its
-     * replies queue only behind its own messages); over tcp none does. */
+    /* Over UCX shared memory each target has a worker of its own at D (its
+     * replies queue only behind its own messages); over tcp none does, nor
+     * over shm (cma moves the data; ucx makes the worker at first use). */
     if (strcmp(g_peer_workers, "auto") == 0) {
-        const char *want = strcmp(g_path, "ucx-tcp") == 0
+        const char *want = strcmp(g_path, "ucx") != 0
                                ? "peer_workers=auto(0)"
                                : "peer_workers=auto(2)";
         if (strstr(fault_desc, want) == NULL) {

@@ -345,7 +345,12 @@ pdx_status_t ucx_peer_connect(void *bev, const char *peer_name,
     ucx_list_init(&peer->sends);
     ucx_list_init(&peer->rmds);
     ucx_list_init(&peer->wlink);
-    if (!be->lazy) {
+    /* Eager: the endpoint now, so that a peer UCX cannot reach is
+     * declined at load. Not for a same-host peer over shared memory: its
+     * address already says UCX reaches it, and its endpoint comes with a
+     * worker of its own (1.3 MiB, progressed and armed at every wake-up),
+     * wasted where the agent moves its data with another backend (cma). */
+    if (!be->lazy && !ucx_peer_wants_worker(be, peer)) {
         st = ucx_peer_ep(be, peer);
         if (st != PDX_OK) {
             goto err_peer;

@@ -406,6 +406,20 @@ pdx_status_t ucx_create(const pdx_backend_host_t *host,
         if (st != PDX_OK) {
             goto err_cfg;
         }
+        /* Each worker's shared-memory receive descriptors are allocated
+         * (and touched) RX_BUFS_GROW at a time, 8 KiB each: UCX's 512 cost
+         * every worker 4.3 MiB of resident memory, and a same-host peer
+         * over shared memory has a worker of its own (ucx_peer_ep). 128
+         * (1.3 MiB a worker, 16 peers measured) still covers the 64-slot
+         * FIFO twice; the pool grows past it when descriptors are held. */
+        if (getenv("UCX_MM_RX_BUFS_GROW") == NULL &&
+            getenv("UCX_POSIX_RX_BUFS_GROW") == NULL &&
+            getenv("UCX_SYSV_RX_BUFS_GROW") == NULL) {
+            st = ucx_config_set(cfg, "MM_RX_BUFS_GROW", "128");
+            if (st != PDX_OK) {
+                goto err_cfg;
+            }
+        }
     }
 
     /* Keepalive is how UCX notices a dead peer with no traffic in flight
