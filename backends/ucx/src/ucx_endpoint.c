@@ -419,6 +419,9 @@ pdx_status_t ucx_peer_ep(ucx_be_t *be, ucx_peer_t *peer)
     };
     ucs_status_t s = ucp_ep_create(peer->worker, &ep, &peer->ep);
     if (s != UCS_OK) {
+        /* At first use (a lazy instance, or a peer that has a worker of
+         * its own: see ucx_peer_connect) or at load. */
+        int first_use = be->lazy || ucx_peer_wants_worker(be, peer);
         peer->ep = NULL;
         if (peer->own_worker) {
             ucx_peer_worker_destroy(be, peer);
@@ -427,14 +430,14 @@ pdx_status_t ucx_peer_ep(ucx_be_t *be, ucx_peer_t *peer)
         }
         pdx_error("ucx: connecting to peer %s (%zu-byte address)%s failed: "
                   "%s%s", peer->name, peer->addr_len,
-                  be->lazy ? " at its first use" : "", ucs_status_string(s),
-                  be->lazy ? "; requests to it fail until it is unloaded"
+                  first_use ? " at its first use" : "", ucs_status_string(s),
+                  first_use ? "; requests to it fail until it is unloaded"
                            : "");
         /* No common transport: decline, so the agent can pick another
          * backend, rather than calling the peer dead. */
         pdx_status_t st = s == UCS_ERR_UNREACHABLE ? PDX_ERR_UNSUPPORTED
                                                    : ucx_status(s);
-        if (be->lazy) {
+        if (first_use) {
             /* Loaded already: every request to it ends with this error
              * (retrying each would repeat it), until it is unloaded. */
             peer->connect_st = st;
