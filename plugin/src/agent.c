@@ -157,6 +157,8 @@ pdx_status_t pdxi_agent_create(const char *name,
             goto err_mutex;
         }
         a->thread_running = true;
+        /* A name for ps, top and /proc/PID/task/N/comm (15 chars). */
+        (void)pthread_setname_np(a->progress_thread, "pdx-progress");
     }
     pdx_info("agent %s: created (host %s, instance %016llx)", a->name,
              a->host_id, (unsigned long long)a->instance);

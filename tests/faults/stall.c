@@ -313,7 +313,117 @@ typedef struct monitor {
     uint64_t waits_ns;         /* when (0: never or no schedstat) */
     unsigned waited_long;      /* calls over 5 ms a thread's wait explains */
     unsigned notifs, reads_ok[2], reads_err[2];
+    /* The watchdog (watch_main): when the timed call began (0: none) and
+     * what it is; what every thread of D was doing once a call passed
+     * WATCH_MS (the first such call only). */
+    _Atomic uint64_t call_t0;
+    const char *_Atomic call_what;
+    char dump[8192];
+    atomic_int dumped;
 } monitor_t;
+
+#define WATCH_MS 30
+
+/* What every thread of this process is doing now: name, state, kernel
+ * wait channel and current system call (number and first argument: a
+ * futex's address, an fd), one line each. */
+static void threads_dump(char *out, size_t len)
+{
+    size_t used = 0;
+    DIR *d = opendir("/proc/self/task");
+    if (d == NULL) {
+        snprintf(out, len, "(no /proc/self/task)");
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && used + 256 < len) {
+        if (e->d_name[0] == '.') {
+            continue;
+        }
+        char path[128], comm[64] = "?", stat[512] = "", wchan[64] = "?",
+                         sc[256] = "?";
+        FILE *f;
+        snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+        if ((f = fopen(path, "r")) != NULL) {
+            if (fgets(comm, sizeof(comm), f) == NULL) {
+                comm[0] = '\0';
+            }
+            fclose(f);
+            comm[strcspn(comm, "\n")] = '\0';
+        }
+        snprintf(path, sizeof(path), "/proc/self/task/%s/stat", e->d_name);
+        if ((f = fopen(path, "r")) != NULL) {
+            if (fgets(stat, sizeof(stat), f) == NULL) {
+                stat[0] = '\0';
+            }
+            fclose(f);
+        }
+        const char *rp = strrchr(stat, ')');
+        char state = rp != NULL && rp[1] == ' ' ? rp[2] : '?';
+        snprintf(path, sizeof(path), "/proc/self/task/%s/wchan", e->d_name);
+        if ((f = fopen(path, "r")) != NULL) {
+            if (fgets(wchan, sizeof(wchan), f) == NULL) {
+                wchan[0] = '\0';
+            }
+            fclose(f);
+        }
+        snprintf(path, sizeof(path), "/proc/self/task/%s/syscall",
+                 e->d_name);
+        if ((f = fopen(path, "r")) != NULL) {
+            if (fgets(sc, sizeof(sc), f) == NULL) {
+                sc[0] = '\0';
+            }
+            fclose(f);
+            sc[strcspn(sc, "\n")] = '\0';
+            char *third = sc; /* keep "nr arg1" */
+            for (int k = 0; k < 2 && third != NULL; k++) {
+                third = strchr(third + 1, ' ');
+            }
+            if (third != NULL) {
+                *third = '\0';
+            }
+        }
+        int w = snprintf(out + used, len - used,
+                         "  tid %s %-15s state %c wchan %s syscall %s\n",
+                         e->d_name, comm, state, wchan, sc);
+        if (w > 0) {
+            used += (size_t)w;
+        }
+    }
+    closedir(d);
+}
+
+/* Looks every 2 ms whether the monitor's timed call has run past
+ * WATCH_MS, and if so (once) what every thread of D is doing. */
+static void *watch_main(void *arg)
+{
+    monitor_t *m = arg;
+    while (!atomic_load(&m->stop) && !atomic_load(&m->dumped)) {
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+        uint64_t t0 = atomic_load(&m->call_t0);
+        if (t0 != 0 && now_ns() - t0 > WATCH_MS * 1000000ull) {
+            char head[128];
+            snprintf(head, sizeof(head), "%s running for %.1f ms:\n",
+                     atomic_load(&m->call_what),
+                     (double)(now_ns() - t0) / 1e6);
+            size_t hl = strlen(head);
+            memcpy(m->dump, head, hl + 1);
+            threads_dump(m->dump + hl, sizeof(m->dump) - hl);
+            atomic_store(&m->dumped, 1);
+        }
+    }
+    return NULL;
+}
+
+/* The monitor starts a timed call. */
+static uint64_t call_begin(monitor_t *m, const char *what)
+{
+    uint64_t t0 = now_ns();
+    atomic_store(&m->call_what, what);
+    atomic_store(&m->call_t0, t0);
+    return t0;
+}
 
 /* Where the monitor reads in peer i: in P1, the top piece, which the main
  * thread's requests (offsets below REGION / 2 + 63 * 2 * PIECE + PIECE)
@@ -357,6 +467,7 @@ static void waits_mark(monitor_t *m)
 static void sample(monitor_t *m, uint64_t t0, long pre0, const char *what)
 {
     uint64_t dt = now_ns() - t0;
+    atomic_store(&m->call_t0, 0);
     if (m->nsamples < SAMPLES) {
         m->samples[m->nsamples++] = dt;
     }
@@ -408,7 +519,7 @@ static void *monitor_main(void *arg)
         for (int i = 0; i < 2; i++) {
             waits_mark(m);
             long pre = preemptions();
-            uint64_t t0 = now_ns();
+            uint64_t t0 = call_begin(m, "pdx_peer_state");
             pdx_peer_state(m->d, m->t[i]->name);
             sample(m, t0, pre, "pdx_peer_state");
             if (!live[i]) {
@@ -416,7 +527,7 @@ static void *monitor_main(void *arg)
             }
             waits_mark(m);
             pre = preemptions();
-            t0 = now_ns();
+            t0 = call_begin(m, "pdx_xfer_check");
             pdx_status_t st = pdx_xfer_check(x[i]);
             sample(m, t0, pre, "pdx_xfer_check");
             if (st == PDX_INPROGRESS) {
@@ -434,7 +545,7 @@ static void *monitor_main(void *arg)
                 memset(m->buf + (size_t)i * PIECE, 0, PIECE);
                 waits_mark(m);
                 pre = preemptions();
-                t0 = now_ns();
+                t0 = call_begin(m, "pdx_xfer_post");
                 st = pdx_xfer_post(x[i]);
                 sample(m, t0, pre, "pdx_xfer_post");
                 if (st >= 0) {
@@ -446,7 +557,7 @@ static void *monitor_main(void *arg)
         }
         waits_mark(m);
         long pre = preemptions();
-        uint64_t t0 = now_ns();
+        uint64_t t0 = call_begin(m, "pdx_notif_poll");
         pdx_notif_poll(m->d, on_note, m);
         sample(m, t0, pre, "pdx_notif_poll");
         struct timespec ts = {0, 100000};
@@ -546,8 +657,9 @@ static int d_main(void)
     if (m.samples == NULL) {
         die("out of memory");
     }
-    pthread_t mon;
-    if (pthread_create(&mon, NULL, monitor_main, &m) != 0) {
+    pthread_t mon, watch;
+    if (pthread_create(&mon, NULL, monitor_main, &m) != 0 ||
+        pthread_create(&watch, NULL, watch_main, &m) != 0) {
         die("pthread_create");
     }
 
@@ -646,6 +758,7 @@ static int d_main(void)
     }
     atomic_store(&m.stop, 1);
     pthread_join(mon, NULL);
+    pthread_join(watch, NULL);
     for (int p = 0; p < 2; p++) {
         for (int k = 0; k < INFLIGHT; k++) {
             if (slots[p][k].x != NULL) {
@@ -692,6 +805,11 @@ static int d_main(void)
            "for a CPU: %u (%u by the wait), longest %.1f ms (bound 1000 "
            "ms)\n", MAX_CALL_MS, MAX_CALL_NOTE, m.preempted_long,
            m.waited_long, (double)m.max_preempted_ns / 1e6);
+    if (atomic_load(&m.dumped)) {
+        printf("the other thread's call passed %d ms; D's threads then "
+               "(syscall: number and first argument):\n%s", WATCH_MS,
+               m.dump);
+    }
     if (mx >= MAX_CALL_MS) {
         fprintf(stderr, "FAIL: a call of the other thread took %.1f ms\n", mx);
         bad = 1;

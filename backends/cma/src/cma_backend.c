@@ -79,6 +79,7 @@ pdx_status_t cma_create(const pdx_backend_host_t *host,
         free(be);
         return PDX_ERR_IO;
     }
+    (void)pthread_setname_np(be->worker, "pdx-cma");
     *be_p = be;
     return PDX_OK;
 }
