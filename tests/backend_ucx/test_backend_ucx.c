@@ -4,7 +4,7 @@
  *
  * Usage: test_backend_ucx --suite transfer|misc [--tls LIST] [--quick]
  *        test_backend_ucx --peer-child WFD RFD   (internal, for misc)
- *        test_backend_ucx --stuck-sender RFD WFD (internal, for misc) */
+ *        test_backend_ucx --stuck-sender WFD RFD (internal, for misc) */
 #include <pdx/backend.h>
 #include <ucp/api/ucp.h>
 
@@ -1012,7 +1012,11 @@ static int read_full(int fd, void *buf, size_t len)
     return 0;
 }
 
-static void child_start(child_t *c, const char *tls)
+/* Fork this binary as a helper process: `mode` WFD RFD [arg] (it writes
+ * to WFD, reads RFD). *up_p: the end to read it from; *down_p: the end to
+ * write to it. The teardown kills it (g_child_pid). */
+static pid_t helper_spawn(const char *mode, const char *arg, int *up_p,
+                          int *down_p)
 {
     int up[2], down[2];
     assert_int_equal(pipe(up), 0);
@@ -1026,24 +1030,30 @@ static void child_start(child_t *c, const char *tls)
         snprintf(rfd, sizeof(rfd), "%d", down[0]);
         close(up[0]);
         close(down[1]);
-        execl(g_self, "test_backend_ucx", "--peer-child", wfd, rfd, tls,
-              (char *)NULL);
+        execl(g_self, "test_backend_ucx", mode, wfd, rfd, arg, (char *)NULL);
         _exit(127);
     }
     close(up[1]);
     close(down[0]);
-    c->pid = pid;
     g_child_pid = pid;
-    c->to_child = down[1];
+    *up_p = up[0];
+    *down_p = down[1];
+    return pid;
+}
+
+static void child_start(child_t *c, const char *tls)
+{
+    int up;
+    c->pid = helper_spawn("--peer-child", tls, &up, &c->to_child);
     uint64_t hdr[4];
-    assert_int_equal(read_full(up[0], hdr, sizeof(hdr)), 0);
+    assert_int_equal(read_full(up, hdr, sizeof(hdr)), 0);
     c->conn_len = hdr[0];
     c->key_len = hdr[1];
     c->conn = malloc(c->conn_len);
     c->key = malloc(c->key_len);
-    assert_int_equal(read_full(up[0], c->conn, c->conn_len), 0);
-    assert_int_equal(read_full(up[0], c->key, c->key_len), 0);
-    close(up[0]);
+    assert_int_equal(read_full(up, c->conn, c->conn_len), 0);
+    assert_int_equal(read_full(up, c->key, c->key_len), 0);
+    close(up);
     c->region = (pdx_region_t){
         .addr = hdr[2], .len = hdr[3], .mem_type = PDX_MEM_DRAM, .shm_fd = -1};
 }
@@ -1307,7 +1317,7 @@ static size_t stuck_pack(void *state, size_t offset, void *dest,
 
 static void stuck_finish(void *state) { (void)state; }
 
-static int stuck_sender_main(int rfd, int wfd)
+static int stuck_sender_main(int wfd, int rfd)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     alarm(120);
@@ -1368,41 +1378,25 @@ static int stuck_sender_main(int rfd, int wfd)
  * progressing `be`) until it sits inside its slot. */
 static pid_t stuck_sender_start(void *be)
 {
-    int down[2], up[2];
-    assert_int_equal(pipe(down), 0);
-    assert_int_equal(pipe(up), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        char rfd[16], wfd[16];
-        snprintf(rfd, sizeof(rfd), "%d", down[0]);
-        snprintf(wfd, sizeof(wfd), "%d", up[1]);
-        close(down[1]);
-        close(up[0]);
-        execl(g_self, "test_backend_ucx", "--stuck-sender", rfd, wfd,
-              (char *)NULL);
-        _exit(127);
-    }
-    g_child_pid = pid;
-    close(down[0]);
-    close(up[1]);
+    int up, down;
+    pid_t pid = helper_spawn("--stuck-sender", NULL, &up, &down);
     void *conn;
     size_t len;
     assert_int_equal(ops->conn_info(be, &conn, &len), PDX_OK);
     uint64_t l = len;
-    assert_int_equal(write(down[1], &l, sizeof(l)), (ssize_t)sizeof(l));
-    assert_int_equal(write(down[1], conn, len), (ssize_t)len);
+    assert_int_equal(write(down, &l, sizeof(l)), (ssize_t)sizeof(l));
+    assert_int_equal(write(down, conn, len), (ssize_t)len);
     free(conn);
     uint64_t deadline = now_ns() + DEADLINE_NS;
     int in_pack = 0;
     while (!in_pack && now_ns() < deadline) {
         ops->progress(be); /* its wireup, if UCX wants one */
-        struct pollfd pfd = {.fd = up[0], .events = POLLIN};
+        struct pollfd pfd = {.fd = up, .events = POLLIN};
         char ch;
-        in_pack = poll(&pfd, 1, 1) == 1 && read(up[0], &ch, 1) == 1;
+        in_pack = poll(&pfd, 1, 1) == 1 && read(up, &ch, 1) == 1;
     }
-    close(up[0]);
-    close(down[1]);
+    close(up);
+    close(down);
     assert_true(in_pack);
     return pid;
 }
