@@ -1140,6 +1140,21 @@ static pdx_status_t parent_xfer(parent_t *p, child_t *c, pdx_xfer_op_t op,
     return st;
 }
 
+/* Progress and arm `be` until arm stops saying busy, at most 2 s: an
+ * instance with nothing to do sleeps on its fd (no spin), whatever a peer
+ * left behind. Returns arm's last answer. */
+static pdx_status_t arm_settles(void *be)
+{
+    uint64_t deadline = now_ns() + 2000000000ull;
+    pdx_status_t st = PDX_ERR_BUSY;
+    while (st == PDX_ERR_BUSY && now_ns() < deadline) {
+        ops->progress(be);
+        st = ops->arm(be);
+        usleep(1000);
+    }
+    return st;
+}
+
 static void peer_death(const char *tls)
 {
     child_t c;
@@ -1180,14 +1195,7 @@ static void peer_death(const char *tls)
     long own = describe_count(p.be, "peer_workers=auto(");
     assert_int_equal(own, strcmp(tls, "tcp") == 0 ? 0 : 1);
     ops->peer_failed(p.be, p.peer);
-    deadline = now_ns() + 2000000000ull;
-    pdx_status_t ast = PDX_ERR_BUSY;
-    while (ast == PDX_ERR_BUSY && now_ns() < deadline) {
-        ops->progress(p.be);
-        ast = ops->arm(p.be);
-        usleep(1000);
-    }
-    assert_int_equal(ast, PDX_OK);
+    assert_int_equal(arm_settles(p.be), PDX_OK);
     assert_int_equal(parent_xfer(&p, &c, PDX_XFER_READ, DEADLINE_NS),
                      PDX_ERR_REMOTE_DISCONNECT);
     parent_teardown(&p);
@@ -1442,14 +1450,7 @@ static void stuck_fifo(const char *peer_workers)
     }
 
     /* No spin: within a bounded time arm stops saying busy. */
-    uint64_t deadline = now_ns() + 2000000000ull;
-    pdx_status_t ast = PDX_ERR_BUSY;
-    while (ast == PDX_ERR_BUSY && now_ns() < deadline) {
-        ops->progress(p.be);
-        ast = ops->arm(p.be);
-        usleep(1000);
-    }
-    assert_int_equal(ast, PDX_OK);
+    assert_int_equal(arm_settles(p.be), PDX_OK);
 
     kill(sender, SIGKILL);
     waitpid(sender, NULL, 0);
