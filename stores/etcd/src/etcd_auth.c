@@ -164,7 +164,12 @@ void etcd_auth_ensure(etcd_store_t *s, const char *endpoint)
     }
     pthread_mutex_lock(&s->auth_lock);
     pthread_mutex_lock(&s->lock);
-    ok = s->token_ok; /* another thread may have done it meanwhile */
+    /* Another thread may have done it meanwhile: got a token, or failed
+     * and set a backoff (without this second look, two threads that found
+     * the backoff over both tried: trust_etcd_tls_auth once counted 4
+     * attempts in 3 s against a wrong password, where the backoff allows
+     * 3). */
+    ok = s->token_ok || pdx_be_now_ns() < s->auth_retry_at_ns;
     pthread_mutex_unlock(&s->lock);
     if (ok) {
         pthread_mutex_unlock(&s->auth_lock);
