@@ -240,7 +240,8 @@ static void target_connect(target_t *t, pdx_agent_h d, const void *dblob,
 typedef struct waits {
     int n;
     int tid[WAIT_TASKS];
-    uint64_t ns[WAIT_TASKS];
+    uint64_t ns[WAIT_TASKS];  /* run-queue wait */
+    uint64_t run[WAIT_TASKS]; /* time on a CPU */
 } waits_t;
 
 /* false where the kernel has no schedstat (then only preemptions count). */
@@ -272,6 +273,7 @@ static bool waits_take(waits_t *w)
         buf[k] = '\0';
         if (sscanf(buf, "%llu %llu", &run, &wait) == 2) {
             w->tid[w->n] = atoi(e->d_name);
+            w->run[w->n] = run;
             w->ns[w->n++] = wait;
         }
     }
@@ -320,6 +322,7 @@ typedef struct monitor {
     const char *_Atomic call_what;
     char dump[8192];
     atomic_int dumped;
+    atomic_int mon_tid; /* the timed thread's */
 } monitor_t;
 
 #define WATCH_MS 30
@@ -403,13 +406,49 @@ static void *watch_main(void *arg)
         nanosleep(&ts, NULL);
         uint64_t t0 = atomic_load(&m->call_t0);
         if (t0 != 0 && now_ns() - t0 > WATCH_MS * 1000000ull) {
-            char head[128];
-            snprintf(head, sizeof(head), "%s running for %.1f ms:\n",
+            char head[192];
+            snprintf(head, sizeof(head), "%s running for %.1f ms (in tid "
+                     "%d; D's main thread is tid %d):\n",
                      atomic_load(&m->call_what),
-                     (double)(now_ns() - t0) / 1e6);
+                     (double)(now_ns() - t0) / 1e6,
+                     atomic_load(&m->mon_tid), (int)getpid());
             size_t hl = strlen(head);
             memcpy(m->dump, head, hl + 1);
             threads_dump(m->dump + hl, sizeof(m->dump) - hl);
+            /* Then, until the call ends (at most 2 s): how long each
+             * thread was on a CPU and how long it waited for one. A call
+             * that long with neither, for the caller, was not the guest's
+             * doing (the VM itself did not run). */
+            waits_t a, b;
+            bool have = waits_take(&a);
+            uint64_t ta = now_ns();
+            while (atomic_load(&m->call_t0) == t0 &&
+                   now_ns() - ta < 2000000000ull) {
+                struct timespec ms1 = {0, 1000000};
+                nanosleep(&ms1, NULL);
+            }
+            uint64_t tb = now_ns();
+            if (have && waits_take(&b)) {
+                size_t used = strlen(m->dump);
+                int w = snprintf(m->dump + used, sizeof(m->dump) - used,
+                                 "  over the next %.1f ms (to the call's "
+                                 "end):\n", (double)(tb - ta) / 1e6);
+                used += w > 0 ? (size_t)w : 0;
+                for (int i = 0; i < b.n && used + 128 < sizeof(m->dump);
+                     i++) {
+                    for (int j = 0; j < a.n; j++) {
+                        if (a.tid[j] != b.tid[i]) {
+                            continue;
+                        }
+                        w = snprintf(m->dump + used, sizeof(m->dump) - used,
+                                     "  tid %d on a CPU %.1f ms, waiting "
+                                     "for one %.1f ms\n", b.tid[i],
+                                     (double)(b.run[i] - a.run[j]) / 1e6,
+                                     (double)(b.ns[i] - a.ns[j]) / 1e6);
+                        used += w > 0 ? (size_t)w : 0;
+                    }
+                }
+            }
             atomic_store(&m->dumped, 1);
         }
     }
@@ -504,6 +543,7 @@ static void sample(monitor_t *m, uint64_t t0, long pre0, const char *what)
 static void *monitor_main(void *arg)
 {
     monitor_t *m = arg;
+    atomic_store(&m->mon_tid, (int)gettid());
     pdx_xfer_h x[2] = {NULL, NULL};
     bool live[2] = {true, true};
     for (int i = 0; i < 2; i++) {
