@@ -205,6 +205,31 @@ static int ucx_peer_wants_worker(const ucx_be_t *be, const ucx_peer_t *peer)
            memcmp(a->mm_dev, me->mm_dev, a->mm_dev_len) == 0;
 }
 
+/* Free every notification record on a list: UCX will not call back for
+ * them (their worker is gone). */
+void ucx_send_list_free(ucx_link_t *head)
+{
+    while (!ucx_list_empty(head)) {
+        ucx_link_t *l = head->next;
+        ucx_list_del(l);
+        free(UCX_CONTAINER(l, ucx_send_t, link));
+    }
+}
+
+/* The last of a peer no list holds: keys the agent may still hold no
+ * longer point at it, and its memory goes. */
+static void ucx_peer_dealloc(ucx_peer_t *peer)
+{
+    while (!ucx_list_empty(&peer->rmds)) {
+        ucx_rmd_t *rmd = UCX_CONTAINER(peer->rmds.next, ucx_rmd_t, plink);
+        ucx_list_del(&rmd->plink);
+        rmd->peer = NULL;
+    }
+    free(peer->addr);
+    free(peer->name);
+    free(peer);
+}
+
 /* UCX no longer calls back for requests on `w` (destroyed): end those
  * still counted on it, and free the ones nobody owns. */
 static void ucx_reqs_worker_gone(ucx_be_t *be, ucx_link_t *head,
@@ -249,14 +274,9 @@ void ucx_peer_worker_destroy(ucx_be_t *be, ucx_peer_t *peer)
     ucp_worker_destroy(w);
     peer->worker = NULL;
     ucx_list_del(&peer->wlink);
-    be->npeer_workers--;
     ucx_reqs_worker_gone(be, &peer->reqs, w);
     ucx_reqs_worker_gone(be, &be->orphan_reqs, w);
-    while (!ucx_list_empty(&peer->sends)) {
-        ucx_link_t *l = peer->sends.next;
-        ucx_list_del(l);
-        free(UCX_CONTAINER(l, ucx_send_t, link));
-    }
+    ucx_send_list_free(&peer->sends);
 }
 
 /* Free a peer taken off every list whose endpoint is closed: its own
@@ -271,14 +291,7 @@ void ucx_peer_release(ucx_be_t *be, ucx_peer_t *peer)
         ucx_list_del(l);
         ucx_list_push(&be->orphan_sends, l);
     }
-    while (!ucx_list_empty(&peer->rmds)) {
-        ucx_rmd_t *rmd = UCX_CONTAINER(peer->rmds.next, ucx_rmd_t, plink);
-        ucx_list_del(&rmd->plink);
-        rmd->peer = NULL;
-    }
-    free(peer->addr);
-    free(peer->name);
-    free(peer);
+    ucx_peer_dealloc(peer);
 }
 
 void ucx_peer_free(ucx_peer_t *peer)
@@ -290,19 +303,8 @@ void ucx_peer_free(ucx_peer_t *peer)
     }
     /* Sends still listed here never completed; UCX is gone or will not
      * touch them again (the worker is destroyed before this runs). */
-    while (!ucx_list_empty(&peer->rmds)) {
-        ucx_rmd_t *rmd = UCX_CONTAINER(peer->rmds.next, ucx_rmd_t, plink);
-        ucx_list_del(&rmd->plink);
-        rmd->peer = NULL;
-    }
-    while (!ucx_list_empty(&peer->sends)) {
-        ucx_link_t *l = peer->sends.next;
-        ucx_list_del(l);
-        free(UCX_CONTAINER(l, ucx_send_t, link));
-    }
-    free(peer->addr);
-    free(peer->name);
-    free(peer);
+    ucx_send_list_free(&peer->sends);
+    ucx_peer_dealloc(peer);
 }
 
 pdx_status_t ucx_peer_connect(void *bev, const char *peer_name,
@@ -400,7 +402,6 @@ pdx_status_t ucx_peer_ep(ucx_be_t *be, ucx_peer_t *peer)
             peer->worker = w;
             peer->own_worker = 1;
             ucx_list_push(&be->wpeers, &peer->wlink);
-            be->npeer_workers++;
         } else {
             pdx_warn("ucx: peer %s: no worker of its own (see above): its "
                      "replies share the main worker's receive queue",

@@ -232,7 +232,6 @@ struct ucx_be {
      * every worker of the instance: the fd the agent sleeps on. */
     int efd;
     int peer_workers;    /* option peer_workers: 1 auto, 0 off */
-    unsigned npeer_workers;
     ucx_link_t wpeers;   /* peers with a worker of their own (wlink) */
     ucx_wstate_t main_ws; /* the main worker's */
     ucx_vaddr_t self;    /* the main worker's own address, parsed */
@@ -295,6 +294,7 @@ int ucx_deliver_errors(ucx_be_t *be);
 int ucx_close_done(ucx_peer_t *peer);
 void ucx_peer_worker_destroy(ucx_be_t *be, ucx_peer_t *peer);
 void ucx_peer_release(ucx_be_t *be, ucx_peer_t *peer);
+void ucx_send_list_free(ucx_link_t *head);
 pdx_status_t ucx_worker_open(ucx_be_t *be, const char *name,
                              ucp_worker_h *w_p);
 void ucx_ep_close_step(ucx_be_t *be, ucx_peer_t *peer, int now_force);

@@ -665,11 +665,7 @@ void ucx_destroy(void *bev)
     }
     ucx_req_list_free(&be->orphan_reqs);
     ucx_req_list_free(&be->req_cache);
-    while (!ucx_list_empty(&be->orphan_sends)) {
-        ucx_link_t *l = be->orphan_sends.next;
-        ucx_list_del(l);
-        free(UCX_CONTAINER(l, ucx_send_t, link));
-    }
+    ucx_send_list_free(&be->orphan_sends);
     while (!ucx_list_empty(&be->inbox)) {
         ucx_link_t *l = be->inbox.next;
         ucx_list_del(l);
@@ -819,6 +815,11 @@ void ucx_describe(void *bev, char *buf, size_t len)
         npeers++;
         neps += UCX_CONTAINER(l, ucx_peer_t, link)->ep != NULL;
     }
+    unsigned npw = 0; /* peers' own workers, closing ones included */
+    for (ucx_link_t *l = be->wpeers.next; l != &be->wpeers && npw < 1000000;
+         l = l->next) {
+        npw++;
+    }
     snprintf(buf, len,
              "ucx %s tls=%s %s=%s max_chunk=%" PRIu64 " keepalive_ms=%"
              PRIu64 "%s connect=%s peers=%zu endpoints=%zu "
@@ -829,5 +830,5 @@ void ucx_describe(void *bev, char *buf, size_t len)
              be->keepalive_ms > 0 && getenv("UCX_KEEPALIVE_INTERVAL") != NULL
                  ? " (UCX_KEEPALIVE_INTERVAL wins)" : "",
              be->lazy ? "lazy" : "eager", npeers, neps,
-             be->peer_workers ? "auto" : "off", be->npeer_workers);
+             be->peer_workers ? "auto" : "off", npw);
 }
