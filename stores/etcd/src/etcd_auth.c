@@ -151,27 +151,27 @@ out:
     return st;
 }
 
-void etcd_auth_ensure(etcd_store_t *s, const char *endpoint)
+/* Nothing to do: a token, or backing off after a failure. Takes s->lock. */
+static bool auth_settled(etcd_store_t *s)
 {
-    if (s->user == NULL) {
-        return;
-    }
     pthread_mutex_lock(&s->lock);
     bool ok = s->token_ok || pdx_be_now_ns() < s->auth_retry_at_ns;
     pthread_mutex_unlock(&s->lock);
-    if (ok) {
-        return; /* a token, or backing off after a failure */
+    return ok;
+}
+
+void etcd_auth_ensure(etcd_store_t *s, const char *endpoint)
+{
+    if (s->user == NULL || auth_settled(s)) {
+        return;
     }
     pthread_mutex_lock(&s->auth_lock);
-    pthread_mutex_lock(&s->lock);
     /* Another thread may have done it meanwhile: got a token, or failed
-     * and set a backoff (without this second look, two threads that found
+     * and set a backoff (looking at the token alone, two threads that found
      * the backoff over both tried: trust_etcd_tls_auth once counted 4
      * attempts in 3 s against a wrong password, where the backoff allows
      * 3). */
-    ok = s->token_ok || pdx_be_now_ns() < s->auth_retry_at_ns;
-    pthread_mutex_unlock(&s->lock);
-    if (ok) {
+    if (auth_settled(s)) {
         pthread_mutex_unlock(&s->auth_lock);
         return;
     }
