@@ -327,6 +327,23 @@ typedef struct monitor {
 
 #define WATCH_MS 30
 
+/* The first line of /proc/self/task/TID/FILE, without its newline ("?"
+ * if it cannot be read). */
+static void task_line(const char *tid, const char *file, char *buf,
+                      size_t len)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "/proc/self/task/%s/%s", tid, file);
+    FILE *f = fopen(path, "r");
+    if (f == NULL || fgets(buf, (int)len, f) == NULL) {
+        snprintf(buf, len, "?");
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    buf[strcspn(buf, "\n")] = '\0';
+}
+
 /* What every thread of this process is doing now: name, state, kernel
  * wait channel and current system call (number and first argument: a
  * futex's address, an fd), one line each. */
@@ -343,48 +360,19 @@ static void threads_dump(char *out, size_t len)
         if (e->d_name[0] == '.') {
             continue;
         }
-        char path[128], comm[64] = "?", stat[512] = "", wchan[64] = "?",
-                         sc[256] = "?";
-        FILE *f;
-        snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
-        if ((f = fopen(path, "r")) != NULL) {
-            if (fgets(comm, sizeof(comm), f) == NULL) {
-                comm[0] = '\0';
-            }
-            fclose(f);
-            comm[strcspn(comm, "\n")] = '\0';
-        }
-        snprintf(path, sizeof(path), "/proc/self/task/%s/stat", e->d_name);
-        if ((f = fopen(path, "r")) != NULL) {
-            if (fgets(stat, sizeof(stat), f) == NULL) {
-                stat[0] = '\0';
-            }
-            fclose(f);
-        }
+        char comm[64], stat[512], wchan[64], sc[256];
+        task_line(e->d_name, "comm", comm, sizeof(comm));
+        task_line(e->d_name, "stat", stat, sizeof(stat));
+        task_line(e->d_name, "wchan", wchan, sizeof(wchan));
+        task_line(e->d_name, "syscall", sc, sizeof(sc));
         const char *rp = strrchr(stat, ')');
         char state = rp != NULL && rp[1] == ' ' ? rp[2] : '?';
-        snprintf(path, sizeof(path), "/proc/self/task/%s/wchan", e->d_name);
-        if ((f = fopen(path, "r")) != NULL) {
-            if (fgets(wchan, sizeof(wchan), f) == NULL) {
-                wchan[0] = '\0';
-            }
-            fclose(f);
+        char *third = sc; /* keep "nr arg1" */
+        for (int k = 0; k < 2 && third != NULL; k++) {
+            third = strchr(third + 1, ' ');
         }
-        snprintf(path, sizeof(path), "/proc/self/task/%s/syscall",
-                 e->d_name);
-        if ((f = fopen(path, "r")) != NULL) {
-            if (fgets(sc, sizeof(sc), f) == NULL) {
-                sc[0] = '\0';
-            }
-            fclose(f);
-            sc[strcspn(sc, "\n")] = '\0';
-            char *third = sc; /* keep "nr arg1" */
-            for (int k = 0; k < 2 && third != NULL; k++) {
-                third = strchr(third + 1, ' ');
-            }
-            if (third != NULL) {
-                *third = '\0';
-            }
+        if (third != NULL) {
+            *third = '\0';
         }
         int w = snprintf(out + used, len - used,
                          "  tid %s %-15s state %c wchan %s syscall %s\n",
