@@ -132,6 +132,11 @@ struct pdx_agent {
     int nap_epoll_fd;
     int wake_fd;
     int thread_sleeping; /* atomic: in a wait without a short timeout */
+    /* The backends' event fds are out of prog_epoll_fd (progress thread
+     * only; progress.c, backends_watch): while the thread polls or naps
+     * it waits on no backend, and a watched fd costs every message a
+     * wake-up callback per epoll level above the transport's own. */
+    bool be_unwatched;
     struct pdx_store_agent *store; /* discovery.c; NULL if none */
     /* discovery.c's hooks, set and cleared with `store`: the rooms below
      * discovery tell it of loads, unloads and generation changes through

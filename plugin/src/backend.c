@@ -84,8 +84,14 @@ static pdx_status_t backend_add(pdx_agent_h a, const pdx_backend_ops_t *ops,
     int bfd = (ops->caps & PDX_BACKEND_CAP_EVENT_FD) ? ops->event_fd(b->be)
                                                      : -1;
     if (bfd >= 0) {
+        /* The users' fd has the backends' event fds only where users
+         * progress them (no progress thread); with the thread, it wakes
+         * users for what the thread reports (completions, notifications,
+         * deaths), and a backend event is the thread's alone. Each epoll
+         * set an fd is in costs every message a wake-up callback. */
         struct epoll_event ev = {.events = EPOLLIN, .data.fd = bfd};
-        if (epoll_ctl(a->epoll_fd, EPOLL_CTL_ADD, bfd, &ev) != 0 ||
+        if ((!a->thread_running &&
+             epoll_ctl(a->epoll_fd, EPOLL_CTL_ADD, bfd, &ev) != 0) ||
             epoll_ctl(a->prog_epoll_fd, EPOLL_CTL_ADD, bfd, &ev) != 0) {
             pdx_warn("agent %s: backend %s event fd not watched: %s",
                      a->name, ops->name, strerror(errno));
