@@ -525,13 +525,6 @@ err:
     return st;
 }
 
-/* Has the same-host peer's process exited (its pidfd readable)? */
-static bool pidfd_exited(const pdx_peer_t *p)
-{
-    struct pollfd pfd = {.fd = p->pidfd, .events = POLLIN};
-    return p->pidfd >= 0 && poll(&pfd, 1, 0) > 0;
-}
-
 /* The same instance again, with a new generation or back from the dead:
  * keep the peer (its epoch, so its prepared lists) and every region the
  * new blob describes the same way (address, length, type, flags, keys), so
@@ -549,7 +542,7 @@ static pdx_status_t peer_refresh(pdx_agent_h agent, pdx_peer_t *p,
         hash_conns(b) != p->conn_hash) {
         return PDX_ERR_STALE;
     }
-    if (revive && (p->dead_final || pidfd_exited(p))) {
+    if (revive && (p->dead_final || pdx_peer_pid_exited(p))) {
         pdx_error("agent %s: peer %s: described again but %s: it stays "
                   "dead", agent->name, p->name,
                   p->dead_final ? p->dead_how : "its process exited");

@@ -3,15 +3,19 @@
  * Loading and unloading peers is metadata.c; the progress thread's pidfd
  * set (which peers it watches) is kept here. */
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <unistd.h>
 
 #include "api_int.h"
 #include "backend_int.h"
 #include "peer_int.h"
+#include "xfer_int.h"
 
 #include <xxhash.h>
 
@@ -253,6 +257,61 @@ void pdx_peer_watch_pidfds_locked(pdx_agent_h agent)
             p->pidfd_watched = true;
         }
     }
+}
+
+/* Is `pid` being torn down (PF_EXITING in /proc/PID/stat's flags)? An
+ * exiting process closes its fds and unmaps its memory (a UCX connect to
+ * its shared memory then fails) before its pidfd turns readable, which
+ * takes as long as unmapping does (tens of ms for a large heap). */
+static bool pid_exiting(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return false;
+    }
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0) {
+        return false;
+    }
+    buf[n] = '\0';
+    /* "pid (comm) state ppid pgrp session tty_nr tpgid flags ...": the
+     * name may hold spaces and parentheses, so fields count from the last
+     * ')'. */
+    const char *q = strrchr(buf, ')');
+    unsigned long flags = 0;
+    if (q == NULL || sscanf(q + 1, " %*c %*d %*d %*d %*d %*d %lu",
+                            &flags) != 1) {
+        return false;
+    }
+    return (flags & 0x4ul) != 0; /* PF_EXITING */
+}
+
+bool pdx_peer_pid_exited(const pdx_peer_t *p)
+{
+    if (p->pidfd < 0) {
+        return false;
+    }
+    /* /proc first, the pidfd after: if the pidfd is still not readable,
+     * the pid was still this process's when /proc was read (a pid is
+     * reused only after its process exited and was reaped). */
+    bool exiting = pid_exiting(p->pid);
+    struct pollfd pfd = {.fd = p->pidfd, .events = POLLIN};
+    return poll(&pfd, 1, 0) > 0 || exiting;
+}
+
+bool pdx_peer_exit_check_locked(pdx_agent_h agent, pdx_peer_t *p,
+                                bool in_backend)
+{
+    if (!pdx_peer_pid_exited(p)) {
+        return false;
+    }
+    pdx_xfer_peer_gone_locked(agent, p, PDX_ERR_REMOTE_DISCONNECT,
+                              "process exited", in_backend);
+    p->dead_final = true;
+    return true;
 }
 
 void pdx_peer_unwatch_pidfd_locked(pdx_agent_h agent, pdx_peer_t *p)

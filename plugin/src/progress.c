@@ -93,7 +93,8 @@ static void peer_error_locked(pdx_agent_h agent, const char *peer_name,
                               pdx_status_t why)
 {
     pdx_peer_t *peer = pdx_peer_find(agent, peer_name);
-    if (peer != NULL) {
+    if (peer != NULL && peer->dead == PDX_OK &&
+        !pdx_peer_exit_check_locked(agent, peer, true)) {
         pdx_xfer_peer_gone_locked(agent, peer, why, "connection error", true);
     }
 }
@@ -162,10 +163,12 @@ static void check_liveness(pdx_agent_h agent, uint64_t now)
         if (p->pidfd < 0 || p->dead != PDX_OK) {
             continue;
         }
+        /* The pidfd alone here (a poll per peer and pass); the errors'
+         * check (pdx_peer_exit_check_locked) also reads /proc. */
         struct pollfd pfd = {.fd = p->pidfd, .events = POLLIN};
         if (poll(&pfd, 1, 0) > 0) {
             pdx_xfer_peer_gone_locked(agent, p, PDX_ERR_REMOTE_DISCONNECT,
-                           "process exited", false);
+                                      "process exited", false);
             p->dead_final = true;
         }
     }

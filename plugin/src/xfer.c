@@ -451,6 +451,19 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x)
             st = xfer_finish(agent, x, p);
         }
     }
+    if (st < 0 && st != PDX_ERR_STALE && st != PDX_ERR_REMOTE_DISCONNECT) {
+        /* Another error from a same-host peer whose process exited (e.g.
+         * the notification's UCX connect found its shared memory gone):
+         * the request ends as its exit's, like the others to it, rather
+         * than with whatever the backend saw on the way. */
+        pdx_peer_t *p = xfer_peer(agent, x);
+        if (p != NULL && p->epoch == x->peer_epoch && p->dead == PDX_OK &&
+            pdx_peer_pid_exited(p)) {
+            xfer_end(agent, x, PDX_ERR_REMOTE_DISCONNECT);
+            (void)pdx_peer_exit_check_locked(agent, p, false);
+            return;
+        }
+    }
     xfer_end(agent, x, st);
 }
 

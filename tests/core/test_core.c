@@ -8,6 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -19,6 +23,7 @@
 
 #include "blob.h"
 #include "mock_backend.h"
+#include "peer_int.h"
 #include "poll_until.h"
 
 #define MB (1u << 20)
@@ -777,6 +782,91 @@ static void test_shared_memory(void **state)
     pdx_agent_destroy(a);
 }
 
+/* A same-host peer whose process has begun to exit counts as exited
+ * (pdx_peer_pid_exited): an exiting process has closed its fds and
+ * unmapped its memory before its pidfd turns readable, and a backend's
+ * error seen in that window (a UCX connect to its shared memory) must end
+ * requests as its death's. Held in that window here: the child's main
+ * thread exits (a zombie leader, PF_EXITING) while another thread lives
+ * on, so the pidfd stays unreadable until the pipe closes. */
+static void *exit_helper_wait(void *arg)
+{
+    char c;
+    (void)!read(*(int *)arg, &c, 1); /* until the parent closes its end */
+    return NULL;
+}
+
+static char proc_state(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return '?';
+    }
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *q = strrchr(buf, ')');
+    return q != NULL && q[1] == ' ' ? q[2] : '?';
+}
+
+static void test_peer_exiting(void **state)
+{
+    (void)state;
+    int pfd[2], rfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    assert_int_equal(pipe(rfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(pfd[1]);
+        close(rfd[0]);
+        pthread_t t;
+        if (pthread_create(&t, NULL, exit_helper_wait, &pfd[0]) != 0) {
+            _exit(2);
+        }
+        (void)!write(rfd[1], "r", 1);
+        pthread_exit(NULL); /* the process lives while `t` does */
+    }
+    close(pfd[0]);
+    close(rfd[1]);
+    char c;
+    assert_int_equal(read(rfd[0], &c, 1), 1);
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0) {
+        close(pfd[1]);
+        waitpid(pid, NULL, 0);
+        skip(); /* a kernel without pidfd_open: pdx has no pidfd either */
+    }
+    pdx_peer_t p = {.pid = pid, .pidfd = pidfd};
+    /* The leader becomes a zombie once its pthread_exit is done. */
+    int i = 0;
+    for (; i < 2000 && proc_state(pid) != 'Z'; i++) {
+        usleep(1000);
+    }
+    assert_true(i < 2000);
+    struct pollfd pp = {.fd = pidfd, .events = POLLIN};
+    assert_int_equal(poll(&pp, 1, 0), 0); /* the pidfd: not yet */
+    assert_true(pdx_peer_pid_exited(&p));  /* but exiting */
+    close(pfd[1]); /* the last thread ends, and the process */
+    assert_int_equal(poll(&pp, 1, 10000), 1);
+    assert_true(pdx_peer_pid_exited(&p));
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    close(pidfd);
+    close(rfd[0]);
+
+    /* A live process is not exiting; nor is a peer without a pidfd. */
+    pdx_peer_t self = {.pid = getpid(),
+                       .pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0)};
+    assert_true(self.pidfd >= 0);
+    assert_false(pdx_peer_pid_exited(&self));
+    close(self.pidfd);
+    pdx_peer_t remote = {.pid = getpid(), .pidfd = -1};
+    assert_false(pdx_peer_pid_exited(&remote));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -795,6 +885,7 @@ int main(void)
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_timeout),
         cmocka_unit_test(test_shared_memory),
+        cmocka_unit_test(test_peer_exiting),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
