@@ -15,7 +15,6 @@
 #include "api_int.h"
 #include "backend_int.h"
 #include "peer_int.h"
-#include "xfer_int.h"
 
 #include <xxhash.h>
 
@@ -300,18 +299,6 @@ bool pdx_peer_pid_exited(const pdx_peer_t *p)
     bool exiting = pid_exiting(p->pid);
     struct pollfd pfd = {.fd = p->pidfd, .events = POLLIN};
     return poll(&pfd, 1, 0) > 0 || exiting;
-}
-
-bool pdx_peer_exit_check_locked(pdx_agent_h agent, pdx_peer_t *p,
-                                bool in_backend)
-{
-    if (!pdx_peer_pid_exited(p)) {
-        return false;
-    }
-    pdx_xfer_peer_gone_locked(agent, p, PDX_ERR_REMOTE_DISCONNECT,
-                              "process exited", in_backend);
-    p->dead_final = true;
-    return true;
 }
 
 void pdx_peer_unwatch_pidfd_locked(pdx_agent_h agent, pdx_peer_t *p)

@@ -80,14 +80,6 @@ void pdx_peer_unwatch_pidfd_locked(pdx_agent_h agent, pdx_peer_t *p);
  * readable, or PF_EXITING in /proc/PID/stat)? Never blocks; reads /proc
  * (an error path's check, not a poll's). */
 bool pdx_peer_pid_exited(const pdx_peer_t *p);
-/* If `p`'s process has exited: it is gone (remote disconnected, "process
- * exited", for good: dead_final) and true; else false. Where a backend's
- * error on a request to it may be its exit seen another way (a UCX
- * connect to its shared memory), the request then ends as its exit's.
- * in_backend: as pdx_xfer_peer_gone_locked's (a backend reported it).
- * Lock held. */
-bool pdx_peer_exit_check_locked(pdx_agent_h agent, pdx_peer_t *p,
-                                bool in_backend);
 /* Index of the last region of `peer` starting at or before (t, addr), or
  * SIZE_MAX. */
 size_t pdx_peer_region_index(const pdx_peer_t *peer, pdx_mem_type_t t,

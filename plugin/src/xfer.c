@@ -460,7 +460,7 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x)
         if (p != NULL && p->epoch == x->peer_epoch && p->dead == PDX_OK &&
             pdx_peer_pid_exited(p)) {
             xfer_end(agent, x, PDX_ERR_REMOTE_DISCONNECT);
-            (void)pdx_peer_exit_check_locked(agent, p, false);
+            (void)pdx_xfer_peer_exit_check_locked(agent, p, false);
             return;
         }
     }
@@ -554,6 +554,18 @@ void pdx_xfer_peer_gone_locked(pdx_agent_h agent, pdx_peer_t *peer,
     pdx_xfer_fail_peer_locked(agent, peer->epoch, why,
                               in_backend ? PDX_FAIL_MARK : PDX_FAIL_ABORT);
     pdx_agent_signal(agent);
+}
+
+bool pdx_xfer_peer_exit_check_locked(pdx_agent_h agent, pdx_peer_t *p,
+                                     bool in_backend)
+{
+    if (!pdx_peer_pid_exited(p)) {
+        return false;
+    }
+    pdx_xfer_peer_gone_locked(agent, p, PDX_ERR_REMOTE_DISCONNECT,
+                              "process exited", in_backend);
+    p->dead_final = true;
+    return true;
 }
 
 static bool uses_rmd(const struct pdx_xfer *x, void *const *rmds, size_t n)
