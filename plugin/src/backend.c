@@ -84,14 +84,13 @@ static pdx_status_t backend_add(pdx_agent_h a, const pdx_backend_ops_t *ops,
     int bfd = (ops->caps & PDX_BACKEND_CAP_EVENT_FD) ? ops->event_fd(b->be)
                                                      : -1;
     if (bfd >= 0) {
-        /* The users' fd has the backends' event fds only where users
-         * progress them (no progress thread); with the thread, it wakes
-         * users for what the thread reports (completions, notifications,
-         * deaths), and a backend event is the thread's alone. Each epoll
-         * set an fd is in costs every message a wake-up callback. */
+        /* In the users' fd too, progress thread or not: a caller that
+         * checks its request once and then sleeps on the fd (calling
+         * pdx_progress when it wakes, which re-arms the backends) wakes
+         * on the backend's event; with the thread napping while callers
+         * poll, a wake-up from the thread could come a nap later. */
         struct epoll_event ev = {.events = EPOLLIN, .data.fd = bfd};
-        if ((!a->thread_running &&
-             epoll_ctl(a->epoll_fd, EPOLL_CTL_ADD, bfd, &ev) != 0) ||
+        if (epoll_ctl(a->epoll_fd, EPOLL_CTL_ADD, bfd, &ev) != 0 ||
             epoll_ctl(a->prog_epoll_fd, EPOLL_CTL_ADD, bfd, &ev) != 0) {
             pdx_warn("agent %s: backend %s event fd not watched: %s",
                      a->name, ops->name, strerror(errno));

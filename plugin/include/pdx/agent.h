@@ -455,13 +455,11 @@ PDX_API pdx_status_t pdx_agent_set_invariant(pdx_agent_h agent,
  * Any thread. */
 PDX_API int pdx_progress(pdx_agent_h agent);
 
-/* An fd (an epoll fd over the agent's eventfd, and without a progress
- * thread every backend's event fd) that becomes readable when the agent
- * has notifications or completions to report, or, without a progress
- * thread, a backend has work for pdx_progress; for stacks that wait in
- * epoll/poll: wait, then call pdx_progress and pdx_notif_poll
- * (pdx_progress re-arms the backends). With a progress thread a backend's
- * events are the thread's, and the fd wakes callers for what it reports.
+/* An fd (an epoll fd over the agent's eventfd and every backend's event
+ * fd) that becomes readable when the agent has notifications or
+ * completions to report or a backend has work for pdx_progress; for stacks
+ * that wait in epoll/poll without a progress thread: wait, then call
+ * pdx_progress and pdx_notif_poll (pdx_progress re-arms the backends).
  * Owned by the agent; do not read or close it. */
 PDX_API int pdx_agent_event_fd(pdx_agent_h agent);
 
