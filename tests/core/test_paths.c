@@ -233,11 +233,56 @@ static void test_paths(void **state)
     free(fdst);
 }
 
+/* The fds in an epoll set, from /proc/self/fdinfo ("tfd:" lines). */
+static int epoll_members(int epfd)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", epfd);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    int n = 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        n += strncmp(line, "tfd:", 4) == 0;
+    }
+    fclose(f);
+    return n;
+}
+
+/* The agent's fd holds the backends' event fds with a progress thread as
+ * without one: a caller that checks its request once and then sleeps on
+ * the fd (then pdx_progress, as Python's selectors loops do) must wake on
+ * the backend's event, not a nap of the thread's later (1.2 ms instead of
+ * 0.15 for a 64 KiB request over TCP when they were left out). The thread
+ * takes them out of its own set only. */
+static void test_agent_fd_watches_backends(void **state)
+{
+    (void)state;
+    for (int thread = 0; thread < 2; thread++) {
+        pdx_agent_params_t ap = {
+            .field_mask = PDX_AGENT_PARAM_FLAGS,
+            .flags = thread ? PDX_AGENT_F_PROGRESS_THREAD : 0};
+        pdx_agent_h a;
+        assert_int_equal(pdx_agent_create("fdset", &ap, &a), PDX_OK);
+        int fd = pdx_agent_event_fd(a);
+        assert_true(fd >= 0);
+        assert_int_equal(epoll_members(fd), 1); /* its eventfd */
+        pdx_kv_t tls = {"tls", "sm"};
+        assert_int_equal(pdx_backend_create(a, "ucx", &tls, 1, NULL),
+                         PDX_OK);
+        assert_int_equal(epoll_members(fd), 2); /* and ucx's event fd */
+        assert_int_equal(pdx_backend_create(a, "cma", NULL, 0, NULL),
+                         PDX_OK);
+        assert_int_equal(epoll_members(fd), 2); /* cma has none */
+        pdx_agent_destroy(a);
+    }
+}
+
 int main(void)
 {
     pdx_log_set_handler(quiet, NULL);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paths),
+        cmocka_unit_test(test_agent_fd_watches_backends),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
