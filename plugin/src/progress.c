@@ -93,8 +93,13 @@ static void peer_error_locked(pdx_agent_h agent, const char *peer_name,
                               pdx_status_t why)
 {
     pdx_peer_t *peer = pdx_peer_find(agent, peer_name);
-    if (peer != NULL && peer->dead == PDX_OK &&
-        !pdx_xfer_peer_exit_check_locked(agent, peer, true)) {
+    if (peer == NULL || peer->dead != PDX_OK) {
+        return;
+    }
+    if (pdx_peer_pid_exited(peer)) {
+        /* The connection error is its exit seen another way. */
+        pdx_xfer_peer_exited_locked(agent, peer, true);
+    } else {
         pdx_xfer_peer_gone_locked(agent, peer, why, "connection error", true);
     }
 }
@@ -164,12 +169,10 @@ static void check_liveness(pdx_agent_h agent, uint64_t now)
             continue;
         }
         /* The pidfd alone here (a poll per peer and pass); the errors'
-         * check (pdx_xfer_peer_exit_check_locked) also reads /proc. */
+         * check (pdx_peer_pid_exited) also reads /proc. */
         struct pollfd pfd = {.fd = p->pidfd, .events = POLLIN};
         if (poll(&pfd, 1, 0) > 0) {
-            pdx_xfer_peer_gone_locked(agent, p, PDX_ERR_REMOTE_DISCONNECT,
-                                      "process exited", false);
-            p->dead_final = true;
+            pdx_xfer_peer_exited_locked(agent, p, false);
         }
     }
 }

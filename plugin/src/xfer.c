@@ -460,7 +460,7 @@ void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x)
         if (p != NULL && p->epoch == x->peer_epoch && p->dead == PDX_OK &&
             pdx_peer_pid_exited(p)) {
             xfer_end(agent, x, PDX_ERR_REMOTE_DISCONNECT);
-            (void)pdx_xfer_peer_exit_check_locked(agent, p, false);
+            pdx_xfer_peer_exited_locked(agent, p, false);
             return;
         }
     }
@@ -556,16 +556,12 @@ void pdx_xfer_peer_gone_locked(pdx_agent_h agent, pdx_peer_t *peer,
     pdx_agent_signal(agent);
 }
 
-bool pdx_xfer_peer_exit_check_locked(pdx_agent_h agent, pdx_peer_t *p,
-                                     bool in_backend)
+void pdx_xfer_peer_exited_locked(pdx_agent_h agent, pdx_peer_t *p,
+                                 bool in_backend)
 {
-    if (!pdx_peer_pid_exited(p)) {
-        return false;
-    }
     pdx_xfer_peer_gone_locked(agent, p, PDX_ERR_REMOTE_DISCONNECT,
                               "process exited", in_backend);
     p->dead_final = true;
-    return true;
 }
 
 static bool uses_rmd(const struct pdx_xfer *x, void *const *rmds, size_t n)

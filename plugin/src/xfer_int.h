@@ -88,14 +88,11 @@ void pdx_xfer_fail_rmds_locked(pdx_agent_h agent, uint64_t epoch,
 void pdx_xfer_peer_gone_locked(pdx_agent_h agent, pdx_peer_t *peer,
                                pdx_status_t why, const char *how,
                                bool in_backend);
-/* If `p`'s process has exited or begun to (pdx_peer_pid_exited): it is
- * gone (remote disconnected, "process exited", for good: dead_final) and
- * true; else false. Where a backend's error on a request to it may be its
- * exit seen another way (a UCX connect to its shared memory), the request
- * then ends as its exit's. in_backend: as pdx_xfer_peer_gone_locked's.
- * Lock held. */
-bool pdx_xfer_peer_exit_check_locked(pdx_agent_h agent, pdx_peer_t *p,
-                                     bool in_backend);
+/* `p`'s process exited (its pidfd) or began to (pdx_peer_pid_exited): it
+ * is gone for good (remote disconnected, "process exited", dead_final).
+ * in_backend: as pdx_xfer_peer_gone_locked's. Lock held. */
+void pdx_xfer_peer_exited_locked(pdx_agent_h agent, pdx_peer_t *p,
+                                 bool in_backend);
 /* Check request `x`'s backend request once and end `x` when it ended. */
 void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x);
 /* End requests in flight longer than the agent's xfer timeout. */
