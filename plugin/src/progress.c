@@ -520,6 +520,7 @@ void *pdx_progress_main(void *arg)
     uint64_t stream_ns = 0;  /* last burst of a stream */
     uint64_t active_ns = 0;  /* last pass with activity */
     uint64_t poll_until = 0; /* a fast stream: poll, do not sleep, until */
+    uint64_t wait_end_ns = 0; /* when the last wait (sleep, pause, spin) ended */
     bool waited = true;      /* a wait since the last active pass */
     int spun = 0;            /* events the spin saw, for the next pass */
     uint64_t hk_due = 0; /* callers poll: housekeeping due (0: each nap) */
@@ -627,13 +628,24 @@ void *pdx_progress_main(void *arg)
                  * PROGRESS_POLL_NS is a fast stream (a target serving a
                  * peer's emulated gets one at a time), within
                  * PROGRESS_STREAM_NS a stream. A lone message (a peer's
-                 * keepalive) is served and the thread sleeps again. */
-                if (now - active_ns < PROGRESS_STREAM_NS) {
+                 * keepalive) is served and the thread sleeps again. The
+                 * gap is from the last active pass to the wait's end,
+                 * not to this pass's clock: a pass that moves megabytes
+                 * over TCP takes a millisecond, and a target serving
+                 * 4 MiB READs back to back (65536 x 64) never started
+                 * polling; it slept once a request. */
+                uint64_t gap =
+                    wait_end_ns > active_ns ? wait_end_ns - active_ns : 0;
+                if (gap < PROGRESS_STREAM_NS) {
                     stream_ns = now;
                 }
-                if (now - active_ns < PROGRESS_POLL_NS) {
+                if (gap < PROGRESS_POLL_NS) {
                     poll_until = now + PROGRESS_POLL_NS;
                 }
+            } else if (active_ns < poll_until) {
+                /* A burst in a fast stream: poll until PROGRESS_POLL_NS
+                 * after its end, not after its start. */
+                poll_until = now + PROGRESS_POLL_NS;
             }
             active_ns = now;
         }
@@ -655,12 +667,14 @@ void *pdx_progress_main(void *arg)
              * activity. Between passes, the backends alone. */
             backends_watch(agent, false);
             spun = spin_backends(agent);
+            wait_end_ns = pdx_now_ns();
             continue;
         }
         if (timeout < 0) {
             struct timespec pause = {
                 0, (long)agent->params.progress_interval_us * 1000};
             nanosleep(&pause, NULL);
+            wait_end_ns = pdx_now_ns();
             continue;
         }
         if (__atomic_load_n(&agent->stop, __ATOMIC_ACQUIRE)) {
@@ -669,6 +683,7 @@ void *pdx_progress_main(void *arg)
         backends_watch(agent, true);
         int k = epoll_wait(agent->prog_epoll_fd, evs, 16, timeout);
         __atomic_store_n(&agent->thread_sleeping, 0, __ATOMIC_RELEASE);
+        wait_end_ns = pdx_now_ns();
         for (int i = 0; i < k; i++) {
             if (evs[i].data.fd == agent->nap_epoll_fd) {
                 /* The wake fd, a pidfd or the stats socket: which? */
