@@ -520,7 +520,7 @@ void *pdx_progress_main(void *arg)
     uint64_t stream_ns = 0;  /* last burst of a stream */
     uint64_t active_ns = 0;  /* last pass with activity */
     uint64_t poll_until = 0; /* a fast stream: poll, do not sleep, until */
-    uint64_t wait_end_ns = 0; /* when the last wait (sleep, pause, spin) ended */
+    uint64_t wait_end_ns = 0; /* when the last wait (sleep, nap, spin) ended */
     bool waited = true;      /* a wait since the last active pass */
     int spun = 0;            /* events the spin saw, for the next pass */
     uint64_t hk_due = 0; /* callers poll: housekeeping due (0: each nap) */
@@ -567,6 +567,7 @@ void *pdx_progress_main(void *arg)
             int k = epoll_wait(agent->nap_epoll_fd, evs, 16, ms);
             bool exited = nap_events(agent, evs, k);
             waited = true;
+            wait_end_ns = pdx_now_ns();
             if (k > 0) {
                 pdx_stats_sock_serve(agent, 0); /* a stats client */
             }
@@ -634,8 +635,10 @@ void *pdx_progress_main(void *arg)
                  * over TCP takes a millisecond, and a target serving
                  * 4 MiB READs back to back (65536 x 64) never started
                  * polling; it slept once a request. */
-                uint64_t gap =
-                    wait_end_ns > active_ns ? wait_end_ns - active_ns : 0;
+                uint64_t gap = active_ns == 0 ? UINT64_MAX
+                               : wait_end_ns > active_ns
+                                   ? wait_end_ns - active_ns
+                                   : now - active_ns;
                 if (gap < PROGRESS_STREAM_NS) {
                     stream_ns = now;
                 }
