@@ -634,11 +634,10 @@ void *pdx_progress_main(void *arg)
                  * not to this pass's clock: a pass that moves megabytes
                  * over TCP takes a millisecond, and a target serving
                  * 4 MiB READs back to back (65536 x 64) never started
-                 * polling; it slept once a request. */
-                uint64_t gap = active_ns == 0 ? UINT64_MAX
-                               : wait_end_ns > active_ns
-                                   ? wait_end_ns - active_ns
-                                   : now - active_ns;
+                 * polling; it slept once a request. Every wait sets
+                 * wait_end_ns after it, so it is past active_ns here. */
+                uint64_t gap =
+                    active_ns == 0 ? UINT64_MAX : wait_end_ns - active_ns;
                 if (gap < PROGRESS_STREAM_NS) {
                     stream_ns = now;
                 }
