@@ -458,8 +458,10 @@ PDX_API int pdx_progress(pdx_agent_h agent);
 /* An fd (an epoll fd over the agent's eventfd and every backend's event
  * fd) that becomes readable when the agent has notifications or
  * completions to report or a backend has work for pdx_progress; for stacks
- * that wait in epoll/poll without a progress thread: wait, then call
- * pdx_progress and pdx_notif_poll (pdx_progress re-arms the backends).
+ * that wait in epoll/poll, with a progress thread or without: wait, then
+ * call pdx_progress and pdx_notif_poll (pdx_progress re-arms the
+ * backends; with a thread, a caller that checks its request once and then
+ * sleeps here wakes on the backend's event, not on the thread's next nap).
  * Owned by the agent; do not read or close it. */
 PDX_API int pdx_agent_event_fd(pdx_agent_h agent);
 
