@@ -1,6 +1,5 @@
 # Install rules: `cmake --install <build> --prefix P` gives
-#   P/include/pdx/*.h                      public headers (core + connector
-#                                          + lib: pdx.h, plugin.h)
+#   P/include/pdx/*.h                      public headers (one tree)
 #   P/<libdir>/libpdx.so.<ver>, .so.0, .so libpdx (SONAME libpdx.so.0)
 #   P/<libdir>/pdx/libpdx_backend_*.so, libpdx_store_*.so   modules, where
 #                                          libpdx.so looks for them
@@ -25,9 +24,7 @@ file(RELATIVE_PATH _pdx_bin_to_lib
      ${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR})
 set(PDX_BIN_RPATH "$ORIGIN/${_pdx_bin_to_lib}")
 
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/plugin/include/pdx
-                  ${PROJECT_SOURCE_DIR}/connector/include/pdx
-                  ${PROJECT_SOURCE_DIR}/lib/include/pdx
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/pdx
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
         FILES_MATCHING PATTERN "*.h")
 

@@ -110,9 +110,8 @@ BuildWithLib.build_dir_pdx = BUILD
 ext = Extension(
     "pdx._pdx",
     sources=sorted(glob.glob(os.path.join("src", "*.c"))),
-    include_dirs=[os.path.join(ROOT, "lib", "include"),
-                  os.path.join(ROOT, "plugin", "include"),
-                  os.path.join(ROOT, "connector", "include")],
+    include_dirs=[os.path.join(ROOT, "include"),
+                  os.path.join(ROOT, "common")],
     library_dirs=[os.path.join(BUILD, "lib")],
     libraries=["pdx", "dl"],
     runtime_library_dirs=["$ORIGIN/_lib"],

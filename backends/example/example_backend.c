@@ -102,7 +102,8 @@ static pdx_status_t ex_query(char *why, size_t why_len)
 }
 
 static pdx_status_t ex_create(const pdx_backend_host_t *host,
-                              const pdx_kv_t *opts, size_t nopts, void **be_p)
+                              const pdx_option_t *opts, size_t nopts,
+                              void **be_p)
 {
     if (nopts > 0) {
         (void)opts;

@@ -11,7 +11,7 @@
 #include <pdx/log.h>
 #include <pdx/status.h>
 
-#include "pdx_call.h"
+#include "call.h"
 
 #define KV_ENTER() pdx_call_enter()
 /* `return` is part of these: the function ends with the leave. */

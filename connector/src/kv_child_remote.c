@@ -168,7 +168,7 @@ pdx_status_t kv_remote_read(pdx_kv_connector_h c, const pdx_kv_request_t *r,
         snprintf(rec->peer, sizeof(rec->peer), "%s", h.agent);
         snprintf(rec->peer_req, sizeof(rec->peer_req), "%s", h.req);
         rec->status = PDX_INPROGRESS;
-        rec->last_hb_ns = kv_now_ns();
+        rec->last_hb_ns = pdx_now_ns();
         pdx_debug("kv: load %s: %zu blocks from %s in %zu pieces", r->req_id,
                   nb, h.agent, pdx_xfer_segments(rec->xfer));
         st = PDX_OK;
@@ -291,7 +291,7 @@ static pdx_status_t remote_request_finished(kv_child_t *ch, kv_finish_t *f)
     }
     snprintf(h->req, sizeof(h->req), "%s", r->req_id);
     snprintf(h->peer, sizeof(h->peer), "%s", c->cfg.peer_name);
-    h->deadline_ns = kv_now_ns() + (uint64_t)ch->cfg->lease_ms * 1000000ull;
+    h->deadline_ns = pdx_now_ns() + (uint64_t)ch->cfg->lease_ms * 1000000ull;
     h->next = rc->held;
     rc->held = h;
     h = NULL;
@@ -322,7 +322,7 @@ static bool remote_on_message(kv_child_t *ch, const char *peer,
     snprintf(h->peer, sizeof(h->peer), "%s", peer); /* its reader */
     if (strcmp(verb, "hb") == 0) {
         h->deadline_ns =
-            kv_now_ns() + (uint64_t)ch->cfg->lease_ms * 1000000ull;
+            pdx_now_ns() + (uint64_t)ch->cfg->lease_ms * 1000000ull;
     } else if (strcmp(verb, "done") == 0 || strcmp(verb, "reject") == 0) {
         *pp = h->next;
         pdx_debug("kv: %s freed by %s (%s)", req, peer, verb);

@@ -20,6 +20,7 @@
 #include <pdx/xfer.h>
 
 #include "kv_store.h"
+#include "pdx_clock.h"
 
 typedef struct kv_child kv_child_t;
 
@@ -140,12 +141,6 @@ struct pdx_kv_connector {
     kv_store_t *store; /* kv_store.c: the `store` section; NULL without */
 };
 
-static inline uint64_t kv_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static inline uint64_t kv_arena_block_bytes(const pdx_arena_t *a)
 {

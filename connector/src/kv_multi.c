@@ -464,7 +464,7 @@ int pdx_kv_progress(pdx_kv_connector_h c)
     events += pdx_notif_poll(c->agent, on_notif, c);
     bool check_dead = false;
     events += kv_store_progress(c->store, &check_dead);
-    uint64_t now = kv_now_ns();
+    uint64_t now = pdx_now_ns();
     kv_child_t *timers[] = {c->remote_child, c->offload_child};
     for (size_t i = 0; i < sizeof(timers) / sizeof(timers[0]); i++) {
         kv_child_t *ch = timers[i];

@@ -19,7 +19,7 @@ bool kv_pending_wait(kv_pending_t **list, const char *req,
                      uint32_t timeout_ms)
 {
     kv_pending_t **w = find(list, req);
-    uint64_t now = kv_now_ns();
+    uint64_t now = pdx_now_ns();
     if (*w == NULL) {
         kv_pending_t *n = calloc(1, sizeof(*n));
         if (n != NULL) {

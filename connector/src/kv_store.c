@@ -31,6 +31,8 @@
 #include <pdx/store.h>
 #include <pdx/xfer.h>
 
+#include "pdx_clock.h"
+
 #include "kv_handoff.h"
 #include "kv_store.h"
 
@@ -117,13 +119,6 @@ static xserve_t **find_serve(kv_store_t *s, const char *peer,
                              const char *rid);
 static void serve_free(kv_store_t *s, xserve_t *v);
 static void serve_answer(kv_store_t *s, xserve_t *v);
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static void key_hex(const pdx_offload_key_t *k, char *buf, size_t len)
 {
@@ -315,7 +310,7 @@ static void register_saved(kv_store_t *s, pdx_offload_key_t *keys, size_t n)
     memmove(s->regq + keep, s->regq, s->nregq * sizeof(*s->regq));
     memcpy(s->regq, keys, keep * sizeof(*keys));
     s->nregq += keep;
-    s->reg_retry_ns = now_ns() + REG_RETRY_NS;
+    s->reg_retry_ns = pdx_now_ns() + REG_RETRY_NS;
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -347,7 +342,7 @@ static void unregister_evicted(kv_store_t *s, pdx_offload_key_t *keys, size_t n)
             memmove(s->delq + keep, s->delq, s->ndelq * sizeof(*s->delq));
             memcpy(s->delq, keys, keep * sizeof(*keys));
             s->ndelq += keep;
-            s->del_retry_ns = now_ns() + REG_RETRY_NS;
+            s->del_retry_ns = pdx_now_ns() + REG_RETRY_NS;
         }
     }
     pthread_mutex_unlock(&s->lock);
@@ -425,7 +420,7 @@ static void resync_step(kv_store_t *s, pdx_offload_key_t *keys)
     if (s->resync_gen != gen) {
         /* Restarted meanwhile (yet another lease): nothing to move. */
     } else if (st == PDX_ERR_UNAVAILABLE) {
-        s->resync_retry_ns = now_ns() + REG_RETRY_NS;
+        s->resync_retry_ns = pdx_now_ns() + REG_RETRY_NS;
     } else if (cur == 0) {
         s->resync = false;
         pdx_info("kv: agent %s: %llu blocks registered again under the new "
@@ -501,7 +496,7 @@ static void do_query(kv_store_t *s, xfetch_t *x, pdx_offload_key_t *keys,
             x->state = XF_WAIT;
         } else {
             x->state = XF_FAILED;
-            x->deadline_ns = now_ns() + FAILED_KEEP_NS;
+            x->deadline_ns = pdx_now_ns() + FAILED_KEEP_NS;
         }
     }
     pthread_mutex_unlock(&s->lock);
@@ -515,7 +510,7 @@ static void *reg_main(void *arg)
     kv_store_t *s = arg;
     pthread_mutex_lock(&s->lock);
     while (!s->stop) {
-        uint64_t now = now_ns();
+        uint64_t now = pdx_now_ns();
         xserve_t *v = s->serves;
         while (v != NULL && !v->to_answer) {
             v = v->next;
@@ -637,7 +632,7 @@ pdx_status_t kv_store_start(const pdx_kv_config_t *cfg, pdx_agent_h agent,
     s->fetch_timeout_ms = cfg->store_fetch_timeout_ms;
     if (getrandom(&s->rid_base, sizeof(s->rid_base), 0) !=
         sizeof(s->rid_base)) {
-        s->rid_base = (uint32_t)now_ns();
+        s->rid_base = (uint32_t)pdx_now_ns();
     }
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cv, NULL);
@@ -717,7 +712,7 @@ void kv_store_saved(kv_store_t *s, const pdx_offload_key_t *key)
         s->reg_dropped = true;
     }
     s->regq[s->nregq++] = *key;
-    s->last_push_ns = now_ns();
+    s->last_push_ns = pdx_now_ns();
     if (s->nregq == 1 || s->nregq >= REG_BATCH) {
         pthread_cond_broadcast(&s->cv);
     }
@@ -736,7 +731,7 @@ void kv_store_evicted(kv_store_t *s, const pdx_offload_key_t *key)
         s->stats.registration_failures++;
     } else {
         s->delq[s->ndelq++] = *key;
-        s->last_del_ns = now_ns();
+        s->last_del_ns = pdx_now_ns();
         if (s->ndelq == 1 || s->ndelq >= REG_BATCH) {
             pthread_cond_broadcast(&s->cv);
         }
@@ -802,7 +797,7 @@ pdx_status_t kv_store_match(kv_store_t *s, const pdx_kv_request_t *r,
         local >= r->nfull) {
         return PDX_OK;
     }
-    uint64_t now = now_ns();
+    uint64_t now = pdx_now_ns();
     pthread_mutex_lock(&s->lock);
     xfetch_t **pp = find_fetch(s, r->req_id, NULL);
     xfetch_t *x = *pp;
@@ -951,7 +946,7 @@ static void serve_answer(kv_store_t *s, xserve_t *v)
         first = i;
     } while (first < got);
     s->stats.remote_served++;
-    v->deadline_ns = now_ns() + SERVE_LEASE_NS;
+    v->deadline_ns = pdx_now_ns() + SERVE_LEASE_NS;
     free(v->keys);
     v->keys = NULL;
     pdx_debug("kv: serving %zu of %zu blocks to %s (%s)", got, v->total,
@@ -989,7 +984,7 @@ static void on_fetch(kv_store_t *s, const char *peer, char *text)
         snprintf(v->peer, sizeof(v->peer), "%s", peer);
         v->keys = keys;
         v->total = total;
-        v->deadline_ns = now_ns() + SERVE_LEASE_NS;
+        v->deadline_ns = pdx_now_ns() + SERVE_LEASE_NS;
         v->next = s->serves;
         s->serves = v;
     }
@@ -1035,7 +1030,7 @@ static void on_offer(kv_store_t *s, const char *peer, char *text)
     }
     if (total == 0 || total > x->n) {
         x->state = XF_FAILED;
-        x->deadline_ns = now_ns() + FAILED_KEEP_NS;
+        x->deadline_ns = pdx_now_ns() + FAILED_KEEP_NS;
         if (total > 0) {
             fetch_reject(s, x);
         }
@@ -1060,7 +1055,7 @@ static void on_offer(kv_store_t *s, const char *peer, char *text)
     }
     if (x->got == x->offered) {
         x->state = XF_OFFERED;
-        x->deadline_ns = now_ns() + SERVE_LEASE_NS;
+        x->deadline_ns = pdx_now_ns() + SERVE_LEASE_NS;
     }
 }
 
@@ -1092,7 +1087,7 @@ bool kv_store_on_note(kv_store_t *s, const char *peer, const void *msg,
         xserve_t **pp = find_serve(s, peer, rid);
         if (*pp != NULL) {
             if (strcmp(verb, "hb") == 0) {
-                (*pp)->deadline_ns = now_ns() + SERVE_LEASE_NS;
+                (*pp)->deadline_ns = pdx_now_ns() + SERVE_LEASE_NS;
             } else if (strcmp(verb, "done") == 0 ||
                        strcmp(verb, "reject") == 0) {
                 xserve_t *v = *pp;
@@ -1127,7 +1122,7 @@ int kv_store_progress(kv_store_t *s, bool *check_dead_p)
         return 0;
     }
     int events = 0;
-    uint64_t now = now_ns();
+    uint64_t now = pdx_now_ns();
     pthread_mutex_lock(&s->lock);
     if (now - s->last_dead_check_ns >= 50000000ull) {
         s->last_dead_check_ns = now;

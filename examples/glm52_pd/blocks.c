@@ -57,7 +57,7 @@ static uint64_t canary_diff(const node_t *nd, uint64_t id)
 /* Check and free quarantined blocks whose time is up. */
 void quarantine_step(node_t *nd)
 {
-    double now = pd_now_ms();
+    double now = pdx_now_ms_f();
     for (quarantine_t **pp = &nd->quarantine; *pp != NULL;) {
         quarantine_t *q = *pp;
         if (++q->passes < QUARANTINE_PASSES || now < q->release_at) {

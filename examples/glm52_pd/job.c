@@ -48,10 +48,10 @@ void job_fail(node_t *nd, job_t *j, uint64_t mark, const char *fmt, ...)
      * blocks stay busy until pdx_kv_load_check reports the final state
      * (J_ABORTING, polled by the loop). */
     if (j->state == J_LOAD && j->blocks_busy) {
-        double t = pd_now_ms();
+        double t = pdx_now_ms_f();
         if (pdx_kv_load_abort(nd->conn, j->req) == PDX_OK) {
-            j->abort_call_ms = pd_now_ms() - t;
-            j->abort_t0 = pd_now_ms();
+            j->abort_call_ms = pdx_now_ms_f() - t;
+            j->abort_t0 = pdx_now_ms_f();
             j->abort_deadline = j->abort_t0 + ABORT_DEADLINE_MS;
             j->abort_after_fail = true;
             j->state = J_ABORTING;
@@ -96,7 +96,7 @@ static pdx_kv_request_t job_req(const job_t *j, size_t prompt_tokens)
 
 static void phase_end(job_t *j, double *acc)
 {
-    double now = pd_now_ms();
+    double now = pdx_now_ms_f();
     *acc += now - j->t_phase;
     j->t_phase = now;
 }
@@ -175,7 +175,7 @@ static void job_finish(node_t *nd, job_t *j)
     cJSON_AddNumberToObject(ms, "compute", j->ms_compute);
     cJSON_AddNumberToObject(ms, "decode", j->ms_decode);
     cJSON_AddNumberToObject(ms, "save", j->ms_save);
-    cJSON_AddNumberToObject(ms, "total", pd_now_ms() - j->t0);
+    cJSON_AddNumberToObject(ms, "total", pdx_now_ms_f() - j->t0);
     send_msg(nd, r);
     j->state = J_END;
     nd->jobs_ok++;
@@ -191,7 +191,7 @@ static void job_finish(node_t *nd, job_t *j)
 static void job_cancelled(node_t *nd, job_t *j, abort_done_t how)
 {
     uint64_t mark = log_mark();
-    double final_ms = how == ABORTED_LOAD ? pd_now_ms() - j->abort_t0 : 0;
+    double final_ms = how == ABORTED_LOAD ? pdx_now_ms_f() - j->abort_t0 : 0;
     /* Whether the connector already told the holder (done or reject). */
     bool told = false;
     if (how == ABORTED_LOAD || how == ABORTED_AFTER) {
@@ -223,7 +223,7 @@ static void job_cancelled(node_t *nd, job_t *j, abort_done_t how)
         q->blocks = j->blocks;
         q->n = j->nblocks;
         q->ncanary = ncanary;
-        q->release_at = pd_now_ms() + QUARANTINE_MS;
+        q->release_at = pdx_now_ms_f() + QUARANTINE_MS;
         q->next = nd->quarantine;
         nd->quarantine = q;
         j->blocks = NULL;
@@ -267,7 +267,7 @@ static void job_cancelled(node_t *nd, job_t *j, abort_done_t how)
     cJSON *ms = cJSON_AddObjectToObject(r, "ms");
     cJSON_AddNumberToObject(ms, "abort_call", j->abort_call_ms);
     cJSON_AddNumberToObject(ms, "abort_to_final", final_ms);
-    cJSON_AddNumberToObject(ms, "total", pd_now_ms() - j->t0);
+    cJSON_AddNumberToObject(ms, "total", pdx_now_ms_f() - j->t0);
     send_msg(nd, r);
     j->state = J_END;
 }
@@ -284,9 +284,9 @@ static void job_abort(node_t *nd, job_t *j, abort_done_t how)
         return;
     }
     uint64_t mark = log_mark();
-    double t = pd_now_ms();
+    double t = pdx_now_ms_f();
     pdx_status_t st = pdx_kv_load_abort(nd->conn, j->req);
-    j->abort_call_ms = pd_now_ms() - t;
+    j->abort_call_ms = pdx_now_ms_f() - t;
     if (j->abort_call_ms > nd->abort_call_ms_max) {
         nd->abort_call_ms_max = j->abort_call_ms;
     }
@@ -294,7 +294,7 @@ static void job_abort(node_t *nd, job_t *j, abort_done_t how)
         job_fail(nd, j, mark, "load_abort: %s", pdx_status_string(st));
         return;
     }
-    j->abort_t0 = pd_now_ms();
+    j->abort_t0 = pdx_now_ms_f();
     j->abort_deadline = j->abort_t0 + ABORT_DEADLINE_MS;
     j->state = J_ABORTING; /* blocks_busy stays true */
 }
@@ -304,7 +304,7 @@ static bool job_aborting(node_t *nd, job_t *j, uint64_t mark)
 {
     size_t tokens = 0;
     pdx_status_t st = pdx_kv_load_check(nd->conn, j->req, &tokens);
-    double now = pd_now_ms();
+    double now = pdx_now_ms_f();
     if (st == PDX_INPROGRESS) {
         if (now <= j->abort_deadline) {
             return false;
@@ -359,7 +359,7 @@ bool job_step(node_t *nd, job_t *j, bool *alloc_blocked)
     uint64_t mark = log_mark();
     pdx_status_t st;
     if (j->state != J_END && j->state != J_ABORTING &&
-        pd_now_ms() > j->deadline) {
+        pdx_now_ms_f() > j->deadline) {
         job_fail(nd, j, mark, "timed out after %.0f ms in state %d",
                  nd->job_timeout_ms, (int)j->state);
         return false;

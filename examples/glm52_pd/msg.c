@@ -94,7 +94,7 @@ static void start_job(node_t *nd, const cJSON *msg, job_kind_t kind)
         return;
     }
     pd_prefix_hashes(j->tok, 0, j->n, j->ph);
-    j->t0 = j->t_phase = pd_now_ms();
+    j->t0 = j->t_phase = pdx_now_ms_f();
     j->deadline = j->t0 + nd->job_timeout_ms;
     j->state = J_ALLOC;
     if (nd->jobs_tail) {
@@ -181,7 +181,7 @@ static void handle_msg(node_t *nd, cJSON *msg)
     } else if (strcmp(op, "drain") == 0) {
         nd->draining = true;
         nd->drain_deadline =
-            pd_now_ms() + pd_json_num(msg, "timeout_ms", 10000);
+            pdx_now_ms_f() + pd_json_num(msg, "timeout_ms", 10000);
     } else if (strcmp(op, "stats") == 0) {
         cJSON *r = reply_head("stats", true);
         cJSON_AddItemToObject(r, "stats", stats_json(nd));
@@ -227,7 +227,7 @@ void run(node_t *nd)
             if (nd->jobs == NULL && pdx_kv_held_requests(nd->conn) == 0 &&
                 nd->held == NULL && nd->quarantine == NULL) {
                 finish_drain(nd, true);
-            } else if (pd_now_ms() > nd->drain_deadline) {
+            } else if (pdx_now_ms_f() > nd->drain_deadline) {
                 finish_drain(nd, false);
             }
         }

@@ -42,7 +42,7 @@ static int hello_error(node_t *nd, const char *fmt, ...)
     cJSON *r = reply_head("hello", false);
     cJSON_AddStringToObject(r, "error", buf);
     send_msg(nd, r);
-    pd_chan_drain(&nd->chan, pd_now_ms() + 2000);
+    pd_chan_drain(&nd->chan, pdx_now_ms_f() + 2000);
     return 2;
 }
 
@@ -209,7 +209,7 @@ int main(int argc, char **argv)
         (double)size / (1u << 30), fp);
 
     run(nd);
-    pd_chan_drain(&nd->chan, pd_now_ms() + 2000);
+    pd_chan_drain(&nd->chan, pdx_now_ms_f() + 2000);
     int rc = nd->refused ? 3 : nd->chan.eof || nd->chan.error ? 1 : 0;
     pdx_kv_connector_destroy(nd->conn);
     pd_model_fini(&nd->model);

@@ -15,7 +15,7 @@
 
 typedef struct backend_spec {
     char name[32];
-    pdx_kv_t opts[16];
+    pdx_option_t opts[16];
     char keys[16][64];
     char vals[16][256];
     size_t nopts;
@@ -682,14 +682,14 @@ static PyObject *Agent_get_notifs(AgentObject *self, PyObject *args,
     }
     notif_vec_t v = {0};
     int closed = 0;
-    Py_BEGIN_ALLOW_THREADS double end = pdxpy_now() + timeout;
+    Py_BEGIN_ALLOW_THREADS double end = pdx_now_s() + timeout;
     int spins = 0;
     for (;;) {
         pdx_notif_poll(self->h, notif_collect, &v);
         if (v.n > 0 || timeout <= 0) {
             break;
         }
-        double left = end - pdxpy_now();
+        double left = end - pdx_now_s();
         if (left <= 0) {
             break;
         }

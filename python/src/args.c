@@ -6,17 +6,6 @@
 #include <string.h>
 #include <time.h>
 
-uint64_t pdxpy_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-double pdxpy_now(void)
-{
-    return (double)pdxpy_now_ns() * 1e-9;
-}
 
 void pdxpy_wait_unused(int *uses)
 {

@@ -53,7 +53,7 @@ PyObject *pdxpy_agent_bench(AgentObject *self, PyObject *args)
     PDXPY_CALL_DECL(call, "bench");
     Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < iters && st >= 0; i++)
     {
-        uint64_t t0 = pdxpy_now_ns();
+        uint64_t t0 = pdx_now_ns();
         pdx_xfer_h h;
         st = pdx_xfer_make(self->h, op, ld->h, li, rd->h, ri, ln, np,
                            (size_t)nlen, &h);
@@ -65,7 +65,7 @@ PyObject *pdxpy_agent_bench(AgentObject *self, PyObject *args)
             st = pdx_xfer_check(h);
         }
         pdx_xfer_release(h);
-        ns[i] = pdxpy_now_ns() - t0;
+        ns[i] = pdx_now_ns() - t0;
     }
     call.st = st;
     pdxpy_call_done(&call);

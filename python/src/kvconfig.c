@@ -144,7 +144,7 @@ static PyObject *backends_list(const pdx_kv_config_t *c)
 {
     PyObject *l = PyList_New(0);
     for (uint32_t b = 0; l != NULL && b < c->nbackends; b++) {
-        pdx_kv_t opts[PDX_KV_MAX_BACKEND_OPTS];
+        pdx_option_t opts[PDX_KV_MAX_BACKEND_OPTS];
         size_t n =
             pdx_kv_config_backend_opts(c, b, opts, PDX_KV_MAX_BACKEND_OPTS);
         PyObject *o = PyDict_New();

@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pdx_clock.h"
+
 #include <pdx/kv_connector.h>
 #include <pdx/pdx.h>
 #include <pdx/store.h>
@@ -141,9 +143,6 @@ typedef struct pdxpy_mem {
 int pdxpy_mem_from_object(PyObject *o, PyObject *mem_type, PyObject *device,
                           int writable, pdxpy_mem_t *m);
 void pdxpy_mem_clear(pdxpy_mem_t *m);
-/* The clock: monotonic nanoseconds, and the same in seconds. */
-uint64_t pdxpy_now_ns(void);
-double pdxpy_now(void);
 /* A timeout argument `o` (an int or float, seconds) into *out: 0 or more,
  * +inf allowed (no limit) when `inf_ok`. nan, negative values (-inf too)
  * and +inf where not allowed raise pdx.InvalidArgument naming `what` and

@@ -352,16 +352,16 @@ static PyObject *Xfer_wait(XferObject *x, PyObject *args, PyObject *kw)
     PDXPY_CALL_DECL(call, "wait");
     pdx_status_t st;
     int closed = 0;
-    Py_BEGIN_ALLOW_THREADS double start = pdxpy_now();
+    Py_BEGIN_ALLOW_THREADS double start = pdx_now_s();
     double end = start + timeout, busy = start;
     int spins = 0;
     for (;;) {
-        double t0 = pdxpy_now();
+        double t0 = pdx_now_s();
         st = pdx_xfer_check(x->h);
         if (st != PDX_INPROGRESS) {
             break;
         }
-        double t1 = pdxpy_now();
+        double t1 = pdx_now_s();
         double left = timeout < 0 ? 1.0 : end - t1;
         if (left <= 0) {
             break;

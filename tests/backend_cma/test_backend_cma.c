@@ -26,6 +26,7 @@
 #include <pdx/backend.h>
 
 #include "cma_copy.h"
+#include "pdx_clock.h"
 
 #define MB (1ull << 20)
 #define LEN (24 * MB)
@@ -55,7 +56,7 @@ static pdx_backend_host_t g_host = {.agent_name = "t",
 
 static void *make_be(const char *inline_max)
 {
-    pdx_kv_t opt = {"inline_max", inline_max};
+    pdx_option_t opt = {"inline_max", inline_max};
     void *be = NULL;
     assert_int_equal(ops->create(&g_host, inline_max ? &opt : NULL,
                                  inline_max ? 1 : 0, &be),
@@ -169,18 +170,11 @@ static void moved(void *be, unsigned long long *map, unsigned long long *vm)
                      2);
 }
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* Check until done, at most 30 s. */
 static pdx_status_t wait_req(pair_t *p, void *req, pdx_status_t st)
 {
-    uint64_t end = now_ms() + 30000;
-    while (st == PDX_INPROGRESS && now_ms() < end) {
+    uint64_t end = pdx_now_ms() + 30000;
+    while (st == PDX_INPROGRESS && pdx_now_ms() < end) {
         st = ops->xfer_check(p->be, req);
     }
     return st;
@@ -406,7 +400,7 @@ static void test_options(void **state)
 {
     (void)state;
     void *be = NULL;
-    pdx_kv_t bad[] = {{"inline_max", "-1"}, {"inline_max", "12x"},
+    pdx_option_t bad[] = {{"inline_max", "-1"}, {"inline_max", "12x"},
                       {"inline_max", ""}, {"speed", "1"}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         assert_int_equal(ops->create(&g_host, &bad[i], 1, &be), PDX_ERR_CONFIG);

@@ -34,6 +34,8 @@
 #include <pdx/agent.h> /* PDX_NAME_MAX */
 #include <pdx/backend.h>
 
+#include "pdx_clock.h"
+
 #define SKIP_RC 77
 #define REGION (8u << 20)
 #define DEADLINE_S 20.0
@@ -78,13 +80,6 @@ static void host_err(void *c, const char *peer, pdx_status_t why)
     ((host_ctx_t *)c)->errors++;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* An op added after the first table (after describe): used, as the loader
  * does, only when the module's table is long enough to hold it and wires
  * it (one such op left NULL is how a backend says it has none). */
@@ -99,12 +94,12 @@ static void progress_both(void)
 /* Progress both sides until `req` of A is final (bounded). */
 static pdx_status_t drive(void *req)
 {
-    double end = now_s() + DEADLINE_S;
+    double end = pdx_now_s() + DEADLINE_S;
     pdx_status_t st;
     do {
         progress_both();
         st = ops->xfer_check(A.be, req);
-    } while (st == PDX_INPROGRESS && now_s() < end);
+    } while (st == PDX_INPROGRESS && pdx_now_s() < end);
     return st;
 }
 
@@ -225,7 +220,7 @@ static void test_table(void **state)
 static void test_unknown_option(void **state)
 {
     (void)state;
-    pdx_kv_t opt = {"pdx_conformance_no_such_option", "1"};
+    pdx_option_t opt = {"pdx_conformance_no_such_option", "1"};
     void *be = NULL;
     pdx_status_t st = ops->create(&A.host, &opt, 1, &be);
     if (st == PDX_OK) {
@@ -291,8 +286,8 @@ static void test_write(void **state)
 /* B has heard `msg` from A (bounded wait). */
 static void expect_note(const char *msg)
 {
-    double end = now_s() + DEADLINE_S;
-    while (B.ctx.notes == 0 && now_s() < end) {
+    double end = pdx_now_s() + DEADLINE_S;
+    while (B.ctx.notes == 0 && pdx_now_s() < end) {
         progress_both();
     }
     assert_int_equal(B.ctx.notes, 1);

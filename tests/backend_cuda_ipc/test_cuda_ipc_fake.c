@@ -260,7 +260,7 @@ static void test_no_device_no_driver_too_old(void **state)
 static void test_create_options_describe(void **state)
 {
     void *be = NULL;
-    pdx_kv_t good[] = {{"streams", "2"}};
+    pdx_option_t good[] = {{"streams", "2"}};
     assert_int_equal(cipc_create_with_api(&host1, good, 1, &g_api, NULL, &be),
                      PDX_OK);
     char d[512];
@@ -279,7 +279,7 @@ static void test_create_options_describe(void **state)
     assert_int_equal(ops->progress(be), 0);
     ops->destroy(be);
 
-    pdx_kv_t bad[][1] = {{{"streams", "0"}},  {{"streams", "65"}},
+    pdx_option_t bad[][1] = {{{"streams", "0"}},  {{"streams", "65"}},
                          {{"streams", "2x"}}, {{"streams", ""}},
                          {{"bogus", "1"}},    {{NULL, "1"}}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {

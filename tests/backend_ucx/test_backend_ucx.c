@@ -28,6 +28,8 @@
 
 #include <cmocka.h>
 
+#include "pdx_clock.h"
+
 extern const pdx_backend_ops_t pdx_backend_v1;
 static const pdx_backend_ops_t *ops = &pdx_backend_v1;
 
@@ -39,13 +41,6 @@ static int g_quick;
 /* This executable, for the child processes (not /proc/self/exe, which is
  * valgrind's tool when run under it). */
 static char g_self[4096];
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- patterns --------------------------------------------------------- */
 
@@ -155,7 +150,7 @@ static void host_notif_recv(void *ctx, const char *peer, const void *msg,
         h->expect->active && h->expect->id == id) {
         /* The point of the test: data must be complete right now. */
         h->expect->data_ok = verify_expect(h->expect);
-        h->expect->arrived_ns = now_ns();
+        h->expect->arrived_ns = pdx_now_ns();
         /* May run on the progress thread of a threaded run. */
         __atomic_store_n(&h->expect->arrived, 1, __ATOMIC_RELEASE);
         return;
@@ -197,10 +192,10 @@ static void fake_host_init(fake_host_t *h, const char *name)
 static pdx_status_t create_instance(fake_host_t *h, const char *tls,
                                     void **be_p)
 {
-    pdx_kv_t opts[1];
+    pdx_option_t opts[1];
     size_t n = 0;
     if (tls != NULL) {
-        opts[n++] = (pdx_kv_t){"tls", tls};
+        opts[n++] = (pdx_option_t){"tls", tls};
     }
     return ops->create(&h->host, opts, n, be_p);
 }
@@ -396,14 +391,14 @@ static double run_xfer_mode(pair_t *p, pdx_xfer_op_t op, size_t n, uint64_t len,
     if (threaded) {
         bg_start(&bg, p->b);
     }
-    uint64_t t0 = now_ns();
+    uint64_t t0 = pdx_now_ns();
     void *req = NULL;
     pdx_status_t st =
         ops->xfer_post(p->a, p->peer_ab, op, iov, n, msg, (size_t)ml, &req);
     uint64_t deadline = t0 + DEADLINE_NS;
     while ((st == PDX_INPROGRESS ||
             !__atomic_load_n(&e.arrived, __ATOMIC_ACQUIRE)) &&
-           now_ns() < deadline) {
+           pdx_now_ns() < deadline) {
         if (threaded) {
             ops->progress(p->a);
         } else {
@@ -416,7 +411,7 @@ static double run_xfer_mode(pair_t *p, pdx_xfer_op_t op, size_t n, uint64_t len,
     if (threaded) {
         bg_stop(&bg);
     }
-    uint64_t t1 = e.arrived ? e.arrived_ns : now_ns();
+    uint64_t t1 = e.arrived ? e.arrived_ns : pdx_now_ns();
     if (req != NULL) {
         ops->xfer_release(p->a, req);
     }
@@ -531,8 +526,8 @@ static void test_xfer_no_notif(void **state)
     void *req = NULL;
     pdx_status_t st = ops->xfer_post(p->a, p->peer_ab, PDX_XFER_WRITE, iov, 300,
                                      NULL, 0, &req);
-    uint64_t deadline = now_ns() + DEADLINE_NS;
-    while (st == PDX_INPROGRESS && now_ns() < deadline) {
+    uint64_t deadline = pdx_now_ns() + DEADLINE_NS;
+    while (st == PDX_INPROGRESS && pdx_now_ns() < deadline) {
         progress_both(p);
         st = ops->xfer_check(p->a, req);
     }
@@ -571,8 +566,8 @@ static void fence(pair_t *p)
     void *req = NULL;
     pdx_status_t st = ops->xfer_post(p->a, p->peer_ab, PDX_XFER_WRITE, &iov,
                                      1, NULL, 0, &req);
-    uint64_t deadline = now_ns() + DEADLINE_NS;
-    while (st == PDX_INPROGRESS && now_ns() < deadline) {
+    uint64_t deadline = pdx_now_ns() + DEADLINE_NS;
+    while (st == PDX_INPROGRESS && pdx_now_ns() < deadline) {
         progress_both(p);
         st = ops->xfer_check(p->a, req);
     }
@@ -599,9 +594,9 @@ static void test_xfer_release_inflight(void **state)
         if (st == PDX_INPROGRESS) {
             bg_t bg;
             bg_start(&bg, p->b);
-            uint64_t t0 = now_ns();
+            uint64_t t0 = pdx_now_ns();
             ops->xfer_release(p->a, req);
-            double ms = (double)(now_ns() - t0) / 1e6;
+            double ms = (double)(pdx_now_ns() - t0) / 1e6;
             bg_stop(&bg);
             printf("[ ucx release tls=%s ] %s in flight released in %.1f ms\n",
                    g_tls, op == PDX_XFER_READ ? "read" : "write", ms);
@@ -646,8 +641,8 @@ static void test_notif_order(void **state)
         assert_int_equal(ops->notif_send(p->b, p->peer_ba, msg, len), PDX_OK);
         free(msg);
     }
-    uint64_t deadline = now_ns() + DEADLINE_NS;
-    while (p->ha.nrecv < count && now_ns() < deadline) {
+    uint64_t deadline = pdx_now_ns() + DEADLINE_NS;
+    while (p->ha.nrecv < count && pdx_now_ns() < deadline) {
         progress_both(p);
     }
     assert_int_equal(p->ha.nrecv, count);
@@ -679,16 +674,16 @@ static void test_event_fd(void **state)
     }
     assert_int_equal(ops->notif_send(p->b, p->peer_ba, msg, sizeof(msg)),
                      PDX_OK);
-    uint64_t deadline = now_ns() + 5ull * 1000000000ull;
+    uint64_t deadline = pdx_now_ns() + 5ull * 1000000000ull;
     int woke = 0;
-    while (!woke && now_ns() < deadline) {
+    while (!woke && pdx_now_ns() < deadline) {
         ops->progress(p->b); /* tcp: the sender side must move too */
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         woke = poll(&pfd, 1, 10) == 1;
     }
     assert_true(woke);
-    deadline = now_ns() + DEADLINE_NS;
-    while (p->ha.nrecv == before && now_ns() < deadline) {
+    deadline = pdx_now_ns() + DEADLINE_NS;
+    while (p->ha.nrecv == before && pdx_now_ns() < deadline) {
         progress_both(p);
     }
     assert_int_equal(p->ha.nrecv, before + 1);
@@ -730,7 +725,7 @@ static void test_query_and_table(void **state)
 static void test_bad_options(void **state)
 {
     (void)state;
-    static const pdx_kv_t bad[][1] = {
+    static const pdx_option_t bad[][1] = {
         {{"bogus", "1"}},      {{"max_chunk", "0"}},  {{"max_chunk", "12q"}},
         {{"max_chunk", "-5"}}, {{"max_chunk", "4g"}}, {{"tls", ""}},
         {{"allocate", "y"}},   {{"tls", NULL}},
@@ -747,7 +742,7 @@ static void test_bad_options(void **state)
         assert_ptr_equal(be, (void *)0x1); /* untouched on failure */
     }
     /* Good ones work, and the instance says what it is. */
-    pdx_kv_t good[] = {{"tls", "tcp"}, {"max_chunk", "1m"},
+    pdx_option_t good[] = {{"tls", "tcp"}, {"max_chunk", "1m"},
                        {"keepalive_ms", "2500"}};
     void *be = NULL;
     assert_int_equal(ops->create(&h.host, good, 3, &be), PDX_OK);
@@ -757,7 +752,7 @@ static void test_bad_options(void **state)
     assert_non_null(strstr(line, "tls=tcp"));
     assert_non_null(strstr(line, "keepalive_ms=2500"));
     ops->destroy(be);
-    pdx_kv_t off[] = {{"tls", "posix,sysv,self"}, {"peer_workers", "off"}};
+    pdx_option_t off[] = {{"tls", "posix,sysv,self"}, {"peer_workers", "off"}};
     assert_int_equal(ops->create(&h.host, off, 2, &be), PDX_OK);
     assert_true(describe_has(be, "peer_workers=off(0)"));
     ops->destroy(be);
@@ -782,8 +777,8 @@ static void test_connect_modes(void **state)
     fake_host_init(&he, "test-eager");
     fake_host_init(&hb, "test-target");
     fake_host_init(&hc, "test-sm-only");
-    pdx_kv_t tcp[] = {{"tls", "tcp"}, {"connect", "eager"}};
-    pdx_kv_t sm[] = {{"tls", "posix,sysv,self"}};
+    pdx_option_t tcp[] = {{"tls", "tcp"}, {"connect", "eager"}};
+    pdx_option_t sm[] = {{"tls", "posix,sysv,self"}};
     void *a = NULL, *e = NULL, *b = NULL, *c = NULL;
     assert_int_equal(ops->create(&ha.host, tcp, 1, &a), PDX_OK);
     assert_int_equal(ops->create(&he.host, tcp, 2, &e), PDX_OK);
@@ -830,8 +825,8 @@ static void test_connect_modes(void **state)
     void *req = NULL;
     pdx_status_t st =
         ops->xfer_post(a, pab, PDX_XFER_READ, &iov, 1, NULL, 0, &req);
-    uint64_t deadline = now_ns() + DEADLINE_NS;
-    while (st == PDX_INPROGRESS && now_ns() < deadline) {
+    uint64_t deadline = pdx_now_ns() + DEADLINE_NS;
+    while (st == PDX_INPROGRESS && pdx_now_ns() < deadline) {
         ops->progress(b);
         ops->progress(a);
         st = ops->xfer_check(a, req);
@@ -937,7 +932,7 @@ static int peer_child_main(int wfd, int rfd, const char *tls)
     fake_host_t h;
     fake_host_init(&h, "test-child");
     void *be = NULL;
-    pdx_kv_t opts[] = {{"tls", tls}};
+    pdx_option_t opts[] = {{"tls", tls}};
     if (ops->create(&h.host, opts, 1, &be) != PDX_OK) {
         _exit(3);
     }
@@ -961,8 +956,8 @@ static int peer_child_main(int wfd, int rfd, const char *tls)
         write(wfd, key, key_len) != (ssize_t)key_len) {
         _exit(5);
     }
-    uint64_t deadline = now_ns() + 60ull * 1000000000ull;
-    while (now_ns() < deadline) {
+    uint64_t deadline = pdx_now_ns() + 60ull * 1000000000ull;
+    while (pdx_now_ns() < deadline) {
         ops->progress(be);
         struct pollfd pfd = {.fd = rfd, .events = POLLIN};
         if (poll(&pfd, 1, 1) == 1) {
@@ -1062,9 +1057,9 @@ static void child_reap(child_t *c)
 {
     close(c->to_child);
     int status = 0;
-    uint64_t deadline = now_ns() + 10ull * 1000000000ull;
+    uint64_t deadline = pdx_now_ns() + 10ull * 1000000000ull;
     while (waitpid(c->pid, &status, WNOHANG) == 0) {
-        if (now_ns() > deadline) {
+        if (pdx_now_ns() > deadline) {
             kill(c->pid, SIGKILL);
             waitpid(c->pid, &status, 0);
             break;
@@ -1088,7 +1083,7 @@ static const char *g_peer_workers;
 static void parent_setup(parent_t *p, child_t *c, const char *tls)
 {
     fake_host_init(&p->h, "test-parent");
-    pdx_kv_t opts[] = {{"tls", tls}, {"peer_workers", g_peer_workers}};
+    pdx_option_t opts[] = {{"tls", tls}, {"peer_workers", g_peer_workers}};
     assert_int_equal(ops->create(&p->h.host, opts,
                                  g_peer_workers != NULL ? 2 : 1, &p->be),
                      PDX_OK);
@@ -1128,8 +1123,8 @@ static pdx_status_t parent_xfer(parent_t *p, child_t *c, pdx_xfer_op_t op,
     }
     void *req = NULL;
     pdx_status_t st = ops->xfer_post(p->be, p->peer, op, iov, 8, "x", 1, &req);
-    uint64_t deadline = now_ns() + deadline_ns;
-    while (st == PDX_INPROGRESS && now_ns() < deadline) {
+    uint64_t deadline = pdx_now_ns() + deadline_ns;
+    while (st == PDX_INPROGRESS && pdx_now_ns() < deadline) {
         ops->progress(p->be);
         st = ops->xfer_check(p->be, req);
         usleep(100);
@@ -1145,9 +1140,9 @@ static pdx_status_t parent_xfer(parent_t *p, child_t *c, pdx_xfer_op_t op,
  * left behind. Returns arm's last answer. */
 static pdx_status_t arm_settles(void *be)
 {
-    uint64_t deadline = now_ns() + 2000000000ull;
+    uint64_t deadline = pdx_now_ns() + 2000000000ull;
     pdx_status_t st = PDX_ERR_BUSY;
-    while (st == PDX_ERR_BUSY && now_ns() < deadline) {
+    while (st == PDX_ERR_BUSY && pdx_now_ns() < deadline) {
         ops->progress(be);
         st = ops->arm(be);
         usleep(1000);
@@ -1170,17 +1165,17 @@ static void peer_death(const char *tls)
     int status = 0;
     assert_int_equal(waitpid(c.pid, &status, 0), c.pid);
     g_child_pid = 0;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = pdx_now_ns();
     pdx_status_t st =
         parent_xfer(&p, &c, PDX_XFER_WRITE, 20ull * 1000000000ull);
     /* Posting may already fail if the error was seen; both are fine. */
     assert_int_equal(st, PDX_ERR_REMOTE_DISCONNECT);
-    uint64_t deadline = now_ns() + 20ull * 1000000000ull;
-    while (p.h.peer_errors == 0 && now_ns() < deadline) {
+    uint64_t deadline = pdx_now_ns() + 20ull * 1000000000ull;
+    while (p.h.peer_errors == 0 && pdx_now_ns() < deadline) {
         ops->progress(p.be);
         usleep(1000);
     }
-    double ms = (double)(now_ns() - t0) / 1e6;
+    double ms = (double)(pdx_now_ns() - t0) / 1e6;
     printf("[ ucx peer death tls=%s ] detected in %.1f ms\n", tls, ms);
     assert_true(ms < 10000.0); /* keepalive is 1 s */
     assert_int_equal(p.h.peer_errors, 1);
@@ -1246,36 +1241,36 @@ static void test_release_stalled_read(void **state)
         usleep(1000);
     }
     assert_int_equal(ops->xfer_check(p.be, req), PDX_INPROGRESS);
-    uint64_t t0 = now_ns();
+    uint64_t t0 = pdx_now_ns();
     assert_int_equal(ops->xfer_abort(p.be, req), PDX_OK);
     double longest = 0;
-    uint64_t give_up = now_ns() + 5000ull * 1000000ull;
+    uint64_t give_up = pdx_now_ns() + 5000ull * 1000000ull;
     while ((st = ops->xfer_check(p.be, req)) == PDX_INPROGRESS &&
-           now_ns() < give_up) {
-        uint64_t c0 = now_ns();
+           pdx_now_ns() < give_up) {
+        uint64_t c0 = pdx_now_ns();
         ops->progress(p.be);
-        double one = (double)(now_ns() - c0) / 1e6;
+        double one = (double)(pdx_now_ns() - c0) / 1e6;
         longest = one > longest ? one : longest;
         usleep(1000);
     }
-    double ms = (double)(now_ns() - t0) / 1e6;
+    double ms = (double)(pdx_now_ns() - t0) / 1e6;
     printf("[ ucx stalled read ] aborted read ended (%s) after %.1f ms, "
            "longest progress call %.2f ms\n", pdx_status_string(st), ms,
            longest);
     assert_int_equal(st, PDX_ERR_REMOTE_DISCONNECT);
     assert_true(ms < 3000.0);
     assert_true(longest < 50.0);
-    t0 = now_ns();
+    t0 = pdx_now_ns();
     ops->xfer_release(p.be, req);
-    ms = (double)(now_ns() - t0) / 1e6;
+    ms = (double)(pdx_now_ns() - t0) / 1e6;
     printf("[ ucx stalled read ] release took %.2f ms\n", ms);
     assert_true(ms < 50.0);
     /* See above: look whether anything lands once the child runs again. */
     uint8_t *snap = malloc(c.region.len);
     memcpy(snap, p.mem, c.region.len);
     assert_int_equal(kill(c.pid, SIGCONT), 0);
-    uint64_t deadline = now_ns() + 300ull * 1000000ull;
-    while (now_ns() < deadline) {
+    uint64_t deadline = pdx_now_ns() + 300ull * 1000000ull;
+    while (pdx_now_ns() < deadline) {
         ops->progress(p.be);
         usleep(1000);
     }
@@ -1395,9 +1390,9 @@ static pid_t stuck_sender_start(void *be)
     assert_int_equal(write(down, &l, sizeof(l)), (ssize_t)sizeof(l));
     assert_int_equal(write(down, conn, len), (ssize_t)len);
     free(conn);
-    uint64_t deadline = now_ns() + DEADLINE_NS;
+    uint64_t deadline = pdx_now_ns() + DEADLINE_NS;
     int in_pack = 0;
-    while (!in_pack && now_ns() < deadline) {
+    while (!in_pack && pdx_now_ns() < deadline) {
         ops->progress(be); /* its wireup, if UCX wants one */
         struct pollfd pfd = {.fd = up, .events = POLLIN};
         char ch;
@@ -1435,10 +1430,10 @@ static void stuck_fifo(const char *peer_workers)
                                 dies with us (PR_SET_PDEATHSIG) */
 
     memset(p.mem, 0, c.region.len);
-    uint64_t t0 = now_ns();
+    uint64_t t0 = pdx_now_ns();
     pdx_status_t st = parent_xfer(&p, &c, PDX_XFER_READ,
                                   own ? DEADLINE_NS : 2000000000ull);
-    double ms = (double)(now_ns() - t0) / 1e6;
+    double ms = (double)(pdx_now_ns() - t0) / 1e6;
     printf("[ ucx stuck fifo peer_workers=%s ] READ from the peer behind a "
            "half-written slot: %s after %.1f ms\n", peer_workers,
            pdx_status_string(st), ms);
@@ -1454,9 +1449,9 @@ static void stuck_fifo(const char *peer_workers)
 
     kill(sender, SIGKILL);
     waitpid(sender, NULL, 0);
-    t0 = now_ns();
+    t0 = pdx_now_ns();
     parent_teardown(&p);
-    ms = (double)(now_ns() - t0) / 1e6;
+    ms = (double)(pdx_now_ns() - t0) / 1e6;
     printf("[ ucx stuck fifo peer_workers=%s ] teardown %.1f ms\n",
            peer_workers, ms);
     assert_true(ms < 10000.0);

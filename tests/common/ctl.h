@@ -15,6 +15,8 @@
 
 #include <pdx/pdx.h>
 
+#include "pdx_clock.h"
+
 /* Each test names itself in its fatal messages. */
 extern const char *ctl_name;
 
@@ -29,20 +31,6 @@ static inline void die(const char *fmt, ...)
     fprintf(stderr, "\n");
     va_end(ap);
     exit(1);
-}
-
-static inline uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static inline uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* Die naming the call, its status and pdx_last_error() when a pdx call

@@ -10,15 +10,10 @@
 #include <stdint.h>
 #include <time.h>
 
-static inline uint64_t pdx_test_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
+#include "pdx_clock.h"
 
 #define PDX_POLL_UNTIL(cond, ms)                                               \
-    for (uint64_t pdx_dl_ = pdx_test_now_ms() + (ms);                         \
-         (cond) && pdx_test_now_ms() < pdx_dl_; sched_yield())
+    for (uint64_t pdx_dl_ = pdx_now_ms() + (ms);                         \
+         (cond) && pdx_now_ms() < pdx_dl_; sched_yield())
 
 #endif

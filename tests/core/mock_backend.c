@@ -38,7 +38,7 @@ int mock_hold_completion; /* requests stay in progress while set */
 static pdx_status_t m_query(char *why, size_t len) { return PDX_OK; }
 
 static pdx_status_t m_create(const pdx_backend_host_t *host,
-                             const pdx_kv_t *opts, size_t n, void **be_p)
+                             const pdx_option_t *opts, size_t n, void **be_p)
 {
     for (size_t i = 0; i < n; i++) {
         pdx_error("mock: unknown option %s", opts[i].key);

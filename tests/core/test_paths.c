@@ -37,7 +37,7 @@ static pdx_agent_h agent(const char *name, bool cma, uint32_t policy,
         .path_policy = policy};
     pdx_agent_h a;
     assert_int_equal(pdx_agent_create(name, &ap, &a), PDX_OK);
-    pdx_kv_t tls = {"tls", "sm"};
+    pdx_option_t tls = {"tls", "sm"};
     assert_int_equal(pdx_backend_create(a, "ucx", &tls, 1, NULL), PDX_OK);
     if (cma) {
         assert_int_equal(pdx_backend_create(a, "cma", NULL, 0, cma_p),
@@ -266,7 +266,7 @@ static void test_agent_fd_watches_backends(void **state)
         int fd = pdx_agent_event_fd(a);
         assert_true(fd >= 0);
         assert_int_equal(epoll_members(fd), 1); /* its eventfd */
-        pdx_kv_t tls = {"tls", "sm"};
+        pdx_option_t tls = {"tls", "sm"};
         assert_int_equal(pdx_backend_create(a, "ucx", &tls, 1, NULL),
                          PDX_OK);
         assert_int_equal(epoll_members(fd), 2); /* and ucx's event fd */

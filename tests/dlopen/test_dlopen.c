@@ -47,7 +47,7 @@ static void test_table_transfer(void **state)
     pdx_agent_h a, b;
     assert_int_equal(t->agent_create("dl-p", &p, &a), PDX_OK);
     assert_int_equal(t->agent_create("dl-d", &p, &b), PDX_OK);
-    pdx_kv_t opt = {"tls", "sm"};
+    pdx_option_t opt = {"tls", "sm"};
     assert_int_equal(t->backend_create(a, "ucx", &opt, 1, NULL), PDX_OK);
     assert_int_equal(t->backend_create(b, "ucx", &opt, 1, NULL), PDX_OK);
     size_t len = 1 << 20;
@@ -108,7 +108,7 @@ static void test_event_fd_wakes(void **state)
     pdx_agent_h a, b;
     assert_int_equal(t->agent_create("ev-a", NULL, &a), PDX_OK);
     assert_int_equal(t->agent_create("ev-b", NULL, &b), PDX_OK);
-    pdx_kv_t opt = {"tls", "sm"};
+    pdx_option_t opt = {"tls", "sm"};
     assert_int_equal(t->backend_create(a, "ucx", &opt, 1, NULL), PDX_OK);
     assert_int_equal(t->backend_create(b, "ucx", &opt, 1, NULL), PDX_OK);
     void *blob;

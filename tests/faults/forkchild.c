@@ -94,8 +94,8 @@ static pdx_status_t read_post(pair_t *p, pdx_xfer_h *x_p)
 
 static void read_finish(pair_t *p, pdx_xfer_h x, pdx_status_t st)
 {
-    uint64_t t0 = now_ms();
-    while (st == PDX_INPROGRESS && now_ms() - t0 < 20000) {
+    uint64_t t0 = pdx_now_ms();
+    while (st == PDX_INPROGRESS && pdx_now_ms() - t0 < 20000) {
         st = pdx_xfer_check(x);
     }
     if (st != PDX_OK) {
@@ -192,11 +192,11 @@ static int child_use(pair_t *p, pdx_xfer_h x, pdx_dlist_h dl)
 
 static int wait_child(pid_t pid, uint64_t bound_ms)
 {
-    uint64_t t0 = now_ms();
+    uint64_t t0 = pdx_now_ms();
     int status;
     pid_t w;
     while ((w = waitpid(pid, &status, WNOHANG)) == 0) {
-        if (now_ms() - t0 > bound_ms) {
+        if (pdx_now_ms() - t0 > bound_ms) {
             kill(pid, SIGKILL);
             waitpid(pid, &status, 0);
             fprintf(stderr, "FAIL: child %d did not exit within %llu ms\n",

@@ -39,7 +39,7 @@ int main(int argc, char **argv)
     pdx_agent_h a, b;
     CHECK(pdx_agent_create("inproc-a", &ap, &a));
     CHECK(pdx_agent_create("inproc-b", &ap, &b));
-    pdx_kv_t tls = {"tls", "sm"};
+    pdx_option_t tls = {"tls", "sm"};
     CHECK(pdx_backend_create(a, "ucx", &tls, 1, NULL));
     CHECK(pdx_backend_create(b, "ucx", &tls, 1, NULL));
     if (shm) {
@@ -89,20 +89,20 @@ int main(int argc, char **argv)
         alarm(5);
         exit(0);
     }
-    uint64_t t0 = now_ms();
+    uint64_t t0 = pdx_now_ms();
     if (unload) {
         CHECK(pdx_peer_unload(a, peer));
     } else {
         pdx_mem_deregister(b, rs);
         pdx_agent_destroy(b);
     }
-    uint64_t t1 = now_ms();
+    uint64_t t1 = pdx_now_ms();
     int bad = 0, ended_err = 0;
     for (int i = 0; i < NREQ; i++) {
-        while (st[i] == PDX_INPROGRESS && now_ms() - t1 < 15000) {
+        while (st[i] == PDX_INPROGRESS && pdx_now_ms() - t1 < 15000) {
             st[i] = pdx_xfer_check(x[i]);
         }
-        uint64_t at = now_ms() - t1;
+        uint64_t at = pdx_now_ms() - t1;
         printf("READ %d ended '%s' %llu ms after the %s%s%s\n", i,
                pdx_status_string(st[i]), (unsigned long long)at,
                unload ? "unload" : "destroy", st[i] < 0 ? ": " : "",
@@ -131,12 +131,12 @@ int main(int argc, char **argv)
         pdx_mem_deregister(b, rs);
         pdx_agent_destroy(b);
     }
-    uint64_t t2 = now_ms();
+    uint64_t t2 = pdx_now_ms();
     pdx_mem_deregister(a, rd);
     pdx_agent_destroy(a);
     printf("destroy of A took %llu ms (B's %s took %llu ms)\n",
-           (unsigned long long)(now_ms() - t2), unload ? "unload" : "destroy",
-           (unsigned long long)(t1 - t0));
+           (unsigned long long)(pdx_now_ms() - t2),
+           unload ? "unload" : "destroy", (unsigned long long)(t1 - t0));
     if (shm) {
         pdx_mem_free(src);
     } else {

@@ -126,9 +126,9 @@ static int target_main(int fd)
         if (strcmp(m, "measure") == 0) {
             c0 = cpu_ms();
             w0 = wakeups();
-            t0 = now_ns();
+            t0 = pdx_now_ns();
         } else if (strcmp(m, "report") == 0) {
-            double s = (double)(now_ns() - t0) / 1e9;
+            double s = (double)(pdx_now_ns() - t0) / 1e9;
             char r[128];
             snprintf(r, sizeof(r), "%.3f %.1f", (cpu_ms() - c0) / s,
                      (double)(wakeups() - w0) / s);
@@ -182,7 +182,7 @@ static double requests(pdx_agent_h a, pdx_xfer_op_t op, unsigned char *mem,
                        const char *what)
 {
     uint64_t slots = REGION / PIECE;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = pdx_now_ns();
     for (uint64_t i = 0; i < NREQ; i++) {
         uint64_t off = (i % slots) * PIECE;
         one(a, op, mem, off, base + off, peer, what, i);
@@ -193,7 +193,7 @@ static double requests(pdx_agent_h a, pdx_xfer_op_t op, unsigned char *mem,
             }
         }
     }
-    return (double)(now_ns() - t0) / 1e9;
+    return (double)(pdx_now_ns() - t0) / 1e9;
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -286,10 +286,10 @@ int main(int argc, char **argv)
         struct timespec gap = {0, 150000000};
         nanosleep(&gap, NULL);
         uint64_t off = (uint64_t)i * PIECE;
-        uint64_t s = now_ns();
+        uint64_t s = pdx_now_ns();
         one(a, PDX_XFER_READ, mem, off, base + off, peer, "lone READ",
             (uint64_t)i);
-        lone[i] = now_ns() - s;
+        lone[i] = pdx_now_ns() - s;
     }
     qsort(lone, LONE, sizeof(lone[0]), cmp_u64);
     double med = (double)lone[LONE / 2] / 1e6;
@@ -308,9 +308,9 @@ int main(int argc, char **argv)
     pdx_status_t dst = request(a, PDX_XFER_READ, mem, 0, base, peer);
     double c1 = cpu_ms();
     long w1 = wakeups();
-    uint64_t t1 = now_ns();
+    uint64_t t1 = pdx_now_ns();
     nanosleep(&idle, NULL);
-    double s1 = (double)(now_ns() - t1) / 1e9;
+    double s1 = (double)(pdx_now_ns() - t1) / 1e9;
     double dcpu = (cpu_ms() - c1) / s1, dwk = (double)(wakeups() - w1) / s1;
     printf("initiator idle with the dead target loaded: %.2f ms of CPU per "
            "s, %.1f wake-ups per s; a READ to it: %s\n", dcpu, dwk,

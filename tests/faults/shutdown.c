@@ -40,7 +40,7 @@ static int g_stop, g_no_release;
 
 static void backends(pdx_agent_h a)
 {
-    pdx_kv_t tls = {"tls", strcmp(g_path, "ucx-tcp") == 0 ? "tcp" : "sm"};
+    pdx_option_t tls = {"tls", strcmp(g_path, "ucx-tcp") == 0 ? "tcp" : "sm"};
     CHECK(pdx_backend_create(a, "ucx", &tls, 1, NULL));
     if (strcmp(g_path, "shm") == 0) {
         CHECK(pdx_backend_create(a, "cma", NULL, 0, NULL));
@@ -150,7 +150,7 @@ static int d_main(int pfd, int sfd, pid_t p_pid)
     if (kill(p_pid, g_stop ? SIGSTOP : SIGKILL) != 0) {
         die("kill: %s", strerror(errno));
     }
-    uint64_t fault = now_ms();
+    uint64_t fault = pdx_now_ms();
     printf("D: %s sent to P with %d READs and %d WRITEs of %u MiB posted\n",
            g_stop ? "SIGSTOP" : "SIGKILL", NREAD, NWRITE, XFER >> 20);
     fflush(stdout);
@@ -166,7 +166,7 @@ static int d_main(int pfd, int sfd, pid_t p_pid)
             st[i] = PDX_INPROGRESS;
         }
         while (left > 0) {
-            if (now_ms() - fault > 20000) {
+            if (pdx_now_ms() - fault > 20000) {
                 die("D: %d requests still in flight 20 s after the fault",
                     left);
             }
@@ -177,7 +177,7 @@ static int d_main(int pfd, int sfd, pid_t p_pid)
                     printf("D: %s %d ended '%s' after %llu ms%s%s\n",
                            i < NREAD ? "READ" : "WRITE", i,
                            pdx_status_string(st[i]),
-                           (unsigned long long)(now_ms() - fault),
+                           (unsigned long long)(pdx_now_ms() - fault),
                            st[i] < 0 ? ": " : "",
                            st[i] < 0 ? pdx_last_error() : "");
                 }
@@ -200,18 +200,18 @@ static int d_main(int pfd, int sfd, pid_t p_pid)
         }
     }
     say(sfd, "ended");
-    uint64_t t0 = now_ms();
+    uint64_t t0 = pdx_now_ms();
     if (!g_no_release) {
         for (int i = 0; i < NREAD + NWRITE; i++) {
             pdx_xfer_release(x[i]);
         }
     }
-    uint64_t t1 = now_ms();
+    uint64_t t1 = pdx_now_ms();
     pdx_status_t ust = pdx_peer_unload(d, pname);
-    uint64_t t2 = now_ms();
+    uint64_t t2 = pdx_now_ms();
     pdx_mem_deregister(d, reg);
     pdx_agent_destroy(d);
-    uint64_t t3 = now_ms();
+    uint64_t t3 = pdx_now_ms();
     printf("D: release %llu ms, unload '%s' %llu ms, destroy %llu ms\n",
            (unsigned long long)(t1 - t0), pdx_status_string(ust),
            (unsigned long long)(t2 - t1), (unsigned long long)(t3 - t2));
@@ -262,7 +262,7 @@ static int drain_output(int fd, uint64_t deadline, int *bad)
     static char acc[1 << 16];
     static size_t used;
     for (;;) {
-        uint64_t now = now_ms();
+        uint64_t now = pdx_now_ms();
         if (now >= deadline) {
             return 0;
         }
@@ -363,15 +363,15 @@ int main(int argc, char **argv)
     int bad = 0;
     /* Until D says "ended" (bounded by D's own 20 s wait and alarm). */
     struct pollfd pf = {sd[0], POLLIN, 0};
-    uint64_t limit = now_ms() + 40000;
+    uint64_t limit = pdx_now_ms() + 40000;
     char *msg = NULL;
-    while (msg == NULL && now_ms() < limit) {
+    while (msg == NULL && pdx_now_ms() < limit) {
         if (poll(&pf, 1, 100) > 0) {
             msg = recv_msg(sd[0], NULL);
             break;
         }
     }
-    uint64_t ended = now_ms();
+    uint64_t ended = pdx_now_ms();
     if (msg == NULL) {
         fprintf(stderr, "FAIL: D never reached its shutdown\n");
         bad = 1;
@@ -381,11 +381,11 @@ int main(int argc, char **argv)
     int status = 0;
     pid_t w = 0;
     while ((w = waitpid(d, &status, WNOHANG)) == 0 &&
-           now_ms() < ended + EXIT_BOUND_MS) {
+           pdx_now_ms() < ended + EXIT_BOUND_MS) {
         struct timespec ts = {0, 5000000};
         nanosleep(&ts, NULL);
     }
-    uint64_t exited = now_ms();
+    uint64_t exited = pdx_now_ms();
     if (w == 0) {
         fprintf(stderr, "FAIL: D did not exit within %d ms of its shutdown\n",
                 EXIT_BOUND_MS);

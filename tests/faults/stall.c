@@ -87,7 +87,7 @@ static pdx_backend_h g_ucx; /* this process's last ucx backend */
 
 static void backends(pdx_agent_h a)
 {
-    pdx_kv_t opts[] = {
+    pdx_option_t opts[] = {
         {"tls", strcmp(g_path, "ucx-tcp") == 0 ? "tcp" : "sm"},
         {"peer_workers", g_peer_workers}};
     CHECK(pdx_backend_create(a, "ucx", opts, 2, &g_ucx));
@@ -393,12 +393,12 @@ static void *watch_main(void *arg)
         struct timespec ts = {0, 2000000};
         nanosleep(&ts, NULL);
         uint64_t t0 = atomic_load(&m->call_t0);
-        if (t0 != 0 && now_ns() - t0 > WATCH_MS * 1000000ull) {
+        if (t0 != 0 && pdx_now_ns() - t0 > WATCH_MS * 1000000ull) {
             char head[192];
             snprintf(head, sizeof(head), "%s running for %.1f ms (in tid "
                      "%d; D's main thread is tid %d):\n",
                      atomic_load(&m->call_what),
-                     (double)(now_ns() - t0) / 1e6,
+                     (double)(pdx_now_ns() - t0) / 1e6,
                      atomic_load(&m->mon_tid), (int)getpid());
             size_t hl = strlen(head);
             memcpy(m->dump, head, hl + 1);
@@ -409,13 +409,13 @@ static void *watch_main(void *arg)
              * doing (the VM itself did not run). */
             waits_t a, b;
             bool have = waits_take(&a);
-            uint64_t ta = now_ns();
+            uint64_t ta = pdx_now_ns();
             while (atomic_load(&m->call_t0) == t0 &&
-                   now_ns() - ta < 2000000000ull) {
+                   pdx_now_ns() - ta < 2000000000ull) {
                 struct timespec ms1 = {0, 1000000};
                 nanosleep(&ms1, NULL);
             }
-            uint64_t tb = now_ns();
+            uint64_t tb = pdx_now_ns();
             if (have && waits_take(&b)) {
                 size_t used = strlen(m->dump);
                 int w = snprintf(m->dump + used, sizeof(m->dump) - used,
@@ -446,7 +446,7 @@ static void *watch_main(void *arg)
 /* The monitor starts a timed call. */
 static uint64_t call_begin(monitor_t *m, const char *what)
 {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = pdx_now_ns();
     atomic_store(&m->call_what, what);
     atomic_store(&m->call_t0, t0);
     return t0;
@@ -478,7 +478,7 @@ static long preemptions(void)
  * millisecond (a snapshot reads a file per thread). */
 static void waits_mark(monitor_t *m)
 {
-    uint64_t now = now_ns();
+    uint64_t now = pdx_now_ns();
     if (now - m->waits_ns >= 1000000ull && waits_take(&m->waits)) {
         m->waits_ns = now;
     }
@@ -493,7 +493,7 @@ static void waits_mark(monitor_t *m)
  * still bounded, 1 s, to catch a hang). */
 static void sample(monitor_t *m, uint64_t t0, long pre0, const char *what)
 {
-    uint64_t dt = now_ns() - t0;
+    uint64_t dt = pdx_now_ns() - t0;
     atomic_store(&m->call_t0, 0);
     if (m->nsamples < SAMPLES) {
         m->samples[m->nsamples++] = dt;
@@ -510,7 +510,7 @@ static void sample(monitor_t *m, uint64_t t0, long pre0, const char *what)
                 m->waited_long++;
             }
             m->waits = after;
-            m->waits_ns = now_ns();
+            m->waits_ns = pdx_now_ns();
         }
     }
     if (kernel) {
@@ -634,7 +634,7 @@ static pdx_status_t read_post(pdx_agent_h d, target_t *t, unsigned char *buf,
     if (op == PDX_XFER_READ) {
         memset(buf, 0, (size_t)PIECES * PIECE);
     }
-    s->post_ns = now_ns();
+    s->post_ns = pdx_now_ns();
     st = pdx_xfer_post(s->x);
     s->busy = st == PDX_INPROGRESS || st == PDX_OK;
     return st;
@@ -696,19 +696,19 @@ static int d_main(void)
     unsigned round = 0, done_ok[2] = {0, 0}, done_during[2] = {0, 0};
     pdx_status_t p1_end = PDX_OK;
     unsigned p1_failed = 0;
-    uint64_t start = now_ns(), fault_at = start + 400000000ull,
+    uint64_t start = pdx_now_ns(), fault_at = start + 400000000ull,
              end_at = fault_at + (XFER_TIMEOUT_MS + 3000) * 1000000ull,
              fault_ns = 0,
              p1_first_fail_ns = 0;
     bool faulted = false, p1_dead = false;
     char fault_desc[512] = "";
     uint64_t main_max = 0, p2_longest = 0;
-    while (now_ns() < end_at) {
-        if (!faulted && now_ns() >= fault_at) {
+    while (pdx_now_ns() < end_at) {
+        if (!faulted && pdx_now_ns() >= fault_at) {
             if (kill(t[0].pid, g_stop ? SIGSTOP : SIGKILL) != 0) {
                 die("kill: %s", strerror(errno));
             }
-            fault_ns = now_ns();
+            fault_ns = pdx_now_ns();
             faulted = true;
             pdx_backend_describe(g_ucx, fault_desc, sizeof(fault_desc));
             printf("fault: %s sent to %s with %u + %u READs in flight\n",
@@ -723,7 +723,7 @@ static int d_main(void)
                 slot_t *s = &slots[p][k];
                 unsigned char *buf =
                     local + 2 * PIECE + ((size_t)p * INFLIGHT + k) * slot_bytes;
-                uint64_t t0 = now_ns();
+                uint64_t t0 = pdx_now_ns();
                 if (!s->busy) {
                     pdx_xfer_op_t op = p == 0 && g_p1_write ? PDX_XFER_WRITE
                                                             : PDX_XFER_READ;
@@ -744,13 +744,13 @@ static int d_main(void)
                     continue;
                 }
                 pdx_status_t st = pdx_xfer_check(s->x);
-                uint64_t dt = now_ns() - t0;
+                uint64_t dt = pdx_now_ns() - t0;
                 main_max = dt > main_max ? dt : main_max;
                 if (st == PDX_INPROGRESS) {
                     continue;
                 }
                 if (st == PDX_OK) {
-                    uint64_t took = now_ns() - s->post_ns;
+                    uint64_t took = pdx_now_ns() - s->post_ns;
                     if (p == 1 && took > p2_longest) {
                         p2_longest = took;
                     }
@@ -761,7 +761,7 @@ static int d_main(void)
                     done_during[p] += faulted;
                 } else if (p == 0 && faulted) {
                     if (p1_failed++ == 0) {
-                        p1_first_fail_ns = now_ns();
+                        p1_first_fail_ns = pdx_now_ns();
                         p1_end = st;
                         printf("%s: first request ended '%s' %.1f ms after "
                                "the fault: %s\n", t[0].name,
@@ -773,9 +773,9 @@ static int d_main(void)
                     die("READ from %s failed: %s (%s)", t[p].name,
                         pdx_status_string(st), pdx_last_error());
                 }
-                t0 = now_ns();
+                t0 = pdx_now_ns();
                 pdx_xfer_release(s->x);
-                dt = now_ns() - t0;
+                dt = pdx_now_ns() - t0;
                 main_max = dt > main_max ? dt : main_max;
                 s->x = NULL;
                 s->busy = false;

@@ -246,10 +246,10 @@ static pdx_status_t d_load(node_t *d, char *params, uint64_t salt,
     if (kill_pid > 0) {
         kill(kill_pid, sig);
     }
-    uint64_t end = now_ms() + limit_ms;
+    uint64_t end = pdx_now_ms() + limit_ms;
     size_t tokens = 0;
     pdx_status_t st = PDX_INPROGRESS;
-    while (st == PDX_INPROGRESS && now_ms() < end) {
+    while (st == PDX_INPROGRESS && pdx_now_ms() < end) {
         st = pdx_kv_load_check(d->conn, req, &tokens);
         pdx_kv_progress(d->conn);
     }
@@ -305,9 +305,9 @@ static int run_p_fault(const char *tls, int sig)
     if (load(&d, fd, 1, 0, 0, 30000) != PDX_OK) {
         die("healthy load failed");
     }
-    uint64_t t0 = now_ms();
+    uint64_t t0 = pdx_now_ms();
     pdx_status_t st = load(&d, fd, 2, pid, sig, 30000);
-    uint64_t dt = now_ms() - t0;
+    uint64_t dt = pdx_now_ms() - t0;
     pdx_status_t want = sig == SIGKILL ? PDX_ERR_REMOTE_DISCONNECT
                                        : PDX_ERR_TIMEOUT;
     if (st == PDX_OK && sig == SIGKILL) {
@@ -409,8 +409,8 @@ static int run_d_killed(void)
     waitpid(pid, &status, 0);
     close(fd);
     freed_t f = {0};
-    uint64_t t0 = now_ms();
-    while (f.n == 0 && now_ms() - t0 < 5000) {
+    uint64_t t0 = pdx_now_ms();
+    while (f.n == 0 && pdx_now_ms() - t0 < 5000) {
         pdx_kv_progress(p.conn);
         pdx_kv_poll_freed(p.conn, on_freed, &f);
     }
@@ -425,7 +425,7 @@ static int run_d_killed(void)
         die("dead D not seen as disconnected");
     }
     printf("dead D: blocks freed at lease expiry after %llu ms\n",
-           (unsigned long long)(now_ms() - t0));
+           (unsigned long long)(pdx_now_ms() - t0));
     /* P serves a new D: it reads a new request byte-exact, and its done
      * notification frees the blocks. */
     pid = spawn("D", "sm", &fd);
@@ -445,7 +445,8 @@ static int run_d_killed(void)
     send_msg(fd, cmd, (uint32_t)strlen(cmd));
     free(cmd);
     char *ans = NULL;
-    for (uint64_t end = now_ms() + 30000; ans == NULL && now_ms() < end;) {
+    for (uint64_t end = pdx_now_ms() + 30000;
+         ans == NULL && pdx_now_ms() < end;) {
         /* P must progress for tcp; here it drains the done notification. */
         pdx_kv_progress(p.conn);
         struct timeval tv = {0, 1000};
@@ -462,7 +463,7 @@ static int run_d_killed(void)
     }
     free(ans);
     f.n = 0;
-    for (uint64_t end = now_ms() + 5000; f.n == 0 && now_ms() < end;) {
+    for (uint64_t end = pdx_now_ms() + 5000; f.n == 0 && pdx_now_ms() < end;) {
         pdx_kv_progress(p.conn);
         pdx_kv_poll_freed(p.conn, on_freed, &f);
     }

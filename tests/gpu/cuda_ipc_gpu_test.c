@@ -31,6 +31,8 @@
 #include <pdx/backend.h> /* PDX_REGION_F_PIN */
 #include <pdx/pdx.h>
 
+#include "pdx_clock.h"
+
 /* ---- the driver, by dlopen ------------------------------------------ */
 
 static struct {
@@ -166,13 +168,6 @@ static void cu_start(void)
     CK(cu.CtxSetCurrent(c));
     CK(cu.DeviceGetName(name, sizeof(name), d));
     say("device 0: %s", name);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* ---- GLM-5.2 layout --------------------------------------------------- */
@@ -430,7 +425,7 @@ static pdx_agent_h agent_start(const char *name)
     char desc[512];
     pdx_backend_describe(be, desc, sizeof(desc));
     say("%s", desc);
-    pdx_kv_t opt = {"tls", g_tls};
+    pdx_option_t opt = {"tls", g_tls};
     pdx_status_t st = pdx_backend_create(a, "ucx", &opt, 1, NULL);
     g_have_ucx = st == PDX_OK;
     if (!g_have_ucx) {
@@ -453,16 +448,16 @@ static void register_arenas(pdx_agent_h a, const layout_t *L)
 /* post + check to completion; seconds, or < 0 on error */
 static double run(pdx_xfer_h x, pdx_status_t *st_p)
 {
-    double t0 = now_s();
+    double t0 = pdx_now_s();
     pdx_status_t st = pdx_xfer_post(x);
     while (st == PDX_INPROGRESS) {
         st = pdx_xfer_check(x);
-        if (now_s() - t0 > 120) {
+        if (pdx_now_s() - t0 > 120) {
             st = PDX_ERR_TIMEOUT;
         }
     }
     *st_p = st;
-    return now_s() - t0;
+    return pdx_now_s() - t0;
 }
 
 /* ---- P ---------------------------------------------------------------- */
@@ -541,9 +536,9 @@ static int p_main(int rfd, int wfd, size_t bytes, int one_alloc)
             descs_free(&Dd);
         } else if (strncmp(cmd, "EXPECT ", 7) == 0) {
             const char *want = cmd + 7;
-            double t0 = now_s();
+            double t0 = pdx_now_s();
             int found = 0;
-            while (!found && now_s() - t0 < 10) {
+            while (!found && pdx_now_s() - t0 < 10) {
                 pdx_notif_poll(a, on_notif, &N);
                 for (int i = 0; i < N.n && !found; i++) {
                     found = strcmp(N.msgs[i], want) == 0;
@@ -604,11 +599,11 @@ static pdx_xfer_h make(pdx_agent_h a, pdx_xfer_op_t op, pdx_mem_type_t lt,
 {
     pdx_desc_list_t ll = {lt, l, n}, rl = {PDX_MEM_VRAM, r, n};
     pdx_xfer_h x;
-    double t0 = now_s();
+    double t0 = pdx_now_s();
     PK(pdx_xfer_create(a, op, &ll, &rl, "gpu-p", notif,
                        notif ? strlen(notif) + 1 : 0, &x));
     if (t_p) {
-        *t_p = now_s() - t0;
+        *t_p = pdx_now_s() - t0;
     }
     return x;
 }
@@ -637,7 +632,7 @@ static double bench_cu(int kind, CUdeviceptr dst_base, CUdeviceptr src_base,
 {
     double best = 1e30;
     for (int i = 0; i < iters + 1; i++) {
-        double t0 = now_s();
+        double t0 = pdx_now_s();
         if (kind == 0) { /* DtoD per arena */
             for (int a = 0; a < NARENA; a++) {
                 CK(cu.DtoDAsync(dst_base + L->off[a], L->base[a],
@@ -662,7 +657,7 @@ static double bench_cu(int kind, CUdeviceptr dst_base, CUdeviceptr src_base,
                            L->blk[a] * L->nblocks));
             }
         }
-        double t = now_s() - t0;
+        double t = pdx_now_s() - t0;
         if (i > 0 && t < best) {
             best = t;
         }
@@ -714,10 +709,10 @@ static int d_main(int rfd, int wfd, size_t bytes, int one_alloc, int quick)
     uint32_t pl;
     void *pblob = recv_msg(rfd, &pl);
     char pname[PDX_NAME_MAX];
-    double t0 = now_s();
+    double t0 = pdx_now_s();
     PK(pdx_peer_load(a, pblob, pl, pname));
     say("loaded peer %s (%u B blob, %d regions) in %.1f ms", pname, pl, NARENA,
-        (now_s() - t0) * 1e3);
+        (pdx_now_s() - t0) * 1e3);
     free(pblob);
     void *blob;
     size_t blen;

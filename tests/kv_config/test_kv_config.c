@@ -360,7 +360,7 @@ static void test_backend_opts(void **state)
     assert_non_null(copy);
     memcpy(copy, &cfg, sizeof(cfg));
     memset(&cfg, 0, sizeof(cfg));
-    pdx_kv_t kv[8];
+    pdx_option_t kv[8];
     assert_int_equal(pdx_kv_config_backend_opts(copy, 0, kv, 8), 2);
     assert_string_equal(kv[0].key, "tls");
     assert_string_equal(kv[0].value, "sm");

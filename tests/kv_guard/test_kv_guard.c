@@ -3,7 +3,7 @@
  * required pointers and destroyed handles: no crash, PDX_ERR_INVALID (or
  * NULL / 0), and pdx_last_error() naming the function and the argument.
  *
- * The list was taken from grep PDX_API over connector/include/pdx and
+ * The list was taken from grep PDX_API over include/pdx/kv_*.h and
  * coverage.cmake re-checks it on every run. Functions without a handle or a
  * pointer argument have no NULL case; they are called once for the record:
  * pdx_glm52_has_index_k, pdx_connector_version, and pdx_kv_free (NULL is
@@ -313,7 +313,7 @@ static void test_config_null(void **state)
     (void)state;
     static pdx_kv_config_t cfg;
     pdx_layout_h l;
-    pdx_kv_t opts[4];
+    pdx_option_t opts[4];
     char err[256];
 
     REFUSED(pdx_kv_config_load(NULL, &cfg, err, sizeof(err)), "path is NULL");

@@ -10,14 +10,9 @@
 #include <string.h>
 #include <time.h>
 
-#define GLM_BLOCK 3502592ull
+#include "pdx_clock.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#define GLM_BLOCK 3502592ull
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -100,13 +95,13 @@ static void bench_bandwidth(size_t n, uint32_t flags, const char *label)
     pool = make(n, GLM_BLOCK, flags, 64);
 
     /* Sync saves into a cold slab (first touch faults pages in). */
-    t = now_s();
+    t = pdx_now_s();
     for (size_t i = 0; i < n; i++) {
         check(pdx_offload_save(pool, &keys[i], src + i * GLM_BLOCK,
                                PDX_OFFLOAD_RETAINED),
               "save");
     }
-    cold = bytes / (now_s() - t) / 1e9;
+    cold = bytes / (pdx_now_s() - t) / 1e9;
 
     for (int r = 0; r < ROUNDS; r++) {
         /* The pool holds set b here; saving set a, then b, makes every save
@@ -114,21 +109,21 @@ static void bench_bandwidth(size_t n, uint32_t flags, const char *label)
         pdx_offload_key_t *a = keys + n;
         pdx_offload_key_t *b = keys;
 
-        t = now_s();
+        t = pdx_now_s();
         for (size_t i = 0; i < n; i++) {
             memcpy(dst + i * GLM_BLOCK, src + i * GLM_BLOCK, GLM_BLOCK);
         }
-        mc = best(mc, bytes / (now_s() - t) / 1e9);
+        mc = best(mc, bytes / (pdx_now_s() - t) / 1e9);
 
-        t = now_s();
+        t = pdx_now_s();
         for (size_t i = 0; i < n; i++) {
             check(pdx_offload_save(pool, &a[i], src + i * GLM_BLOCK,
                                    PDX_OFFLOAD_RETAINED),
                   "save");
         }
-        warm = best(warm, bytes / (now_s() - t) / 1e9);
+        warm = best(warm, bytes / (pdx_now_s() - t) / 1e9);
 
-        t = now_s();
+        t = pdx_now_s();
         for (size_t i = 0; i < n; i++) {
             check(pdx_offload_save_async(pool, &b[i], src + i * GLM_BLOCK,
                                          PDX_OFFLOAD_RETAINED,
@@ -136,9 +131,9 @@ static void bench_bandwidth(size_t n, uint32_t flags, const char *label)
                   "save_async");
         }
         check(pdx_offload_flush(pool, -1), "flush");
-        async = best(async, bytes / (now_s() - t) / 1e9);
+        async = best(async, bytes / (pdx_now_s() - t) / 1e9);
 
-        t = now_s();
+        t = pdx_now_s();
         if (check(pdx_offload_lease(pool, b, n, &lease, &count), "lease")) {
             exit(1);
         }
@@ -148,7 +143,7 @@ static void bench_bandwidth(size_t n, uint32_t flags, const char *label)
         }
         check(pdx_offload_load(pool, lease, items, count), "load");
         pdx_offload_release(pool, lease);
-        load = best(load, bytes / (now_s() - t) / 1e9);
+        load = best(load, bytes / (pdx_now_s() - t) / 1e9);
         if (count != n || memcmp(dst, src, bytes) != 0) {
             fprintf(stderr, "load mismatch (%zu of %zu blocks)\n", count, n);
         }
@@ -192,11 +187,11 @@ static void bench_latency(size_t mb)
         a[(size_t)perm[i] * 8] = perm[(i + 1) % n];
     }
     x = perm[0];
-    t = now_s();
+    t = pdx_now_s();
     for (size_t i = 0; i < steps; i++) {
         x = a[x * 8];
     }
-    t = now_s() - t;
+    t = pdx_now_s() - t;
     printf("host: dependent random load over %zu MiB: %.1f ns (%zu)\n", mb,
            t * 1e9 / steps, x % 2);
     free(perm);
@@ -248,12 +243,12 @@ static void bench_lookup(size_t n)
     }
     rss0 = rss_kb();
     pool = make(n, BLOCK, 0, 1);
-    t = now_s();
+    t = pdx_now_s();
     for (size_t i = 0; i < n; i++) {
         check(pdx_offload_save(pool, &keys[i], payload, PDX_OFFLOAD_RETAINED),
               "save");
     }
-    t = now_s() - t;
+    t = pdx_now_s() - t;
     rss1 = rss_kb();
     pdx_offload_stats(pool, &st);
     printf("index %zu blocks of %d B: insert %.0f ns/block (first touch); "
@@ -269,12 +264,12 @@ static void bench_lookup(size_t n)
         size_t nq = n / batch;
         ns = 1e30;
         for (int pass = 0; pass < 3; pass++) {
-            t = now_s();
+            t = pdx_now_s();
             for (size_t q = 0; q < nq; q++) {
                 pdx_offload_query(pool, qkeys + q * batch, batch, &prefix);
                 total += prefix;
             }
-            t = now_s() - t;
+            t = pdx_now_s() - t;
             if (t * 1e9 / (nq * batch) < ns) {
                 ns = t * 1e9 / (nq * batch);
             }
@@ -289,12 +284,12 @@ static void bench_lookup(size_t n)
     }
     ns = 1e30;
     for (int pass = 0; pass < 3; pass++) {
-        t = now_s();
+        t = pdx_now_s();
         for (size_t i = 0; i < n; i++) {
             pdx_offload_query(pool, &qkeys[i], 1, &prefix);
             total += prefix;
         }
-        t = now_s() - t;
+        t = pdx_now_s() - t;
         if (t * 1e9 / n < ns) {
             ns = t * 1e9 / n;
         }

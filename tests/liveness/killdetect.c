@@ -91,16 +91,16 @@ static int d_main(int ctl)
     pdx_xfer_h x;
     CHECK(pdx_xfer_create(a, PDX_XFER_READ, &ll, &rl, "P", NULL, 0, &x));
     unsigned long reads = 0;
-    uint64_t end = now_ms() + 90000;
+    uint64_t end = pdx_now_ms() + 90000;
     pdx_status_t st = PDX_OK;
     uint64_t t_end = 0;
-    while (now_ms() < end) {
+    while (pdx_now_ms() < end) {
         st = pdx_xfer_post(x);
-        while (st == PDX_INPROGRESS && now_ms() < end) {
+        while (st == PDX_INPROGRESS && pdx_now_ms() < end) {
             st = pdx_xfer_check(x);
         }
         if (st != PDX_OK) {
-            t_end = now_ms();
+            t_end = pdx_now_ms();
             break;
         }
         if (reads++ == 3) {
@@ -111,9 +111,9 @@ static int d_main(int ctl)
     snprintf(why, sizeof(why), "%s", pdx_last_error());
     /* How long pdx_peer_state takes to agree (it should already). */
     uint64_t t_state = 0;
-    while (now_ms() < t_end + 5000) {
+    while (pdx_now_ms() < t_end + 5000) {
         if (pdx_peer_state(a, "P") == PDX_ERR_REMOTE_DISCONNECT) {
-            t_state = now_ms();
+            t_state = pdx_now_ms();
             break;
         }
         usleep(1000);
@@ -192,7 +192,7 @@ static int round_(netns_lab_t *lab, bool cut)
     if (cut && netns_link(lab, 0, false) != 0) {
         die("cannot cut P's link");
     }
-    uint64_t t_kill = now_ms();
+    uint64_t t_kill = pdx_now_ms();
     kill(p, SIGKILL);
     waitpid(p, NULL, 0);
     char *rep = recv_within(dfd, XFER_TIMEOUT_MS + 20000, "D's report");
@@ -234,8 +234,8 @@ static int round_(netns_lab_t *lab, bool cut)
     free(rep);
     send_msg(dfd, "quit", 4);
     int status;
-    uint64_t end = now_ms() + 10000;
-    while (waitpid(d, &status, WNOHANG) == 0 && now_ms() < end) {
+    uint64_t end = pdx_now_ms() + 10000;
+    while (waitpid(d, &status, WNOHANG) == 0 && pdx_now_ms() < end) {
         usleep(10000);
     }
     kill(d, SIGKILL);

@@ -56,7 +56,7 @@ static pdx_agent_h make_agent(const char *name, const char *url)
     };
     pdx_agent_h a;
     CHECK(pdx_agent_create(name, &p, &a));
-    pdx_kv_t opt = {"tls", "tcp"};
+    pdx_option_t opt = {"tls", "tcp"};
     CHECK(pdx_backend_create(a, "ucx", &opt, 1, NULL));
     return a;
 }
@@ -162,8 +162,8 @@ static pdx_status_t read_once(pdx_agent_h d, peer_t *p)
         return st;
     }
     st = pdx_xfer_post(x);
-    uint64_t end = now_ms() + 3 * XFER_TIMEOUT_MS;
-    while (st == PDX_INPROGRESS && now_ms() < end) {
+    uint64_t end = pdx_now_ms() + 3 * XFER_TIMEOUT_MS;
+    while (st == PDX_INPROGRESS && pdx_now_ms() < end) {
         st = pdx_xfer_check(x);
         usleep(200);
     }
@@ -202,8 +202,8 @@ static pdx_status_t read_prepared(pdx_agent_h d, pdx_dlist_h local,
         return st;
     }
     st = pdx_xfer_post(x);
-    uint64_t end = now_ms() + 3 * XFER_TIMEOUT_MS;
-    while (st == PDX_INPROGRESS && now_ms() < end) {
+    uint64_t end = pdx_now_ms() + 3 * XFER_TIMEOUT_MS;
+    while (st == PDX_INPROGRESS && pdx_now_ms() < end) {
         st = pdx_xfer_check(x);
         usleep(200);
     }
@@ -220,7 +220,7 @@ static pdx_status_t read_prepared(pdx_agent_h d, pdx_dlist_h local,
 static uint64_t until_usable(pdx_agent_h d, peer_t *ps, int n,
                              uint64_t limit_ms, const char *when)
 {
-    uint64_t t0 = now_ms();
+    uint64_t t0 = pdx_now_ms();
     int ok[4] = {0};
     for (unsigned guard = 0; guard < 100000; guard++) {
         int all = 1;
@@ -235,9 +235,9 @@ static uint64_t until_usable(pdx_agent_h d, peer_t *ps, int n,
             all &= ok[i] >= 3;
         }
         if (all) {
-            return now_ms() - t0;
+            return pdx_now_ms() - t0;
         }
-        if (now_ms() - t0 > limit_ms) {
+        if (pdx_now_ms() - t0 > limit_ms) {
             break;
         }
         usleep(20000);
@@ -250,8 +250,8 @@ static uint64_t until_usable(pdx_agent_h d, peer_t *ps, int n,
 /* Keep reading (failures allowed: counted) for `ms`. */
 static void read_for(pdx_agent_h d, peer_t *ps, int n, uint64_t ms)
 {
-    uint64_t end = now_ms() + ms;
-    while (now_ms() < end) {
+    uint64_t end = pdx_now_ms() + ms;
+    while (pdx_now_ms() < end) {
         for (int i = 0; i < n; i++) {
             ps[i].reads++;
             ps[i].failed += read_once(d, &ps[i]) != PDX_OK;
@@ -359,16 +359,16 @@ int main(int argc, char **argv)
     unsigned long f1 = ps[0].failed, f2 = ps[1].failed;
     /* From the resume on, for 3 TTLs (the leases expire, keys come back):
      * the last failed READ of each peer must come within `limit`. */
-    uint64_t t0 = now_ms(), last_fail[2] = {0, 0};
+    uint64_t t0 = pdx_now_ms(), last_fail[2] = {0, 0};
     int failed_after[2] = {0, 0};
-    while (now_ms() - t0 < 3 * TTL_MS) {
+    while (pdx_now_ms() - t0 < 3 * TTL_MS) {
         for (int i = 0; i < 2; i++) {
             pdx_status_t st = read_once(d, &ps[i]);
             ps[i].reads++;
             if (st != PDX_OK) {
                 ps[i].failed++;
                 failed_after[i] = 1;
-                last_fail[i] = now_ms() - t0;
+                last_fail[i] = pdx_now_ms() - t0;
             }
         }
         usleep(20000);

@@ -121,9 +121,9 @@ static int target_main(int ctl)
     send_blob(a, ctl);
     load_blob(a, ctl); /* D: so a deregistration can reach it */
     free(expect(ctl, "go"));
-    uint64_t t0 = now_ms();
+    uint64_t t0 = pdx_now_ms();
     CHECK(pdx_mem_deregister(a, freg));
-    uint64_t took = now_ms() - t0;
+    uint64_t took = pdx_now_ms() - t0;
     /* The caller may free the memory now: do it before anything else. */
     if (g_cma) {
         CHECK(pdx_mem_free(f));
@@ -170,9 +170,9 @@ static pid_t spawn_target(int *ctl_p)
 
 static pdx_status_t wait_done(pdx_xfer_h x, uint64_t limit_ms)
 {
-    uint64_t end = now_ms() + limit_ms;
+    uint64_t end = pdx_now_ms() + limit_ms;
     pdx_status_t st = PDX_INPROGRESS;
-    while (st == PDX_INPROGRESS && now_ms() < end) {
+    while (st == PDX_INPROGRESS && pdx_now_ms() < end) {
         st = pdx_xfer_check(x);
     }
     return st;
@@ -190,8 +190,8 @@ typedef struct reader {
 static void *reader_main(void *arg)
 {
     reader_t *r = arg;
-    uint64_t end = now_ms() + 20000;
-    while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE) && now_ms() < end) {
+    uint64_t end = pdx_now_ms() + 20000;
+    while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE) && pdx_now_ms() < end) {
         int after = __atomic_load_n(&r->freed, __ATOMIC_ACQUIRE);
         memset(r->mem, 0, FREED);
         pdx_status_t st = pdx_xfer_post(r->x);
@@ -272,9 +272,9 @@ static int initiator_main(void)
         die("pthread_create failed");
     }
     /* Let some READs go through first, then race the deregistration. */
-    uint64_t end = now_ms() + 10000;
-    while (__atomic_load_n(&r.ok, __ATOMIC_RELAXED) < 20 && now_ms() < end &&
-           r.other == 0) {
+    uint64_t end = pdx_now_ms() + 10000;
+    while (__atomic_load_n(&r.ok, __ATOMIC_RELAXED) < 20 &&
+           pdx_now_ms() < end && r.other == 0) {
         usleep(1000);
     }
     send_msg(ctl, "go", 2);
@@ -284,8 +284,8 @@ static int initiator_main(void)
     free(freed);
     __atomic_store_n(&r.freed, 1, __ATOMIC_RELEASE);
     /* The next READ the reader posts must be refused. */
-    end = now_ms() + 10000;
-    while (r.stale == 0 && r.other == 0 && now_ms() < end) {
+    end = pdx_now_ms() + 10000;
+    while (r.stale == 0 && r.other == 0 && pdx_now_ms() < end) {
         usleep(1000);
     }
     __atomic_store_n(&r.stop, 1, __ATOMIC_RELEASE);
@@ -368,9 +368,9 @@ static int initiator_main(void)
     pdx_dlist_release(rh);
     send_msg(ctl, "quit", 4);
     int status = 0;
-    end = now_ms() + 10000;
+    end = pdx_now_ms() + 10000;
     pid_t w = 0;
-    while ((w = waitpid(pid, &status, WNOHANG)) == 0 && now_ms() < end) {
+    while ((w = waitpid(pid, &status, WNOHANG)) == 0 && pdx_now_ms() < end) {
         usleep(10000);
     }
     if (w == 0) {

@@ -145,9 +145,9 @@ static void change(pdx_agent_h a, int ctl, const char *cmd)
 
 static pdx_status_t wait_done(pdx_xfer_h x, uint64_t limit_ms)
 {
-    uint64_t end = now_ms() + limit_ms;
+    uint64_t end = pdx_now_ms() + limit_ms;
     pdx_status_t st = PDX_INPROGRESS;
-    while (st == PDX_INPROGRESS && now_ms() < end) {
+    while (st == PDX_INPROGRESS && pdx_now_ms() < end) {
         st = pdx_xfer_check(x);
     }
     return st;
@@ -265,8 +265,8 @@ static int churn(pdx_agent_h a, int ctl, reader_t *r, unsigned seconds,
         die("pthread_create");
     }
     unsigned changes = 0;
-    uint64_t end = now_ms() + (uint64_t)seconds * 1000;
-    while (now_ms() < end) {
+    uint64_t end = pdx_now_ms() + (uint64_t)seconds * 1000;
+    while (pdx_now_ms() < end) {
         change(a, ctl, "reg");
         usleep(period_ms * 500);
         change(a, ctl, "dereg");

@@ -21,6 +21,7 @@
 #include <pdx/store.h>
 
 #include "etcd_launch.h"
+#include "pdx_clock.h"
 
 #define REGION (4u << 20)
 
@@ -28,13 +29,6 @@ static etcd_proc_t g_etcd;
 static bool g_have_etcd;
 static char g_skip[256];
 static int g_ns_seq;
-
-static uint64_t ms_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 #define NEED_ETCD()                                                            \
     do {                                                                       \
@@ -60,7 +54,7 @@ static void node_open(node_t *n, const char *name, const char *ns,
         .store_endpoints = g_etcd.url, .store_namespace = ns,
         .store_lease_ttl_ms = ttl_ms, .store_timeout_ms = 1000};
     assert_int_equal(pdx_agent_create(name, &ap, &n->agent), PDX_OK);
-    pdx_kv_t opt = {"tls", "tcp"};
+    pdx_option_t opt = {"tls", "tcp"};
     assert_int_equal(pdx_backend_create(n->agent, "ucx", &opt, 1, NULL),
                      PDX_OK);
     n->mem = aligned_alloc(4096, REGION);
@@ -101,8 +95,8 @@ static pdx_status_t read_from(node_t *dst, const char *peer, node_t *src,
         return st;
     }
     st = pdx_xfer_post(x);
-    uint64_t end = ms_now() + 10000;
-    while (st == PDX_INPROGRESS && ms_now() < end) {
+    uint64_t end = pdx_now_ms() + 10000;
+    while (st == PDX_INPROGRESS && pdx_now_ms() < end) {
         st = pdx_xfer_check(x);
     }
     pdx_xfer_release(x);
@@ -120,12 +114,12 @@ static void test_discover_by_name(void **state)
     node_open(&d, "d0", ns, 3000, "s", 2);
     assert_int_equal(pdx_peer_state(d.agent, "p0"), PDX_ERR_NOT_FOUND);
     assert_int_equal(pdx_agent_publish(p.agent), PDX_OK);
-    uint64_t t0 = ms_now();
+    uint64_t t0 = pdx_now_ms();
     assert_int_equal(pdx_peer_fetch(d.agent, "p0", 5000), PDX_OK);
     assert_int_equal(read_from(&d, "p0", &p, 4096, 1 << 20), PDX_OK);
     print_message("discovery: first transfer to a peer known by name "
                   "%llu ms from the fetch\n",
-                  (unsigned long long)(ms_now() - t0));
+                  (unsigned long long)(pdx_now_ms() - t0));
     assert_memory_equal(d.mem, p.mem + 4096, 1 << 20);
     assert_int_equal(pdx_peer_fetch(d.agent, "p0", 0), PDX_OK); /* loaded */
     char line[512];
@@ -142,16 +136,16 @@ static void test_discover_by_name(void **state)
     assert_int_equal(pdx_mem_register(p.agent, PDX_MEM_DRAM, (uintptr_t)more,
                                       1 << 20, 0, 0, &reg2),
                      PDX_OK);
-    uint64_t end = ms_now() + 5000;
+    uint64_t end = pdx_now_ms() + 5000;
     do {
         usleep(10000);
         assert_int_equal(pdx_peer_info(d.agent, "p0", &info, NULL, 0),
                          PDX_OK);
-    } while (info.generation == gen0 && ms_now() < end);
+    } while (info.generation == gen0 && pdx_now_ms() < end);
     assert_true(info.generation > gen0);
     assert_int_equal(info.nregions, 2);
     print_message("new generation picked up through the watch in %llu ms\n",
-                  (unsigned long long)(ms_now() - (end - 5000)));
+                  (unsigned long long)(pdx_now_ms() - (end - 5000)));
     /* The new region is readable. */
     pdx_desc_t l = {.addr = (uintptr_t)d.mem, .len = 4096};
     pdx_desc_t r = {.addr = (uintptr_t)more, .len = 4096};
@@ -173,8 +167,8 @@ static void test_discover_by_name(void **state)
     pdx_mem_deregister(p.agent, reg2);
     free(more);
     node_close(&p);
-    end = ms_now() + 5000;
-    while (pdx_peer_state(d.agent, "p0") == PDX_OK && ms_now() < end) {
+    end = pdx_now_ms() + 5000;
+    while (pdx_peer_state(d.agent, "p0") == PDX_OK && pdx_now_ms() < end) {
         usleep(5000);
     }
     assert_int_equal(pdx_peer_state(d.agent, "p0"),
@@ -190,10 +184,10 @@ static void test_fetch_waits_and_misses(void **state)
     next_ns(ns, sizeof(ns));
     node_t d;
     node_open(&d, "d1", ns, 3000, "s", 2);
-    uint64_t t0 = ms_now();
+    uint64_t t0 = pdx_now_ms();
     assert_int_equal(pdx_peer_fetch(d.agent, "nobody", 300),
                      PDX_ERR_NOT_FOUND);
-    uint64_t dt = ms_now() - t0;
+    uint64_t dt = pdx_now_ms() - t0;
     assert_true(dt >= 290 && dt < 3000);
     assert_non_null(strstr(pdx_last_error(), "nobody"));
     /* A publisher that comes later is waited for. */
@@ -256,12 +250,12 @@ static void test_store_down(void **state)
         assert_memory_equal(d.mem, p.mem + (uint64_t)i * 8192, 1 << 20);
     }
     char line[512];
-    uint64_t end = ms_now() + 5000;
+    uint64_t end = pdx_now_ms() + 5000;
     pdx_store_status_t s;
     do {
         usleep(20000);
         assert_int_equal(pdx_store_status(d.agent, &s), PDX_OK);
-    } while (s.reachable && ms_now() < end);
+    } while (s.reachable && pdx_now_ms() < end);
     assert_false(s.reachable);
     assert_int_equal(pdx_store_describe(d.agent, line, sizeof(line)), PDX_OK);
     print_message("while etcd is down: %s\n", line);
@@ -279,12 +273,12 @@ static void test_store_down(void **state)
     usleep(300000);
     char err[256];
     assert_int_equal(etcd_restart(&g_etcd, err, sizeof(err)), 0);
-    end = ms_now() + 15000;
+    end = pdx_now_ms() + 15000;
     do {
         usleep(20000);
         assert_int_equal(pdx_peer_info(d.agent, "p3", &info, NULL, 0),
                          PDX_OK);
-    } while (info.generation == gen0 && ms_now() < end);
+    } while (info.generation == gen0 && pdx_now_ms() < end);
     assert_true(info.generation > gen0);
     assert_int_equal(pdx_peer_state(d.agent, "p3"), PDX_OK);
     assert_int_equal(read_from(&d, "p3", &p, 0, 4096), PDX_OK);
@@ -315,15 +309,15 @@ static void test_owners_through_agent(void **state)
     const char *blocks[] = {"aa01", "aa02", "aa03"};
     uint32_t counts[3];
     pdx_status_t st = PDX_ERR_UNAVAILABLE;
-    uint64_t end = ms_now() + 5000;
-    while (st == PDX_ERR_UNAVAILABLE && ms_now() < end) { /* lease first */
+    uint64_t end = pdx_now_ms() + 5000;
+    while (st == PDX_ERR_UNAVAILABLE && pdx_now_ms() < end) { /* lease first */
         st = pdx_store_owners_add(a.agent, blocks, 3, counts);
         usleep(10000);
     }
     assert_int_equal(st, PDX_OK);
     assert_int_equal(counts[0], 1);
     st = PDX_ERR_UNAVAILABLE;
-    while (st == PDX_ERR_UNAVAILABLE && ms_now() < end) {
+    while (st == PDX_ERR_UNAVAILABLE && pdx_now_ms() < end) {
         st = pdx_store_owners_add(b.agent, blocks, 2, counts);
         usleep(10000);
     }

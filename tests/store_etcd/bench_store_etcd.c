@@ -20,16 +20,10 @@
 #include <pdx/store.h>
 
 #include "etcd_launch.h"
+#include "pdx_clock.h"
 
 extern const pdx_store_ops_t pdx_store_v1;
 static const pdx_store_ops_t *ops = &pdx_store_v1;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static void *open_client(const char *url, const char *name, uint32_t txn_ops,
                          uint32_t ttl_ms, pdx_store_host_t *host)
@@ -95,11 +89,11 @@ static double bench_register(const char *url, uint32_t txn_ops, size_t n,
     for (int r = 0; r < rounds; r++) {
         char **blocks = make_blocks(n, (unsigned)(txn_ops * 1000 + r));
         uint32_t *counts = malloc(n * sizeof(*counts));
-        double t0 = now_s();
+        double t0 = pdx_now_s();
         pdx_status_t st = ops->owners_add(a, "owner-a",
                                           (const char *const *)blocks, n,
                                           counts);
-        double dt = now_s() - t0;
+        double dt = pdx_now_s() - t0;
         if (st != PDX_OK) {
             fprintf(stderr, "owners_add: %s\n", pdx_status_string(st));
             exit(1);
@@ -111,10 +105,10 @@ static double bench_register(const char *url, uint32_t txn_ops, size_t n,
                txn_ops, (n + txn_ops / 2 - 1) / (txn_ops / 2));
         if (r == rounds - 1) {
             /* Lookup of a 2,000-block prefix: 1 owner, then 3. */
-            double t1 = now_s();
+            double t1 = pdx_now_s();
             g_seen = 0;
             ops->owners_get(a, (const char *const *)blocks, n, on_owner, NULL);
-            *lookup1_ms = (now_s() - t1) * 1e3;
+            *lookup1_ms = (pdx_now_s() - t1) * 1e3;
             void *b = open_client(url, "owner-b", txn_ops, 30000, &h2);
             void *c = open_client(url, "owner-c", txn_ops, 30000, &h3);
             ops->owners_add(b, "owner-b", (const char *const *)blocks, n,
@@ -124,10 +118,10 @@ static double bench_register(const char *url, uint32_t txn_ops, size_t n,
             double best3 = 1e9;
             for (int k = 0; k < 3; k++) {
                 g_seen = 0;
-                double t2 = now_s();
+                double t2 = pdx_now_s();
                 ops->owners_get(a, (const char *const *)blocks, n, on_owner,
                                 NULL);
-                double ms = (now_s() - t2) * 1e3;
+                double ms = (pdx_now_s() - t2) * 1e3;
                 best3 = ms < best3 ? ms : best3;
             }
             *lookup3_ms = best3;
@@ -143,11 +137,11 @@ static double bench_register(const char *url, uint32_t txn_ops, size_t n,
                 size_t prefix = 0;
                 double bestl = 1e9;
                 for (int k = 0; k < 5; k++) {
-                    double t3 = now_s();
+                    double t3 = pdx_now_s();
                     pdx_status_t lst = pdx_store_owners_longest(
                         agent, (const char *const *)blocks, n, owner,
                         &prefix);
-                    double ms = (now_s() - t3) * 1e3;
+                    double ms = (pdx_now_s() - t3) * 1e3;
                     if (lst == PDX_OK) {
                         bestl = ms < bestl ? ms : bestl;
                     }
@@ -214,14 +208,14 @@ static double bench_death(const char *url, uint32_t ttl_ms)
         usleep(10000);
     }
     usleep(500000); /* a few keepalives */
-    double t0 = now_s();
+    double t0 = pdx_now_s();
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
     while (!__atomic_load_n(&rec.deleted, __ATOMIC_ACQUIRE) &&
-           now_s() - t0 < 30) {
+           pdx_now_s() - t0 < 30) {
         usleep(1000);
     }
-    double dt = now_s() - t0;
+    double dt = pdx_now_s() - t0;
     ops->destroy(w);
     return dt;
 }
@@ -259,7 +253,7 @@ static void bench_get(const char *url, pid_t etcd_pid, int n, double *us_p,
         fprintf(stderr, "put failed\n");
         exit(1);
     }
-    double c0 = proc_cpu_s(etcd_pid), t0 = now_s();
+    double c0 = proc_cpu_s(etcd_pid), t0 = pdx_now_s();
     for (int i = 0; i < n; i++) {
         void *v = NULL;
         size_t len = 0;
@@ -270,7 +264,7 @@ static void bench_get(const char *url, pid_t etcd_pid, int n, double *us_p,
         }
         free(v);
     }
-    *us_p = (now_s() - t0) / n * 1e6;
+    *us_p = (pdx_now_s() - t0) / n * 1e6;
     *etcd_us_p = (proc_cpu_s(etcd_pid) - c0) / n * 1e6;
     ops->destroy(a);
 }

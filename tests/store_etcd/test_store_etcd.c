@@ -22,6 +22,7 @@
 
 #include "etcd_int.h"
 #include "etcd_launch.h"
+#include "pdx_clock.h"
 
 extern const pdx_store_ops_t pdx_store_v1;
 static const pdx_store_ops_t *ops = &pdx_store_v1;
@@ -29,13 +30,6 @@ static const pdx_store_ops_t *ops = &pdx_store_v1;
 static etcd_proc_t g_etcd;
 static bool g_have_etcd;
 static char g_skip[256];
-
-static uint64_t ms_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /* ---- events recorded by a host ---- */
 
@@ -110,9 +104,9 @@ static int rec_find(recorder_t *r, int from, pdx_store_event_type_t type,
 static int rec_wait(recorder_t *r, int from, pdx_store_event_type_t type,
                     const char *key, int timeout_ms)
 {
-    uint64_t end = ms_now() + (uint64_t)timeout_ms;
+    uint64_t end = pdx_now_ms() + (uint64_t)timeout_ms;
     int i;
-    while ((i = rec_find(r, from, type, key)) < 0 && ms_now() < end) {
+    while ((i = rec_find(r, from, type, key)) < 0 && pdx_now_ms() < end) {
         usleep(10000);
     }
     return i;
@@ -124,7 +118,7 @@ static int rec_wait_of(recorder_t *r, int from, uint64_t id,
                        pdx_store_event_type_t type, const char *key,
                        const char *value, int timeout_ms)
 {
-    uint64_t end = ms_now() + (uint64_t)timeout_ms;
+    uint64_t end = pdx_now_ms() + (uint64_t)timeout_ms;
     for (;;) {
         int found = -1;
         pthread_mutex_lock(&r->lock);
@@ -137,7 +131,7 @@ static int rec_wait_of(recorder_t *r, int from, uint64_t id,
             }
         }
         pthread_mutex_unlock(&r->lock);
-        if (found >= 0 || ms_now() >= end) {
+        if (found >= 0 || pdx_now_ms() >= end) {
             return found;
         }
         usleep(10000);
@@ -174,7 +168,7 @@ static void client_close(client_t *c)
 
 static bool wait_lease(client_t *c, int timeout_ms)
 {
-    uint64_t end = ms_now() + (uint64_t)timeout_ms;
+    uint64_t end = pdx_now_ms() + (uint64_t)timeout_ms;
     pdx_store_status_t s;
     do {
         ops->status(c->st, &s);
@@ -182,7 +176,7 @@ static bool wait_lease(client_t *c, int timeout_ms)
             return true;
         }
         usleep(10000);
-    } while (ms_now() < end);
+    } while (pdx_now_ms() < end);
     return false;
 }
 
@@ -235,7 +229,7 @@ static void test_bad_params(void **state)
     assert_int_equal(ops->create(&host, &p, &st), PDX_ERR_CONFIG);
     p.ns = "p dx";
     assert_int_equal(ops->create(&host, &p, &st), PDX_ERR_CONFIG);
-    pdx_kv_t opt = {"bogus", "1"};
+    pdx_option_t opt = {"bogus", "1"};
     p.ns = "pdx";
     p.opts = &opt;
     p.nopts = 1;
@@ -344,11 +338,11 @@ static int child_main(const char *mode, const char *url, const char *ns,
     pdx_store_status_t s;
     if (strcmp(mode, "lease") == 0) {
         pdx_status_t r = ops->put(st, key, "alive", 5, PDX_STORE_PUT_LEASED);
-        uint64_t end = ms_now() + 10000;
+        uint64_t end = pdx_now_ms() + 10000;
         do {
             ops->status(st, &s);
             usleep(10000);
-        } while ((s.lease == 0 || s.unpublished) && ms_now() < end);
+        } while ((s.lease == 0 || s.unpublished) && pdx_now_ms() < end);
         child_report((r == PDX_OK || r == PDX_INPROGRESS) && !s.unpublished
                          ? 'y' : 'n');
     }
@@ -423,11 +417,11 @@ static void test_lease_expiry(void **state)
                      PDX_OK);
     pid_t pid = spawn_child("lease", "t-lease", "agents/p0", 2000, 20000);
     assert_true(rec_wait(&w.rec, 0, PDX_STORE_EV_PUT, "agents/p0", 5000) >= 0);
-    uint64_t t0 = ms_now();
+    uint64_t t0 = pdx_now_ms();
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
     int i = rec_wait(&w.rec, 0, PDX_STORE_EV_DELETE, "agents/p0", 8000);
-    uint64_t dt = ms_now() - t0;
+    uint64_t dt = pdx_now_ms() - t0;
     print_message("lease expiry: key of a killed holder (TTL 2 s) deleted "
                   "after %llu ms\n", (unsigned long long)dt);
     assert_true(i >= 0);
@@ -438,12 +432,12 @@ static void test_lease_expiry(void **state)
     assert_true(ops->put(a.st, "agents/a", "x", 1, PDX_STORE_PUT_LEASED) >= 0);
     assert_true(wait_lease(&a, 5000));
     int from = rec_count(&w.rec);
-    t0 = ms_now();
+    t0 = pdx_now_ms();
     client_close(&a);
     assert_true(rec_wait(&w.rec, from, PDX_STORE_EV_DELETE, "agents/a", 3000) >=
                 0);
     print_message("revoked at destroy: deleted after %llu ms\n",
-                  (unsigned long long)(ms_now() - t0));
+                  (unsigned long long)(pdx_now_ms() - t0));
     assert_int_equal(ops->unwatch(w.st, id), PDX_OK);
     assert_int_equal(ops->unwatch(w.st, id), PDX_ERR_NOT_FOUND);
     client_close(&w);
@@ -476,12 +470,12 @@ static void test_watch_resume_after_restart(void **state)
 
     etcd_kill(&g_etcd, SIGKILL);
     /* Both clients notice; status says since when. */
-    uint64_t end = ms_now() + 5000;
+    uint64_t end = pdx_now_ms() + 5000;
     pdx_store_status_t s;
     do {
         usleep(20000);
         ops->status(w.st, &s);
-    } while (s.reachable && ms_now() < end);
+    } while (s.reachable && pdx_now_ms() < end);
     assert_false(s.reachable);
     assert_true(s.unreachable_since_ns > 0);
     assert_true(strlen(s.last_error) > 0);
@@ -490,10 +484,10 @@ static void test_watch_resume_after_restart(void **state)
     assert_int_equal(ops->put(pub.st, "k/late", "late", 4,
                               PDX_STORE_PUT_LEASED),
                      PDX_INPROGRESS);
-    uint64_t t0 = ms_now();
+    uint64_t t0 = pdx_now_ms();
     assert_int_equal(ops->get(w.st, "k/1", &v, &len, NULL),
                      PDX_ERR_UNAVAILABLE);
-    assert_true(ms_now() - t0 < 1500);
+    assert_true(pdx_now_ms() - t0 < 1500);
 
     char err[256];
     assert_int_equal(etcd_restart(&g_etcd, err, sizeof(err)), 0);
@@ -746,11 +740,11 @@ static void test_lease_lost_and_replaced(void **state)
     int d = rec_wait(&w.rec, 0, PDX_STORE_EV_DELETE, "agents/c", 10000);
     int p = d >= 0 ? rec_wait(&w.rec, d, PDX_STORE_EV_PUT, "agents/c", 10000)
                    : -1;
-    uint64_t end = ms_now() + 10000;
+    uint64_t end = pdx_now_ms() + 10000;
     do {
         usleep(20000);
         ops->status(c.st, &s);
-    } while ((s.leases_granted < 2 || s.unpublished) && ms_now() < end);
+    } while ((s.leases_granted < 2 || s.unpublished) && pdx_now_ms() < end);
     print_message("lease lost: delete event %d, republished %d, leases %llu\n",
                   d, p, (unsigned long long)s.leases_granted);
     if (d < 0) {
@@ -826,7 +820,7 @@ static void test_owners_batched(void **state)
         assert_int_equal(n[i], 3);
     }
     assert_string_equal(first[0], "own-a");
-    uint64_t t0 = ms_now();
+    uint64_t t0 = pdx_now_ms();
     kill(pid, SIGKILL);
     int status;
     waitpid(pid, &status, 0);
@@ -836,9 +830,9 @@ static void test_owners_batched(void **state)
         assert_int_equal(ops->owners_get(a.st, (const char *const *)hex, N,
                                          on_owner, &acc),
                          PDX_OK);
-    } while (n[0] > 2 && ms_now() - t0 < 8000);
+    } while (n[0] > 2 && pdx_now_ms() - t0 < 8000);
     print_message("owner killed: its entries gone after %llu ms\n",
-                  (unsigned long long)(ms_now() - t0));
+                  (unsigned long long)(pdx_now_ms() - t0));
     for (int i = 0; i < N; i++) {
         assert_int_equal(n[i], 2);
     }
@@ -872,12 +866,12 @@ static void test_unreachable_from_start(void **state)
     client_open(&c, "lonely", url, "t-none", 2000, 100, 128);
     assert_int_equal(ops->put(c.st, "agents/x", "b", 1, PDX_STORE_PUT_LEASED),
                      PDX_INPROGRESS);
-    uint64_t end = ms_now() + 3000;
+    uint64_t end = pdx_now_ms() + 3000;
     pdx_store_status_t s;
     do {
         usleep(20000);
         ops->status(c.st, &s);
-    } while (s.unreachable_since_ns == 0 && ms_now() < end);
+    } while (s.unreachable_since_ns == 0 && pdx_now_ms() < end);
     assert_false(s.reachable);
     assert_true(s.unreachable_since_ns > 0);
     assert_int_equal(s.lease, 0);
@@ -886,12 +880,12 @@ static void test_unreachable_from_start(void **state)
     assert_non_null(strstr(s.last_error, "127.0.0.1:1"));
     void *v;
     size_t len;
-    uint64_t t0 = ms_now();
+    uint64_t t0 = pdx_now_ms();
     for (int i = 0; i < 20; i++) { /* fail fast: no timeout each */
         assert_int_equal(ops->get(c.st, "agents/x", &v, &len, NULL),
                          PDX_ERR_UNAVAILABLE);
     }
-    assert_true(ms_now() - t0 < 2000);
+    assert_true(pdx_now_ms() - t0 < 2000);
     const char *blk[] = {"ab"};
     assert_int_equal(ops->owners_add(c.st, "lonely", blk, 1, NULL),
                      PDX_ERR_UNAVAILABLE);

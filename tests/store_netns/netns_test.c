@@ -162,7 +162,7 @@ static void reply(node_t *n, cJSON *r)
     cJSON_Delete(r);
 }
 
-static double ms_since(uint64_t t0) { return (double)(now_ms() - t0); }
+static double ms_since(uint64_t t0) { return (double)(pdx_now_ms() - t0); }
 
 static void node_progress(node_t *n)
 {
@@ -179,9 +179,9 @@ static pdx_kv_request_t mkreq(const char *id, pdx_block_hash_t *h, size_t nb)
 static void wait_saved(node_t *n, const char *req)
 {
     pdx_status_t st = PDX_INPROGRESS;
-    uint64_t end = now_ms() + 20000;
+    uint64_t end = pdx_now_ms() + 20000;
     while ((st = pdx_kv_save_check(n->conn, req)) == PDX_INPROGRESS &&
-           now_ms() < end) {
+           pdx_now_ms() < end) {
         node_progress(n);
         usleep(1000);
     }
@@ -247,12 +247,12 @@ static cJSON *cmd_load(node_t *n, const cJSON *c)
     }
     pdx_kv_request_t r = mkreq(req, h, nb);
     r.params = cJSON_IsString(params) ? params->valuestring : NULL;
-    uint64_t t0 = now_ms();
+    uint64_t t0 = pdx_now_ms();
     pdx_kv_match_t m = {0};
     pdx_status_t st;
     int pending = 0;
     while ((st = pdx_kv_lookup(n->conn, &r, &m)) == PDX_INPROGRESS &&
-           now_ms() - t0 < 20000) {
+           pdx_now_ms() - t0 < 20000) {
         pending++;
         node_progress(n);
         usleep(2000);
@@ -266,11 +266,11 @@ static cJSON *cmd_load(node_t *n, const cJSON *c)
             ids[i] = first + i;
         }
         st = pdx_kv_load(n->conn, &r, &m, ids);
-        uint64_t end = now_ms() + 20000;
+        uint64_t end = pdx_now_ms() + 20000;
         if (st == PDX_OK) {
             while ((st = pdx_kv_load_check(n->conn, req, &tokens)) ==
                        PDX_INPROGRESS &&
-                   now_ms() < end) {
+                   pdx_now_ms() < end) {
                 node_progress(n);
                 usleep(500);
             }
@@ -682,9 +682,9 @@ static const cJSON *peer_entry(const cJSON *stats, const char *peer)
 static int wait_state(proc_t *d, const char *peer, int want, int timeout_ms,
                       uint64_t *ms_p)
 {
-    uint64_t t0 = now_ms();
+    uint64_t t0 = pdx_now_ms();
     int st = 1;
-    while (now_ms() - t0 < (uint64_t)timeout_ms) {
+    while (pdx_now_ms() - t0 < (uint64_t)timeout_ms) {
         cJSON *c = op("state");
         cJSON_AddStringToObject(c, "peer", peer);
         cJSON *r = call(d, c, 10000);
@@ -696,7 +696,7 @@ static int wait_state(proc_t *d, const char *peer, int want, int timeout_ms,
         usleep(20000);
     }
     if (ms_p != NULL) {
-        *ms_p = now_ms() - t0;
+        *ms_p = pdx_now_ms() - t0;
     }
     return st;
 }
@@ -745,14 +745,14 @@ static void run_cases(void)
 
     /* -- P restarted -- */
     printf("== restart: P killed (RST reaches D) and started again\n");
-    uint64_t t0 = now_ms();
+    uint64_t t0 = pdx_now_ms();
     stop_node(&p, true);
     uint64_t dead_ms;
     int st = wait_state(&d, "p1", PDX_ERR_REMOTE_DISCONNECT, 15000, &dead_ms);
     EXPECT(st == PDX_ERR_REMOTE_DISCONNECT, "D did not see P die (%d)", st);
     r = call(&d, op("stats"), 10000);
     printf("P killed: D failed it after %llu ms (%s)\n",
-           (unsigned long long)(now_ms() - t0),
+           (unsigned long long)(pdx_now_ms() - t0),
            str(peer_entry(r, "p1"), "dead_how"));
     cJSON_Delete(r);
     if (start_node(&p, 0, "p1", NULL, "s", BYTES_PER_TOKEN) != 0) {
@@ -808,9 +808,9 @@ static void run_cases(void)
         die("etcd restart: %s", err);
     }
     netns_enter(&g_lab, -1);
-    t0 = now_ms();
+    t0 = pdx_now_ms();
     double gen = gen0;
-    while (gen <= gen0 && now_ms() - t0 < 20000) {
+    while (gen <= gen0 && pdx_now_ms() - t0 < 20000) {
         usleep(50000);
         r = call(&d, op("stats"), 10000);
         gen = num(peer_entry(r, "p1"), "generation");
@@ -818,7 +818,7 @@ static void run_cases(void)
     }
     EXPECT(gen > gen0, "P's new generation never reached D (%g)", gen);
     printf("etcd back: P's generation %g -> %g reached D %llu ms after the "
-           "restart\n", gen0, gen, (unsigned long long)(now_ms() - t0));
+           "restart\n", gen0, gen, (unsigned long long)(pdx_now_ms() - t0));
     r = call(&p, op_blocks("prefill", "r4", 4, 16, 0), 30000);
     free(params);
     params = strdup(str(r, "params"));
@@ -844,14 +844,15 @@ static void run_cases(void)
     double held0 = num(r, "held");
     cJSON_Delete(r);
     netns_link(&g_lab, p.host, false);
-    t0 = now_ms();
+    t0 = pdx_now_ms();
     stop_node(&p, true);
     st = wait_state(&d, "p1", PDX_ERR_REMOTE_DISCONNECT, LEASE_TTL_MS + 15000,
                     &dead_ms);
-    uint64_t t_dead = now_ms() - t0;
+    uint64_t t_dead = pdx_now_ms() - t0;
     EXPECT(st == PDX_ERR_REMOTE_DISCONNECT, "D never failed P");
     double held = held0, gone = 0;
-    while (held >= held0 && now_ms() - t0 < (uint64_t)LEASE_TTL_MS + 15000) {
+    while (held >= held0 &&
+           pdx_now_ms() - t0 < (uint64_t)LEASE_TTL_MS + 15000) {
         r = call(&d, op("stats"), 10000);
         held = num(r, "held");
         gone = num(r, "freed_gone");
@@ -860,7 +861,7 @@ static void run_cases(void)
                    "it held for P after %llu ms (freed as peer gone: %g)\n",
                    (unsigned long long)t_dead,
                    str(peer_entry(r, "p1"), "dead_how"),
-                   (unsigned long long)(now_ms() - t0), gone);
+                   (unsigned long long)(pdx_now_ms() - t0), gone);
         }
         cJSON_Delete(r);
         usleep(20000);
@@ -871,11 +872,11 @@ static void run_cases(void)
           (unsigned long long)t_dead);
     c = op_blocks("load", "r4b", 4, 16, 100);
     cJSON_AddStringToObject(c, "params", params);
-    t0 = now_ms();
+    t0 = pdx_now_ms();
     r = call(&d, c, 60000);
     EXPECT(num(r, "tokens") == 0, "a load from dead P must load nothing");
     printf("a request to dead P: answered in %llu ms, %g tokens (the engine "
-           "recomputes)\n", (unsigned long long)(now_ms() - t0),
+           "recomputes)\n", (unsigned long long)(pdx_now_ms() - t0),
            num(r, "tokens"));
     cJSON_Delete(r);
     netns_link(&g_lab, 0, true);
@@ -894,9 +895,9 @@ static void run_cases(void)
         EXPECT(num(r, "st") == 0, "save on %s: %s", owners[i]->name,
               str(r, "err"));
         cJSON_Delete(r);
-        t0 = now_ms();
+        t0 = pdx_now_ms();
         double reg = 0;
-        while (reg < 24 && now_ms() - t0 < 10000) {
+        while (reg < 24 && pdx_now_ms() - t0 < 10000) {
             r = call(owners[i], op("stats"), 10000);
             reg = num(r, "registered");
             cJSON_Delete(r);
@@ -922,10 +923,10 @@ static void run_cases(void)
     EXPECT(num(r, "min") == 3 && num(r, "max") == 3, "owners %g..%g",
           num(r, "min"), num(r, "max"));
     cJSON_Delete(r);
-    t0 = now_ms();
+    t0 = pdx_now_ms();
     stop_node(&o1, true);
     double mx = 3;
-    while (mx > 2 && now_ms() - t0 < 15000) {
+    while (mx > 2 && pdx_now_ms() - t0 < 15000) {
         c = op("owners");
         cJSON_AddNumberToObject(c, "seed", 7);
         cJSON_AddNumberToObject(c, "nblocks", 24);
@@ -936,7 +937,7 @@ static void run_cases(void)
     }
     EXPECT(mx == 2, "killed owner's entries still there (%g owners)", mx);
     printf("owner o1 killed: its entries gone after %llu ms\n",
-           (unsigned long long)(now_ms() - t0));
+           (unsigned long long)(pdx_now_ms() - t0));
     /* D (host 1) has none of these blocks: a cross-node offload hit. */
     r = call(&d, op_blocks("load", "x1", 7, 24, 120), 60000);
     EXPECT(num(r, "st") == 0 && strcmp(str(r, "source"), "remote") == 0 &&

@@ -26,6 +26,7 @@
 #include <pdx/store.h>
 
 #include "etcd_launch.h"
+#include "pdx_clock.h"
 
 #define BLOCK_TOKENS 16
 #define NUM_BLOCKS 64
@@ -41,13 +42,6 @@ static char g_skip[256];
             skip();                                                            \
         }                                                                      \
     } while (0)
-
-static uint64_t ms_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static uint64_t mix(uint64_t x)
 {
@@ -157,9 +151,9 @@ static void save(node_t *n, const char *req, const pdx_block_hash_t *h,
                           .prompt_tokens = nb * BLOCK_TOKENS};
     assert_int_equal(pdx_kv_save(n->conn, &r, ids), PDX_OK);
     pdx_status_t st = PDX_INPROGRESS;
-    uint64_t end = ms_now() + 10000;
+    uint64_t end = pdx_now_ms() + 10000;
     while ((st = pdx_kv_save_check(n->conn, req)) == PDX_INPROGRESS &&
-           ms_now() < end) {
+           pdx_now_ms() < end) {
         pdx_kv_progress(n->conn);
         usleep(1000);
     }
@@ -209,7 +203,7 @@ static int wait_owned(node_t *nd, const pdx_block_hash_t *h, size_t n,
                       const bool *want, uint32_t timeout_ms)
 {
     int mine[NUM_BLOCKS * 2];
-    uint64_t end = ms_now() + timeout_ms;
+    uint64_t end = pdx_now_ms() + timeout_ms;
     int wrong = -1;
     do {
         if (owned_by(nd, h, n, mine) == PDX_OK) {
@@ -222,7 +216,7 @@ static int wait_owned(node_t *nd, const pdx_block_hash_t *h, size_t n,
             }
         }
         usleep(20000);
-    } while (ms_now() < end);
+    } while (pdx_now_ms() < end);
     print_message("%d of %zu blocks not as expected after %u ms\n", wrong, n,
                   timeout_ms);
     return -1;
@@ -268,17 +262,17 @@ static void test_evicted_unregistered(void **state)
     for (size_t i = 0; i < N; i++) {
         want[i] = i >= N - CAP;
     }
-    uint64_t t0 = ms_now();
+    uint64_t t0 = pdx_now_ms();
     assert_int_equal(wait_owned(&n, h, N, want, 10000), 0);
     print_message("evictions: %d evicted blocks lost this owner, the %d kept "
                   "did not (%llu ms after the last save)\n",
-                  N - CAP, CAP, (unsigned long long)(ms_now() - t0));
+                  N - CAP, CAP, (unsigned long long)(pdx_now_ms() - t0));
     /* The counters follow the calls (the connector's after the agent's):
      * wait until nothing is queued and both sides agree. */
     pdx_kv_store_stats_t ks;
     cJSON *root = NULL;
     const cJSON *st = NULL, *reg = NULL;
-    uint64_t end = ms_now() + 5000;
+    uint64_t end = pdx_now_ms() + 5000;
     for (int guard = 0; guard < 1000; guard++) {
         cJSON_Delete(root);
         char *json = NULL;
@@ -303,7 +297,7 @@ static void test_evicted_unregistered(void **state)
             jget(reg, "deleted_blocks")->valuedouble ==
                 (double)ks.unregistered_blocks &&
             jget(reg, "del_calls")->valuedouble == (double)ks.unregistrations;
-        if (settled || ms_now() > end) {
+        if (settled || pdx_now_ms() > end) {
             break;
         }
         usleep(5000);
@@ -367,11 +361,11 @@ static void test_lease_lost_reregistered(void **state)
 
     /* etcd frozen past the TTL: no keepalive reaches it. Saves go on. */
     kill(g_etcd.pid, SIGSTOP);
-    uint64_t end = ms_now() + 5000;
+    uint64_t end = pdx_now_ms() + 5000;
     do {
         usleep(20000);
         assert_int_equal(pdx_store_status(agent_of(&n), &s), PDX_OK);
-    } while (s.reachable && ms_now() < end);
+    } while (s.reachable && pdx_now_ms() < end);
     save(&n, "b", h + N1, N2);
     usleep((ttl_ms + 1500) * 1000);
     assert_int_equal(pdx_store_status(agent_of(&n), &s), PDX_OK);
@@ -381,16 +375,16 @@ static void test_lease_lost_reregistered(void **state)
     /* etcd expires the lease when it wakes, unless it renews every lease
      * first (it may, as after a leader change); then take it away by hand,
      * as an expiry would. */
-    end = ms_now() + 10000;
+    end = pdx_now_ms() + 10000;
     uint64_t reached = 0;
-    for (int guard = 0; guard < 1000 && ms_now() < end; guard++) {
+    for (int guard = 0; guard < 1000 && pdx_now_ms() < end; guard++) {
         usleep(20000);
         assert_int_equal(pdx_store_status(agent_of(&n), &s), PDX_OK);
         if (s.reachable && reached == 0) {
-            reached = ms_now();
+            reached = pdx_now_ms();
         }
         if (s.leases_granted > s0.leases_granted ||
-            (reached != 0 && ms_now() - reached > 3000)) {
+            (reached != 0 && pdx_now_ms() - reached > 3000)) {
             break; /* a new lease, or the old one outlived a keepalive */
         }
     }
@@ -407,23 +401,23 @@ static void test_lease_lost_reregistered(void **state)
     for (size_t i = 0; i < N1 + N2; i++) {
         want[i] = true;
     }
-    uint64_t t0 = ms_now();
+    uint64_t t0 = pdx_now_ms();
     assert_int_equal(wait_owned(&n, h, N1 + N2, want, 15000), 0);
     assert_int_equal(pdx_store_status(agent_of(&n), &s), PDX_OK);
     assert_true(s.leases_granted > s0.leases_granted);
     assert_true(s.lease != s0.lease);
     pdx_kv_store_stats_t ks;
-    end = ms_now() + 5000;
+    end = pdx_now_ms() + 5000;
     do { /* counted once the registration call has returned */
         assert_int_equal(pdx_kv_store_stats(n.conn, &ks), PDX_OK);
-    } while (ks.reregistered_blocks < N1 + N2 && ms_now() < end &&
+    } while (ks.reregistered_blocks < N1 + N2 && pdx_now_ms() < end &&
              usleep(5000) == 0);
     print_message("lease %llx %s; new lease %llx: %d blocks owned again "
                   "%llu ms later (%llu walk(s), %llu blocks registered "
                   "again)\n",
                   (unsigned long long)s0.lease, how,
                   (unsigned long long)s.lease, N1 + N2,
-                  (unsigned long long)(ms_now() - t0),
+                  (unsigned long long)(pdx_now_ms() - t0),
                   (unsigned long long)ks.lease_resyncs,
                   (unsigned long long)ks.reregistered_blocks);
     assert_true(ks.lease_resyncs >= 1);

@@ -34,6 +34,7 @@
 #include <pdx/store.h>
 
 #include "etcd_launch.h"
+#include "pdx_clock.h"
 
 #define MAX_AGENTS 4096
 #define MAX_PROCS 512
@@ -53,13 +54,6 @@ typedef struct cfg {
 static cfg_t C = {.members = 1, .agents = 32, .procs = 8, .k = 4, .kill_frac = 0.25,
                   .ttl_ms = 3000, .timeout_ms = 2000, .idle_s = 2.0,
                   .restart = true, .pidns = true, .ucx = true};
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static void die(const char *fmt, ...)
 {
@@ -132,7 +126,7 @@ static void worker(int proc, int out, int in, bool restarted)
     if (n <= 0 || n > (int)(sizeof(ag) / sizeof(ag[0]))) {
         _exit(4);
     }
-    uint64_t t0 = mono_ns();
+    uint64_t t0 = pdx_now_ns();
     for (int i = 0; i < n; i++) {
         char name[32];
         snprintf(name, sizeof(name), "a%d", first + i);
@@ -147,7 +141,7 @@ static void worker(int proc, int out, int in, bool restarted)
         }
         /* UCX over TCP on loopback reaches a peer in another pid
          * namespace; cma only one of this namespace (--no-pidns). */
-        pdx_kv_t opt[2] = {{"tls", "tcp"}, {"connect", C.connect}};
+        pdx_option_t opt[2] = {{"tls", "tcp"}, {"connect", C.connect}};
         if (pdx_backend_create(ag[i], C.ucx ? "ucx" : "cma",
                                C.ucx ? opt : NULL,
                                C.ucx ? (C.connect[0] ? 2 : 1) : 0,
@@ -159,7 +153,7 @@ static void worker(int proc, int out, int in, bool restarted)
     }
     /* Published: leased and put under the lease, every agent. */
     bool all = false;
-    while (!all && mono_ns() - t0 < 120000000000ull) {
+    while (!all && pdx_now_ns() - t0 < 120000000000ull) {
         all = true;
         for (int i = 0; i < n && all; i++) {
             pdx_store_status_t s;
@@ -171,7 +165,7 @@ static void worker(int proc, int out, int in, bool restarted)
             usleep(10000);
         }
     }
-    wr(out, "P %d %llu\n", all ? 1 : 0, (unsigned long long)mono_ns());
+    wr(out, "P %d %llu\n", all ? 1 : 0, (unsigned long long)pdx_now_ns());
     int peers[MAX_AGENTS / 8 + 64][MAX_K];
     uint64_t dead_at[MAX_AGENTS / 8 + 64][MAX_K];
     memset(dead_at, 0, sizeof(dead_at));
@@ -188,10 +182,10 @@ static void worker(int proc, int out, int in, bool restarted)
             for (int j = 0; j < C.k; j++) {
                 char name[32];
                 snprintf(name, sizeof(name), "a%d", peers[i][j]);
-                uint64_t f0 = mono_ns();
+                uint64_t f0 = pdx_now_ns();
                 pdx_status_t st = pdx_peer_fetch(ag[i], name, 20000);
                 wr(out, "F %llu %d\n",
-                   (unsigned long long)(mono_ns() - f0) / 1000, (int)st);
+                   (unsigned long long)(pdx_now_ns() - f0) / 1000, (int)st);
             }
         }
         wr(out, "R\n");
@@ -199,9 +193,9 @@ static void worker(int proc, int out, int in, bool restarted)
             _exit(6);
         }
         double c0 = cpu_s();
-        uint64_t i0 = mono_ns();
+        uint64_t i0 = pdx_now_ns();
         usleep((useconds_t)(C.idle_s * 1e6));
-        double dt = (double)(mono_ns() - i0) / 1e9;
+        double dt = (double)(pdx_now_ns() - i0) / 1e9;
         wr(out, "I %.4f\n", (cpu_s() - c0) * 1000.0 / dt / n);
     } else {
         /* Back after a kill: fetch its peers again, then watch. */
@@ -221,7 +215,7 @@ static void worker(int proc, int out, int in, bool restarted)
         if (c == 'S') {
             break;
         }
-        uint64_t now = mono_ns();
+        uint64_t now = pdx_now_ns();
         for (int i = 0; i < n; i++) {
             for (int j = 0; j < C.k; j++) {
                 char name[32];
@@ -420,7 +414,7 @@ static bool pump(bool (*done)(void), uint64_t deadline_ns)
         if (done()) {
             return true;
         }
-        uint64_t now = mono_ns();
+        uint64_t now = pdx_now_ns();
         if (now >= deadline_ns) {
             return false;
         }
@@ -697,11 +691,11 @@ int main(int argc, char **argv)
     if (own_etcd) {
         etcd_usage(em, C.members, &ecpu0, &rss, &conns);
     }
-    uint64_t t_start = mono_ns();
+    uint64_t t_start = pdx_now_ns();
     for (int i = 0; i < C.procs; i++) {
         start_proc(i, false);
     }
-    uint64_t t_started = mono_ns();
+    uint64_t t_started = pdx_now_ns();
     bool ok_pub = pump(all_published, t_started + 120000000000ull);
     uint64_t t_pub = 0;
     int unpublished = 0;
@@ -710,20 +704,20 @@ int main(int argc, char **argv)
         t_pub = P[i].pub_ns > t_pub ? P[i].pub_ns : t_pub;
     }
     send_all('F');
-    bool ok_fetch = pump(all_ready, mono_ns() + 300000000000ull);
+    bool ok_fetch = pump(all_ready, pdx_now_ns() + 300000000000ull);
     if (own_etcd) {
         etcd_usage(em, C.members, &ecpu1, &rss, &conns_peak);
     }
     send_all('I');
-    bool ok_idle = pump(all_idle,
-                        mono_ns() + (uint64_t)(C.idle_s * 1e9) + 60000000000ull);
+    bool ok_idle = pump(all_idle, pdx_now_ns() + (uint64_t)(C.idle_s * 1e9) +
+                                      60000000000ull);
     if (own_etcd) {
         etcd_usage(em, C.members, &ecpu2, &rss, &conns);
     }
     double etcd_idle = (ecpu2 - ecpu1) / C.idle_s;
     send_all('W');
     /* A quiet second (a spurious death would show), then the kill. */
-    pump(never, mono_ns() + 1000000000ull);
+    pump(never, pdx_now_ns() + 1000000000ull);
     int nkill = (int)(C.procs * C.kill_frac + 0.5);
     if (nkill >= C.procs) {
         nkill = C.procs - 1;
@@ -740,7 +734,7 @@ int main(int argc, char **argv)
             g_expect_dead += p >= 0 && g_killed_agent[p];
         }
     }
-    g_kill_ns = mono_ns();
+    g_kill_ns = pdx_now_ns();
     for (int i = 0; i < nkill; i++) {
         kill(P[i].pid, SIGKILL);
         int st;
@@ -777,7 +771,7 @@ int main(int argc, char **argv)
     bool ok_back = true;
     if (C.restart && nkill > 0) {
         g_expect_back = g_expect_dead;
-        t_restart = mono_ns();
+        t_restart = pdx_now_ns();
         for (int i = 0; i < nkill; i++) {
             P[i].killed = false;
             start_proc(i, true);
@@ -789,10 +783,10 @@ int main(int argc, char **argv)
                 back_max_ms = (g_back_ns[i] - t_restart) / 1000000;
             }
         }
-        pump(all_ready, mono_ns() + 60000000000ull);
+        pump(all_ready, pdx_now_ns() + 60000000000ull);
     }
     send_all('S');
-    bool ok_done = pump(all_done, mono_ns() + 60000000000ull);
+    bool ok_done = pump(all_done, pdx_now_ns() + 60000000000ull);
     int crashes = 0, survivors = 0;
     for (int i = 0; i < C.procs; i++) {
         if (P[i].pid <= 0 || P[i].killed) {

@@ -61,7 +61,7 @@ static inline void rs_put(uint8_t *p, uint64_t v, unsigned n)
 }
 
 /* The conn infos and keys of a well-formed blob (the layout of
- * plugin/src/blob.c); returns how many, 0 if it does not parse. */
+ * core/blob.c); returns how many, 0 if it does not parse. */
 static inline size_t rs_fields(const uint8_t *b, size_t len, rs_field_t *f)
 {
     size_t o = RS_HDR, n = 0;

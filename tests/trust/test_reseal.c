@@ -14,6 +14,7 @@
 #include <pdx/pdx.h>
 
 #include "reseal.h"
+#include "pdx_clock.h"
 
 #define CHECK(c)                                                               \
     do {                                                                       \
@@ -25,13 +26,6 @@
     } while (0)
 
 #define REG_LEN (1u << 16)
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static void add_backends(pdx_agent_h a, int *ncreated)
 {
@@ -95,7 +89,7 @@ int main(int argc, char **argv)
     unsigned counts[64] = {0};
     unsigned ok = 0;
     uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-    double t0 = now_s();
+    double t0 = pdx_now_s();
     for (unsigned i = 0; i < n; i++) {
         uint8_t script[32];
         for (size_t k = 0; k < sizeof(script); k++) {
@@ -119,7 +113,7 @@ int main(int argc, char **argv)
             pdx_progress(p);
         }
     }
-    double dt = now_s() - t0;
+    double dt = pdx_now_s() - t0;
     printf("%u resealed mutations in %.1f s: %u loaded (then unloaded), "
            "%u refused; 0 crashes\n", n, dt, ok, n - ok);
     for (unsigned s = 1; s < 64; s++) {
@@ -146,7 +140,8 @@ int main(int argc, char **argv)
     CHECK(pdx_xfer_create(d, PDX_XFER_READ, &ll, &rl2, pname, NULL, 0, &x1) ==
           PDX_OK);
     pdx_status_t st = pdx_xfer_post(x1);
-    for (double t = now_s(); st == PDX_INPROGRESS && now_s() - t < 20;) {
+    for (double t = pdx_now_s();
+         st == PDX_INPROGRESS && pdx_now_s() - t < 20;) {
         pdx_progress(p);
         pdx_progress(d);
         st = pdx_xfer_check(x1);
@@ -164,7 +159,7 @@ int main(int argc, char **argv)
      * purging a pending wireup REP of a closed endpoint ("got REP
      * message", ucp_request.c:684), a destroy-path issue of its own,
      * reported apart from what this test checks (loads never crash). */
-    for (double t = now_s(); now_s() - t < 0.3;) {
+    for (double t = pdx_now_s(); pdx_now_s() - t < 0.3;) {
         pdx_progress(p);
         pdx_progress(d);
     }

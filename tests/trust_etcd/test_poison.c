@@ -17,6 +17,7 @@
 
 #include "etcd_launch.h"
 #include "reseal.h"
+#include "pdx_clock.h"
 
 #define CHECK(c)                                                               \
     do {                                                                       \
@@ -30,13 +31,6 @@
 #define REGION (1u << 20)
 
 static etcd_proc_t g_etcd;
-
-static uint64_t ms_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 typedef struct node {
     pdx_agent_h agent;
@@ -54,7 +48,7 @@ static void node_open(node_t *n, const char *name, const char *ns,
         .store_endpoints = g_etcd.url, .store_namespace = ns,
         .store_lease_ttl_ms = 5000, .store_timeout_ms = 1000};
     CHECK(pdx_agent_create(name, &ap, &n->agent) == PDX_OK);
-    pdx_kv_t opt = {"tls", "tcp"};
+    pdx_option_t opt = {"tls", "tcp"};
     CHECK(pdx_backend_create(n->agent, "ucx", &opt, 1, NULL) == PDX_OK);
     n->mem = aligned_alloc(4096, REGION);
     CHECK(n->mem != NULL);
@@ -84,8 +78,8 @@ static pdx_status_t read_from(node_t *dst, const char *peer, node_t *src)
         return st;
     }
     st = pdx_xfer_post(x);
-    uint64_t end = ms_now() + 10000;
-    while (st == PDX_INPROGRESS && ms_now() < end) {
+    uint64_t end = pdx_now_ms() + 10000;
+    while (st == PDX_INPROGRESS && pdx_now_ms() < end) {
         st = pdx_xfer_check(x);
     }
     pdx_xfer_release(x);
@@ -192,8 +186,8 @@ int main(void)
     CHECK(pdx_mem_register(p2.agent, PDX_MEM_DRAM, (uintptr_t)more, REGION, 0,
                            0, &reg2) == PDX_OK);
     for (int i = 0; i < 2; i++) {
-        uint64_t end = ms_now() + 10000;
-        while (generation(ds[i], "p2", NULL) <= g2 && ms_now() < end) {
+        uint64_t end = pdx_now_ms() + 10000;
+        while (generation(ds[i], "p2", NULL) <= g2 && pdx_now_ms() < end) {
             usleep(10000);
         }
         CHECK(generation(ds[i], "p2", NULL) > g2);
@@ -222,8 +216,8 @@ int main(void)
      * loaded peers: fetch it again by name, which waits for a generation
      * past the poisoned one. */
     for (int i = 0; i < 2; i++) {
-        uint64_t end = ms_now() + 10000;
-        while (generation(ds[i], "p1", NULL) <= g1 + 1 && ms_now() < end) {
+        uint64_t end = pdx_now_ms() + 10000;
+        while (generation(ds[i], "p1", NULL) <= g1 + 1 && pdx_now_ms() < end) {
             pdx_peer_fetch(ds[i]->agent, "p1", 1000);
             usleep(50000);
         }

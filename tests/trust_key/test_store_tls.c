@@ -18,11 +18,12 @@
 #include <unistd.h>
 
 #include <pdx/pdx.h>
+#include "pdx_clock.h"
 
 static const char KEY[] = "tls-test-cluster-key-0123456789";
 
 static pdx_agent_h make(const char *name, const char *ep, const char *ns,
-                        const pdx_kv_t *opts, size_t n, pdx_status_t *st_p)
+                        const pdx_option_t *opts, size_t n, pdx_status_t *st_p)
 {
     pdx_agent_params_t p = {
         .field_mask = PDX_AGENT_PARAM_STORE | PDX_AGENT_PARAM_STORE_OPTS |
@@ -58,7 +59,7 @@ int main(int argc, char **argv)
                 argv[0]);
         return 2;
     }
-    pdx_kv_t opts[8];
+    pdx_option_t opts[8];
     size_t n = 0;
     for (int i = 4; i < argc && n < 8; i++) {
         char *eq = strchr(argv[i], '=');
@@ -169,16 +170,14 @@ int main(int argc, char **argv)
         return st == PDX_ERR_CONFIG ? 0 : 1;
     }
     pdx_agent_publish(a);
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint64_t t0 = pdx_now_ms();
     pdx_store_status_t ss = {0};
     int published = 0;
     do {
         usleep(100000);
         pdx_store_status(a, &ss);
         published = ss.lease != 0 && ss.unpublished == 0 && ss.reachable;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-    } while (!published && t.tv_sec - t0.tv_sec < 3);
+    } while (!published && pdx_now_ms() - t0 < 3000);
     pdx_store_describe(a, line, sizeof(line));
     printf("x: %s\n", line);
     pdx_agent_destroy(a);

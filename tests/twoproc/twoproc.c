@@ -210,9 +210,9 @@ static int target_main(int ctl)
             fill(t.mem, salt);
         } else if (strcmp(cmd, "wait-note") == 0) {
             /* As long as the initiator waits for its request. */
-            uint64_t end = now_ms() + 150000;
+            uint64_t end = pdx_now_ms() + 150000;
             int before = t.notes;
-            while (t.notes == before && now_ms() < end) {
+            while (t.notes == before && pdx_now_ms() < end) {
                 pdx_notif_poll(a, on_target_note, &t);
             }
             if (t.notes == before) {
@@ -271,9 +271,9 @@ static void command(int ctl, const char *cmd, const char *expect)
 
 static pdx_status_t wait_done(pdx_xfer_h x, uint64_t limit_ms)
 {
-    uint64_t end = now_ms() + limit_ms;
+    uint64_t end = pdx_now_ms() + limit_ms;
     pdx_status_t st = PDX_INPROGRESS;
-    while (st == PDX_INPROGRESS && now_ms() < end) {
+    while (st == PDX_INPROGRESS && pdx_now_ms() < end) {
         st = pdx_xfer_check(x);
     }
     return st;
@@ -306,7 +306,7 @@ static void run_case(pdx_agent_h a, unsigned char *mem, const char *peer,
     }
     pdx_desc_list_t ll = {PDX_MEM_DRAM, l, count}, rl = {PDX_MEM_DRAM, r, count};
     pdx_xfer_h x;
-    uint64_t t0 = now_ms();
+    uint64_t t0 = pdx_now_ms();
     CHECK(pdx_xfer_create(a, op, &ll, &rl, peer, note, strlen(note) + 1, &x));
     if (op == PDX_XFER_WRITE) {
         /* The target waits for the note, then checks its memory. */
@@ -314,7 +314,7 @@ static void run_case(pdx_agent_h a, unsigned char *mem, const char *peer,
     }
     CHECK(pdx_xfer_post(x));
     pdx_status_t st = wait_done(x, 150000);
-    uint64_t dt = now_ms() - t0;
+    uint64_t dt = pdx_now_ms() - t0;
     if (st != PDX_OK) {
         die("%s %llu x %zu: %s", op == PDX_XFER_WRITE ? "write" : "read",
             (unsigned long long)size, count, pdx_status_string(st));
@@ -408,16 +408,16 @@ static int initiator_main(int kill_test)
     pdx_xfer_h x;
     CHECK(pdx_xfer_create(a, PDX_XFER_WRITE, &ll, &rl, peer, NULL, 0, &x));
     pdx_status_t st = PDX_OK;
-    uint64_t killed_at = 0, end = now_ms() + 30000;
+    uint64_t killed_at = 0, end = pdx_now_ms() + 30000;
     int posts = 0;
-    while (now_ms() < end) {
+    while (pdx_now_ms() < end) {
         if (st != PDX_INPROGRESS) {
             st = pdx_xfer_post(x);
             posts++;
         }
         if (posts == 3 && killed_at == 0) {
             kill(pid, SIGKILL);
-            killed_at = now_ms();
+            killed_at = pdx_now_ms();
         }
         if (st == PDX_INPROGRESS) {
             st = pdx_xfer_check(x);
@@ -432,7 +432,7 @@ static int initiator_main(int kill_test)
     }
     printf("  killed target: request failed with '%s' %llu ms after the "
            "kill\n", pdx_status_string(st),
-           (unsigned long long)(now_ms() - killed_at));
+           (unsigned long long)(pdx_now_ms() - killed_at));
     if (pdx_xfer_post(x) != PDX_ERR_REMOTE_DISCONNECT) {
         die("post to a dead peer did not fail");
     }

@@ -14,6 +14,8 @@
 
 #include <pdx/pdx.h>
 
+#include "pdx_clock.h"
+
 #define BENCH_MAX_LIST 16
 
 /* Command line, shared by every mode; each mode reads what applies. */
@@ -84,7 +86,6 @@ __attribute__((noreturn, format(printf, 1, 2))) void die(const char *fmt, ...);
  * is expected). */
 void log_quiet(void *arg, pdx_log_level_t level, const char *msg);
 
-uint64_t now_ns(void);
 double secs(uint64_t ns);
 
 /* Sorts `v` in place and returns the q-quantile (0..1), nearest rank. */
@@ -131,7 +132,7 @@ int spawn_cmd(const char *const *argv, const char *const *env_add, int out_fd,
 int spawn_target(const bench_opts_t *o, const char *kind,
                  const char *const *extra, int *fd_p);
 int reap_target(int pid, int timeout_ms);
-/* Wait for child `pid` until `deadline` (now_ns), then SIGKILL and reap
+/* Wait for child `pid` until `deadline` (pdx_now_ns), then SIGKILL and reap
  * it: 1 when it ended by itself, 0 when killed; its wait status in
  * *status_p either way. */
 int wait_child(pid_t pid, uint64_t deadline, int *status_p);
@@ -210,7 +211,7 @@ static inline int bench_use_shm(void)
 static inline pdx_status_t bench_cma_create(pdx_agent_h a)
 {
     const char *v = getenv("PDX_BENCH_CMA_INLINE");
-    pdx_kv_t opt = {"inline_max", v};
+    pdx_option_t opt = {"inline_max", v};
     return pdx_backend_create(a, "cma", v ? &opt : NULL, v ? 1 : 0, NULL);
 }
 /* A registered transfer buffer: shared memory with --path shm (prefaulted,

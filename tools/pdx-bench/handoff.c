@@ -282,13 +282,13 @@ static void clear_sampled(const kv_side_t *d, const uint64_t *dids, size_t n)
 
 static double memcpy_pairs(const pdx_desc_t *l, const pdx_desc_t *r, size_t n)
 {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = pdx_now_ns();
     for (size_t i = 0; i < n; i++) {
         memcpy((void *)(uintptr_t)l[i].addr, (const void *)(uintptr_t)r[i].addr,
                l[i].len);
         sink((void *)(uintptr_t)l[i].addr);
     }
-    return secs(now_ns() - t0);
+    return secs(pdx_now_ns() - t0);
 }
 
 int mode_handoff(const bench_opts_t *o, cJSON *root)
@@ -419,20 +419,20 @@ int mode_handoff(const bench_opts_t *o, cJSON *root)
                                         .prompt_tokens = r.tokens + 1,
                                         .params = params};
                 pdx_kv_match_t m;
-                uint64_t t0 = now_ns();
+                uint64_t t0 = pdx_now_ns();
                 CHECK(pdx_kv_lookup(conn, &req, &m));
-                uint64_t t1 = now_ns();
+                uint64_t t1 = pdx_now_ns();
                 if (m.source != PDX_KV_SOURCE_REMOTE || m.blocks != nb) {
                     die("lookup matched %zu of %zu blocks", m.blocks, nb);
                 }
                 CHECK(pdx_kv_load(conn, &req, &m, dids));
-                uint64_t t2 = now_ns();
+                uint64_t t2 = pdx_now_ns();
                 size_t got = 0;
                 pdx_status_t st;
                 while ((st = pdx_kv_load_check(conn, rid, &got)) ==
                        PDX_INPROGRESS) {
                 }
-                uint64_t t3 = now_ns();
+                uint64_t t3 = pdx_now_ns();
                 if (st != PDX_OK || got != r.tokens) {
                     die("load %s: %s, %zu tokens", rid, pdx_status_string(st),
                         got);

@@ -237,14 +237,14 @@ int mode_hash(const bench_opts_t *o, cJSON *root)
             size_t nb = ntok[p] / HASH_BLOCK, got;
             pdx_block_hash_t *out = malloc((nb ? nb : 1) * sizeof(*out));
             dvec_t t = {0};
-            uint64_t end = now_ns() + (uint64_t)(min_s * 1e9);
+            uint64_t end = pdx_now_ns() + (uint64_t)(min_s * 1e9);
             do {
-                uint64_t t0 = now_ns();
+                uint64_t t0 = pdx_now_ns();
                 CHECK(pdx_hasher_hash_blocks(h, toks[p], ntok[p], NULL, out, nb,
                                              &got, NULL, NULL));
-                dvec_push(&t, (double)(now_ns() - t0) / 1e9);
+                dvec_push(&t, (double)(pdx_now_ns() - t0) / 1e9);
                 sink(out);
-            } while (now_ns() < end);
+            } while (pdx_now_ns() < end);
             double best = quantile(t.v, t.n, 0.0);
             double med = median_of(t.v, t.n);
             double pdx_tps = (double)ntok[p] / best;

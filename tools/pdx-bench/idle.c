@@ -62,12 +62,12 @@ static void idle_child(int in, int out, int k, double secs_)
     nanosleep(&settle, NULL);
     struct rusage r0, r1;
     getrusage(RUSAGE_SELF, &r0);
-    uint64_t w0 = task_switches(), t0 = now_ns();
+    uint64_t w0 = task_switches(), t0 = pdx_now_ns();
     struct timespec ts = {(time_t)secs_,
                           (long)((secs_ - (double)(time_t)secs_) * 1e9)};
     nanosleep(&ts, NULL);
     getrusage(RUSAGE_SELF, &r1);
-    uint64_t w1 = task_switches(), t1 = now_ns();
+    uint64_t w1 = task_switches(), t1 = pdx_now_ns();
     double cpu_us = (double)(r1.ru_utime.tv_sec - r0.ru_utime.tv_sec) * 1e6 +
                     (double)(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec) +
                     (double)(r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) * 1e6 +

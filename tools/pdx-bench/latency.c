@@ -245,7 +245,7 @@ static void run_ucp(const bench_opts_t *o, const lat_case_t *c, int errmode,
     UCS_CHECK(ucp_ep_rkey_unpack(e, rk, &rkey));
     dvec_t v = {0};
     uint64_t span = c->size * c->batch;
-    uint64_t warm_until = 0, end = 0, t_start = now_ns();
+    uint64_t warm_until = 0, end = 0, t_start = pdx_now_ns();
     warm_until = t_start + (uint64_t)((o->quick ? 0.02 : 0.1) * 1e9);
     end = warm_until + (uint64_t)(o->case_s * 1e9);
     ucp_request_param_t rp = {.op_attr_mask = 0};
@@ -255,7 +255,7 @@ static void run_ucp(const bench_opts_t *o, const lat_case_t *c, int errmode,
         die("latency: out of memory");
     }
     for (size_t it = 0;; it++) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = pdx_now_ns();
         if (t0 > end && v.n >= 20) {
             break;
         }
@@ -283,7 +283,7 @@ static void run_ucp(const bench_opts_t *o, const lat_case_t *c, int errmode,
         } else {
             wait_req(u.worker, ucp_ep_flush_nbx(e, &rp), "flush");
         }
-        uint64_t t1 = now_ns();
+        uint64_t t1 = pdx_now_ns();
         if (t0 >= warm_until) {
             dvec_push(&v, (double)(t1 - t0));
         }
@@ -319,7 +319,7 @@ static void run_pdx(const bench_opts_t *o, const lat_case_t *c,
     }
     pdx_agent_h a;
     CHECK(pdx_agent_create("bench-lat", &ap, &a));
-    pdx_kv_t opt = {"tls", o->tls};
+    pdx_option_t opt = {"tls", o->tls};
     CHECK(pdx_backend_create(a, "ucx", &opt, 1, NULL));
     uint8_t *mem = big_alloc(LAT_REGION);
     memset(mem, 0xa5, LAT_REGION);
@@ -354,7 +354,7 @@ static void run_pdx(const bench_opts_t *o, const lat_case_t *c,
     CHECK(pdx_dlist_prepare(a, NULL, &ll, &dl));
     CHECK(pdx_dlist_prepare(a, peer, &rl, &dr));
     dvec_t v = {0};
-    uint64_t t_start = now_ns();
+    uint64_t t_start = pdx_now_ns();
     uint64_t warm_until = t_start + (uint64_t)((o->quick ? 0.02 : 0.1) * 1e9);
     uint64_t end = warm_until + (uint64_t)(o->case_s * 1e9);
     uint64_t groups = nslots / c->batch;
@@ -366,7 +366,7 @@ static void run_pdx(const bench_opts_t *o, const lat_case_t *c,
         pdx_xfer_h x;
         CHECK(pdx_xfer_make(a, c->write ? PDX_XFER_WRITE : PDX_XFER_READ, dl,
                             idx, dr, idx, c->batch, NULL, 0, &x));
-        uint64_t t0 = now_ns();
+        uint64_t t0 = pdx_now_ns();
         if (t0 > end && v.n >= 20) {
             pdx_xfer_release(x);
             break;
@@ -375,7 +375,7 @@ static void run_pdx(const bench_opts_t *o, const lat_case_t *c,
         while (st == PDX_INPROGRESS) {
             st = pdx_xfer_check(x);
         }
-        uint64_t t1 = now_ns();
+        uint64_t t1 = pdx_now_ns();
         if (st != PDX_OK) {
             die("latency: pdx request: %s (%s)", pdx_status_string(st),
                 pdx_last_error());

@@ -397,7 +397,7 @@ int main(int argc, char **argv)
     jstr(root, "tool", "pdx-bench");
     jstr(root, "mode", o.mode);
     cJSON_AddBoolToObject(root, "quick", o.quick);
-    uint64_t t0 = now_ns();
+    uint64_t t0 = pdx_now_ns();
     for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
         if (!all && strcmp(o.mode, modes[i].name) != 0) {
             continue;
@@ -408,14 +408,14 @@ int main(int argc, char **argv)
         if (all && strcmp(modes[i].name, "transfer") != 0) {
             mo.plot_path = NULL; /* one plot: the transfer curves */
         }
-        uint64_t m0 = now_ns();
+        uint64_t m0 = pdx_now_ns();
         int r = modes[i].fn(&mo, m);
         if (r != 0) {
             rc = r;
         }
-        jnum(m, "wall_s", secs(now_ns() - m0));
+        jnum(m, "wall_s", secs(pdx_now_ns() - m0));
         if (all) {
-            say("# %s took %.1f s\n", modes[i].name, secs(now_ns() - m0));
+            say("# %s took %.1f s\n", modes[i].name, secs(pdx_now_ns() - m0));
         }
         say("\n");
     }
@@ -423,8 +423,8 @@ int main(int argc, char **argv)
         usage(stderr);
         die("unknown mode %s", o.mode);
     }
-    jnum(root, "wall_s", secs(now_ns() - t0));
-    say("# %s done in %.1f s%s\n", o.mode, secs(now_ns() - t0),
+    jnum(root, "wall_s", secs(pdx_now_ns() - t0));
+    say("# %s done in %.1f s%s\n", o.mode, secs(pdx_now_ns() - t0),
         rc ? " (a check FAILED)" : "");
     if (o.json_path != NULL) {
         char *text = cJSON_Print(root);

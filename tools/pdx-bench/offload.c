@@ -49,12 +49,12 @@ static long rss_kib(void)
 static double run_memcpy_blocks(uint8_t *dst, const uint8_t *src, uint64_t bb,
                                 uint64_t n)
 {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = pdx_now_ns();
     for (uint64_t i = 0; i < n; i++) {
         memcpy(dst + i * bb, src + i * bb, bb);
         sink(dst + i * bb);
     }
-    return gbps(bb * n, now_ns() - t0);
+    return gbps(bb * n, pdx_now_ns() - t0);
 }
 
 /* Save/load of `n` GLM-5.2 blocks: `reps` interleaved rounds of memcpy,
@@ -77,9 +77,9 @@ static void bench_copy(const bench_opts_t *o, cJSON *root, double *save_r,
         .block_bytes = bb,
     };
     pdx_offload_pool_h pool;
-    uint64_t c0 = now_ns();
+    uint64_t c0 = pdx_now_ns();
     CHECK(pdx_offload_create(&p, &pool));
-    double create_s = secs(now_ns() - c0);
+    double create_s = secs(pdx_now_ns() - c0);
     pdx_offload_key_t *keys = malloc(n * sizeof(*keys));
     pdx_offload_load_item_t *items = malloc(n * sizeof(*items));
     double mc_save = 0, mc_load = 0, sv = 0, ld = 0, sva = 0;
@@ -89,19 +89,19 @@ static void bench_copy(const bench_opts_t *o, cJSON *root, double *save_r,
         for (uint64_t i = 0; i < n; i++) {
             make_key(&keys[i], 2 * (uint64_t)r, i);
         }
-        uint64_t t0 = now_ns();
+        uint64_t t0 = pdx_now_ns();
         for (uint64_t i = 0; i < n; i++) {
             CHECK(pdx_offload_save(pool, &keys[i], src + i * bb,
                                    PDX_OFFLOAD_RETAINED));
         }
-        double s = gbps(bb * n, now_ns() - t0);
+        double s = gbps(bb * n, pdx_now_ns() - t0);
         sv = s > sv ? s : sv;
 
         m = run_memcpy_blocks(dst, ref, bb, n);
         mc_load = m > mc_load ? m : mc_load;
         pdx_offload_lease_h lease;
         size_t cnt;
-        t0 = now_ns();
+        t0 = pdx_now_ns();
         CHECK(pdx_offload_lease(pool, keys, n, &lease, &cnt));
         if (cnt != n) {
             die("lease found %zu of %llu blocks", cnt, (unsigned long long)n);
@@ -111,21 +111,21 @@ static void bench_copy(const bench_opts_t *o, cJSON *root, double *save_r,
         }
         CHECK(pdx_offload_load(pool, lease, items, n));
         pdx_offload_release(pool, lease);
-        double l = gbps(bb * n, now_ns() - t0);
+        double l = gbps(bb * n, pdx_now_ns() - t0);
         ld = l > ld ? l : ld;
 
         /* Async saves through the worker, waited for with flush. */
         for (uint64_t i = 0; i < n; i++) {
             make_key(&keys[i], 2 * (uint64_t)r + 1, i);
         }
-        t0 = now_ns();
+        t0 = pdx_now_ns();
         for (uint64_t i = 0; i < n; i++) {
             CHECK(pdx_offload_save_async(pool, &keys[i], src + i * bb,
                                          PDX_OFFLOAD_RETAINED,
                                          PDX_OFFLOAD_SAVE_WAIT, NULL, NULL));
         }
         CHECK(pdx_offload_flush(pool, -1));
-        double a = gbps(bb * n, now_ns() - t0);
+        double a = gbps(bb * n, pdx_now_ns() - t0);
         sva = a > sva ? a : sva;
     }
     *save_r = sv / mc_save;
@@ -189,11 +189,11 @@ static double chase_ns(size_t len, int thp)
     free(perm);
     uint8_t *p = m;
     const size_t steps = 2000000;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = pdx_now_ns();
     for (size_t i = 0; i < steps; i++) {
         p = *(uint8_t **)(void *)p;
     }
-    double ns = (double)(now_ns() - t0) / (double)steps;
+    double ns = (double)(pdx_now_ns() - t0) / (double)steps;
     sink(p);
     big_free(m, len);
     return ns;
@@ -217,12 +217,12 @@ static void bench_lookup(const bench_opts_t *o, cJSON *root, double *hit_ns,
     CHECK(pdx_offload_create(&p, &pool));
     pdx_offload_key_t *keys = malloc(nb * sizeof(*keys));
     uint8_t payload[64] = {0};
-    uint64_t t0 = now_ns();
+    uint64_t t0 = pdx_now_ns();
     for (uint64_t i = 0; i < nb; i++) {
         make_key(&keys[i], 99, i);
         CHECK(pdx_offload_save(pool, &keys[i], payload, PDX_OFFLOAD_RETAINED));
     }
-    double fill_ns = (double)(now_ns() - t0) / (double)nb;
+    double fill_ns = (double)(pdx_now_ns() - t0) / (double)nb;
     long rss1 = rss_kib();
     pdx_offload_stats_t st;
     CHECK(pdx_offload_stats(pool, &st));
@@ -252,24 +252,24 @@ static void bench_lookup(const bench_opts_t *o, cJSON *root, double *hit_ns,
     double best_hit = 1e300, best_miss = 1e300, best_prefix = 1e300;
     int reps = o->quick ? 1 : 3;
     for (int r = 0; r < reps; r++) {
-        t0 = now_ns();
+        t0 = pdx_now_ns();
         for (uint64_t q = 0; q < nq; q++) {
             CHECK(pdx_offload_query(pool, &qk[q & (qn - 1)], 1, &found));
             tot += found;
         }
-        double h = (double)(now_ns() - t0) / (double)nq;
+        double h = (double)(pdx_now_ns() - t0) / (double)nq;
         best_hit = h < best_hit ? h : best_hit;
         /* refresh the sample: the asked keys were just made hot */
         for (size_t i = 0; i < qn; i++) {
             qk[i] = keys[rng(&s) % nb];
         }
 
-        t0 = now_ns();
+        t0 = pdx_now_ns();
         for (uint64_t q = 0; q < nq; q++) {
             CHECK(pdx_offload_query(pool, &qm[q & (qn - 1)], 1, &found));
             tot += found;
         }
-        double m = (double)(now_ns() - t0) / (double)nq;
+        double m = (double)(pdx_now_ns() - t0) / (double)nq;
         best_miss = m < best_miss ? m : best_miss;
 
         /* A 128K-token prompt's 2048 hashes, present at random places. */
@@ -281,9 +281,9 @@ static void bench_lookup(const bench_opts_t *o, cJSON *root, double *hit_ns,
             for (size_t i = 0; i < plen; i++) {
                 pk[i] = keys[rng(&s) % nb];
             }
-            uint64_t a = now_ns();
+            uint64_t a = pdx_now_ns();
             CHECK(pdx_offload_query(pool, pk, plen, &found));
-            tq += now_ns() - a;
+            tq += pdx_now_ns() - a;
             keys_done += plen;
             tot += found;
         }

@@ -190,9 +190,9 @@ int perftest_run(const char *tls, pdx_xfer_op_t op, uint64_t size, int user_mem,
         close(fd_c);
         return -1;
     }
-    uint64_t t0 = now_ns();
+    uint64_t t0 = pdx_now_ns();
     int up = 0;
-    while (now_ns() - t0 < 10000000000ull) {
+    while (pdx_now_ns() - t0 < 10000000000ull) {
         if (port_listening(port)) {
             up = 1;
             break;
@@ -225,7 +225,7 @@ int perftest_run(const char *tls, pdx_xfer_op_t op, uint64_t size, int user_mem,
     /* At a fifth of the assumed rate it still finishes; slower than
      * that, its last progress line (printed every second) is taken. */
     uint64_t limit = (uint64_t)((seconds * 5 + 5) * 1e9);
-    int crc = wait_deadline(cli, now_ns() + limit);
+    int crc = wait_deadline(cli, pdx_now_ns() + limit);
     out = slurp_fd(fd_c);
     char line[256];
     last_line(out ? out : "", "Final:", line, sizeof(line));
@@ -258,7 +258,7 @@ int perftest_run(const char *tls, pdx_xfer_op_t op, uint64_t size, int user_mem,
     }
 out:
     if (srv > 0) {
-        wait_deadline(srv, now_ns() + 3000000000ull);
+        wait_deadline(srv, pdx_now_ns() + 3000000000ull);
     }
     free(out);
     close(fd_s);

@@ -160,7 +160,7 @@ static void run_pdx(xctx_t *c, const geom_t *g, row_t *r, double seconds)
     uint64_t n = 0, done_meas = 0, t_start = 0;
     int measuring = 0;
     double warm_s = c->o->quick ? 0.01 : 0.05;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = pdx_now_ns();
     for (;;) {
         uint32_t i = (uint32_t)(n % k);
         if (x[i] != NULL && r->reuse) {
@@ -172,9 +172,9 @@ static void run_pdx(xctx_t *c, const geom_t *g, row_t *r, double seconds)
         } else if (x[i] != NULL) {
             wait_done(x[i]);
             int timed = measuring && (n % TIME_EVERY == 0 || every);
-            uint64_t a = timed ? now_ns() : 0;
+            uint64_t a = timed ? pdx_now_ns() : 0;
             pdx_xfer_release(x[i]);
-            uint64_t b = timed ? now_ns() : 0;
+            uint64_t b = timed ? pdx_now_ns() : 0;
             x[i] = NULL;
             if (measuring) {
                 done_meas++;
@@ -185,7 +185,7 @@ static void run_pdx(xctx_t *c, const geom_t *g, row_t *r, double seconds)
         }
         /* The clock is read every TIME_EVERY-th request for small ones
          * (the memcpy loop reads it every 64 messages). */
-        uint64_t now = every || n % TIME_EVERY == 0 ? now_ns() : 0;
+        uint64_t now = every || n % TIME_EVERY == 0 ? pdx_now_ns() : 0;
         if (now == 0) {
             /* not this time */
         } else if (!measuring && n >= k && secs(now - t0) >= warm_s) {
@@ -199,14 +199,14 @@ static void run_pdx(xctx_t *c, const geom_t *g, row_t *r, double seconds)
         /* Time make and post on every TIME_EVERY-th request only: clock
          * reads cost as much as pdx's own work on small requests. */
         int timed = measuring && (n % TIME_EVERY == 0 || every);
-        uint64_t a = timed ? now_ns() : 0;
+        uint64_t a = timed ? pdx_now_ns() : 0;
         if (x[i] == NULL) {
             CHECK(pdx_xfer_make(c->agent, r->op, g->ldl, ix, g->rdl, ix,
                                 r->batch, NULL, 0, &x[i]));
         }
-        uint64_t b = timed ? now_ns() : 0;
+        uint64_t b = timed ? pdx_now_ns() : 0;
         pdx_status_t st = pdx_xfer_post(x[i]);
-        uint64_t e = timed ? now_ns() : 0;
+        uint64_t e = timed ? pdx_now_ns() : 0;
         if (st < 0) {
             die("post: %s", pdx_status_string(st));
         }
@@ -228,7 +228,7 @@ static void run_pdx(xctx_t *c, const geom_t *g, row_t *r, double seconds)
         }
     }
 
-    uint64_t t_end = now_ns();
+    uint64_t t_end = pdx_now_ns();
     double bw = gbps(done_meas * req_bytes, t_end - t_start);
     if (bw > r->pdx_gbps) {
         r->pdx_gbps = bw;
@@ -259,10 +259,10 @@ static double run_cma(xctx_t *c, const geom_t *g, const row_t *r,
 {
     struct iovec *li = malloc(CMA_IOV_MAX * sizeof(*li));
     struct iovec *ri = malloc(CMA_IOV_MAX * sizeof(*ri));
-    uint64_t n = 0, bytes = 0, t0 = now_ns(), t_start = 0;
+    uint64_t n = 0, bytes = 0, t0 = pdx_now_ns(), t_start = 0;
     int measuring = 0;
     for (;;) {
-        uint64_t now = now_ns();
+        uint64_t now = pdx_now_ns();
         if (!measuring && secs(now - t0) >= 0.02 && n >= 1) {
             measuring = 1;
             t_start = now;
@@ -300,7 +300,7 @@ static double run_cma(xctx_t *c, const geom_t *g, const row_t *r,
         }
         n++;
     }
-    uint64_t t_end = now_ns();
+    uint64_t t_end = pdx_now_ns();
     free(li);
     free(ri);
     return gbps(bytes, t_end - t_start);
@@ -315,10 +315,10 @@ static double run_memcpy(xctx_t *c, const geom_t *g, int hot, int read,
                          double seconds)
 {
     uint8_t *loc = c->local + c->o->misalign;
-    uint64_t n = 0, bytes = 0, t0 = now_ns(), t_start = 0;
+    uint64_t n = 0, bytes = 0, t0 = pdx_now_ns(), t_start = 0;
     int measuring = 0;
     for (;;) {
-        uint64_t now = now_ns();
+        uint64_t now = pdx_now_ns();
         if (!measuring && secs(now - t0) >= 0.02) {
             measuring = 1;
             t_start = now;
@@ -341,7 +341,7 @@ static double run_memcpy(xctx_t *c, const geom_t *g, int hot, int read,
             bytes += g->size;
         }
     }
-    return gbps(bytes, now_ns() - t_start);
+    return gbps(bytes, pdx_now_ns() - t_start);
 }
 
 static double ratio(double a, double b)
@@ -503,20 +503,20 @@ static void run_big(xctx_t *c, pdx_xfer_op_t op, uint64_t size, uint32_t n,
     for (int it = 0; it <= reps; it++) {
         const uint32_t *ix = req_indices(&g, (uint64_t)it * 7919, n, 0);
         pdx_xfer_h x;
-        uint64_t a = now_ns();
+        uint64_t a = pdx_now_ns();
         CHECK(
             pdx_xfer_make(c->agent, op, g.ldl, ix, g.rdl, ix, n, NULL, 0, &x));
-        uint64_t b = now_ns();
+        uint64_t b = pdx_now_ns();
         pdx_status_t st = pdx_xfer_post(x);
-        uint64_t e = now_ns();
+        uint64_t e = pdx_now_ns();
         if (st < 0) {
             die("post of %u descriptors: %s", n, pdx_status_string(st));
         }
         wait_done(x);
-        uint64_t d = now_ns();
+        uint64_t d = pdx_now_ns();
         segs = pdx_xfer_segments(x);
         pdx_xfer_release(x);
-        uint64_t f = now_ns();
+        uint64_t f = pdx_now_ns();
         if (it > 0) { /* the first one warms up */
             dvec_push(&mk, (double)(b - a));
             dvec_push(&po, (double)(e - b));
@@ -525,10 +525,10 @@ static void run_big(xctx_t *c, pdx_xfer_op_t op, uint64_t size, uint32_t n,
             t_all += d - b;
         }
         /* make alone (released unposted), which no copy blurs */
-        uint64_t m0 = now_ns();
+        uint64_t m0 = pdx_now_ns();
         CHECK(
             pdx_xfer_make(c->agent, op, g.ldl, ix, g.rdl, ix, n, NULL, 0, &x));
-        uint64_t m1 = now_ns();
+        uint64_t m1 = pdx_now_ns();
         pdx_xfer_release(x);
         if (it > 0) {
             dvec_push(&mk_only, (double)(m1 - m0));
@@ -644,7 +644,7 @@ int mode_transfer(const bench_opts_t *o, cJSON *root)
     pdx_agent_params_t ap = {.field_mask = PDX_AGENT_PARAM_XFER_TIMEOUT,
                              .xfer_timeout_ms = 600000};
     CHECK(pdx_agent_create("bench-init", &ap, &c.agent));
-    pdx_kv_t opt = {"tls", o->tls};
+    pdx_option_t opt = {"tls", o->tls};
     CHECK(pdx_backend_create(c.agent, "ucx", &opt, 1, NULL));
     if (bench_use_cma()) {
         CHECK(bench_cma_create(c.agent));
@@ -965,7 +965,7 @@ int target_transfer(const bench_opts_t *o)
     }
     pdx_agent_h a;
     CHECK(pdx_agent_create("bench-target", &ap, &a));
-    pdx_kv_t opt = {"tls", o->tls};
+    pdx_option_t opt = {"tls", o->tls};
     CHECK(pdx_backend_create(a, "ucx", &opt, 1, NULL));
     if (bench_use_cma()) {
         CHECK(bench_cma_create(a));

@@ -48,12 +48,6 @@ void die(const char *fmt, ...)
     exit(2);
 }
 
-uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 double secs(uint64_t ns)
 {
@@ -386,7 +380,7 @@ int wait_child(pid_t pid, uint64_t deadline, int *status_p)
             *status_p = status;
             return 1;
         }
-        if (now_ns() >= deadline) {
+        if (pdx_now_ns() >= deadline) {
             break;
         }
         usleep(1000);
@@ -400,7 +394,7 @@ int wait_child(pid_t pid, uint64_t deadline, int *status_p)
 int reap_target(int pid, int timeout_ms)
 {
     int status;
-    if (!wait_child(pid, now_ns() + (uint64_t)timeout_ms * 1000000u,
+    if (!wait_child(pid, pdx_now_ns() + (uint64_t)timeout_ms * 1000000u,
                     &status)) {
         return 128;
     }

@@ -154,7 +154,7 @@ static int start_turn(session_t *s, const opts_t *o)
     s->n = s->prompt_n = want;
     turn_rec_t *r = &s->recs[s->turn - 1];
     r->prompt = want;
-    r->t0 = pd_now_ms();
+    r->t0 = pdx_now_ms_f();
     send_job(&g_p, "prefill", s, s->turn > 1 ? s->params_d : NULL, 0);
     s->state = S_P;
     return 0;
@@ -264,7 +264,7 @@ static void bar(int done, int total, int inflight, double t0)
     }
     b[w] = '\0';
     fprintf(stderr, "\r[%s] %d/%d phases, %d in flight, %.1f s ", b, done,
-            total, inflight, (pd_now_ms() - t0) / 1e3);
+            total, inflight, (pdx_now_ms_f() - t0) / 1e3);
     fflush(stderr);
 }
 
@@ -378,7 +378,7 @@ static int start_nodes(run_t *run)
     signal(SIGALRM, on_alarm);
     /* Backstop: whatever hangs, the run ends. */
     alarm((unsigned)ceil(run->o.timeout_s) + 30);
-    run->t_start = pd_now_ms();
+    run->t_start = pdx_now_ms_f();
     run->deadline = run->t_start + run->o.timeout_s * 1e3;
     char why[2048];
 
@@ -387,13 +387,13 @@ static int start_nodes(run_t *run)
         return EXIT_SETUP;
     }
     /* Both nodes start at once; each says hello with its blob. */
-    double hello_deadline = pd_now_ms() + 120e3;
+    double hello_deadline = pdx_now_ms_f() + 120e3;
     cJSON *hp = recv_one(&g_p, hello_deadline, why, sizeof(why));
     if (hp == NULL || read_hello(&g_p, hp, why, sizeof(why)) != 0) {
         fprintf(stderr, "pdx-validate: %s\n", why);
         cJSON_Delete(hp);
         kill_nodes();
-        quit_nodes(pd_now_ms() + 2000);
+        quit_nodes(pdx_now_ms_f() + 2000);
         return EXIT_SETUP;
     }
     cJSON *hd = recv_one(&g_d, hello_deadline, why, sizeof(why));
@@ -401,7 +401,7 @@ static int start_nodes(run_t *run)
         fprintf(stderr, "pdx-validate: %s\n", why);
         cJSON_Delete(hd);
         kill_nodes();
-        quit_nodes(pd_now_ms() + 2000);
+        quit_nodes(pdx_now_ms_f() + 2000);
         return EXIT_SETUP;
     }
 
@@ -417,7 +417,7 @@ static int start_nodes(run_t *run)
     int refused = 0;
     for (int i = 0; i < 2; i++) {
         node_t *n = pair[i][0];
-        cJSON *r = recv_one(n, pd_now_ms() + 60e3, why, sizeof(why));
+        cJSON *r = recv_one(n, pdx_now_ms_f() + 60e3, why, sizeof(why));
         if (r == NULL) {
             fprintf(stderr, "pdx-validate: connect: %s\n", why);
             refused++;
@@ -437,11 +437,11 @@ static int start_nodes(run_t *run)
         if (run->o.json) {
             printf("{\"result\":\"FAIL\",\"error\":\"connect refused\"}\n");
         }
-        quit_nodes(pd_now_ms() + 5000);
+        quit_nodes(pdx_now_ms_f() + 5000);
         return EXIT_REFUSED;
     }
 
-    run->startup_ms = pd_now_ms() - run->t_start;
+    run->startup_ms = pdx_now_ms_f() - run->t_start;
     return 0;
 }
 
@@ -490,7 +490,7 @@ static int plan_sessions(run_t *run)
                     (unsigned long long)g_p.num_blocks,
                     (unsigned long long)g_d.num_blocks,
                     (unsigned long long)g_d.pool_blocks);
-            quit_nodes(pd_now_ms() + 5000);
+            quit_nodes(pdx_now_ms_f() + 5000);
             return EXIT_SETUP;
         }
     }
@@ -513,14 +513,14 @@ static int plan_sessions(run_t *run)
                     "(lower the prompt range)\n",
                     run->o.concurrency, last, (unsigned long long)need,
                     (unsigned long long)run->budget);
-            quit_nodes(pd_now_ms() + 5000);
+            quit_nodes(pdx_now_ms_f() + 5000);
             return EXIT_SETUP;
         }
     }
     run->planned = plan_aborts(run->ss, &run->o, &rng);
     if (run->planned < 0) {
         fprintf(stderr, "pdx-validate: out of memory\n");
-        quit_nodes(pd_now_ms() + 5000);
+        quit_nodes(pdx_now_ms_f() + 5000);
         return EXIT_SETUP;
     }
     return 0;
@@ -674,7 +674,7 @@ static void on_decode(run_t *run, session_t *s, turn_rec_t *r, const cJSON *m)
  * handoff, or the session is done. */
 static void end_turn(run_t *run, session_t *s, turn_rec_t *r)
 {
-    r->ms = pd_now_ms() - r->t0;
+    r->ms = pdx_now_ms_f() - r->t0;
     if (s->ended) {
         run->phases_done += 2 * (run->o.turns - s->turn);
     }
@@ -779,7 +779,7 @@ static int run_loop(run_t *run)
             }
         }
         bar(run->phases_done, run->phases_total, run->inflight, run->t_start);
-        if (pd_now_ms() > run->deadline) {
+        if (pdx_now_ms_f() > run->deadline) {
             run->timed_out = true;
             break;
         }
@@ -823,7 +823,7 @@ static int run_loop(run_t *run)
     }
     bar(run->phases_done, run->phases_total, run->inflight, run->t_start);
     bar_end();
-    run->wall_ms = pd_now_ms() - run->t_start;
+    run->wall_ms = pdx_now_ms_f() - run->t_start;
 
     if (run->timed_out) {
         snprintf(run->dead_why, sizeof(run->dead_why),
@@ -851,7 +851,7 @@ static void drain_nodes(run_t *run)
             send_to(ns[i], m);
         }
         for (int i = 0; i < 2; i++) {
-            cJSON *r = recv_one(ns[i], pd_now_ms() + 30e3, why, sizeof(why));
+            cJSON *r = recv_one(ns[i], pdx_now_ms_f() + 30e3, why, sizeof(why));
             if (r == NULL) {
                 check(&run->checks, false, "drain: %s", why);
                 continue;
@@ -893,7 +893,7 @@ static void drain_nodes(run_t *run)
             cJSON_Delete(r);
         }
     }
-    quit_nodes(pd_now_ms() + 15000);
+    quit_nodes(pdx_now_ms_f() + 15000);
 }
 
 /* The aggregates per turn and over the run, and the checks on them. */

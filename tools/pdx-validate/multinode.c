@@ -1,5 +1,5 @@
 /* pdx-validate --multi-node: two prefill and two decode "hosts" (network +
- * pid namespaces joined by veth pairs, testing/netns.h), one etcd
+ * pid namespaces joined by veth pairs, support/netns/netns.h), one etcd
  * on the hub, four glm52-pd-node processes whose configs carry a `store`
  * section and no peer: they find each other only through etcd, by the
  * names in handoff parameters. GLM-5.2 sessions are routed across the
@@ -204,7 +204,7 @@ static int spawn_node(mnode_t *n, const char *node_bin)
 /* The next message from `n` within `ms`, or NULL (why printed). */
 static cJSON *recv_from(mnode_t *n, double ms)
 {
-    cJSON *m = pd_chan_recv(&n->chan, pd_now_ms() + ms);
+    cJSON *m = pd_chan_recv(&n->chan, pdx_now_ms_f() + ms);
     if (m == NULL && (n->chan.error || n->chan.eof)) {
         fprintf(stdout, "  node %s closed its channel\n", n->name);
         n->up = false;
@@ -218,7 +218,7 @@ static void send_node(mnode_t *n, cJSON *m)
 {
     pd_chan_send(&n->chan, m);
     cJSON_Delete(m);
-    pd_chan_drain(&n->chan, pd_now_ms() + 10000);
+    pd_chan_drain(&n->chan, pdx_now_ms_f() + 10000);
 }
 
 /* One job on a node, waited for. */
@@ -446,7 +446,7 @@ int pd_multinode_main(int argc, char **argv)
     uint32_t B = g_nodes[0].block_tokens;
     turn_row_t *rows = calloc((size_t)sessions * (size_t)turns, sizeof(*rows));
     size_t nrows = 0, reuse_tokens = 0, cross_reuse = 0;
-    double t_start = pd_now_ms();
+    double t_start = pdx_now_ms_f();
     for (int sid = 0; sid < sessions; sid++) {
         size_t cap = 1 << 16;
         uint64_t *hist = malloc(cap * sizeof(*hist));
@@ -474,7 +474,7 @@ int pd_multinode_main(int argc, char **argv)
             turn_row_t *row = &rows[nrows++];
             *row = (turn_row_t){.sid = sid, .turn = t, .p = P->name,
                                 .d = D->name, .prompt = want};
-            double t0 = pd_now_ms();
+            double t0 = pdx_now_ms_f();
             cJSON *rp = job(P, "prefill", sid, t, hist, n, params_d, 0);
             if (rp == NULL || !jbool(rp, "ok")) {
                 check(false, "session %d turn %d: prefill on %s failed: %s",
@@ -568,7 +568,7 @@ int pd_multinode_main(int argc, char **argv)
                   "session %d turn %d: %s generated %zu tokens, %zu not what "
                   "the stand-in samples", sid, t, D->name, ng, bad);
             cJSON_Delete(rd);
-            row->ms = pd_now_ms() - t0;
+            row->ms = pdx_now_ms_f() - t0;
         }
         if (params_d != NULL) {
             /* Nobody reads D's last handoff: a P rejects it (finding D by
@@ -601,7 +601,7 @@ int pd_multinode_main(int argc, char **argv)
         free(params_d);
         free(hist);
     }
-    double wall = pd_now_ms() - t_start;
+    double wall = pdx_now_ms_f() - t_start;
     /* Drain: nothing held, no lease expired, every block free, every
      * handoff freed by its reader's done or a reject. */
     for (int i = 0; i < NNODES; i++) {
@@ -686,7 +686,7 @@ int pd_multinode_main(int argc, char **argv)
         cJSON_AddStringToObject(q, "op", "quit");
         send_node(&g_nodes[i], q);
     }
-    double quit_deadline = pd_now_ms() + 5000;
+    double quit_deadline = pdx_now_ms_f() + 5000;
     for (int i = 0; i < NNODES; i++) {
         if (g_nodes[i].pid > 0) {
             reap_child(g_nodes[i].pid, quit_deadline);

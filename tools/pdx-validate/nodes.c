@@ -154,7 +154,7 @@ void reap_child(pid_t pid, double deadline)
         if (r == pid || r < 0) {
             return;
         }
-        if (pd_now_ms() > deadline) {
+        if (pdx_now_ms_f() > deadline) {
             kill(pid, SIGKILL);
             waitpid(pid, &status, 0);
             return;

@@ -200,7 +200,7 @@ void node_death(node_t *n, char *buf, size_t len);
 cJSON *recv_one(node_t *n, double deadline, char *why, size_t len);
 void send_to(node_t *n, cJSON *msg);
 void quit_nodes(double deadline);
-/* Wait until `deadline` (pd_now_ms) for child `pid` to exit, then SIGKILL
+/* Wait until `deadline` (pdx_now_ms_f) for child `pid` to exit, then SIGKILL
  * and reap it. */
 void reap_child(pid_t pid, double deadline);
 int read_hello(node_t *n, cJSON *m, char *why, size_t len);

@@ -38,7 +38,7 @@ pdx_status_t cma_query(char *why, size_t len)
 }
 
 pdx_status_t cma_create(const pdx_backend_host_t *host,
-                        const pdx_kv_t *opts, size_t nopts,
+                        const pdx_option_t *opts, size_t nopts,
                         void **be_p)
 {
     uint64_t inline_max = CMA_INLINE_MAX_DEFAULT;
@@ -47,7 +47,7 @@ pdx_status_t cma_create(const pdx_backend_host_t *host,
         const char *v = opts[i].value ? opts[i].value : "";
         uint64_t x;
         if (strcmp(k, "inline_max") == 0 &&
-            pdx_be_opt_uint(v, 0, UINT64_MAX, &x) == 0) {
+            pdx_opt_uint(v, 0, UINT64_MAX, &x) == 0) {
             inline_max = x;
             continue;
         }

@@ -26,7 +26,8 @@
 #include <pdx/backend.h>
 
 #include "cma_copy.h"
-#include "pdx_be_common.h"
+#include "pdx_clock.h"
+#include "pdx_opts.h"
 
 #define CMA_MAGIC 0x414d4350u /* "PCMA" */
 #define CMA_VERSION 1u
@@ -113,7 +114,7 @@ bool cma_mapped_done(cma_req_t *r);
 void *cma_worker_main(void *arg);
 pdx_status_t cma_query(char *why, size_t len);
 pdx_status_t cma_create(const pdx_backend_host_t *host,
-                        const pdx_kv_t *opts, size_t nopts,
+                        const pdx_option_t *opts, size_t nopts,
                         void **be_p);
 void cma_destroy(void *bev);
 pdx_status_t cma_conn_info(void *bev, void **buf_p, size_t *len_p);

@@ -17,10 +17,7 @@ static void token_init(void)
 {
     uint64_t t = 0;
     if (getrandom(&t, sizeof(t), 0) != (ssize_t)sizeof(t)) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        t = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^
-            ((uint64_t)getpid() << 16);
+        t = pdx_now_ns() ^ ((uint64_t)getpid() << 16);
     }
     g_token = t ? t : 1;
 }
@@ -54,7 +51,7 @@ pdx_status_t cipc_op_query(char *why, size_t why_len)
 }
 
 pdx_status_t cipc_op_create(const pdx_backend_host_t *host,
-                            const pdx_kv_t *opts, size_t nopts, void **be_p)
+                            const pdx_option_t *opts, size_t nopts, void **be_p)
 {
     char why[128];
     cu_api_t api;
@@ -66,7 +63,7 @@ pdx_status_t cipc_op_create(const pdx_backend_host_t *host,
     return cipc_create_with_api(host, opts, nopts, &api, NULL, be_p);
 }
 
-static pdx_status_t parse_opts(cipc_be_t *be, const pdx_kv_t *opts,
+static pdx_status_t parse_opts(cipc_be_t *be, const pdx_option_t *opts,
                                size_t nopts)
 {
     for (size_t i = 0; i < nopts; i++) {
@@ -77,7 +74,7 @@ static pdx_status_t parse_opts(cipc_be_t *be, const pdx_kv_t *opts,
         }
         if (strcmp(k, "streams") == 0) {
             uint64_t n;
-            if (pdx_be_opt_uint(v, 1, CIPC_STREAMS_MAX, &n) != 0) {
+            if (pdx_opt_uint(v, 1, CIPC_STREAMS_MAX, &n) != 0) {
                 pdx_error("cuda_ipc: option streams=%s: want 1..%u", v,
                           CIPC_STREAMS_MAX);
                 return PDX_ERR_CONFIG;
@@ -92,7 +89,7 @@ static pdx_status_t parse_opts(cipc_be_t *be, const pdx_kv_t *opts,
 }
 
 pdx_status_t cipc_create_with_api(const pdx_backend_host_t *host,
-                                  const pdx_kv_t *opts, size_t nopts,
+                                  const pdx_option_t *opts, size_t nopts,
                                   const cu_api_t *api,
                                   const cipc_ident_t *ident, void **be_p)
 {

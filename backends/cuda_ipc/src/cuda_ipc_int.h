@@ -18,7 +18,8 @@ extern const pdx_backend_ops_t pdx_cuda_ipc_ops;
 /* The ops, wired by cuda_ipc_ops.c. */
 pdx_status_t cipc_op_query(char *why, size_t why_len);
 pdx_status_t cipc_op_create(const pdx_backend_host_t *host,
-                            const pdx_kv_t *opts, size_t nopts, void **be_p);
+                            const pdx_option_t *opts, size_t nopts,
+                            void **be_p);
 void cipc_op_destroy(void *be);
 pdx_status_t cipc_op_conn_info(void *be, void **buf_p, size_t *len_p);
 pdx_status_t cipc_op_mem_register(void *be, const pdx_region_t *region,
@@ -60,7 +61,7 @@ typedef struct cipc_ident {
 /* create() with a driver table the caller filled (a fake driver in tests)
  * and an optional identity (NULL: this process). `api` is copied. */
 pdx_status_t cipc_create_with_api(const pdx_backend_host_t *host,
-                                  const pdx_kv_t *opts, size_t nopts,
+                                  const pdx_option_t *opts, size_t nopts,
                                   const cu_api_t *api,
                                   const cipc_ident_t *ident, void **be_p);
 

@@ -20,7 +20,8 @@
 #include <pdx/log.h>
 
 #include "cuda_ipc_int.h"
-#include "pdx_be_common.h"
+#include "pdx_clock.h"
+#include "pdx_opts.h"
 
 #define CIPC_STREAMS_DEFAULT 4u
 #define CIPC_STREAMS_MAX 64u /* one bit each in a uint64_t */

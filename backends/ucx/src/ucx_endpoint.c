@@ -123,7 +123,7 @@ static void ucx_ep_close_start(ucx_be_t *be, ucx_peer_t *peer)
     if (peer->ep == NULL) {
         return;
     }
-    peer->close_deadline = pdx_be_deadline_ns(UCX_CLOSE_TIMEOUT_NS);
+    peer->close_deadline = pdx_after_ns(UCX_CLOSE_TIMEOUT_NS);
     if (peer->ucx_failed || peer->ep_status != UCS_OK) {
         ucx_ep_close_async(be, peer, 1);
         return;
@@ -151,7 +151,7 @@ void ucx_ep_close_step(ucx_be_t *be, ucx_peer_t *peer, int now_force)
     }
     ucs_status_t fs = ucp_request_check_status(peer->flush_req);
     if (fs == UCS_INPROGRESS) {
-        if (!now_force && pdx_be_before(peer->close_deadline)) {
+        if (!now_force && pdx_before(peer->close_deadline)) {
             return;
         }
         if (!now_force) {
@@ -480,7 +480,7 @@ void ucx_peer_disconnect(void *bev, void *peerv)
         /* Never waits: a hung peer must not stall the agent. */
         if (force) {
             peer->close_deadline =
-                pdx_be_deadline_ns(UCX_CLOSE_TIMEOUT_NS);
+                pdx_after_ns(UCX_CLOSE_TIMEOUT_NS);
             ucx_ep_close_async(be, peer, 1);
         } else {
             ucx_ep_close_start(be, peer);
@@ -488,12 +488,12 @@ void ucx_peer_disconnect(void *bev, void *peerv)
         /* A responsive peer completes the flush and close within a few
          * round trips: give it UCX_CLOSE_SPIN_NS of progress (bounded,
          * like a progress pass) so the common case needs no zombie. */
-        uint64_t until = pdx_be_deadline_ns(UCX_CLOSE_SPIN_NS);
+        uint64_t until = pdx_after_ns(UCX_CLOSE_SPIN_NS);
         while ((peer->flush_req != NULL ||
                 (peer->close_req != NULL &&
                  ucp_request_check_status(peer->close_req) ==
                      UCS_INPROGRESS)) &&
-               pdx_be_before(until)) {
+               pdx_before(until)) {
             ucp_worker_progress(peer->worker);
             ucx_ep_close_step(be, peer, 0);
         }

@@ -20,7 +20,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "pdx_be_common.h"
+#include "pdx_clock.h"
+#include "pdx_opts.h"
 
 /* Active message id of notifications; both sides are this module. */
 #define UCX_AM_ID_NOTIF 0x5d
@@ -340,7 +341,7 @@ pdx_status_t ucx_notif_send(void *bev, void *peerv, const void *msg,
  * describe. */
 pdx_status_t ucx_query(char *why, size_t why_len);
 pdx_status_t ucx_create(const pdx_backend_host_t *host,
-                        const pdx_kv_t *opts, size_t nopts,
+                        const pdx_option_t *opts, size_t nopts,
                         void **be_p);
 void ucx_destroy(void *bev);
 pdx_status_t ucx_conn_info(void *bev, void **buf_p, size_t *len_p);

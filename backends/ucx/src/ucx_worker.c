@@ -11,7 +11,7 @@ static void ucx_reap_zombies(ucx_be_t *be);
 static pdx_status_t ucx_parse_size(const char *key, const char *value,
                                    uint64_t lo, uint64_t hi, uint64_t *out_p)
 {
-    if (pdx_be_opt_size(value, lo, hi, out_p) == 0) {
+    if (pdx_opt_size(value, lo, hi, out_p) == 0) {
         return PDX_OK;
     }
     pdx_error("ucx: option %s=%s: expected a size from %" PRIu64
@@ -20,7 +20,7 @@ static pdx_status_t ucx_parse_size(const char *key, const char *value,
     return PDX_ERR_CONFIG;
 }
 
-static pdx_status_t ucx_parse_opts(ucx_be_t *be, const pdx_kv_t *opts,
+static pdx_status_t ucx_parse_opts(ucx_be_t *be, const pdx_option_t *opts,
                                    size_t nopts)
 {
     for (size_t i = 0; i < nopts; i++) {
@@ -47,7 +47,7 @@ static pdx_status_t ucx_parse_opts(ucx_be_t *be, const pdx_kv_t *opts,
                 return st;
             }
         } else if (strcmp(k, "keepalive_ms") == 0) {
-            if (pdx_be_opt_uint(v, 0, 3600000, &be->keepalive_ms) != 0) {
+            if (pdx_opt_uint(v, 0, 3600000, &be->keepalive_ms) != 0) {
                 pdx_error("ucx: option keepalive_ms='%s': expected 0 (UCX's "
                           "own setting) or 1 to 3600000 ms", v);
                 return PDX_ERR_CONFIG;
@@ -125,7 +125,7 @@ static void ucx_wstate_clear(ucx_wstate_t *ws, const char *peer)
         pdx_warn("ucx: %s%s%s: moves again after %.0f ms",
                  peer != NULL ? "peer " : "the main worker",
                  peer != NULL ? peer : "", peer != NULL ? "'s worker" : "",
-                 (double)(pdx_be_now_ns() - ws->stuck_since_ns) / 1e6);
+                 (double)(pdx_now_ns() - ws->stuck_since_ns) / 1e6);
     }
     ws->stuck_since_ns = 0;
     ws->stuck_warned = 0;
@@ -162,7 +162,7 @@ static ucs_status_t ucx_arm_one(ucp_worker_h w, ucx_wstate_t *ws,
     if (s != UCS_ERR_BUSY || ws->last_events > 0) {
         return s;
     }
-    uint64_t now = pdx_be_now_ns();
+    uint64_t now = pdx_now_ns();
     if (ws->stuck_since_ns == 0) {
         ws->stuck_since_ns = now;
         return UCS_ERR_BUSY;
@@ -250,7 +250,7 @@ static unsigned ucx_progress_one(ucx_be_t *be, ucp_worker_h w,
         if (((i + 1) & (UCX_PROGRESS_CLOCK_EVERY - 1)) != 0) {
             continue;
         }
-        uint64_t now = pdx_be_now_ns();
+        uint64_t now = pdx_now_ns();
         if (*start_p == 0) {
             *start_p = now;
         } else if (now - *start_p > UCX_PROGRESS_MAX_NS) {
@@ -328,7 +328,7 @@ static pdx_status_t ucx_config_set(ucp_config_t *cfg, const char *name,
 }
 
 pdx_status_t ucx_create(const pdx_backend_host_t *host,
-                        const pdx_kv_t *opts, size_t nopts,
+                        const pdx_option_t *opts, size_t nopts,
                         void **be_p)
 {
     pdx_status_t st;
@@ -580,14 +580,14 @@ void ucx_destroy(void *bev)
      * destroy is the one op allowed to wait. A flush still pending at the
      * deadline is forced (a hung peer), so UCX holds no request for any
      * endpoint when the worker goes. */
-    uint64_t deadline = pdx_be_deadline_ns(UCX_CLOSE_TIMEOUT_NS);
+    uint64_t deadline = pdx_after_ns(UCX_CLOSE_TIMEOUT_NS);
     for (ucx_link_t *l = be->zombies.next; l != &be->zombies; l = l->next) {
         ucx_peer_t *peer = UCX_CONTAINER(l, ucx_peer_t, link);
         if (peer->close_deadline > deadline) {
             peer->close_deadline = deadline;
         }
     }
-    while (!ucx_list_empty(&be->zombies) && pdx_be_before(deadline)) {
+    while (!ucx_list_empty(&be->zombies) && pdx_before(deadline)) {
         ucx_progress_all_once(be);
         ucx_reap_zombies(be);
     }
@@ -604,9 +604,9 @@ void ucx_destroy(void *bev)
             forced = 1;
         }
     }
-    deadline = pdx_be_deadline_ns(UCX_FORCE_REAP_NS);
+    deadline = pdx_after_ns(UCX_FORCE_REAP_NS);
     while (forced && !ucx_list_empty(&be->zombies) &&
-           pdx_be_before(deadline)) {
+           pdx_before(deadline)) {
         ucx_progress_all_once(be);
         ucx_reap_zombies(be);
     }
@@ -626,8 +626,8 @@ void ucx_destroy(void *bev)
      * must go before the worker: UCX 1.13 asserts purging a queued wireup
      * reply ("got REP message"). A bounded drain: until progress has
      * been idle for 1024 calls, at most UCX_CLOSE_TIMEOUT_NS. */
-    deadline = pdx_be_deadline_ns(UCX_CLOSE_TIMEOUT_NS);
-    for (int idle = 0; idle < 1024 && pdx_be_before(deadline);) {
+    deadline = pdx_after_ns(UCX_CLOSE_TIMEOUT_NS);
+    for (int idle = 0; idle < 1024 && pdx_before(deadline);) {
         idle = ucx_progress_all_once(be) == 0 ? idle + 1 : 0;
     }
     /* UCX 1.13 over tcp: a wireup reply queued to a peer that died cannot

@@ -59,7 +59,7 @@ static pdx_status_t ucx_check_iov(ucx_be_t *be, const ucx_peer_t *peer,
  * when the request ended. */
 static int ucx_req_drain_check(ucx_be_t *be, ucx_req_t *r)
 {
-    uint64_t now = pdx_be_now_ns();
+    uint64_t now = pdx_now_ns();
     if (r->drain_start_ns == 0) {
         r->drain_start_ns = r->drain_event_ns = now;
         r->drain_gets = be->gets_done;

@@ -39,7 +39,7 @@ static pdx_status_t read_secret(const char *path, char **out_p)
     return *out_p != NULL ? PDX_OK : PDX_ERR_NOMEM;
 }
 
-pdx_status_t etcd_opts_parse(etcd_store_t *s, const pdx_kv_t *opts,
+pdx_status_t etcd_opts_parse(etcd_store_t *s, const pdx_option_t *opts,
                              size_t nopts)
 {
     static const char accepted[] =
@@ -155,7 +155,7 @@ out:
 static bool auth_settled(etcd_store_t *s)
 {
     pthread_mutex_lock(&s->lock);
-    bool ok = s->token_ok || pdx_be_now_ns() < s->auth_retry_at_ns;
+    bool ok = s->token_ok || pdx_now_ns() < s->auth_retry_at_ns;
     pthread_mutex_unlock(&s->lock);
     return ok;
 }
@@ -241,7 +241,7 @@ done:
                                  ? 30000
                                  : 2 * s->auth_backoff_ms;
         s->auth_retry_at_ns =
-            pdx_be_now_ns() + (uint64_t)s->auth_backoff_ms * 1000000ull;
+            pdx_now_ns() + (uint64_t)s->auth_backoff_ms * 1000000ull;
         pthread_mutex_unlock(&s->lock);
     } else {
         pthread_mutex_lock(&s->lock);

@@ -34,7 +34,7 @@ static void *lease_main(void *arg)
     etcd_client_t *c = arg;
     pthread_mutex_lock(&c->lock);
     while (!c->stop) {
-        uint64_t now = pdx_be_now_ns(), next = UINT64_MAX;
+        uint64_t now = pdx_now_ns(), next = UINT64_MAX;
         etcd_store_t *grant[1] = {NULL}, *keep[LEASE_BATCH];
         int64_t ids[LEASE_BATCH];
         size_t ng = 0, nk = 0;
@@ -129,7 +129,7 @@ static void streams_done(etcd_client_t *c)
             etcd_mux_close(c);
             etcd_mux_retry_later(c, rep);
             if (dirty && cc == CURLE_OK) {
-                c->mretry_at_ns = pdx_be_now_ns(); /* compacted: at once */
+                c->mretry_at_ns = pdx_now_ns(); /* compacted: at once */
             }
             continue;
         }
@@ -148,7 +148,7 @@ static void streams_done(etcd_client_t *c)
         }
         etcd_stream_close(c, w);
         if (resync) {
-            w->retry_at_ns = pdx_be_now_ns();
+            w->retry_at_ns = pdx_now_ns();
         } else {
             etcd_stream_retry_later(w->owner, w);
         }
@@ -261,12 +261,12 @@ static void *client_main(void *arg)
         if (stop) {
             break;
         }
-        uint64_t now = pdx_be_now_ns();
+        uint64_t now = pdx_now_ns();
         for (etcd_store_t *s = head; s != NULL; s = s->cnext) {
             etcd_republish_step(s, now);
-            etcd_watches_step(s, pdx_be_now_ns());
+            etcd_watches_step(s, pdx_now_ns());
         }
-        etcd_mux_step(c, pdx_be_now_ns());
+        etcd_mux_step(c, pdx_now_ns());
         int running = 0;
         curl_multi_perform(c->multi, &running);
         for (etcd_store_t *s = head; s != NULL; s = s->cnext) {
@@ -283,7 +283,7 @@ static void *client_main(void *arg)
         for (etcd_store_t *s = head; s != NULL; s = s->cnext) {
             etcd_deliver(s);
         }
-        now = pdx_be_now_ns();
+        now = pdx_now_ns();
         uint64_t d = next_deadline(c, head, now);
         uint64_t wait = d > now ? (d - now + 999999) / 1000000 : 0;
         if (wait > IDLE_WAIT_MS) {

@@ -16,7 +16,7 @@ uint64_t etcd_rand_range(uint64_t lo, uint64_t hi)
 {
     static _Thread_local uint64_t x;
     if (x == 0) {
-        x = pdx_be_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)&x;
+        x = pdx_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)&x;
         x |= 1;
     }
     x ^= x << 13;

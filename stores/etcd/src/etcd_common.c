@@ -88,7 +88,7 @@ void etcd_fill_status_locked(etcd_store_t *s, pdx_store_status_t *o)
     o->reachable = s->reachable;
     o->unreachable_since_ns = s->reachable ? 0 : s->unreach_rt_ns;
     o->unreachable_ms = !s->reachable && s->unreach_mono_ns
-                            ? (pdx_be_now_ns() - s->unreach_mono_ns) / 1000000
+                            ? (pdx_now_ns() - s->unreach_mono_ns) / 1000000
                             : 0;
     o->lease = s->lease;
     o->lease_ttl_s = s->lease_ttl_s;

@@ -111,7 +111,7 @@ bool etcd_h2_usable(const char *endpoint)
 
 static int ms_left(uint64_t deadline_ns)
 {
-    uint64_t now = pdx_be_now_ns();
+    uint64_t now = pdx_now_ns();
     if (now >= deadline_ns) {
         return 0;
     }

@@ -82,7 +82,7 @@ void etcd_note_ok(etcd_store_t *s, int64_t revision)
     pthread_mutex_lock(&s->lock);
     if (!s->reachable) {
         double down = s->unreach_mono_ns
-                          ? (double)(pdx_be_now_ns() - s->unreach_mono_ns) / 1e9
+                          ? (double)(pdx_now_ns() - s->unreach_mono_ns) / 1e9
                           : 0.0;
         if (s->ever_reached || s->unreach_mono_ns) {
             pdx_warn("store etcd (ns %s, agent %s): %s reachable again "
@@ -106,10 +106,10 @@ void etcd_note_fail(etcd_store_t *s, const char *what)
     pthread_mutex_lock(&s->lock);
     s->failures++;
     snprintf(s->last_error, sizeof(s->last_error), "%s", what);
-    uint64_t now = pdx_be_now_ns();
+    uint64_t now = pdx_now_ns();
     if (s->reachable || s->unreach_mono_ns == 0) {
         s->reachable = false;
-        s->unreach_rt_ns = pdx_be_realtime_ns();
+        s->unreach_rt_ns = pdx_realtime_ns();
         s->unreach_mono_ns = now;
         s->state_dirty = true;
         char when[32];
@@ -180,7 +180,7 @@ pdx_status_t etcd_call(etcd_store_t *s, CURL *h, const char *path,
                        cJSON *req, cJSON **resp_p, bool force, char *err,
                        size_t err_len)
 {
-    uint64_t now = pdx_be_now_ns();
+    uint64_t now = pdx_now_ns();
     uint32_t ep;
     if (fail_fast(s, force, now, &ep)) {
         if (err != NULL) {
@@ -216,7 +216,7 @@ pdx_status_t etcd_call(etcd_store_t *s, CURL *h, const char *path,
                 snprintf(err, err_len, "%s", what);
             }
             etcd_buf_free(&out);
-            now = pdx_be_now_ns();
+            now = pdx_now_ns();
             continue;
         }
         long code = 0;
@@ -247,14 +247,14 @@ pdx_status_t etcd_call(etcd_store_t *s, CURL *h, const char *path,
             auth_retried = true;
             etcd_auth_invalidate(s);
             t--;
-            now = pdx_be_now_ns();
+            now = pdx_now_ns();
             continue;
         }
         if (g == 14 || code >= 500 || g == 0) {
             /* No leader, or not etcd answering: as good as unreachable;
              * another endpoint may do better. */
             etcd_note_fail(s, what);
-            now = pdx_be_now_ns();
+            now = pdx_now_ns();
             continue;
         }
         /* Refused (permission denied, no user, ...). */
@@ -330,7 +330,7 @@ static pdx_status_t kv_take(etcd_kv_read_t *o, const char *full,
 static pdx_status_t read_h2(etcd_store_t *s, const char *full, bool force,
                             etcd_kv_read_t *o)
 {
-    uint64_t now = pdx_be_now_ns();
+    uint64_t now = pdx_now_ns();
     uint32_t ep;
     if (fail_fast(s, force, now, &ep)) {
         return PDX_ERR_UNAVAILABLE;
@@ -342,7 +342,7 @@ static pdx_status_t read_h2(etcd_store_t *s, const char *full, bool force,
     }
     pdx_status_t st = PDX_ERR_UNAVAILABLE;
     uint64_t deadline = now + (uint64_t)s->timeout_ms * 1000000ull;
-    for (uint32_t t = 0; t < s->nendpoints && pdx_be_now_ns() < deadline;
+    for (uint32_t t = 0; t < s->nendpoints && pdx_now_ns() < deadline;
          t++) {
         const char *endpoint = s->endpoints[(ep + t) % s->nendpoints];
         etcd_buf_t out = {0};

@@ -13,7 +13,8 @@
 #include <pdx/log.h>
 #include <pdx/store.h>
 
-#include "pdx_be_common.h"
+#include "pdx_clock.h"
+#include "pdx_opts.h"
 
 #define ETCD_MAX_ENDPOINTS 8
 #define ETCD_HANDLE_POOL 8
@@ -210,7 +211,7 @@ typedef struct etcd_store {
 /* ---- etcd_auth.c ---- */
 
 /* Parse the module options into `s` (PDX_ERR_CONFIG naming the option). */
-pdx_status_t etcd_opts_parse(etcd_store_t *s, const pdx_kv_t *opts,
+pdx_status_t etcd_opts_parse(etcd_store_t *s, const pdx_option_t *opts,
                              size_t nopts);
 /* TLS options on a handle (after curl_easy_reset). */
 void etcd_tls_setup(const etcd_store_t *s, CURL *h);

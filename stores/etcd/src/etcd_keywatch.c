@@ -57,7 +57,7 @@ void etcd_mux_retry_later(etcd_client_t *c, etcd_store_t *s)
 {
     c->mbackoff_ms = s ? etcd_backoff_next(s, c->mbackoff_ms)
                        : DEFAULT_RETRY_MIN_MS;
-    c->mretry_at_ns = pdx_be_now_ns() + etcd_backoff_ns(c->mbackoff_ms);
+    c->mretry_at_ns = pdx_now_ns() + etcd_backoff_ns(c->mbackoff_ms);
     c->mbroken = true;
 }
 
@@ -314,7 +314,7 @@ static void mux_open(etcd_client_t *c)
     if (rep == NULL || c->keys == NULL) {
         return;
     }
-    uint64_t now = pdx_be_now_ns();
+    uint64_t now = pdx_now_ns();
     etcd_buf_free(&c->mtx);
     c->mtx_off = 0;
     c->mpaused = false;
@@ -457,7 +457,7 @@ static void mux_msg(etcd_client_t *c, const uint8_t *p, size_t n)
 static bool mux_stop(void *arg)
 {
     etcd_client_t *c = arg;
-    return c->mh == NULL || (c->mbroken && c->mretry_at_ns > pdx_be_now_ns());
+    return c->mh == NULL || (c->mbroken && c->mretry_at_ns > pdx_now_ns());
 }
 
 /* Reads, then creates and cancels on the open stream, or a (re)open when

@@ -26,11 +26,11 @@ void etcd_lease_grant(etcd_store_t *s, CURL *h)
         return;
     }
     etcd_json_add_i64(req, "TTL", s->ttl_s);
-    uint64_t sent = pdx_be_now_ns(); /* the TTL runs from about here */
+    uint64_t sent = pdx_now_ns(); /* the TTL runs from about here */
     pdx_status_t st = etcd_call(s, h, "/v3/lease/grant", req, &resp, true,
                                 NULL, 0);
     cJSON_Delete(req);
-    uint64_t now = pdx_be_now_ns();
+    uint64_t now = pdx_now_ns();
     pthread_mutex_lock(&s->lock);
     int64_t id = st == PDX_OK ? etcd_json_i64(resp, "ID") : 0;
     if (id != 0) {
@@ -74,7 +74,7 @@ void etcd_lease_grant(etcd_store_t *s, CURL *h)
 static void lease_renewed(etcd_store_t *s, int64_t lease, pdx_status_t st,
                           int64_t ttl, uint64_t sent_ns)
 {
-    uint64_t now = pdx_be_now_ns();
+    uint64_t now = pdx_now_ns();
     pthread_mutex_lock(&s->lock);
     if (s->lease != lease) {
         pthread_mutex_unlock(&s->lock); /* replaced meanwhile */
@@ -122,7 +122,7 @@ static bool keepalive_h2(etcd_client_t *c, etcd_store_t *s0,
         etcd_buf_free(&m);
     }
     int g = -1;
-    uint64_t deadline = pdx_be_now_ns() + (uint64_t)s0->timeout_ms * 1000000ull;
+    uint64_t deadline = pdx_now_ns() + (uint64_t)s0->timeout_ms * 1000000ull;
     pdx_status_t st = frames.data == NULL
                           ? PDX_ERR_NOMEM
                           : etcd_h2_stream(c, endpoint,
@@ -172,7 +172,7 @@ void etcd_lease_keepalive_batch(etcd_client_t *c, etcd_store_t **ms,
     etcd_buf_t out = {0};
     CURLcode cc = CURLE_OUT_OF_MEMORY;
     long code = 0;
-    uint64_t sent = pdx_be_now_ns();
+    uint64_t sent = pdx_now_ns();
     int64_t *ttl = calloc(n, sizeof(*ttl));
     bool *got = calloc(n, sizeof(*got));
     int64_t rev = 0;
@@ -224,7 +224,7 @@ void etcd_lease_keepalive_batch(etcd_client_t *c, etcd_store_t **ms,
             /* Not a stream of results: one call, with its auth retry. */
             cJSON *req = cJSON_CreateObject(), *resp = NULL;
             pdx_status_t st = PDX_ERR_NOMEM;
-            uint64_t sent1 = pdx_be_now_ns();
+            uint64_t sent1 = pdx_now_ns();
             if (req != NULL) {
                 etcd_json_add_i64(req, "ID", ids[i]);
                 st = etcd_call(s, c->lh, "/v3/lease/keepalive", req, &resp,
@@ -315,12 +315,12 @@ void etcd_republish_step(etcd_store_t *s, uint64_t now)
         } else {
             if (st == PDX_ERR_NOT_FOUND && s->lease == lease) {
                 s->lease = 0; /* lease gone: grant another, then retry */
-                s->lease_retry_at_ns = pdx_be_now_ns();
+                s->lease_retry_at_ns = pdx_now_ns();
                 lost = true;
             }
             s->republish_backoff_ms =
                 etcd_backoff_next(s, s->republish_backoff_ms);
-            s->republish_at_ns = pdx_be_now_ns() +
+            s->republish_at_ns = pdx_now_ns() +
                                  etcd_backoff_ns(s->republish_backoff_ms);
         }
         pthread_mutex_unlock(&s->lock);

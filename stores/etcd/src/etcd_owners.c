@@ -93,7 +93,7 @@ static void grpc_setup(etcd_store_t *s, txn_job_t *j, CURL *h,
  * response in `out`, or an error. */
 static pdx_status_t run_txns(etcd_store_t *s, txn_job_t *jobs, size_t njobs)
 {
-    uint64_t now = pdx_be_now_ns();
+    uint64_t now = pdx_now_ns();
     pthread_mutex_lock(&s->lock);
     bool fast_fail = !s->reachable && s->unreach_mono_ns != 0 &&
                      now < s->probe_at_ns;
@@ -341,7 +341,7 @@ pdx_status_t etcd_owners_add(void *st, const char *owner,
         pthread_mutex_lock(&s->lock);
         if (s->lease == lease) {
             s->lease = 0;
-            s->lease_retry_at_ns = pdx_be_now_ns();
+            s->lease_retry_at_ns = pdx_now_ns();
         }
         pthread_mutex_unlock(&s->lock);
         etcd_lease_kick(s->client);

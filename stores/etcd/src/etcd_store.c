@@ -343,7 +343,7 @@ pdx_status_t etcd_put(void *st, const char *key, const void *value,
             k->lease_put = lease;
         } else if (r == PDX_ERR_NOT_FOUND && s->lease == lease) {
             s->lease = 0; /* expired: the lease thread grants a new one */
-            s->lease_retry_at_ns = pdx_be_now_ns();
+            s->lease_retry_at_ns = pdx_now_ns();
             lost = true;
         }
         pthread_mutex_unlock(&s->lock);

@@ -378,7 +378,7 @@ void etcd_stream_close(etcd_client_t *c, etcd_watch_t *w)
 void etcd_stream_retry_later(etcd_store_t *s, etcd_watch_t *w)
 {
     w->backoff_ms = etcd_backoff_next(s, w->backoff_ms);
-    w->retry_at_ns = pdx_be_now_ns() + etcd_backoff_ns(w->backoff_ms);
+    w->retry_at_ns = pdx_now_ns() + etcd_backoff_ns(w->backoff_ms);
 }
 
 static void stream_open(etcd_store_t *s, etcd_watch_t *w)

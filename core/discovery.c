@@ -28,7 +28,7 @@
 #include "api_int.h"
 #include "discovery.h"
 #include "loader.h"
-#include "pdx_call.h"
+#include "call.h"
 #include "peer_int.h"
 #include "xfer_int.h"
 

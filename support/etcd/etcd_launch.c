@@ -1,5 +1,6 @@
 /* Test helper: start, kill, restart and remove a private etcd. */
 #include "etcd_launch.h"
+#include "pdx_clock.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -48,13 +49,6 @@ static int free_port(const char *ip)
     }
     close(fd);
     return port;
-}
-
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 /* GET /health over a plain socket: no client library needed here. */
@@ -140,8 +134,8 @@ int etcd_post(const etcd_proc_t *e, const char *path, const char *body,
 
 int etcd_wait_ready(const etcd_proc_t *e, int timeout_ms)
 {
-    uint64_t end = mono_ms() + (uint64_t)timeout_ms;
-    while (mono_ms() < end) {
+    uint64_t end = pdx_now_ms() + (uint64_t)timeout_ms;
+    while (pdx_now_ms() < end) {
         if (e->pid > 0 && waitpid(e->pid, NULL, WNOHANG) == e->pid) {
             return -1; /* exited (port taken?) */
         }

@@ -68,15 +68,6 @@ typedef struct pdx_option {
     const char *value;
 } pdx_option_t;
 
-/* The old name of pdx_option_t, kept for one release (0.1.x) and removed
- * after it. Define PDX_WARN_DEPRECATED to have the compiler point at its
- * uses. */
-#ifdef PDX_WARN_DEPRECATED
-typedef pdx_option_t pdx_kv_t __attribute__((deprecated("use pdx_option_t")));
-#else
-typedef pdx_option_t pdx_kv_t;
-#endif
-
 #ifdef __cplusplus
 }
 #endif

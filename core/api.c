@@ -4,7 +4,7 @@
  * argument that becomes pdx_last_error()) and runs the implementation
  * (pdxi_*, api_int.h) inside the per-call error capture. */
 #include "api_int.h"
-#include "pdx_call.h"
+#include "call.h"
 #include "xfer_int.h"
 
 #define ENTER() pdx_call_enter()

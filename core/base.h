@@ -1,6 +1,6 @@
-/* The base room of the core: the one monotonic clock and deadline helper,
- * event fd signalling, the host identity and the log capture hook. Files
- * here call nothing of pdx but each other's logging. */
+/* The base room of the core: the clock (common/pdx_clock.h), event fd
+ * signalling, the host identity and the log capture hook. Files here call
+ * nothing of pdx but each other's logging. */
 #ifndef PDX_BASE_H
 #define PDX_BASE_H
 
@@ -12,19 +12,9 @@
 #include <pdx/status.h>
 #include <pdx/backend.h>
 
-/* CLOCK_MONOTONIC in ns: every timer, deadline and timestamp of pdx. */
-uint64_t pdx_now_ns(void);
-/* A time not before now on pdx_now_ns's clock, at most one kernel tick
- * (1-10 ms) after it: CLOCK_MONOTONIC_COARSE plus its resolution, ~4 ns
- * against ~25 for pdx_now_ns on the 2-core VM. For deadlines that may
- * fire a tick late, never early; compare with `now > t` first. */
-uint64_t pdx_now_after_ns(void);
-
-/* The pdx_now_ns() value `ms` milliseconds from now. */
-static inline uint64_t pdx_deadline_ns(uint64_t ms)
-{
-    return pdx_now_ns() + ms * 1000000ull;
-}
+/* The one clock (pdx_now_ns, pdx_deadline_ns, pdx_now_after_ns): shared
+ * with every room of the tree. */
+#include "pdx_clock.h"
 
 /* An eventfd: make it readable (a saturated counter is readable anyway),
  * and take what it holds (nothing pending is fine). Any thread. */

@@ -1,4 +1,4 @@
-/* Private to libpdx.so (plugin/ and connector/ objects): per-call error
+/* Private to libpdx.so (core/ and connector/ objects): per-call error
  * capture behind pdx_last_error(), and handle validity tags.
  *
  * Every public entry point runs between pdx_call_enter() and
@@ -7,8 +7,8 @@
  * outermost call fails they become that thread's pdx_last_error() text. A
  * failure that logged nothing gets "<function>: <status string>". Nested
  * public calls (the connector calling the agent) count as one call. */
-#ifndef PDX_CALL_H
-#define PDX_CALL_H
+#ifndef PDX_CORE_CALL_H
+#define PDX_CORE_CALL_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -26,6 +26,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "pdx_clock.h"
+
 #define PD_FRAME_MAX (64u << 20)
 
 typedef struct pd_chan {
@@ -60,12 +62,12 @@ int pd_chan_fill(pd_chan_t *c);
  * sets c->error (EPROTO) and returns NULL. */
 cJSON *pd_chan_next(pd_chan_t *c);
 
-/* Wait until `deadline` (pd_now_ms) for the next message, sending what
+/* Wait until `deadline` (pdx_now_ms_f) for the next message, sending what
  * is queued meanwhile. NULL when the channel failed or closed (c->error or
  * c->eof set) or the deadline passed (neither set). */
 cJSON *pd_chan_recv(pd_chan_t *c, double deadline);
 
-/* Send what is queued, waiting until `deadline` (pd_now_ms) at most: 0
+/* Send what is queued, waiting until `deadline` (pdx_now_ms_f) at most: 0
  * when all went out, -1 on failure or with bytes left. */
 int pd_chan_drain(pd_chan_t *c, double deadline);
 
@@ -78,8 +80,5 @@ void *pd_hex_decode(const char *hex, size_t *len_p);
 /* Number fields of a message, with a default when absent or not numbers. */
 double pd_json_num(const cJSON *obj, const char *key, double dflt);
 const char *pd_json_str(const cJSON *obj, const char *key);
-
-/* Monotonic time in milliseconds. */
-double pd_now_ms(void);
 
 #endif

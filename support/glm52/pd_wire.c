@@ -221,13 +221,6 @@ const char *pd_json_str(const cJSON *obj, const char *key)
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-double pd_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 cJSON *pd_chan_recv(pd_chan_t *c, double deadline)
 {
     for (;;) {
@@ -238,7 +231,7 @@ cJSON *pd_chan_recv(pd_chan_t *c, double deadline)
         if (c->error || c->eof) {
             return NULL;
         }
-        double left = deadline - pd_now_ms();
+        double left = deadline - pdx_now_ms_f();
         if (left <= 0) {
             return NULL;
         }
@@ -258,7 +251,7 @@ cJSON *pd_chan_recv(pd_chan_t *c, double deadline)
 
 int pd_chan_drain(pd_chan_t *c, double deadline)
 {
-    while (pd_chan_pending(c) && pd_now_ms() < deadline) {
+    while (pd_chan_pending(c) && pdx_now_ms_f() < deadline) {
         struct pollfd pfd = {.fd = c->fd, .events = POLLOUT};
         if (poll(&pfd, 1, 10) < 0 && errno != EINTR) {
             return -1;

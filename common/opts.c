@@ -1,6 +1,6 @@
 /* Numeric module options: one parser, so "8m" or "-1" means the same to
  * every backend. Messages stay with the callers, which know the option. */
-#include "pdx_be_common.h"
+#include "pdx_opts.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -31,13 +31,13 @@ static int parse(const char *value, int suffix, uint64_t lo, uint64_t hi,
     return 0;
 }
 
-int pdx_be_opt_uint(const char *value, uint64_t lo, uint64_t hi,
+int pdx_opt_uint(const char *value, uint64_t lo, uint64_t hi,
                     uint64_t *out_p)
 {
     return parse(value, 0, lo, hi, out_p);
 }
 
-int pdx_be_opt_size(const char *value, uint64_t lo, uint64_t hi,
+int pdx_opt_size(const char *value, uint64_t lo, uint64_t hi,
                     uint64_t *out_p)
 {
     return parse(value, 1, lo, hi, out_p);

@@ -10,7 +10,7 @@
 #include <pdx/status.h>
 
 #include "base.h"
-#include "pdx_call.h"
+#include "call.h"
 
 #define CALL_TEXT_MAX 1024
 

@@ -13,7 +13,7 @@
 
 #include "base.h"
 #include "blob.h"
-#include "pdx_call.h"
+#include "call.h"
 #include "sign.h"
 
 /* The blob's limits are the agent's: what one side writes the other reads. */
