@@ -51,6 +51,16 @@ static inline bool pdx_before(uint64_t deadline_ns)
     return pdx_now_ns() < deadline_ns;
 }
 
+/* The absolute time `ms` milliseconds from now on clock `id`, for timed
+ * waits (pthread_cond_timedwait on a condition of that clock). */
+static inline struct timespec pdx_abstime_ms(clockid_t id, uint64_t ms)
+{
+    uint64_t t = pdx_clock_read_ns(id) + ms * 1000000ull;
+    struct timespec ts = {(time_t)(t / 1000000000ull),
+                          (long)(t % 1000000000ull)};
+    return ts;
+}
+
 /* A time not before now on pdx_now_ns's clock, at most one kernel tick
  * (1-10 ms) after it: CLOCK_MONOTONIC_COARSE plus its resolution, several
  * times cheaper than pdx_now_ns. For deadlines that may fire a tick late,

@@ -12,12 +12,12 @@
 
 #include "api_int.h"
 #include "backend_int.h"
-#include "discovery.h"
-#include "loader.h"
+#include "discovery_int.h"
+#include "loader_int.h"
 #include "mem_int.h"
-#include "metadata.h"
-#include "notif_int.h"
-#include "progress.h"
+#include "peer_load_int.h"
+#include "peer_death_int.h"
+#include "progress_int.h"
 #include "stats_int.h"
 #include "xfer_int.h"
 
@@ -78,7 +78,7 @@ pdx_status_t pdxi_agent_create(const char *name,
         sizeof(a->instance)) {
         a->instance = pdx_now_ns() ^ ((uint64_t)getpid() << 32);
     }
-    a->destroyed_seen = pdx_progress_destroyed_seq();
+    a->destroyed_seen = pdx_peer_destroyed_seq();
     a->generation = 1;
     a->next_epoch = 1;
     pdx_host_id(a->host_id, sizeof(a->host_id));
@@ -193,7 +193,7 @@ void pdxi_agent_destroy(pdx_agent_h a)
     }
     /* Agents of this process that loaded this one fail their requests to
      * it at their next liveness pass instead of waiting for a timeout. */
-    pdx_progress_announce_destroyed(a->instance);
+    pdx_peer_announce_destroyed(a->instance);
     pdx_store_agent_fini(a); /* discovery.c: no store event after this */
     if (a->thread_running) {
         __atomic_store_n(&a->stop, 1, __ATOMIC_RELEASE);

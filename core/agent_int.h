@@ -11,10 +11,10 @@
 #include <pdx/agent.h>
 #include <pdx/backend.h>
 
-#include "base.h"
-#include "blob.h"
-#include "call.h"
-#include "sign.h"
+#include "base_int.h"
+#include "blob_int.h"
+#include "call_int.h"
+#include "sign_int.h"
 
 /* The blob's limits are the agent's: what one side writes the other reads. */
 #define PDX_MAX_BACKENDS PDX_BLOB_MAX_BACKENDS
@@ -26,7 +26,6 @@
 
 struct pdx_peer;          /* peer_int.h */
 struct pdx_stats_entry;   /* stats_int.h */
-struct pdx_notif_item;    /* notif_int.h */
 struct pdx_xfer;          /* xfer_int.h */
 struct pdx_mem_reg;       /* mem_int.h */
 struct pdx_backend;       /* backend_int.h */
@@ -49,6 +48,14 @@ typedef struct pdx_invariant {
 /* A backend callback (notif_recv, peer_error) made during a progress call
  * that runs without the agent lock: queued, handled under the lock once
  * that call returns (progress.c). */
+/* A received application notification, queued for pdx_notif_poll. */
+typedef struct pdx_notif_item {
+    struct pdx_notif_item *next;
+    size_t len;
+    char peer[PDX_NAME_MAX];
+    unsigned char msg[];
+} pdx_notif_item_t;
+
 typedef struct pdx_deferred {
     struct pdx_deferred *next;
     int kind; /* 0 notification, 1 peer error */

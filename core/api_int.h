@@ -9,6 +9,7 @@
 #include <pdx/log.h>
 #include <pdx/notif.h>
 #include <pdx/status.h>
+#include <pdx/store.h>
 #include <pdx/types.h>
 #include <pdx/xfer.h>
 
@@ -81,5 +82,24 @@ pdx_status_t pdxi_stats_backend(pdx_agent_h agent, const char *backend,
 pdx_status_t pdxi_stats_peer(pdx_agent_h agent, const char *peer,
                              pdx_stats_t *stats_p);
 pdx_status_t pdxi_stats_json(pdx_agent_h agent, char **json_p);
+/* discovery.c */
+pdx_status_t pdxi_agent_publish(pdx_agent_h agent);
+pdx_status_t pdxi_peer_fetch(pdx_agent_h agent, const char *name,
+                             uint32_t timeout_ms);
+pdx_status_t pdxi_store_status(pdx_agent_h agent, pdx_store_status_t *status_p);
+pdx_status_t pdxi_store_counters(pdx_agent_h agent, pdx_store_counters_t *c_p);
+pdx_status_t pdxi_store_describe(pdx_agent_h agent, char *buf, size_t len);
+/* owners.c */
+pdx_status_t pdxi_store_owners_add(pdx_agent_h agent,
+                                   const char *const *blocks, size_t n,
+                                   uint32_t *counts);
+pdx_status_t pdxi_store_owners_del(pdx_agent_h agent,
+                                   const char *const *blocks, size_t n);
+pdx_status_t pdxi_store_owners_get(pdx_agent_h agent,
+                                   const char *const *blocks, size_t n,
+                                   pdx_store_owner_cb_t cb, void *arg);
+pdx_status_t pdxi_store_owners_longest(pdx_agent_h agent,
+                                       const char *const *blocks, size_t n,
+                                       char *owner_out, size_t *prefix_p);
 
 #endif

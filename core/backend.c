@@ -9,7 +9,7 @@
 
 #include "api_int.h"
 #include "backend_int.h"
-#include "loader.h"
+#include "loader_int.h"
 #include "mem_int.h"
 
 /* The agent whose backend this thread runs without the agent lock

@@ -1,7 +1,7 @@
 /* The event fd helpers (base.h). */
 #include <unistd.h>
 
-#include "base.h"
+#include "base_int.h"
 
 void pdx_efd_signal(int fd)
 {

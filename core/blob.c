@@ -6,7 +6,7 @@
  * u32-length-prefixed, every integer little-endian. */
 #include <pdx/agent.h>
 
-#include "blob.h"
+#include "blob_int.h"
 
 #include <ctype.h>
 #include <stdio.h>

@@ -9,8 +9,8 @@
 
 #include <pdx/status.h>
 
-#include "base.h"
-#include "call.h"
+#include "base_int.h"
+#include "call_int.h"
 
 #define CALL_TEXT_MAX 1024
 

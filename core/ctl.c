@@ -10,7 +10,6 @@
 #include "backend_int.h"
 #include "ctl_int.h"
 #include "mem_int.h"
-#include "notif_int.h"
 #include "xfer_int.h"
 
 /* Region-removal notices. pdx_mem_deregister sends GONE (the region) to
@@ -188,7 +187,7 @@ static void recv_ack(pdx_agent_h agent, const char *peer, uint64_t seq)
 bool pdx_ctl_recv_locked(pdx_agent_h agent, const char *peer,
                          const void *msg, size_t len)
 {
-    if (!pdx_notif_reserved(msg, len)) {
+    if (!pdx_ctl_reserved(msg, len)) {
         return false;
     }
     const unsigned char *m = msg;
@@ -212,7 +211,7 @@ bool pdx_ctl_recv_locked(pdx_agent_h agent, const char *peer,
          * us, and then it reaches us: acknowledge from here. */
         if (p != NULL && p->dead == PDX_OK && reaches(agent, p)) {
             unsigned char ack[CTL_HDR];
-            (void)pdx_notif_send_locked(agent, p, ack,
+            (void)pdx_peer_send_locked(agent, p, ack,
                                         ctl_hdr(ack, CTL_ACK, agent->instance,
                                                 seq));
         }
@@ -239,7 +238,7 @@ void pdx_ctl_progress_locked(pdx_agent_h agent)
         }
         if (p != NULL && p->dead == PDX_OK && reaches(agent, p)) {
             unsigned char ack[CTL_HDR];
-            pdx_status_t st = pdx_notif_send_locked(
+            pdx_status_t st = pdx_peer_send_locked(
                 agent, p, ack, ctl_hdr(ack, CTL_ACK, agent->instance, a->seq));
             if (st != PDX_OK) {
                 pdx_warn("agent %s: could not acknowledge a region removal "
@@ -308,7 +307,7 @@ bool pdx_ctl_gone_begin_locked(pdx_agent_h agent,
         if (p->dead != PDX_OK || !reaches(agent, p)) {
             continue;
         }
-        if (pdx_notif_send_locked(agent, p, m, sizeof(m)) != PDX_OK) {
+        if (pdx_peer_send_locked(agent, p, m, sizeof(m)) != PDX_OK) {
             continue; /* no channel: it learns from the next blob */
         }
         if (p->same_host && p->pid == (int32_t)getpid()) {
@@ -361,4 +360,14 @@ void pdx_ctl_gone_end_locked(pdx_agent_h agent, const struct pdx_mem_reg *r,
     }
     *pw = w->next;
     free(w->peers);
+}
+
+/* pdx's control messages start with these bytes, which applications may
+ * not send. */
+const unsigned char pdx_ctl_prefix[8] = {0, 'P', 'D', 'X', 'C', 'T', 'L', 1};
+
+bool pdx_ctl_reserved(const void *msg, size_t len)
+{
+    return msg != NULL && len >= sizeof(pdx_ctl_prefix) &&
+           memcmp(msg, pdx_ctl_prefix, sizeof(pdx_ctl_prefix)) == 0;
 }

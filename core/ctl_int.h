@@ -48,4 +48,9 @@ void pdx_ctl_gone_end_locked(pdx_agent_h agent, const struct pdx_mem_reg *r,
                              pdx_ctl_wait_t *w, uint64_t start);
 uint64_t pdx_ctl_wait_bound_ms(pdx_agent_h agent);
 
+/* pdx's own messages ride the notification channel behind this prefix,
+ * which applications may not send; reserved: does `msg` start with it? */
+extern const unsigned char pdx_ctl_prefix[8];
+bool pdx_ctl_reserved(const void *msg, size_t len);
+
 #endif

@@ -26,9 +26,9 @@
 #include <pdx/store.h>
 
 #include "api_int.h"
-#include "discovery.h"
-#include "loader.h"
-#include "call.h"
+#include "discovery_int.h"
+#include "loader_int.h"
+#include "peer_death_int.h"
 #include "peer_int.h"
 #include "xfer_int.h"
 
@@ -430,7 +430,7 @@ static void handle_event(struct pdx_store_agent *g, gev_t *e)
                  e->name, (int)p->pid);
     } else if (e->type == PDX_STORE_EV_DELETE && p != NULL &&
                p->dead == PDX_OK) {
-        pdx_xfer_peer_gone_locked(a, p, PDX_ERR_REMOTE_DISCONNECT,
+        pdx_peer_gone_locked(a, p, PDX_ERR_REMOTE_DISCONNECT,
                                   "store: lease expired or key deleted",
                                   false);
         pthread_mutex_lock(&g->lock);
@@ -457,7 +457,7 @@ static void handle_event(struct pdx_store_agent *g, gev_t *e)
         pdx_agent_lock(a);
         p = pdx_peer_find(a, e->name);
         if (p != NULL && p->instance == old_inst) {
-            pdx_xfer_peer_gone_locked(a, p, PDX_ERR_REMOTE_DISCONNECT,
+            pdx_peer_gone_locked(a, p, PDX_ERR_REMOTE_DISCONNECT,
                                       "store: replaced by an instance this "
                                       "agent refuses", false);
         }
@@ -779,11 +779,42 @@ static void count_owner_call(struct pdx_store_agent *g, uint64_t *calls,
     pthread_mutex_unlock(&g->lock);
 }
 
-/* ---- public API (pdx/store.h) ---- */
+/* The module and its instance for the block-owner registry (owners.c). */
+bool pdx_store_agent_module(pdx_agent_h agent, const char *fn,
+                            const pdx_store_ops_t **ops_p, void **st_p)
+{
+    if (!pdx_store_agent_need(agent, fn)) {
+        return false;
+    }
+    *ops_p = agent->store->ops;
+    *st_p = agent->store->st;
+    return true;
+}
 
-#define AGENT_OK(a) pdx_handle_check((a), PDX_MAGIC_AGENT, __func__, "agent")
+void pdx_store_agent_count(pdx_agent_h agent, pdx_owners_call_t which,
+                           size_t n, pdx_status_t st)
+{
+    struct pdx_store_agent *g = agent->store;
+    switch (which) {
+    case PDX_OWNERS_ADD:
+        count_owner_call(g, &g->own_add_calls, &g->own_add_blocks,
+                         &g->own_add_failures, n, st);
+        break;
+    case PDX_OWNERS_DEL:
+        count_owner_call(g, &g->own_del_calls, &g->own_del_blocks,
+                         &g->own_del_failures, n, st);
+        break;
+    case PDX_OWNERS_GET:
+        count_owner_call(g, &g->own_get_calls, &g->own_get_blocks,
+                         &g->own_get_failures, n, st);
+        break;
+    }
+}
 
-static bool need_store(pdx_agent_h agent, const char *fn)
+/* ---- what the exported functions of pdx/store.h run (api.c gates them) ----
+ */
+
+bool pdx_store_agent_need(pdx_agent_h agent, const char *fn)
 {
     if (agent->store == NULL) {
         pdx_log(PDX_LOG_ERROR, "%s: agent %s has no store (create it with "
@@ -793,14 +824,10 @@ static bool need_store(pdx_agent_h agent, const char *fn)
     return true;
 }
 
-pdx_status_t pdx_agent_publish(pdx_agent_h agent)
+pdx_status_t pdxi_agent_publish(pdx_agent_h agent)
 {
-    pdx_call_enter();
-    if (!AGENT_OK(agent)) {
-        return pdx_call_leave(__func__, PDX_ERR_INVALID);
-    }
-    if (!need_store(agent, __func__)) {
-        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+    if (!pdx_store_agent_need(agent, "pdx_agent_publish")) {
+        return PDX_ERR_UNSUPPORTED;
     }
     struct pdx_store_agent *g = agent->store;
     pthread_mutex_lock(&g->lock);
@@ -814,7 +841,7 @@ pdx_status_t pdx_agent_publish(pdx_agent_h agent)
     /* Its own key: a deletion (lease lost) publishes it again, another
      * instance under its name is reported. */
     watch_name(g, agent->name, 0);
-    return pdx_call_leave(__func__, PDX_OK);
+    return PDX_OK;
 }
 
 static bool valid_peer_name(const char *n)
@@ -954,7 +981,7 @@ static pdx_status_t fetch(pdx_agent_h a, const char *name,
     }
     if (store_st == PDX_ERR_UNAVAILABLE) {
         char line[512];
-        pdx_store_describe(a, line, sizeof(line));
+        pdxi_store_describe(a, line, sizeof(line));
         pdx_error("agent %s: peer %s: not cached and the store cannot be "
                   "reached (%s)", a->name, name, line);
         return PDX_ERR_UNAVAILABLE;
@@ -964,65 +991,48 @@ static pdx_status_t fetch(pdx_agent_h a, const char *name,
     return PDX_ERR_NOT_FOUND;
 }
 
-pdx_status_t pdx_peer_fetch(pdx_agent_h agent, const char *name,
-                            uint32_t timeout_ms)
+pdx_status_t pdxi_peer_fetch(pdx_agent_h agent, const char *name,
+                             uint32_t timeout_ms)
 {
-    pdx_call_enter();
-    if (!AGENT_OK(agent)) {
-        return pdx_call_leave(__func__, PDX_ERR_INVALID);
-    }
     if (!valid_peer_name(name)) {
-        pdx_log(PDX_LOG_ERROR, "%s: invalid peer name '%s'", __func__,
+        pdx_log(PDX_LOG_ERROR, "pdx_peer_fetch: invalid peer name '%s'",
                 name ? name : "(null)");
-        return pdx_call_leave(__func__, PDX_ERR_INVALID);
+        return PDX_ERR_INVALID;
     }
-    if (!need_store(agent, __func__)) {
-        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+    if (!pdx_store_agent_need(agent, "pdx_peer_fetch")) {
+        return PDX_ERR_UNSUPPORTED;
     }
-    return pdx_call_leave(__func__, fetch(agent, name, timeout_ms));
+    return fetch(agent, name, timeout_ms);
 }
 
-pdx_status_t pdx_store_status(pdx_agent_h agent, pdx_store_status_t *status_p)
+pdx_status_t pdxi_store_status(pdx_agent_h agent, pdx_store_status_t *status_p)
 {
-    pdx_call_enter();
-    if (!AGENT_OK(agent) || status_p == NULL) {
-        return pdx_call_leave(__func__, PDX_ERR_INVALID);
-    }
-    if (!need_store(agent, __func__)) {
-        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+    if (!pdx_store_agent_need(agent, "pdx_store_status")) {
+        return PDX_ERR_UNSUPPORTED;
     }
     agent->store->ops->status(agent->store->st, status_p);
-    return pdx_call_leave(__func__, PDX_OK);
+    return PDX_OK;
 }
 
-pdx_status_t pdx_store_counters(pdx_agent_h agent, pdx_store_counters_t *c_p)
+pdx_status_t pdxi_store_counters(pdx_agent_h agent, pdx_store_counters_t *c_p)
 {
-    pdx_call_enter();
-    if (!AGENT_OK(agent) || c_p == NULL ||
-        c_p->size < offsetof(pdx_store_counters_t, events)) {
-        return pdx_call_leave(__func__, PDX_ERR_INVALID);
-    }
-    if (!need_store(agent, __func__)) {
-        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+    if (!pdx_store_agent_need(agent, "pdx_store_counters")) {
+        return PDX_ERR_UNSUPPORTED;
     }
     const pdx_store_ops_t *ops = agent->store->ops;
     if (ops->size <= offsetof(pdx_store_ops_t, counters) ||
         ops->counters == NULL) {
-        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+        return PDX_ERR_UNSUPPORTED;
     }
     ops->counters(agent->store->st, c_p);
-    return pdx_call_leave(__func__, PDX_OK);
+    return PDX_OK;
 }
 
-pdx_status_t pdx_store_describe(pdx_agent_h agent, char *buf, size_t len)
+pdx_status_t pdxi_store_describe(pdx_agent_h agent, char *buf, size_t len)
 {
-    pdx_call_enter();
-    if (!AGENT_OK(agent) || buf == NULL || len == 0) {
-        return pdx_call_leave(__func__, PDX_ERR_INVALID);
-    }
-    if (!need_store(agent, __func__)) {
+    if (!pdx_store_agent_need(agent, "pdx_store_describe")) {
         snprintf(buf, len, "no store");
-        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
+        return PDX_ERR_UNSUPPORTED;
     }
     struct pdx_store_agent *g = agent->store;
     pdx_store_status_t s;
@@ -1056,136 +1066,6 @@ pdx_status_t pdx_store_describe(pdx_agent_h agent, char *buf, size_t len)
                  s.last_error[0] ? s.last_error : "no answer yet", pubs,
                  known);
     }
-    return pdx_call_leave(__func__, PDX_OK);
+    return PDX_OK;
 }
 
-pdx_status_t pdx_store_owners_add(pdx_agent_h agent, const char *const *blocks,
-                                  size_t n, uint32_t *counts)
-{
-    pdx_call_enter();
-    if (!AGENT_OK(agent) || (blocks == NULL && n > 0)) {
-        return pdx_call_leave(__func__, PDX_ERR_INVALID);
-    }
-    if (!need_store(agent, __func__)) {
-        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
-    }
-    struct pdx_store_agent *g = agent->store;
-    pdx_status_t st = g->ops->owners_add(g->st, agent->name, blocks, n,
-                                         counts);
-    count_owner_call(g, &g->own_add_calls, &g->own_add_blocks,
-                     &g->own_add_failures, n, st);
-    return pdx_call_leave(__func__, st);
-}
-
-pdx_status_t pdx_store_owners_del(pdx_agent_h agent, const char *const *blocks,
-                                  size_t n)
-{
-    pdx_call_enter();
-    if (!AGENT_OK(agent) || (blocks == NULL && n > 0)) {
-        return pdx_call_leave(__func__, PDX_ERR_INVALID);
-    }
-    if (!need_store(agent, __func__)) {
-        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
-    }
-    struct pdx_store_agent *g = agent->store;
-    pdx_status_t st = g->ops->owners_del(g->st, agent->name, blocks, n);
-    count_owner_call(g, &g->own_del_calls, &g->own_del_blocks,
-                     &g->own_del_failures, n, st);
-    return pdx_call_leave(__func__, st);
-}
-
-pdx_status_t pdx_store_owners_get(pdx_agent_h agent, const char *const *blocks,
-                                  size_t n, pdx_store_owner_cb_t cb, void *arg)
-{
-    pdx_call_enter();
-    if (!AGENT_OK(agent) || (blocks == NULL && n > 0) || cb == NULL) {
-        return pdx_call_leave(__func__, PDX_ERR_INVALID);
-    }
-    if (!need_store(agent, __func__)) {
-        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
-    }
-    struct pdx_store_agent *g = agent->store;
-    pdx_status_t st = g->ops->owners_get(g->st, blocks, n, cb, arg);
-    count_owner_call(g, &g->own_get_calls, &g->own_get_blocks,
-                     &g->own_get_failures, n, st);
-    return pdx_call_leave(__func__, st);
-}
-
-typedef struct longest_acc {
-    const char *self;
-    size_t nsamples;
-    /* Per sample: the first other owner seen (enough to pick one). */
-    char (*first)[PDX_NAME_MAX];
-} longest_acc_t;
-
-static void on_sample_owner(void *arg, size_t i, const char *owner)
-{
-    longest_acc_t *a = arg;
-    if (i < a->nsamples && strcmp(owner, a->self) != 0 &&
-        a->first[i][0] == '\0') {
-        snprintf(a->first[i], PDX_NAME_MAX, "%s", owner);
-    }
-}
-
-pdx_status_t pdx_store_owners_longest(pdx_agent_h agent,
-                                      const char *const *blocks, size_t n,
-                                      char *owner_out, size_t *prefix_p)
-{
-    pdx_call_enter();
-    if (!AGENT_OK(agent) || (blocks == NULL && n > 0) || owner_out == NULL ||
-        prefix_p == NULL) {
-        return pdx_call_leave(__func__, PDX_ERR_INVALID);
-    }
-    if (!need_store(agent, __func__)) {
-        return pdx_call_leave(__func__, PDX_ERR_UNSUPPORTED);
-    }
-    enum { S = 64 };
-    struct pdx_store_agent *g = agent->store;
-    const char *sample[S];
-    size_t idx[S];
-    char first[S][PDX_NAME_MAX];
-    char best[PDX_NAME_MAX] = "";
-    size_t lo = 0, hi = n, prefix = 0;
-    pdx_status_t st = PDX_OK;
-    /* Each round narrows [lo, hi) to the gap after the last sampled block
-     * that someone else owns: ceil(log64(n)) rounds. */
-    for (int round = 0; round < 16 && lo < hi; round++) {
-        size_t span = hi - lo, ns = span < S ? span : S;
-        for (size_t j = 0; j < ns; j++) {
-            idx[j] = ns == 1 ? lo : lo + (span - 1) * j / (ns - 1);
-            sample[j] = blocks[idx[j]];
-            first[j][0] = '\0';
-        }
-        longest_acc_t acc = {agent->name, ns, first};
-        st = g->ops->owners_get(g->st, sample, ns, on_sample_owner, &acc);
-        count_owner_call(g, &g->own_get_calls, &g->own_get_blocks,
-                         &g->own_get_failures, ns, st);
-        if (st != PDX_OK) {
-            break;
-        }
-        if (round == 0 && first[0][0] == '\0') {
-            break; /* nobody else has block 0: no prefix */
-        }
-        size_t last = ns;
-        for (size_t j = 0; j < ns; j++) {
-            if (first[j][0] != '\0') {
-                last = j;
-            }
-        }
-        if (last == ns) {
-            break; /* nobody else past `lo - 1` */
-        }
-        prefix = idx[last] + 1;
-        snprintf(best, sizeof(best), "%s", first[last]);
-        if (last + 1 == ns) {
-            break; /* the last sample is owned: as far as we can see */
-        }
-        lo = idx[last] + 1;
-        hi = idx[last + 1];
-    }
-    if (st == PDX_OK) {
-        snprintf(owner_out, PDX_NAME_MAX, "%s", best);
-        *prefix_p = best[0] ? prefix : 0;
-    }
-    return pdx_call_leave(__func__, st);
-}

@@ -3,7 +3,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base.h"
+#include "base_int.h"
 
 pdx_status_t pdx_host_id(char *buf, size_t len)
 {

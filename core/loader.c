@@ -11,7 +11,7 @@
 
 #include <pdx/store.h>
 
-#include "loader.h"
+#include "loader_int.h"
 
 /* Directory holding libpdx.so (found through one of its own symbols). */
 static void self_dir(char *buf, size_t len)

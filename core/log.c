@@ -1,7 +1,7 @@
 /* Process-wide log sink and level (see pdx/log.h for why it is global). */
 #include <pdx/log.h>
 
-#include "base.h"
+#include "base_int.h"
 
 #include <pthread.h>
 #include <stdarg.h>

@@ -1,13 +1,18 @@
-/* Memory registry: regions registered once per arena with every backend
- * that takes their memory type, kept sorted for O(log n) lookups. */
+/* Memory registrations, their whole life: registered once per arena with
+ * every backend that takes their memory type, kept sorted for O(log n)
+ * lookups, held by requests, and deregistered once every loaded peer that
+ * may read them acknowledged the notice (ctl.c), driving progress while
+ * it waits. Above the progress pass. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "api_int.h"
 #include "backend_int.h"
+#include "ctl_int.h"
 #include "mem_int.h"
-#include "shm.h"
+#include "progress_int.h"
+#include "shm_int.h"
 
 static int region_cmp(const pdx_region_t *a, pdx_mem_type_t t, uint64_t addr)
 {
@@ -211,5 +216,46 @@ pdx_status_t pdx_mem_unlink_locked(pdx_agent_h agent,
                   "this agent (deregistered already?)", agent->name,
                   (void *)reg);
     }
+    return st;
+}
+
+/* pdx_mem_deregister's notice (ctl.c): tell every live loaded peer that
+ * carries notifications that `r` goes away and wait, dropping and
+ * retaking the lock, until each acknowledged, died, or the bound passed.
+ * `r` is out of agent->regs already and not freed. */
+static void region_gone_wait_locked(pdx_agent_h agent,
+                                    const struct pdx_mem_reg *r)
+{
+    pdx_ctl_wait_t w;
+    if (!pdx_ctl_gone_begin_locked(agent, r, &w)) {
+        return;
+    }
+    uint64_t start = pdx_now_ns();
+    uint64_t deadline = start + pdx_ctl_wait_bound_ms(agent) * 1000000ull;
+    while (w.left > 0) {
+        pdx_progress_locked(agent);
+        pdx_ctl_gone_check_locked(agent, &w);
+        if (w.left == 0 || pdx_now_ns() >= deadline) {
+            break;
+        }
+        pthread_mutex_unlock(&agent->lock);
+        struct timespec ts = {0, 200000}; /* 0.2 ms between passes */
+        nanosleep(&ts, NULL);
+        pdx_agent_lock(agent);
+    }
+    pdx_ctl_gone_end_locked(agent, r, &w, start);
+}
+
+pdx_status_t pdxi_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg)
+{
+    pdx_agent_lock(agent);
+    pdx_status_t st = pdx_mem_unlink_locked(agent, reg);
+    if (st == PDX_OK) {
+        /* Loaded peers are told and acknowledge (bounded) before the keys
+         * go, so none reads the memory once this returns. */
+        region_gone_wait_locked(agent, reg);
+        pdx_mem_reg_free_locked(agent, reg);
+    }
+    pthread_mutex_unlock(&agent->lock);
     return st;
 }

@@ -1,76 +1,18 @@
-/* Notifications: sending one to a peer (standalone, or after a request's
- * data landed), and the queue of received ones that pdx_notif_poll
- * (progress.c) delivers. */
+/* Notifications as the application sees them: send one to a peer, and
+ * poll the received ones (queued by the progress pass) with callbacks.
+ * A request's own notification goes with its data (xfer_progress.c);
+ * pdx's control messages share the channel behind a reserved prefix
+ * (ctl.c). Above the progress pass. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "api_int.h"
 #include "backend_int.h"
-#include "notif_int.h"
+#include "ctl_int.h"
+#include "progress_int.h"
 #include "stats_int.h"
-
-/* pdx's control messages (ctl.c) start with these bytes. */
-const unsigned char pdx_ctl_prefix[8] = {0, 'P', 'D', 'X', 'C', 'T', 'L', 1};
-
-bool pdx_notif_reserved(const void *msg, size_t len)
-{
-    return msg != NULL && len >= sizeof(pdx_ctl_prefix) &&
-           memcmp(msg, pdx_ctl_prefix, sizeof(pdx_ctl_prefix)) == 0;
-}
-
-/* A backend that carries messages to this peer, for notifications. */
-static int notif_backend(pdx_agent_h agent, pdx_peer_t *peer)
-{
-    for (uint32_t b = 0; b < agent->nbackends; b++) {
-        if (peer->bpeer[b] != NULL &&
-            (agent->backends[b]->ops->caps & PDX_BACKEND_CAP_NOTIF)) {
-            return (int)b;
-        }
-    }
-    return -1;
-}
-
-pdx_status_t pdx_notif_send_locked(pdx_agent_h agent, pdx_peer_t *peer,
-                                   const void *msg, size_t len)
-{
-    int b = notif_backend(agent, peer);
-    if (b < 0) {
-        pdx_error("agent %s: no backend carries notifications to %s",
-                  agent->name, peer->name);
-        return PDX_ERR_UNSUPPORTED;
-    }
-    return agent->backends[b]->ops->notif_send(agent->backends[b]->be,
-                                               peer->bpeer[b], msg, len);
-}
-
-void pdx_notif_queue_locked(pdx_agent_h agent, const char *peer,
-                            const void *msg, size_t len)
-{
-    pdx_stats_entry_t *ps = pdx_peer_stats_get(agent, peer);
-    if (ps != NULL) {
-        ps->s.notifs_recv++;
-    }
-    pdx_notif_item_t *it = malloc(sizeof(*it) + len);
-    if (it == NULL) {
-        pdx_error("agent %s: dropped a %zu-byte notification from %s: out "
-                  "of memory", agent->name, len, peer);
-        return;
-    }
-    it->next = NULL;
-    it->len = len;
-    snprintf(it->peer, sizeof(it->peer), "%s", peer);
-    if (len > 0) {
-        memcpy(it->msg, msg, len);
-    }
-    if (agent->nq_tail != NULL) {
-        agent->nq_tail->next = it;
-    } else {
-        agent->nq_head = it;
-    }
-    agent->nq_tail = it;
-    pdx_agent_signal(agent);
-}
 
 pdx_status_t pdxi_notif_send(pdx_agent_h agent, const char *peer,
                             const void *msg, size_t len)
@@ -80,7 +22,7 @@ pdx_status_t pdxi_notif_send(pdx_agent_h agent, const char *peer,
                   agent->name, len, PDX_NOTIF_MAX);
         return PDX_ERR_TOO_LARGE;
     }
-    if (pdx_notif_reserved(msg, len)) {
+    if (pdx_ctl_reserved(msg, len)) {
         pdx_error("agent %s: notification to %s starts with pdx's reserved "
                   "control prefix (\\0PDXCTL\\1)", agent->name, peer);
         return PDX_ERR_INVALID;
@@ -96,7 +38,7 @@ pdx_status_t pdxi_notif_send(pdx_agent_h agent, const char *peer,
                   peer, p->dead_how);
         st = p->dead;
     } else {
-        st = pdx_notif_send_locked(agent, p, msg, len);
+        st = pdx_peer_send_locked(agent, p, msg, len);
         if (st == PDX_OK && p->stats != NULL) {
             p->stats->s.notifs_sent++;
         }
@@ -105,3 +47,34 @@ pdx_status_t pdxi_notif_send(pdx_agent_h agent, const char *peer,
     return st;
 }
 
+int pdxi_notif_poll(pdx_agent_h agent, pdx_notif_cb_t cb, void *arg)
+{
+    /* The delivery lock keeps callbacks of concurrent polls in order; the
+     * agent lock is dropped while callbacks run so they may call in. */
+    pthread_mutex_lock(&agent->delivery);
+    /* The plain lock: while a backend is progressed on another thread,
+     * take what has arrived without waiting for that call. */
+    pthread_mutex_lock(&agent->lock);
+    if (!agent->thread_running) {
+        pdx_progress_locked(agent); /* the thread does, if any */
+    }
+    pdx_notif_item_t *list = agent->nq_head;
+    agent->nq_head = agent->nq_tail = NULL;
+    uint64_t v;
+    if (read(agent->event_fd, &v, sizeof(v)) < 0) {
+        /* nothing pending */
+    }
+    pthread_mutex_unlock(&agent->lock);
+    int n = 0;
+    while (list != NULL) {
+        pdx_notif_item_t *it = list;
+        list = it->next;
+        int depth = pdx_call_suspend();
+        cb(arg, it->peer, it->msg, it->len);
+        pdx_call_resume(depth);
+        free(it);
+        n++;
+    }
+    pthread_mutex_unlock(&agent->delivery);
+    return n;
+}

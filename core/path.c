@@ -6,7 +6,7 @@
 
 #include "backend_int.h"
 #include "mem_int.h"
-#include "path.h"
+#include "path_int.h"
 
 static uint64_t op_cap(pdx_xfer_op_t op)
 {

@@ -308,3 +308,28 @@ void pdx_peer_unwatch_pidfd_locked(pdx_agent_h agent, pdx_peer_t *p)
     }
     p->pidfd_watched = false;
 }
+
+/* A backend that carries messages to this peer, for notifications. */
+static int notif_backend(pdx_agent_h agent, pdx_peer_t *peer)
+{
+    for (uint32_t b = 0; b < agent->nbackends; b++) {
+        if (peer->bpeer[b] != NULL &&
+            (agent->backends[b]->ops->caps & PDX_BACKEND_CAP_NOTIF)) {
+            return (int)b;
+        }
+    }
+    return -1;
+}
+
+pdx_status_t pdx_peer_send_locked(pdx_agent_h agent, pdx_peer_t *peer,
+                                   const void *msg, size_t len)
+{
+    int b = notif_backend(agent, peer);
+    if (b < 0) {
+        pdx_error("agent %s: no backend carries notifications to %s",
+                  agent->name, peer->name);
+        return PDX_ERR_UNSUPPORTED;
+    }
+    return agent->backends[b]->ops->notif_send(agent->backends[b]->be,
+                                               peer->bpeer[b], msg, len);
+}

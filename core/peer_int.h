@@ -98,4 +98,10 @@ void pdx_peer_region_put_locked(pdx_peer_region_t *g);
 void pdx_peer_region_retire_locked(pdx_peer_t *peer, pdx_peer_region_t *g);
 void pdx_peer_region_drop_locked(pdx_agent_h agent, pdx_peer_region_t *g);
 
+/* Send `msg` to `peer` over the first backend that carries messages to
+ * it (an application's notification or pdx's own, ctl.c). Lock held, no
+ * backend busy. */
+pdx_status_t pdx_peer_send_locked(pdx_agent_h agent, pdx_peer_t *peer,
+                                  const void *msg, size_t len);
+
 #endif

@@ -19,8 +19,8 @@
 #include <unistd.h>
 
 #include "api_int.h"
-#include "base.h"
-#include "shm.h"
+#include "base_int.h"
+#include "shm_int.h"
 
 typedef struct shm_ent {
     uint64_t addr, len;

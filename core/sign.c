@@ -1,6 +1,6 @@
 /* Cluster key and sealed blobs (see sign.h). HMAC-SHA-256 comes from
  * libcrypto; only the envelope framing is hand-written. */
-#include "sign.h"
+#include "sign_int.h"
 
 #include <stdbool.h>
 #include <stddef.h>

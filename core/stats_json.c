@@ -8,8 +8,8 @@
 
 #include "api_int.h"
 #include "backend_int.h"
-#include "discovery.h"
-#include "path.h"
+#include "discovery_int.h"
+#include "path_int.h"
 #include "peer_int.h"
 #include "stats_int.h"
 #include "xfer_int.h"

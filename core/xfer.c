@@ -1,5 +1,8 @@
-/* Transfer requests: descriptor resolution and merging, backend choice,
- * post/check/release, prepared lists. */
+/* Transfer requests, the calls above the progress pass: create (from
+ * descriptor lists) and make (from prepared lists), with descriptor
+ * resolution and merging and the backend choice; post, check, release,
+ * abort, the notification and telemetry. How a request in flight is
+ * checked and how it ends: xfer_progress.c and xfer_end.c. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,10 +12,11 @@
 
 #include "api_int.h"
 #include "backend_int.h"
+#include "ctl_int.h"
 #include "dlist_int.h"
 #include "mem_int.h"
-#include "notif_int.h"
-#include "path.h"
+#include "path_int.h"
+#include "progress_int.h"
 #include "xfer_int.h"
 
 
@@ -124,49 +128,6 @@ static void xfer_free(struct pdx_xfer *x)
     }
 }
 
-/* The end of a post: record it once in the backend's and peer's counters. */
-static void xfer_end(pdx_agent_h agent, struct pdx_xfer *x, pdx_status_t st)
-{
-    x->status = st;
-    if (st == PDX_INPROGRESS || x->counted || !x->posted) {
-        return;
-    }
-    x->counted = true;
-    if (agent->params.flags & PDX_AGENT_F_TELEMETRY) {
-        x->done_ns = pdx_now_ns();
-    }
-    pdx_stats_t *bs = x->bindex >= 0 ? &agent->backends[x->bindex]->stats
-                                     : NULL;
-    pdx_stats_t *ps = x->pstats != NULL ? &x->pstats->s : NULL;
-    for (int i = 0; i < 2; i++) {
-        pdx_stats_t *s = i == 0 ? bs : ps;
-        if (s == NULL) {
-            continue;
-        }
-        if (st == PDX_OK) {
-            s->completed++;
-            s->bytes += x->bytes;
-        } else if (st == PDX_ERR_CANCELED) {
-            s->canceled++;
-        } else {
-            s->errors++;
-            s->timeouts += st == PDX_ERR_TIMEOUT;
-        }
-    }
-}
-
-/* The loaded peer named by `x` (any epoch), or NULL: the cached one
- * while no peer has left the index since it was found. */
-static pdx_peer_t *xfer_peer(pdx_agent_h agent, struct pdx_xfer *x)
-{
-    if (x->pcache != NULL && x->pcache_gen == agent->peer_del_gen) {
-        return x->pcache;
-    }
-    x->pcache = pdx_peer_find(agent, x->peer_name);
-    x->pcache_gen = agent->peer_del_gen;
-    return x->pcache;
-}
-
 /* Note the path of a new (lreg, rreg) pair of request `x`. */
 static void xfer_note_path(pdx_agent_h agent, struct pdx_xfer *x,
                            const pdx_peer_t *p,
@@ -253,7 +214,7 @@ static pdx_status_t check_notif(pdx_agent_h agent, const void *notif,
                   agent->name, len, PDX_NOTIF_MAX);
         return PDX_ERR_TOO_LARGE;
     }
-    if (pdx_notif_reserved(notif, len)) {
+    if (pdx_ctl_reserved(notif, len)) {
         pdx_error("agent %s: notification starts with pdx's reserved "
                   "control prefix (\\0PDXCTL\\1)", agent->name);
         return PDX_ERR_INVALID;
@@ -400,226 +361,19 @@ out:
     return st;
 }
 
-/* Complete a request whose data landed: send the notification through a
- * message backend when the data backend carries none. */
-static pdx_status_t xfer_finish(pdx_agent_h agent, struct pdx_xfer *x,
-                                pdx_peer_t *peer)
-{
-    if (x->notif == NULL ||
-        (agent->backends[x->bindex]->ops->caps & PDX_BACKEND_CAP_NOTIF)) {
-        return PDX_OK;
-    }
-    return pdx_notif_send_locked(agent, peer, x->notif, x->notif_len);
-}
-
-void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x)
-{
-    if (x->breq == NULL) {
-        return;
-    }
-    struct pdx_backend *b = agent->backends[x->bindex];
-    pdx_status_t st = b->ops->xfer_check(b->be, x->breq);
-    if (x->status != PDX_INPROGRESS) {
-        /* Ended already (peer failed, timed out): the backend request
-         * was aborted and is released once the backend says it ended. */
-        if (st != PDX_INPROGRESS) {
-            b->ops->xfer_release(b->be, x->breq);
-            x->breq = NULL;
-        }
-        return;
-    }
-    if (st == PDX_INPROGRESS) {
-        return;
-    }
-    b->ops->xfer_release(b->be, x->breq);
-    x->breq = NULL;
-    if (st == PDX_ERR_REMOTE_DISCONNECT) {
-        /* A backend saw the peer gone (e.g. cma's ESRCH): every other
-         * request to it fails too, and new posts are refused. */
-        pdx_peer_t *p = xfer_peer(agent, x);
-        if (p != NULL && p->epoch == x->peer_epoch) {
-            xfer_end(agent, x, st);
-            pdx_xfer_peer_gone_locked(agent, p, st, "transfer failed", false);
-            return;
-        }
-    }
-    if (st == PDX_OK && !x->aborting) {
-        pdx_peer_t *p = xfer_peer(agent, x);
-        if (p == NULL || p->epoch != x->peer_epoch) {
-            st = PDX_ERR_STALE;
-        } else {
-            st = xfer_finish(agent, x, p);
-        }
-    }
-    if (st < 0 && st != PDX_ERR_STALE && st != PDX_ERR_REMOTE_DISCONNECT) {
-        /* Another error from a same-host peer whose process exited (e.g.
-         * the notification's UCX connect found its shared memory gone):
-         * the request ends as its exit's, like the others to it, rather
-         * than with whatever the backend saw on the way. */
-        pdx_peer_t *p = xfer_peer(agent, x);
-        if (p != NULL && p->epoch == x->peer_epoch && p->dead == PDX_OK &&
-            pdx_peer_pid_exited(p)) {
-            xfer_end(agent, x, PDX_ERR_REMOTE_DISCONNECT);
-            pdx_xfer_peer_exited_locked(agent, p, false);
-            return;
-        }
-    }
-    xfer_end(agent, x, st);
-}
-
-/* Ask the backend to stop `x`'s request without waiting. Returns false
- * when it has no abort op (then the request was released, blocking). */
-static bool xfer_backend_abort(pdx_agent_h agent, struct pdx_xfer *x)
-{
-    struct pdx_backend *b = agent->backends[x->bindex];
-    if (PDX_BE_HAS(b->ops, xfer_abort) &&
-        b->ops->xfer_abort(b->be, x->breq) == PDX_OK) {
-        return true;
-    }
-    b->ops->xfer_release(b->be, x->breq);
-    x->breq = NULL;
-    return false;
-}
-
 pdx_status_t pdxi_xfer_abort(pdx_xfer_h x)
 {
     pdx_agent_h agent = x->agent;
     pdx_agent_lock(agent);
     if (x->status == PDX_INPROGRESS && x->breq != NULL && !x->aborting) {
         x->aborting = true;
-        if (!xfer_backend_abort(agent, x)) {
-            xfer_end(agent, x, PDX_ERR_CANCELED);
+        if (!pdx_xfer_backend_abort_locked(agent, x)) {
+            pdx_xfer_end_locked(agent, x, PDX_ERR_CANCELED);
         }
         /* else completes through progress as PDX_ERR_CANCELED */
     }
     pthread_mutex_unlock(&agent->lock);
     return PDX_OK;
-}
-
-void pdx_xfer_fail_peer_locked(pdx_agent_h agent, uint64_t epoch,
-                               pdx_status_t why, pdx_fail_mode_t mode)
-{
-    for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
-        if (x->peer_epoch != epoch) {
-            continue;
-        }
-        bool was_live = x->status == PDX_INPROGRESS;
-        if (was_live) {
-            xfer_end(agent, x, why);
-        }
-        if (x->breq == NULL) {
-            continue;
-        }
-        if (mode == PDX_FAIL_RELEASE) {
-            /* The peer is being unloaded: backends want every request
-             * released before the peer; release never waits for it. */
-            agent->backends[x->bindex]->ops->xfer_release(
-                agent->backends[x->bindex]->be, x->breq);
-            x->breq = NULL;
-        } else if (was_live && mode == PDX_FAIL_ABORT) {
-            /* Stop it; progress releases it once the backend says it
-             * ended (never waiting here, under the lock). From inside a
-             * backend call (PDX_FAIL_MARK) the backend already ended it. */
-            xfer_backend_abort(agent, x);
-        }
-    }
-}
-
-void pdx_xfer_peer_gone_locked(pdx_agent_h agent, pdx_peer_t *peer,
-                               pdx_status_t why, const char *how,
-                               bool in_backend)
-{
-    if (peer->dead != PDX_OK) {
-        return;
-    }
-    peer->dead = why;
-    snprintf(peer->dead_how, sizeof(peer->dead_how), "%s", how);
-    peer->dead_ns = pdx_now_ns();
-    if (peer->stats != NULL) {
-        peer->stats->s.dead_events++;
-    }
-    pdx_warn("agent %s: peer %s (pid %d) is gone (%s): failing its requests",
-             agent->name, peer->name, (int)peer->pid, how);
-    pdx_peer_unwatch_pidfd_locked(agent, peer);
-    if (!in_backend) {
-        /* Backends drop the connection without waiting (UCX force-closes
-         * the endpoint), so its requests end now, not after a drain. */
-        for (uint32_t b = 0; b < agent->nbackends; b++) {
-            const pdx_backend_ops_t *ops = agent->backends[b]->ops;
-            if (peer->bpeer[b] != NULL && PDX_BE_HAS(ops, peer_failed)) {
-                ops->peer_failed(agent->backends[b]->be, peer->bpeer[b]);
-            }
-        }
-    }
-    pdx_xfer_fail_peer_locked(agent, peer->epoch, why,
-                              in_backend ? PDX_FAIL_MARK : PDX_FAIL_ABORT);
-    pdx_agent_signal(agent);
-}
-
-void pdx_xfer_peer_exited_locked(pdx_agent_h agent, pdx_peer_t *p,
-                                 bool in_backend)
-{
-    pdx_xfer_peer_gone_locked(agent, p, PDX_ERR_REMOTE_DISCONNECT,
-                              "process exited", in_backend);
-    p->dead_final = true;
-}
-
-static bool uses_rmd(const struct pdx_xfer *x, void *const *rmds, size_t n)
-{
-    if (rmds == NULL) {
-        return true;
-    }
-    for (size_t i = 0; i < x->niov; i++) {
-        for (size_t j = 0; j < n; j++) {
-            if (x->iov[i].remote_md == rmds[j]) {
-                return true;
-            }
-        }
-    }
-    return false;
-}
-
-void pdx_xfer_fail_rmds_locked(pdx_agent_h agent, uint64_t epoch,
-                               void *const *rmds, size_t n)
-{
-    for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
-        if (x->peer_epoch != epoch || x->stale || !uses_rmd(x, rmds, n)) {
-            continue;
-        }
-        x->stale = true;
-        if (x->status == PDX_INPROGRESS) {
-            xfer_end(agent, x, PDX_ERR_STALE);
-        }
-        if (x->breq != NULL) {
-            /* The keys it uses are unloaded next: backends want their
-             * requests released first; release never waits for the peer. */
-            agent->backends[x->bindex]->ops->xfer_release(
-                agent->backends[x->bindex]->be, x->breq);
-            x->breq = NULL;
-        }
-    }
-}
-
-void pdx_xfer_timeouts_locked(pdx_agent_h agent, uint64_t now)
-{
-    uint64_t limit = (uint64_t)agent->params.xfer_timeout_ms * 1000000ull;
-    if (limit == 0) {
-        return;
-    }
-    for (struct pdx_xfer *x = agent->xfers; x != NULL; x = x->next) {
-        if (x->status == PDX_INPROGRESS && x->post_ns != 0 &&
-            now > x->post_ns && now - x->post_ns > limit) {
-            pdx_warn("agent %s: request to %s timed out after %u ms "
-                     "(peer hung?)", agent->name, x->peer_name,
-                     agent->params.xfer_timeout_ms);
-            xfer_end(agent, x, PDX_ERR_TIMEOUT);
-            if (x->breq != NULL) {
-                /* Stopped in the background: progress releases it once
-                 * the backend gives up on the peer. */
-                xfer_backend_abort(agent, x);
-            }
-        }
-    }
 }
 
 size_t pdxi_xfer_segments(pdx_xfer_h x) { return x->niov; }
@@ -813,10 +567,13 @@ out:
 /* Requests of at most this many bytes are posted under the agent lock. */
 #define POST_LOCKED_MAX 65536u
 
-pdx_status_t pdx_xfer_post_locked(pdx_agent_h agent, struct pdx_xfer *x)
+/* Post `x` (not in progress; looked at once): refuses a stale or dead
+ * peer, else hands it to its backend, which runs without the lock
+ * (callbacks are queued: the caller runs them). */
+static pdx_status_t xfer_post_locked(pdx_agent_h agent, struct pdx_xfer *x)
 {
     pdx_status_t st;
-    pdx_peer_t *p = xfer_peer(agent, x);
+    pdx_peer_t *p = pdx_xfer_peer(agent, x);
     if (p == NULL || p->epoch != x->peer_epoch) {
         pdx_error("agent %s: xfer post: peer %s was %s since this request "
                   "was made", agent->name, x->peer_name,
@@ -894,17 +651,18 @@ pdx_status_t pdx_xfer_post_locked(pdx_agent_h agent, struct pdx_xfer *x)
     }
     if (st == PDX_OK) {
         x->breq = NULL;
-        st = xfer_finish(agent, x, p);
+        st = pdx_xfer_finish_locked(agent, x, p);
     } else if (st != PDX_INPROGRESS) {
         x->breq = NULL;
         pdx_error("agent %s: xfer post to %s over %s: %s", agent->name,
                   x->peer_name, b->name, pdx_status_string(st));
     }
-    xfer_end(agent, x, st);
+    pdx_xfer_end_locked(agent, x, st);
     return st;
 }
 
-void pdx_xfer_free_locked(pdx_agent_h agent, struct pdx_xfer *x)
+/* Release `x`'s backend request, unlink and free it (to the cache). */
+static void xfer_free_locked(pdx_agent_h agent, struct pdx_xfer *x)
 {
     if (x->breq != NULL) {
         agent->backends[x->bindex]->ops->xfer_release(
@@ -915,13 +673,143 @@ void pdx_xfer_free_locked(pdx_agent_h agent, struct pdx_xfer *x)
     xfer_free(x);
 }
 
-void pdx_xfer_end_locked(pdx_agent_h agent, struct pdx_xfer *x,
-                         pdx_status_t st)
+/* pdx_xfer_check of a request in flight without a progress thread runs a
+ * full pass at most this often. */
+#define FULL_PROGRESS_PERIOD_NS 100000ull
+
+/* Progress `x`'s backend (without the agent lock: see struct pdx_agent),
+ * then check `x`. Lock held, no backend busy; the lock is dropped and
+ * retaken, so the caller keeps no pointer but `x`. When another thread
+ * is progressing a backend, nothing is done: that thread's pass checks
+ * every request. */
+static void xfer_progress_own(pdx_agent_h agent, struct pdx_xfer *x)
 {
-    xfer_end(agent, x, st);
+    if (x->breq == NULL || agent->be_busy) {
+        return;
+    }
+    /* A polling caller progresses its request's backend at once (one
+     * bounded call, without the lock), progress thread or not: waiting
+     * for the thread to wake cost a request over UCX 60-120 us more than
+     * UCX's own loop. The thread keeps out of the backends while callers
+     * poll (the backend's caller_polls). */
+    if (pdx_progress_backend_unlocked(agent, agent->backends[x->bindex],
+                                      NULL)) {
+        if (agent->thread_running) {
+            /* Any change will do: a plain store, no locked add. */
+            struct pdx_backend *b = agent->backends[x->bindex];
+            __atomic_store_n(&b->caller_polls,
+                             __atomic_load_n(&b->caller_polls,
+                                             __ATOMIC_RELAXED) + 1,
+                             __ATOMIC_RELEASE);
+        }
+    }
+    pdx_xfer_progress_locked(agent, x);
 }
 
-bool pdx_xfer_backend_abort_locked(pdx_agent_h agent, struct pdx_xfer *x)
+pdx_status_t pdxi_xfer_post(pdx_xfer_h x)
 {
-    return xfer_backend_abort(agent, x);
+    pdx_agent_h agent = x->agent;
+    pdx_status_t st;
+    pdx_agent_lock(agent);
+    if (x->status == PDX_INPROGRESS) {
+        pdx_error("agent %s: xfer post: request still in progress",
+                  agent->name);
+        st = PDX_ERR_BUSY;
+        goto out;
+    }
+    /* Ended (peer failed, timed out) but still being stopped: one more
+     * look first (the lock is dropped in it, so before the peer lookup). */
+    xfer_progress_own(agent, x);
+    st = xfer_post_locked(agent, x);
+    /* Callbacks the post made (a peer error) now that x is consistent
+     * (none are queued when it returned before the backend's post). */
+    pdx_progress_run_deferred_locked(agent);
+out:
+    pthread_mutex_unlock(&agent->lock);
+    return st;
+}
+
+pdx_status_t pdxi_xfer_check(pdx_xfer_h x)
+{
+    pdx_agent_h agent = x->agent;
+    /* The plain lock: while another thread progresses a backend (the
+     * progress thread, or a check on another thread) this returns the
+     * state as it is, without waiting for that call. */
+    pthread_mutex_lock(&agent->lock);
+    if (!agent->be_busy && (x->status == PDX_INPROGRESS || x->breq != NULL)) {
+        /* Its own backend, progressed without the lock: O(1) per call. */
+        xfer_progress_own(agent, x);
+        if (x->status == PDX_INPROGRESS && !agent->be_busy &&
+            !agent->thread_running &&
+            pdx_now_ns() - agent->last_full_progress_ns >=
+                FULL_PROGRESS_PERIOD_NS) {
+            /* Liveness, timeouts and the other requests: at most every
+             * FULL_PROGRESS_PERIOD_NS, so a polling caller stays cheap. */
+            pdx_progress_locked(agent);
+        }
+    }
+    pdx_status_t st = x->status;
+    if (st < 0) {
+        /* Said once in the log when it happened; here for the caller. */
+        pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);
+        bool same = p != NULL && p->epoch == x->peer_epoch;
+        pdx_call_note("agent %s: request to %s (%s over %s): %s%s%s%s",
+                      agent->name, x->peer_name,
+                      x->op == PDX_XFER_READ ? "read" : "write",
+                      agent->backends[x->bindex]->name,
+                      pdx_status_string(st),
+                      st == PDX_ERR_REMOTE_DISCONNECT && same ? ": peer "
+                                                              : "",
+                      st == PDX_ERR_REMOTE_DISCONNECT && same ? p->dead_how
+                                                              : "",
+                      st == PDX_ERR_STALE
+                          ? x->stale ? ": the peer removed or changed a "
+                                       "region it uses"
+                                     : ": the peer was unloaded or reloaded "
+                                       "since it was made"
+                          : "");
+    }
+    pthread_mutex_unlock(&agent->lock);
+    return st;
+}
+
+/* pdx_xfer_release of a request still in flight waits (without the agent
+ * lock) for the backend to say nothing more lands, at most this long. */
+#define RELEASE_WAIT_MAX_NS 10000000000ull
+
+void pdxi_xfer_release(pdx_xfer_h x)
+{
+    pdx_agent_h agent = x->agent;
+    pdx_agent_lock(agent);
+    if (x->breq != NULL && x->status == PDX_INPROGRESS) {
+        /* Still in flight: stop it and wait until the backend says no byte
+         * of it can land, without the agent lock (other threads and peers
+         * carry on). Bounded: backends give up on a silent peer (UCX fails
+         * it after 1 s without progress). */
+        if (!x->aborting) {
+            x->aborting = true;
+            if (!pdx_xfer_backend_abort_locked(agent, x)) {
+                pdx_xfer_end_locked(agent, x, PDX_ERR_CANCELED);
+            }
+        }
+        uint64_t start = pdx_now_ns();
+        long sleep_ns = 2000;
+        while (x->breq != NULL && x->status == PDX_INPROGRESS) {
+            xfer_progress_own(agent, x);
+            if (x->breq == NULL || x->status != PDX_INPROGRESS ||
+                pdx_now_ns() - start > RELEASE_WAIT_MAX_NS) {
+                break;
+            }
+            pthread_mutex_unlock(&agent->lock);
+            struct timespec ts = {0, sleep_ns};
+            nanosleep(&ts, NULL);
+            sleep_ns = sleep_ns < 1000000 ? sleep_ns * 2 : 1000000;
+            pdx_agent_lock(agent);
+        }
+        if (x->status == PDX_INPROGRESS) {
+            pdx_xfer_end_locked(agent, x, PDX_ERR_CANCELED);
+        }
+    }
+    xfer_free_locked(agent, x);
+    pthread_mutex_unlock(&agent->lock);
 }

@@ -1,6 +1,9 @@
-/* The request object (xfer.c): a transfer between local and peer regions,
- * and the one place a peer's death ends requests. The calls that drive
- * requests (post, check, release) are progress.c's. */
+/* The request object: a transfer between local and peer regions. Its life
+ * is in three files, bottom up: xfer_end.c (how requests end: counted
+ * once, stopped, failed by peer or region, timed out), xfer_progress.c (a
+ * request in flight checked once, the progress pass's step) and xfer.c
+ * (create, make, post, check, release, abort: the calls above the
+ * progress pass). */
 #ifndef PDX_XFER_INT_H
 #define PDX_XFER_INT_H
 
@@ -80,21 +83,25 @@ void pdx_xfer_fail_peer_locked(pdx_agent_h agent, uint64_t epoch,
  * incarnation's requests when rmds is NULL. */
 void pdx_xfer_fail_rmds_locked(pdx_agent_h agent, uint64_t epoch,
                                void *const *rmds, size_t n);
-/* The sink of every peer death (a pidfd, an agent destroyed in this
- * process, a backend's peer error, the store's lease, a failed transfer):
- * the peer is gone, its requests fail (released now unless called from
- * inside a backend call, `in_backend`) and new ones are refused until it
- * is loaded again. */
-void pdx_xfer_peer_gone_locked(pdx_agent_h agent, pdx_peer_t *peer,
-                               pdx_status_t why, const char *how,
-                               bool in_backend);
-/* `p`'s process exited (its pidfd) or began to (pdx_peer_pid_exited): it
- * is gone for good (remote disconnected, "process exited", dead_final).
- * in_backend: as pdx_xfer_peer_gone_locked's. Lock held. */
-void pdx_xfer_peer_exited_locked(pdx_agent_h agent, pdx_peer_t *p,
-                                 bool in_backend);
-/* Check request `x`'s backend request once and end `x` when it ended. */
+/* xfer_progress.c: check request `x`'s backend request once and end `x`
+ * when it ended; finish: the end of a request whose data landed (the
+ * notification sent through a message backend when its data backend
+ * carries none). */
 void pdx_xfer_progress_locked(pdx_agent_h agent, struct pdx_xfer *x);
+pdx_status_t pdx_xfer_finish_locked(pdx_agent_h agent, struct pdx_xfer *x,
+                                    pdx_peer_t *peer);
+
+/* The loaded peer named by `x` (any epoch), or NULL: the cached one while
+ * no peer has left the index since it was found. */
+static inline pdx_peer_t *pdx_xfer_peer(pdx_agent_h agent, struct pdx_xfer *x)
+{
+    if (x->pcache != NULL && x->pcache_gen == agent->peer_del_gen) {
+        return x->pcache;
+    }
+    x->pcache = pdx_peer_find(agent, x->peer_name);
+    x->pcache_gen = agent->peer_del_gen;
+    return x->pcache;
+}
 /* End requests in flight longer than the agent's xfer timeout. */
 void pdx_xfer_timeouts_locked(pdx_agent_h agent, uint64_t now);
 /* The end of a post (status `st`), counted once in the backend's and the
@@ -104,11 +111,5 @@ void pdx_xfer_end_locked(pdx_agent_h agent, struct pdx_xfer *x,
 /* Ask the backend to stop `x`'s request without waiting. Returns false
  * when it has no abort op (then the request was released, blocking). */
 bool pdx_xfer_backend_abort_locked(pdx_agent_h agent, struct pdx_xfer *x);
-/* Post `x` (not in progress; progress.c looked at it once): refuses a
- * stale or dead peer, else hands it to its backend, which runs without
- * the lock (callbacks are queued: the caller runs them). */
-pdx_status_t pdx_xfer_post_locked(pdx_agent_h agent, struct pdx_xfer *x);
-/* Release `x`'s backend request, unlink and free it (to the cache). */
-void pdx_xfer_free_locked(pdx_agent_h agent, struct pdx_xfer *x);
 
 #endif

@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
 """Checks that no two source files call each other, directly or around a
-loop (issue 20): reads the object files of a build with nm, draws an edge
-from a file to each file defining a symbol it uses, and prints every cycle
-(strongly connected component) with the symbols behind its edges.
+loop, and that the core's rooms call only downward: reads the object files
+of a build with nm, draws an edge from a file to each file defining a
+symbol it uses, and prints every cycle (strongly connected component) and
+every upward call with the symbols behind its edges. The core's room
+order is the table of docs/ARCHITECTURE.md ("The rooms of the core",
+bottom up): a file may call files of its own row and of rows above it in
+the table, never of a row below.
 
-usage: check_calls.py BUILD_DIR   exit 1 on a cycle, 2 on no objects
+usage: check_calls.py BUILD_DIR   exit 1 on a cycle or an upward call,
+                                  2 on no objects
 
 Object files whose source is no longer in the tree (left in a reused build
 directory by a file that was moved or removed) are skipped.
@@ -41,6 +46,32 @@ def source_exists(root, src):
         return True
     return os.path.exists(os.path.join(root, src)) or \
         os.path.exists('/' + src)
+
+
+def core_rooms(root):
+    """{core/file.c: row} from docs/ARCHITECTURE.md's room table."""
+    rooms = {}
+    if root is None:
+        return rooms
+    try:
+        with open(os.path.join(root, 'docs', 'ARCHITECTURE.md')) as f:
+            text = f.read()
+    except OSError:
+        return rooms
+    part = text.split('## The rooms of the core', 1)
+    if len(part) < 2:
+        return rooms
+    row = 0
+    for line in part[1].split('\n## ', 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip('|').split('|')]
+        if len(cells) < 3 or '.c' not in cells[1]:
+            continue
+        for name in cells[1].replace('`', '').split(','):
+            name = name.strip()
+            if name.endswith('.c'):
+                rooms['core/' + name] = row
+        row += 1
+    return rooms
 
 
 def main():
@@ -110,6 +141,22 @@ def main():
     if not objs:
         print('check_calls: no object files under ' + build)
         return 2
+    rooms = core_rooms(root)
+    upward = []
+    for a in sorted(edges):
+        for b, syms in sorted(edges[a].items()):
+            if a in rooms and b in rooms and rooms[a] < rooms[b]:
+                upward.append('upward call: %s (row %d) -> %s (row %d) (%s)'
+                              % (a, rooms[a], b, rooms[b],
+                                 ', '.join(sorted(syms)[:4])))
+    unplaced = sorted(src for src in uses
+                      if src.startswith('core/') and src not in rooms)
+    if rooms:
+        for u in unplaced:
+            upward.append('%s: in no row of docs/ARCHITECTURE.md\'s room '
+                          'table' % u)
+    for u in upward:
+        print(u)
     for comp in comps:
         print('cycle of %d files:' % len(comp))
         cs = set(comp)
@@ -118,10 +165,12 @@ def main():
                 if b in cs:
                     print('  %s -> %s (%s)' % (a, b,
                                               ', '.join(sorted(syms)[:4])))
-    print('check_calls: %d files, %d cycles%s' % (
-        len(uses), len(comps),
-        ' (%d stale objects skipped)' % stale if stale else ''))
-    return 1 if comps else 0
+    print('check_calls: %d files, %d cycles, %d upward calls or unplaced '
+          'core files (%d core files in %d rooms)%s' % (
+              len(uses), len(comps), len(upward), len(rooms),
+              len(set(rooms.values())),
+              ' (%d stale objects skipped)' % stale if stale else ''))
+    return 1 if comps or upward else 0
 
 
 if __name__ == '__main__':

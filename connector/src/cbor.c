@@ -1,7 +1,7 @@
 /* Minimal canonical CBOR encoder for block hashing (see cbor.h). Written for
  * pdx from RFC 8949; canonical here means shortest-form heads and definite
  * lengths, which is all cbor2's canonical mode changes for the types used. */
-#include "cbor.h"
+#include "cbor_int.h"
 
 #include <string.h>
 

@@ -9,7 +9,7 @@
 #include <pdx/xfer.h>
 
 #include "kv_connector_int.h"
-#include "kv_handoff.h"
+#include "kv_handoff_int.h"
 
 /* A finished request whose blocks this node holds for its reader until
  * done, reject, the lease or the reader's death. */

@@ -18,8 +18,8 @@
 #include <pdx/kv_config.h>
 #include <pdx/kv_hash.h>
 
-#include "kv_call.h"
-#include "kv_json.h"
+#include "kv_call_int.h"
+#include "kv_json_int.h"
 
 #define NUM_LAYERS_MAX 4096
 #define MTP_LAYERS_MAX 16
@@ -34,7 +34,7 @@ static bool cfg_arg_ok(const void *p, const char *fn, const char *what,
 {
     if (p != NULL)
         return true;
-    kv_arg_ok(p, fn, what);
+    pdx_arg_ok(p, fn, what);
     if (err != NULL && err_len > 0)
         snprintf(err, err_len, "%s: %s is NULL", fn, what);
     return false;
@@ -875,11 +875,11 @@ pdx_status_t pdx_kv_config_parse(const char *json, size_t len, const char *name,
                                  pdx_kv_config_t *cfg, char *err,
                                  size_t err_len)
 {
-    KV_ENTER();
+    PDX_ENTER();
     if ((len > 0 && !cfg_arg_ok(json, __func__, "json", err, err_len)) ||
         !cfg_arg_ok(cfg, __func__, "cfg", err, err_len))
-        KV_LEAVE(PDX_ERR_INVALID);
-    KV_LEAVE(config_parse(json, len, name, cfg, err, err_len));
+        PDX_LEAVE(PDX_ERR_INVALID);
+    PDX_LEAVE(config_parse(json, len, name, cfg, err, err_len));
 }
 
 static pdx_status_t config_load(const char *path, pdx_kv_config_t *cfg,
@@ -953,32 +953,32 @@ static pdx_status_t config_load(const char *path, pdx_kv_config_t *cfg,
 pdx_status_t pdx_kv_config_load(const char *path, pdx_kv_config_t *cfg,
                                 char *err, size_t err_len)
 {
-    KV_ENTER();
+    PDX_ENTER();
     if (!cfg_arg_ok(path, __func__, "path", err, err_len) ||
         !cfg_arg_ok(cfg, __func__, "cfg", err, err_len))
-        KV_LEAVE(PDX_ERR_INVALID);
-    KV_LEAVE(config_load(path, cfg, err, err_len));
+        PDX_LEAVE(PDX_ERR_INVALID);
+    PDX_LEAVE(config_load(path, cfg, err, err_len));
 }
 
 uint64_t pdx_kv_config_bytes_per_block(const pdx_kv_config_t *cfg)
 {
-    KV_ENTER();
-    if (!KV_ARG_OK(cfg, "cfg"))
-        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    PDX_ENTER();
+    if (!PDX_ARG_OK(cfg, "cfg"))
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, 0);
     uint64_t per_token =
         (uint64_t)cfg->num_layers * cfg->mla_bytes_per_token +
         (uint64_t)cfg->n_index_k_layers * cfg->index_k_bytes_per_token +
         (uint64_t)cfg->mtp_layers *
             ((uint64_t)cfg->mla_bytes_per_token + cfg->index_k_bytes_per_token);
-    KV_LEAVE_VAL(PDX_OK, per_token * cfg->block_tokens);
+    PDX_LEAVE_VAL(PDX_OK, per_token * cfg->block_tokens);
 }
 
 uint32_t pdx_kv_config_num_arenas(const pdx_kv_config_t *cfg)
 {
-    KV_ENTER();
-    if (!KV_ARG_OK(cfg, "cfg"))
-        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
-    KV_LEAVE_VAL(PDX_OK,
+    PDX_ENTER();
+    if (!PDX_ARG_OK(cfg, "cfg"))
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    PDX_LEAVE_VAL(PDX_OK,
                  cfg->num_layers + cfg->n_index_k_layers +
                      cfg->mtp_layers *
                          (cfg->index_k_bytes_per_token > 0 ? 2u : 1u));
@@ -1047,23 +1047,23 @@ static pdx_status_t config_layout(const pdx_kv_config_t *cfg,
 pdx_status_t pdx_kv_config_layout(const pdx_kv_config_t *cfg,
                                   pdx_layout_h *layout_p)
 {
-    KV_ENTER();
-    if (!KV_ARG_OK(cfg, "cfg") || !KV_ARG_OK(layout_p, "layout_p"))
-        KV_LEAVE(PDX_ERR_INVALID);
-    KV_LEAVE(config_layout(cfg, layout_p));
+    PDX_ENTER();
+    if (!PDX_ARG_OK(cfg, "cfg") || !PDX_ARG_OK(layout_p, "layout_p"))
+        PDX_LEAVE(PDX_ERR_INVALID);
+    PDX_LEAVE(config_layout(cfg, layout_p));
 }
 
 size_t pdx_kv_config_backend_opts(const pdx_kv_config_t *cfg, uint32_t backend,
                                   pdx_option_t *out, size_t max)
 {
-    KV_ENTER();
-    if (!KV_ARG_OK(cfg, "cfg"))
-        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    PDX_ENTER();
+    if (!PDX_ARG_OK(cfg, "cfg"))
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, 0);
     if (backend >= cfg->nbackends) {
         pdx_error("kv config %.256s: backend index %u out of range (%u "
                   "backends)",
                   cfg->source, backend, cfg->nbackends);
-        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, 0);
     }
     size_t n = 0;
     for (uint32_t i = 0; i < cfg->nbackend_opts && i < PDX_KV_MAX_BACKEND_OPTS;
@@ -1076,5 +1076,5 @@ size_t pdx_kv_config_backend_opts(const pdx_kv_config_t *cfg, uint32_t backend,
         }
         n++;
     }
-    KV_LEAVE_VAL(PDX_OK, n);
+    PDX_LEAVE_VAL(PDX_OK, n);
 }

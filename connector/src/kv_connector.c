@@ -11,14 +11,14 @@
 #include <pdx/log.h>
 #include <pdx/xfer.h>
 
-#include "kv_call.h"
+#include "kv_call_int.h"
 #include "kv_connector_int.h"
 
 void pdx_kv_free(void *p)
 {
-    KV_ENTER();
+    PDX_ENTER();
     free(p);
-    KV_LEAVE_VOID(PDX_OK);
+    PDX_LEAVE_VOID(PDX_OK);
 }
 
 static pdx_status_t set_invariants(pdx_kv_connector_h c)
@@ -229,26 +229,26 @@ err:
 pdx_status_t pdx_kv_connector_create(const pdx_kv_connector_params_t *params,
                                      pdx_kv_connector_h *conn_p)
 {
-    KV_ENTER();
-    if (!KV_ARG_OK(params, "params") || !KV_ARG_OK(conn_p, "conn_p")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!PDX_ARG_OK(params, "params") || !PDX_ARG_OK(conn_p, "conn_p")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     if (!(params->field_mask & PDX_KV_PARAM_CONFIG) ||
         params->config == NULL) {
         pdx_call_fail(PDX_ERR_INVALID,
                       "%s: params->config is NULL or not in field_mask",
                       __func__);
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     if (!(params->field_mask & PDX_KV_PARAM_LAYOUT)) {
         pdx_call_fail(PDX_ERR_INVALID, "%s: params->layout not in field_mask",
                       __func__);
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     if (!KV_LAYOUT_OK(params->layout, "params->layout")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
-    KV_LEAVE(connector_create(params, conn_p));
+    PDX_LEAVE(connector_create(params, conn_p));
 }
 
 static void connector_destroy(pdx_kv_connector_h c)
@@ -288,58 +288,58 @@ static void connector_destroy(pdx_kv_connector_h c)
 
 void pdx_kv_connector_destroy(pdx_kv_connector_h c)
 {
-    KV_ENTER();
+    PDX_ENTER();
     if (c == NULL) { /* like free(NULL) */
-        KV_LEAVE_VOID(PDX_OK);
+        PDX_LEAVE_VOID(PDX_OK);
     }
     if (!KV_CONN_REL_OK(c)) {
-        KV_LEAVE_VOID(PDX_ERR_INVALID);
+        PDX_LEAVE_VOID(PDX_ERR_INVALID);
     }
     connector_destroy(c);
-    KV_LEAVE_VOID(PDX_OK);
+    PDX_LEAVE_VOID(PDX_OK);
 }
 
 pdx_agent_h pdx_kv_connector_agent(pdx_kv_connector_h c)
 {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_CONN_OK(c)) {
-        KV_LEAVE_VAL(PDX_ERR_INVALID, NULL);
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, NULL);
     }
-    KV_LEAVE_VAL(PDX_OK, c->agent);
+    PDX_LEAVE_VAL(PDX_OK, c->agent);
 }
 
 pdx_hasher_h pdx_kv_connector_hasher(pdx_kv_connector_h c)
 {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_CONN_OK(c)) {
-        KV_LEAVE_VAL(PDX_ERR_INVALID, NULL);
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, NULL);
     }
-    KV_LEAVE_VAL(PDX_OK, c->hasher);
+    PDX_LEAVE_VAL(PDX_OK, c->hasher);
 }
 
 pdx_status_t pdx_kv_connector_describe(pdx_kv_connector_h c, void **blob_p,
                                        size_t *len_p)
 {
-    KV_ENTER();
-    if (!KV_CONN_OK(c) || !KV_ARG_OK(blob_p, "blob_p") ||
-        !KV_ARG_OK(len_p, "len_p")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_CONN_OK(c) || !PDX_ARG_OK(blob_p, "blob_p") ||
+        !PDX_ARG_OK(len_p, "len_p")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
-    KV_LEAVE(pdx_agent_describe(c->agent, blob_p, len_p));
+    PDX_LEAVE(pdx_agent_describe(c->agent, blob_p, len_p));
 }
 
 pdx_status_t pdx_kv_connector_connect(pdx_kv_connector_h c, const void *blob,
                                       size_t len, char *peer_name_out)
 {
-    KV_ENTER();
-    if (!KV_CONN_OK(c) || !KV_ARG_OK(blob, "blob")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_CONN_OK(c) || !PDX_ARG_OK(blob, "blob")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     pdx_status_t st = pdx_peer_load(c->agent, blob, len, peer_name_out);
     if (st == PDX_ERR_MISMATCH) {
         pdx_error("kv: node %s refuses the peer: invariants differ (see the "
                   "line above for the field)", c->cfg.agent_name);
     }
-    KV_LEAVE(st);
+    PDX_LEAVE(st);
 }
 

@@ -19,7 +19,7 @@
 #include <pdx/kv_connector.h>
 #include <pdx/xfer.h>
 
-#include "kv_store.h"
+#include "kv_store_int.h"
 #include "pdx_clock.h"
 
 typedef struct kv_child kv_child_t;

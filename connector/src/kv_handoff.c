@@ -1,7 +1,7 @@
 /* Handoff parameters: their parser (every field checked before it is
  * used: they come from another node), the MultiConnector's merge of
  * children's parameters, and the connector's messages about a handoff. */
-#include "kv_handoff.h"
+#include "kv_handoff_int.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -11,7 +11,7 @@
 #include <pdx/log.h>
 #include <pdx/notif.h>
 
-#include "kv_call.h"
+#include "kv_call_int.h"
 
 bool kv_valid_req(const char *req)
 {
@@ -164,14 +164,14 @@ out:
 pdx_status_t pdx_kv_params_check(const char *params, size_t len,
                                  size_t narenas)
 {
-    KV_ENTER();
-    if (!KV_ARG_OK(params, "params")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!PDX_ARG_OK(params, "params")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     char *text = len < SIZE_MAX ? malloc(len + 1) : NULL;
     if (text == NULL) {
         pdx_error("kv: params check: out of memory for %zu bytes", len);
-        KV_LEAVE(PDX_ERR_NOMEM);
+        PDX_LEAVE(PDX_ERR_NOMEM);
     }
     memcpy(text, params, len);
     text[len] = '\0';
@@ -181,7 +181,7 @@ pdx_status_t pdx_kv_params_check(const char *params, size_t len,
         kv_handoff_free(&h);
     }
     free(text);
-    KV_LEAVE(st);
+    PDX_LEAVE(st);
 }
 
 void kv_json_add_u64s(cJSON *obj, const char *name, const uint64_t *v,
@@ -225,10 +225,10 @@ pdx_status_t kv_params_merge(cJSON *a, const cJSON *b, const char *an,
 
 pdx_status_t pdx_kv_params_merge(const char *a, const char *b, char **out_p)
 {
-    KV_ENTER();
-    if (!KV_ARG_OK(a, "a") || !KV_ARG_OK(b, "b") ||
-        !KV_ARG_OK(out_p, "out_p")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!PDX_ARG_OK(a, "a") || !PDX_ARG_OK(b, "b") ||
+        !PDX_ARG_OK(out_p, "out_p")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     cJSON *ja = cJSON_Parse(a), *jb = cJSON_Parse(b);
     pdx_status_t st = PDX_ERR_CORRUPT;
@@ -249,7 +249,7 @@ pdx_status_t pdx_kv_params_merge(const char *a, const char *b, char **out_p)
     }
     cJSON_Delete(ja);
     cJSON_Delete(jb);
-    KV_LEAVE(st);
+    PDX_LEAVE(st);
 }
 
 void kv_msg_format(char *buf, size_t len, const char *verb, const char *req)

@@ -10,8 +10,8 @@
 
 #include <pdx/log.h>
 
-#include "cbor.h"
-#include "kv_call.h"
+#include "cbor_int.h"
+#include "kv_call_int.h"
 
 struct pdx_hasher {
     uint32_t magic; /* PDX_MAGIC_HASHER; first, as pdx_call.h requires */
@@ -34,21 +34,21 @@ typedef struct hash_call {
 
 pdx_status_t pdx_hash_algo_from_string(const char *name,
                                        pdx_hash_algo_t *algo_p) {
-    KV_ENTER();
-    if (!KV_ARG_OK(name, "name") || !KV_ARG_OK(algo_p, "algo_p"))
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!PDX_ARG_OK(name, "name") || !PDX_ARG_OK(algo_p, "algo_p"))
+        PDX_LEAVE(PDX_ERR_INVALID);
     if (strcmp(name, "xxhash_cbor") == 0) {
         *algo_p = PDX_HASH_XXHASH_CBOR;
-        KV_LEAVE(PDX_OK);
+        PDX_LEAVE(PDX_OK);
     }
     if (strcmp(name, "sha256_cbor") == 0) {
         *algo_p = PDX_HASH_SHA256_CBOR;
-        KV_LEAVE(PDX_OK);
+        PDX_LEAVE(PDX_OK);
     }
     pdx_error("hash algorithm '%.32s' is not supported (xxhash_cbor or "
               "sha256_cbor)",
               name);
-    KV_LEAVE(PDX_ERR_INVALID);
+    PDX_LEAVE(PDX_ERR_INVALID);
 }
 
 static const char *algo_name(pdx_hash_algo_t algo) {
@@ -62,14 +62,14 @@ static const char *algo_name(pdx_hash_algo_t algo) {
 }
 
 const char *pdx_hash_algo_to_string(pdx_hash_algo_t algo) {
-    KV_ENTER();
+    PDX_ENTER();
     const char *s = algo_name(algo);
     if (s == NULL) {
         pdx_call_fail(PDX_ERR_INVALID, "%s: algo %d is not a pdx_hash_algo_t",
                       __func__, (int)algo);
-        KV_LEAVE_VAL(PDX_ERR_INVALID, NULL);
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, NULL);
     }
-    KV_LEAVE_VAL(PDX_OK, s);
+    PDX_LEAVE_VAL(PDX_OK, s);
 }
 
 static size_t algo_digest_len(pdx_hash_algo_t algo) {
@@ -83,34 +83,34 @@ static size_t algo_digest_len(pdx_hash_algo_t algo) {
 }
 
 size_t pdx_hash_algo_digest_len(pdx_hash_algo_t algo) {
-    KV_ENTER();
+    PDX_ENTER();
     size_t n = algo_digest_len(algo);
     if (n == 0) {
         pdx_call_fail(PDX_ERR_INVALID, "%s: algo %d is not a pdx_hash_algo_t",
                       __func__, (int)algo);
-        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, 0);
     }
-    KV_LEAVE_VAL(PDX_OK, n);
+    PDX_LEAVE_VAL(PDX_OK, n);
 }
 
 size_t pdx_block_hash_to_hex(const pdx_block_hash_t *hash, char *buf,
                              size_t buflen) {
     static const char digits[] = "0123456789abcdef";
-    KV_ENTER();
-    if (!KV_ARG_OK(hash, "hash") || (buflen > 0 && !KV_ARG_OK(buf, "buf")))
-        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    PDX_ENTER();
+    if (!PDX_ARG_OK(hash, "hash") || (buflen > 0 && !PDX_ARG_OK(buf, "buf")))
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, 0);
     size_t len =
         hash->len > PDX_BLOCK_HASH_MAX ? PDX_BLOCK_HASH_MAX : hash->len;
     size_t need = 2 * len;
     if (buflen == 0)
-        KV_LEAVE_VAL(PDX_OK, need);
+        PDX_LEAVE_VAL(PDX_OK, need);
     size_t n = need < buflen - 1 ? need : buflen - 1;
     for (size_t i = 0; i < n; i++) {
         uint8_t b = hash->bytes[i / 2];
         buf[i] = digits[(i & 1) ? (b & 0xf) : (b >> 4)];
     }
     buf[n] = '\0';
-    KV_LEAVE_VAL(PDX_OK, need);
+    PDX_LEAVE_VAL(PDX_OK, need);
 }
 
 static int hex_value(char c) {
@@ -125,9 +125,9 @@ static int hex_value(char c) {
 
 pdx_status_t pdx_block_hash_from_hex(const char *hex,
                                      pdx_block_hash_t *hash_p) {
-    KV_ENTER();
-    if (!KV_ARG_OK(hex, "hex") || !KV_ARG_OK(hash_p, "hash_p"))
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!PDX_ARG_OK(hex, "hex") || !PDX_ARG_OK(hash_p, "hash_p"))
+        PDX_LEAVE(PDX_ERR_INVALID);
     size_t n = strnlen(hex, 2 * PDX_BLOCK_HASH_MAX + 1);
     if (n != 32 && n != 64) {
         pdx_error("block hash hex: %s%zu characters, expected 32 or 64 hex "
@@ -135,7 +135,7 @@ pdx_status_t pdx_block_hash_from_hex(const char *hex,
                   n > 2 * PDX_BLOCK_HASH_MAX ? "more than " : "",
                   n > 2 * PDX_BLOCK_HASH_MAX ? (size_t)2 * PDX_BLOCK_HASH_MAX
                                              : n);
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     pdx_block_hash_t h;
     memset(&h, 0, sizeof(h));
@@ -144,20 +144,20 @@ pdx_status_t pdx_block_hash_from_hex(const char *hex,
         if (hi < 0 || lo < 0) {
             pdx_error("block hash hex: character %zu is not a hex digit",
                       hi < 0 ? 2 * i : 2 * i + 1);
-            KV_LEAVE(PDX_ERR_INVALID);
+            PDX_LEAVE(PDX_ERR_INVALID);
         }
         h.bytes[i] = (uint8_t)(hi << 4 | lo);
     }
     h.len = (uint8_t)(n / 2);
     *hash_p = h;
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }
 
 int pdx_block_hash_equal(const pdx_block_hash_t *a, const pdx_block_hash_t *b) {
-    KV_ENTER();
-    if (!KV_ARG_OK(a, "a") || !KV_ARG_OK(b, "b"))
-        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
-    KV_LEAVE_VAL(PDX_OK, a->len == b->len && a->len <= PDX_BLOCK_HASH_MAX &&
+    PDX_ENTER();
+    if (!PDX_ARG_OK(a, "a") || !PDX_ARG_OK(b, "b"))
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    PDX_LEAVE_VAL(PDX_OK, a->len == b->len && a->len <= PDX_BLOCK_HASH_MAX &&
                              memcmp(a->bytes, b->bytes, a->len) == 0);
 }
 
@@ -379,43 +379,43 @@ err_free:
 
 pdx_status_t pdx_hasher_create(pdx_hash_algo_t algo, const char *seed,
                                uint32_t block_size, pdx_hasher_h *hasher_p) {
-    KV_ENTER();
-    if (!KV_ARG_OK(seed, "seed") || !KV_ARG_OK(hasher_p, "hasher_p"))
-        KV_LEAVE(PDX_ERR_INVALID);
-    KV_LEAVE(hasher_create(algo, seed, block_size, hasher_p));
+    PDX_ENTER();
+    if (!PDX_ARG_OK(seed, "seed") || !PDX_ARG_OK(hasher_p, "hasher_p"))
+        PDX_LEAVE(PDX_ERR_INVALID);
+    PDX_LEAVE(hasher_create(algo, seed, block_size, hasher_p));
 }
 
 void pdx_hasher_destroy(pdx_hasher_h hasher) {
-    KV_ENTER();
+    PDX_ENTER();
     if (hasher == NULL) /* like free(NULL) */
-        KV_LEAVE_VOID(PDX_OK);
+        PDX_LEAVE_VOID(PDX_OK);
     if (!KV_HASHER_OK(hasher))
-        KV_LEAVE_VOID(PDX_ERR_INVALID);
+        PDX_LEAVE_VOID(PDX_ERR_INVALID);
     EVP_MD_free(hasher->md);
     pdx_handle_release(hasher);
-    KV_LEAVE_VOID(PDX_OK);
+    PDX_LEAVE_VOID(PDX_OK);
 }
 
 pdx_hash_algo_t pdx_hasher_algo(pdx_hasher_h hasher) {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_HASHER_OK(hasher))
-        KV_LEAVE_VAL(PDX_ERR_INVALID, (pdx_hash_algo_t)-1);
-    KV_LEAVE_VAL(PDX_OK, hasher->algo);
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, (pdx_hash_algo_t)-1);
+    PDX_LEAVE_VAL(PDX_OK, hasher->algo);
 }
 
 uint32_t pdx_hasher_block_size(pdx_hasher_h hasher) {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_HASHER_OK(hasher))
-        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
-    KV_LEAVE_VAL(PDX_OK, hasher->block_size);
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    PDX_LEAVE_VAL(PDX_OK, hasher->block_size);
 }
 
 void pdx_hasher_none_hash(pdx_hasher_h hasher, pdx_block_hash_t *hash_p) {
-    KV_ENTER();
-    if (!KV_HASHER_OK(hasher) || !KV_ARG_OK(hash_p, "hash_p"))
-        KV_LEAVE_VOID(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_HASHER_OK(hasher) || !PDX_ARG_OK(hash_p, "hash_p"))
+        PDX_LEAVE_VOID(PDX_ERR_INVALID);
     *hash_p = hasher->none_hash;
-    KV_LEAVE_VOID(PDX_OK);
+    PDX_LEAVE_VOID(PDX_OK);
 }
 
 static pdx_status_t hash_blocks(pdx_hasher_h h, const uint64_t *tokens,
@@ -486,12 +486,12 @@ pdx_hasher_hash_blocks(pdx_hasher_h h, const uint64_t *tokens, size_t ntokens,
                        const pdx_hash_extra_t *extra, pdx_block_hash_t *out,
                        size_t max_out, size_t *nblocks_p,
                        pdx_block_hash_t *tail_out, int *has_tail_p) {
-    KV_ENTER();
-    if (!KV_HASHER_OK(h) || !KV_ARG_OK(nblocks_p, "nblocks_p") ||
-        (ntokens > 0 && !KV_ARG_OK(tokens, "tokens")) ||
-        (tail_out != NULL && !KV_ARG_OK(has_tail_p, "has_tail_p")))
-        KV_LEAVE(PDX_ERR_INVALID);
-    KV_LEAVE(hash_blocks(h, tokens, ntokens, extra, out, max_out, nblocks_p,
+    PDX_ENTER();
+    if (!KV_HASHER_OK(h) || !PDX_ARG_OK(nblocks_p, "nblocks_p") ||
+        (ntokens > 0 && !PDX_ARG_OK(tokens, "tokens")) ||
+        (tail_out != NULL && !PDX_ARG_OK(has_tail_p, "has_tail_p")))
+        PDX_LEAVE(PDX_ERR_INVALID);
+    PDX_LEAVE(hash_blocks(h, tokens, ntokens, extra, out, max_out, nblocks_p,
                          tail_out, has_tail_p));
 }
 
@@ -538,9 +538,9 @@ pdx_status_t pdx_hasher_hash_next(pdx_hasher_h h,
                                   const uint64_t *tokens, size_t ntokens,
                                   const pdx_hash_extra_t *extra,
                                   pdx_block_hash_t *hash_p) {
-    KV_ENTER();
-    if (!KV_HASHER_OK(h) || !KV_ARG_OK(tokens, "tokens") ||
-        !KV_ARG_OK(hash_p, "hash_p"))
-        KV_LEAVE(PDX_ERR_INVALID);
-    KV_LEAVE(hash_next(h, parent, tokens, ntokens, extra, hash_p));
+    PDX_ENTER();
+    if (!KV_HASHER_OK(h) || !PDX_ARG_OK(tokens, "tokens") ||
+        !PDX_ARG_OK(hash_p, "hash_p"))
+        PDX_LEAVE(PDX_ERR_INVALID);
+    PDX_LEAVE(hash_next(h, parent, tokens, ntokens, extra, hash_p));
 }

@@ -1,7 +1,7 @@
 /* The connector's strict JSON reader (kv_json.h): messages and JSON
  * paths, known keys, scalars, and the checks of the text cJSON leaves
  * out. */
-#include "kv_json.h"
+#include "kv_json_int.h"
 
 #include <inttypes.h>
 #include <math.h>

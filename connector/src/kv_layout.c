@@ -12,7 +12,7 @@
 
 #include <pdx/log.h>
 
-#include "kv_call.h"
+#include "kv_call_int.h"
 
 typedef struct arena_rec {
     char name[PDX_ARENA_NAME_MAX + 1];
@@ -54,14 +54,14 @@ static const char *kind_name(pdx_kv_kind_t kind) {
 }
 
 const char *pdx_kv_kind_to_string(pdx_kv_kind_t kind) {
-    KV_ENTER();
+    PDX_ENTER();
     const char *s = kind_name(kind);
     if (s == NULL) {
         pdx_call_fail(PDX_ERR_INVALID, "%s: kind %d is not a pdx_kv_kind_t",
                       __func__, (int)kind);
-        KV_LEAVE_VAL(PDX_ERR_INVALID, NULL);
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, NULL);
     }
-    KV_LEAVE_VAL(PDX_OK, s);
+    PDX_LEAVE_VAL(PDX_OK, s);
 }
 
 static pdx_status_t layout_create(uint32_t block_tokens,
@@ -81,10 +81,10 @@ static pdx_status_t layout_create(uint32_t block_tokens,
 }
 
 pdx_status_t pdx_layout_create(uint32_t block_tokens, pdx_layout_h *layout_p) {
-    KV_ENTER();
-    if (!KV_ARG_OK(layout_p, "layout_p"))
-        KV_LEAVE(PDX_ERR_INVALID);
-    KV_LEAVE(layout_create(block_tokens, layout_p));
+    PDX_ENTER();
+    if (!PDX_ARG_OK(layout_p, "layout_p"))
+        PDX_LEAVE(PDX_ERR_INVALID);
+    PDX_LEAVE(layout_create(block_tokens, layout_p));
 }
 
 static void layout_destroy(pdx_layout_h layout) {
@@ -93,13 +93,13 @@ static void layout_destroy(pdx_layout_h layout) {
 }
 
 void pdx_layout_destroy(pdx_layout_h layout) {
-    KV_ENTER();
+    PDX_ENTER();
     if (layout == NULL) /* like free(NULL) */
-        KV_LEAVE_VOID(PDX_OK);
+        PDX_LEAVE_VOID(PDX_OK);
     if (!KV_LAYOUT_OK(layout, "layout"))
-        KV_LEAVE_VOID(PDX_ERR_INVALID);
+        PDX_LEAVE_VOID(PDX_ERR_INVALID);
     layout_destroy(layout);
-    KV_LEAVE_VOID(PDX_OK);
+    PDX_LEAVE_VOID(PDX_OK);
 }
 
 /* 1 if [base, base + num_blocks * stride) fits in 64 bits. */
@@ -178,29 +178,29 @@ static pdx_status_t layout_add_arena(pdx_layout_h l, const pdx_arena_t *a,
 
 pdx_status_t pdx_layout_add_arena(pdx_layout_h l, const pdx_arena_t *a,
                                   size_t *index_p) {
-    KV_ENTER();
-    if (!KV_LAYOUT_OK(l, "layout") || !KV_ARG_OK(a, "arena") ||
-        !KV_ARG_OK(a->name, "arena->name"))
-        KV_LEAVE(PDX_ERR_INVALID);
-    KV_LEAVE(layout_add_arena(l, a, index_p));
+    PDX_ENTER();
+    if (!KV_LAYOUT_OK(l, "layout") || !PDX_ARG_OK(a, "arena") ||
+        !PDX_ARG_OK(a->name, "arena->name"))
+        PDX_LEAVE(PDX_ERR_INVALID);
+    PDX_LEAVE(layout_add_arena(l, a, index_p));
 }
 
 size_t pdx_layout_num_arenas(pdx_layout_h l) {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_LAYOUT_OK(l, "layout"))
-        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
-    KV_LEAVE_VAL(PDX_OK, l->narenas);
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    PDX_LEAVE_VAL(PDX_OK, l->narenas);
 }
 
 pdx_status_t pdx_layout_get_arena(pdx_layout_h l, size_t index,
                                   pdx_arena_t *arena_p) {
-    KV_ENTER();
-    if (!KV_LAYOUT_OK(l, "layout") || !KV_ARG_OK(arena_p, "arena_p"))
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_LAYOUT_OK(l, "layout") || !PDX_ARG_OK(arena_p, "arena_p"))
+        PDX_LEAVE(PDX_ERR_INVALID);
     if (index >= l->narenas) {
         pdx_error("layout: arena index %zu out of range (%zu arenas)", index,
                   l->narenas);
-        KV_LEAVE(PDX_ERR_NOT_FOUND);
+        PDX_LEAVE(PDX_ERR_NOT_FOUND);
     }
     const arena_rec_t *r = &l->arenas[index];
     pdx_arena_t a;
@@ -218,61 +218,61 @@ pdx_status_t pdx_layout_get_arena(pdx_layout_h l, size_t index,
     a.mem_type = r->mem_type;
     a.dev_id = r->dev_id;
     *arena_p = a;
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }
 
 pdx_status_t pdx_layout_find_arena(pdx_layout_h l, const char *name,
                                    size_t *index_p) {
-    KV_ENTER();
-    if (!KV_LAYOUT_OK(l, "layout") || !KV_ARG_OK(name, "name") ||
-        !KV_ARG_OK(index_p, "index_p"))
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_LAYOUT_OK(l, "layout") || !PDX_ARG_OK(name, "name") ||
+        !PDX_ARG_OK(index_p, "index_p"))
+        PDX_LEAVE(PDX_ERR_INVALID);
     for (size_t i = 0; i < l->narenas; i++) {
         if (strcmp(l->arenas[i].name, name) == 0) {
             *index_p = i;
-            KV_LEAVE(PDX_OK);
+            PDX_LEAVE(PDX_OK);
         }
     }
     pdx_error("layout: no arena named '%.*s' (%zu arenas)",
               PDX_ARENA_NAME_MAX, name, l->narenas);
-    KV_LEAVE(PDX_ERR_NOT_FOUND);
+    PDX_LEAVE(PDX_ERR_NOT_FOUND);
 }
 
 pdx_status_t pdx_layout_set_base(pdx_layout_h l, size_t index, uint64_t base,
                                  uint32_t dev_id) {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_LAYOUT_OK(l, "layout"))
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     if (index >= l->narenas) {
         pdx_error("layout: set_base: arena index %zu out of range (%zu "
                   "arenas)",
                   index, l->narenas);
-        KV_LEAVE(PDX_ERR_NOT_FOUND);
+        PDX_LEAVE(PDX_ERR_NOT_FOUND);
     }
     arena_rec_t *r = &l->arenas[index];
     if (!span_ok(base, r->num_blocks, r->stride)) {
         pdx_error("layout: arena %s: base 0x%" PRIx64 " + %" PRIu64
                   " blocks of stride %" PRIu64 " wraps the address space",
                   r->name, base, r->num_blocks, r->stride);
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     r->base = base;
     r->dev_id = dev_id;
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }
 
 uint32_t pdx_layout_block_tokens(pdx_layout_h l) {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_LAYOUT_OK(l, "layout"))
-        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
-    KV_LEAVE_VAL(PDX_OK, l->block_tokens);
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    PDX_LEAVE_VAL(PDX_OK, l->block_tokens);
 }
 
 pdx_mem_type_t pdx_layout_mem_type(pdx_layout_h l) {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_LAYOUT_OK(l, "layout"))
-        KV_LEAVE_VAL(PDX_ERR_INVALID, (pdx_mem_type_t)-1);
-    KV_LEAVE_VAL(PDX_OK,
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, (pdx_mem_type_t)-1);
+    PDX_LEAVE_VAL(PDX_OK,
                  l->narenas ? l->arenas[0].mem_type : PDX_MEM_DRAM);
 }
 
@@ -285,20 +285,20 @@ static uint64_t layout_num_blocks(pdx_layout_h l) {
 }
 
 uint64_t pdx_layout_num_blocks(pdx_layout_h l) {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_LAYOUT_OK(l, "layout"))
-        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
-    KV_LEAVE_VAL(PDX_OK, layout_num_blocks(l));
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    PDX_LEAVE_VAL(PDX_OK, layout_num_blocks(l));
 }
 
 uint64_t pdx_layout_bytes_per_block(pdx_layout_h l) {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_LAYOUT_OK(l, "layout"))
-        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, 0);
     uint64_t sum = 0;
     for (size_t i = 0; i < l->narenas; i++)
         sum += l->arenas[i].block_bytes;
-    KV_LEAVE_VAL(PDX_OK, sum);
+    PDX_LEAVE_VAL(PDX_OK, sum);
 }
 
 static size_t put_le32(uint8_t *p, uint32_t v) {
@@ -334,10 +334,10 @@ static uint64_t layout_fingerprint(pdx_layout_h l) {
 }
 
 uint64_t pdx_layout_fingerprint(pdx_layout_h l) {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_LAYOUT_OK(l, "layout"))
-        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
-    KV_LEAVE_VAL(PDX_OK, layout_fingerprint(l));
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    PDX_LEAVE_VAL(PDX_OK, layout_fingerprint(l));
 }
 
 static int arena_packed(const arena_rec_t *r) {
@@ -380,7 +380,7 @@ static pdx_status_t check_ids(pdx_layout_h l, const uint64_t *ids, size_t n,
 static bool descs_args_ok(const char *fn, pdx_layout_h l, const uint64_t *ids,
                           size_t n, const size_t *count_p) {
     if (!pdx_handle_check(l, PDX_MAGIC_LAYOUT, fn, "layout") ||
-        !kv_arg_ok(count_p, fn, "count_p"))
+        !pdx_arg_ok(count_p, fn, "count_p"))
         return false;
     if (n > 0 && ids == NULL) {
         pdx_call_fail(PDX_ERR_INVALID, "%s: ids is NULL (n %zu)", fn, n);
@@ -401,22 +401,22 @@ static pdx_status_t out_room(size_t max_out, size_t count) {
 pdx_status_t pdx_layout_block_descs(pdx_layout_h l, const uint64_t *ids,
                                     size_t n, pdx_desc_t *out, size_t max_out,
                                     size_t *count_p) {
-    KV_ENTER();
+    PDX_ENTER();
     if (!descs_args_ok(__func__, l, ids, n, count_p))
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     pdx_status_t st = check_ids(l, ids, n, "local");
     if (st != PDX_OK)
-        KV_LEAVE(st);
+        PDX_LEAVE(st);
     size_t count = l->narenas * n;
     if (out != NULL) {
         if ((st = out_room(max_out, count)) != PDX_OK)
-            KV_LEAVE(st);
+            PDX_LEAVE(st);
         for (size_t a = 0; a < l->narenas; a++)
             for (size_t i = 0; i < n; i++)
                 out[a * n + i] = arena_desc(&l->arenas[a], ids[i], 1);
     }
     *count_p = count;
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }
 
 /* Number of runs of ids continuing each other (ids[i] == ids[i-1] + 1). */
@@ -430,18 +430,18 @@ static size_t count_runs(const uint64_t *ids, size_t n) {
 pdx_status_t pdx_layout_merged_descs(pdx_layout_h l, const uint64_t *ids,
                                      size_t n, pdx_desc_t *out, size_t max_out,
                                      size_t *count_p) {
-    KV_ENTER();
+    PDX_ENTER();
     if (!descs_args_ok(__func__, l, ids, n, count_p))
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     pdx_status_t st = check_ids(l, ids, n, "local");
     if (st != PDX_OK)
-        KV_LEAVE(st);
+        PDX_LEAVE(st);
     size_t runs = count_runs(ids, n), count = 0;
     for (size_t a = 0; a < l->narenas; a++)
         count += arena_packed(&l->arenas[a]) ? runs : n;
     if (out != NULL) {
         if ((st = out_room(max_out, count)) != PDX_OK)
-            KV_LEAVE(st);
+            PDX_LEAVE(st);
         size_t j = 0;
         for (size_t a = 0; a < l->narenas; a++) {
             const arena_rec_t *r = &l->arenas[a];
@@ -456,7 +456,7 @@ pdx_status_t pdx_layout_merged_descs(pdx_layout_h l, const uint64_t *ids,
         }
     }
     *count_p = count;
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }
 
 static int pair_continues(const uint64_t *lids, const uint64_t *rids,
@@ -469,19 +469,19 @@ pdx_layout_paired_descs(pdx_layout_h local, const uint64_t *local_ids,
                         pdx_layout_h remote, const uint64_t *remote_ids,
                         size_t n, pdx_desc_t *local_out, pdx_desc_t *remote_out,
                         size_t max_out, size_t *count_p) {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_LAYOUT_OK(local, "local") || !KV_LAYOUT_OK(remote, "remote") ||
-        !KV_ARG_OK(count_p, "count_p"))
-        KV_LEAVE(PDX_ERR_INVALID);
-    if (n > 0 && (!KV_ARG_OK(local_ids, "local_ids") ||
-                  !KV_ARG_OK(remote_ids, "remote_ids")))
-        KV_LEAVE(PDX_ERR_INVALID);
+        !PDX_ARG_OK(count_p, "count_p"))
+        PDX_LEAVE(PDX_ERR_INVALID);
+    if (n > 0 && (!PDX_ARG_OK(local_ids, "local_ids") ||
+                  !PDX_ARG_OK(remote_ids, "remote_ids")))
+        PDX_LEAVE(PDX_ERR_INVALID);
     if ((local_out == NULL) != (remote_out == NULL)) {
         pdx_call_fail(PDX_ERR_INVALID,
                       "%s: %s is NULL but %s is not (both or neither)",
                       __func__, local_out == NULL ? "local_out" : "remote_out",
                       local_out == NULL ? "remote_out" : "local_out");
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     uint64_t lfp = layout_fingerprint(local);
     uint64_t rfp = layout_fingerprint(remote);
@@ -489,13 +489,13 @@ pdx_layout_paired_descs(pdx_layout_h local, const uint64_t *local_ids,
         pdx_error("layout: fingerprint mismatch: local %016" PRIx64
                   ", remote %016" PRIx64,
                   lfp, rfp);
-        KV_LEAVE(PDX_ERR_MISMATCH);
+        PDX_LEAVE(PDX_ERR_MISMATCH);
     }
     pdx_status_t st = check_ids(local, local_ids, n, "local");
     if (st == PDX_OK)
         st = check_ids(remote, remote_ids, n, "remote");
     if (st != PDX_OK)
-        KV_LEAVE(st);
+        PDX_LEAVE(st);
 
     /* Same fingerprint: same arena count and block bytes, arena by arena. */
     size_t runs = n ? 1 : 0, count = 0;
@@ -508,7 +508,7 @@ pdx_layout_paired_descs(pdx_layout_h local, const uint64_t *local_ids,
     }
     if (local_out != NULL) {
         if ((st = out_room(max_out, count)) != PDX_OK)
-            KV_LEAVE(st);
+            PDX_LEAVE(st);
         size_t j = 0;
         for (size_t a = 0; a < local->narenas; a++) {
             const arena_rec_t *lr = &local->arenas[a];
@@ -527,7 +527,7 @@ pdx_layout_paired_descs(pdx_layout_h local, const uint64_t *local_ids,
         }
     }
     *count_p = count;
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }
 
 static int align_ok(uint64_t align) {
@@ -561,35 +561,35 @@ static bool carve_align_ok(uint64_t align) {
 }
 
 uint64_t pdx_layout_carve_size(pdx_layout_h l, uint64_t align) {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_LAYOUT_OK(l, "layout") || !carve_align_ok(align))
-        KV_LEAVE_VAL(PDX_ERR_INVALID, UINT64_MAX);
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, UINT64_MAX);
     uint64_t need = carve_plan(l, align, NULL);
     if (need == UINT64_MAX) {
         pdx_error("layout: carving %zu arenas (align %" PRIu64
                   ") overflows 64 bits",
                   l->narenas, align);
-        KV_LEAVE_VAL(PDX_ERR_INVALID, UINT64_MAX);
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, UINT64_MAX);
     }
-    KV_LEAVE_VAL(PDX_OK, need);
+    PDX_LEAVE_VAL(PDX_OK, need);
 }
 
 pdx_status_t pdx_layout_carve(pdx_layout_h l, uint64_t base, uint64_t size,
                               uint64_t align, uint32_t dev_id) {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_LAYOUT_OK(l, "layout") || !carve_align_ok(align))
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     uint64_t need = carve_plan(l, align, NULL);
     if (need == UINT64_MAX || need > UINT64_MAX - base) {
         pdx_error("layout: carving %zu arenas (align %" PRIu64
                   ") from base 0x%" PRIx64 " wraps the address space",
                   l->narenas, align, base);
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     if (size < need) {
         pdx_error("layout: carve needs %" PRIu64 " bytes, buffer has %" PRIu64,
                   need, size);
-        KV_LEAVE(PDX_ERR_NO_SPACE);
+        PDX_LEAVE(PDX_ERR_NO_SPACE);
     }
     /* Second pass assigns; the plan above proved every span fits. */
     uint64_t mask = align > 1 ? align - 1 : 0, pos = 0;
@@ -600,7 +600,7 @@ pdx_status_t pdx_layout_carve(pdx_layout_h l, uint64_t base, uint64_t size,
         r->dev_id = dev_id;
         pos += r->num_blocks * r->stride;
     }
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }
 
 static int glm52_has_index_k(uint32_t layer) {
@@ -612,8 +612,8 @@ static int glm52_has_index_k(uint32_t layer) {
 }
 
 int pdx_glm52_has_index_k(uint32_t layer) {
-    KV_ENTER();
-    KV_LEAVE_VAL(PDX_OK, glm52_has_index_k(layer));
+    PDX_ENTER();
+    PDX_LEAVE_VAL(PDX_OK, glm52_has_index_k(layer));
 }
 
 /* `kind` has been checked. */
@@ -646,16 +646,16 @@ pdx_status_t pdx_layout_add_layer_arena(pdx_layout_h l, const char *prefix,
                                         uint64_t num_blocks,
                                         pdx_mem_type_t mem_type,
                                         uint32_t dev_id) {
-    KV_ENTER();
-    if (!KV_LAYOUT_OK(l, "layout") || !KV_ARG_OK(prefix, "prefix"))
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_LAYOUT_OK(l, "layout") || !PDX_ARG_OK(prefix, "prefix"))
+        PDX_LEAVE(PDX_ERR_INVALID);
     if (kind_name(kind) == NULL) {
         pdx_error("layout: layer %" PRIu32 ": kind %d is not a "
                   "pdx_kv_kind_t",
                   layer, (int)kind);
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
-    KV_LEAVE(add_layer_arena(l, prefix, layer, kind, is_mtp, bpt, num_blocks,
+    PDX_LEAVE(add_layer_arena(l, prefix, layer, kind, is_mtp, bpt, num_blocks,
                              mem_type, dev_id));
 }
 
@@ -698,8 +698,8 @@ static pdx_status_t layout_glm52(uint64_t num_blocks, pdx_mem_type_t mem_type,
 
 pdx_status_t pdx_layout_glm52(uint64_t num_blocks, pdx_mem_type_t mem_type,
                               uint32_t dev_id, pdx_layout_h *layout_p) {
-    KV_ENTER();
-    if (!KV_ARG_OK(layout_p, "layout_p"))
-        KV_LEAVE(PDX_ERR_INVALID);
-    KV_LEAVE(layout_glm52(num_blocks, mem_type, dev_id, layout_p));
+    PDX_ENTER();
+    if (!PDX_ARG_OK(layout_p, "layout_p"))
+        PDX_LEAVE(PDX_ERR_INVALID);
+    PDX_LEAVE(layout_glm52(num_blocks, mem_type, dev_id, layout_p));
 }

@@ -9,15 +9,16 @@
 #include <pdx/notif.h>
 #include <pdx/xfer.h>
 
-#include "kv_call.h"
+#include "kv_call_int.h"
 #include "kv_connector_int.h"
-#include "kv_handoff.h"
+#include "kv_handoff_int.h"
 
 /* `req` of an entry point, whose id must be valid (logged otherwise). */
 static bool req_arg_ok(pdx_kv_connector_h c, const char *fn,
                        const pdx_kv_request_t *r)
 {
-    if (!kv_arg_ok(r, fn, "req") || !kv_arg_ok(r->req_id, fn, "req->req_id")) {
+    if (!pdx_arg_ok(r, fn, "req") ||
+        !pdx_arg_ok(r->req_id, fn, "req->req_id")) {
         return false;
     }
     if (!kv_valid_req(r->req_id)) {
@@ -78,12 +79,12 @@ static pdx_status_t lookup(pdx_kv_connector_h c, const pdx_kv_request_t *r,
 pdx_status_t pdx_kv_lookup(pdx_kv_connector_h c, const pdx_kv_request_t *r,
                            pdx_kv_match_t *match_p)
 {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_CONN_OK(c) || !req_arg_ok(c, __func__, r) ||
-        !KV_ARG_OK(match_p, "match_p")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+        !PDX_ARG_OK(match_p, "match_p")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
-    KV_LEAVE(lookup(c, r, match_p));
+    PDX_LEAVE(lookup(c, r, match_p));
 }
 
 static kv_load_t *find_load(pdx_kv_connector_h c, const char *req)
@@ -174,13 +175,13 @@ static pdx_status_t load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
 pdx_status_t pdx_kv_load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
                          const pdx_kv_match_t *m, const uint64_t *ids)
 {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_CONN_OK(c) || !req_arg_ok(c, __func__, r) ||
-        !KV_ARG_OK(m, "match")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+        !PDX_ARG_OK(m, "match")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
-    if ((m->blocks > 0 || m->tail) && !KV_ARG_OK(ids, "block_ids")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    if ((m->blocks > 0 || m->tail) && !PDX_ARG_OK(ids, "block_ids")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     if (m->blocks > r->nfull || (m->tail && !r->has_tail)) {
         pdx_error("kv connector %s: load %s: match of %zu blocks%s exceeds "
@@ -188,16 +189,16 @@ pdx_status_t pdx_kv_load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
                   c->cfg.agent_name, r->req_id, m->blocks,
                   m->tail ? " and a tail" : "", r->nfull,
                   r->has_tail ? " and a tail" : "");
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
-    KV_LEAVE(load(c, r, m, ids));
+    PDX_LEAVE(load(c, r, m, ids));
 }
 
 pdx_status_t pdx_kv_load_abort(pdx_kv_connector_h c, const char *req_id)
 {
-    KV_ENTER();
-    if (!KV_CONN_OK(c) || !KV_ARG_OK(req_id, "req_id")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_CONN_OK(c) || !PDX_ARG_OK(req_id, "req_id")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&c->lock);
     kv_load_t *l = find_load(c, req_id);
@@ -209,7 +210,7 @@ pdx_status_t pdx_kv_load_abort(pdx_kv_connector_h c, const char *req_id)
                   aborting ? "already aborting the load of"
                            : "no load is known of",
                   PDX_KV_REQ_ID_MAX, req_id);
-        KV_LEAVE(PDX_ERR_NOT_FOUND);
+        PDX_LEAVE(PDX_ERR_NOT_FOUND);
     }
     l->aborted = true;
     if (l->xfer != NULL) {
@@ -221,7 +222,7 @@ pdx_status_t pdx_kv_load_abort(pdx_kv_connector_h c, const char *req_id)
         }
     }
     pthread_mutex_unlock(&c->lock);
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }
 
 static pdx_status_t load_check(pdx_kv_connector_h c, const char *req_id,
@@ -289,39 +290,39 @@ static pdx_status_t load_check(pdx_kv_connector_h c, const char *req_id,
 pdx_status_t pdx_kv_load_check(pdx_kv_connector_h c, const char *req_id,
                                size_t *tokens_p)
 {
-    KV_ENTER();
-    if (!KV_CONN_OK(c) || !KV_ARG_OK(req_id, "req_id") ||
-        !KV_ARG_OK(tokens_p, "tokens_p")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_CONN_OK(c) || !PDX_ARG_OK(req_id, "req_id") ||
+        !PDX_ARG_OK(tokens_p, "tokens_p")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
-    KV_LEAVE(load_check(c, req_id, tokens_p));
+    PDX_LEAVE(load_check(c, req_id, tokens_p));
 }
 
 pdx_status_t pdx_kv_save(pdx_kv_connector_h c, const pdx_kv_request_t *r,
                          const uint64_t *ids)
 {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_CONN_OK(c) || !req_arg_ok(c, __func__, r)) {
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
-    if ((r->nfull > 0 || r->has_tail) && !KV_ARG_OK(ids, "block_ids")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    if ((r->nfull > 0 || r->has_tail) && !PDX_ARG_OK(ids, "block_ids")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     kv_child_t *ch = c->offload_child;
     if (ch == NULL || ch->ops->save == NULL) {
-        KV_LEAVE(PDX_OK); /* no child saves */
+        PDX_LEAVE(PDX_OK); /* no child saves */
     }
     pthread_mutex_lock(&c->lock);
     pdx_status_t st = ch->ops->save(ch, r, ids);
     pthread_mutex_unlock(&c->lock);
-    KV_LEAVE(st);
+    PDX_LEAVE(st);
 }
 
 pdx_status_t pdx_kv_save_check(pdx_kv_connector_h c, const char *req_id)
 {
-    KV_ENTER();
-    if (!KV_CONN_OK(c) || !KV_ARG_OK(req_id, "req_id")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_CONN_OK(c) || !PDX_ARG_OK(req_id, "req_id")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     kv_child_t *ch = c->offload_child;
     pdx_status_t st = PDX_OK;
@@ -334,7 +335,7 @@ pdx_status_t pdx_kv_save_check(pdx_kv_connector_h c, const char *req_id)
         pdx_error("kv connector %s: save %.*s failed: %s", c->cfg.agent_name,
                   PDX_KV_REQ_ID_MAX, req_id, pdx_status_string(st));
     }
-    KV_LEAVE(st);
+    PDX_LEAVE(st);
 }
 
 /* The remote child writes the handoff; the offload child adds its part
@@ -388,34 +389,34 @@ pdx_status_t pdx_kv_request_finished(pdx_kv_connector_h c,
                                      pdx_kv_handoff_from_t from,
                                      char **params_p)
 {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_CONN_OK(c) || !req_arg_ok(c, __func__, r) ||
-        !KV_ARG_OK(params_p, "params_p")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+        !PDX_ARG_OK(params_p, "params_p")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     if (from != PDX_KV_FROM_ARENA && from != PDX_KV_FROM_POOL) {
         pdx_call_fail(PDX_ERR_INVALID,
                       "%s: from %d is not a pdx_kv_handoff_from_t", __func__,
                       (int)from);
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     if (from == PDX_KV_FROM_ARENA && (r->nfull > 0 || r->has_tail) &&
-        !KV_ARG_OK(ids, "block_ids")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+        !PDX_ARG_OK(ids, "block_ids")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
-    KV_LEAVE(request_finished(c, r, ids, tokens, from, params_p));
+    PDX_LEAVE(request_finished(c, r, ids, tokens, from, params_p));
 }
 
 pdx_status_t pdx_kv_reject(pdx_kv_connector_h c, const char *params)
 {
-    KV_ENTER();
-    if (!KV_CONN_OK(c) || !KV_ARG_OK(params, "params")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_CONN_OK(c) || !PDX_ARG_OK(params, "params")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     kv_handoff_t h;
     pdx_status_t st = kv_handoff_parse(params, c->narenas, &h);
     if (st != PDX_OK) {
-        KV_LEAVE(st);
+        PDX_LEAVE(st);
     }
     if (c->store != NULL) {
         kv_store_discover(c->store, params); /* the holder, by name */
@@ -426,7 +427,7 @@ pdx_status_t pdx_kv_reject(pdx_kv_connector_h c, const char *params)
                   c->cfg.agent_name, h.req, h.agent, pdx_status_string(st));
     }
     kv_handoff_free(&h);
-    KV_LEAVE(st);
+    PDX_LEAVE(st);
 }
 
 static void on_notif(void *arg, const char *peer, const void *msg, size_t len)
@@ -455,9 +456,9 @@ static void on_notif(void *arg, const char *peer, const void *msg, size_t len)
 
 int pdx_kv_progress(pdx_kv_connector_h c)
 {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_CONN_OK(c)) {
-        KV_LEAVE_INT(PDX_ERR_INVALID);
+        PDX_LEAVE_INT(PDX_ERR_INVALID);
     }
     int events = 0;
     pthread_mutex_lock(&c->lock);
@@ -473,14 +474,14 @@ int pdx_kv_progress(pdx_kv_connector_h c)
         }
     }
     pthread_mutex_unlock(&c->lock);
-    KV_LEAVE_INT(events);
+    PDX_LEAVE_INT(events);
 }
 
 int pdx_kv_poll_freed(pdx_kv_connector_h c, pdx_kv_freed_cb_t cb, void *arg)
 {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_CONN_OK(c)) {
-        KV_LEAVE_INT(PDX_ERR_INVALID);
+        PDX_LEAVE_INT(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&c->lock);
     kv_freed_t *list = c->freed;
@@ -500,14 +501,14 @@ int pdx_kv_poll_freed(pdx_kv_connector_h c, pdx_kv_freed_cb_t cb, void *arg)
         free(f);
         n++;
     }
-    KV_LEAVE_INT(n);
+    PDX_LEAVE_INT(n);
 }
 
 size_t pdx_kv_held_requests(pdx_kv_connector_h c)
 {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_CONN_OK(c)) {
-        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, 0);
     }
     size_t n = 0;
     pthread_mutex_lock(&c->lock);
@@ -515,36 +516,36 @@ size_t pdx_kv_held_requests(pdx_kv_connector_h c)
         n = kv_remote_held(c->remote_child);
     }
     pthread_mutex_unlock(&c->lock);
-    KV_LEAVE_VAL(PDX_OK, n);
+    PDX_LEAVE_VAL(PDX_OK, n);
 }
 
 pdx_status_t pdx_kv_offload_stats(pdx_kv_connector_h c,
                                   pdx_offload_stats_t *stats_p)
 {
-    KV_ENTER();
-    if (!KV_CONN_OK(c) || !KV_ARG_OK(stats_p, "stats_p")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_CONN_OK(c) || !PDX_ARG_OK(stats_p, "stats_p")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     if (c->pool == NULL) {
         pdx_error("kv connector %s: offload stats: no offload child",
                   c->cfg.agent_name);
-        KV_LEAVE(PDX_ERR_NOT_FOUND);
+        PDX_LEAVE(PDX_ERR_NOT_FOUND);
     }
-    KV_LEAVE(pdx_offload_stats(c->pool, stats_p));
+    PDX_LEAVE(pdx_offload_stats(c->pool, stats_p));
 }
 
 pdx_status_t pdx_kv_store_stats(pdx_kv_connector_h c,
                                 pdx_kv_store_stats_t *stats_p)
 {
-    KV_ENTER();
-    if (!KV_CONN_OK(c) || !KV_ARG_OK(stats_p, "stats_p")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_CONN_OK(c) || !PDX_ARG_OK(stats_p, "stats_p")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     if (c->store == NULL) {
         pdx_error("kv connector %s: store stats: no store section",
                   c->cfg.agent_name);
-        KV_LEAVE(PDX_ERR_NOT_FOUND);
+        PDX_LEAVE(PDX_ERR_NOT_FOUND);
     }
     kv_store_stats(c->store, stats_p);
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }

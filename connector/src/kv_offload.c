@@ -15,8 +15,9 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include "kv_call.h"
+#include "kv_call_int.h"
 #include "kv_offload_int.h"
+#include "pdx_clock.h"
 
 /* ---- keys and the index ------------------------------------------------ */
 
@@ -410,7 +411,7 @@ void *kvo_save_worker(void *arg)
 static bool keys_arg_ok(const char *fn, const pdx_offload_key_t *keys,
                         size_t n)
 {
-    if (n > 0 && !kv_arg_ok(keys, fn, "keys")) {
+    if (n > 0 && !pdx_arg_ok(keys, fn, "keys")) {
         return false;
     }
     for (size_t i = 0; i < n; i++) {
@@ -426,7 +427,7 @@ static bool keys_arg_ok(const char *fn, const pdx_offload_key_t *keys,
 
 static bool key_arg_ok(const char *fn, const pdx_offload_key_t *key)
 {
-    if (!kv_arg_ok(key, fn, "key")) {
+    if (!pdx_arg_ok(key, fn, "key")) {
         return false;
     }
     if (!key_ok(key)) {
@@ -451,7 +452,7 @@ static bool class_arg_ok(const char *fn, pdx_offload_class_t cls)
 static bool lease_arg_ok(const char *fn, pdx_offload_pool_h pool,
                          pdx_offload_lease_h lease)
 {
-    if (!kv_arg_ok(lease, fn, "lease")) {
+    if (!pdx_arg_ok(lease, fn, "lease")) {
         return false;
     }
     if (lease->pool != pool) {
@@ -584,16 +585,16 @@ pdx_status_t pdx_offload_query(pdx_offload_pool_h pool,
 {
     size_t found;
 
-    KV_ENTER();
-    if (!KV_POOL_OK(pool) || !KV_ARG_OK(prefix_p, "prefix_p") ||
+    PDX_ENTER();
+    if (!KV_POOL_OK(pool) || !PDX_ARG_OK(prefix_p, "prefix_p") ||
         !keys_arg_ok(__func__, keys, n)) {
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&pool->lock);
     found = prefix_locked(pool, keys, n, SIZE_MAX, NULL);
     pthread_mutex_unlock(&pool->lock);
     *prefix_p = found;
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }
 
 pdx_status_t pdx_offload_lease(pdx_offload_pool_h pool,
@@ -604,16 +605,16 @@ pdx_status_t pdx_offload_lease(pdx_offload_pool_h pool,
     size_t max;
     size_t found;
 
-    KV_ENTER();
-    if (!KV_POOL_OK(pool) || !KV_ARG_OK(lease_p, "lease_p") ||
-        !KV_ARG_OK(count_p, "count_p") || !keys_arg_ok(__func__, keys, n)) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_POOL_OK(pool) || !PDX_ARG_OK(lease_p, "lease_p") ||
+        !PDX_ARG_OK(count_p, "count_p") || !keys_arg_ok(__func__, keys, n)) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     max = n < pool->capacity ? n : pool->capacity;
     lease = malloc(sizeof(*lease) + (max ? max : 1) * sizeof(uint32_t));
     if (lease == NULL) {
         pdx_error("offload: out of memory for a lease of %zu blocks", max);
-        KV_LEAVE(PDX_ERR_NOMEM);
+        PDX_LEAVE(PDX_ERR_NOMEM);
     }
     pthread_mutex_lock(&pool->lock);
     found = prefix_locked(pool, keys, n, max, lease->slots);
@@ -630,40 +631,40 @@ pdx_status_t pdx_offload_lease(pdx_offload_pool_h pool,
                       "pool (saved blocks only; evicted or never saved)",
                       n);
         }
-        KV_LEAVE(PDX_ERR_NOT_FOUND);
+        PDX_LEAVE(PDX_ERR_NOT_FOUND);
     }
     lease->pool = pool;
     lease->count = (uint32_t)found;
     *lease_p = lease;
     *count_p = found;
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }
 
 size_t pdx_offload_lease_count(pdx_offload_lease_h lease)
 {
-    KV_ENTER();
-    if (!KV_ARG_OK(lease, "lease")) {
-        KV_LEAVE_VAL(PDX_ERR_INVALID, 0);
+    PDX_ENTER();
+    if (!PDX_ARG_OK(lease, "lease")) {
+        PDX_LEAVE_VAL(PDX_ERR_INVALID, 0);
     }
-    KV_LEAVE_VAL(PDX_OK, lease->count);
+    PDX_LEAVE_VAL(PDX_OK, lease->count);
 }
 
 pdx_status_t pdx_offload_lease_block(pdx_offload_pool_h pool,
                                      pdx_offload_lease_h lease, size_t index,
                                      const void **addr_p)
 {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_POOL_OK(pool) || !lease_arg_ok(__func__, pool, lease) ||
-        !KV_ARG_OK(addr_p, "addr_p")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+        !PDX_ARG_OK(addr_p, "addr_p")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     if (index >= lease->count) {
         pdx_error("offload: lease block index %zu out of range (%u blocks)",
                   index, lease->count);
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     *addr_p = slot_addr(pool, lease->slots[index]);
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }
 
 pdx_status_t pdx_offload_load(pdx_offload_pool_h pool,
@@ -673,10 +674,10 @@ pdx_status_t pdx_offload_load(pdx_offload_pool_h pool,
     uintptr_t slab_lo;
     uintptr_t slab_hi;
 
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_POOL_OK(pool) || !lease_arg_ok(__func__, pool, lease) ||
-        (n > 0 && !KV_ARG_OK(items, "items"))) {
-        KV_LEAVE(PDX_ERR_INVALID);
+        (n > 0 && !PDX_ARG_OK(items, "items"))) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     slab_lo = (uintptr_t)pool->slab;
     slab_hi = slab_lo + pool->slab_len;
@@ -686,13 +687,13 @@ pdx_status_t pdx_offload_load(pdx_offload_pool_h pool,
             pdx_error("offload: load item %zu: index %zu out of range (lease "
                       "of %u blocks)",
                       i, items[i].index, lease->count);
-            KV_LEAVE(PDX_ERR_INVALID);
+            PDX_LEAVE(PDX_ERR_INVALID);
         }
         if (d == 0 || (d < slab_hi && d + pool->block_bytes > slab_lo)) {
             pdx_error("offload: load item %zu: destination %p is NULL or "
                       "overlaps the slab",
                       i, items[i].dst);
-            KV_LEAVE(PDX_ERR_INVALID);
+            PDX_LEAVE(PDX_ERR_INVALID);
         }
     }
     /* The lease pins every slot: no lock, nobody writes them meanwhile. */
@@ -702,22 +703,22 @@ pdx_status_t pdx_offload_load(pdx_offload_pool_h pool,
     }
     atomic_fetch_add_explicit(&pool->bytes_loaded, n * pool->block_bytes,
                               memory_order_relaxed);
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }
 
 void pdx_offload_release(pdx_offload_pool_h pool, pdx_offload_lease_h lease)
 {
     uint32_t last[PDX_OFFLOAD_NUM_CLASSES] = {NIL, NIL};
 
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_POOL_OK(pool)) {
-        KV_LEAVE_VOID(PDX_ERR_INVALID);
+        PDX_LEAVE_VOID(PDX_ERR_INVALID);
     }
     if (lease == NULL) { /* like free(NULL) */
-        KV_LEAVE_VOID(PDX_OK);
+        PDX_LEAVE_VOID(PDX_OK);
     }
     if (!lease_arg_ok(__func__, pool, lease)) {
-        KV_LEAVE_VOID(PDX_ERR_INVALID);
+        PDX_LEAVE_VOID(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&pool->lock);
     for (uint32_t i = 0; i < lease->count; i++) {
@@ -730,7 +731,7 @@ void pdx_offload_release(pdx_offload_pool_h pool, pdx_offload_lease_h lease)
     pool->live_leases--;
     pthread_mutex_unlock(&pool->lock);
     free(lease);
-    KV_LEAVE_VOID(PDX_OK);
+    PDX_LEAVE_VOID(PDX_OK);
 }
 
 /* ---- saves ------------------------------------------------------------- */
@@ -752,12 +753,12 @@ pdx_status_t pdx_offload_save(pdx_offload_pool_h pool,
                               const pdx_offload_key_t *key, const void *src,
                               pdx_offload_class_t cls)
 {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_POOL_OK(pool) || !key_arg_ok(__func__, key) ||
-        !KV_ARG_OK(src, "src") || !class_arg_ok(__func__, cls)) {
-        KV_LEAVE(PDX_ERR_INVALID);
+        !PDX_ARG_OK(src, "src") || !class_arg_ok(__func__, cls)) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
-    KV_LEAVE(no_space(pool, do_save(pool, key, src, cls)));
+    PDX_LEAVE(no_space(pool, do_save(pool, key, src, cls)));
 }
 
 pdx_status_t pdx_offload_save_async(pdx_offload_pool_h pool,
@@ -769,10 +770,10 @@ pdx_status_t pdx_offload_save_async(pdx_offload_pool_h pool,
     save_req_t *req;
     pdx_status_t st;
 
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_POOL_OK(pool) || !key_arg_ok(__func__, key) ||
-        !KV_ARG_OK(src, "src") || !class_arg_ok(__func__, cls)) {
-        KV_LEAVE(PDX_ERR_INVALID);
+        !PDX_ARG_OK(src, "src") || !class_arg_ok(__func__, cls)) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     if (!pool->worker_started) {
         st = no_space(pool, do_save(pool, key, src, cls));
@@ -782,7 +783,7 @@ pdx_status_t pdx_offload_save_async(pdx_offload_pool_h pool,
             cb(cb_arg, key, st);
             pdx_call_resume(d);
         }
-        KV_LEAVE(st);
+        PDX_LEAVE(st);
     }
     pthread_mutex_lock(&pool->qlock);
     /* Each wait ends when the worker takes an entry or the pool stops. */
@@ -792,14 +793,14 @@ pdx_status_t pdx_offload_save_async(pdx_offload_pool_h pool,
              * the log (dropped_saves in pdx_offload_stats). */
             pool->q_dropped++;
             pthread_mutex_unlock(&pool->qlock);
-            KV_LEAVE(PDX_ERR_BUSY);
+            PDX_LEAVE(PDX_ERR_BUSY);
         }
         pthread_cond_wait(&pool->q_space, &pool->qlock);
     }
     if (pool->q_stop) {
         pthread_mutex_unlock(&pool->qlock);
         pdx_error("offload: save refused: the pool is being destroyed");
-        KV_LEAVE(PDX_ERR_CANCELED);
+        PDX_LEAVE(PDX_ERR_CANCELED);
     }
     req = &pool->q[(pool->q_head + pool->q_count) % pool->q_depth];
     req->key = *key;
@@ -811,7 +812,7 @@ pdx_status_t pdx_offload_save_async(pdx_offload_pool_h pool,
     pool->q_accepted++;
     pthread_cond_signal(&pool->q_nonempty);
     pthread_mutex_unlock(&pool->qlock);
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }
 
 pdx_status_t pdx_offload_flush(pdx_offload_pool_h pool, int64_t timeout_ms)
@@ -821,18 +822,12 @@ pdx_status_t pdx_offload_flush(pdx_offload_pool_h pool, int64_t timeout_ms)
     uint64_t left = 0;
     pdx_status_t st = PDX_OK;
 
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_POOL_OK(pool)) {
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     if (timeout_ms > 0) {
-        clock_gettime(CLOCK_MONOTONIC, &deadline);
-        deadline.tv_sec += timeout_ms / 1000;
-        deadline.tv_nsec += (timeout_ms % 1000) * 1000000L;
-        if (deadline.tv_nsec >= 1000000000L) {
-            deadline.tv_sec++;
-            deadline.tv_nsec -= 1000000000L;
-        }
+        deadline = pdx_abstime_ms(CLOCK_MONOTONIC, timeout_ms);
     }
     pthread_mutex_lock(&pool->qlock);
     target = pool->q_accepted;
@@ -861,7 +856,7 @@ pdx_status_t pdx_offload_flush(pdx_offload_pool_h pool, int64_t timeout_ms)
         pdx_error("offload: flush: %llu saves still pending after %lld ms",
                   (unsigned long long)left, (long long)timeout_ms);
     }
-    KV_LEAVE(st);
+    PDX_LEAVE(st);
 }
 
 /* ---- zero-copy saves --------------------------------------------------- */
@@ -876,10 +871,10 @@ pdx_status_t pdx_offload_reserve(pdx_offload_pool_h pool,
     evicted_t ev = {0};
     pdx_status_t st;
 
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_POOL_OK(pool) || !key_arg_ok(__func__, key) ||
-        !class_arg_ok(__func__, cls) || !KV_ARG_OK(resv_p, "resv_p")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+        !class_arg_ok(__func__, cls) || !PDX_ARG_OK(resv_p, "resv_p")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&pool->lock);
     st = reserve_locked(pool, key, cls, &s, &ev);
@@ -891,12 +886,12 @@ pdx_status_t pdx_offload_reserve(pdx_offload_pool_h pool,
     if (st != PDX_OK) {
         /* PDX_ERR_EXISTS (a duplicate, the common case of a repeated
          * prefix) is an answer and stays quiet. */
-        KV_LEAVE(no_space(pool, st));
+        PDX_LEAVE(no_space(pool, st));
     }
     resv_p->dst = slot_addr(pool, s);
     resv_p->slot = s;
     resv_p->gen = gen;
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }
 
 static bool resv_live(const struct pdx_offload_pool *pool,
@@ -920,9 +915,9 @@ pdx_status_t pdx_offload_commit(pdx_offload_pool_h pool,
 {
     pdx_status_t st = PDX_ERR_INVALID;
 
-    KV_ENTER();
-    if (!KV_POOL_OK(pool) || !KV_ARG_OK(resv, "resv")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_POOL_OK(pool) || !PDX_ARG_OK(resv, "resv")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&pool->lock);
     if (resv_live(pool, resv)) {
@@ -933,7 +928,7 @@ pdx_status_t pdx_offload_commit(pdx_offload_pool_h pool,
     if (st != PDX_OK) {
         resv_dead("commit", resv);
     }
-    KV_LEAVE(st);
+    PDX_LEAVE(st);
 }
 
 pdx_status_t pdx_offload_abort(pdx_offload_pool_h pool,
@@ -941,9 +936,9 @@ pdx_status_t pdx_offload_abort(pdx_offload_pool_h pool,
 {
     pdx_status_t st = PDX_ERR_INVALID;
 
-    KV_ENTER();
-    if (!KV_POOL_OK(pool) || !KV_ARG_OK(resv, "resv")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_POOL_OK(pool) || !PDX_ARG_OK(resv, "resv")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&pool->lock);
     if (resv_live(pool, resv)) {
@@ -954,7 +949,7 @@ pdx_status_t pdx_offload_abort(pdx_offload_pool_h pool,
     if (st != PDX_OK) {
         resv_dead("abort", resv);
     }
-    KV_LEAVE(st);
+    PDX_LEAVE(st);
 }
 
 /* ---- owner hints, introspection ---------------------------------------- */
@@ -1001,21 +996,21 @@ out:
 pdx_status_t pdx_offload_add_owner(pdx_offload_pool_h pool,
                                    const pdx_offload_key_t *key)
 {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_POOL_OK(pool) || !key_arg_ok(__func__, key)) {
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
-    KV_LEAVE(owner_hint(pool, key, true));
+    PDX_LEAVE(owner_hint(pool, key, true));
 }
 
 pdx_status_t pdx_offload_drop_owner(pdx_offload_pool_h pool,
                                     const pdx_offload_key_t *key)
 {
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_POOL_OK(pool) || !key_arg_ok(__func__, key)) {
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
-    KV_LEAVE(owner_hint(pool, key, false));
+    PDX_LEAVE(owner_hint(pool, key, false));
 }
 
 /* Absent is an answer (PDX_ERR_NOT_FOUND), not logged. */
@@ -1026,10 +1021,10 @@ pdx_status_t pdx_offload_class_of(pdx_offload_pool_h pool,
     pdx_status_t st = PDX_ERR_NOT_FOUND;
     uint32_t s;
 
-    KV_ENTER();
+    PDX_ENTER();
     if (!KV_POOL_OK(pool) || !key_arg_ok(__func__, key) ||
-        !KV_ARG_OK(cls_p, "cls_p")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+        !PDX_ARG_OK(cls_p, "cls_p")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&pool->lock);
     s = idx_find(pool, key, key_hash(key), NULL);
@@ -1038,5 +1033,5 @@ pdx_status_t pdx_offload_class_of(pdx_offload_pool_h pool,
         st = PDX_OK;
     }
     pthread_mutex_unlock(&pool->lock);
-    KV_LEAVE(st);
+    PDX_LEAVE(st);
 }

@@ -12,7 +12,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include "kv_call.h"
+#include "kv_call_int.h"
 #include "kv_offload_int.h"
 
 /* ---- create / destroy -------------------------------------------------- */
@@ -296,11 +296,11 @@ err_free_pool:
 pdx_status_t pdx_offload_create(const pdx_offload_params_t *params,
                                 pdx_offload_pool_h *pool_p)
 {
-    KV_ENTER();
-    if (!KV_ARG_OK(params, "params") || !KV_ARG_OK(pool_p, "pool_p")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!PDX_ARG_OK(params, "params") || !PDX_ARG_OK(pool_p, "pool_p")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
-    KV_LEAVE(pool_create(params, pool_p));
+    PDX_LEAVE(pool_create(params, pool_p));
 }
 
 static void pool_destroy(pdx_offload_pool_h pool)
@@ -331,15 +331,15 @@ static void pool_destroy(pdx_offload_pool_h pool)
 
 void pdx_offload_destroy(pdx_offload_pool_h pool)
 {
-    KV_ENTER();
+    PDX_ENTER();
     if (pool == NULL) { /* like free(NULL) */
-        KV_LEAVE_VOID(PDX_OK);
+        PDX_LEAVE_VOID(PDX_OK);
     }
     if (!KV_POOL_REL_OK(pool)) {
-        KV_LEAVE_VOID(PDX_ERR_INVALID);
+        PDX_LEAVE_VOID(PDX_ERR_INVALID);
     }
     pool_destroy(pool);
-    KV_LEAVE_VOID(PDX_OK);
+    PDX_LEAVE_VOID(PDX_OK);
 }
 
 /* ---- introspection ------------------------------------------------------ */
@@ -354,15 +354,15 @@ pdx_status_t pdx_offload_keys(pdx_offload_pool_h pool, uint64_t *cursor_p,
     size_t n = 0;
     uint64_t s;
 
-    KV_ENTER();
-    if (!KV_POOL_OK(pool) || !KV_ARG_OK(cursor_p, "cursor_p") ||
-        !KV_ARG_OK(n_p, "n_p") || !KV_ARG_OK(keys, "keys")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_POOL_OK(pool) || !PDX_ARG_OK(cursor_p, "cursor_p") ||
+        !PDX_ARG_OK(n_p, "n_p") || !PDX_ARG_OK(keys, "keys")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     if (max == 0) {
         /* Would make no progress: a cursor of 0 would read as the end. */
         pdx_call_fail(PDX_ERR_INVALID, "%s: max is 0", __func__);
-        KV_LEAVE(PDX_ERR_INVALID);
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     s = *cursor_p;
     pthread_mutex_lock(&pool->lock);
@@ -381,20 +381,20 @@ pdx_status_t pdx_offload_keys(pdx_offload_pool_h pool, uint64_t *cursor_p,
     pthread_mutex_unlock(&pool->lock);
     *cursor_p = s < end ? s : 0;
     *n_p = n;
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }
 
 pdx_status_t pdx_offload_slab(pdx_offload_pool_h pool, void **addr_p,
                               size_t *len_p)
 {
-    KV_ENTER();
-    if (!KV_POOL_OK(pool) || !KV_ARG_OK(addr_p, "addr_p") ||
-        !KV_ARG_OK(len_p, "len_p")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_POOL_OK(pool) || !PDX_ARG_OK(addr_p, "addr_p") ||
+        !PDX_ARG_OK(len_p, "len_p")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     *addr_p = pool->slab;
     *len_p = pool->slab_len;
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }
 
 pdx_status_t pdx_offload_stats(pdx_offload_pool_h pool,
@@ -402,9 +402,9 @@ pdx_status_t pdx_offload_stats(pdx_offload_pool_h pool,
 {
     pdx_offload_stats_t s;
 
-    KV_ENTER();
-    if (!KV_POOL_OK(pool) || !KV_ARG_OK(stats_p, "stats_p")) {
-        KV_LEAVE(PDX_ERR_INVALID);
+    PDX_ENTER();
+    if (!KV_POOL_OK(pool) || !PDX_ARG_OK(stats_p, "stats_p")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
     }
     pthread_mutex_lock(&pool->lock);
     s = pool->st;
@@ -422,5 +422,5 @@ pdx_status_t pdx_offload_stats(pdx_offload_pool_h pool,
     s.index_bytes = pool->meta_len + pool->tab_len;
     s.index_bytes_per_block = s.index_bytes / pool->capacity;
     *stats_p = s;
-    KV_LEAVE(PDX_OK);
+    PDX_LEAVE(PDX_OK);
 }

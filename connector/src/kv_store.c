@@ -33,8 +33,8 @@
 
 #include "pdx_clock.h"
 
-#include "kv_handoff.h"
-#include "kv_store.h"
+#include "kv_handoff_int.h"
+#include "kv_store_int.h"
 
 #define MSG_FETCH "pdxkv:fetch "
 #define MSG_OFFER "pdxkv:offer "

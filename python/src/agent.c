@@ -3,7 +3,7 @@
  * register (memreg.c), prep_dlist (dlist.c), make/create_xfer (xfer.c),
  * the store calls (agent_store.c) and bench (bench.c). Every call that can
  * take more than a few microseconds runs with the GIL released. */
-#include "pdxpy.h"
+#include "pdxpy_int.h"
 #include <math.h>
 
 #include <errno.h>
@@ -196,6 +196,53 @@ static int parse_store(PyObject *o, store_spec_t *sp, pdx_agent_params_t *ap)
     return 0;
 }
 
+/* The agent's xfer_timeout (seconds), progress_interval_us and path_policy
+ * arguments into `ap` (None: the default). -1 with an exception set. */
+static int parse_params(PyObject *timeout, PyObject *interval,
+                        PyObject *policy, pdx_agent_params_t *ap)
+{
+    if (timeout != Py_None) {
+        double t;
+        if (pdxpy_timeout_arg(timeout, "xfer_timeout", 0, &t) < 0) {
+            return -1;
+        }
+        if (t * 1000.0 > (double)UINT32_MAX) {
+            PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID),
+                            "xfer_timeout: seconds, 0 (never) or more");
+            return -1;
+        }
+        ap->field_mask |= PDX_AGENT_PARAM_XFER_TIMEOUT;
+        ap->xfer_timeout_ms = (uint32_t)(t * 1000.0 + 0.5);
+        if (t > 0 && ap->xfer_timeout_ms == 0) {
+            ap->xfer_timeout_ms = 1;
+        }
+    }
+    if (interval != Py_None) {
+        long us = PyLong_AsLong(interval);
+        if (us == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        ap->field_mask |= PDX_AGENT_PARAM_PROGRESS_INTERVAL;
+        ap->progress_interval_us = (uint32_t)us;
+    }
+    if (policy != Py_None) {
+        const char *p =
+            PyUnicode_Check(policy) ? PyUnicode_AsUTF8(policy) : NULL;
+        if (p != NULL && !strcmp(p, "any")) {
+            ap->path_policy = PDX_PATH_POLICY_ANY;
+        } else if (p != NULL && !strcmp(p, "same_host_fast")) {
+            ap->path_policy = PDX_PATH_POLICY_SAME_HOST_FAST;
+        } else {
+            PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
+                         "path_policy: 'any' or 'same_host_fast', not %R",
+                         policy);
+            return -1;
+        }
+        ap->field_mask |= PDX_AGENT_PARAM_PATH_POLICY;
+    }
+    return 0;
+}
+
 static int Agent_init(AgentObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"name",
@@ -234,44 +281,8 @@ static int Agent_init(AgentObject *self, PyObject *args, PyObject *kw)
         ap.flags |= PDX_AGENT_F_TELEMETRY;
 #endif
     }
-    if (timeout != Py_None) {
-        double t;
-        if (pdxpy_timeout_arg(timeout, "xfer_timeout", 0, &t) < 0) {
-            return -1;
-        }
-        if (t * 1000.0 > (double)UINT32_MAX) {
-            PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID),
-                            "xfer_timeout: seconds, 0 (never) or more");
-            return -1;
-        }
-        ap.field_mask |= PDX_AGENT_PARAM_XFER_TIMEOUT;
-        ap.xfer_timeout_ms = (uint32_t)(t * 1000.0 + 0.5);
-        if (t > 0 && ap.xfer_timeout_ms == 0) {
-            ap.xfer_timeout_ms = 1;
-        }
-    }
-    if (interval != Py_None) {
-        long us = PyLong_AsLong(interval);
-        if (us == -1 && PyErr_Occurred()) {
-            return -1;
-        }
-        ap.field_mask |= PDX_AGENT_PARAM_PROGRESS_INTERVAL;
-        ap.progress_interval_us = (uint32_t)us;
-    }
-    if (policy != Py_None) {
-        const char *p =
-            PyUnicode_Check(policy) ? PyUnicode_AsUTF8(policy) : NULL;
-        if (p != NULL && !strcmp(p, "any")) {
-            ap.path_policy = PDX_PATH_POLICY_ANY;
-        } else if (p != NULL && !strcmp(p, "same_host_fast")) {
-            ap.path_policy = PDX_PATH_POLICY_SAME_HOST_FAST;
-        } else {
-            PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
-                         "path_policy: 'any' or 'same_host_fast', not %R",
-                         policy);
-            return -1;
-        }
-        ap.field_mask |= PDX_AGENT_PARAM_PATH_POLICY;
+    if (parse_params(timeout, interval, policy, &ap) < 0) {
+        return -1;
     }
     /* Backends: default ucx + cma (same-host memcpy path). */
     backend_spec_t *specs = NULL;

@@ -2,7 +2,7 @@
  * and bench calls) use of their agent: a call begins on it (its use
  * count) or finds it closed, and a polling loop waits on its event fd.
  * Below agent.c, whose Agent type gathers the methods of those files. */
-#include "pdxpy.h"
+#include "pdxpy_int.h"
 
 #include <poll.h>
 #include <time.h>

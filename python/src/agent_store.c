@@ -1,6 +1,6 @@
 /* pdx.Agent's store calls (pdx/store.h): publish, fetch_peer,
  * store_status. */
-#include "pdxpy.h"
+#include "pdxpy_int.h"
 #include <math.h>
 
 #include <errno.h>

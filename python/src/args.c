@@ -1,6 +1,6 @@
 /* Argument helpers every binding shares: memory types, bytes, timeouts,
  * integer arrays, and the clock and the wait for a use count to drain. */
-#include "pdxpy.h"
+#include "pdxpy_int.h"
 
 #include <math.h>
 #include <string.h>

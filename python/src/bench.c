@@ -1,6 +1,6 @@
 /* Agent.bench: a transfer loop timed in C, so the numbers are pdx's and
  * not the interpreter's. */
-#include "pdxpy.h"
+#include "pdxpy_int.h"
 #include <math.h>
 
 #include <errno.h>

@@ -1,7 +1,7 @@
 /* The memory an object stands for (pdx.mem_info, Agent.register, Layout
  * arenas): a buffer, an (addr, len[, mem_type[, device]]) tuple, a tensor
  * with data_ptr() or an object with __cuda_array_interface__. */
-#include "pdxpy.h"
+#include "pdxpy_int.h"
 
 #include <stdlib.h>
 #include <string.h>

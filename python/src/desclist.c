@@ -1,6 +1,6 @@
 /* pdx.DescList: a descriptor list in C memory, from tuples or an N x 3
  * integer buffer. */
-#include "pdxpy.h"
+#include "pdxpy_int.h"
 #include <math.h>
 
 #include <errno.h>

@@ -1,5 +1,5 @@
 /* pdx.PreparedList (pdx_dlist_h): Agent.prep_dlist and the list. */
-#include "pdxpy.h"
+#include "pdxpy_int.h"
 #include <math.h>
 
 #include <errno.h>

@@ -2,7 +2,7 @@
  * pdx.Closed) and the raising half of every binding: a status and pdx's
  * error text into the exception; also which optional functions this
  * libpdx.so's table holds. The bottom of the extension: calls only pdx. */
-#include "pdxpy.h"
+#include "pdxpy_int.h"
 
 #include <string.h>
 

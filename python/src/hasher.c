@@ -1,5 +1,5 @@
 /* pdx.Hasher: vLLM-compatible block hashes. */
-#include "pdxpy.h"
+#include "pdxpy_int.h"
 
 #include <string.h>
 

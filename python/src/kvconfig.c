@@ -1,6 +1,6 @@
 /* pdx.KVConfig: a loaded JSON deployment config, kept in C
  * (pdx_kv_config_t points into itself). */
-#include "pdxpy.h"
+#include "pdxpy_int.h"
 
 #include <string.h>
 

@@ -1,6 +1,6 @@
 /* pdx.KVConnector: lookup, load, save, request finished, progress,
  * freed lists; handoff parameters as dicts. */
-#include "pdxpy.h"
+#include "pdxpy_int.h"
 
 #include <string.h>
 

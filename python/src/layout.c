@@ -1,6 +1,6 @@
 /* pdx.Layout: the KV arenas (GLM-5.2 or from a config), their memory,
  * carving and block descriptors. */
-#include "pdxpy.h"
+#include "pdxpy_int.h"
 
 #include <string.h>
 

@@ -6,7 +6,7 @@
  * process (SharedMemory.fd, pickling through multiprocessing, or
  * pdx.mem_attach in the worker). The buffer protocol gives numpy (or
  * anything else) the memory without a copy. */
-#include "pdxpy.h"
+#include "pdxpy_int.h"
 
 #include <errno.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /* pdx.MemReg: one registration (Agent.register, Agent.deregister), and
  * the read-only regions transfers are checked against. */
-#include "pdxpy.h"
+#include "pdxpy_int.h"
 #include <math.h>
 
 #include <errno.h>

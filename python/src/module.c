@@ -1,7 +1,7 @@
 /* pdx._pdx: the CPython extension over libpdx.so's public C API. This file
  * is its top: the module functions and the module's init, which readies
  * the exceptions (errors.c) and every type. */
-#include "pdxpy.h"
+#include "pdxpy_int.h"
 
 #include <string.h>
 

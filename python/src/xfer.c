@@ -1,6 +1,6 @@
 /* pdx.Xfer (pdx_xfer_h): Agent.make_xfer, Agent.create_xfer, and post,
  * check, wait, abort, release, telemetry. */
-#include "pdxpy.h"
+#include "pdxpy_int.h"
 #include <math.h>
 
 #include <errno.h>

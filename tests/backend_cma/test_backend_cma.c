@@ -25,7 +25,7 @@
 #include <cmocka.h>
 #include <pdx/backend.h>
 
-#include "cma_copy.h"
+#include "cma_copy_int.h"
 #include "pdx_clock.h"
 
 #define MB (1ull << 20)

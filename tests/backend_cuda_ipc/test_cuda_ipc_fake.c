@@ -18,7 +18,7 @@
 
 #include <cuda.h>
 
-#include "cuda_ipc_int.h"
+#include "cuda_ipc_ops_int.h"
 #include "fake_cuda.h"
 
 static const pdx_backend_ops_t *ops = &pdx_cuda_ipc_ops;

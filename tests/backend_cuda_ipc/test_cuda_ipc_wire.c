@@ -10,8 +10,8 @@
 
 #include <cmocka.h>
 
-#include "cu_api.h"
-#include "cuda_ipc_wire.h"
+#include "cu_api_int.h"
+#include "cuda_ipc_wire_int.h"
 
 static void uuid_of(int phys, uint8_t u[16])
 {

@@ -2,6 +2,9 @@
  * process moving pattern-filled memory both ways, and child processes that
  * die or stall under a tcp connection.
  *
+ * Over 1,200 lines: one suite of the backend's cases with their helper
+ * processes; to be split by concern with the fixtures library.
+ *
  * Usage: test_backend_ucx --suite transfer|misc [--tls LIST] [--quick]
  *        test_backend_ucx --peer-child WFD RFD   (internal, for misc)
  *        test_backend_ucx --stuck-sender WFD RFD (internal, for misc) */

@@ -21,7 +21,7 @@
 
 #include <pdx/pdx.h>
 
-#include "blob.h"
+#include "blob_int.h"
 #include "mock_backend.h"
 #include "peer_int.h"
 #include "poll_until.h"

@@ -7,7 +7,7 @@
 
 #include <xxhash.h>
 
-#include "blob.h"
+#include "blob_int.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -12,7 +12,7 @@
 
 #include <pdx/kv_hash.h>
 
-#include "cbor.h"
+#include "cbor_int.h"
 
 /* Reference values: the five seed-"0"/"42" xxhash_cbor values come from the
  * issue; every other value was computed once with gen_vectors.py (Debian

@@ -25,7 +25,7 @@
 
 #include <pdx/backend.h>
 
-#include "cma_copy.h"
+#include "cma_copy_int.h"
 #include "pdx_clock.h"
 #include "pdx_opts.h"
 

@@ -1,6 +1,6 @@
 /* cuda_ipc: loading the CUDA driver with dlopen, and the CUresult
  * translator. */
-#include "cu_api.h"
+#include "cu_api_int.h"
 
 #include <dlfcn.h>
 #include <errno.h>

@@ -1,7 +1,7 @@
 /* cuda_ipc: device helpers: a driver error logged once, a device's
  * primary context (retained on first use) entered and left, its stream
  * pool and idle events, and the range check keys and copies share. */
-#include "cuda_ipc_priv.h"
+#include "cuda_ipc_int.h"
 
 pdx_status_t cipc_cu_fail(cipc_be_t *be, CUresult r, const char *what)
 {

@@ -1,71 +1,123 @@
-/* cuda_ipc: internal entry points for unit tests (static library only). */
+/* cuda_ipc: the private header of the backend's files: the instance,
+ * devices, registrations, peers and their mapped allocations, requests,
+ * and the device helpers (cuda_ipc_dev.c) the others share. Calls point
+ * down: cuda_ipc_ops (the table) above cuda_ipc_backend (the instance),
+ * cuda_ipc_mem, cuda_ipc_peer and cuda_ipc_xfer, above cuda_ipc_dev,
+ * cuda_ipc_wire and cu_api. */
 #ifndef PDX_CUDA_IPC_INT_H
 #define PDX_CUDA_IPC_INT_H
 
-#include <stdint.h>
-#include <sys/types.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
-#include <pdx/backend.h>
+#include <pdx/log.h>
 
-#include "cu_api.h"
-#include "cuda_ipc_wire.h"
+#include "cuda_ipc_ops_int.h"
+#include "pdx_clock.h"
+#include "pdx_opts.h"
 
-/* The ops table. The module exports it as `pdx_backend_v1`; the static
- * library names it `pdx_cuda_ipc_ops`, so static backends can be linked
- * side by side (cuda_ipc_ops.c is compiled once per target). */
-extern const pdx_backend_ops_t pdx_cuda_ipc_ops;
+#define CIPC_STREAMS_DEFAULT 4u
+#define CIPC_STREAMS_MAX 64u /* one bit each in a uint64_t */
+#define CIPC_PEER_NAME_MAX 64
 
-/* The ops, wired by cuda_ipc_ops.c. */
-pdx_status_t cipc_op_query(char *why, size_t why_len);
-pdx_status_t cipc_op_create(const pdx_backend_host_t *host,
-                            const pdx_option_t *opts, size_t nopts,
-                            void **be_p);
-void cipc_op_destroy(void *be);
-pdx_status_t cipc_op_conn_info(void *be, void **buf_p, size_t *len_p);
-pdx_status_t cipc_op_mem_register(void *be, const pdx_region_t *region,
-                                  void **md_p);
-void cipc_op_mem_deregister(void *be, void *md);
-pdx_status_t cipc_op_mem_pack(void *be, void *md, void **buf_p, size_t *len_p);
-pdx_status_t cipc_op_peer_connect(void *be, const char *peer_name,
-                                  const void *conn, size_t conn_len,
-                                  void **peer_p);
-void cipc_op_peer_disconnect(void *be, void *peer);
-pdx_status_t cipc_op_rmem_load(void *be, void *peer, const pdx_region_t *region,
-                               const void *key, size_t key_len, void **rmd_p);
-void cipc_op_rmem_unload(void *be, void *rmd);
-pdx_status_t cipc_op_xfer_post(void *be, void *peer, pdx_xfer_op_t op,
-                               const pdx_backend_iov_t *iov, size_t n,
-                               const void *notif, size_t notif_len,
-                               void **req_p);
-pdx_status_t cipc_op_xfer_check(void *be, void *req);
-void cipc_op_xfer_release(void *be, void *req);
-pdx_status_t cipc_op_xfer_abort(void *be, void *req);
-pdx_status_t cipc_op_notif_send(void *be, void *peer, const void *msg,
-                                size_t len);
-int cipc_op_progress(void *be);
-int cipc_op_event_fd(void *be);
-pdx_status_t cipc_op_arm(void *be);
-void cipc_op_describe(void *be, char *buf, size_t len);
+typedef struct cipc_dev {
+    CUdevice dev;
+    uint8_t uuid[CIPC_UUID_LEN];
+    char name[96];
+    CUcontext ctx; /* retained primary context, NULL until first use */
+    CUstream *streams;
+    unsigned nstreams; /* created so far */
+    unsigned next;     /* round-robin cursor */
+    CUevent *pool;     /* idle events */
+    size_t npool, cappool;
+} cipc_dev_t;
 
-#define CIPC_CAPS                                                              \
-    (PDX_BACKEND_CAP_DRAM | PDX_BACKEND_CAP_VRAM | PDX_BACKEND_CAP_READ |      \
-     PDX_BACKEND_CAP_WRITE | PDX_BACKEND_CAP_SAME_HOST)
+typedef struct cipc_be {
+    cu_api_t api;
+    char host_id[CIPC_HOST_ID_MAX + 1];
+    cipc_ident_t ident;
+    unsigned streams_per_dev;
+    int vmm; /* the driver has the VMM entry points */
+    int ndev;
+    cipc_dev_t *devs;
+    uint8_t (*uuids)[CIPC_UUID_LEN]; /* uuids[i] of ordinal i */
+    uint64_t *used;                  /* per-device stream bits, per post */
+} cipc_be_t;
 
-/* Who this process is to its peers. Tests give two instances of one process
- * different identities so they talk through the IPC path. */
-typedef struct cipc_ident {
-    pid_t pid;
-    uint64_t token;
-} cipc_ident_t;
+typedef struct cipc_md {
+    pdx_mem_type_t type;
+    uint64_t addr, len;
+    int dev;    /* VRAM: ordinal; DRAM: -1 */
+    int pinned; /* we cuMemHostRegister'd it */
+    cipc_kind_t kind;
+    uint64_t base, alloc_size;
+    uint8_t handle[CIPC_HANDLE_LEN];
+    int fd; /* exported VMM fd, or -1 */
+} cipc_md_t;
 
-/* create() with a driver table the caller filled (a fake driver in tests)
- * and an optional identity (NULL: this process). `api` is copied. */
-pdx_status_t cipc_create_with_api(const pdx_backend_host_t *host,
-                                  const pdx_option_t *opts, size_t nopts,
-                                  const cu_api_t *api,
-                                  const cipc_ident_t *ident, void **be_p);
+/* One of a peer's allocations, opened here; cached until disconnect. */
+typedef struct cipc_map {
+    struct cipc_map *next;
+    cipc_kind_t kind;
+    int dev; /* local ordinal of its device */
+    uint64_t remote_base, size;
+    CUdeviceptr local_base;
+    CUmemGenericAllocationHandle vmm_handle;
+} cipc_map_t;
 
-/* This process's identity (pid and a random token made once). */
-void cipc_self_ident(cipc_ident_t *ident);
+typedef struct cipc_peer {
+    char name[CIPC_PEER_NAME_MAX];
+    char host_id[CIPC_HOST_ID_MAX + 1];
+    uint32_t pid;
+    int self; /* this very process: its addresses are ours */
+    cipc_map_t *maps;
+    size_t nrmd;
+} cipc_peer_t;
+
+typedef struct cipc_rmd {
+    cipc_peer_t *peer;
+    uint64_t addr, len; /* in the peer's address space */
+    int dev;            /* local ordinal whose context maps it */
+    int host;           /* the peer's DRAM: loaded, but not reachable */
+    CUdeviceptr ptr;    /* where `addr` is mapped here */
+} cipc_rmd_t;
+
+typedef struct cipc_evt {
+    int dev;
+    CUevent ev;
+} cipc_evt_t;
+
+typedef struct cipc_req {
+    size_t nev; /* pending events, at the front of ev[] */
+    pdx_status_t err;
+    int aborted; /* complete as PDX_ERR_CANCELED */
+    cipc_evt_t ev[];
+} cipc_req_t;
+
+/* ---- cuda_ipc_dev.c: device contexts, streams, events ---- */
+
+pdx_status_t cipc_cu_fail(cipc_be_t *be, CUresult r, const char *what);
+pdx_status_t cipc_dev_ctx(cipc_be_t *be, int d);
+pdx_status_t cipc_dev_enter(cipc_be_t *be, int d);
+void cipc_dev_leave(cipc_be_t *be);
+pdx_status_t cipc_dev_stream(cipc_be_t *be, int d, unsigned *idx_p,
+                             CUstream *s_p);
+pdx_status_t cipc_dev_event_get(cipc_be_t *be, int d, CUevent *ev_p);
+void cipc_dev_event_put(cipc_be_t *be, int d, CUevent ev);
+int cipc_in_range(uint64_t a, uint64_t len, uint64_t base, uint64_t blen);
+
+/* ---- cuda_ipc_peer.c ---- */
+
+/* The peer's allocation behind key `k`, opened on device `dev` once and
+ * cached on the peer until it disconnects. */
+pdx_status_t cipc_peer_map(cipc_be_t *be, cipc_peer_t *p, const cipc_key_t *k,
+                           int dev, cipc_map_t **m_p);
 
 #endif

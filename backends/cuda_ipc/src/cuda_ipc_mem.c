@@ -1,7 +1,8 @@
-/* cuda_ipc: registration: DRAM pinned with cuMemHostRegister, VRAM
- * exported as a legacy IPC handle or, for VMM allocations, as a POSIX fd;
- * mem_pack writes the key peers load. */
-#include "cuda_ipc_priv.h"
+/* cuda_ipc: registrations and keys: DRAM pinned with cuMemHostRegister,
+ * VRAM exported as a legacy IPC handle or, for VMM allocations, as a POSIX
+ * fd; mem_pack writes the key peers load; rmem_load checks a peer's key
+ * and maps its allocation (through the peer's cache, cuda_ipc_peer.c). */
+#include "cuda_ipc_int.h"
 
 static pdx_status_t reg_dram(cipc_be_t *be, const pdx_region_t *rg,
                              cipc_md_t *md)
@@ -246,4 +247,95 @@ pdx_status_t cipc_op_mem_pack(void *be_, void *md_, void **buf_p, size_t *len_p)
     memcpy(k.handle, md->handle, CIPC_HANDLE_LEN);
     snprintf(k.host_id, sizeof(k.host_id), "%s", be->host_id);
     return cipc_key_encode(&k, buf_p, len_p);
+}
+
+pdx_status_t cipc_op_rmem_load(void *be_, void *peer_, const pdx_region_t *rg,
+                               const void *key, size_t key_len, void **rmd_p)
+{
+    cipc_be_t *be = be_;
+    cipc_peer_t *p = peer_;
+    char why[96];
+    cipc_key_t k;
+    pdx_status_t st = cipc_key_decode(key, key_len, &k, why, sizeof(why));
+    if (st != PDX_OK) {
+        pdx_error("cuda_ipc: peer %s: bad region key: %s", p->name, why);
+        return st;
+    }
+    if (k.pid != p->pid || strcmp(k.host_id, p->host_id) != 0) {
+        pdx_error("cuda_ipc: peer %s: region key from pid %u on %s, but the "
+                  "peer is pid %u on %s",
+                  p->name, k.pid, k.host_id, p->pid, p->host_id);
+        return PDX_ERR_INVALID;
+    }
+    pdx_mem_type_t want =
+        k.kind == CIPC_KIND_HOST ? PDX_MEM_DRAM : PDX_MEM_VRAM;
+    if (rg != NULL && (rg->mem_type != want || rg->addr != k.base + k.offset ||
+                       rg->len != k.len)) {
+        pdx_error("cuda_ipc: peer %s: region 0x%" PRIx64 "+%" PRIu64
+                  " does not match its key 0x%" PRIx64 "+%" PRIu64,
+                  p->name, rg->addr, rg->len, k.base + k.offset, k.len);
+        return PDX_ERR_INVALID;
+    }
+    cipc_rmd_t *r = calloc(1, sizeof(*r));
+    if (r == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    r->peer = p;
+    r->addr = k.base + k.offset;
+    r->len = k.len;
+    if (k.kind == CIPC_KIND_HOST) {
+        /* The peer's DRAM is not reachable through CUDA IPC. Loading it
+         * still succeeds: the agent loads every key of a peer and fails the
+         * whole peer on an error, though UCX reaches this region fine.
+         * A transfer that uses it here fails with PDX_ERR_UNSUPPORTED. */
+        r->host = 1;
+        r->dev = -1;
+        p->nrmd++;
+        *rmd_p = r;
+        return PDX_OK;
+    }
+    int dev = cipc_uuid_to_ordinal((const uint8_t(*)[CIPC_UUID_LEN])be->uuids,
+                                   (size_t)be->ndev, k.uuid);
+    if (dev < 0) {
+        /* Not visible here (CUDA_VISIBLE_DEVICES differs, e.g. one GPU per
+         * DP rank): open it from device 0, through peer access (NVLink or
+         * PCIe P2P); cuIpcOpenMemHandle enables it lazily. */
+        char u[48];
+        cipc_uuid_format(k.uuid, u, sizeof(u));
+        pdx_info("cuda_ipc: peer %s: region on %s, not visible here; "
+                 "reaching it from device 0 through peer access",
+                 p->name, u);
+        dev = 0;
+    }
+    r->dev = dev;
+    if (p->self) {
+        /* Same process: the peer's addresses are ours. Its ordinals are
+         * ours too, and dev_ctx makes sure the context exists. */
+        st = cipc_dev_ctx(be, dev);
+        r->ptr = (CUdeviceptr)r->addr;
+    } else {
+        cipc_map_t *m;
+        st = cipc_peer_map(be, p, &k, dev, &m);
+        if (st == PDX_OK) {
+            r->ptr = m->local_base + (CUdeviceptr)k.offset;
+        }
+    }
+    if (st != PDX_OK) {
+        free(r);
+        return st;
+    }
+    p->nrmd++;
+    *rmd_p = r;
+    return PDX_OK;
+}
+
+void cipc_op_rmem_unload(void *be_, void *rmd_)
+{
+    cipc_rmd_t *r = rmd_;
+    if (r == NULL) {
+        return;
+    }
+    /* The mapping stays cached on the peer until it disconnects. */
+    r->peer->nrmd--;
+    free(r);
 }

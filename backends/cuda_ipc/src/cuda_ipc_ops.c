@@ -1,7 +1,7 @@
 /* cuda_ipc: the ops table, compiled once per target: as `pdx_backend_v1`
  * (the one exported symbol) into the module, as `pdx_cuda_ipc_ops` into the
  * static library. */
-#include "cuda_ipc_int.h"
+#include "cuda_ipc_ops_int.h"
 
 #include <pdx/export.h>
 

@@ -1,7 +1,7 @@
 /* cuda_ipc: peers: connect (same host, another or this very process),
- * their allocations opened here (legacy IPC or VMM fd) and cached until
- * disconnect, remote keys loaded against them. */
-#include "cuda_ipc_priv.h"
+ * and their allocations opened here (legacy IPC or VMM fd) and cached
+ * until disconnect (the remote keys that use them are cuda_ipc_mem.c's). */
+#include "cuda_ipc_int.h"
 
 pdx_status_t cipc_op_peer_connect(void *be_, const char *peer_name,
                                   const void *conn, size_t conn_len,
@@ -151,8 +151,8 @@ static pdx_status_t open_vmm(cipc_be_t *be, cipc_peer_t *p, const cipc_key_t *k,
 }
 
 /* The peer's allocation behind `k`, opened once and cached. */
-static pdx_status_t peer_map(cipc_be_t *be, cipc_peer_t *p, const cipc_key_t *k,
-                             int dev, cipc_map_t **m_p)
+pdx_status_t cipc_peer_map(cipc_be_t *be, cipc_peer_t *p, const cipc_key_t *k,
+                           int dev, cipc_map_t **m_p)
 {
     for (cipc_map_t *m = p->maps; m != NULL; m = m->next) {
         if (m->kind == (cipc_kind_t)k->kind && m->dev == dev &&
@@ -205,95 +205,4 @@ static pdx_status_t peer_map(cipc_be_t *be, cipc_peer_t *p, const cipc_key_t *k,
     p->maps = m;
     *m_p = m;
     return PDX_OK;
-}
-
-pdx_status_t cipc_op_rmem_load(void *be_, void *peer_, const pdx_region_t *rg,
-                               const void *key, size_t key_len, void **rmd_p)
-{
-    cipc_be_t *be = be_;
-    cipc_peer_t *p = peer_;
-    char why[96];
-    cipc_key_t k;
-    pdx_status_t st = cipc_key_decode(key, key_len, &k, why, sizeof(why));
-    if (st != PDX_OK) {
-        pdx_error("cuda_ipc: peer %s: bad region key: %s", p->name, why);
-        return st;
-    }
-    if (k.pid != p->pid || strcmp(k.host_id, p->host_id) != 0) {
-        pdx_error("cuda_ipc: peer %s: region key from pid %u on %s, but the "
-                  "peer is pid %u on %s",
-                  p->name, k.pid, k.host_id, p->pid, p->host_id);
-        return PDX_ERR_INVALID;
-    }
-    pdx_mem_type_t want =
-        k.kind == CIPC_KIND_HOST ? PDX_MEM_DRAM : PDX_MEM_VRAM;
-    if (rg != NULL && (rg->mem_type != want || rg->addr != k.base + k.offset ||
-                       rg->len != k.len)) {
-        pdx_error("cuda_ipc: peer %s: region 0x%" PRIx64 "+%" PRIu64
-                  " does not match its key 0x%" PRIx64 "+%" PRIu64,
-                  p->name, rg->addr, rg->len, k.base + k.offset, k.len);
-        return PDX_ERR_INVALID;
-    }
-    cipc_rmd_t *r = calloc(1, sizeof(*r));
-    if (r == NULL) {
-        return PDX_ERR_NOMEM;
-    }
-    r->peer = p;
-    r->addr = k.base + k.offset;
-    r->len = k.len;
-    if (k.kind == CIPC_KIND_HOST) {
-        /* The peer's DRAM is not reachable through CUDA IPC. Loading it
-         * still succeeds: the agent loads every key of a peer and fails the
-         * whole peer on an error, though UCX reaches this region fine.
-         * A transfer that uses it here fails with PDX_ERR_UNSUPPORTED. */
-        r->host = 1;
-        r->dev = -1;
-        p->nrmd++;
-        *rmd_p = r;
-        return PDX_OK;
-    }
-    int dev = cipc_uuid_to_ordinal((const uint8_t(*)[CIPC_UUID_LEN])be->uuids,
-                                   (size_t)be->ndev, k.uuid);
-    if (dev < 0) {
-        /* Not visible here (CUDA_VISIBLE_DEVICES differs, e.g. one GPU per
-         * DP rank): open it from device 0, through peer access (NVLink or
-         * PCIe P2P); cuIpcOpenMemHandle enables it lazily. */
-        char u[48];
-        cipc_uuid_format(k.uuid, u, sizeof(u));
-        pdx_info("cuda_ipc: peer %s: region on %s, not visible here; "
-                 "reaching it from device 0 through peer access",
-                 p->name, u);
-        dev = 0;
-    }
-    r->dev = dev;
-    if (p->self) {
-        /* Same process: the peer's addresses are ours. Its ordinals are
-         * ours too, and dev_ctx makes sure the context exists. */
-        st = cipc_dev_ctx(be, dev);
-        r->ptr = (CUdeviceptr)r->addr;
-    } else {
-        cipc_map_t *m;
-        st = peer_map(be, p, &k, dev, &m);
-        if (st == PDX_OK) {
-            r->ptr = m->local_base + (CUdeviceptr)k.offset;
-        }
-    }
-    if (st != PDX_OK) {
-        free(r);
-        return st;
-    }
-    p->nrmd++;
-    *rmd_p = r;
-    return PDX_OK;
-}
-
-void cipc_op_rmem_unload(void *be_, void *rmd_)
-{
-    cipc_rmd_t *r = rmd_;
-    if (r == NULL) {
-        return;
-    }
-    /* The mapping stays cached on the peer until it disconnects. */
-    r->peer->nrmd--;
-    free(r);
 }

@@ -1,6 +1,6 @@
 /* cuda_ipc: blobs, device mapping, host check and piece merging (no driver
  * calls here, so all of it runs in unit tests). */
-#include "cuda_ipc_wire.h"
+#include "cuda_ipc_wire_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>

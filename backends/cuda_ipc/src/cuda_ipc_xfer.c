@@ -1,6 +1,6 @@
 /* cuda_ipc: transfers: async copies on a device's streams, one event per
  * stream used; check, abort and release. */
-#include "cuda_ipc_priv.h"
+#include "cuda_ipc_int.h"
 
 static CUresult copy_one(cipc_be_t *be, pdx_xfer_op_t op, const cipc_md_t *l,
                          const cipc_rmd_t *r, uint64_t laddr, CUdeviceptr rptr,

@@ -1,14 +1,16 @@
 /* ucx: the backend's private header: limits, the objects (instance, peer,
  * keys, requests, notifications) and the functions the files share. The
- * layers, bottom up: ucx_status, ucx_am, ucx_request, ucx_endpoint, ucx_mem
- * and ucx_xfer, ucx_worker, ucx_ops (the table); calls only point down. */
+ * layers, bottom up: ucx_status, ucx_wire (a peer's address and keys
+ * checked), ucx_am (notifications), ucx_request, ucx_peer (peers, their
+ * endpoints and workers), ucx_mem and ucx_xfer, ucx_backend (the
+ * instance), ucx_ops (the table); calls only point down. */
 #ifndef PDX_UCX_INT_H
 #define PDX_UCX_INT_H
 
 #include <pdx/backend.h>
 #include <pdx/log.h>
 
-#include "ucx_validate.h"
+#include "ucx_wire_int.h"
 
 #include <ucp/api/ucp.h>
 

@@ -1,8 +1,8 @@
-/* UCX 1.13 worker address and packed rkey validation (see ucx_validate.h).
+/* UCX 1.13 worker address and packed rkey validation (see ucx_wire.h).
  * Hand-written: UCX has no API that checks a peer's address or key (its
  * unpackers assume a well-formed buffer, and ucp_ep_rkey_unpack is not even
  * told the key's length). */
-#include "ucx_validate.h"
+#include "ucx_wire_int.h"
 
 #include <math.h>
 #include <stdarg.h>

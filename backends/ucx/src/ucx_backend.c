@@ -1,6 +1,6 @@
-/* ucx: the instance: options, UCP context and worker, conn info, destroy
- * (with workers UCX cannot destroy kept reachable), progress, the event fd
- * and describe. */
+/* ucx: the instance: options, UCP context and main worker, conn info,
+ * destroy (with workers UCX cannot destroy kept reachable), progress, the
+ * event fd and describe. */
 #include "ucx_int.h"
 
 #include <sys/epoll.h>
@@ -327,28 +327,12 @@ static pdx_status_t ucx_config_set(ucp_config_t *cfg, const char *name,
     return PDX_OK;
 }
 
-pdx_status_t ucx_create(const pdx_backend_host_t *host,
-                        const pdx_option_t *opts, size_t nopts,
-                        void **be_p)
+/* A new instance with the defaults, before its options. */
+static ucx_be_t *ucx_be_new(const pdx_backend_host_t *host, size_t name_len)
 {
-    pdx_status_t st;
-    ucs_status_t s;
-    ucp_config_t *cfg = NULL;
-
-    if (host == NULL || host->agent_name == NULL || be_p == NULL ||
-        (nopts > 0 && opts == NULL)) {
-        pdx_error("ucx: create: missing host, agent name or output");
-        return PDX_ERR_INVALID;
-    }
-    size_t name_len = strlen(host->agent_name);
-    if (name_len == 0 || name_len > UCX_MAX_NAME) {
-        pdx_error("ucx: agent name of %zu bytes (1..%u allowed)", name_len,
-                  UCX_MAX_NAME);
-        return PDX_ERR_INVALID;
-    }
     ucx_be_t *be = calloc(1, sizeof(*be));
     if (be == NULL) {
-        return PDX_ERR_NOMEM;
+        return NULL;
     }
     be->host = *host;
     be->name_len = name_len;
@@ -364,8 +348,180 @@ pdx_status_t ucx_create(const pdx_backend_host_t *host,
     ucx_list_init(&be->req_cache);
     ucx_list_init(&be->orphan_sends);
     ucx_list_init(&be->inbox);
+    return be;
+}
 
-    st = ucx_parse_opts(be, opts, nopts);
+/* UCX's configuration for this instance (its options over the
+ * environment's): the transports, shared memory's error handling and
+ * receive pool, keepalive. */
+static pdx_status_t ucx_config_make(ucx_be_t *be, ucp_config_t *cfg)
+{
+    pdx_status_t st;
+    if (be->tls[0] != '\0') {
+        st = ucx_config_set(cfg, "TLS", be->tls);
+        if (st != PDX_OK) {
+            return st;
+        }
+    }
+    /* Peer error mode drops transports that cannot report a dead peer;
+     * shared memory (posix, sysv) can once its error handling is on. The
+     * key is the mm transports' shared table (UCX_{POSIX,SYSV}_ERROR_HANDLING
+     * in the environment); UCX warns if no mm transport is in the list. */
+    if (ucx_tls_has_mm(be->tls[0] ? be->tls : getenv("UCX_TLS"))) {
+        st = ucx_config_set(cfg, "MM_ERROR_HANDLING", "y");
+        if (st != PDX_OK) {
+            return st;
+        }
+        /* Each worker's shared-memory receive descriptors are allocated
+         * (and touched) RX_BUFS_GROW at a time, 8 KiB each: UCX's 512 cost
+         * every worker 4.3 MiB of resident memory, and a same-host peer
+         * over shared memory has a worker of its own (ucx_peer_ep). 128
+         * (1.3 MiB a worker, 16 peers measured) still covers the 64-slot
+         * FIFO twice; the pool grows past it when descriptors are held. */
+        if (getenv("UCX_MM_RX_BUFS_GROW") == NULL &&
+            getenv("UCX_POSIX_RX_BUFS_GROW") == NULL &&
+            getenv("UCX_SYSV_RX_BUFS_GROW") == NULL) {
+            st = ucx_config_set(cfg, "MM_RX_BUFS_GROW", "128");
+            if (st != PDX_OK) {
+                return st;
+            }
+        }
+    }
+    /* Keepalive is how UCX notices a dead peer with no traffic in flight
+     * where nothing else tells it: over RDMA, a remote host that vanished.
+     * On one host pdx has the peer's pidfd, and over TCP the kernel's RST
+     * ends the endpoint at once (a host gone without one is found by the
+     * store's lease, not by keepalive, which TCP only queues). Each probe
+     * is activity that wakes the progress thread: at 1 s, 8 loaded peers
+     * cost an idle agent 2.3-3.2 ms of CPU a second, at 5 s 1.2 (0 peers:
+     * 0.8-1.1). UCX's default, 20 s, is slow for P/D handoffs over RDMA.
+     * keepalive_ms=0 or an explicit UCX_KEEPALIVE_INTERVAL leaves UCX's. */
+    if (be->keepalive_ms > 0 && getenv("UCX_KEEPALIVE_INTERVAL") == NULL) {
+        char ka[32];
+        snprintf(ka, sizeof(ka), "%" PRIu64 "ms", be->keepalive_ms);
+        st = ucx_config_set(cfg, "KEEPALIVE_INTERVAL", ka);
+        if (st != PDX_OK) {
+            return st;
+        }
+    }
+    return PDX_OK;
+}
+
+/* The UCP context: RMA, active messages (notifications) and wake-ups. */
+static pdx_status_t ucx_context_open(ucx_be_t *be,
+                                     const pdx_backend_host_t *host)
+{
+    ucp_config_t *cfg = NULL;
+    ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
+    if (s != UCS_OK) {
+        pdx_error("ucx: reading UCX config failed: %s", ucs_status_string(s));
+        return ucx_status(s);
+    }
+    pdx_status_t st = ucx_config_make(be, cfg);
+    if (st == PDX_OK) {
+        ucp_params_t params = {
+            .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
+            .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+            .name = host->agent_name,
+        };
+        s = ucp_init(&params, cfg, &be->ctx);
+        if (s != UCS_OK) {
+            pdx_error("ucx: ucp_init with tls=%s failed: %s",
+                      be->tls[0] ? be->tls : "(default)",
+                      ucs_status_string(s));
+            st = be->tls[0] ? PDX_ERR_CONFIG : ucx_status(s);
+        }
+    }
+    ucp_config_release(cfg);
+    return st;
+}
+
+/* The instance's main worker, ready for peers: the AM header fits the
+ * agent's name, the notification handler is set, and its own address is
+ * parsed as a peer's would be (whether UCX may reach same-host peers over
+ * shared memory: ucx_peer_wants_worker). Destroys the worker it made on
+ * failure. */
+static pdx_status_t ucx_main_worker(ucx_be_t *be,
+                                    const pdx_backend_host_t *host)
+{
+    pdx_status_t st = ucx_worker_open(be, host->agent_name, &be->worker);
+    if (st != PDX_OK) {
+        return st;
+    }
+    ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER};
+    ucs_status_t s = ucp_worker_query(be->worker, &wa);
+    if (s != UCS_OK) {
+        pdx_error("ucx: worker query failed: %s", ucs_status_string(s));
+        st = ucx_status(s);
+        goto err_worker;
+    }
+    if (wa.max_am_header < be->name_len) {
+        pdx_error("ucx: agent name of %zu bytes exceeds the %zu-byte AM "
+                  "header limit", be->name_len, wa.max_am_header);
+        st = PDX_ERR_TOO_LARGE;
+        goto err_worker;
+    }
+    ucp_am_handler_param_t ap = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                      UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                      UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        .id = UCX_AM_ID_NOTIF,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = ucx_am_recv_cb,
+        .arg = be,
+    };
+    s = ucp_worker_set_am_recv_handler(be->worker, &ap);
+    if (s != UCS_OK) {
+        pdx_error("ucx: setting the notification handler failed: %s",
+                  ucs_status_string(s));
+        st = ucx_status(s);
+        goto err_worker;
+    }
+    ucp_address_t *self = NULL;
+    size_t self_len = 0;
+    s = ucp_worker_get_address(be->worker, &self, &self_len);
+    if (s != UCS_OK) {
+        pdx_error("ucx: getting the worker address failed: %s",
+                  ucs_status_string(s));
+        st = ucx_status(s);
+        goto err_worker;
+    }
+    char vwhy[256] = "";
+    if (ucx_validate_address(&be->vlocal, self, self_len, &be->self, vwhy,
+                             sizeof(vwhy)) != PDX_OK) {
+        /* Never seen; without it no peer gets a worker of its own. */
+        pdx_debug("ucx: own worker address not understood: %s", vwhy);
+        memset(&be->self, 0, sizeof(be->self));
+    }
+    ucp_worker_release_address(be->worker, self);
+    return PDX_OK;
+
+err_worker:
+    ucp_worker_destroy(be->worker);
+    be->worker = NULL;
+    return st;
+}
+
+pdx_status_t ucx_create(const pdx_backend_host_t *host,
+                        const pdx_option_t *opts, size_t nopts, void **be_p)
+{
+    if (host == NULL || host->agent_name == NULL || be_p == NULL ||
+        (nopts > 0 && opts == NULL)) {
+        pdx_error("ucx: create: missing host, agent name or output");
+        return PDX_ERR_INVALID;
+    }
+    size_t name_len = strlen(host->agent_name);
+    if (name_len == 0 || name_len > UCX_MAX_NAME) {
+        pdx_error("ucx: agent name of %zu bytes (1..%u allowed)", name_len,
+                  UCX_MAX_NAME);
+        return PDX_ERR_INVALID;
+    }
+    ucx_be_t *be = ucx_be_new(host, name_len);
+    if (be == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    pdx_status_t st = ucx_parse_opts(be, opts, nopts);
     if (st != PDX_OK) {
         goto err_free;
     }
@@ -384,77 +540,10 @@ pdx_status_t ucx_create(const pdx_backend_host_t *host,
         pdx_error("ucx: %s", vwhy);
         goto err_free;
     }
-
-    s = ucp_config_read(NULL, NULL, &cfg);
-    if (s != UCS_OK) {
-        pdx_error("ucx: reading UCX config failed: %s", ucs_status_string(s));
-        st = ucx_status(s);
+    st = ucx_context_open(be, host);
+    if (st != PDX_OK) {
         goto err_free;
     }
-    if (be->tls[0] != '\0') {
-        st = ucx_config_set(cfg, "TLS", be->tls);
-        if (st != PDX_OK) {
-            goto err_cfg;
-        }
-    }
-    /* Peer error mode drops transports that cannot report a dead peer;
-     * shared memory (posix, sysv) can once its error handling is on. The
-     * key is the mm transports' shared table (UCX_{POSIX,SYSV}_ERROR_HANDLING
-     * in the environment); UCX warns if no mm transport is in the list. */
-    if (ucx_tls_has_mm(be->tls[0] ? be->tls : getenv("UCX_TLS"))) {
-        st = ucx_config_set(cfg, "MM_ERROR_HANDLING", "y");
-        if (st != PDX_OK) {
-            goto err_cfg;
-        }
-        /* Each worker's shared-memory receive descriptors are allocated
-         * (and touched) RX_BUFS_GROW at a time, 8 KiB each: UCX's 512 cost
-         * every worker 4.3 MiB of resident memory, and a same-host peer
-         * over shared memory has a worker of its own (ucx_peer_ep). 128
-         * (1.3 MiB a worker, 16 peers measured) still covers the 64-slot
-         * FIFO twice; the pool grows past it when descriptors are held. */
-        if (getenv("UCX_MM_RX_BUFS_GROW") == NULL &&
-            getenv("UCX_POSIX_RX_BUFS_GROW") == NULL &&
-            getenv("UCX_SYSV_RX_BUFS_GROW") == NULL) {
-            st = ucx_config_set(cfg, "MM_RX_BUFS_GROW", "128");
-            if (st != PDX_OK) {
-                goto err_cfg;
-            }
-        }
-    }
-
-    /* Keepalive is how UCX notices a dead peer with no traffic in flight
-     * where nothing else tells it: over RDMA, a remote host that vanished.
-     * On one host pdx has the peer's pidfd, and over TCP the kernel's RST
-     * ends the endpoint at once (a host gone without one is found by the
-     * store's lease, not by keepalive, which TCP only queues). Each probe
-     * is activity that wakes the progress thread: at 1 s, 8 loaded peers
-     * cost an idle agent 2.3-3.2 ms of CPU a second, at 5 s 1.2 (0 peers:
-     * 0.8-1.1). UCX's default, 20 s, is slow for P/D handoffs over RDMA.
-     * keepalive_ms=0 or an explicit UCX_KEEPALIVE_INTERVAL leaves UCX's. */
-    if (be->keepalive_ms > 0 && getenv("UCX_KEEPALIVE_INTERVAL") == NULL) {
-        char ka[32];
-        snprintf(ka, sizeof(ka), "%" PRIu64 "ms", be->keepalive_ms);
-        st = ucx_config_set(cfg, "KEEPALIVE_INTERVAL", ka);
-        if (st != PDX_OK) {
-            goto err_cfg;
-        }
-    }
-
-    ucp_params_t params = {
-        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
-        .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
-        .name = host->agent_name,
-    };
-    s = ucp_init(&params, cfg, &be->ctx);
-    if (s != UCS_OK) {
-        pdx_error("ucx: ucp_init with tls=%s failed: %s",
-                  be->tls[0] ? be->tls : "(default)", ucs_status_string(s));
-        st = be->tls[0] ? PDX_ERR_CONFIG : ucx_status(s);
-        goto err_cfg;
-    }
-    ucp_config_release(cfg);
-    cfg = NULL;
-
     /* Every worker's wake-up fds go into this one set, the fd the agent
      * sleeps on (UCX's external event fd). */
     be->efd = epoll_create1(EPOLL_CLOEXEC);
@@ -463,83 +552,24 @@ pdx_status_t ucx_create(const pdx_backend_host_t *host,
         st = PDX_ERR_NOMEM;
         goto err_ctx;
     }
-    st = ucx_worker_open(be, host->agent_name, &be->worker);
+    st = ucx_main_worker(be, host);
     if (st != PDX_OK) {
         goto err_efd;
     }
-
-    ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER};
-    s = ucp_worker_query(be->worker, &wa);
-    if (s != UCS_OK) {
-        pdx_error("ucx: worker query failed: %s", ucs_status_string(s));
-        st = ucx_status(s);
-        goto err_worker;
-    }
-    if (wa.max_am_header < name_len) {
-        pdx_error("ucx: agent name of %zu bytes exceeds the %zu-byte AM "
-                  "header limit", name_len, wa.max_am_header);
-        st = PDX_ERR_TOO_LARGE;
-        goto err_worker;
-    }
-
-    ucp_am_handler_param_t ap = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
-                      UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                      UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG,
-        .id = UCX_AM_ID_NOTIF,
-        .flags = UCP_AM_FLAG_WHOLE_MSG,
-        .cb = ucx_am_recv_cb,
-        .arg = be,
-    };
-    s = ucp_worker_set_am_recv_handler(be->worker, &ap);
-    if (s != UCS_OK) {
-        pdx_error("ucx: setting the notification handler failed: %s",
-                  ucs_status_string(s));
-        st = ucx_status(s);
-        goto err_worker;
-    }
-
-    /* Our own address, parsed as a peer's would be: whether UCX may reach
-     * same-host peers over shared memory (ucx_peer_wants_worker). */
-    ucp_address_t *self = NULL;
-    size_t self_len = 0;
-    s = ucp_worker_get_address(be->worker, &self, &self_len);
-    if (s != UCS_OK) {
-        pdx_error("ucx: getting the worker address failed: %s",
-                  ucs_status_string(s));
-        st = ucx_status(s);
-        goto err_worker;
-    }
-    if (ucx_validate_address(&be->vlocal, self, self_len, &be->self, vwhy,
-                             sizeof(vwhy)) != PDX_OK) {
-        /* Never seen; without it no peer gets a worker of its own. */
-        pdx_debug("ucx: own worker address not understood: %s", vwhy);
-        memset(&be->self, 0, sizeof(be->self));
-    }
-    ucp_worker_release_address(be->worker, self);
-
     pdx_debug("ucx: created instance for %s (tls=%s max_chunk=%" PRIu64 ")",
               host->agent_name, be->tls[0] ? be->tls : "(default)",
               be->max_chunk);
     *be_p = be;
     return PDX_OK;
 
-err_worker:
-    ucp_worker_destroy(be->worker);
 err_efd:
     close(be->efd);
 err_ctx:
     ucp_cleanup(be->ctx);
-err_cfg:
-    if (cfg != NULL) {
-        ucp_config_release(cfg);
-    }
 err_free:
     free(be);
     return st;
 }
-
 
 /* Instances whose worker is left to the process's exit (see ucx_destroy),
  * kept reachable so leak checkers report them as held, not lost. */

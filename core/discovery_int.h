@@ -1,6 +1,7 @@
-/* Discovery (discovery.c, today's store glue): the agent's store module,
- * its watch thread and publishing. Above the agent's other rooms: they
- * reach it only through the hooks of agent_int.h (pdx_disc_*_locked). */
+/* Discovery (discovery.c): the agent's store module, its watch thread,
+ * publishing and fetching peers; the block-owner registry (owners.c) uses
+ * its module. Above the agent's other rooms: they reach it only through
+ * the hooks of agent_int.h (pdx_disc_*_locked). */
 #ifndef PDX_DISCOVERY_H
 #define PDX_DISCOVERY_H
 
@@ -36,5 +37,22 @@ typedef struct pdx_store_snapshot {
 /* false without a store. With the agent lock held (the store is attached
  * and detached under it). Non-blocking. */
 bool pdx_store_agent_snapshot(pdx_agent_h agent, pdx_store_snapshot_t *out);
+
+/* Does the agent have a store? false, logged naming the exported function
+ * `fn`, when not. */
+bool pdx_store_agent_need(pdx_agent_h agent, const char *fn);
+/* The agent's store module and its instance, for the block-owner registry
+ * (owners.c); false (logged) without a store. */
+bool pdx_store_agent_module(pdx_agent_h agent, const char *fn,
+                            const pdx_store_ops_t **ops_p, void **st_p);
+/* Count one owner-registry call of `n` blocks that ended `st` (shown by
+ * pdx_stats_json). Any thread. */
+typedef enum pdx_owners_call {
+    PDX_OWNERS_ADD,
+    PDX_OWNERS_DEL,
+    PDX_OWNERS_GET,
+} pdx_owners_call_t;
+void pdx_store_agent_count(pdx_agent_h agent, pdx_owners_call_t which,
+                           size_t n, pdx_status_t st);
 
 #endif

@@ -1,6 +1,7 @@
-/* Metadata (metadata.c): what the agent's destroy needs of it. */
-#ifndef PDX_METADATA_H
-#define PDX_METADATA_H
+/* Peer load and unload (peer_load.c): what the agent's destroy needs of
+ * it (pdxi_peer_load/unload are api_int.h's). */
+#ifndef PDX_PEER_LOAD_H
+#define PDX_PEER_LOAD_H
 
 #include "agent_int.h"
 #include "peer_int.h"

@@ -5,7 +5,7 @@
  * events. This file: the instance (query, create, destroy, conn info,
  * process identity) and the ops with nothing to do (notifications,
  * progress, event fd). */
-#include "cuda_ipc_priv.h"
+#include "cuda_ipc_int.h"
 
 /* The one piece of process-wide state: a random token drawn once, so two
  * processes that share a pid number (pid namespaces) are told apart. It is

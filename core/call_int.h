@@ -37,6 +37,36 @@ void pdx_call_capture(pdx_log_level_t level, const char *line);
 int pdx_call_suspend(void);
 void pdx_call_resume(int saved_depth);
 
+/* The one entry gate of every exported function, core (api.c) and
+ * connector alike: PDX_ENTER() first, then a PDX_LEAVE form as the
+ * function's return (`return` is part of PDX_LEAVE and PDX_LEAVE_INT;
+ * the others return themselves). Argument and handle checks log once,
+ * naming the function and the argument, so the line becomes
+ * pdx_last_error(). */
+#define PDX_ENTER() pdx_call_enter()
+#define PDX_LEAVE(st) return pdx_call_leave(__func__, (st))
+#define PDX_LEAVE_INT(n) return pdx_call_leave_int(__func__, (n))
+/* A void function: leave with `st` (PDX_ERR_INVALID: refused). */
+#define PDX_LEAVE_VOID(st)                                                     \
+    do {                                                                       \
+        pdx_call_leave(__func__, (st));                                        \
+        return;                                                                \
+    } while (0)
+/* Leave with `st` and return `value` (pointers, sizes, scalars). */
+#define PDX_LEAVE_VAL(st, value)                                               \
+    do {                                                                       \
+        pdx_call_leave(__func__, (st));                                        \
+        return (value);                                                        \
+    } while (0)
+/* A required pointer argument: false (logged) when NULL. */
+#define PDX_ARG_OK(p, what) pdx_arg_ok((p), __func__, (what))
+/* A live handle of kind `magic`; the release form leaves a handle
+ * inherited across fork() alone quietly (a child's exit runs them). */
+#define PDX_HANDLE_OK(h, magic, what)                                          \
+    pdx_handle_check((h), (magic), __func__, (what))
+#define PDX_HANDLE_REL_OK(h, magic, what)                                      \
+    pdx_handle_check_release((h), (magic), __func__, (what))
+
 /* Handle tags: the first field of every object a handle points to. A
  * released object keeps its memory (on a free list or in quarantine) with
  * the tag PDX_MAGIC_DEAD, so a stale handle reads a wrong tag instead of
@@ -68,6 +98,16 @@ bool pdx_handle_check_release(const void *h, uint32_t magic, const char *fn,
  * connections and locks belong to the parent (pthread_atfork bumps an
  * epoch in the child). Cheap: one relaxed load. */
 bool pdx_handle_inherited(const void *h);
+
+static inline bool pdx_arg_ok(const void *p, const char *fn,
+                              const char *what)
+{
+    if (p != NULL) {
+        return true;
+    }
+    pdx_call_fail(PDX_ERR_INVALID, "%s: %s is NULL", fn, what);
+    return false;
+}
 
 static inline bool pdx_handle_live(const void *h, uint32_t magic)
 {

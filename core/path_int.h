@@ -7,7 +7,7 @@
 #include <pdx/xfer.h>
 
 #include "agent_int.h"
-#include "blob.h"
+#include "blob_int.h"
 #include "peer_int.h"
 
 struct pdx_mem_reg;
