@@ -48,7 +48,7 @@ pdx_status_t pdxi_agent_create(const char *name,
     }
     if (params != NULL &&
         (params->field_mask & PDX_AGENT_PARAM_PATH_POLICY) &&
-        params->path_policy > PDX_PATH_POLICY_SAME_HOST_FAST) {
+        params->path_policy > PDX_PATH_POLICY_NATIVE) {
         pdx_error("agent create %s: unknown path policy %u", name,
                   params->path_policy);
         return PDX_ERR_INVALID;

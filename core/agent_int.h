@@ -18,6 +18,8 @@
 
 /* The blob's limits are the agent's: what one side writes the other reads. */
 #define PDX_MAX_BACKENDS PDX_BLOB_MAX_BACKENDS
+/* A reason kept for a report (a path's fallback, a peer's). */
+#define PDX_WHY_MAX 160
 /* A peer's pidfd in nap_epoll_fd: epoll data PDX_PIDFD_TAG | fd. */
 #define PDX_PIDFD_TAG (1ull << 32)
 #define PDX_INV_KEY_MAX PDX_BLOB_INV_KEY_MAX

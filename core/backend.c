@@ -100,6 +100,15 @@ static pdx_status_t backend_add(pdx_agent_h a, const pdx_backend_ops_t *ops,
             pdx_agent_signal(a);
         }
     }
+    if ((ops->caps & PDX_BACKEND_CAP_VRAM) &&
+        !(ops->caps & PDX_BACKEND_CAP_SAME_HOST) && PDX_BE_HAS(ops, path)) {
+        /* How it moves our GPU memory (no peer, no region): natively, or
+         * staged through host memory. */
+        char t[64] = "";
+        b->vram_staged = ops->path(b->be, NULL, NULL, t, sizeof(t),
+                                   b->vram_why, sizeof(b->vram_why)) ==
+                         PDX_ERR_UNAVAILABLE;
+    }
     a->backends[a->nbackends] = b;
     /* Published: the progress thread looks at the backends without the
      * lock (their caller_polls). */

@@ -23,6 +23,11 @@ struct pdx_backend {
      * backend itself; while it moves, the progress thread leaves this
      * backend to the callers (progress.c) */
     uint64_t caller_polls;
+    /* A backend across hosts that moves this agent's GPU memory staged
+     * through host memory (its path op without a peer says so), and why:
+     * such pieces are a slower path (path.c). */
+    bool vram_staged;
+    char vram_why[PDX_WHY_MAX];
 };
 
 /* Optional ops of a backend table (appended after the first release). */

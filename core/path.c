@@ -13,10 +13,33 @@ static uint64_t op_cap(pdx_xfer_op_t op)
     return op == PDX_XFER_READ ? PDX_BACKEND_CAP_READ : PDX_BACKEND_CAP_WRITE;
 }
 
+/* Does a piece between `lreg` and `rreg` over backend `b` (one across
+ * hosts) stage GPU memory through host memory? Sets *why when it does. */
+static bool path_staged(pdx_agent_h agent, const pdx_peer_t *p, int b,
+                        const struct pdx_mem_reg *lreg,
+                        const pdx_peer_region_t *rreg, const char **why)
+{
+    const struct pdx_backend *be = agent->backends[b];
+    if (be->ops->caps & PDX_BACKEND_CAP_SAME_HOST) {
+        return false;
+    }
+    if (lreg->region.mem_type == PDX_MEM_VRAM && be->vram_staged) {
+        *why = be->vram_why;
+        return true;
+    }
+    if (rreg->region.mem_type == PDX_MEM_VRAM && rreg->slow[b]) {
+        *why = p->slow_why[b][0] ? p->slow_why[b] : be->vram_why;
+        return true;
+    }
+    return false;
+}
+
 /* Pick the backend for a request: one that reaches the peer, holds both
- * regions and does the op. VRAM on either side prefers VRAM-capable
- * backends (cuda_ipc); host-only transfers prefer a same-host host-memory
- * backend (cma: one kernel copy), then message-capable ones (UCX). */
+ * regions and does the op. VRAM on either side: the same-host GPU path
+ * (cuda_ipc) first, then one that carries GPU memory natively (UCX built
+ * with CUDA), then one that stages it through host memory; host-only
+ * transfers prefer a same-host host-memory backend (cma: one kernel copy),
+ * then message-capable ones (UCX). */
 int pdx_path_choose(pdx_agent_h agent, pdx_peer_t *peer, pdx_xfer_op_t op,
                     struct pdx_mem_reg *lreg, pdx_peer_region_t *rreg)
 {
@@ -29,11 +52,18 @@ int pdx_path_choose(pdx_agent_h agent, pdx_peer_t *peer, pdx_xfer_op_t op,
             rreg->rmd[b] == NULL || !(ops->caps & op_cap(op))) {
             continue;
         }
-        int same_host_dram = (ops->caps & PDX_BACKEND_CAP_SAME_HOST) &&
-                             !(ops->caps & PDX_BACKEND_CAP_VRAM);
-        int score = vram ? !!(ops->caps & PDX_BACKEND_CAP_VRAM)
-                         : same_host_dram ? 2
-                                          : !!(ops->caps & PDX_BACKEND_CAP_NOTIF);
+        int same_host = (ops->caps & PDX_BACKEND_CAP_SAME_HOST) != 0;
+        int same_host_dram = same_host && !(ops->caps & PDX_BACKEND_CAP_VRAM);
+        const char *why;
+        int score;
+        if (vram) {
+            score = !(ops->caps & PDX_BACKEND_CAP_VRAM) ? 0
+                    : same_host && !rreg->slow[b]       ? 3
+                    : !path_staged(agent, peer, (int)b, lreg, rreg, &why) ? 2
+                                                                    : 1;
+        } else {
+            score = same_host_dram ? 2 : !!(ops->caps & PDX_BACKEND_CAP_NOTIF);
+        }
         if (score > best_score) {
             best = (int)b;
             best_score = score;
@@ -42,34 +72,33 @@ int pdx_path_choose(pdx_agent_h agent, pdx_peer_t *peer, pdx_xfer_op_t op,
     return best;
 }
 
-/* Is a piece between `lreg` and `rreg` over backend `b` a fallback for a
- * same-host peer (pdx_path_policy_t)? Sets *why when it is. */
-bool pdx_path_fallback(pdx_agent_h agent, const pdx_peer_t *p, int b,
-                       const struct pdx_mem_reg *lreg,
-                       const pdx_peer_region_t *rreg, const char **why)
+int pdx_path_fallback(pdx_agent_h agent, const pdx_peer_t *p, int b,
+                      const struct pdx_mem_reg *lreg,
+                      const pdx_peer_region_t *rreg, const char **why)
 {
     if (!p->same_host) {
-        return false;
+        return path_staged(agent, p, b, lreg, rreg, why) ? PDX_PATH_STAGED
+                                                      : PDX_PATH_FAST;
     }
     uint64_t caps = agent->backends[b]->ops->caps;
     bool same_host_be = (caps & PDX_BACKEND_CAP_SAME_HOST) != 0;
     if (lreg->region.mem_type == PDX_MEM_VRAM ||
         rreg->region.mem_type == PDX_MEM_VRAM) {
         if (same_host_be && (caps & PDX_BACKEND_CAP_VRAM) && !rreg->slow[b]) {
-            return false;
+            return PDX_PATH_FAST;
         }
         *why = same_host_be && rreg->slow[b] ? p->slow_why[b]
                : p->vram_why[0] ? p->vram_why
                                 : "cuda_ipc does not reach this region";
-        return true;
+        return PDX_PATH_SAME_HOST_SLOW;
     }
     if (same_host_be && !rreg->slow[b]) {
-        return false;
+        return PDX_PATH_FAST;
     }
     *why = same_host_be ? p->slow_why[b]
            : p->dram_why[0] ? p->dram_why
                             : "the cma backend does not reach this region";
-    return true;
+    return PDX_PATH_SAME_HOST_SLOW;
 }
 
 static bool blob_has_backend(const pdx_blob_t *b, const char *name)

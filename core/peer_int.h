@@ -25,8 +25,6 @@ typedef struct pdx_peer_region {
     bool gone;
 } pdx_peer_region_t;
 
-#define PDX_WHY_MAX 160
-
 typedef struct pdx_peer {
     char name[PDX_NAME_MAX];
     uint64_t name_hash;     /* XXH3 of name: the agent's peer index */

@@ -136,10 +136,16 @@ static void xfer_note_path(pdx_agent_h agent, struct pdx_xfer *x,
 {
     const char *why = NULL;
     x->paths |= rreg->slow[x->bindex] ? 2 : 1;
-    if (pdx_path_fallback(agent, p, x->bindex, lreg, rreg, &why) &&
-        !x->fallback) {
+    int slow = pdx_path_fallback(agent, p, x->bindex, lreg, rreg, &why);
+    if (slow != PDX_PATH_FAST && !(x->slow & (1u << slow))) {
+        if (!x->fallback) {
+            snprintf(x->why, sizeof(x->why), "%s%s",
+                     slow == PDX_PATH_STAGED ? "staged through host memory: "
+                                             : "",
+                     why);
+        }
         x->fallback = true;
-        snprintf(x->why, sizeof(x->why), "%s", why);
+        x->slow |= (uint8_t)(1u << slow);
     }
 }
 
@@ -147,18 +153,30 @@ static void xfer_note_path(pdx_agent_h agent, struct pdx_xfer *x,
 static pdx_status_t xfer_policy(pdx_agent_h agent, struct pdx_xfer *x,
                                 const char *what)
 {
-    if (!x->fallback ||
-        agent->params.path_policy != PDX_PATH_POLICY_SAME_HOST_FAST) {
+    bool same_host = (x->slow & (1u << PDX_PATH_SAME_HOST_SLOW)) != 0;
+    bool staged = (x->slow & (1u << PDX_PATH_STAGED)) != 0;
+    uint32_t policy = agent->params.path_policy;
+    if (!(same_host && policy >= PDX_PATH_POLICY_SAME_HOST_FAST) &&
+        !(staged && policy >= PDX_PATH_POLICY_NATIVE)) {
         return PDX_OK;
     }
     if (x->pstats != NULL) {
         x->pstats->s.refused++;
     }
     agent->backends[x->bindex]->stats.refused++;
-    pdx_error("agent %s: %s: path policy same_host_fast: peer %s is on "
-              "this host but the fast path is refused (%s); %s would carry "
-              "it", agent->name, what, x->peer_name, x->why,
-              agent->backends[x->bindex]->name);
+    if (same_host) {
+        pdx_error("agent %s: %s: path policy %s: peer %s is on this host "
+                  "but the fast path is refused (%s); %s would carry it",
+                  agent->name, what,
+                  policy == PDX_PATH_POLICY_NATIVE ? "native"
+                                                   : "same_host_fast",
+                  x->peer_name, x->why, agent->backends[x->bindex]->name);
+    } else {
+        pdx_error("agent %s: %s: path policy native: GPU memory to or from "
+                  "peer %s would be %s; %s would carry it", agent->name,
+                  what, x->peer_name, x->why,
+                  agent->backends[x->bindex]->name);
+    }
     return PDX_ERR_POLICY;
 }
 

@@ -97,6 +97,10 @@ typedef enum pdx_path_policy {
      * region 0x7f..+1048576 is not shared memory: process_vm would carry
      * it"). */
     PDX_PATH_POLICY_SAME_HOST_FAST = 1,
+    /* What SAME_HOST_FAST refuses, and GPU memory staged through host
+     * memory to or from a peer on any host (a UCX without CUDA support):
+     * only the GPU's native paths (cuda_ipc, UCX carrying CUDA memory). */
+    PDX_PATH_POLICY_NATIVE = 2,
 } pdx_path_policy_t;
 
 /* Run a progress thread that drives every backend, checks peer liveness and

@@ -716,7 +716,8 @@ static void test_query_and_table(void **state)
     assert_int_equal(ops->size, sizeof(pdx_backend_ops_t));
     assert_string_equal(ops->name, "ucx");
     assert_true(ops->caps & PDX_BACKEND_CAP_NOTIF);
-    assert_false(ops->caps & PDX_BACKEND_CAP_VRAM);
+    /* CAP_VRAM: set where pdx was built with cuda.h (GPU memory natively
+     * or staged; its own tests cover it). */
     const void *const *fn = (const void *const *)&ops->query;
     size_t nfn =
         (sizeof(*ops) - offsetof(pdx_backend_ops_t, query)) / sizeof(void *);

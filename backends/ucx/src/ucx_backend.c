@@ -74,9 +74,34 @@ static pdx_status_t ucx_parse_opts(ucx_be_t *be, const pdx_option_t *opts,
                           "shared memory) or off (one worker for all)", v);
                 return PDX_ERR_CONFIG;
             }
+        } else if (strcmp(k, "vram") == 0) {
+            if (ucx_vram_parse_opt(v, &be->vram_opt) != PDX_OK) {
+                pdx_error("ucx: option vram='%s': expected auto (natively "
+                          "where UCX carries CUDA memory, else staged "
+                          "through pinned host memory), native, staged or "
+                          "off", v);
+                return PDX_ERR_CONFIG;
+            }
+        } else if (strcmp(k, "stage_pool") == 0 ||
+                   strcmp(k, "stage_chunk") == 0) {
+            pdx_status_t st = ucx_parse_size(
+                k, v, 64ull << 10, 16ull << 30,
+                k[6] == 'p' ? &be->stage_pool : &be->stage_chunk);
+            if (st != PDX_OK) {
+                return st;
+            }
+        } else if (strcmp(k, "stage_window") == 0) {
+            uint64_t w = 0;
+            if (pdx_opt_uint(v, 1, 1024, &w) != 0) {
+                pdx_error("ucx: option stage_window='%s': expected 1 to 1024 "
+                          "staged chunks in flight per request", v);
+                return PDX_ERR_CONFIG;
+            }
+            be->stage_window = (uint32_t)w;
         } else {
             pdx_error("ucx: unknown option '%s' (known: tls, max_chunk, "
-                      "keepalive_ms, connect, peer_workers)", k);
+                      "keepalive_ms, connect, peer_workers, vram, "
+                      "stage_pool, stage_chunk, stage_window)", k);
             return PDX_ERR_CONFIG;
         }
     }
@@ -341,6 +366,11 @@ static ucx_be_t *ucx_be_new(const pdx_backend_host_t *host, size_t name_len)
     be->keepalive_ms = UCX_DEFAULT_KEEPALIVE_MS;
     be->lazy = -1;
     be->peer_workers = 1;
+    be->vram_opt = UCX_VRAM_OPT_AUTO;
+    be->stage_pool = UCX_DEFAULT_STAGE_POOL;
+    be->stage_chunk = UCX_DEFAULT_STAGE_CHUNK;
+    be->stage_window = UCX_DEFAULT_STAGE_WINDOW;
+    ucx_list_init(&be->vregs);
     ucx_list_init(&be->wpeers);
     ucx_list_init(&be->peers);
     ucx_list_init(&be->zombies);
@@ -444,7 +474,8 @@ static pdx_status_t ucx_context_open(ucx_be_t *be,
 static pdx_status_t ucx_main_worker(ucx_be_t *be,
                                     const pdx_backend_host_t *host)
 {
-    pdx_status_t st = ucx_worker_open(be, host->agent_name, &be->worker);
+    pdx_status_t st = ucx_worker_open(be, host->agent_name, &be->main_wctx,
+                                      &be->worker);
     if (st != PDX_OK) {
         return st;
     }
@@ -543,6 +574,10 @@ pdx_status_t ucx_create(const pdx_backend_host_t *host,
     st = ucx_context_open(be, host);
     if (st != PDX_OK) {
         goto err_free;
+    }
+    st = ucx_vram_init(be);
+    if (st != PDX_OK) {
+        goto err_ctx;
     }
     /* Every worker's wake-up fds go into this one set, the fd the agent
      * sleeps on (UCX's external event fd). */
@@ -687,6 +722,7 @@ void ucx_destroy(void *bev)
         ucx_peer_worker_destroy(be, UCX_CONTAINER(l, ucx_peer_t, link));
     }
     ucp_worker_destroy(be->worker);
+    ucx_stage_worker_gone(be, be->worker);
     close(be->efd);
     while (!ucx_list_empty(&be->zombies)) {
         ucx_link_t *l = be->zombies.next;
@@ -701,6 +737,8 @@ void ucx_destroy(void *bev)
         ucx_list_del(l);
         free(UCX_CONTAINER(l, ucx_inmsg_t, link));
     }
+    ucx_stage_fini(be);
+    ucx_vram_fini(be);
     ucp_cleanup(be->ctx);
     free(be);
 }
@@ -757,6 +795,7 @@ int ucx_progress(void *bev)
     int events = n > (unsigned)(INT32_MAX / 2) ? INT32_MAX / 2 : (int)n;
     events += ucx_deliver_errors(be);
     events += ucx_deliver_inbox(be);
+    events += ucx_stage_progress(be);
     ucx_reap_zombies(be);
     /* A failed peer's forced close: its request is freed once done (the
      * worker then stops counting as live; see ucx_wpeer_live). */
@@ -781,8 +820,9 @@ pdx_status_t ucx_arm(void *bev)
     if (be == NULL) {
         return PDX_ERR_INVALID;
     }
-    /* Queued notifications and errors do not wake the fd. */
-    if (ucx_has_pending_events(be)) {
+    /* Queued notifications and errors do not wake the fd, nor does the
+     * end of a staged transfer's device copy (polled while one runs). */
+    if (ucx_has_pending_events(be) || ucx_stage_copying(be)) {
         return PDX_ERR_BUSY;
     }
     ucs_status_t s = ucx_arm_one(be->worker, &be->main_ws, NULL);
@@ -861,4 +901,10 @@ void ucx_describe(void *bev, char *buf, size_t len)
                  ? " (UCX_KEEPALIVE_INTERVAL wins)" : "",
              be->lazy ? "lazy" : "eager", npeers, neps,
              be->peer_workers ? "auto" : "off", npw);
+    size_t used = strlen(buf);
+    if (used + 3 < len) {
+        buf[used++] = ';';
+        buf[used++] = ' ';
+        ucx_vram_describe(be, buf + used, len - used);
+    }
 }

@@ -25,11 +25,23 @@
 #include "pdx_clock.h"
 #include "pdx_opts.h"
 
-/* Active message id of notifications; both sides are this module. */
+#ifdef PDX_UCX_CUDA
+#include "cu_api_int.h"
+#endif
+
+/* Active message ids; both sides are this module. Notifications, and the
+ * staged VRAM protocol (ucx_stage.c). */
 #define UCX_AM_ID_NOTIF 0x5d
+#define UCX_AM_ID_STAGE 0x5e
 /* A single tcp put of 32-64 MiB stalls with UCX 1.13; smaller pieces flow. */
 #define UCX_DEFAULT_MAX_CHUNK (8ull << 20)
 #define UCX_DEFAULT_KEEPALIVE_MS 5000ull /* see ucx_create */
+/* GPU memory staged through host memory (ucx_vram.c): the pinned pool
+ * (made at the first VRAM registration), its slots (a job's largest
+ * piece) and the jobs a request keeps in flight. */
+#define UCX_DEFAULT_STAGE_POOL (64ull << 20)
+#define UCX_DEFAULT_STAGE_CHUNK (1ull << 20)
+#define UCX_DEFAULT_STAGE_WINDOW 16u
 #define UCX_MIN_MAX_CHUNK 4096ull
 #define UCX_MAX_MAX_CHUNK (1ull << 30)
 /* Notifications are control messages; the cap keeps a hostile or buggy peer
@@ -100,6 +112,13 @@ static inline void ucx_list_del(ucx_link_t *node)
 
 typedef struct ucx_be ucx_be_t;
 
+/* What a worker's AM handlers get: the instance and the worker (a reply's
+ * data is received on the worker it arrived on). */
+typedef struct ucx_wctx {
+    ucx_be_t *be;
+    ucp_worker_h worker;
+} ucx_wctx_t;
+
 /* A worker's receive FIFO blocked by a half-written message (see
  * ucx_arm_one): what the last progress of the worker found, and since when
  * it cannot be armed with nothing to progress. */
@@ -125,6 +144,7 @@ typedef struct ucx_peer {
     int own_worker;
     ucx_link_t wlink;         /* be->wpeers while it has its own worker */
     ucx_wstate_t ws;          /* its own worker's */
+    ucx_wctx_t wctx;          /* its own worker's AM handler context */
     ucp_ep_h ep;              /* NULL until first use (lazy connect) and
                                  once force-closed */
     void *addr;               /* the validated worker address, kept until
@@ -149,21 +169,53 @@ typedef struct ucx_peer {
                                  its endpoint's worker, destroyed first */
 } ucx_peer_t;
 
+/* How this instance carries GPU memory (ucx_vram.c): not at all, staged
+ * through its pinned pool, or natively (UCX maps CUDA memory). */
+typedef enum ucx_vram_mode {
+    UCX_VRAM_OFF = 0,
+    UCX_VRAM_STAGED = 1,
+    UCX_VRAM_NATIVE = 2,
+} ucx_vram_mode_t;
+
+/* The option vram=auto|native|staged|off. */
+typedef enum ucx_vram_opt {
+    UCX_VRAM_OPT_AUTO = 0,
+    UCX_VRAM_OPT_NATIVE,
+    UCX_VRAM_OPT_STAGED,
+    UCX_VRAM_OPT_OFF,
+} ucx_vram_opt_t;
+
 typedef struct ucx_md {
-    ucp_mem_h memh;
+    ucp_mem_h memh;  /* NULL: a staged VRAM region (UCX never sees it) */
     uint64_t addr;
     uint64_t len;
+    pdx_mem_type_t type;
+    int dev;         /* VRAM: the device ordinal here */
+    int readonly;    /* registered PDX_REGION_F_READONLY */
+    /* VRAM: what a peer's staged request must name (its capability, as
+     * an rkey is one for RMA); random, never 0. */
+    uint64_t token;
+    ucx_link_t vlink; /* be->vregs while a VRAM region */
+    uint32_t svc_busy; /* service jobs holding it (ucx_stage.c) */
 } ucx_md_t;
 
 typedef struct ucx_rmd {
     ucx_link_t plink; /* peer->rmds while the peer lives */
     ucp_rkey_h rkey;  /* NULL until first use (unpacking needs the
-                         endpoint) */
+                         endpoint), and for a staged region */
     void *key;        /* the validated packed key until then */
     size_t key_len;
     ucx_peer_t *peer;
     uint64_t addr;
     uint64_t len;
+    pdx_mem_type_t type;
+    /* A peer's VRAM region its own staging serves (ucx_stage.c): the
+     * token its requests name, the device, and the largest chunk (table
+     * and data) its service slots take. */
+    int staged;
+    uint64_t token;
+    uint32_t dev;
+    uint32_t slot;
 } ucx_rmd_t;
 
 typedef enum ucx_stage {
@@ -171,6 +223,8 @@ typedef enum ucx_stage {
     UCX_STAGE_NOTIF = 1, /* data landed, notification AM in flight */
     UCX_STAGE_DONE = 2,
 } ucx_stage_t;
+
+struct ucx_sreq; /* a staged request's jobs (ucx_stage.c) */
 
 /* A transfer request. At most one UCX request (the flush, then the AM send)
  * points at it through user_data; after xfer_release the owner is gone and
@@ -190,6 +244,9 @@ typedef struct ucx_req {
     ucs_status_t get_status;
     int aborted;    /* do not start the notification */
     int released;   /* owner gone: the callback frees */
+    /* A request with pieces staged through host memory (GPU memory on
+     * either side without native UCX support): its jobs, or NULL. */
+    struct ucx_sreq *sreq;
     /* Draining an aborted READ (see ucx_req_drain_check): when the last
      * get chunk completed, as far as this request can tell. */
     uint64_t drain_start_ns, drain_event_ns, drain_gets;
@@ -237,6 +294,7 @@ struct ucx_be {
     int peer_workers;    /* option peer_workers: 1 auto, 0 off */
     ucx_link_t wpeers;   /* peers with a worker of their own (wlink) */
     ucx_wstate_t main_ws; /* the main worker's */
+    ucx_wctx_t main_wctx; /* the main worker's AM handler context */
     ucx_vaddr_t self;    /* the main worker's own address, parsed */
     uint64_t max_chunk;
     uint64_t keepalive_ms; /* UCX keepalive period; 0: UCX's own setting */
@@ -258,6 +316,19 @@ struct ucx_be {
     int errors_hint;     /* a peer's error_pending may be set: scan */
     unsigned lost;       /* peers that failed, timed out or died */
     ucx_be_t *leaked_next; /* g_leaked: a worker UCX could not destroy */
+
+    /* GPU memory (ucx_vram.c, ucx_stage.c). */
+    ucx_vram_opt_t vram_opt;
+    ucx_vram_mode_t vram_mode; /* decided at create, staged made real at
+                                  the first VRAM registration */
+    char vram_why[160];        /* why this mode (and not a faster one) */
+    uint64_t ucx_mem_types;    /* what ucp_context_query reported */
+    uint64_t stage_pool;       /* option stage_pool: bytes of pinned pool */
+    uint64_t stage_chunk;      /* option stage_chunk: bytes a slot holds */
+    uint32_t stage_window;     /* option stage_window: jobs per request */
+    ucx_link_t vregs;          /* VRAM regions (ucx_md_t.vlink) */
+    struct ucx_vram *vram;     /* driver, devices, pool; NULL until used */
+    struct ucx_stage_state *st; /* jobs and service; NULL until used */
 };
 
 /* ucx_status.c: the one translator from ucs_status_t, and log levels. */
@@ -282,24 +353,29 @@ void ucx_req_finish(ucx_req_t *r, pdx_status_t st);
 ucx_req_t *ucx_req_get(ucx_be_t *be, size_t notif_len);
 void ucx_req_put(ucx_be_t *be, ucx_req_t *r);
 pdx_status_t ucx_req_send_notif(ucx_req_t *r);
+/* A staged request's data stage ended (ucx_stage.c) with `st`: the
+ * notification next, or its end; freed if released. */
+void ucx_req_stage_done(ucx_req_t *r, pdx_status_t st);
 void ucx_flush_cb(void *request, ucs_status_t status, void *user_data);
 void ucx_get_cb(void *request, ucs_status_t status, void *user_data);
 
 /* UCX still holds `r` (a flush, a notification or gets in flight): it
  * may not be freed before their callbacks. */
+int ucx_stage_busy(const ucx_req_t *r);
 static inline int ucx_req_busy(const ucx_req_t *r)
 {
-    return r->ucs_req != NULL || r->gets_left > 0;
+    return r->ucs_req != NULL || r->gets_left > 0 ||
+           (r->sreq != NULL && ucx_stage_busy(r));
 }
 
-/* ucx_endpoint.c: peers: endpoints, their errors and closes, path reports. */
+/* ucx_peer.c: peers: endpoints, their errors and closes, path reports. */
 int ucx_deliver_errors(ucx_be_t *be);
 int ucx_close_done(ucx_peer_t *peer);
 void ucx_peer_worker_destroy(ucx_be_t *be, ucx_peer_t *peer);
 void ucx_peer_release(ucx_be_t *be, ucx_peer_t *peer);
 void ucx_send_list_free(ucx_link_t *head);
 pdx_status_t ucx_worker_open(ucx_be_t *be, const char *name,
-                             ucp_worker_h *w_p);
+                             ucx_wctx_t *wc, ucp_worker_h *w_p);
 void ucx_ep_close_step(ucx_be_t *be, ucx_peer_t *peer, int now_force);
 void ucx_peer_free(ucx_peer_t *peer);
 pdx_status_t ucx_peer_connect(void *bev, const char *peer_name,
@@ -339,7 +415,7 @@ void ucx_xfer_release(void *bev, void *reqv);
 pdx_status_t ucx_notif_send(void *bev, void *peerv, const void *msg,
                             size_t len);
 
-/* ucx_worker.c: the instance: create, destroy, progress, event fd,
+/* ucx_backend.c: the instance: create, destroy, progress, event fd,
  * describe. */
 pdx_status_t ucx_query(char *why, size_t why_len);
 pdx_status_t ucx_create(const pdx_backend_host_t *host,
@@ -351,5 +427,98 @@ int ucx_progress(void *bev);
 int ucx_event_fd(void *bev);
 pdx_status_t ucx_arm(void *bev);
 void ucx_describe(void *bev, char *buf, size_t len);
+
+/* ucx_vram.c: GPU memory: the mode, the driver and devices, the pinned
+ * pool, VRAM regions and their keys. */
+/* The mode for option `opt` given what UCX reports (`mem_types`, a mask
+ * of 1 << ucs_memory_type_t) and whether the CUDA driver and a device are
+ * there (`driver_why` NULL: yes; else why not). PDX_ERR_CONFIG when the
+ * option asks for what is missing. *why gets the reason for the mode
+ * (and, staged or off, why not a faster one). Pure: no UCX, no driver. */
+pdx_status_t ucx_vram_choose(ucx_vram_opt_t opt, uint64_t mem_types,
+                             const char *driver_why, ucx_vram_mode_t *mode_p,
+                             char *why, size_t why_len);
+pdx_status_t ucx_vram_parse_opt(const char *value, ucx_vram_opt_t *opt_p);
+const char *ucx_vram_mode_name(ucx_vram_mode_t m);
+/* At create: the mode from the option and UCX (the driver is asked only
+ * when a VRAM region is registered, or by describe). */
+pdx_status_t ucx_vram_init(ucx_be_t *be);
+void ucx_vram_fini(ucx_be_t *be);
+/* Register / deregister a VRAM region (after the mode allows it). */
+pdx_status_t ucx_vram_register(ucx_be_t *be, const pdx_region_t *region,
+                               ucx_md_t *md);
+void ucx_vram_deregister(ucx_be_t *be, ucx_md_t *md);
+pdx_status_t ucx_vram_pack(ucx_be_t *be, ucx_md_t *md, void **buf_p,
+                           size_t *len_p);
+/* A peer's VRAM key into `rmd` (staged: token, device, slot; native: the
+ * packed rkey kept for ucx_rmd_rkey). Every byte checked. */
+pdx_status_t ucx_vram_load_key(ucx_be_t *be, ucx_peer_t *peer,
+                               const pdx_region_t *region, const void *key,
+                               size_t key_len, ucx_rmd_t *rmd);
+/* A registered VRAM region holding [addr, +len) with `token`, or NULL. */
+ucx_md_t *ucx_vram_find(ucx_be_t *be, uint64_t token, uint64_t addr,
+                        uint64_t len);
+/* One line on GPU memory for describe (may load the driver to say). */
+void ucx_vram_describe(ucx_be_t *be, char *buf, size_t len);
+/* The staged path's pieces (for ucx_stage.c). ready: the driver, the
+ * devices and the pinned pool, made at the first use (PDX_OK, or why not
+ * logged). A slot of the pool, from the service's half (`svc`) or the
+ * initiator's; UINT32_MAX when none is free. copy: device copies on
+ * device `dev`'s staging stream, device to host (`to_host`) or host to
+ * device, then an event recorded after them (*ev_p); copy_done: 1 when
+ * they ended (the event is back in the pool), 0 not yet, <0 failed (the
+ * event is back too); copy_wait: wait for them (bounded by the copies
+ * themselves), the event back in the pool. */
+typedef struct ucx_vseg {
+    uint64_t dptr;
+    void *host;
+    uint64_t len;
+} ucx_vseg_t;
+pdx_status_t ucx_vram_ready(ucx_be_t *be);
+uint32_t ucx_vram_slot_get(ucx_be_t *be, int svc);
+void ucx_vram_slot_put(ucx_be_t *be, uint32_t slot);
+void *ucx_vram_slot_ptr(ucx_be_t *be, uint32_t slot);
+ucp_mem_h ucx_vram_pool_memh(ucx_be_t *be);
+uint32_t ucx_vram_slot_size(const ucx_be_t *be);
+/* Slots in use: the pool is whole again when this is 0. */
+uint32_t ucx_vram_slots_used(const ucx_be_t *be);
+pdx_status_t ucx_vram_copy(ucx_be_t *be, int dev, int to_host,
+                           const ucx_vseg_t *segs, size_t n, void **ev_p);
+int ucx_vram_copy_done(ucx_be_t *be, int dev, void *ev);
+void ucx_vram_copy_wait(ucx_be_t *be, int dev, void *ev);
+
+/* ucx_stage.c (below ucx_request.c): transfers with staged pieces;
+ * ucx_svc.c: the service this instance gives peers' staged requests. */
+/* Does this request need staging (a staged local or remote piece)? */
+int ucx_stage_needed(const ucx_be_t *be, const pdx_backend_iov_t *iov,
+                     size_t n);
+/* Build and start `r`'s jobs (its pieces were checked); `done` is called
+ * once with the data stage's end (every job over, the flush of any puts
+ * ended). PDX_INPROGRESS, or an error with nothing in flight. */
+typedef void (*ucx_stage_done_cb_t)(ucx_req_t *r, pdx_status_t st);
+pdx_status_t ucx_stage_post(ucx_be_t *be, ucx_req_t *r,
+                            const pdx_backend_iov_t *iov, size_t n,
+                            ucx_stage_done_cb_t done);
+/* Stop starting jobs of `r` (aborted or released). */
+void ucx_stage_abort(ucx_req_t *r);
+/* Free `r`'s jobs (none in flight). */
+void ucx_stage_free(ucx_req_t *r);
+/* Device copies polled, queued jobs started; the events handled. */
+int ucx_stage_progress(ucx_be_t *be);
+/* Jobs wait on device copies (no fd tells their end: keep polling). */
+int ucx_stage_copying(const ucx_be_t *be);
+/* The peer failed: its jobs waiting for it end with an error. */
+void ucx_stage_peer_failed(ucx_be_t *be, ucx_peer_t *peer);
+/* A VRAM region goes: service jobs on it stop (copies in flight are
+ * waited for, bounded by the copy). */
+void ucx_stage_region_gone(ucx_be_t *be, ucx_md_t *md);
+/* The staged protocol's AM handler on the worker of `wc` (every worker of
+ * the instance). */
+pdx_status_t ucx_stage_set_handler(ucx_be_t *be, ucx_wctx_t *wc);
+/* `peer` is freed: no job may point at it. */
+void ucx_stage_peer_gone(ucx_be_t *be, ucx_peer_t *peer);
+/* Worker `w` was destroyed: what UCX held on it calls back no more. */
+void ucx_stage_worker_gone(ucx_be_t *be, ucp_worker_h w);
+void ucx_stage_fini(ucx_be_t *be);
 
 #endif

@@ -1,5 +1,6 @@
-/* ucx: memory: local registrations (memh and packed rkey) and remote keys
- * (validated against the peer's address before UCX unpacks them). */
+/* ucx: memory: local registrations (memh and packed rkey; GPU memory
+ * through ucx_vram.c) and remote keys (validated against the peer's
+ * address before UCX unpacks them). */
 #include "ucx_int.h"
 
 pdx_status_t ucx_mem_register(void *bev, const pdx_region_t *region,
@@ -9,10 +10,9 @@ pdx_status_t ucx_mem_register(void *bev, const pdx_region_t *region,
     if (be == NULL || region == NULL || md_p == NULL) {
         return PDX_ERR_INVALID;
     }
-    if (region->mem_type != PDX_MEM_DRAM) {
-        pdx_error("ucx: cannot register memory type %d at 0x%" PRIx64
-                  " (this build handles DRAM only)", (int)region->mem_type,
-                  region->addr);
+    if (region->mem_type != PDX_MEM_DRAM && region->mem_type != PDX_MEM_VRAM) {
+        pdx_error("ucx: cannot register memory type %d at 0x%" PRIx64,
+                  (int)region->mem_type, region->addr);
         return PDX_ERR_UNSUPPORTED;
     }
     if (region->addr == 0 || region->len == 0 ||
@@ -21,9 +21,23 @@ pdx_status_t ucx_mem_register(void *bev, const pdx_region_t *region,
                   region->len);
         return PDX_ERR_INVALID;
     }
-    ucx_md_t *md = malloc(sizeof(*md));
+    ucx_md_t *md = calloc(1, sizeof(*md));
     if (md == NULL) {
         return PDX_ERR_NOMEM;
+    }
+    md->addr = region->addr;
+    md->len = region->len;
+    md->type = region->mem_type;
+    md->readonly = (region->flags & PDX_REGION_F_READONLY) != 0;
+    ucx_list_init(&md->vlink);
+    if (region->mem_type == PDX_MEM_VRAM) {
+        pdx_status_t st = ucx_vram_register(be, region, md);
+        if (st != PDX_OK) {
+            free(md);
+            return st;
+        }
+        *md_p = md;
+        return PDX_OK;
     }
     ucp_mem_map_params_t mp = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
@@ -46,8 +60,6 @@ pdx_status_t ucx_mem_register(void *bev, const pdx_region_t *region,
         free(md);
         return ucx_status(s);
     }
-    md->addr = region->addr;
-    md->len = region->len;
     *md_p = md;
     return PDX_OK;
 }
@@ -57,6 +69,14 @@ void ucx_mem_deregister(void *bev, void *mdv)
     ucx_be_t *be = bev;
     ucx_md_t *md = mdv;
     if (be == NULL || md == NULL) {
+        return;
+    }
+    if (md->type == PDX_MEM_VRAM) {
+        /* Peers' staged requests on it stop first (a copy in flight is
+         * waited for), then it is no longer found. */
+        ucx_stage_region_gone(be, md);
+        ucx_vram_deregister(be, md);
+        free(md);
         return;
     }
     ucs_status_t s = ucp_mem_unmap(be->ctx, md->memh);
@@ -76,6 +96,9 @@ pdx_status_t ucx_mem_pack(void *bev, void *mdv, void **buf_p,
     size_t rlen = 0;
     if (be == NULL || md == NULL || buf_p == NULL || len_p == NULL) {
         return PDX_ERR_INVALID;
+    }
+    if (md->type == PDX_MEM_VRAM) {
+        return ucx_vram_pack(be, md, buf_p, len_p);
     }
     ucs_status_t s = ucp_rkey_pack(be->ctx, md->memh, &rbuf, &rlen);
     if (s != UCS_OK) {
@@ -109,6 +132,28 @@ pdx_status_t ucx_rmem_load(void *bev, void *peerv,
     if (ust != PDX_OK) {
         return ust;
     }
+    if (region->mem_type == PDX_MEM_VRAM) {
+        ucx_rmd_t *v = calloc(1, sizeof(*v));
+        if (v == NULL) {
+            return PDX_ERR_NOMEM;
+        }
+        v->peer = peer;
+        ucx_list_init(&v->plink);
+        v->addr = region->addr;
+        v->len = region->len;
+        pdx_status_t st = ucx_vram_load_key(be, peer, region, key, key_len, v);
+        if (st == PDX_OK && !v->staged && peer->ep != NULL) {
+            st = ucx_rmd_rkey(be, v);
+        }
+        if (st != PDX_OK) {
+            free(v->key);
+            free(v);
+            return st;
+        }
+        ucx_list_push(&peer->rmds, &v->plink);
+        *rmd_p = v;
+        return PDX_OK;
+    }
     if (region->mem_type != PDX_MEM_DRAM) {
         pdx_error("ucx: peer %s: cannot load a key for memory type %d",
                   peer->name, (int)region->mem_type);
@@ -131,6 +176,7 @@ pdx_status_t ucx_rmem_load(void *bev, void *peerv,
     ucx_list_init(&rmd->plink);
     rmd->addr = region->addr;
     rmd->len = region->len;
+    rmd->type = PDX_MEM_DRAM;
     rmd->key_len = key_len;
     rmd->key = malloc(key_len);
     if (rmd->key == NULL) {

@@ -8,7 +8,11 @@ __attribute__((visibility("default"))) const pdx_backend_ops_t pdx_backend_v1 = 
     .name = "ucx",
     .caps = PDX_BACKEND_CAP_DRAM | PDX_BACKEND_CAP_READ |
             PDX_BACKEND_CAP_WRITE | PDX_BACKEND_CAP_NOTIF |
-            PDX_BACKEND_CAP_EVENT_FD,
+            PDX_BACKEND_CAP_EVENT_FD
+#ifdef PDX_UCX_CUDA
+            | PDX_BACKEND_CAP_VRAM
+#endif
+    ,
     .query = ucx_query,
     .create = ucx_create,
     .destroy = ucx_destroy,

@@ -20,6 +20,10 @@ static void ucx_peer_set_failed(ucx_peer_t *peer, ucs_status_t status)
         ucx_req_finish(UCX_CONTAINER(l, ucx_req_t, link),
                        PDX_ERR_REMOTE_DISCONNECT);
     }
+    if (peer->be != NULL) {
+        /* Staged jobs waiting for its answers end now. */
+        ucx_stage_peer_failed(peer->be, peer);
+    }
 }
 
 static void ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
@@ -171,7 +175,7 @@ void ucx_ep_close_step(ucx_be_t *be, ucx_peer_t *peer, int now_force)
  * threads at once), its wake-up fds in the instance's epoll set (so one fd
  * wakes the agent for every worker). Blocking (UCX opens its interfaces). */
 pdx_status_t ucx_worker_open(ucx_be_t *be, const char *name,
-                             ucp_worker_h *w_p)
+                             ucx_wctx_t *wc, ucp_worker_h *w_p)
 {
     ucp_worker_params_t wp = {
         .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE |
@@ -189,6 +193,15 @@ pdx_status_t ucx_worker_open(ucx_be_t *be, const char *name,
         pdx_error("ucx: worker creation with tls=%s failed: %s",
                   be->tls[0] ? be->tls : "(default)", ucs_status_string(s));
         return be->tls[0] ? PDX_ERR_CONFIG : ucx_status(s);
+    }
+    /* Staged transfers' answers come back to the worker that asked. */
+    wc->be = be;
+    wc->worker = *w_p;
+    pdx_status_t st = ucx_stage_set_handler(be, wc);
+    if (st != PDX_OK) {
+        ucp_worker_destroy(*w_p);
+        *w_p = NULL;
+        return st;
     }
     return PDX_OK;
 }
@@ -274,6 +287,7 @@ void ucx_peer_worker_destroy(ucx_be_t *be, ucx_peer_t *peer)
     ucp_worker_destroy(w);
     peer->worker = NULL;
     ucx_list_del(&peer->wlink);
+    ucx_stage_worker_gone(be, w);
     ucx_reqs_worker_gone(be, &peer->reqs, w);
     ucx_reqs_worker_gone(be, &be->orphan_reqs, w);
     ucx_send_list_free(&peer->sends);
@@ -285,6 +299,7 @@ void ucx_peer_worker_destroy(ucx_be_t *be, ucx_peer_t *peer)
  * agent still holds any, are detached. */
 void ucx_peer_release(ucx_be_t *be, ucx_peer_t *peer)
 {
+    ucx_stage_peer_gone(be, peer);
     ucx_peer_worker_destroy(be, peer);
     while (!ucx_list_empty(&peer->sends)) {
         ucx_link_t *l = peer->sends.next;
@@ -398,7 +413,7 @@ pdx_status_t ucx_peer_ep(ucx_be_t *be, ucx_peer_t *peer)
     }
     if (!peer->own_worker && ucx_peer_wants_worker(be, peer)) {
         ucp_worker_h w;
-        if (ucx_worker_open(be, peer->name, &w) == PDX_OK) {
+        if (ucx_worker_open(be, peer->name, &peer->wctx, &w) == PDX_OK) {
             peer->worker = w;
             peer->own_worker = 1;
             ucx_list_push(&be->wpeers, &peer->wlink);
@@ -571,22 +586,47 @@ static void ucx_peer_transport(ucx_peer_t *peer)
     free(dump);
 }
 
-pdx_status_t ucx_path(void *bev, void *peerv, void *rmd,
+pdx_status_t ucx_path(void *bev, void *peerv, void *rmdv,
                       char *transport, size_t tlen, char *why,
                       size_t wlen)
 {
+    ucx_be_t *be = bev;
     ucx_peer_t *peer = peerv;
-    (void)bev;
-    (void)rmd;
-    if (peer == NULL) {
-        return PDX_ERR_INVALID;
-    }
-    ucx_peer_transport(peer);
-    snprintf(transport, tlen, "%s", peer->transport[0] ? peer->transport
-                                                       : "ucx");
+    ucx_rmd_t *rmd = rmdv;
     if (why != NULL && wlen > 0) {
         why[0] = '\0';
     }
+    if (peer == NULL) {
+        /* No peer: how this instance moves its own GPU memory (natively,
+         * or staged through its pinned pool, a slower path). */
+        if (be == NULL || rmd != NULL) {
+            return PDX_ERR_INVALID;
+        }
+        snprintf(transport, tlen, "vram %s",
+                 ucx_vram_mode_name(be->vram_mode));
+        if (be->vram_mode == UCX_VRAM_NATIVE) {
+            return PDX_OK;
+        }
+        if (why != NULL) {
+            snprintf(why, wlen, "%s", be->vram_why);
+        }
+        return PDX_ERR_UNAVAILABLE;
+    }
+    ucx_peer_transport(peer);
+    const char *tl = peer->transport[0] ? peer->transport : "ucx";
+    if (rmd != NULL && rmd->type == PDX_MEM_VRAM && rmd->staged) {
+        /* The peer's GPU memory through its staging service. */
+        snprintf(transport, tlen, "staged over %s", tl);
+        if (why != NULL) {
+            snprintf(why, wlen, "%s", be->vram_mode == UCX_VRAM_NATIVE
+                                          ? "the peer's UCX does not carry "
+                                            "CUDA memory: its staging serves "
+                                            "it"
+                                          : be->vram_why);
+        }
+        return PDX_ERR_UNAVAILABLE;
+    }
+    snprintf(transport, tlen, "%s", tl);
     /* UCX's own choice among its transports is its fast path; whether a
      * same-host peer should have used cma or cuda_ipc is the agent's call. */
     return PDX_OK;

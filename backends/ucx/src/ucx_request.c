@@ -23,6 +23,7 @@ ucx_req_t *ucx_req_get(ucx_be_t *be, size_t notif_len)
 
 void ucx_req_put(ucx_be_t *be, ucx_req_t *r)
 {
+    ucx_stage_free(r);
     if (r->notif_cap == UCX_REQ_CACHE_NOTIF &&
         be->nreq_cache < UCX_REQ_CACHE_MAX) {
         ucx_list_push(&be->req_cache, &r->link);
@@ -124,6 +125,30 @@ static void ucx_req_data_done(ucx_req_t *r, ucs_status_t status,
             ucx_req_finish(r, st);
         }
     }
+}
+
+void ucx_req_stage_done(ucx_req_t *r, pdx_status_t st)
+{
+    if (r->stage == UCX_STAGE_FLUSH) {
+        if (st != PDX_OK && r->peer != NULL && r->peer->ep_status != UCS_OK) {
+            st = PDX_ERR_REMOTE_DISCONNECT;
+        }
+        if (st != PDX_OK || r->aborted) {
+            ucx_req_finish(r, r->aborted && (st == PDX_OK ||
+                                             st == PDX_ERR_CANCELED)
+                                  ? PDX_ERR_CANCELED
+                                  : st);
+        } else if (r->peer != NULL) {
+            r->peer->wired = 1;
+            st = ucx_req_send_notif(r);
+            if (st != PDX_INPROGRESS) {
+                ucx_req_finish(r, st);
+            }
+        } else {
+            ucx_req_finish(r, PDX_ERR_REMOTE_DISCONNECT);
+        }
+    }
+    ucx_req_maybe_free(r);
 }
 
 void ucx_flush_cb(void *request, ucs_status_t status, void *user_data)

@@ -39,7 +39,7 @@ static pdx_status_t ucx_check_iov(ucx_be_t *be, const ucx_peer_t *peer,
                       iov[i].len);
             return PDX_ERR_INVALID;
         }
-        if (rmd->rkey == NULL) {
+        if (rmd->rkey == NULL && !rmd->staged) {
             pdx_status_t st = ucx_rmd_rkey(be, rmd);
             if (st != PDX_OK) {
                 return st;
@@ -80,6 +80,59 @@ static int ucx_req_drain_check(ucx_be_t *be, ucx_req_t *r)
     ucx_peer_give_up(be, r->peer, why);
     ucx_req_finish(r, PDX_ERR_REMOTE_DISCONNECT);
     return 1;
+}
+
+/* The puts or gets of `r` (chunks of at most max_chunk), counted in
+ * *posted_p. A WRITE's puts are fire-and-forget (their requests freed at
+ * once): a put's completion says only that its source may be reused, so
+ * the one flush after them reports that every byte landed (or failed). A
+ * READ's get completes when its bytes have landed: the READ ends with its
+ * last get's callback, without a flush (which cost a small request a
+ * second UCX request and callback). PDX_OK, or the first error (what was
+ * posted before it is in flight). */
+static pdx_status_t ucx_post_rma(ucx_be_t *be, ucx_peer_t *peer, ucx_req_t *r,
+                                 pdx_xfer_op_t op,
+                                 const pdx_backend_iov_t *iov, size_t n,
+                                 size_t *posted_p)
+{
+    ucp_request_param_t rp = {.op_attr_mask = 0};
+    if (op == PDX_XFER_READ) {
+        rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                          UCP_OP_ATTR_FIELD_USER_DATA;
+        rp.cb.send = ucx_get_cb;
+        rp.user_data = r;
+    }
+    ucs_status_ptr_t sp;
+    for (size_t i = 0; i < n; i++) {
+        const ucx_rmd_t *rmd = iov[i].remote_md;
+        for (uint64_t off = 0; off < iov[i].len; off += be->max_chunk) {
+            uint64_t len = iov[i].len - off;
+            if (len > be->max_chunk) {
+                len = be->max_chunk;
+            }
+            void *laddr = (void *)(uintptr_t)(iov[i].local_addr + off);
+            uint64_t raddr = iov[i].remote_addr + off;
+            sp = op == PDX_XFER_WRITE
+                    ? ucp_put_nbx(peer->ep, laddr, len, raddr, rmd->rkey, &rp)
+                    : ucp_get_nbx(peer->ep, laddr, len, raddr, rmd->rkey, &rp);
+            if (UCS_PTR_IS_ERR(sp)) {
+                ucs_status_t s = UCS_PTR_STATUS(sp);
+                pdx_log(ucx_op_log_level(s, peer->ep_status),
+                        "ucx: peer %s: %s of %" PRIu64 " bytes at remote "
+                        "0x%" PRIx64 " (piece %zu of %zu) failed: %s",
+                        peer->name, op == PDX_XFER_WRITE ? "put" : "get",
+                        len, raddr, i, n, ucs_status_string(s));
+                return ucx_status(s);
+            }
+            if (sp != NULL && op == PDX_XFER_WRITE) {
+                ucp_request_free(sp);
+            } else if (sp != NULL) {
+                r->gets_left++; /* its callback comes from progress */
+            }
+            (*posted_p)++;
+        }
+    }
+    return PDX_OK;
 }
 
 pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
@@ -129,19 +182,24 @@ pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
     }
     ucx_list_init(&r->link);
 
-    /* A WRITE's puts are fire-and-forget (their requests freed at once):
-     * a put's completion says only that its source may be reused, so the
-     * one flush below reports that every byte landed (or failed). A
-     * READ's get completes when its bytes have landed: the READ ends with
-     * its last get's callback, without a flush (which cost a small
-     * request a second UCX request and callback). */
-    ucp_request_param_t rp = {.op_attr_mask = 0};
-    if (op == PDX_XFER_READ) {
-        rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                          UCP_OP_ATTR_FIELD_USER_DATA;
-        rp.cb.send = ucx_get_cb;
-        rp.user_data = r;
+    if (ucx_stage_needed(be, iov, n)) {
+        /* GPU memory staged through host buffers on one side or both:
+         * jobs, moved on by callbacks and progress (ucx_stage.c). */
+        st = ucx_stage_post(be, r, iov, n, ucx_req_stage_done);
+        if (st != PDX_INPROGRESS) {
+            ucx_req_put(be, r);
+            return st;
+        }
+        if (r->stage == UCX_STAGE_DONE && !ucx_req_busy(r)) {
+            st = r->status;
+            ucx_req_put(be, r);
+            return st;
+        }
+        ucx_list_push(&peer->reqs, &r->link);
+        *req_p = r;
+        return PDX_INPROGRESS;
     }
+
     ucp_request_param_t fp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
         .cb.send = ucx_flush_cb,
@@ -149,35 +207,9 @@ pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
     };
     ucs_status_ptr_t sp;
     size_t posted = 0;
-    for (size_t i = 0; i < n; i++) {
-        const ucx_rmd_t *rmd = iov[i].remote_md;
-        for (uint64_t off = 0; off < iov[i].len; off += be->max_chunk) {
-            uint64_t len = iov[i].len - off;
-            if (len > be->max_chunk) {
-                len = be->max_chunk;
-            }
-            void *laddr = (void *)(uintptr_t)(iov[i].local_addr + off);
-            uint64_t raddr = iov[i].remote_addr + off;
-            sp = op == PDX_XFER_WRITE
-                    ? ucp_put_nbx(peer->ep, laddr, len, raddr, rmd->rkey, &rp)
-                    : ucp_get_nbx(peer->ep, laddr, len, raddr, rmd->rkey, &rp);
-            if (UCS_PTR_IS_ERR(sp)) {
-                ucs_status_t s = UCS_PTR_STATUS(sp);
-                pdx_log(ucx_op_log_level(s, peer->ep_status),
-                        "ucx: peer %s: %s of %" PRIu64 " bytes at remote "
-                        "0x%" PRIx64 " (piece %zu of %zu) failed: %s",
-                        peer->name, op == PDX_XFER_WRITE ? "put" : "get",
-                        len, raddr, i, n, ucs_status_string(s));
-                st = ucx_status(s);
-                goto err_posted;
-            }
-            if (sp != NULL && op == PDX_XFER_WRITE) {
-                ucp_request_free(sp);
-            } else if (sp != NULL) {
-                r->gets_left++; /* its callback comes from progress */
-            }
-            posted++;
-        }
+    st = ucx_post_rma(be, peer, r, op, iov, n, &posted);
+    if (st != PDX_OK) {
+        goto err_posted;
     }
 
     if (op == PDX_XFER_WRITE) {
@@ -259,6 +291,7 @@ pdx_status_t ucx_xfer_abort(void *bev, void *reqv)
     if (r->ucs_req != NULL) {
         ucp_request_cancel(r->worker, r->ucs_req);
     }
+    ucx_stage_abort(r);
     /* A request already done keeps its result: its data has landed. */
     return PDX_OK;
 }
@@ -277,6 +310,7 @@ void ucx_xfer_release(void *bev, void *reqv)
          * after xfer_check said it ended, or because the peer failed. */
         ucp_request_cancel(r->worker, r->ucs_req);
     }
+    ucx_stage_abort(r);
     ucx_list_del(&r->link);
     if (!ucx_req_busy(r)) {
         ucx_req_put(be, r);

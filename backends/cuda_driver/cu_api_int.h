@@ -1,7 +1,8 @@
-/* cuda_ipc: the CUDA driver entry points the backend uses, as a table of
- * function pointers filled from libcuda.so.1 at run time (dlopen), so the
- * module builds and loads where there is no driver, and tests can hand in
- * a fake driver. */
+/* The CUDA driver entry points the modules use (cuda_ipc, ucx's VRAM
+ * path), as a table of function pointers filled from libcuda.so.1 at run
+ * time (dlopen), so a module builds and loads where there is no driver,
+ * and tests can hand in a fake driver. Private to the modules that link
+ * pdx_cuda_driver. */
 #ifndef PDX_CUDA_IPC_CU_API_H
 #define PDX_CUDA_IPC_CU_API_H
 

@@ -1,4 +1,5 @@
-/* cuda_ipc: loading the CUDA driver with dlopen, and the CUresult
+/* The CUDA driver loaded with dlopen (one loader for every module that
+ * moves GPU memory: cuda_ipc, ucx's VRAM path), and the CUresult
  * translator. */
 #include "cu_api_int.h"
 
@@ -102,7 +103,7 @@ pdx_status_t cu_api_load(cu_api_t *api, char *why, size_t why_len)
     void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (lib == NULL) {
         const char *err = dlerror();
-        pdx_debug("cuda_ipc: dlopen %s: %s", name, err ? err : "?");
+        pdx_debug("cuda: dlopen %s: %s", name, err ? err : "?");
         snprintf(why, why_len, "no CUDA driver");
         return PDX_ERR_UNAVAILABLE;
     }

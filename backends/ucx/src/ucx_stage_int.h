@@ -1,0 +1,214 @@
+/* ucx: the staged VRAM protocol's private header: its wire (the staged
+ * AM's header and segment table), the jobs of this instance's requests
+ * (ucx_stage.c) and the service it gives peers' (ucx_svc.c). The protocol:
+ * backends/ucx/README.md, "GPU memory". */
+#ifndef PDX_UCX_STAGE_INT_H
+#define PDX_UCX_STAGE_INT_H
+
+#include "ucx_int.h"
+
+#define SHDR_MAGIC 0x53584450u /* "PDXS" */
+#define SHDR_VERSION 1u
+#define SHDR_LEN 32u
+#define SEG_LEN 24u
+/* Segments in one job (one SW/SR table): 6 KiB of table at most. */
+#define STAGE_MAX_SEGS 256u
+/* Service requests queued for a slot before new ones are refused busy. */
+#define SVC_QUEUE_MAX 4096u
+
+enum { OP_SW = 1, OP_SR = 2, OP_SA = 3, OP_SD = 4 };
+enum { KIND_DIRECT, KIND_LOCAL, KIND_REMOTE };
+/* A job's phase; UCX requests and device copies in flight are counted
+ * apart (ucx_pending, ev), so a callback that comes late finds it. */
+enum {
+    PH_IDLE,   /* not started */
+    PH_D2H,    /* our VRAM into the slot */
+    PH_UCX,    /* puts, gets, or the AM send in flight */
+    PH_PEER,   /* waiting for the peer's SA or SD */
+    PH_RECV,   /* SD's data arriving */
+    PH_H2D,    /* the slot into our VRAM */
+    PH_END,
+};
+
+typedef struct ucx_seg {
+    uint64_t laddr, raddr, len;
+    ucx_md_t *md;
+    ucx_rmd_t *rmd;
+} ucx_seg_t;
+
+typedef struct ucx_job {
+    ucx_link_t link;         /* st->jobs while started and not freed */
+    struct ucx_sreq *sreq;
+    uint64_t rid;            /* remote jobs: the id the peer echoes */
+    uint8_t kind, phase;
+    uint8_t lstaged;         /* our side is staged VRAM (device `dev`) */
+    uint8_t ended;           /* counted in its request */
+    int dev;
+    uint32_t slot;
+    uint32_t ucx_pending;    /* UCX requests pointing at it */
+    void *ev;                /* device copy in flight, or NULL */
+    pdx_status_t status;
+    uint64_t bytes;
+    uint32_t nseg;
+    unsigned char *table;    /* remote jobs: the SW/SR segment table */
+    ucp_dt_iov_t *iov;       /* remote jobs from host memory: the data */
+    size_t hdr_len;
+    unsigned char hdr[SHDR_LEN + UCX_MAX_NAME];
+    ucx_seg_t seg[];
+} ucx_job_t;
+
+typedef struct ucx_sreq {
+    ucx_req_t *req;
+    ucx_peer_t *peer;        /* NULL once the peer failed or went */
+    ucp_worker_h worker;
+    ucx_link_t link;         /* st->sreqs */
+    ucx_job_t **jobs;
+    uint32_t njobs, next, active, ended;
+    pdx_status_t status;     /* the first failure */
+    int puts;                /* puts were posted: a flush ends the data */
+    int flushing, finished;
+    int pumping;             /* inside sreq_pump (no recursion into it) */
+    /* The data stage's end, told to the request layer above (a pointer
+     * it gave: ucx_stage.c calls nothing of ucx_request.c). */
+    ucx_stage_done_cb_t done;
+} ucx_sreq_t;
+
+typedef struct ucx_svc {
+    ucx_link_t link;         /* st->svc_wait, then st->svc_active */
+    ucx_be_t *be;
+    uint8_t op, phase;
+    ucp_ep_h reply_ep;
+    ucp_worker_h worker;
+    uint64_t rid;
+    char peer[UCX_MAX_NAME + 1];
+    void *desc;              /* SW: the rendezvous data, until received */
+    uint64_t payload;        /* SW: table and data bytes; SR: data bytes */
+    uint64_t bytes;          /* data bytes */
+    uint32_t slot;
+    void *ev;
+    int dev;
+    uint32_t ucx_pending;
+    pdx_status_t status;
+    uint32_t nseg;
+    int held;                /* the segments' regions are held (svc_busy) */
+    size_t hdr_len;
+    unsigned char hdr[SHDR_LEN + UCX_MAX_NAME];
+    struct {
+        uint64_t addr, len;
+        ucx_md_t *md;
+    } seg[];
+} ucx_svc_t;
+
+struct ucx_stage_state {
+    ucx_link_t sreqs;        /* requests with jobs to start or running */
+    ucx_link_t jobs;         /* started jobs */
+    ucx_link_t svc_wait;     /* service requests waiting for a slot */
+    ucx_link_t svc_active;
+    uint32_t nsvc;
+    uint32_t copies;         /* device copies in flight */
+    /* Work a progress call can do now (a slot back while something waits
+     * for one, a service request to move on or free): arm says busy. */
+    int kick;
+    /* Remote jobs by id: rid = index | (random << 32). */
+    ucx_job_t **tab;
+    uint32_t tab_cap;
+    uint32_t *tab_free, ntab_free;
+};
+
+static inline void ucx_put_le(unsigned char *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++) {
+        p[i] = (unsigned char)(v >> (8 * i));
+    }
+}
+
+static inline uint64_t ucx_get_le(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+static inline struct ucx_stage_state *ucx_stage_state(ucx_be_t *be)
+{
+    if (be->st == NULL) {
+        be->st = calloc(1, sizeof(*be->st));
+        if (be->st != NULL) {
+            ucx_list_init(&be->st->sreqs);
+            ucx_list_init(&be->st->jobs);
+            ucx_list_init(&be->st->svc_wait);
+            ucx_list_init(&be->st->svc_active);
+        }
+    }
+    return be->st;
+}
+
+/* The header of a staged AM: op, the segments of its table, a status, the
+ * job id, the data bytes; then the sender's agent name. */
+static inline size_t ucx_shdr_make(ucx_be_t *be, unsigned char *h, int op, uint32_t nseg,
+                       pdx_status_t st, uint64_t rid, uint64_t bytes)
+{
+    ucx_put_le(h, SHDR_MAGIC, 4);
+    h[4] = (unsigned char)op;
+    h[5] = SHDR_VERSION;
+    ucx_put_le(h + 6, nseg, 2);
+    ucx_put_le(h + 8, (uint64_t)(uint32_t)st, 4);
+    ucx_put_le(h + 12, 0, 4);
+    ucx_put_le(h + 16, rid, 8);
+    ucx_put_le(h + 24, bytes, 8);
+    memcpy(h + SHDR_LEN, be->host.agent_name, be->name_len);
+    return SHDR_LEN + be->name_len;
+}
+
+typedef struct shdr {
+    int op;
+    uint32_t nseg;
+    pdx_status_t status;
+    uint64_t rid, bytes;
+    char name[UCX_MAX_NAME + 1];
+} shdr_t;
+
+static inline int ucx_shdr_parse(const void *header, size_t len, shdr_t *h)
+{
+    const unsigned char *p = header;
+    if (header == NULL || len <= SHDR_LEN || len > SHDR_LEN + UCX_MAX_NAME ||
+        ucx_get_le(p, 4) != SHDR_MAGIC || p[5] != SHDR_VERSION ||
+        p[4] < OP_SW || p[4] > OP_SD) {
+        return -1;
+    }
+    h->op = p[4];
+    h->nseg = (uint32_t)ucx_get_le(p + 6, 2);
+    h->status = (pdx_status_t)(int32_t)(uint32_t)ucx_get_le(p + 8, 4);
+    h->rid = ucx_get_le(p + 16, 8);
+    h->bytes = ucx_get_le(p + 24, 8);
+    memcpy(h->name, p + SHDR_LEN, len - SHDR_LEN);
+    h->name[len - SHDR_LEN] = '\0';
+    if (strlen(h->name) != len - SHDR_LEN) {
+        return -1; /* a NUL inside the name */
+    }
+    return 0;
+}
+
+/* A status a peer sent: one of ours, else a plain backend error. */
+static inline pdx_status_t ucx_peer_status(pdx_status_t st)
+{
+    return st <= 0 && st > -100 ? st : PDX_ERR_BACKEND;
+}
+
+
+/* ucx_svc.c: the service. request: a peer's SW or SR arrived on worker
+ * `w` (the header parsed; `data`, `length` and `rndv` as UCX gave them);
+ * returns what the AM callback returns. progress: device copies polled,
+ * answers sent, waiting requests given slots; the events handled.
+ * worker_gone: nothing UCX held on `w` calls back any more. fini: the
+ * instance goes (its workers are gone). */
+ucs_status_t ucx_svc_request(ucx_be_t *be, ucp_worker_h w, const shdr_t *h,
+                             void *data, size_t length,
+                             const ucp_am_recv_param_t *param, int rndv);
+int ucx_svc_progress(ucx_be_t *be);
+void ucx_svc_worker_gone(ucx_be_t *be, ucp_worker_h w);
+void ucx_svc_fini(ucx_be_t *be);
+
+#endif
