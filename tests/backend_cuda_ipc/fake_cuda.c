@@ -1,5 +1,6 @@
-/* A fake CUDA driver for cuda_ipc tests (see fake_cuda.h). Single-threaded
- * test code: plain globals are fine here. Function names are those of
+/* A fake CUDA driver for cuda_ipc tests (see fake_cuda.h). Every entry
+ * point runs under one process-wide lock (GUARD): a test's thread and an
+ * agent's progress thread may call in at once. Function names are those of
  * cuda.h, which renames several of them (cuMemAlloc -> cuMemAlloc_v2), so
  * the exported symbols are the ones a real libcuda exports. */
 #include "fake_cuda.h"
@@ -14,8 +15,21 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <pthread.h>
 
 #define API FAKE_API
+
+static pthread_mutex_t g_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+static void unguard(int *unused)
+{
+    (void)unused;
+    pthread_mutex_unlock(&g_mu);
+}
+/* First statement of every entry point: the lock, released on return. */
+#define GUARD()                                                                \
+    pthread_mutex_lock(&g_mu);                                                 \
+    int guard_ __attribute__((cleanup(unguard))) = 0;                          \
+    (void)guard_
 #define MAX_DEV 8
 #define MAX_RANGES 4096
 #define MAX_HANDLES 1024
@@ -89,17 +103,20 @@ static int g_strict;
 
 void fake_cuda_strict(int on)
 {
+    GUARD();
     g_strict = on;
 }
 
 void fake_cuda_stats(fake_cuda_stats_t *s)
 {
+    GUARD();
     *s = g_st;
     s->ctx_depth = t_depth;
 }
 
 void fake_cuda_uuid(int phys, unsigned char u[16])
 {
+    GUARD();
     for (int i = 0; i < 16; i++) {
         u[i] = (unsigned char)(0xa0 + phys * 16 + i);
     }
@@ -166,6 +183,7 @@ static range_t *new_range(void)
 
 API CUresult cuInit(unsigned int flags)
 {
+    GUARD();
     const char *n = getenv("FAKE_CUDA_DEVICES");
     g_ndev = n != NULL ? atoi(n) : 2;
     if (g_ndev <= 0) {
@@ -195,12 +213,14 @@ API CUresult cuInit(unsigned int flags)
 
 API CUresult cuDriverGetVersion(int *v)
 {
+    GUARD();
     *v = CUDA_VERSION;
     return CUDA_SUCCESS;
 }
 
 API CUresult cuGetErrorName(CUresult e, const char **s)
 {
+    GUARD();
     switch (e) {
     case CUDA_SUCCESS:
         *s = "CUDA_SUCCESS";
@@ -229,6 +249,7 @@ API CUresult cuGetErrorName(CUresult e, const char **s)
 
 API CUresult cuDeviceGetCount(int *n)
 {
+    GUARD();
     NEED_INIT();
     *n = g_ndev;
     return CUDA_SUCCESS;
@@ -236,6 +257,7 @@ API CUresult cuDeviceGetCount(int *n)
 
 API CUresult cuDeviceGet(CUdevice *d, int ordinal)
 {
+    GUARD();
     NEED_INIT();
     if (ordinal < 0 || ordinal >= g_ndev) {
         return CUDA_ERROR_INVALID_DEVICE;
@@ -246,6 +268,7 @@ API CUresult cuDeviceGet(CUdevice *d, int ordinal)
 
 API CUresult cuDeviceGetName(char *name, int len, CUdevice d)
 {
+    GUARD();
     NEED_INIT();
     if (!phys_ok(d)) {
         return CUDA_ERROR_INVALID_DEVICE;
@@ -256,6 +279,7 @@ API CUresult cuDeviceGetName(char *name, int len, CUdevice d)
 
 API CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d)
 {
+    GUARD();
     NEED_INIT();
     if (!phys_ok(d)) {
         return CUDA_ERROR_INVALID_DEVICE;
@@ -266,6 +290,7 @@ API CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d)
 
 API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 {
+    GUARD();
     NEED_INIT();
     if (!phys_ok(d)) {
         return CUDA_ERROR_INVALID_DEVICE;
@@ -279,6 +304,7 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 
 API CUresult cuDevicePrimaryCtxRelease(CUdevice d)
 {
+    GUARD();
     NEED_INIT();
     if (d < 0 || d >= MAX_DEV || g_ctx[d].retained == 0) {
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -290,6 +316,7 @@ API CUresult cuDevicePrimaryCtxRelease(CUdevice d)
 
 API CUresult cuCtxPushCurrent(CUcontext c)
 {
+    GUARD();
     NEED_INIT();
     if (c == NULL || c->retained == 0 || t_depth == 64) {
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -300,6 +327,7 @@ API CUresult cuCtxPushCurrent(CUcontext c)
 
 API CUresult cuCtxPopCurrent(CUcontext *c)
 {
+    GUARD();
     NEED_INIT();
     if (t_depth == 0) {
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -325,6 +353,7 @@ static int make_memfd(size_t size)
 
 API CUresult cuMemAlloc(CUdeviceptr *p, size_t size)
 {
+    GUARD();
     NEED_CTX();
     if (size == 0) {
         return CUDA_ERROR_INVALID_VALUE;
@@ -355,6 +384,7 @@ API CUresult cuMemAlloc(CUdeviceptr *p, size_t size)
 
 API CUresult cuMemFree(CUdeviceptr p)
 {
+    GUARD();
     NEED_CTX();
     range_t *r = find_range((uintptr_t)p, 1);
     if (r == NULL || r->kind != R_ALLOC || r->base != (uintptr_t)p) {
@@ -369,6 +399,7 @@ API CUresult cuMemFree(CUdeviceptr p)
 API CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size,
                                   CUdeviceptr p)
 {
+    GUARD();
     NEED_CTX();
     range_t *r = find_range((uintptr_t)p, 1);
     if (r == NULL) {
@@ -386,6 +417,7 @@ API CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size,
 API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a,
                                    CUdeviceptr p)
 {
+    GUARD();
     NEED_INIT();
     range_t *r = find_range((uintptr_t)p, 1);
     if (r == NULL) {
@@ -425,6 +457,7 @@ typedef struct {
 
 API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
 {
+    GUARD();
     NEED_CTX();
     range_t *r = find_range((uintptr_t)p, 1);
     if (r == NULL || r->kind != R_ALLOC || r->base != (uintptr_t)p) {
@@ -441,6 +474,7 @@ API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
 API CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h,
                                 unsigned int flags)
 {
+    GUARD();
     NEED_CTX();
     fake_ipc_t f;
     memcpy(&f, h.reserved, sizeof(f));
@@ -489,6 +523,7 @@ API CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h,
 
 API CUresult cuIpcCloseMemHandle(CUdeviceptr p)
 {
+    GUARD();
     NEED_CTX();
     range_t *r = find_range((uintptr_t)p, 1);
     if (r == NULL || r->kind != R_IPC || r->base != (uintptr_t)p) {
@@ -503,6 +538,7 @@ API CUresult cuIpcCloseMemHandle(CUdeviceptr p)
 
 API CUresult cuMemHostRegister(void *p, size_t size, unsigned int flags)
 {
+    GUARD();
     NEED_CTX();
     uintptr_t a = (uintptr_t)p;
     int freei = -1;
@@ -525,6 +561,7 @@ API CUresult cuMemHostRegister(void *p, size_t size, unsigned int flags)
 
 API CUresult cuMemHostUnregister(void *p)
 {
+    GUARD();
     NEED_CTX();
     for (int i = 0; i < 256; i++) {
         if (g_hreg[i].size != 0 && g_hreg[i].p == (uintptr_t)p) {
@@ -572,6 +609,7 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
                          const CUmemAllocationProp *prop,
                          unsigned long long flags)
 {
+    GUARD();
     NEED_INIT();
     if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
         prop->location.id < 0 || prop->location.id >= g_ndev ||
@@ -589,6 +627,7 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
 
 API CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
+    GUARD();
     NEED_INIT();
     vhandle_t *v = hget(h);
     if (v == NULL) {
@@ -601,6 +640,7 @@ API CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align,
                                  CUdeviceptr addr, unsigned long long flags)
 {
+    GUARD();
     NEED_INIT();
     void *m = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) {
@@ -612,6 +652,7 @@ API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align,
 
 API CUresult cuMemAddressFree(CUdeviceptr p, size_t size)
 {
+    GUARD();
     NEED_INIT();
     if (find_range((uintptr_t)p, 1) != NULL) {
         return CUDA_ERROR_INVALID_VALUE; /* still mapped */
@@ -623,6 +664,7 @@ API CUresult cuMemAddressFree(CUdeviceptr p, size_t size)
 API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset,
                       CUmemGenericAllocationHandle h, unsigned long long flags)
 {
+    GUARD();
     NEED_INIT();
     vhandle_t *v = hget(h);
     if (v == NULL || offset != 0 || size != v->size) {
@@ -648,6 +690,7 @@ API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset,
 
 API CUresult cuMemUnmap(CUdeviceptr p, size_t size)
 {
+    GUARD();
     NEED_INIT();
     range_t *r = find_range((uintptr_t)p, 1);
     if (r == NULL || r->kind != R_VMM || r->base != (uintptr_t)p ||
@@ -665,6 +708,7 @@ API CUresult cuMemUnmap(CUdeviceptr p, size_t size)
 API CUresult cuMemSetAccess(CUdeviceptr p, size_t size,
                             const CUmemAccessDesc *d, size_t n)
 {
+    GUARD();
     NEED_INIT();
     range_t *r = find_range((uintptr_t)p, size);
     if (r == NULL || n == 0 ||
@@ -682,6 +726,7 @@ API CUresult cuMemSetAccess(CUdeviceptr p, size_t size,
 API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h,
                                          void *addr)
 {
+    GUARD();
     NEED_INIT();
     range_t *r = find_range((uintptr_t)addr, 1);
     if (r == NULL || r->kind != R_VMM) {
@@ -695,6 +740,7 @@ API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h,
 API CUresult cuMemGetAllocationPropertiesFromHandle(
     CUmemAllocationProp *prop, CUmemGenericAllocationHandle h)
 {
+    GUARD();
     NEED_INIT();
     vhandle_t *v = hget(h);
     if (v == NULL) {
@@ -713,6 +759,7 @@ API CUresult cuMemExportToShareableHandle(void *out,
                                           CUmemAllocationHandleType type,
                                           unsigned long long flags)
 {
+    GUARD();
     NEED_INIT();
     vhandle_t *v = hget(h);
     if (v == NULL || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
@@ -731,6 +778,7 @@ API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h,
                                             void *os,
                                             CUmemAllocationHandleType type)
 {
+    GUARD();
     NEED_INIT();
     int fd = (int)(intptr_t)os;
     struct stat st;
@@ -765,6 +813,7 @@ API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h,
 
 API CUresult cuStreamCreate(CUstream *s, unsigned int flags)
 {
+    GUARD();
     NEED_CTX();
     *s = calloc(1, sizeof(**s));
     if (*s == NULL) {
@@ -791,6 +840,7 @@ static void run_to(CUstream s, size_t seq)
 
 API CUresult cuStreamSynchronize(CUstream s)
 {
+    GUARD();
     NEED_CTX();
     run_to(s, s->nops);
     return CUDA_SUCCESS;
@@ -798,6 +848,7 @@ API CUresult cuStreamSynchronize(CUstream s)
 
 API CUresult cuStreamDestroy(CUstream s)
 {
+    GUARD();
     NEED_CTX();
     if (s == NULL || s->dev != cur()->dev) {
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -821,6 +872,7 @@ API CUresult cuStreamDestroy(CUstream s)
 
 API CUresult cuEventCreate(CUevent *e, unsigned int flags)
 {
+    GUARD();
     NEED_CTX();
     for (size_t i = 0; i < sizeof(g_events) / sizeof(g_events[0]); i++) {
         if (g_events[i] == NULL) {
@@ -838,6 +890,7 @@ API CUresult cuEventCreate(CUevent *e, unsigned int flags)
 
 API CUresult cuEventDestroy(CUevent e)
 {
+    GUARD();
     NEED_INIT();
     for (size_t i = 0; i < sizeof(g_events) / sizeof(g_events[0]); i++) {
         if (g_events[i] == e) {
@@ -852,6 +905,7 @@ API CUresult cuEventDestroy(CUevent e)
 
 API CUresult cuEventRecord(CUevent e, CUstream s)
 {
+    GUARD();
     NEED_CTX();
     if (s == NULL || s->dev != cur()->dev) {
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -866,6 +920,7 @@ API CUresult cuEventRecord(CUevent e, CUstream s)
  * run); the next one reports completion. */
 API CUresult cuEventQuery(CUevent e)
 {
+    GUARD();
     NEED_INIT();
     if (e->s == NULL || e->s->done >= e->seq) {
         if (e->s != NULL && !e->queried && e->seq > 0) {
@@ -881,6 +936,7 @@ API CUresult cuEventQuery(CUevent e)
 
 API CUresult cuEventSynchronize(CUevent e)
 {
+    GUARD();
     NEED_INIT();
     if (e->s != NULL) {
         run_to(e->s, e->seq);
@@ -929,6 +985,7 @@ static int is_dev(CUdeviceptr p, size_t len, int dev)
 API CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t len,
                                CUstream s)
 {
+    GUARD();
     NEED_CTX();
     int d = cur()->dev;
     if (!is_dev(dst, len, d) || !is_dev(src, len, d)) {
@@ -941,6 +998,7 @@ API CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t len,
 API CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t len,
                                CUstream s)
 {
+    GUARD();
     NEED_CTX();
     if (!is_dev(dst, len, cur()->dev) ||
         is_dev((CUdeviceptr)(uintptr_t)src, 1, -1)) {
@@ -952,6 +1010,7 @@ API CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t len,
 API CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t len,
                                CUstream s)
 {
+    GUARD();
     NEED_CTX();
     if (!is_dev(src, len, cur()->dev) ||
         is_dev((CUdeviceptr)(uintptr_t)dst, 1, -1)) {
@@ -963,6 +1022,7 @@ API CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t len,
 API CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src,
                                CUcontext sctx, size_t len, CUstream s)
 {
+    GUARD();
     NEED_CTX();
     if (dctx == NULL || sctx == NULL || dctx->retained == 0 ||
         sctx->retained == 0) {
@@ -980,6 +1040,7 @@ API CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src,
  * backend uses none; strict mode does not apply). */
 API CUresult cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t len)
 {
+    GUARD();
     NEED_CTX();
     if (find_range((uintptr_t)dst, len) == NULL) {
         return CUDA_ERROR_INVALID_VALUE;
@@ -990,6 +1051,7 @@ API CUresult cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t len)
 
 API CUresult cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t len)
 {
+    GUARD();
     NEED_CTX();
     if (find_range((uintptr_t)src, len) == NULL) {
         return CUDA_ERROR_INVALID_VALUE;
@@ -1002,6 +1064,7 @@ API CUresult cuMemGetAllocationGranularity(size_t *g,
                                            const CUmemAllocationProp *prop,
                                            CUmemAllocationGranularity_flags o)
 {
+    GUARD();
     NEED_INIT();
     *g = 4096;
     return CUDA_SUCCESS;
@@ -1010,6 +1073,7 @@ API CUresult cuMemGetAllocationGranularity(size_t *g,
 /* For tests/gpu/cuda_ipc_gpu_test.c run against this fake. */
 API CUresult cuCtxSetCurrent(CUcontext c)
 {
+    GUARD();
     NEED_INIT();
     if (c == NULL) {
         if (t_depth > 0) {
@@ -1027,6 +1091,7 @@ API CUresult cuCtxSetCurrent(CUcontext c)
 
 API CUresult cuCtxSynchronize(void)
 {
+    GUARD();
     NEED_CTX();
     for (size_t i = 0; i < sizeof(g_streams) / sizeof(g_streams[0]); i++) {
         if (g_streams[i] != NULL) {
@@ -1038,6 +1103,7 @@ API CUresult cuCtxSynchronize(void)
 
 API CUresult cuMemAllocHost(void **p, size_t size)
 {
+    GUARD();
     NEED_CTX();
     *p = aligned_alloc(4096, (size + 4095) / 4096 * 4096);
     return *p != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
@@ -1045,6 +1111,7 @@ API CUresult cuMemAllocHost(void **p, size_t size)
 
 API CUresult cuMemFreeHost(void *p)
 {
+    GUARD();
     NEED_CTX();
     free(p);
     return CUDA_SUCCESS;

@@ -531,6 +531,8 @@ static pdx_status_t ucx_main_worker(ucx_be_t *be,
 err_worker:
     ucp_worker_destroy(be->worker);
     be->worker = NULL;
+    free(be->main_wctx.addr);
+    be->main_wctx.addr = NULL;
     return st;
 }
 
@@ -723,6 +725,7 @@ void ucx_destroy(void *bev)
     }
     ucp_worker_destroy(be->worker);
     ucx_stage_worker_gone(be, be->worker);
+    free(be->main_wctx.addr);
     close(be->efd);
     while (!ucx_list_empty(&be->zombies)) {
         ucx_link_t *l = be->zombies.next;
@@ -796,6 +799,17 @@ int ucx_progress(void *bev)
     events += ucx_deliver_errors(be);
     events += ucx_deliver_inbox(be);
     events += ucx_stage_progress(be);
+    for (ucx_link_t *l = be->peers.next; be->stalled_hint && l != &be->peers;
+         l = l->next) {
+        ucx_peer_t *peer = UCX_CONTAINER(l, ucx_peer_t, link);
+        if (peer->stage_stalled) {
+            peer->stage_stalled = 0;
+            ucx_peer_give_up(be, peer, "an aborted staged transfer got no "
+                                       "answer from it for a second");
+            events++;
+        }
+    }
+    be->stalled_hint = 0;
     ucx_reap_zombies(be);
     /* A failed peer's forced close: its request is freed once done (the
      * worker then stops counting as live; see ucx_wpeer_live). */

@@ -117,6 +117,10 @@ typedef struct ucx_be ucx_be_t;
 typedef struct ucx_wctx {
     ucx_be_t *be;
     ucp_worker_h worker;
+    /* Its address (a copy), which staged requests carry: a peer answers
+     * on an endpoint of its own to it. */
+    void *addr;
+    size_t addr_len;
 } ucx_wctx_t;
 
 /* A worker's receive FIFO blocked by a half-written message (see
@@ -167,6 +171,9 @@ typedef struct ucx_peer {
                                  against it) */
     ucx_link_t rmds;          /* its keys (ucx_rmd_t.plink): unpacked on
                                  its endpoint's worker, destroyed first */
+    /* An aborted staged transfer waits on it past UCX_DRAIN_IDLE_NS
+     * (ucx_stage.c): progress gives it up. */
+    int stage_stalled;
 } ucx_peer_t;
 
 /* How this instance carries GPU memory (ucx_vram.c): not at all, staged
@@ -314,6 +321,7 @@ struct ucx_be {
     ucx_vlocal_t vlocal; /* local transports, to validate peer bytes */
     unsigned forced;     /* endpoints force-closed (a peer failed) */
     int errors_hint;     /* a peer's error_pending may be set: scan */
+    int stalled_hint;    /* a peer's stage_stalled may be set: scan */
     unsigned lost;       /* peers that failed, timed out or died */
     ucx_be_t *leaked_next; /* g_leaked: a worker UCX could not destroy */
 

@@ -194,10 +194,27 @@ pdx_status_t ucx_worker_open(ucx_be_t *be, const char *name,
                   be->tls[0] ? be->tls : "(default)", ucs_status_string(s));
         return be->tls[0] ? PDX_ERR_CONFIG : ucx_status(s);
     }
-    /* Staged transfers' answers come back to the worker that asked. */
+    /* Staged transfers' answers come back to the worker that asked, at
+     * the address the request carries. */
     wc->be = be;
     wc->worker = *w_p;
+    ucp_address_t *a = NULL;
+    size_t alen = 0;
     pdx_status_t st = ucx_stage_set_handler(be, wc);
+    if (st == PDX_OK) {
+        s = ucp_worker_get_address(*w_p, &a, &alen);
+        st = s != UCS_OK ? ucx_status(s) : PDX_OK;
+    }
+    if (st == PDX_OK && (wc->addr = malloc(alen)) == NULL) {
+        st = PDX_ERR_NOMEM;
+    }
+    if (a != NULL) {
+        if (st == PDX_OK) {
+            memcpy(wc->addr, a, alen);
+            wc->addr_len = alen;
+        }
+        ucp_worker_release_address(*w_p, a);
+    }
     if (st != PDX_OK) {
         ucp_worker_destroy(*w_p);
         *w_p = NULL;
@@ -286,6 +303,8 @@ void ucx_peer_worker_destroy(ucx_be_t *be, ucx_peer_t *peer)
     ucp_worker_h w = peer->worker;
     ucp_worker_destroy(w);
     peer->worker = NULL;
+    free(peer->wctx.addr);
+    peer->wctx.addr = NULL;
     ucx_list_del(&peer->wlink);
     ucx_stage_worker_gone(be, w);
     ucx_reqs_worker_gone(be, &peer->reqs, w);

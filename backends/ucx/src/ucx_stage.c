@@ -154,6 +154,7 @@ static uint64_t job_cap(ucx_be_t *be, int kind, int lstaged,
 {
     uint64_t cap = kind == KIND_DIRECT ? UINT64_MAX : be->stage_chunk;
     if (kind == KIND_REMOTE) {
+        /* The peer's slot holds the payload: the table and the data. */
         uint64_t peer = rmd->slot - (uint64_t)STAGE_MAX_SEGS * SEG_LEN;
         cap = lstaged && be->stage_chunk < peer ? be->stage_chunk : peer;
     }
@@ -338,7 +339,7 @@ static void job_send_sw(ucx_be_t *be, ucx_job_t *j)
         job_fail(j, PDX_ERR_NOMEM);
         return;
     }
-    j->iov[0] = (ucp_dt_iov_t){j->table, (size_t)j->nseg * SEG_LEN};
+    j->iov[0] = (ucp_dt_iov_t){j->table, j->table_len};
     if (j->lstaged) {
         j->iov[1] = (ucp_dt_iov_t){ucx_vram_slot_ptr(be, j->slot), j->bytes};
     } else {
@@ -348,17 +349,18 @@ static void job_send_sw(ucx_be_t *be, ucx_job_t *j)
         }
     }
     j->hdr_len = ucx_shdr_make(be, j->hdr, OP_SW, j->nseg, PDX_OK, j->rid,
-                          j->bytes);
+                               j->bytes, s->wctx->addr, s->wctx->addr_len);
     ucp_request_param_t rp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                         UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS |
                         UCP_OP_ATTR_FIELD_DATATYPE,
-        .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_RNDV,
+        .flags = UCP_AM_SEND_FLAG_RNDV,
         .cb.send = job_ucx_cb,
         .user_data = j,
         .datatype = ucp_dt_make_iov(),
     };
     j->phase = PH_PEER;
+    j->peer_ns = pdx_now_ns();
     job_ucx_track(j, ucp_am_send_nbx(s->peer->ep, UCX_AM_ID_STAGE, j->hdr,
                                      j->hdr_len, j->iov, niov, &rp),
                   0);
@@ -368,18 +370,20 @@ static void job_send_sw(ucx_be_t *be, ucx_job_t *j)
 static void job_send_sr(ucx_be_t *be, ucx_job_t *j)
 {
     j->hdr_len = ucx_shdr_make(be, j->hdr, OP_SR, j->nseg, PDX_OK, j->rid,
-                          j->bytes);
+                               j->bytes, j->sreq->wctx->addr,
+                               j->sreq->wctx->addr_len);
     ucp_request_param_t rp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                         UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
-        .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
+        .flags = UCP_AM_SEND_FLAG_EAGER,
         .cb.send = job_ucx_cb,
         .user_data = j,
     };
     j->phase = PH_PEER;
+    j->peer_ns = pdx_now_ns();
     job_ucx_track(j, ucp_am_send_nbx(j->sreq->peer->ep, UCX_AM_ID_STAGE,
                                      j->hdr, j->hdr_len, j->table,
-                                     (size_t)j->nseg * SEG_LEN, &rp),
+                                     j->table_len, &rp),
                   0);
 }
 
@@ -394,8 +398,10 @@ static void job_start(ucx_be_t *be, ucx_job_t *j)
         return;
     }
     if (j->kind == KIND_REMOTE) {
-        j->table = malloc((size_t)j->nseg * SEG_LEN);
-        if (j->table == NULL || rid_add(be->st, j) != 0) {
+        j->table_len = (size_t)j->nseg * SEG_LEN;
+        j->table = malloc(j->table_len);
+        j->hdr = malloc(SHDR_LEN + UCX_MAX_NAME + s->wctx->addr_len);
+        if (j->table == NULL || j->hdr == NULL || rid_add(be->st, j) != 0) {
             job_fail(j, PDX_ERR_NOMEM);
             return;
         }
@@ -427,6 +433,8 @@ static void job_release(ucx_be_t *be, ucx_job_t *j)
     rid_del(be->st, j);
     free(j->table);
     j->table = NULL;
+    free(j->hdr);
+    j->hdr = NULL;
     free(j->iov);
     j->iov = NULL;
 }
@@ -438,6 +446,16 @@ static void job_advance(ucx_be_t *be, ucx_job_t *j)
 {
     ucx_sreq_t *s = j->sreq;
     int write = s->req->op == PDX_XFER_WRITE;
+    if (j->status != PDX_OK && !write && j->kind == KIND_REMOTE &&
+        j->phase == PH_PEER && j->slot != UINT32_MAX) {
+        /* A failed READ whose SR UCX still holds (a peer that never
+         * wired up): UCX holds only its header and table, not the slot
+         * its data was to land in, and no data lands any more (on_sd
+         * drops it): the slot goes back now. */
+        ucx_vram_slot_put(be, j->slot);
+        j->slot = UINT32_MAX;
+        be->st->kick = 1;
+    }
     for (;;) {
         if (j->ucx_pending > 0 || j->ev != NULL || j->ended) {
             return;
@@ -582,6 +600,13 @@ pdx_status_t ucx_stage_post(ucx_be_t *be, ucx_req_t *r,
     s->done = done;
     s->peer = r->peer;
     s->worker = r->worker;
+    s->wctx = r->peer->own_worker ? &r->peer->wctx : &be->main_wctx;
+    if (s->wctx->addr_len > STAGE_MAX_ADDR) {
+        pdx_error("ucx: our worker address of %zu bytes is over the staged "
+                  "protocol's %u", s->wctx->addr_len, STAGE_MAX_ADDR);
+        free(s);
+        return PDX_ERR_TOO_LARGE;
+    }
     ucx_list_init(&s->link);
     pdx_status_t st = sreq_build(be, s, iov, n);
     if (st != PDX_OK) {
@@ -653,8 +678,9 @@ static void sd_recv_cb(void *request, ucs_status_t status, size_t length,
 static ucs_status_t on_sd(ucx_be_t *be, ucx_job_t *j, const shdr_t *h,
                           void *data, size_t length, int rndv)
 {
-    if (j->sreq->req->aborted) {
-        /* No byte of an aborted READ lands: its data is dropped. */
+    if (j->sreq->req->aborted || j->status != PDX_OK) {
+        /* No byte of an aborted or failed READ lands: its data is
+         * dropped. */
         job_fail(j, PDX_ERR_CANCELED);
         if (rndv) {
             ucp_am_data_release(j->sreq->worker, data);
@@ -812,6 +838,24 @@ int ucx_stage_progress(ucx_be_t *be)
     }
     st->kick = 0;
     int n = 0;
+    /* A job of an aborted or released request whose peer has not
+     * answered within UCX_DRAIN_IDLE_NS: the peer is stalled (stopped, or
+     * its host gone) and UCX cannot take back what it sends, so the
+     * instance gives the peer up (ucx_progress), which ends them. */
+    uint64_t now = 0;
+    for (ucx_link_t *l = st->jobs.next; l != &st->jobs; l = l->next) {
+        ucx_job_t *j = UCX_CONTAINER(l, ucx_job_t, link);
+        ucx_req_t *r = j->sreq->req;
+        if (j->phase != PH_PEER || !(r->aborted || r->released) ||
+            j->sreq->peer == NULL) {
+            continue;
+        }
+        now = now ? now : pdx_now_ns();
+        if (now - j->peer_ns > UCX_DRAIN_IDLE_NS) {
+            j->sreq->peer->stage_stalled = 1;
+            be->stalled_hint = 1;
+        }
+    }
     if (st->copies > 0) {
         ucx_link_t *l = st->jobs.next;
         while (l != &st->jobs) {

@@ -15,6 +15,11 @@
 #define STAGE_MAX_SEGS 256u
 /* Service requests queued for a slot before new ones are refused busy. */
 #define SVC_QUEUE_MAX 4096u
+/* SW and SR headers carry the requester's worker address after its name:
+ * the service answers on an endpoint of its own to it, one per requester
+ * (its error handler drops what would go to it). */
+#define STAGE_MAX_ADDR 4096u
+#define SVC_MAX_CLIENTS 4096u
 
 enum { OP_SW = 1, OP_SR = 2, OP_SA = 3, OP_SD = 4 };
 enum { KIND_DIRECT, KIND_LOCAL, KIND_REMOTE };
@@ -48,12 +53,16 @@ typedef struct ucx_job {
     uint32_t ucx_pending;    /* UCX requests pointing at it */
     void *ev;                /* device copy in flight, or NULL */
     pdx_status_t status;
+    uint64_t peer_ns;        /* when it began to wait for the peer */
     uint64_t bytes;
     uint32_t nseg;
-    unsigned char *table;    /* remote jobs: the SW/SR segment table */
+    /* Remote jobs: the SW/SR payload's opening, our worker's address and
+     * the segment table, `table_len` bytes. */
+    unsigned char *table;
+    size_t table_len;
     ucp_dt_iov_t *iov;       /* remote jobs from host memory: the data */
     size_t hdr_len;
-    unsigned char hdr[SHDR_LEN + UCX_MAX_NAME];
+    unsigned char *hdr;      /* the SW/SR header (name and our address) */
     ucx_seg_t seg[];
 } ucx_job_t;
 
@@ -61,6 +70,7 @@ typedef struct ucx_sreq {
     ucx_req_t *req;
     ucx_peer_t *peer;        /* NULL once the peer failed or went */
     ucp_worker_h worker;
+    const ucx_wctx_t *wctx;  /* its worker's (the address answers go to) */
     ucx_link_t link;         /* st->sreqs */
     ucx_job_t **jobs;
     uint32_t njobs, next, active, ended;
@@ -73,12 +83,15 @@ typedef struct ucx_sreq {
     ucx_stage_done_cb_t done;
 } ucx_sreq_t;
 
+/* A service request's phase (after PH_*: the answer is to be sent). */
+enum { SVC_LANDED = PH_END + 1, SVC_ANSWER };
+
 typedef struct ucx_svc {
     ucx_link_t link;         /* st->svc_wait, then st->svc_active */
     ucx_be_t *be;
     uint8_t op, phase;
-    ucp_ep_h reply_ep;
-    ucp_worker_h worker;
+    struct ucx_client *client; /* where the answer went (held) */
+    ucp_worker_h worker;     /* the worker it arrived on */
     uint64_t rid;
     char peer[UCX_MAX_NAME + 1];
     void *desc;              /* SW: the rendezvous data, until received */
@@ -93,6 +106,8 @@ typedef struct ucx_svc {
     int held;                /* the segments' regions are held (svc_busy) */
     size_t hdr_len;
     unsigned char hdr[SHDR_LEN + UCX_MAX_NAME];
+    unsigned char *addr;     /* the requester's worker address (a copy) */
+    size_t addr_len;
     struct {
         uint64_t addr, len;
         ucx_md_t *md;
@@ -105,6 +120,9 @@ struct ucx_stage_state {
     ucx_link_t svc_wait;     /* service requests waiting for a slot */
     ucx_link_t svc_active;
     uint32_t nsvc;
+    ucx_link_t clients;      /* requesters' endpoints (ucx_client_t) */
+    uint32_t nclients;
+    ucx_link_t closing;      /* clients whose endpoint close is running */
     uint32_t copies;         /* device copies in flight */
     /* Work a progress call can do now (a slot back while something waits
      * for one, a service request to move on or free): arm says busy. */
@@ -140,6 +158,8 @@ static inline struct ucx_stage_state *ucx_stage_state(ucx_be_t *be)
             ucx_list_init(&be->st->jobs);
             ucx_list_init(&be->st->svc_wait);
             ucx_list_init(&be->st->svc_active);
+            ucx_list_init(&be->st->clients);
+            ucx_list_init(&be->st->closing);
         }
     }
     return be->st;
@@ -147,35 +167,52 @@ static inline struct ucx_stage_state *ucx_stage_state(ucx_be_t *be)
 
 /* The header of a staged AM: op, the segments of its table, a status, the
  * job id, the data bytes; then the sender's agent name. */
-static inline size_t ucx_shdr_make(ucx_be_t *be, unsigned char *h, int op, uint32_t nseg,
-                       pdx_status_t st, uint64_t rid, uint64_t bytes)
+static inline size_t ucx_shdr_make(ucx_be_t *be, unsigned char *h, int op,
+                                   uint32_t nseg, pdx_status_t st,
+                                   uint64_t rid, uint64_t bytes,
+                                   const void *addr, size_t addr_len)
 {
     ucx_put_le(h, SHDR_MAGIC, 4);
     h[4] = (unsigned char)op;
     h[5] = SHDR_VERSION;
     ucx_put_le(h + 6, nseg, 2);
     ucx_put_le(h + 8, (uint64_t)(uint32_t)st, 4);
-    ucx_put_le(h + 12, 0, 4);
+    ucx_put_le(h + 12, be->name_len, 2);
+    ucx_put_le(h + 14, addr_len, 2);
     ucx_put_le(h + 16, rid, 8);
     ucx_put_le(h + 24, bytes, 8);
     memcpy(h + SHDR_LEN, be->host.agent_name, be->name_len);
-    return SHDR_LEN + be->name_len;
+    if (addr_len > 0) {
+        memcpy(h + SHDR_LEN + be->name_len, addr, addr_len);
+    }
+    return SHDR_LEN + be->name_len + addr_len;
 }
 
+/* A parsed header; `addr` points into the header (valid in the AM
+ * callback only). */
 typedef struct shdr {
     int op;
     uint32_t nseg;
     pdx_status_t status;
     uint64_t rid, bytes;
     char name[UCX_MAX_NAME + 1];
+    const unsigned char *addr;
+    size_t addr_len;
 } shdr_t;
 
 static inline int ucx_shdr_parse(const void *header, size_t len, shdr_t *h)
 {
     const unsigned char *p = header;
-    if (header == NULL || len <= SHDR_LEN || len > SHDR_LEN + UCX_MAX_NAME ||
+    if (header == NULL || len <= SHDR_LEN ||
+        len > SHDR_LEN + UCX_MAX_NAME + STAGE_MAX_ADDR ||
         ucx_get_le(p, 4) != SHDR_MAGIC || p[5] != SHDR_VERSION ||
         p[4] < OP_SW || p[4] > OP_SD) {
+        return -1;
+    }
+    size_t nlen = (size_t)ucx_get_le(p + 12, 2);
+    size_t alen = (size_t)ucx_get_le(p + 14, 2);
+    if (nlen == 0 || nlen > UCX_MAX_NAME || alen > STAGE_MAX_ADDR ||
+        SHDR_LEN + nlen + alen != len) {
         return -1;
     }
     h->op = p[4];
@@ -183,11 +220,13 @@ static inline int ucx_shdr_parse(const void *header, size_t len, shdr_t *h)
     h->status = (pdx_status_t)(int32_t)(uint32_t)ucx_get_le(p + 8, 4);
     h->rid = ucx_get_le(p + 16, 8);
     h->bytes = ucx_get_le(p + 24, 8);
-    memcpy(h->name, p + SHDR_LEN, len - SHDR_LEN);
-    h->name[len - SHDR_LEN] = '\0';
-    if (strlen(h->name) != len - SHDR_LEN) {
+    memcpy(h->name, p + SHDR_LEN, nlen);
+    h->name[nlen] = '\0';
+    if (strlen(h->name) != nlen) {
         return -1; /* a NUL inside the name */
     }
+    h->addr = alen > 0 ? p + SHDR_LEN + nlen : NULL;
+    h->addr_len = alen;
     return 0;
 }
 
@@ -197,6 +236,19 @@ static inline pdx_status_t ucx_peer_status(pdx_status_t st)
     return st <= 0 && st > -100 ? st : PDX_ERR_BACKEND;
 }
 
+
+/* A requester of the service: an endpoint of ours to its address. */
+typedef struct ucx_client {
+    ucx_link_t link;         /* st->clients (most recently used first), or
+                                st->closing */
+    ucx_be_t *be;
+    ucp_ep_h ep;
+    int failed;              /* its endpoint failed: answers are dropped */
+    int closing;
+    uint32_t users;          /* answers in flight to it */
+    size_t addr_len;
+    unsigned char addr[];
+} ucx_client_t;
 
 /* ucx_svc.c: the service. request: a peer's SW or SR arrived on worker
  * `w` (the header parsed; `data`, `length` and `rndv` as UCX gave them);

@@ -3,10 +3,137 @@
  * the pool, its table checked, copied to the device, acknowledged with
  * SA once it is there) and SR (our GPU's data for a peer: its table
  * checked, copied into a slot, sent back with SD). Every byte a peer sent
- * is checked before any device copy; answers go to the requester's reply
- * endpoint (a peer we never loaded is served too). Driven by this
- * instance's progress, never by a wait. */
+ * is checked before any device copy. Answers go to the requester's worker
+ * address (in its request's header: a peer we never loaded is served
+ * too) on an endpoint of ours with an error handler, one per requester;
+ * they are sent from progress, never from inside a UCX callback. Driven
+ * by this instance's progress, never by a wait. */
 #include "ucx_stage_int.h"
+
+/* ---- the requesters' endpoints ------------------------------------------ */
+
+static void client_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    ucx_client_t *c = arg;
+    (void)ep;
+    if (!c->failed) {
+        pdx_debug("ucx: a staged requester's endpoint failed: %s",
+                  ucs_status_string(status));
+        /* Like a peer's failure: a worker with a failed tcp endpoint is
+         * left to the process's exit at destroy (ucx_destroy). */
+        c->be->lost++;
+    }
+    c->failed = 1;
+    c->be->st->kick = 1; /* closed by the next progress once unused */
+}
+
+static void client_closed_cb(void *request, ucs_status_t status,
+                             void *user_data)
+{
+    ucx_client_t *c = user_data;
+    (void)status;
+    ucp_request_free(request);
+    ucx_list_del(&c->link);
+    free(c);
+}
+
+/* Close `c` (unused) without waiting: freed when the close ends. */
+static void client_close(ucx_be_t *be, ucx_client_t *c)
+{
+    struct ucx_stage_state *st = be->st;
+    ucx_list_del(&c->link);
+    st->nclients--;
+    c->closing = 1;
+    ucx_list_push(&st->closing, &c->link);
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
+                        UCP_OP_ATTR_FIELD_USER_DATA,
+        .flags = UCP_EP_CLOSE_FLAG_FORCE,
+        .cb.send = client_closed_cb,
+        .user_data = c,
+    };
+    ucs_status_ptr_t sp = ucp_ep_close_nbx(c->ep, &p);
+    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+        ucx_list_del(&c->link);
+        free(c);
+    }
+}
+
+/* The endpoint to the requester at `addr` (validated before UCX sees it),
+ * made once and kept (most recently used first; the least recently used
+ * idle one closed past SVC_MAX_CLIENTS). NULL, logged, when it cannot be
+ * made. Never from inside a UCX callback. */
+static ucx_client_t *client_get(ucx_be_t *be, const ucx_svc_t *v)
+{
+    struct ucx_stage_state *st = be->st;
+    for (ucx_link_t *l = st->clients.next; l != &st->clients; l = l->next) {
+        ucx_client_t *c = UCX_CONTAINER(l, ucx_client_t, link);
+        if (!c->failed && c->addr_len == v->addr_len &&
+            memcmp(c->addr, v->addr, v->addr_len) == 0) {
+            ucx_list_del(&c->link);
+            ucx_list_init(&c->link);
+            c->link.next = st->clients.next; /* to the front */
+            c->link.prev = &st->clients;
+            st->clients.next->prev = &c->link;
+            st->clients.next = &c->link;
+            return c;
+        }
+    }
+    ucx_vaddr_t va;
+    char why[256];
+    if (ucx_validate_address(&be->vlocal, v->addr, v->addr_len, &va, why,
+                             sizeof(why)) != PDX_OK) {
+        pdx_warn("ucx: staged request from %s: its address is not one UCX "
+                 "may use (%s): not answered", v->peer, why);
+        return NULL;
+    }
+    if (st->nclients >= SVC_MAX_CLIENTS) {
+        for (ucx_link_t *l = st->clients.prev; l != &st->clients;
+             l = l->prev) {
+            ucx_client_t *c = UCX_CONTAINER(l, ucx_client_t, link);
+            if (c->users == 0) {
+                client_close(be, c);
+                break;
+            }
+        }
+        if (st->nclients >= SVC_MAX_CLIENTS) {
+            pdx_warn("ucx: staged request from %s: %u requesters busy: not "
+                     "answered", v->peer, st->nclients);
+            return NULL;
+        }
+    }
+    ucx_client_t *c = calloc(1, sizeof(*c) + v->addr_len);
+    if (c == NULL) {
+        return NULL;
+    }
+    c->be = be;
+    c->addr_len = v->addr_len;
+    memcpy(c->addr, v->addr, v->addr_len);
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)c->addr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = client_err_cb, .arg = c},
+    };
+    ucs_status_t s = ucp_ep_create(be->worker, &ep, &c->ep);
+    if (s != UCS_OK) {
+        pdx_warn("ucx: staged request from %s: no endpoint to it: %s",
+                 v->peer, ucs_status_string(s));
+        free(c);
+        return NULL;
+    }
+    ucx_list_init(&c->link);
+    c->link.next = st->clients.next;
+    c->link.prev = &st->clients;
+    st->clients.next->prev = &c->link;
+    st->clients.next = &c->link;
+    st->nclients++;
+    return c;
+}
+
+/* ---- service requests ---------------------------------------------------- */
 
 static void svc_free(ucx_be_t *be, ucx_svc_t *v)
 {
@@ -26,8 +153,12 @@ static void svc_free(ucx_be_t *be, ucx_svc_t *v)
         ucx_vram_slot_put(be, v->slot);
         be->st->kick = 1;
     }
+    if (v->client != NULL) {
+        v->client->users--;
+    }
     ucx_list_del(&v->link);
     be->st->nsvc--;
+    free(v->addr);
     free(v);
 }
 
@@ -43,14 +174,31 @@ static void svc_sent_cb(void *request, ucs_status_t status, void *user_data)
     v->be->st->kick = 1; /* freed (its slot back) by the next progress */
 }
 
-/* Answer a service request: SA (a WRITE's status) or SD (a READ's data
- * from the slot, or its error). The request ends with the send. */
-static void svc_answer(ucx_be_t *be, ucx_svc_t *v, pdx_status_t st)
+/* The answer to be sent from progress: SA (a WRITE's status) or SD (a
+ * READ's data from the slot, or its error). */
+static void svc_end(ucx_svc_t *v, pdx_status_t st)
+{
+    if (v->status == PDX_OK) {
+        v->status = st;
+    }
+    v->phase = SVC_ANSWER;
+    v->be->st->kick = 1;
+}
+
+/* Send the answer (from progress). The request ends with the send. */
+static void svc_answer(ucx_be_t *be, ucx_svc_t *v)
 {
     int sd = v->op == OP_SR;
-    int data = sd && st == PDX_OK;
-    v->hdr_len = ucx_shdr_make(be, v->hdr, sd ? OP_SD : OP_SA, 0, st, v->rid,
-                          data ? v->bytes : 0);
+    int data = sd && v->status == PDX_OK;
+    v->phase = PH_END;
+    ucx_client_t *c = client_get(be, v);
+    if (c == NULL || c->failed) {
+        return;
+    }
+    v->client = c;
+    c->users++;
+    v->hdr_len = ucx_shdr_make(be, v->hdr, sd ? OP_SD : OP_SA, 0, v->status,
+                               v->rid, data ? v->bytes : 0, NULL, 0);
     ucp_request_param_t rp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                         UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
@@ -62,12 +210,8 @@ static void svc_answer(ucx_be_t *be, ucx_svc_t *v, pdx_status_t st)
         rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
         rp.memh = ucx_vram_pool_memh(be);
     }
-    v->phase = PH_END;
-    if (v->reply_ep == NULL) {
-        return;
-    }
     ucs_status_ptr_t sp = ucp_am_send_nbx(
-        v->reply_ep, UCX_AM_ID_STAGE, v->hdr, v->hdr_len,
+        c->ep, UCX_AM_ID_STAGE, v->hdr, v->hdr_len,
         data ? ucx_vram_slot_ptr(be, v->slot) : NULL, data ? v->bytes : 0,
         &rp);
     if (UCS_PTR_IS_ERR(sp)) {
@@ -132,7 +276,7 @@ static void svc_copy(ucx_be_t *be, ucx_svc_t *v, int to_host,
     }
     pdx_status_t st = ucx_vram_copy(be, v->dev, to_host, vs, v->nseg, &v->ev);
     if (st != PDX_OK) {
-        svc_answer(be, v, st);
+        svc_end(v, st);
         return;
     }
     be->st->copies++;
@@ -152,7 +296,7 @@ static void svc_sw_landed(ucx_be_t *be, ucx_svc_t *v)
         st = PDX_ERR_INVALID;
     }
     if (st != PDX_OK) {
-        svc_answer(be, v, st);
+        svc_end(v, st);
         return;
     }
     svc_copy(be, v, 0, slot + (size_t)v->nseg * SEG_LEN);
@@ -165,11 +309,14 @@ static void svc_recv_cb(void *request, ucs_status_t status, size_t length,
     ucp_request_free(request);
     v->ucx_pending--;
     v->desc = NULL;
-    v->be->st->kick = 1;
-    v->status = status != UCS_OK ? ucx_status(status)
-                : length != v->payload ? PDX_ERR_INVALID
-                                       : PDX_OK;
-    v->phase = PH_UCX; /* the next stage progress moves it on */
+    if (status != UCS_OK) {
+        svc_end(v, ucx_status(status));
+    } else if (length != v->payload) {
+        svc_end(v, PDX_ERR_INVALID);
+    } else {
+        v->phase = SVC_LANDED; /* checked and copied by progress */
+        v->be->st->kick = 1;
+    }
 }
 
 /* A queued service request gets its slot. */
@@ -190,128 +337,128 @@ static void svc_start(ucx_be_t *be, ucx_svc_t *v)
     };
     v->phase = PH_RECV;
     void *desc = v->desc;
+    v->desc = NULL; /* UCX's once asked, failed or not */
     ucs_status_ptr_t sp = ucp_am_recv_data_nbx(
         v->worker, desc, ucx_vram_slot_ptr(be, v->slot), v->payload, &rp);
     if (UCS_PTR_IS_ERR(sp)) {
-        v->desc = NULL;
-        svc_answer(be, v, ucx_status(UCS_PTR_STATUS(sp)));
+        svc_end(v, ucx_status(UCS_PTR_STATUS(sp)));
     } else if (sp == NULL) {
-        v->desc = NULL;
         svc_sw_landed(be, v);
     } else {
         v->ucx_pending++;
     }
 }
 
-/* A peer's SW or SR arrived on `w`. */
+/* Why a request is refused at once, or NULL (then *why_p is unused). */
+static const char *svc_refusal(ucx_be_t *be, const shdr_t *h, size_t length,
+                               int rndv, pdx_status_t *why_p)
+{
+    uint64_t slot = ucx_vram_slot_size(be);
+    uint64_t table = (uint64_t)h->nseg * SEG_LEN;
+    *why_p = PDX_ERR_INVALID;
+    if (slot == 0 || be->vram == NULL || ucx_vram_pool_memh(be) == NULL) {
+        *why_p = PDX_ERR_UNSUPPORTED;
+        return "this agent stages no GPU memory";
+    }
+    if (h->nseg == 0 || h->nseg > STAGE_MAX_SEGS) {
+        return "segment count out of bounds";
+    }
+    if (h->op == OP_SW &&
+        (length != table + h->bytes || length > slot || h->bytes == 0)) {
+        return "payload does not match its header or exceeds a slot";
+    }
+    if (h->op == OP_SR &&
+        (length != table || rndv || h->bytes > slot || h->bytes == 0)) {
+        return "table does not match its header, or asks over a slot";
+    }
+    if (be->st->nsvc >= SVC_QUEUE_MAX) {
+        *why_p = PDX_ERR_BUSY;
+        return "too many staged requests queued";
+    }
+    return NULL;
+}
+
+/* A peer's SW or SR arrived on `w`: queued (answers are sent from
+ * progress). */
 ucs_status_t ucx_svc_request(ucx_be_t *be, ucp_worker_h w, const shdr_t *h,
                              void *data, size_t length,
                              const ucp_am_recv_param_t *param, int rndv)
 {
     struct ucx_stage_state *st = ucx_stage_state(be);
-    ucp_ep_h reply = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
-                         ? param->reply_ep
-                         : NULL;
-    uint64_t slot = ucx_vram_slot_size(be);
-    uint64_t table = (uint64_t)h->nseg * SEG_LEN;
-    const char *bad = NULL;
-    pdx_status_t why = PDX_ERR_INVALID;
-    if (st == NULL) {
-        bad = "out of memory";
-        why = PDX_ERR_NOMEM;
-    } else if (slot == 0 || be->vram == NULL) {
-        bad = "this agent stages no GPU memory";
-        why = PDX_ERR_UNSUPPORTED;
-    } else if (h->nseg == 0 || h->nseg > STAGE_MAX_SEGS) {
-        bad = "segment count out of bounds";
-    } else if (h->op == OP_SW &&
-               (length != table + h->bytes || length > slot)) {
-        bad = "payload does not match its header or exceeds a slot";
-    } else if (h->op == OP_SR && (length != table || rndv ||
-                                  h->bytes > slot || h->bytes == 0)) {
-        bad = "table does not match its header, or asks over a slot";
-    } else if (st->nsvc >= SVC_QUEUE_MAX) {
-        bad = "too many staged requests queued";
-        why = PDX_ERR_BUSY;
-    } else if (reply == NULL) {
-        bad = "no reply endpoint";
-    }
-    ucx_svc_t *v = NULL;
-    if (bad == NULL) {
-        v = calloc(1, sizeof(*v) + h->nseg * sizeof(v->seg[0]));
-        if (v != NULL) {
-            v->be = be;
-        }
-        if (v == NULL) {
-            bad = "out of memory";
-            why = PDX_ERR_NOMEM;
-        }
-    }
-    if (bad != NULL) {
-        pdx_warn("ucx: staged %s from %s refused: %s",
-                 h->op == OP_SW ? "WRITE" : "READ", h->name, bad);
-        if (reply != NULL && st != NULL) {
-            ucx_svc_t tmp = {.op = (uint8_t)h->op, .rid = h->rid,
-                             .reply_ep = reply};
-            unsigned char hb[SHDR_LEN + UCX_MAX_NAME];
-            size_t hl = ucx_shdr_make(be, hb, h->op == OP_SR ? OP_SD : OP_SA, 0,
-                                 why, tmp.rid, 0);
-            ucp_request_param_t rp = {
-                .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                .flags = UCP_AM_SEND_FLAG_EAGER,
-            };
-            ucs_status_ptr_t sp = ucp_am_send_nbx(reply, UCX_AM_ID_STAGE, hb,
-                                                  hl, NULL, 0, &rp);
-            if (sp != NULL && !UCS_PTR_IS_ERR(sp)) {
-                /* The header was copied for an eager send. */
-                ucp_request_free(sp);
-            }
-        }
+    (void)param;
+    if (st == NULL || h->addr_len == 0) {
+        pdx_warn("ucx: staged request from %s without %s: dropped", h->name,
+                 st == NULL ? "memory" : "an address to answer");
         return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
     }
+    ucx_svc_t *v = calloc(1, sizeof(*v) + h->nseg * sizeof(v->seg[0]));
+    unsigned char *addr = malloc(h->addr_len);
+    if (v == NULL || addr == NULL) {
+        free(v);
+        free(addr);
+        return rndv ? UCS_ERR_NO_MEMORY : UCS_OK;
+    }
+    v->be = be;
     v->op = (uint8_t)h->op;
     v->rid = h->rid;
-    v->reply_ep = reply;
     v->worker = w;
     v->nseg = h->nseg;
     v->bytes = h->bytes;
     v->slot = UINT32_MAX;
     v->dev = -1;
+    v->addr = addr;
+    v->addr_len = h->addr_len;
+    memcpy(addr, h->addr, h->addr_len);
     snprintf(v->peer, sizeof(v->peer), "%s", h->name);
     ucx_list_init(&v->link);
     st->nsvc++;
-    if (h->op == OP_SR) {
+    pdx_status_t why;
+    const char *bad = svc_refusal(be, h, length, rndv, &why);
+    ucs_status_t ret = UCS_OK;
+    if (bad != NULL) {
+        pdx_warn("ucx: staged %s from %s refused: %s",
+                 h->op == OP_SW ? "WRITE" : "READ", h->name, bad);
+        v->nseg = 0; /* nothing checked, nothing held */
+        svc_end(v, why);
+        if (rndv) {
+            ret = UCS_ERR_INVALID_PARAM; /* UCX releases the data */
+        }
+    } else if (h->op == OP_SR) {
         uint64_t sum = 0;
         pdx_status_t cst = svc_check(be, v, data, &sum);
         if (cst == PDX_OK && sum != h->bytes) {
             cst = PDX_ERR_INVALID;
         }
-        ucx_list_push(&st->svc_active, &v->link);
         if (cst != PDX_OK) {
-            svc_answer(be, v, cst);
+            svc_end(v, cst);
+        } else {
+            ucx_list_push(&st->svc_wait, &v->link);
+            st->kick = 1;
             return UCS_OK;
         }
-        ucx_list_del(&v->link);
-        ucx_list_push(&st->svc_wait, &v->link);
-        return UCS_OK;
-    }
-    v->payload = length;
-    if (!rndv) {
-        /* Small enough to come eager: handled now if a slot is free. */
+    } else if (!rndv) {
+        /* Small enough to come eager: landed now if a slot is free. */
+        v->payload = length;
         v->slot = ucx_vram_slot_get(be, 1);
-        ucx_list_push(&st->svc_active, &v->link);
         if (v->slot == UINT32_MAX) {
-            svc_answer(be, v, PDX_ERR_BUSY);
-            return UCS_OK;
+            svc_end(v, PDX_ERR_BUSY);
+        } else {
+            memcpy(ucx_vram_slot_ptr(be, v->slot), data, length);
+            v->phase = SVC_LANDED;
         }
-        memcpy(ucx_vram_slot_ptr(be, v->slot), data, length);
-        svc_sw_landed(be, v);
-        return UCS_OK;
+    } else {
+        v->payload = length;
+        v->desc = data;
+        ucx_list_push(&st->svc_wait, &v->link);
+        st->kick = 1;
+        return UCS_INPROGRESS;
     }
-    v->desc = data;
-    ucx_list_push(&st->svc_wait, &v->link);
-    return UCS_INPROGRESS;
+    ucx_list_push(&st->svc_active, &v->link);
+    st->kick = 1;
+    return ret;
 }
+
+/* ---- progress ------------------------------------------------------------ */
 
 int ucx_svc_progress(ucx_be_t *be)
 {
@@ -329,21 +476,16 @@ int ucx_svc_progress(ucx_be_t *be)
             v->ev = NULL;
             st->copies--;
             n++;
-            if (d < 0) {
-                svc_answer(be, v, PDX_ERR_BACKEND);
-            } else if (v->phase == PH_H2D) {
-                svc_answer(be, v, PDX_OK); /* in the GPU: SA */
-            } else {
-                svc_answer(be, v, PDX_OK); /* out of the GPU: SD */
-            }
-        } else if (v->phase == PH_UCX) {
-            /* SW's data landed (svc_recv_cb). */
+            /* In the GPU (SA), or out of it into the slot (SD). */
+            svc_end(v, d < 0 ? PDX_ERR_BACKEND : PDX_OK);
+        }
+        if (v->phase == SVC_LANDED) {
             n++;
-            if (v->status != PDX_OK) {
-                svc_answer(be, v, v->status);
-            } else {
-                svc_sw_landed(be, v);
-            }
+            svc_sw_landed(be, v);
+        }
+        if (v->phase == SVC_ANSWER) {
+            n++;
+            svc_answer(be, v);
         }
         if (v->phase == PH_END && v->ucx_pending == 0 && v->ev == NULL) {
             svc_free(be, v);
@@ -357,6 +499,15 @@ int ucx_svc_progress(ucx_be_t *be)
         }
         svc_start(be, v);
         n++;
+    }
+    /* Requesters whose endpoint failed, once nothing goes to them. */
+    l = st->clients.next;
+    while (l != &st->clients) {
+        ucx_client_t *c = UCX_CONTAINER(l, ucx_client_t, link);
+        l = l->next;
+        if (c->failed && c->users == 0) {
+            client_close(be, c);
+        }
     }
     return n;
 }
@@ -387,12 +538,13 @@ void ucx_stage_region_gone(ucx_be_t *be, ucx_md_t *md)
                 v->ev = NULL;
                 st->copies--;
             }
+            if (k == 1) {
+                ucx_list_del(&v->link);
+                ucx_list_push(&st->svc_active, &v->link);
+            }
             if (v->phase != PH_END) {
-                if (k == 1) {
-                    ucx_list_del(&v->link);
-                    ucx_list_push(&st->svc_active, &v->link);
-                }
-                svc_answer(be, v, PDX_ERR_STALE);
+                v->status = PDX_OK;
+                svc_end(v, PDX_ERR_STALE);
             }
             /* Its segments no longer name the region. */
             for (uint32_t i = 0; i < v->nseg; i++) {
@@ -406,48 +558,48 @@ void ucx_stage_region_gone(ucx_be_t *be, ucx_md_t *md)
     }
 }
 
-
 void ucx_svc_worker_gone(ucx_be_t *be, ucp_worker_h w)
 {
     struct ucx_stage_state *st = be->st;
-    ucx_link_t *l;
-    for (l = st->svc_active.next; l != &st->svc_active;) {
-        ucx_svc_t *v = UCX_CONTAINER(l, ucx_svc_t, link);
-        l = l->next;
-        if (v->worker == w) {
+    ucx_link_t *lists[2] = {&st->svc_active, &st->svc_wait};
+    for (int k = 0; k < 2; k++) {
+        ucx_link_t *l = lists[k]->next;
+        while (l != lists[k]) {
+            ucx_svc_t *v = UCX_CONTAINER(l, ucx_svc_t, link);
+            l = l->next;
+            if (v->worker != w) {
+                continue;
+            }
             v->desc = NULL; /* UCX freed it with the worker */
             if (v->ev != NULL) {
                 ucx_vram_copy_wait(be, v->dev, v->ev);
+                v->ev = NULL;
                 st->copies--;
             }
-            svc_free(be, v);
+            if (v->client == NULL || w == be->worker) {
+                svc_free(be, v);
+            }
         }
     }
-    for (l = st->svc_wait.next; l != &st->svc_wait;) {
-        ucx_svc_t *v = UCX_CONTAINER(l, ucx_svc_t, link);
-        l = l->next;
-        if (v->worker == w) {
-            v->desc = NULL;
-            svc_free(be, v);
+    if (w == be->worker) {
+        /* The clients' endpoints went with the main worker. */
+        while (!ucx_list_empty(&st->clients)) {
+            ucx_client_t *c = UCX_CONTAINER(st->clients.next, ucx_client_t,
+                                            link);
+            ucx_list_del(&c->link);
+            st->nclients--;
+            free(c);
+        }
+        while (!ucx_list_empty(&st->closing)) {
+            ucx_client_t *c = UCX_CONTAINER(st->closing.next, ucx_client_t,
+                                            link);
+            ucx_list_del(&c->link);
+            free(c);
         }
     }
 }
 
 void ucx_svc_fini(ucx_be_t *be)
 {
-    struct ucx_stage_state *st = be->st;
-    while (!ucx_list_empty(&st->svc_active)) {
-        ucx_svc_t *v = UCX_CONTAINER(st->svc_active.next, ucx_svc_t, link);
-        v->desc = NULL;
-        if (v->ev != NULL) {
-            ucx_vram_copy_wait(be, v->dev, v->ev);
-            st->copies--;
-        }
-        svc_free(be, v);
-    }
-    while (!ucx_list_empty(&st->svc_wait)) {
-        ucx_svc_t *v = UCX_CONTAINER(st->svc_wait.next, ucx_svc_t, link);
-        v->desc = NULL;
-        svc_free(be, v);
-    }
+    ucx_svc_worker_gone(be, be->worker);
 }

@@ -578,11 +578,17 @@ void ucx_vram_describe(ucx_be_t *be, char *buf, size_t len)
     /* The driver is not loaded to say: an instance that never saw VRAM
      * has not asked it (vram=staged asks at create). */
     int asked = be->vram != NULL && be->vram->tried;
-    snprintf(buf, len, "vram %s%s (%s)", ucx_vram_mode_name(be->vram_mode),
-             be->vram_mode == UCX_VRAM_STAGED && !asked
-                 ? " if the CUDA driver has a device"
-                 : "",
-             be->vram_why);
+    int n = snprintf(buf, len, "vram %s%s (%s)",
+                     ucx_vram_mode_name(be->vram_mode),
+                     be->vram_mode == UCX_VRAM_STAGED && !asked
+                         ? " if the CUDA driver has a device"
+                         : "",
+                     be->vram_why);
+    if (n > 0 && (size_t)n < len && ucx_vram_pool_memh(be) != NULL) {
+        snprintf(buf + n, len - (size_t)n,
+                 "; staging pool %" PRIu64 " MiB, slots in use %u",
+                 be->stage_pool >> 20, ucx_vram_slots_used(be));
+    }
 }
 
 /* ---- regions and keys ------------------------------------------------ */
