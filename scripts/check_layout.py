@@ -3,14 +3,18 @@
 checked"); run from anywhere, exits 1 on a breach, printing each:
 
   - no function of library code (core/, connector/, lib/, common/,
-    backends/, stores/, python/src/) over 150 lines;
+    backends/, stores/, python/src/), of the tools (tools/) or of the
+    example (examples/) over 150 lines;
   - no source file over 1,200 lines unless its opening comment says why
     ("Over 1,200 lines: ...");
   - one clock: CLOCK_MONOTONIC is read in common/pdx_clock.h only (a
     timespec for a timed wait is not a clock);
   - the connector includes no core header but call_int.h; modules (backends/,
     stores/) include no core or connector header; tools and the example
-    include nothing of tests/ or examples/ (what they share is support/);
+    include nothing of tests/ or examples/ (what they share is support/),
+    and their CMakeLists (and support/'s) link no library that tests/
+    defines nor name a source folder of tests/ (the tools' nor one of
+    examples/);
   - every header under include/pdx is the one public tree (no pdx/
     header anywhere else).
 
@@ -21,6 +25,7 @@ import sys
 
 LIB_DIRS = ('core', 'connector', 'lib', 'common', 'backends', 'stores',
             'python/src')
+FN_DIRS = LIB_DIRS + ('tools', 'examples')
 FN_MAX = 150
 FILE_MAX = 1200
 
@@ -61,17 +66,58 @@ def functions(text):
     return out
 
 
+def cmake_files(root, dirs):
+    for d in dirs:
+        for base, _, files in os.walk(os.path.join(root, d)):
+            if 'CMakeLists.txt' in files:
+                yield os.path.relpath(os.path.join(base, 'CMakeLists.txt'),
+                                      root)
+
+
+def build_breaches(root):
+    """Tools, the example and support/ build on libpdx and support/ only:
+    their CMakeLists link no library defined under tests/ and name no
+    source folder of tests/ (the tools' none of examples/ either). Starting
+    the example's binary at run time ($<TARGET_FILE:...>) is no such
+    dependency."""
+    test_libs = set()
+    for f in cmake_files(root, ('tests',)):
+        with open(os.path.join(root, f)) as fh:
+            test_libs.update(re.findall(r'add_library\(\s*([\w.+-]+)',
+                                        fh.read()))
+    bad = []
+    for f in cmake_files(root, ('tools', 'examples', 'support')):
+        with open(os.path.join(root, f)) as fh:
+            text = re.sub(r'#[^\n]*', '', fh.read())
+        for m in re.finditer(r'target_link_libraries\(([^)]*)\)', text):
+            for lib in sorted(set(m.group(1).split()) & test_libs):
+                bad.append('%s: links %s, a library of tests/' % (f, lib))
+        folders = ('tests', 'examples') if f.startswith('tools/') else \
+            ('tests',)
+        for m in re.finditer(r'_SOURCE_DIR\}/(%s)\b' % '|'.join(folders),
+                             text):
+            bad.append('%s: names ${..._SOURCE_DIR}/%s/ (tools, the example '
+                       'and support/ build on libpdx and support/ only)'
+                       % (f, m.group(1)))
+        for m in re.finditer(r'(?:add_subdirectory|include_directories)'
+                             r'\([^)]*\.\./', text):
+            bad.append('%s: reaches outside its folder with ../' % f)
+    return bad
+
+
 def main():
     root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
                            os.path.join(os.path.dirname(__file__), '..'))
     bad = []
-    for f in sources(root, LIB_DIRS, ('.c',)):
+    for f in sources(root, FN_DIRS, ('.c',)):
         with open(os.path.join(root, f)) as fh:
             text = fh.read()
         for name, line, n in functions(text):
             if n > FN_MAX:
-                bad.append('%s:%d: %s is %d lines (library code: at most %d)'
+                bad.append('%s:%d: %s is %d lines (library code, tools and '
+                           'the example: at most %d)'
                            % (f, line, name, n, FN_MAX))
+    bad += build_breaches(root)
     alldirs = LIB_DIRS + ('tools', 'tests', 'examples', 'support',
                           'include')
     for f in sources(root, alldirs):

@@ -350,14 +350,240 @@ static bool job_aborting(node_t *nd, job_t *j, uint64_t mark)
     return true;
 }
 
+/* J_ALLOC: the job's blocks (`alloc_blocked` keeps allocation FIFO: once
+ * a job waits for blocks, later ones wait behind it) and its prompt's
+ * hashes. true when it may go on to the lookup. */
+static bool job_alloc(node_t *nd, job_t *j, uint64_t mark, bool *alloc_blocked)
+{
+    uint32_t B = nd->B;
+    if (*alloc_blocked) {
+        return false;
+    }
+    size_t need = (j->prompt + j->gen + B - 1) / B;
+    if (need > nd->cfg.num_blocks) {
+        job_fail(nd, j, mark, "needs %zu blocks, the node has %u (num_blocks)",
+                 need, nd->cfg.num_blocks);
+        return false;
+    }
+    j->blocks = calloc(need, sizeof(*j->blocks));
+    if (j->blocks == NULL) {
+        job_fail(nd, j, mark, "out of memory");
+        return false;
+    }
+    if (blocks_take(nd, need, j->blocks) != 0) {
+        free(j->blocks);
+        j->blocks = NULL;
+        *alloc_blocked = true;
+        return false;
+    }
+    j->nblocks = need;
+    phase_end(j, &j->ms_alloc);
+    pdx_status_t st = job_hash(nd, j, j->prompt);
+    if (st != PDX_OK) {
+        job_fail(nd, j, mark, "hash: %s", pdx_status_string(st));
+        return false;
+    }
+    j->state = J_LOOKUP;
+    return true;
+}
+
+/* J_LOOKUP: what the connector has of the prompt; its load posted, or the
+ * prompt computed when nothing matched (or the handoff rejected). */
+static bool job_lookup(node_t *nd, job_t *j, uint64_t mark)
+{
+    pdx_kv_request_t req = job_req(j, j->prompt);
+    pdx_status_t st = pdx_kv_lookup(nd->conn, &req, &j->match);
+    if (st == PDX_INPROGRESS) {
+        return false; /* part of the prefix still being saved */
+    }
+    if (st != PDX_OK) {
+        job_fail(nd, j, mark, "lookup: %s", pdx_status_string(st));
+        return false;
+    }
+    phase_end(j, &j->ms_lookup);
+    if (j->abort_at == ABORT_REJECT ||
+        (j->abort_at == ABORT_LOAD && j->match.blocks == 0 && !j->match.tail)) {
+        job_abort(nd, j, ABORTED_REJECT);
+        return false;
+    }
+    if (j->match.blocks == 0 && !j->match.tail) {
+        j->state = J_COMPUTE;
+        j->cursor = 0;
+        return true;
+    }
+    st = pdx_kv_load(nd->conn, &req, &j->match, j->blocks);
+    if (st != PDX_OK) {
+        job_fail(nd, j, mark, "load (%s, %zu blocks%s): %s",
+                 source_name(j->match.source), j->match.blocks,
+                 j->match.tail ? " + tail" : "", pdx_status_string(st));
+        return false;
+    }
+    j->state = J_LOAD;
+    j->blocks_busy = true;
+    return true;
+}
+
+/* J_LOAD: the load polled (or aborted in flight, as the driver asked);
+ * once done, the loaded tokens verified, or the prompt recomputed when
+ * the load failed. */
+static bool job_load(node_t *nd, job_t *j, uint64_t mark)
+{
+    if (j->abort_at == ABORT_LOAD && j->polls >= j->abort_polls &&
+        j->match.source == PDX_KV_SOURCE_REMOTE) {
+        job_abort(nd, j, ABORTED_LOAD);
+        return true;
+    }
+    size_t tokens = 0;
+    pdx_status_t st = pdx_kv_load_check(nd->conn, j->req, &tokens);
+    if (st == PDX_INPROGRESS) {
+        j->polls++;
+        return false;
+    }
+    j->blocks_busy = false; /* final either way */
+    if (st != PDX_OK) {
+        job_fail(nd, j, mark, "load from %s: %s", source_name(j->match.source),
+                 pdx_status_string(st));
+        return false;
+    }
+    phase_end(j, &j->ms_load);
+    j->loaded = tokens;
+    j->load_failed = tokens == 0;
+    if (tokens == 0 && j->abort_at == ABORT_LOAD) {
+        job_abort(nd, j, ABORTED_AFTER);
+        return true;
+    }
+    if (tokens == 0) {
+        say("%s: load from %s failed; recomputing %zu tokens", j->req,
+            source_name(j->match.source), j->prompt);
+        j->state = J_COMPUTE;
+        j->cursor = 0;
+        return true;
+    }
+    j->state = J_VERIFY;
+    j->cursor = 0;
+    j->vend = j->match.blocks * nd->B + (j->match.tail ? j->tail_tokens : 0);
+    return true;
+}
+
+/* J_VERIFY: a slice of the loaded tokens compared with recomputation. */
+static bool job_verify(node_t *nd, job_t *j)
+{
+    uint32_t B = nd->B;
+    size_t end = j->cursor + QUANTUM_TOKENS;
+    if (end > j->vend) {
+        end = j->vend;
+    }
+    for (size_t p = j->cursor; p < end; p++) {
+        j->diff_bytes += pd_model_diff(&nd->model, j->blocks[p / B],
+                                       (uint32_t)(p % B), j->ph[p]);
+    }
+    j->cursor = end;
+    if (end == j->vend) {
+        j->verified_blocks = j->match.blocks + (j->match.tail ? 1 : 0);
+        j->verified_bytes = j->vend * nd->model.bytes_per_token;
+        if (j->diff_bytes != 0) {
+            say("%s: %" PRIu64 " of %" PRIu64 " loaded bytes differ from "
+                "recomputation",
+                j->req, j->diff_bytes, j->verified_bytes);
+        }
+        phase_end(j, &j->ms_verify);
+        if (j->abort_at == ABORT_LOAD) {
+            /* The load won the race: cancelled after it. */
+            job_abort(nd, j, ABORTED_AFTER);
+            return true;
+        }
+        j->state = J_COMPUTE;
+        j->cursor = j->loaded;
+    }
+    return true;
+}
+
+/* J_COMPUTE: a slice of the prompt's KV written by the stand-in. */
+static bool job_compute(node_t *nd, job_t *j)
+{
+    uint32_t B = nd->B;
+    size_t end = j->cursor + QUANTUM_TOKENS;
+    if (end > j->prompt) {
+        end = j->prompt;
+    }
+    for (size_t p = j->cursor; p < end; p++) {
+        pd_model_write(&nd->model, j->blocks[p / B], (uint32_t)(p % B),
+                       j->ph[p]);
+    }
+    j->cursor = end;
+    if (end == j->prompt) {
+        phase_end(j, &j->ms_compute);
+        j->state =
+            j->kind == JOB_DECODE && j->gen > 0 ? J_DECODE : J_SAVE_START;
+    }
+    return true;
+}
+
+/* J_DECODE: each step samples the next token from the prefix so far, then
+ * writes its KV into the request's current block, moving on to the next
+ * reserved block when one fills up. */
+static bool job_decode(node_t *nd, job_t *j)
+{
+    uint32_t B = nd->B;
+    size_t stop = j->prompt + j->gen;
+    for (int k = 0; k < QUANTUM_TOKENS / 4 && j->n < stop; k++) {
+        size_t p = j->n;
+        j->tok[p] = pd_next_token(j->ph[p - 1]);
+        j->ph[p] = pd_prefix_step(j->ph[p - 1], j->tok[p]);
+        pd_model_write(&nd->model, j->blocks[p / B], (uint32_t)(p % B),
+                       j->ph[p]);
+        j->n++;
+    }
+    if (j->n == stop) {
+        phase_end(j, &j->ms_decode);
+        j->state = J_SAVE_START;
+    }
+    return true;
+}
+
+/* J_SAVE_START: the whole history saved: what was loaded, recomputed and
+ * (on D) decoded, partial tail included. */
+static bool job_save_start(node_t *nd, job_t *j, uint64_t mark)
+{
+    pdx_status_t st = job_hash(nd, j, j->n);
+    if (st == PDX_OK) {
+        pdx_kv_request_t req = job_req(j, j->n);
+        st = pdx_kv_save(nd->conn, &req, j->blocks);
+    }
+    if (st != PDX_OK) {
+        job_fail(nd, j, mark, "save: %s", pdx_status_string(st));
+        return false;
+    }
+    j->state = J_SAVE;
+    j->blocks_busy = true; /* the save worker reads them */
+    return true;
+}
+
+/* J_SAVE: the save polled; once done, the job finished (its reply and
+ * handoff). */
+static bool job_save(node_t *nd, job_t *j, uint64_t mark)
+{
+    pdx_status_t st = pdx_kv_save_check(nd->conn, j->req);
+    if (st == PDX_INPROGRESS) {
+        return false;
+    }
+    j->blocks_busy = false;
+    if (st != PDX_OK) {
+        job_fail(nd, j, mark, "save to the offload tier: %s",
+                 pdx_status_string(st));
+        return false;
+    }
+    phase_end(j, &j->ms_save);
+    job_finish(nd, j);
+    return true;
+}
+
 /* One bounded slice of a job's work. Returns true when it did CPU work (the
  * loop should not sleep), false when it only waits. `alloc_blocked` keeps
  * allocation FIFO: once a job waits for blocks, later ones wait behind it. */
 bool job_step(node_t *nd, job_t *j, bool *alloc_blocked)
 {
-    uint32_t B = nd->B;
     uint64_t mark = log_mark();
-    pdx_status_t st;
     if (j->state != J_END && j->state != J_ABORTING &&
         pdx_now_ms_f() > j->deadline) {
         job_fail(nd, j, mark, "timed out after %.0f ms in state %d",
@@ -365,205 +591,27 @@ bool job_step(node_t *nd, job_t *j, bool *alloc_blocked)
         return false;
     }
     switch (j->state) {
-    case J_ALLOC: {
-        if (*alloc_blocked) {
+    case J_ALLOC:
+        if (!job_alloc(nd, j, mark, alloc_blocked)) {
             return false;
         }
-        size_t need = (j->prompt + j->gen + B - 1) / B;
-        if (need > nd->cfg.num_blocks) {
-            job_fail(nd, j, mark,
-                     "needs %zu blocks, the node has %u (num_blocks)", need,
-                     nd->cfg.num_blocks);
-            return false;
-        }
-        j->blocks = calloc(need, sizeof(*j->blocks));
-        if (j->blocks == NULL) {
-            job_fail(nd, j, mark, "out of memory");
-            return false;
-        }
-        if (blocks_take(nd, need, j->blocks) != 0) {
-            free(j->blocks);
-            j->blocks = NULL;
-            *alloc_blocked = true;
-            return false;
-        }
-        j->nblocks = need;
-        phase_end(j, &j->ms_alloc);
-        st = job_hash(nd, j, j->prompt);
-        if (st != PDX_OK) {
-            job_fail(nd, j, mark, "hash: %s", pdx_status_string(st));
-            return false;
-        }
-        j->state = J_LOOKUP;
-    }
-    /* fall through */
-    case J_LOOKUP: {
-        pdx_kv_request_t req = job_req(j, j->prompt);
-        st = pdx_kv_lookup(nd->conn, &req, &j->match);
-        if (st == PDX_INPROGRESS) {
-            return false; /* part of the prefix still being saved */
-        }
-        if (st != PDX_OK) {
-            job_fail(nd, j, mark, "lookup: %s", pdx_status_string(st));
-            return false;
-        }
-        phase_end(j, &j->ms_lookup);
-        if (j->abort_at == ABORT_REJECT ||
-            (j->abort_at == ABORT_LOAD && j->match.blocks == 0 &&
-             !j->match.tail)) {
-            job_abort(nd, j, ABORTED_REJECT);
-            return false;
-        }
-        if (j->match.blocks == 0 && !j->match.tail) {
-            j->state = J_COMPUTE;
-            j->cursor = 0;
-            return true;
-        }
-        st = pdx_kv_load(nd->conn, &req, &j->match, j->blocks);
-        if (st != PDX_OK) {
-            job_fail(nd, j, mark, "load (%s, %zu blocks%s): %s",
-                     source_name(j->match.source), j->match.blocks,
-                     j->match.tail ? " + tail" : "", pdx_status_string(st));
-            return false;
-        }
-        j->state = J_LOAD;
-        j->blocks_busy = true;
-        return true;
-    }
-    case J_LOAD: {
-        if (j->abort_at == ABORT_LOAD && j->polls >= j->abort_polls &&
-            j->match.source == PDX_KV_SOURCE_REMOTE) {
-            job_abort(nd, j, ABORTED_LOAD);
-            return true;
-        }
-        size_t tokens = 0;
-        st = pdx_kv_load_check(nd->conn, j->req, &tokens);
-        if (st == PDX_INPROGRESS) {
-            j->polls++;
-            return false;
-        }
-        j->blocks_busy = false; /* final either way */
-        if (st != PDX_OK) {
-            job_fail(nd, j, mark, "load from %s: %s",
-                     source_name(j->match.source), pdx_status_string(st));
-            return false;
-        }
-        phase_end(j, &j->ms_load);
-        j->loaded = tokens;
-        j->load_failed = tokens == 0;
-        if (tokens == 0 && j->abort_at == ABORT_LOAD) {
-            job_abort(nd, j, ABORTED_AFTER);
-            return true;
-        }
-        if (tokens == 0) {
-            say("%s: load from %s failed; recomputing %zu tokens", j->req,
-                source_name(j->match.source), j->prompt);
-            j->state = J_COMPUTE;
-            j->cursor = 0;
-            return true;
-        }
-        j->state = J_VERIFY;
-        j->cursor = 0;
-        j->vend = j->match.blocks * B + (j->match.tail ? j->tail_tokens : 0);
-        return true;
-    }
+        /* fall through */
+    case J_LOOKUP:
+        return job_lookup(nd, j, mark);
+    case J_LOAD:
+        return job_load(nd, j, mark);
     case J_ABORTING:
         return job_aborting(nd, j, mark);
-    case J_VERIFY: {
-        size_t end = j->cursor + QUANTUM_TOKENS;
-        if (end > j->vend) {
-            end = j->vend;
-        }
-        for (size_t p = j->cursor; p < end; p++) {
-            j->diff_bytes += pd_model_diff(&nd->model, j->blocks[p / B],
-                                           (uint32_t)(p % B), j->ph[p]);
-        }
-        j->cursor = end;
-        if (end == j->vend) {
-            j->verified_blocks = j->match.blocks + (j->match.tail ? 1 : 0);
-            j->verified_bytes = j->vend * nd->model.bytes_per_token;
-            if (j->diff_bytes != 0) {
-                say("%s: %" PRIu64 " of %" PRIu64 " loaded bytes differ from "
-                    "recomputation",
-                    j->req, j->diff_bytes, j->verified_bytes);
-            }
-            phase_end(j, &j->ms_verify);
-            if (j->abort_at == ABORT_LOAD) {
-                /* The load won the race: cancelled after it. */
-                job_abort(nd, j, ABORTED_AFTER);
-                return true;
-            }
-            j->state = J_COMPUTE;
-            j->cursor = j->loaded;
-        }
-        return true;
-    }
-    case J_COMPUTE: {
-        size_t end = j->cursor + QUANTUM_TOKENS;
-        if (end > j->prompt) {
-            end = j->prompt;
-        }
-        for (size_t p = j->cursor; p < end; p++) {
-            pd_model_write(&nd->model, j->blocks[p / B], (uint32_t)(p % B),
-                           j->ph[p]);
-        }
-        j->cursor = end;
-        if (end == j->prompt) {
-            phase_end(j, &j->ms_compute);
-            j->state =
-                j->kind == JOB_DECODE && j->gen > 0 ? J_DECODE : J_SAVE_START;
-        }
-        return true;
-    }
-    case J_DECODE: {
-        /* Each step samples the next token from the prefix so far, then
-         * writes its KV into the request's current block, moving on to the
-         * next reserved block when one fills up. */
-        size_t stop = j->prompt + j->gen;
-        for (int k = 0; k < QUANTUM_TOKENS / 4 && j->n < stop; k++) {
-            size_t p = j->n;
-            j->tok[p] = pd_next_token(j->ph[p - 1]);
-            j->ph[p] = pd_prefix_step(j->ph[p - 1], j->tok[p]);
-            pd_model_write(&nd->model, j->blocks[p / B], (uint32_t)(p % B),
-                           j->ph[p]);
-            j->n++;
-        }
-        if (j->n == stop) {
-            phase_end(j, &j->ms_decode);
-            j->state = J_SAVE_START;
-        }
-        return true;
-    }
-    case J_SAVE_START: {
-        /* Save the whole history: what was loaded, recomputed and (on D)
-         * decoded, partial tail included. */
-        st = job_hash(nd, j, j->n);
-        if (st == PDX_OK) {
-            pdx_kv_request_t req = job_req(j, j->n);
-            st = pdx_kv_save(nd->conn, &req, j->blocks);
-        }
-        if (st != PDX_OK) {
-            job_fail(nd, j, mark, "save: %s", pdx_status_string(st));
-            return false;
-        }
-        j->state = J_SAVE;
-        j->blocks_busy = true; /* the save worker reads them */
-        return true;
-    }
+    case J_VERIFY:
+        return job_verify(nd, j);
+    case J_COMPUTE:
+        return job_compute(nd, j);
+    case J_DECODE:
+        return job_decode(nd, j);
+    case J_SAVE_START:
+        return job_save_start(nd, j, mark);
     case J_SAVE:
-        st = pdx_kv_save_check(nd->conn, j->req);
-        if (st == PDX_INPROGRESS) {
-            return false;
-        }
-        j->blocks_busy = false;
-        if (st != PDX_OK) {
-            job_fail(nd, j, mark, "save to the offload tier: %s",
-                     pdx_status_string(st));
-            return false;
-        }
-        phase_end(j, &j->ms_save);
-        job_finish(nd, j);
-        return true;
+        return job_save(nd, j, mark);
     case J_END:
         return false;
     }

@@ -46,7 +46,9 @@ static int hello_error(node_t *nd, const char *fmt, ...)
     return 2;
 }
 
-int main(int argc, char **argv)
+/* The command line: -1 to run, else main's exit code (0 for --help). */
+static int parse_args(int argc, char **argv, const char **config_p, int *fd_p,
+                      double *job_timeout_s_p)
 {
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'},
@@ -54,41 +56,35 @@ int main(int argc, char **argv)
         {"job-timeout", required_argument, NULL, 't'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
-    const char *config = NULL;
-    int fd = -1;
-    double job_timeout_s = 120;
     int c;
     while ((c = getopt_long(argc, argv, "c:f:t:h", opts, NULL)) != -1) {
         switch (c) {
         case 'c':
-            config = optarg;
+            *config_p = optarg;
             break;
         case 'f':
-            fd = atoi(optarg);
+            *fd_p = atoi(optarg);
             break;
         case 't':
-            job_timeout_s = atof(optarg);
+            *job_timeout_s_p = atof(optarg);
             break;
         default:
             usage();
             return c == 'h' ? 0 : 2;
         }
     }
-    if (config == NULL || fd < 0) {
+    if (*config_p == NULL || *fd_p < 0) {
         usage();
         return 2;
     }
-    signal(SIGPIPE, SIG_IGN);
-    pdx_log_set_handler(log_sink, NULL);
+    return -1;
+}
 
-    static node_t node;
-    node_t *nd = &node;
-    nd->job_timeout_ms = job_timeout_s * 1000;
-    if (pd_chan_init(&nd->chan, fd) != 0) {
-        say("fd %d: %s", fd, strerror(nd->chan.error));
-        return 2;
-    }
-
+/* The config loaded, the arenas laid out, allocated and carved, every
+ * block free; whether the layout is the reference one in *reference_p.
+ * 0, or main's exit code (the failure sent as the hello). */
+static int node_arenas(node_t *nd, const char *config, int *reference_p)
+{
     char err[1024] = "";
     pdx_status_t st = pdx_kv_config_load(config, &nd->cfg, err, sizeof(err));
     if (st != PDX_OK) {
@@ -103,8 +99,7 @@ int main(int argc, char **argv)
         say("vram arenas need the cuda_ipc backend and a GPU; this example "
             "uses dram arenas instead");
     }
-    int reference = 0;
-    st = pd_layout_from_config(&nd->cfg, PDX_MEM_DRAM, &nd->layout, &reference,
+    st = pd_layout_from_config(&nd->cfg, PDX_MEM_DRAM, &nd->layout, reference_p,
                                err, sizeof(err));
     if (st != PDX_OK) {
         return hello_error(nd, "layout: %s", err);
@@ -140,13 +135,20 @@ int main(int argc, char **argv)
     for (uint32_t i = 0; i < nd->cfg.num_blocks; i++) {
         nd->free_ids[nd->nfree++] = nd->cfg.num_blocks - 1 - i;
     }
+    return 0;
+}
 
+/* The connector over the arenas, and this node's metadata blob as hex
+ * (malloc'd) in *hex_p. 0, or main's exit code (the failure sent as the
+ * hello). */
+static int node_connector(node_t *nd, char **hex_p)
+{
     uint64_t mark = log_mark();
     pdx_kv_connector_params_t cp = {.field_mask = PDX_KV_PARAM_CONFIG |
                                                   PDX_KV_PARAM_LAYOUT,
                                     .config = &nd->cfg,
                                     .layout = nd->layout};
-    st = pdx_kv_connector_create(&cp, &nd->conn);
+    pdx_status_t st = pdx_kv_connector_create(&cp, &nd->conn);
     if (st != PDX_OK) {
         char lines[1024];
         log_since(mark, lines, sizeof(lines));
@@ -165,6 +167,14 @@ int main(int argc, char **argv)
         pdx_kv_connector_destroy(nd->conn);
         return hello_error(nd, "describe: %s", pdx_status_string(st));
     }
+    *hex_p = hex;
+    return 0;
+}
+
+/* The hello: the blob (`hex`, freed here) and what the driver needs to
+ * size sessions and to know which reuse must happen. */
+static void send_hello(node_t *nd, char *hex, int reference)
+{
     cJSON *h = reply_head("hello", true);
     cJSON_AddStringToObject(h, "agent", nd->cfg.agent_name);
     cJSON_AddStringToObject(h, "role", role_name(nd->cfg.role));
@@ -179,9 +189,8 @@ int main(int argc, char **argv)
     char fp[24];
     snprintf(fp, sizeof(fp), "%016" PRIx64, pdx_layout_fingerprint(nd->layout));
     cJSON_AddStringToObject(h, "layout_fingerprint", fp);
-    cJSON_AddNumberToObject(h, "arena_bytes", (double)size);
-    /* What the driver needs to size sessions and to know which reuse must
-     * happen: the pool's capacity and the children's tail settings. */
+    cJSON_AddNumberToObject(h, "arena_bytes", (double)nd->mem_len);
+    /* The pool's capacity and the children's tail settings. */
     pdx_offload_stats_t os;
     cJSON_AddNumberToObject(h, "pool_blocks",
                             pdx_kv_offload_stats(nd->conn, &os) == PDX_OK
@@ -206,9 +215,13 @@ int main(int argc, char **argv)
         "layout %s",
         nd->cfg.agent_name, role_name(nd->cfg.role), nd->model.narenas,
         nd->cfg.num_blocks, nd->model.bytes_per_block,
-        (double)size / (1u << 30), fp);
+        (double)nd->mem_len / (1u << 30), fp);
+}
 
-    run(nd);
+/* Everything the node holds, released; main's exit code (3: the peer
+ * refused us, 1: the driver's channel broke). */
+static int node_teardown(node_t *nd)
+{
     pd_chan_drain(&nd->chan, pdx_now_ms_f() + 2000);
     int rc = nd->refused ? 3 : nd->chan.eof || nd->chan.error ? 1 : 0;
     pdx_kv_connector_destroy(nd->conn);
@@ -235,4 +248,34 @@ int main(int argc, char **argv)
     free(nd->free_ids);
     pd_chan_close(&nd->chan);
     return rc;
+}
+
+int main(int argc, char **argv)
+{
+    const char *config = NULL;
+    int fd = -1;
+    double job_timeout_s = 120;
+    int rc = parse_args(argc, argv, &config, &fd, &job_timeout_s);
+    if (rc >= 0) {
+        return rc;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    pdx_log_set_handler(log_sink, NULL);
+
+    static node_t node;
+    node_t *nd = &node;
+    nd->job_timeout_ms = job_timeout_s * 1000;
+    if (pd_chan_init(&nd->chan, fd) != 0) {
+        say("fd %d: %s", fd, strerror(nd->chan.error));
+        return 2;
+    }
+    int reference = 0;
+    char *hex = NULL;
+    if ((rc = node_arenas(nd, config, &reference)) != 0 ||
+        (rc = node_connector(nd, &hex)) != 0) {
+        return rc;
+    }
+    send_hello(nd, hex, reference);
+    run(nd);
+    return node_teardown(nd);
 }

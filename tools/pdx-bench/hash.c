@@ -181,16 +181,169 @@ out:
     close(fo);
 }
 
+/* The prompts of a run: random token ids, one list per --tokens length. */
+typedef struct prompts {
+    uint64_t *toks[BENCH_MAX_LIST];
+    size_t ntok[BENCH_MAX_LIST];
+    size_t np;
+} prompts_t;
+
+/* What the rows add up to, for the target: the worst pdx/Python ratio of
+ * xxhash_cbor, and whether every hash compared was the same. */
+typedef struct hash_tally {
+    double worst_ratio;
+    int all_same, compared;
+} hash_tally_t;
+
+/* Prompt `p` hashed by `h` (algorithm `algo`, the first of the two when
+ * `first`) for at least `min_s`, its hashes compared with Python's `py`
+ * where that ran: a row printed and added to `rows`. */
+static void hash_row(pdx_hasher_h h, const char *algo, int first,
+                     const prompts_t *pr, size_t p, double min_s,
+                     const py_result_t *py, hash_tally_t *tl, cJSON *rows)
+{
+    size_t ntok = pr->ntok[p];
+    size_t nb = ntok / HASH_BLOCK, got;
+    pdx_block_hash_t *out = malloc((nb ? nb : 1) * sizeof(*out));
+    dvec_t t = {0};
+    uint64_t end = pdx_now_ns() + (uint64_t)(min_s * 1e9);
+    do {
+        uint64_t t0 = pdx_now_ns();
+        CHECK(pdx_hasher_hash_blocks(h, pr->toks[p], ntok, NULL, out, nb, &got,
+                                     NULL, NULL));
+        dvec_push(&t, (double)(pdx_now_ns() - t0) / 1e9);
+        sink(out);
+    } while (pdx_now_ns() < end);
+    double best = quantile(t.v, t.n, 0.0);
+    double med = median_of(t.v, t.n);
+    double pdx_tps = (double)ntok / best;
+    double pdx_med = (double)ntok / med;
+    int same = -1;
+    double py_tps = 0;
+    if (py->ok) {
+        py_tps = (double)ntok / py->best_s[p];
+        same = py->nhex[p] == got;
+        for (size_t i = 0; same && i < got; i++) {
+            char hx[PDX_BLOCK_HASH_HEX_MAX];
+            pdx_block_hash_to_hex(&out[i], hx, sizeof(hx));
+            if (strcmp(hx, py->hex[p][i]) != 0) {
+                say("# %s prompt %zu block %zu differs: pdx %s, "
+                    "python %s\n",
+                    algo, p, i, hx, py->hex[p][i]);
+                same = 0;
+            }
+        }
+        tl->compared = 1;
+        if (!same) {
+            tl->all_same = 0;
+        }
+        double q = pdx_tps / py_tps;
+        if (first && q < tl->worst_ratio) {
+            tl->worst_ratio = q;
+        }
+    }
+    char pys[32], rs[16];
+    if (py->ok) {
+        snprintf(pys, sizeof(pys), "%14.3e", py_tps);
+        snprintf(rs, sizeof(rs), "%8.1f", pdx_tps / py_tps);
+    } else {
+        snprintf(pys, sizeof(pys), "%14s", "n/a");
+        snprintf(rs, sizeof(rs), "%8s", "n/a");
+    }
+    say("%-12s %7zu %7zu %14.3e %s %14.3e %s %8s\n", algo, ntok, got, pdx_tps,
+        pys, pdx_med, rs,
+        same < 0 ? "n/a"
+        : same   ? "same"
+                 : "DIFFER");
+    cJSON *j = cJSON_CreateObject();
+    jstr(j, "algo", algo);
+    jnum(j, "tokens", (double)ntok);
+    jnum(j, "blocks", (double)got);
+    jnum(j, "pdx_tokens_per_s", pdx_tps);
+    jnum(j, "pdx_median_tokens_per_s", pdx_med);
+    jnum(j, "pdx_ns_per_block", best * 1e9 / (double)(got ? got : 1));
+    jnum(j, "pdx_runs", (double)t.n);
+    if (py->ok) {
+        jnum(j, "python_tokens_per_s", py_tps);
+        jnum(j, "python_median_tokens_per_s", (double)ntok / py->med_s[p]);
+        jnum(j, "python_runs", py->runs[p]);
+        jnum(j, "ratio", pdx_tps / py_tps);
+        cJSON_AddBoolToObject(j, "hashes_identical", same == 1);
+    } else {
+        jstr(j, "python_error", py->why);
+    }
+    cJSON_AddItemToArray(rows, j);
+    dvec_free(&t);
+    free(out);
+}
+
+/* Every prompt under algorithm `algo` (the first when `first`), pdx and
+ * the Python reference; why Python could not run into why_na. */
+static void hash_algo(const bench_opts_t *o, const char *algo, int first,
+                      const prompts_t *pr, double min_s, hash_tally_t *tl,
+                      char *why_na, size_t why_len, cJSON *rows)
+{
+    pdx_hash_algo_t id;
+    CHECK(pdx_hash_algo_from_string(algo, &id));
+    pdx_hasher_h h;
+    CHECK(pdx_hasher_create(id, HASH_SEED, HASH_BLOCK, &h));
+    py_result_t py;
+    run_python(o, algo, pr->toks, pr->ntok, pr->np, min_s, &py);
+    if (!py.ok) {
+        snprintf(why_na, why_len, "%s", py.why);
+    }
+    pdx_block_hash_t none;
+    pdx_hasher_none_hash(h, &none);
+    char nhex[PDX_BLOCK_HASH_HEX_MAX];
+    pdx_block_hash_to_hex(&none, nhex, sizeof(nhex));
+    if (py.ok && strcmp(nhex, py.none_hex) != 0) {
+        say("# %s NONE_HASH differs: pdx %s, python %s\n", algo, nhex,
+            py.none_hex);
+        tl->all_same = 0;
+    }
+    for (size_t p = 0; p < pr->np; p++) {
+        hash_row(h, algo, first, pr, p, min_s, &py, tl, rows);
+    }
+    py_free(&py, pr->np);
+    pdx_hasher_destroy(h);
+}
+
+/* The target (pdx >= 50 x Python, identical hashes), printed and into
+ * `root`. */
+static void hash_target(const hash_tally_t *tl, cJSON *root)
+{
+    say("\n# targets (ratios from this run)\n");
+    cJSON *jt = cJSON_AddArrayToObject(root, "targets");
+    cJSON *j = cJSON_CreateObject();
+    jstr(j, "target",
+         "hash: pdx >= 50 x Python tokens/s (xxhash_cbor, "
+         "worst prompt), identical hashes");
+    if (!tl->compared) {
+        say("  %-62s n/a\n", "hash >= 50 x Python tokens/s, same hashes");
+        jstr(j, "status", "n/a");
+    } else {
+        int met = tl->worst_ratio >= 50.0 && tl->all_same;
+        say("  %-62s %8.1f  %s  (hashes %s)\n",
+            "hash >= 50 x Python tokens/s (xxhash_cbor, worst prompt)",
+            tl->worst_ratio, met ? "MET" : "NOT MET",
+            tl->all_same ? "identical" : "DIFFER");
+        jnum(j, "value", tl->worst_ratio);
+        jnum(j, "goal", 50);
+        jstr(j, "status", met ? "met" : "not met");
+    }
+    cJSON_AddBoolToObject(root, "hashes_identical",
+                          tl->compared && tl->all_same);
+    cJSON_AddItemToArray(jt, j);
+}
+
 int mode_hash(const bench_opts_t *o, cJSON *root)
 {
     static const char *const algos[] = {"xxhash_cbor", "sha256_cbor"};
-    size_t np = o->ntokens;
-    uint64_t *toks[BENCH_MAX_LIST];
-    size_t ntok[BENCH_MAX_LIST];
-    for (size_t p = 0; p < np; p++) {
-        ntok[p] = (size_t)o->tokens[p];
-        toks[p] = malloc((ntok[p] ? ntok[p] : 1) * sizeof(uint64_t));
-        make_tokens(toks[p], ntok[p], p + 1);
+    prompts_t pr = {.np = o->ntokens};
+    for (size_t p = 0; p < pr.np; p++) {
+        pr.ntok[p] = (size_t)o->tokens[p];
+        pr.toks[p] = malloc((pr.ntok[p] ? pr.ntok[p] : 1) * sizeof(uint64_t));
+        make_tokens(pr.toks[p], pr.ntok[p], p + 1);
     }
     double min_s = o->quick ? 0.05 : 0.3;
     say("# pdx-bench hash: vLLM prefix-cache block hashes of prompts of "
@@ -210,136 +363,18 @@ int mode_hash(const bench_opts_t *o, cJSON *root)
     say("%-12s %7s %7s %14s %14s %14s %8s %8s\n", "algo", "tokens", "blocks",
         "pdx tok/s", "python tok/s", "pdx med tok/s", "ratio", "hashes");
     cJSON *rows = cJSON_AddArrayToObject(root, "rows");
-    int rc = 0;
-    double worst_ratio = 1e300;
-    int all_same = 1, compared = 0;
+    hash_tally_t tl = {.worst_ratio = 1e300, .all_same = 1};
     char why_na[256] = "";
     for (size_t a = 0; a < 2; a++) {
-        pdx_hash_algo_t algo;
-        CHECK(pdx_hash_algo_from_string(algos[a], &algo));
-        pdx_hasher_h h;
-        CHECK(pdx_hasher_create(algo, HASH_SEED, HASH_BLOCK, &h));
-        py_result_t py;
-        run_python(o, algos[a], toks, ntok, np, min_s, &py);
-        if (!py.ok) {
-            snprintf(why_na, sizeof(why_na), "%s", py.why);
-        }
-        pdx_block_hash_t none;
-        pdx_hasher_none_hash(h, &none);
-        char nhex[PDX_BLOCK_HASH_HEX_MAX];
-        pdx_block_hash_to_hex(&none, nhex, sizeof(nhex));
-        if (py.ok && strcmp(nhex, py.none_hex) != 0) {
-            say("# %s NONE_HASH differs: pdx %s, python %s\n", algos[a], nhex,
-                py.none_hex);
-            all_same = 0;
-        }
-        for (size_t p = 0; p < np; p++) {
-            size_t nb = ntok[p] / HASH_BLOCK, got;
-            pdx_block_hash_t *out = malloc((nb ? nb : 1) * sizeof(*out));
-            dvec_t t = {0};
-            uint64_t end = pdx_now_ns() + (uint64_t)(min_s * 1e9);
-            do {
-                uint64_t t0 = pdx_now_ns();
-                CHECK(pdx_hasher_hash_blocks(h, toks[p], ntok[p], NULL, out, nb,
-                                             &got, NULL, NULL));
-                dvec_push(&t, (double)(pdx_now_ns() - t0) / 1e9);
-                sink(out);
-            } while (pdx_now_ns() < end);
-            double best = quantile(t.v, t.n, 0.0);
-            double med = median_of(t.v, t.n);
-            double pdx_tps = (double)ntok[p] / best;
-            double pdx_med = (double)ntok[p] / med;
-            int same = -1;
-            double py_tps = 0;
-            if (py.ok) {
-                py_tps = (double)ntok[p] / py.best_s[p];
-                same = py.nhex[p] == got;
-                for (size_t i = 0; same && i < got; i++) {
-                    char hx[PDX_BLOCK_HASH_HEX_MAX];
-                    pdx_block_hash_to_hex(&out[i], hx, sizeof(hx));
-                    if (strcmp(hx, py.hex[p][i]) != 0) {
-                        say("# %s prompt %zu block %zu differs: pdx %s, "
-                            "python %s\n",
-                            algos[a], p, i, hx, py.hex[p][i]);
-                        same = 0;
-                    }
-                }
-                compared = 1;
-                if (!same) {
-                    all_same = 0;
-                }
-                double q = pdx_tps / py_tps;
-                if (a == 0 && q < worst_ratio) {
-                    worst_ratio = q;
-                }
-            }
-            char pys[32], rs[16];
-            if (py.ok) {
-                snprintf(pys, sizeof(pys), "%14.3e", py_tps);
-                snprintf(rs, sizeof(rs), "%8.1f", pdx_tps / py_tps);
-            } else {
-                snprintf(pys, sizeof(pys), "%14s", "n/a");
-                snprintf(rs, sizeof(rs), "%8s", "n/a");
-            }
-            say("%-12s %7zu %7zu %14.3e %s %14.3e %s %8s\n", algos[a], ntok[p],
-                got, pdx_tps, pys, pdx_med, rs,
-                same < 0 ? "n/a"
-                : same   ? "same"
-                         : "DIFFER");
-            cJSON *j = cJSON_CreateObject();
-            jstr(j, "algo", algos[a]);
-            jnum(j, "tokens", (double)ntok[p]);
-            jnum(j, "blocks", (double)got);
-            jnum(j, "pdx_tokens_per_s", pdx_tps);
-            jnum(j, "pdx_median_tokens_per_s", pdx_med);
-            jnum(j, "pdx_ns_per_block", best * 1e9 / (double)(got ? got : 1));
-            jnum(j, "pdx_runs", (double)t.n);
-            if (py.ok) {
-                jnum(j, "python_tokens_per_s", py_tps);
-                jnum(j, "python_median_tokens_per_s",
-                     (double)ntok[p] / py.med_s[p]);
-                jnum(j, "python_runs", py.runs[p]);
-                jnum(j, "ratio", pdx_tps / py_tps);
-                cJSON_AddBoolToObject(j, "hashes_identical", same == 1);
-            } else {
-                jstr(j, "python_error", py.why);
-            }
-            cJSON_AddItemToArray(rows, j);
-            dvec_free(&t);
-            free(out);
-        }
-        py_free(&py, np);
-        pdx_hasher_destroy(h);
+        hash_algo(o, algos[a], a == 0, &pr, min_s, &tl, why_na, sizeof(why_na),
+                  rows);
     }
     if (why_na[0] != '\0') {
         say("# python reference n/a: %s\n", why_na);
     }
-    say("\n# targets (ratios from this run)\n");
-    cJSON *jt = cJSON_AddArrayToObject(root, "targets");
-    cJSON *j = cJSON_CreateObject();
-    jstr(j, "target",
-         "hash: pdx >= 50 x Python tokens/s (xxhash_cbor, "
-         "worst prompt), identical hashes");
-    if (!compared) {
-        say("  %-62s n/a\n", "hash >= 50 x Python tokens/s, same hashes");
-        jstr(j, "status", "n/a");
-    } else {
-        int met = worst_ratio >= 50.0 && all_same;
-        say("  %-62s %8.1f  %s  (hashes %s)\n",
-            "hash >= 50 x Python tokens/s (xxhash_cbor, worst prompt)",
-            worst_ratio, met ? "MET" : "NOT MET",
-            all_same ? "identical" : "DIFFER");
-        jnum(j, "value", worst_ratio);
-        jnum(j, "goal", 50);
-        jstr(j, "status", met ? "met" : "not met");
+    hash_target(&tl, root);
+    for (size_t p = 0; p < pr.np; p++) {
+        free(pr.toks[p]);
     }
-    cJSON_AddBoolToObject(root, "hashes_identical", compared && all_same);
-    cJSON_AddItemToArray(jt, j);
-    if (compared && !all_same) {
-        rc = 1;
-    }
-    for (size_t p = 0; p < np; p++) {
-        free(toks[p]);
-    }
-    return rc;
+    return tl.compared && !tl.all_same ? 1 : 0;
 }

@@ -185,203 +185,213 @@ static void quick_defaults(bench_opts_t *o, const int *set)
     }
 }
 
-int main(int argc, char **argv)
+/* Option `a` if it is a flag (no value) into *o: 1, else 0. */
+static int parse_flag(bench_opts_t *o, const char *a)
 {
-    bench_opts_t o;
-    memset(&o, 0, sizeof(o));
-    defaults(&o);
-    out_txt = stdout;
-    int set[8] = {0};
-    char self[4096];
-    ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (sl <= 0) {
-        die("readlink /proc/self/exe: %s", strerror(errno));
+    if (strcmp(a, "--quick") == 0) {
+        o->quick = 1;
+    } else if (strcmp(a, "--json") == 0) {
+        o->json_path = "-";
+    } else if (strncmp(a, "--json=", 7) == 0) {
+        o->json_path = a + 7;
+    } else if (strcmp(a, "--netns") == 0) {
+        o->netns = 1;
+    } else if (strcmp(a, "--no-perftest") == 0) {
+        o->no_perftest = 1;
+    } else if (strcmp(a, "--no-hot") == 0) {
+        o->no_hot = 1;
+    } else if (strcmp(a, "--no-cold") == 0) {
+        o->no_cold = 1;
+    } else if (strcmp(a, "--pdx-only") == 0) {
+        o->pdx_only = 1;
+        o->no_perftest = 1;
+    } else {
+        return 0;
     }
-    self[sl] = '\0';
-    o.self_path = self;
+    return 1;
+}
 
+/* Option `a` needs a value: `v`, the next argument, is none at the end. */
+static void need_value(const char *a, const char *v)
+{
+    if (v == NULL) {
+        die("%s needs a value", a);
+    }
+}
+
+/* Option `a` if it takes a value (`v`, the next argument, NULL at the
+ * end) into *o, set[] marking what --quick leaves alone: 1, else 0. A
+ * missing or bad value ends the process (die). */
+static int parse_valued(bench_opts_t *o, int set[8], const char *a,
+                        const char *v)
+{
+    if (strcmp(a, "--plot") == 0) {
+        need_value(a, v);
+        o->plot_path = v;
+    } else if (strcmp(a, "--tls") == 0) {
+        need_value(a, v);
+        if (strcmp(v, "sm") != 0 && strcmp(v, "tcp") != 0) {
+            die("--tls: 'sm' or 'tcp'");
+        }
+        snprintf(o->tls, sizeof(o->tls), "%s", v);
+    } else if (strcmp(a, "--sizes") == 0) {
+        need_value(a, v);
+        o->nsizes = parse_list(v, o->sizes, BENCH_MAX_LIST);
+        set[0] = 1;
+    } else if (strcmp(a, "--batches") == 0) {
+        need_value(a, v);
+        uint64_t b[BENCH_MAX_LIST];
+        o->nbatches = parse_list(v, b, BENCH_MAX_LIST);
+        for (size_t k = 0; k < o->nbatches; k++) {
+            if (b[k] == 0 || b[k] > 1000000) {
+                die("--batches: 1..1000000");
+            }
+            o->batches[k] = (uint32_t)b[k];
+        }
+        set[1] = 1;
+    } else if (strcmp(a, "--ops") == 0) {
+        need_value(a, v);
+        o->ops = (strstr(v, "read") ? 1 : 0) | (strstr(v, "write") ? 2 : 0);
+        if (o->ops == 0) {
+            die("--ops: read, write or read,write");
+        }
+    } else if (strcmp(a, "--inflight") == 0) {
+        need_value(a, v);
+        o->inflight = (uint32_t)parse_size(v);
+        if (o->inflight == 0 || o->inflight > 1024) {
+            die("--inflight: 1..1024");
+        }
+    } else if (strcmp(a, "--ws") == 0) {
+        need_value(a, v);
+        o->ws_bytes = parse_size(v);
+        set[2] = 1;
+    } else if (strcmp(a, "--seconds") == 0) {
+        need_value(a, v);
+        o->case_s = strtod(v, NULL);
+        if (o->case_s <= 0) {
+            die("--seconds: > 0");
+        }
+        set[3] = 1;
+    } else if (strcmp(a, "--big") == 0) {
+        need_value(a, v);
+        o->big_descs = (uint32_t)parse_size(v);
+        set[4] = 1;
+    } else if (strcmp(a, "--misalign") == 0) {
+        need_value(a, v);
+        char *end = NULL;
+        unsigned long m = strtoul(v, &end, 10);
+        if (*v == '\0' || *end != '\0' || m > 63) {
+            die("--misalign: 0..63");
+        }
+        o->misalign = (uint32_t)m;
+    } else if (strcmp(a, "--reps") == 0) {
+        need_value(a, v);
+        o->reps = (int)parse_size(v);
+        if (o->reps < 1 || o->reps > 100) {
+            die("--reps: 1..100");
+        }
+    } else if (strcmp(a, "--path") == 0) {
+        need_value(a, v);
+        if (strcmp(v, "shm") != 0 && strcmp(v, "cma") != 0 &&
+            strcmp(v, "ucx") != 0) {
+            die("--path: shm, cma or ucx, not '%s'", v);
+        }
+        setenv("PDX_BENCH_PATH", v, 1); /* targets inherit it */
+    } else if (strcmp(a, "--cma-inline") == 0) {
+        need_value(a, v);
+        char b[32];
+        snprintf(b, sizeof(b), "%llu", (unsigned long long)parse_size(v));
+        setenv("PDX_BENCH_CMA_INLINE", b, 1); /* targets inherit it */
+    } else if (strcmp(a, "--tokens") == 0) {
+        need_value(a, v);
+        o->ntokens = parse_list(v, o->tokens, BENCH_MAX_LIST);
+        set[5] = 1;
+    } else if (strcmp(a, "--side-mem") == 0) {
+        need_value(a, v);
+        o->side_mem = parse_size(v);
+    } else if (strcmp(a, "--python") == 0) {
+        need_value(a, v);
+        o->python = v;
+    } else if (strcmp(a, "--index-blocks") == 0) {
+        need_value(a, v);
+        o->index_blocks = parse_size(v);
+        set[6] = 1;
+    } else if (strcmp(a, "--pool-blocks") == 0) {
+        need_value(a, v);
+        o->pool_blocks = parse_size(v);
+        set[6] = 1;
+    } else if (strcmp(a, "--ho-blocks") == 0) {
+        need_value(a, v);
+        o->ho_blocks = parse_size(v);
+    } else if (strcmp(a, "--ho-alias") == 0) {
+        need_value(a, v);
+        o->ho_alias = (uint32_t)parse_size(v);
+    } else if (strcmp(a, "--ho-period") == 0) {
+        need_value(a, v);
+        o->ho_period = parse_size(v);
+    } else if (strcmp(a, "--target") == 0) {
+        need_value(a, v);
+        o->target_kind = v;
+    } else if (strcmp(a, "--fd") == 0) {
+        need_value(a, v);
+        o->target_fd = (int)parse_size(v);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* The command line into *o; a bad option or value ends the process (die).
+ * set[] records the options --quick leaves alone. Returns -1 to go on, or
+ * main's exit code (0 after --help). */
+static int parse_args(int argc, char **argv, bench_opts_t *o, int set[8])
+{
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEEDV()                                                                \
-    do {                                                                       \
-        if (v == NULL)                                                         \
-            die("%s needs a value", a);                                        \
-        i++;                                                                   \
-    } while (0)
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);
             return 0;
-        } else if (strcmp(a, "--quick") == 0) {
-            o.quick = 1;
-        } else if (strcmp(a, "--json") == 0) {
-            o.json_path = "-";
-        } else if (strncmp(a, "--json=", 7) == 0) {
-            o.json_path = a + 7;
-        } else if (strcmp(a, "--plot") == 0) {
-            NEEDV();
-            o.plot_path = v;
-        } else if (strcmp(a, "--netns") == 0) {
-            o.netns = 1;
-        } else if (strcmp(a, "--tls") == 0) {
-            NEEDV();
-            if (strcmp(v, "sm") != 0 && strcmp(v, "tcp") != 0) {
-                die("--tls: 'sm' or 'tcp'");
-            }
-            snprintf(o.tls, sizeof(o.tls), "%s", v);
-        } else if (strcmp(a, "--sizes") == 0) {
-            NEEDV();
-            o.nsizes = parse_list(v, o.sizes, BENCH_MAX_LIST);
-            set[0] = 1;
-        } else if (strcmp(a, "--batches") == 0) {
-            NEEDV();
-            uint64_t b[BENCH_MAX_LIST];
-            o.nbatches = parse_list(v, b, BENCH_MAX_LIST);
-            for (size_t k = 0; k < o.nbatches; k++) {
-                if (b[k] == 0 || b[k] > 1000000) {
-                    die("--batches: 1..1000000");
-                }
-                o.batches[k] = (uint32_t)b[k];
-            }
-            set[1] = 1;
-        } else if (strcmp(a, "--ops") == 0) {
-            NEEDV();
-            o.ops = (strstr(v, "read") ? 1 : 0) | (strstr(v, "write") ? 2 : 0);
-            if (o.ops == 0) {
-                die("--ops: read, write or read,write");
-            }
-        } else if (strcmp(a, "--inflight") == 0) {
-            NEEDV();
-            o.inflight = (uint32_t)parse_size(v);
-            if (o.inflight == 0 || o.inflight > 1024) {
-                die("--inflight: 1..1024");
-            }
-        } else if (strcmp(a, "--ws") == 0) {
-            NEEDV();
-            o.ws_bytes = parse_size(v);
-            set[2] = 1;
-        } else if (strcmp(a, "--seconds") == 0) {
-            NEEDV();
-            o.case_s = strtod(v, NULL);
-            if (o.case_s <= 0) {
-                die("--seconds: > 0");
-            }
-            set[3] = 1;
-        } else if (strcmp(a, "--big") == 0) {
-            NEEDV();
-            o.big_descs = (uint32_t)parse_size(v);
-            set[4] = 1;
-        } else if (strcmp(a, "--misalign") == 0) {
-            NEEDV();
-            char *end = NULL;
-            unsigned long m = strtoul(v, &end, 10);
-            if (*v == '\0' || *end != '\0' || m > 63) {
-                die("--misalign: 0..63");
-            }
-            o.misalign = (uint32_t)m;
-        } else if (strcmp(a, "--reps") == 0) {
-            NEEDV();
-            o.reps = (int)parse_size(v);
-            if (o.reps < 1 || o.reps > 100) {
-                die("--reps: 1..100");
-            }
-        } else if (strcmp(a, "--path") == 0) {
-            NEEDV();
-            if (strcmp(v, "shm") != 0 && strcmp(v, "cma") != 0 &&
-                strcmp(v, "ucx") != 0) {
-                die("--path: shm, cma or ucx, not '%s'", v);
-            }
-            setenv("PDX_BENCH_PATH", v, 1); /* targets inherit it */
-        } else if (strcmp(a, "--cma-inline") == 0) {
-            NEEDV();
-            char b[32];
-            snprintf(b, sizeof(b), "%llu", (unsigned long long)parse_size(v));
-            setenv("PDX_BENCH_CMA_INLINE", b, 1); /* targets inherit it */
-        } else if (strcmp(a, "--no-perftest") == 0) {
-            o.no_perftest = 1;
-        } else if (strcmp(a, "--no-hot") == 0) {
-            o.no_hot = 1;
-        } else if (strcmp(a, "--no-cold") == 0) {
-            o.no_cold = 1;
-        } else if (strcmp(a, "--pdx-only") == 0) {
-            o.pdx_only = 1;
-            o.no_perftest = 1;
-        } else if (strcmp(a, "--tokens") == 0) {
-            NEEDV();
-            o.ntokens = parse_list(v, o.tokens, BENCH_MAX_LIST);
-            set[5] = 1;
-        } else if (strcmp(a, "--side-mem") == 0) {
-            NEEDV();
-            o.side_mem = parse_size(v);
-        } else if (strcmp(a, "--python") == 0) {
-            NEEDV();
-            o.python = v;
-        } else if (strcmp(a, "--index-blocks") == 0) {
-            NEEDV();
-            o.index_blocks = parse_size(v);
-            set[6] = 1;
-        } else if (strcmp(a, "--pool-blocks") == 0) {
-            NEEDV();
-            o.pool_blocks = parse_size(v);
-            set[6] = 1;
-        } else if (strcmp(a, "--ho-blocks") == 0) {
-            NEEDV();
-            o.ho_blocks = parse_size(v);
-        } else if (strcmp(a, "--ho-alias") == 0) {
-            NEEDV();
-            o.ho_alias = (uint32_t)parse_size(v);
-        } else if (strcmp(a, "--ho-period") == 0) {
-            NEEDV();
-            o.ho_period = parse_size(v);
-        } else if (strcmp(a, "--target") == 0) {
-            NEEDV();
-            o.target_kind = v;
-        } else if (strcmp(a, "--fd") == 0) {
-            NEEDV();
-            o.target_fd = (int)parse_size(v);
+        } else if (parse_flag(o, a)) {
+            continue;
+        } else if (parse_valued(o, set, a, v)) {
+            i++; /* its value */
         } else if (a[0] == '-') {
             usage(stderr);
             die("unknown option %s", a);
-        } else if (o.mode == NULL) {
-            o.mode = a;
+        } else if (o->mode == NULL) {
+            o->mode = a;
         } else {
             usage(stderr);
             die("unexpected argument %s", a);
         }
-#undef NEEDV
     }
-    if (o.quick) {
-        quick_defaults(&o, set);
-    }
-    if (getenv("UCX_NET_DEVICES") == NULL) {
-        /* Loopback unless told otherwise (targets inherit it). */
-        setenv("UCX_NET_DEVICES", "lo", 1);
-    }
-    if (o.target_kind != NULL) {
-        out_txt = stderr;
-        if (strcmp(o.target_kind, "transfer") == 0) {
-            return target_transfer(&o);
-        }
-        if (strcmp(o.target_kind, "ucp") == 0) {
-            return target_ucp(&o, 0);
-        }
-        if (strcmp(o.target_kind, "ucp-err") == 0) {
-            return target_ucp(&o, 1);
-        }
-        if (strcmp(o.target_kind, "handoff") == 0) {
-            return target_handoff(&o);
-        }
-        die("unknown target kind %s", o.target_kind);
-    }
-    if (o.mode == NULL) {
-        usage(stderr);
-        return 2;
-    }
-    if (o.json_path != NULL && strcmp(o.json_path, "-") == 0) {
-        out_txt = stderr;
-    }
-    pdx_log_set_level(PDX_LOG_WARN);
+    return -1;
+}
 
+/* --target KIND: this process is the other side of a mode. */
+static int run_target(const bench_opts_t *o)
+{
+    out_txt = stderr;
+    if (strcmp(o->target_kind, "transfer") == 0) {
+        return target_transfer(o);
+    }
+    if (strcmp(o->target_kind, "ucp") == 0) {
+        return target_ucp(o, 0);
+    }
+    if (strcmp(o->target_kind, "ucp-err") == 0) {
+        return target_ucp(o, 1);
+    }
+    if (strcmp(o->target_kind, "handoff") == 0) {
+        return target_handoff(o);
+    }
+    die("unknown target kind %s", o->target_kind);
+}
+
+/* The mode asked for (or every mode, "all"), each into its object of
+ * `root`: 0, or the last failed check's code. */
+static int run_modes(const bench_opts_t *o, cJSON *root)
+{
     struct {
         const char *name;
         int (*fn)(const bench_opts_t *, cJSON *);
@@ -391,20 +401,15 @@ int main(int argc, char **argv)
                  {"offload", mode_offload},
                  {"idle", mode_idle},
                  {"latency", mode_latency}};
-    int all = strcmp(o.mode, "all") == 0;
+    int all = strcmp(o->mode, "all") == 0;
     int found = 0, rc = 0;
-    cJSON *root = cJSON_CreateObject();
-    jstr(root, "tool", "pdx-bench");
-    jstr(root, "mode", o.mode);
-    cJSON_AddBoolToObject(root, "quick", o.quick);
-    uint64_t t0 = pdx_now_ns();
     for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
-        if (!all && strcmp(o.mode, modes[i].name) != 0) {
+        if (!all && strcmp(o->mode, modes[i].name) != 0) {
             continue;
         }
         found = 1;
         cJSON *m = cJSON_AddObjectToObject(root, modes[i].name);
-        bench_opts_t mo = o;
+        bench_opts_t mo = *o;
         if (all && strcmp(modes[i].name, "transfer") != 0) {
             mo.plot_path = NULL; /* one plot: the transfer curves */
         }
@@ -421,23 +426,74 @@ int main(int argc, char **argv)
     }
     if (!found) {
         usage(stderr);
-        die("unknown mode %s", o.mode);
+        die("unknown mode %s", o->mode);
     }
+    return rc;
+}
+
+/* The JSON document to --json's file, or to stdout. */
+static void write_json(const char *path, const cJSON *root)
+{
+    char *text = cJSON_Print(root);
+    FILE *f = strcmp(path, "-") == 0 ? stdout : fopen(path, "w");
+    if (f == NULL) {
+        die("%s: %s", path, strerror(errno));
+    }
+    fprintf(f, "%s\n", text);
+    if (f != stdout) {
+        fclose(f);
+    }
+    free(text);
+}
+
+int main(int argc, char **argv)
+{
+    bench_opts_t o;
+    memset(&o, 0, sizeof(o));
+    defaults(&o);
+    out_txt = stdout;
+    int set[8] = {0};
+    char self[4096];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (sl <= 0) {
+        die("readlink /proc/self/exe: %s", strerror(errno));
+    }
+    self[sl] = '\0';
+    o.self_path = self;
+    int rc = parse_args(argc, argv, &o, set);
+    if (rc >= 0) {
+        return rc;
+    }
+    if (o.quick) {
+        quick_defaults(&o, set);
+    }
+    if (getenv("UCX_NET_DEVICES") == NULL) {
+        /* Loopback unless told otherwise (targets inherit it). */
+        setenv("UCX_NET_DEVICES", "lo", 1);
+    }
+    if (o.target_kind != NULL) {
+        return run_target(&o);
+    }
+    if (o.mode == NULL) {
+        usage(stderr);
+        return 2;
+    }
+    if (o.json_path != NULL && strcmp(o.json_path, "-") == 0) {
+        out_txt = stderr;
+    }
+    pdx_log_set_level(PDX_LOG_WARN);
+
+    cJSON *root = cJSON_CreateObject();
+    jstr(root, "tool", "pdx-bench");
+    jstr(root, "mode", o.mode);
+    cJSON_AddBoolToObject(root, "quick", o.quick);
+    uint64_t t0 = pdx_now_ns();
+    rc = run_modes(&o, root);
     jnum(root, "wall_s", secs(pdx_now_ns() - t0));
     say("# %s done in %.1f s%s\n", o.mode, secs(pdx_now_ns() - t0),
         rc ? " (a check FAILED)" : "");
     if (o.json_path != NULL) {
-        char *text = cJSON_Print(root);
-        FILE *f =
-            strcmp(o.json_path, "-") == 0 ? stdout : fopen(o.json_path, "w");
-        if (f == NULL) {
-            die("%s: %s", o.json_path, strerror(errno));
-        }
-        fprintf(f, "%s\n", text);
-        if (f != stdout) {
-            fclose(f);
-        }
-        free(text);
+        write_json(o.json_path, root);
     }
     cJSON_Delete(root);
     return rc;

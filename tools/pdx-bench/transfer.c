@@ -4,6 +4,7 @@
  * the same working sets, plus per-request make/post cost and one very large
  * prepared request. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -618,9 +619,29 @@ static void plot_transfer(const bench_opts_t *o, const row_t *rows,
     free(panels);
 }
 
-int mode_transfer(const bench_opts_t *o, cJSON *root)
+/* A run of the mode: its rows, the peers' results they point into, and
+ * what every size shares. */
+typedef struct xrun {
+    row_t *rows;
+    size_t nrows;
+    /* per size and op: [0] UCX-allocated buffers, [1] user memory */
+    perftest_result_t *peers;
+    uint32_t maxbatch;
+    int is_sm;      /* tls sm: the user-memory and cma-iov columns too */
+    double assumed; /* ucx_perftest's assumed rate, GB/s (sizes its -n) */
+    int reps;
+} xrun_t;
+
+static int op_wanted(const bench_opts_t *o, pdx_xfer_op_t op)
 {
-    xctx_t c = {.o = o};
+    return (o->ops & (op == PDX_XFER_READ ? 1 : 2)) != 0;
+}
+
+/* The target process and this side: the agent, its backends, the working
+ * set registered, blobs exchanged, the target's region learned. Returns
+ * the largest batch any request will have. */
+static uint32_t transfer_setup(xctx_t *c, const bench_opts_t *o)
+{
     uint32_t maxbatch = 1;
     uint64_t maxsize = 0;
     for (size_t i = 0; i < o->nbatches; i++) {
@@ -632,47 +653,53 @@ int mode_transfer(const bench_opts_t *o, cJSON *root)
     if (o->big_descs > maxbatch) {
         maxbatch = o->big_descs;
     }
-    c.region = o->ws_bytes;
-    if (c.region < maxsize + 4096) {
-        c.region = (maxsize + 4096 + 4095) & ~4095ull;
+    c->region = o->ws_bytes;
+    if (c->region < maxsize + 4096) {
+        c->region = (maxsize + 4096 + 4095) & ~4095ull;
     }
     char regs[32];
-    snprintf(regs, sizeof(regs), "%llu", (unsigned long long)c.region);
+    snprintf(regs, sizeof(regs), "%llu", (unsigned long long)c->region);
     const char *extra[] = {"--ws", regs, NULL};
-    c.target_pid = spawn_target(o, "transfer", extra, &c.fd);
+    c->target_pid = spawn_target(o, "transfer", extra, &c->fd);
 
     pdx_agent_params_t ap = {.field_mask = PDX_AGENT_PARAM_XFER_TIMEOUT,
                              .xfer_timeout_ms = 600000};
-    CHECK(pdx_agent_create("bench-init", &ap, &c.agent));
+    CHECK(pdx_agent_create("bench-init", &ap, &c->agent));
     pdx_option_t opt = {"tls", o->tls};
-    CHECK(pdx_backend_create(c.agent, "ucx", &opt, 1, NULL));
+    CHECK(pdx_backend_create(c->agent, "ucx", &opt, 1, NULL));
     if (bench_use_cma()) {
-        CHECK(bench_cma_create(c.agent));
+        CHECK(bench_cma_create(c->agent));
     }
-    c.local = bench_mem_alloc(c.region);
-    c.scratch = big_alloc(c.region);
+    c->local = bench_mem_alloc(c->region);
+    c->scratch = big_alloc(c->region);
     pdx_mem_reg_h reg;
-    CHECK(pdx_mem_register(c.agent, PDX_MEM_DRAM, (uintptr_t)c.local, c.region,
-                           0, 0, &reg));
-    exchange_blobs(c.agent, c.fd, c.peer);
-    char *m = ctl_recv(c.fd, NULL);
+    CHECK(pdx_mem_register(c->agent, PDX_MEM_DRAM, (uintptr_t)c->local,
+                           c->region, 0, 0, &reg));
+    exchange_blobs(c->agent, c->fd, c->peer);
+    char *m = ctl_recv(c->fd, NULL);
     unsigned long long rb = 0, rl = 0;
     int tpid = 0;
     if (m == NULL || sscanf(m, "region %llx %llu %d", &rb, &rl, &tpid) != 3 ||
-        rl < c.region) {
+        rl < c->region) {
         die("target did not report its region");
     }
     free(m);
-    c.remote_base = rb;
+    c->remote_base = rb;
+    return maxbatch;
+}
 
-    print_header(&c, o->reps > 0 ? o->reps : 3);
+/* The method, as text (print_header) and JSON. */
+static void transfer_method(const xctx_t *c, cJSON *root)
+{
+    const bench_opts_t *o = c->o;
+    print_header(c, o->reps > 0 ? o->reps : 3);
     print_machine_header(root);
     jstr(root, "tls", o->tls);
     jstr(root, "path", bench_path());
     cJSON *meth = cJSON_AddObjectToObject(root, "method");
     jnum(meth, "inflight", o->inflight);
     jnum(meth, "pipeline_bytes", (double)PIPELINE_BYTES);
-    jnum(meth, "working_set_cold_bytes", (double)c.region);
+    jnum(meth, "working_set_cold_bytes", (double)c->region);
     jnum(meth, "misalign_bytes", o->misalign);
     jnum(meth, "measure_s", o->case_s);
     jnum(meth, "warmup_s", o->quick ? 0.01 : 0.05);
@@ -688,152 +715,203 @@ int mode_transfer(const bench_opts_t *o, cJSON *root)
          "operation, no descriptor batching; perftest = "
          "UCX-allocated buffers, perftest_user = "
          "UCX_ALLOC_PRIO=thp,mmap,heap");
+}
 
-    row_t *rows = calloc(MAX_ROWS, sizeof(*rows));
-    /* per size and op: [0] UCX-allocated buffers, [1] user memory */
-    perftest_result_t *peers = calloc(4 * o->nsizes, sizeof(*peers));
-    size_t nrows = 0;
-    int is_sm = strcmp(o->tls, "tcp") != 0;
-    double assumed = is_sm ? 20.0 : 1.0;
-    int reps = o->reps > 0 ? o->reps : 3;
-    cJSON *jrows = cJSON_AddArrayToObject(root, "rows");
-    print_cols();
-    for (size_t si = 0; si < o->nsizes; si++) {
-        uint64_t size = o->sizes[si];
-        geom_t g;
-        geom_init(&c, &g, size, maxbatch);
-        size_t first = nrows;
-        /* The rows of this size. */
-        for (int opi = 0; opi < 2; opi++) {
-            pdx_xfer_op_t op = opi == 0 ? PDX_XFER_WRITE : PDX_XFER_READ;
-            if (!(o->ops & (op == PDX_XFER_READ ? 1 : 2))) {
+/* The rows of size index `si`: per op, hot then cold, per batch (and a
+ * hot batch-1 row made once and posted again). Returns the first. */
+static size_t plan_rows(xrun_t *x, const bench_opts_t *o, size_t si)
+{
+    uint64_t size = o->sizes[si];
+    size_t first = x->nrows;
+    for (int opi = 0; opi < 2; opi++) {
+        pdx_xfer_op_t op = opi == 0 ? PDX_XFER_WRITE : PDX_XFER_READ;
+        if (!op_wanted(o, op)) {
+            continue;
+        }
+        for (int hot = 1; hot >= 0; hot--) {
+            if ((hot && o->no_hot) || (!hot && o->no_cold)) {
                 continue;
             }
-            for (int hot = 1; hot >= 0; hot--) {
-                if ((hot && o->no_hot) || (!hot && o->no_cold)) {
-                    continue;
-                }
-                for (size_t bi = 0; bi < o->nbatches && nrows < MAX_ROWS;
-                     bi++) {
-                    row_t *r = &rows[nrows++];
-                    r->op = op;
-                    r->size = size;
-                    r->batch = o->batches[bi];
-                    r->hot = hot;
-                    r->inflight = inflight_for(o, (uint64_t)r->batch * size);
-                    r->cma_gbps = is_sm ? 0.0 : -1.0;
-                    r->peer = &peers[4 * si + 2 * (size_t)opi];
-                    r->peer_user =
-                        is_sm ? &peers[4 * si + 2 * (size_t)opi + 1] : NULL;
-                    if (hot && r->batch == 1 && nrows < MAX_ROWS) {
-                        /* The same with the K requests made once and
-                         * posted again (ucx_perftest's own pattern). */
-                        rows[nrows] = *r;
-                        rows[nrows++].reuse = 1;
-                    }
+            for (size_t bi = 0; bi < o->nbatches && x->nrows < MAX_ROWS; bi++) {
+                row_t *r = &x->rows[x->nrows++];
+                r->op = op;
+                r->size = size;
+                r->batch = o->batches[bi];
+                r->hot = hot;
+                r->inflight = inflight_for(o, (uint64_t)r->batch * size);
+                r->cma_gbps = x->is_sm ? 0.0 : -1.0;
+                r->peer = &x->peers[4 * si + 2 * (size_t)opi];
+                r->peer_user =
+                    x->is_sm ? &x->peers[4 * si + 2 * (size_t)opi + 1] : NULL;
+                if (hot && r->batch == 1 && x->nrows < MAX_ROWS) {
+                    /* The same with the K requests made once and
+                     * posted again (ucx_perftest's own pattern). */
+                    x->rows[x->nrows] = *r;
+                    x->rows[x->nrows++].reuse = 1;
                 }
             }
         }
-        /* Interleaved repetitions (peers, then pdx, per op), best kept:
-         * on a shared machine the best of a few short runs tracks what the
-         * software can do; a slow run is someone else's load. */
-        double mc[2][2] = {{0}}; /* [read][hot]; one way if aligned */
-        int ways = o->misalign != 0 ? 2 : 1;
-        for (int rep = 0; rep < reps; rep++) {
-            for (int opi = 0; opi < 2; opi++) {
-                pdx_xfer_op_t op = opi == 0 ? PDX_XFER_WRITE : PDX_XFER_READ;
-                if (!(o->ops & (op == PDX_XFER_READ ? 1 : 2))) {
-                    continue;
-                }
-                for (int u = 0; u < (is_sm ? 2 : 1) && !o->no_perftest; u++) {
-                    perftest_result_t *best = &peers[4 * si + 2 * opi + u];
-                    perftest_result_t pr;
-                    if (u == 1 && rep > 0) {
-                        continue; /* far below pdx: one run says enough */
-                    }
-                    /* Ordinary memory goes through UCX's software RMA
-                     * emulation: orders of magnitude slower, reads most. */
-                    double a = u == 0                ? assumed
-                               : op == PDX_XFER_READ ? 0.02
-                                                     : 0.5;
-                    perftest_run(o->tls, op, size, u, o->case_s, a, &pr);
-                    if (rep == 0 ||
-                        (pr.ok && (!best->ok || pr.gbps > best->gbps))) {
-                        if (pr.ok || !best->ok) {
-                            *best = pr;
-                        }
-                    }
-                }
-                for (size_t i = first; i < nrows; i++) {
-                    row_t *r = &rows[i];
-                    uint64_t rb = (uint64_t)r->batch * size;
-                    if (r->op != op || (rep > 0 && rb > (256ull << 20))) {
-                        continue; /* huge requests: one run is enough */
-                    }
-                    run_pdx(&c, &g, r, o->case_s);
-                    if (is_sm && !o->pdx_only) {
-                        double cg = run_cma(&c, &g, r, o->case_s / 2);
-                        r->cma_gbps = cg > r->cma_gbps ? cg : r->cma_gbps;
-                    }
-                }
-            }
-            for (int w = 0; w < ways && !o->pdx_only; w++) {
-                for (int hot = 1; hot >= 0; hot--) {
-                    double v = run_memcpy(&c, &g, hot, w, o->case_s / 2);
-                    mc[w][hot] = v > mc[w][hot] ? v : mc[w][hot];
-                }
-            }
-        }
-        if (o->no_perftest) {
-            for (size_t k = 4 * si; k < 4 * si + 4; k++) {
-                snprintf(peers[k].why, sizeof(peers[k].why), "--no-perftest");
-            }
-        }
-        for (size_t k = 4 * si; k < 4 * si + 4 && !o->no_perftest; k++) {
-            if (!peers[k].ok && peers[k].test[0] != '\0') {
-                say("# ucx_perftest %s %llu%s: n/a: %s\n", peers[k].test,
-                    (unsigned long long)size, k % 2 ? " (user memory)" : "",
-                    peers[k].why);
-            }
-        }
-        for (size_t i = first; i < nrows; i++) {
-            int w = ways == 2 && rows[i].op == PDX_XFER_READ;
-            rows[i].memcpy_gbps = mc[w][rows[i].hot];
-            row_finish(&rows[i]);
-            print_row(&rows[i]);
-            cJSON_AddItemToArray(jrows, row_json(&rows[i]));
-        }
-        geom_fini(&g);
     }
-    say("# * cold rows compare a cache-cold pdx with the hot ucx_perftest "
-        "(it cannot cycle a working set); the memcpy ratio is the "
-        "like-for-like one there\n");
+    return first;
+}
 
-    /* The big prepared request. */
-    cJSON *jbig = cJSON_AddArrayToObject(root, "big_request");
-    if (o->big_descs > 0) {
-        say("\n# one prepared request of %u descriptors (cold working set, "
-            "%d timed after 1 warm-up), per descriptor in ns\n",
-            o->big_descs, o->quick ? 2 : 3);
-        say("%-5s %19s %9s %9s %9s %9s %9s %9s %8s %6s\n", "op", "request",
-            "make", "make-only", "post", "make+post", "complete", "release",
-            "GB/s", "segs");
+/* Repetition `rep` of ucx_perftest for size index `si` and `op` (opi: its
+ * index), the best kept: UCX-allocated buffers, and (sm, first repetition
+ * only) ordinary memory. */
+static void run_peers(const bench_opts_t *o, xrun_t *x, size_t si, int opi,
+                      pdx_xfer_op_t op, int rep)
+{
+    for (int u = 0; u < (x->is_sm ? 2 : 1) && !o->no_perftest; u++) {
+        perftest_result_t *best = &x->peers[4 * si + 2 * opi + u];
+        perftest_result_t pr;
+        if (u == 1 && rep > 0) {
+            continue; /* far below pdx: one run says enough */
+        }
+        /* Ordinary memory goes through UCX's software RMA
+         * emulation: orders of magnitude slower, reads most. */
+        double a = u == 0 ? x->assumed : op == PDX_XFER_READ ? 0.02 : 0.5;
+        perftest_run(o->tls, op, o->sizes[si], u, o->case_s, a, &pr);
+        if (rep == 0 || (pr.ok && (!best->ok || pr.gbps > best->gbps))) {
+            if (pr.ok || !best->ok) {
+                *best = pr;
+            }
+        }
+    }
+}
+
+/* The rows from `first` on (size index `si`, geometry `g`), measured in
+ * interleaved repetitions (peers, then pdx, per op; then memcpy), best
+ * kept: on a shared machine the best of a few short runs tracks what the
+ * software can do; a slow run is someone else's load. memcpy's best into
+ * mc[way][hot] (way 1: READ's offsets, when misaligned). */
+static void run_reps(xctx_t *c, xrun_t *x, const geom_t *g, size_t si,
+                     size_t first, double mc[2][2])
+{
+    const bench_opts_t *o = c->o;
+    int ways = o->misalign != 0 ? 2 : 1;
+    for (int rep = 0; rep < x->reps; rep++) {
         for (int opi = 0; opi < 2; opi++) {
             pdx_xfer_op_t op = opi == 0 ? PDX_XFER_WRITE : PDX_XFER_READ;
-            if (o->ops & (op == PDX_XFER_READ ? 1 : 2)) {
-                run_big(&c, op, 8448, o->big_descs, jbig);
+            if (!op_wanted(o, op)) {
+                continue;
+            }
+            run_peers(o, x, si, opi, op, rep);
+            for (size_t i = first; i < x->nrows; i++) {
+                row_t *r = &x->rows[i];
+                uint64_t rb = (uint64_t)r->batch * g->size;
+                if (r->op != op || (rep > 0 && rb > (256ull << 20))) {
+                    continue; /* huge requests: one run is enough */
+                }
+                run_pdx(c, g, r, o->case_s);
+                if (x->is_sm && !o->pdx_only) {
+                    double cg = run_cma(c, g, r, o->case_s / 2);
+                    r->cma_gbps = cg > r->cma_gbps ? cg : r->cma_gbps;
+                }
+            }
+        }
+        for (int w = 0; w < ways && !o->pdx_only; w++) {
+            for (int hot = 1; hot >= 0; hot--) {
+                double v = run_memcpy(c, g, hot, w, o->case_s / 2);
+                mc[w][hot] = v > mc[w][hot] ? v : mc[w][hot];
             }
         }
     }
+}
 
-    /* Targets. */
-    say("\n# targets (ratios from this run)\n");
-    cJSON *jt = cJSON_AddArrayToObject(root, "targets");
-    double worst64 = 1e9, worst8 = 1e9, worst64r = 1e9;
-    char w64[128] = "", w8[128] = "", w64r[128] = "";
-    int have64 = 0, have8 = 0, have64r = 0;
-    for (size_t i = 0; i < nrows; i++) {
-        const row_t *r = &rows[i];
+/* Size index `si` done: the peers that could not run said why, the rows
+ * from `first` on completed with memcpy's bandwidth, printed and added to
+ * `jrows`. */
+static void finish_size(const bench_opts_t *o, xrun_t *x, size_t si,
+                        size_t first, double mc[2][2], cJSON *jrows)
+{
+    perftest_result_t *peers = x->peers;
+    if (o->no_perftest) {
+        for (size_t k = 4 * si; k < 4 * si + 4; k++) {
+            snprintf(peers[k].why, sizeof(peers[k].why), "--no-perftest");
+        }
+    }
+    for (size_t k = 4 * si; k < 4 * si + 4 && !o->no_perftest; k++) {
+        if (!peers[k].ok && peers[k].test[0] != '\0') {
+            say("# ucx_perftest %s %llu%s: n/a: %s\n", peers[k].test,
+                (unsigned long long)o->sizes[si], k % 2 ? " (user memory)" : "",
+                peers[k].why);
+        }
+    }
+    int ways = o->misalign != 0 ? 2 : 1;
+    for (size_t i = first; i < x->nrows; i++) {
+        int w = ways == 2 && x->rows[i].op == PDX_XFER_READ;
+        x->rows[i].memcpy_gbps = mc[w][x->rows[i].hot];
+        row_finish(&x->rows[i]);
+        print_row(&x->rows[i]);
+        cJSON_AddItemToArray(jrows, row_json(&x->rows[i]));
+    }
+}
+
+/* Every row of size index `si`: planned, measured, reported. */
+static void run_size(xctx_t *c, xrun_t *x, size_t si, cJSON *jrows)
+{
+    geom_t g;
+    geom_init(c, &g, c->o->sizes[si], x->maxbatch);
+    size_t first = plan_rows(x, c->o, si);
+    double mc[2][2] = {{0}}; /* [read][hot]; one way if aligned */
+    run_reps(c, x, &g, si, first, mc);
+    finish_size(c->o, x, si, first, mc, jrows);
+    geom_fini(&g);
+}
+
+/* The big prepared request, per op, into `jbig`. */
+static void run_big_requests(xctx_t *c, cJSON *jbig)
+{
+    const bench_opts_t *o = c->o;
+    if (o->big_descs == 0) {
+        return;
+    }
+    say("\n# one prepared request of %u descriptors (cold working set, "
+        "%d timed after 1 warm-up), per descriptor in ns\n",
+        o->big_descs, o->quick ? 2 : 3);
+    say("%-5s %19s %9s %9s %9s %9s %9s %9s %8s %6s\n", "op", "request", "make",
+        "make-only", "post", "make+post", "complete", "release", "GB/s",
+        "segs");
+    for (int opi = 0; opi < 2; opi++) {
+        pdx_xfer_op_t op = opi == 0 ? PDX_XFER_WRITE : PDX_XFER_READ;
+        if (op_wanted(o, op)) {
+            run_big(c, op, 8448, o->big_descs, jbig);
+        }
+    }
+}
+
+/* One of the targets: its worst value over the rows it applies to, and
+ * where that was. */
+typedef struct target {
+    const char *name;
+    int have;
+    double v, goal;
+    char where[128];
+    int lower_better;
+} target_t;
+
+/* Row `r` (ratio `q` to ucx_perftest) against `t` where it applies. */
+static void target_worst(target_t *t, double q, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void target_worst(target_t *t, double q, const char *fmt, ...)
+{
+    t->have = 1;
+    if (q < t->v) {
+        t->v = q;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(t->where, sizeof(t->where), fmt, ap);
+        va_end(ap);
+    }
+}
+
+/* The three ratio targets over the hot rows with a ucx_perftest result:
+ * >= 64 KiB (batch 1 and 64), the same with batch-1 requests reused, and
+ * 8448 B at batch >= 64. */
+static void targets_from_rows(const xrun_t *x, target_t t[3])
+{
+    for (size_t i = 0; i < x->nrows; i++) {
+        const row_t *r = &x->rows[i];
         if (!r->hot || r->peer == NULL || !r->peer->ok) {
             continue;
         }
@@ -842,57 +920,46 @@ int mode_transfer(const bench_opts_t *o, cJSON *root)
          * the made-per-request ones), batch 64 as is. */
         int reuse_view = r->reuse || r->batch > 1;
         if (reuse_view && r->size >= 65536 && r->batch <= 64) {
-            have64r = 1;
-            if (q < worst64r) {
-                worst64r = q;
-                snprintf(w64r, sizeof(w64r), "%s %llu batch %u%s",
-                         op_name(r->op), (unsigned long long)r->size,
-                         r->batch, r->reuse ? " reused" : "");
-            }
+            target_worst(&t[1], q, "%s %llu batch %u%s", op_name(r->op),
+                         (unsigned long long)r->size, r->batch,
+                         r->reuse ? " reused" : "");
         }
         if (r->reuse) {
             continue;
         }
         if (r->size >= 65536 && r->batch <= 64) {
-            have64 = 1;
-            if (q < worst64) {
-                worst64 = q;
-                snprintf(w64, sizeof(w64), "%s %llu batch %u", op_name(r->op),
+            target_worst(&t[0], q, "%s %llu batch %u", op_name(r->op),
                          (unsigned long long)r->size, r->batch);
-            }
         }
         if (r->size == 8448 && r->batch >= 64) {
-            have8 = 1;
-            if (q < worst8) {
-                worst8 = q;
-                snprintf(w8, sizeof(w8), "%s batch %u", op_name(r->op),
-                         r->batch);
-            }
+            target_worst(&t[2], q, "%s batch %u", op_name(r->op), r->batch);
         }
     }
-    struct {
-        const char *name;
-        int have;
-        double v, goal;
-        const char *where;
-        int lower_better;
-    } t[4] = {
-        {">=64KiB: pdx/perftest >= 0.95 (hot, batch 1 and 64; worst)", have64,
-         worst64, 0.95, w64, 0},
-        {"  the same, batch-1 requests reused (posted again)", have64r,
-         worst64r, 0.95, w64r, 0},
-        {"8448 B batch>=64: pdx/perftest >= 0.90 (hot; worst)", have8, worst8,
-         0.90, w8, 0},
+}
+
+/* The targets, met or not, printed and into `jt`. */
+static void report_targets(const xrun_t *x, const cJSON *jbig, cJSON *jt)
+{
+    say("\n# targets (ratios from this run)\n");
+    target_t t[4] = {
+        {">=64KiB: pdx/perftest >= 0.95 (hot, batch 1 and 64; worst)", 0, 1e9,
+         0.95, "", 0},
+        {"  the same, batch-1 requests reused (posted again)", 0, 1e9, 0.95, "",
+         0},
+        {"8448 B batch>=64: pdx/perftest >= 0.90 (hot; worst)", 0, 1e9, 0.90,
+         "", 0},
         {"100k-descriptor request: make+post <= 50 ns/desc (worst op)", 0, 0,
          50.0, "", 1},
     };
-    cJSON *b;
+    targets_from_rows(x, t);
+    const cJSON *b;
     cJSON_ArrayForEach(b, jbig)
     {
         double v = cJSON_GetObjectItem(b, "make_post_ns_per_desc")->valuedouble;
         if (!t[3].have || v > t[3].v) {
             t[3].v = v;
-            t[3].where = cJSON_GetObjectItem(b, "op")->valuestring;
+            snprintf(t[3].where, sizeof(t[3].where), "%s",
+                     cJSON_GetObjectItem(b, "op")->valuestring);
         }
         t[3].have = 1;
     }
@@ -914,39 +981,66 @@ int mode_transfer(const bench_opts_t *o, cJSON *root)
         }
         cJSON_AddItemToArray(jt, j);
     }
+}
 
-    if (o->plot_path != NULL) {
-        plot_transfer(o, rows, nrows);
-    }
-
+/* The target told to quit and reaped, this side's agent and memory gone. */
+static void transfer_teardown(xctx_t *c)
+{
     /* Keep progressing while the target closes its endpoint to us, or its
      * close waits for an answer that never comes. */
     /* The peer going away now is expected: its endpoint errors are not
      * news. */
     pdx_log_set_handler(log_quiet, NULL);
-    ctl_sendf(c.fd, "quit");
+    ctl_sendf(c->fd, "quit");
     int trc = 128;
     for (int i = 0; i < 20000; i++) {
         int status;
-        if (waitpid(c.target_pid, &status, WNOHANG) == c.target_pid) {
+        if (waitpid(c->target_pid, &status, WNOHANG) == c->target_pid) {
             trc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
             break;
         }
-        pdx_progress(c.agent);
+        pdx_progress(c->agent);
         usleep(500);
     }
     if (trc == 128) {
-        trc = reap_target(c.target_pid, 1);
+        trc = reap_target(c->target_pid, 1);
     }
-    pdx_agent_destroy(c.agent);
-    big_free(c.local, c.region);
-    big_free(c.scratch, c.region);
-    free(rows);
-    free(peers);
-    close(c.fd);
+    pdx_agent_destroy(c->agent);
+    big_free(c->local, c->region);
+    big_free(c->scratch, c->region);
+    close(c->fd);
     if (trc != 0) {
         say("# target exited with %d\n", trc);
     }
+}
+
+int mode_transfer(const bench_opts_t *o, cJSON *root)
+{
+    xctx_t c = {.o = o};
+    xrun_t x = {.maxbatch = transfer_setup(&c, o)};
+    transfer_method(&c, root);
+    x.rows = calloc(MAX_ROWS, sizeof(*x.rows));
+    x.peers = calloc(4 * o->nsizes, sizeof(*x.peers));
+    x.is_sm = strcmp(o->tls, "tcp") != 0;
+    x.assumed = x.is_sm ? 20.0 : 1.0;
+    x.reps = o->reps > 0 ? o->reps : 3;
+    cJSON *jrows = cJSON_AddArrayToObject(root, "rows");
+    print_cols();
+    for (size_t si = 0; si < o->nsizes; si++) {
+        run_size(&c, &x, si, jrows);
+    }
+    say("# * cold rows compare a cache-cold pdx with the hot ucx_perftest "
+        "(it cannot cycle a working set); the memcpy ratio is the "
+        "like-for-like one there\n");
+    cJSON *jbig = cJSON_AddArrayToObject(root, "big_request");
+    run_big_requests(&c, jbig);
+    report_targets(&x, jbig, cJSON_AddArrayToObject(root, "targets"));
+    if (o->plot_path != NULL) {
+        plot_transfer(o, x.rows, x.nrows);
+    }
+    transfer_teardown(&c);
+    free(x.rows);
+    free(x.peers);
     return 0;
 }
 

@@ -24,8 +24,8 @@
  *
  * This file holds the sessions and the run's steps, on top: it calls
  * report.c (the report), multinode.c (--multi-node), options.c (the
- * command line), nodes.c (the node processes) and wire.c (the protocol's
- * names and fields); none of them calls back (validate.h). */
+ * command line, both modes), nodes.c (the node processes) and names.c
+ * (names and JSON helpers); none of them calls back (validate.h). */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -976,14 +976,12 @@ static void final_checks(run_t *run)
     }
 }
 
-static int validate(int argc, char **argv)
+static int validate(const opts_t *o)
 {
     static run_t run_s;
     run_t *run = &run_s;
-    int rc = parse_args(argc, argv, &run->o);
-    if (rc >= 0) {
-        return rc;
-    }
+    int rc;
+    run->o = *o;
     run->p_cfg = g_p.config = g_p_cfg;
     run->d_cfg = g_d.config = g_d_cfg;
     g_bar = !run->o.quiet && isatty(2);
@@ -1012,6 +1010,7 @@ static int validate(int argc, char **argv)
     free(run->per);
     return rc;
 }
+
 /* Everything main allocated, on every way out of it. */
 static void cleanup(void)
 {
@@ -1039,15 +1038,17 @@ static void cleanup(void)
     }
 }
 
-
 int main(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--multi-node") == 0) {
-            return pd_multinode_main(argc, argv);
-        }
+    opts_t o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc >= 0) {
+        return rc;
     }
-    int rc = validate(argc, argv);
+    if (o.multi_node) {
+        return multinode_run(&o);
+    }
+    rc = validate(&o);
     cleanup();
     return rc;
 }

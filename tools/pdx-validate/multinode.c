@@ -10,9 +10,12 @@
  *
  * Exit 0 when every check passes, 1 on a failed check, 2 on a setup error,
  * 77 when the machine refuses namespaces or etcd is missing (reason
- * printed). */
+ * printed). The options are parsed with the single run's (options.c).
+ *
+ * The run's steps, top down: multinode_run -> mn_start_lab, mn_start_nodes,
+ * run_session per session (run_turn: extend_prompt, turn_prefill,
+ * turn_decode; reject_last_handoff), mn_drain, the report, mn_quit. */
 #include <errno.h>
-#include <getopt.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -39,7 +42,6 @@
 #endif
 
 #define NNODES 4
-#define MN_MAX_PROMPTS 16
 
 typedef struct mnode {
     const char *role; /* "P" or "D" */
@@ -188,9 +190,8 @@ static int spawn_node(mnode_t *n, const char *node_bin)
     char fdarg[16];
     snprintf(fdarg, sizeof(fdarg), "%d", sv[1]);
     char *argv[] = {(char *)node_bin, "--config", n->config, "--fd", fdarg,
-                    "--job-timeout", "120", NULL};
-    char *env[] = {"UCX_NET_DEVICES=eth0", "UCX_WARN_UNUSED_ENV_VARS=n",
-                   NULL};
+                    "--job-timeout",  "120",      NULL};
+    char *env[] = {"UCX_NET_DEVICES=eth0", "UCX_WARN_UNUSED_ENV_VARS=n", NULL};
     n->pid = netns_spawn(&g_lab, n->host, argv, env, sv[1]);
     close(sv[1]);
     if (n->pid < 0) {
@@ -223,8 +224,7 @@ static void send_node(mnode_t *n, cJSON *m)
 
 /* One job on a node, waited for. */
 static cJSON *job(mnode_t *n, const char *op, int sid, int turn,
-                  const uint64_t *hist, size_t nt, const char *params,
-                  int gen)
+                  const uint64_t *hist, size_t nt, const char *params, int gen)
 {
     char req[64];
     snprintf(req, sizeof(req), "s%d.t%d.%s", sid, turn, n->role);
@@ -256,6 +256,24 @@ static cJSON *job(mnode_t *n, const char *op, int sid, int turn,
     return NULL;
 }
 
+/* The next message of `op` from `n` within `ms` each, others dropped;
+ * NULL when none came (why printed). */
+static cJSON *recv_op(mnode_t *n, const char *op, double ms)
+{
+    cJSON *r = NULL;
+    for (int guard = 0; guard < 64 && r == NULL; guard++) {
+        r = recv_from(n, ms);
+        if (r == NULL) {
+            break;
+        }
+        if (strcmp(pd_json_str(r, "op") ? pd_json_str(r, "op") : "", op) != 0) {
+            cJSON_Delete(r);
+            r = NULL;
+        }
+    }
+    return r;
+}
+
 typedef struct turn_row {
     int sid, turn;
     const char *p, *d;
@@ -265,17 +283,31 @@ typedef struct turn_row {
     char p_source[16];
 } turn_row_t;
 
-static int parse_prompts(const char *s, size_t *out, int max)
-{
-    int n = 0;
-    char buf[256];
-    snprintf(buf, sizeof(buf), "%s", s);
-    for (char *t = strtok(buf, ","); t != NULL && n < max;
-         t = strtok(NULL, ",")) {
-        out[n++] = strtoul(t, NULL, 10);
-    }
-    return n;
-}
+/* One run: its options, the turns' rows and the D-to-P reuse seen. */
+typedef struct mn_run {
+    const opts_t *o;
+    uint32_t B; /* tokens per block */
+    turn_row_t *rows;
+    size_t nrows, reuse_tokens, cross_reuse;
+    double wall_ms;
+} mn_run_t;
+
+/* One session: its history and what the previous turn's D left. */
+typedef struct mn_session {
+    int sid;
+    uint64_t *hist;
+    size_t n, cap;
+    char *params_d; /* D's latest handoff, not read yet */
+    size_t prev_d_nfull;
+    const mnode_t *prev_d;
+} mn_session_t;
+
+/* What a prefill handed to the turn's decode. */
+typedef struct prefill_out {
+    char *params;
+    size_t nfull, tail_tokens;
+    bool has_tail;
+} prefill_out_t;
 
 static void print_paths(mnode_t *n)
 {
@@ -304,93 +336,10 @@ static void print_paths(mnode_t *n)
     }
 }
 
-
-int pd_multinode_main(int argc, char **argv)
+/* The hosts, the private etcd on the hub and the temporary directory of
+ * the configs: 0, or the exit code (77: the machine refuses them). */
+static int mn_start_lab(void)
 {
-    int sessions = 6, turns = 2, gen = 64, user_tokens = 64, shared = 512;
-    size_t prompts[MN_MAX_PROMPTS];
-    int nprompts = parse_prompts("1200,2600,700", prompts, MN_MAX_PROMPTS);
-    char node_bin[PATH_MAX] = "";
-    static char p_def[PATH_MAX], d_def[PATH_MAX];
-    snprintf(p_def, sizeof(p_def), "%s/glm52-fp8-mtp/colocated-prefill.json",
-             pd_config_dir());
-    snprintf(d_def, sizeof(d_def), "%s/glm52-fp8-mtp/colocated-decode.json",
-             pd_config_dir());
-    const char *p_base = p_def;
-    const char *d_base = d_def;
-    static struct option lo[] = {
-        {"multi-node", no_argument, NULL, 'M'},
-        {"sessions", required_argument, NULL, 's'},
-        {"turns", required_argument, NULL, 't'},
-        {"prompts", required_argument, NULL, 'l'},
-        {"decode", required_argument, NULL, 'g'},
-        {"user-tokens", required_argument, NULL, 'u'},
-        {"shared-prefix", required_argument, NULL, 'x'},
-        {"node", required_argument, NULL, 'n'},
-        {"p-config", required_argument, NULL, 'P'},
-        {"d-config", required_argument, NULL, 'D'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
-    int ch;
-    optind = 1;
-    while ((ch = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-        switch (ch) {
-        case 'M':
-            break;
-        case 's':
-            sessions = atoi(optarg);
-            break;
-        case 't':
-            turns = atoi(optarg);
-            break;
-        case 'l':
-            nprompts = parse_prompts(optarg, prompts, MN_MAX_PROMPTS);
-            break;
-        case 'g':
-            gen = atoi(optarg);
-            break;
-        case 'u':
-            user_tokens = atoi(optarg);
-            break;
-        case 'x':
-            shared = atoi(optarg);
-            break;
-        case 'n':
-            snprintf(node_bin, sizeof(node_bin), "%s", optarg);
-            break;
-        case 'P':
-            p_base = optarg;
-            break;
-        case 'D':
-            d_base = optarg;
-            break;
-        default:
-            printf("usage: pdx-validate --multi-node [--sessions N] [--turns "
-                   "T] [--prompts A,B,..] [--decode G] [--user-tokens U] "
-                   "[--shared-prefix X] [--node PATH] [--p-config F] "
-                   "[--d-config F]\n");
-            return ch == 'h' ? 0 : 2;
-        }
-    }
-    if (sessions < 1 || turns < 2 || nprompts < 1 || gen < 1) {
-        fprintf(stderr, "pdx-validate: --multi-node needs at least 1 "
-                        "session, 2 turns, a prompt and a decode length\n");
-        return 2;
-    }
-    if (node_bin[0] == '\0') {
-        char self[PATH_MAX];
-        ssize_t k = readlink("/proc/self/exe", self, sizeof(self) - 1);
-        if (k > 0) {
-            self[k] = '\0';
-            char *slash = strrchr(self, '/');
-            if (slash != NULL) {
-                *slash = '\0';
-            }
-            snprintf(node_bin, sizeof(node_bin), "%s/glm52-pd-node", self);
-        }
-    }
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    signal(SIGPIPE, SIG_IGN);
     char why[512];
     if (!etcd_available(why, sizeof(why))) {
         printf("pdx-validate --multi-node: skipped: %s\n", why);
@@ -412,7 +361,14 @@ int pd_multinode_main(int argc, char **argv)
     g_etcd_up = true;
     netns_enter(&g_lab, -1);
     printf("multi-node: 4 hosts (network + pid namespaces on 10.77.0.0/24), "
-           "etcd %s; nodes meet only through the store\n", g_etcd.url);
+           "etcd %s; nodes meet only through the store\n",
+           g_etcd.url);
+    return 0;
+}
+
+/* The four nodes, one per host, each up and saying hello: 0, or 2. */
+static int mn_start_nodes(const opts_t *o)
+{
     static const char *const names[NNODES] = {"glm52-p-h0", "glm52-p-h1",
                                               "glm52-d-h2", "glm52-d-h3"};
     for (int i = 0; i < NNODES; i++) {
@@ -420,8 +376,8 @@ int pd_multinode_main(int argc, char **argv)
         n->role = i < 2 ? "P" : "D";
         n->host = i;
         snprintf(n->name, sizeof(n->name), "%s", names[i]);
-        if (write_config(n, i < 2 ? p_base : d_base, (int)getpid()) != 0 ||
-            spawn_node(n, node_bin) != 0) {
+        if (write_config(n, i < 2 ? g_p_cfg : g_d_cfg, (int)getpid()) != 0 ||
+            spawn_node(n, o->node) != 0) {
             fprintf(stderr, "pdx-validate: cannot start %s\n", n->name);
             return 2;
         }
@@ -443,167 +399,236 @@ int pd_multinode_main(int argc, char **argv)
         printf("  %s on host %d (%s), %llu blocks\n", n->name, n->host,
                g_lab.ip[n->host], (unsigned long long)n->num_blocks);
     }
-    uint32_t B = g_nodes[0].block_tokens;
-    turn_row_t *rows = calloc((size_t)sessions * (size_t)turns, sizeof(*rows));
-    size_t nrows = 0, reuse_tokens = 0, cross_reuse = 0;
-    double t_start = pdx_now_ms_f();
-    for (int sid = 0; sid < sessions; sid++) {
-        size_t cap = 1 << 16;
-        uint64_t *hist = malloc(cap * sizeof(*hist));
-        size_t n = 0;
-        char *params_d = NULL;
-        size_t prev_d_nfull = 0;
-        mnode_t *prev_d = NULL;
-        for (int t = 1; t <= turns; t++) {
-            mnode_t *P = &g_nodes[(sid + t - 1) % 2];
-            mnode_t *D = &g_nodes[2 + (sid / 2 + t - 1) % 2];
-            size_t want = t == 1 ? prompts[sid % nprompts]
-                                 : n + (size_t)user_tokens;
-            if (want + (size_t)gen > cap) {
-                check(false, "session %d: history too long", sid);
-                break;
-            }
-            for (size_t i = n; i < want; i++) {
-                hist[i] = t == 1 && i < (size_t)shared
-                              ? pd_user_token(0x5157ull, i)
-                              : pd_user_token(((uint64_t)sid << 8) |
-                                                  (uint64_t)t,
-                                              i);
-            }
-            n = want;
-            turn_row_t *row = &rows[nrows++];
-            *row = (turn_row_t){.sid = sid, .turn = t, .p = P->name,
-                                .d = D->name, .prompt = want};
-            double t0 = pdx_now_ms_f();
-            cJSON *rp = job(P, "prefill", sid, t, hist, n, params_d, 0);
-            if (rp == NULL || !jbool(rp, "ok")) {
-                check(false, "session %d turn %d: prefill on %s failed: %s",
-                      sid, t, P->name,
-                      rp && pd_json_str(rp, "error") ? pd_json_str(rp, "error")
-                                                     : "no answer");
-                cJSON_Delete(rp);
-                break;
-            }
-            P->handoffs++;
-            snprintf(row->p_source, sizeof(row->p_source), "%s",
-                     pd_json_str(rp, "source") ? pd_json_str(rp, "source")
-                                               : "?");
-            size_t p_loaded = jnum(rp, "loaded");
-            uint64_t p_diff = jnum(rp, "diff_bytes");
-            size_t p_nfull = jnum(rp, "nfull");
-            bool p_has_tail = jbool(rp, "has_tail");
-            size_t p_tail = jnum(rp, "tail_tokens");
-            check(p_diff == 0, "session %d turn %d: %llu bytes P (%s) loaded "
-                  "differ", sid, t, (unsigned long long)p_diff, P->name);
-            check(!jbool(rp, "load_failed"), "session %d turn %d: P's load "
-                  "failed and was recomputed", sid, t);
-            if (t >= 2) {
-                size_t held = prev_d_nfull * B;
-                held = held > want - 1 ? want - 1 : held;
-                check(strcmp(row->p_source, "remote") == 0 &&
-                          p_loaded >= held,
-                      "session %d turn %d: %s reused %zu tokens from %s, %s "
-                      "held %zu", sid, t, P->name, p_loaded, row->p_source,
-                      prev_d ? prev_d->name : "D", held);
-                row->p_from_d = strcmp(row->p_source, "remote") == 0
-                                    ? p_loaded : 0;
-                reuse_tokens += row->p_from_d;
-                cross_reuse += row->p_from_d > 0;
-            } else {
-                row->p_local = p_loaded;
-            }
-            char *params_p = strdup(pd_json_str(rp, "params")
-                                        ? pd_json_str(rp, "params") : "");
-            row->diff += p_diff;
-            cJSON_Delete(rp);
-            free(params_d);
-            params_d = NULL;
-            cJSON *rd = job(D, "decode", sid, t, hist, n, params_p, gen);
-            free(params_p);
-            if (rd == NULL || !jbool(rd, "ok")) {
-                check(false, "session %d turn %d: decode on %s failed: %s",
-                      sid, t, D->name,
-                      rd && pd_json_str(rd, "error") ? pd_json_str(rd, "error")
-                                                     : "no answer");
-                cJSON_Delete(rd);
-                break;
-            }
-            D->handoffs++;
-            size_t d_loaded = jnum(rd, "loaded");
-            uint64_t d_diff = jnum(rd, "diff_bytes");
-            size_t wantd = p_nfull * B +
-                           (D->load_tail && p_has_tail ? p_tail : 0);
-            wantd = wantd > want - 1 ? want - 1 : wantd;
-            check(d_diff == 0, "session %d turn %d: %llu bytes D (%s) loaded "
-                  "differ", sid, t, (unsigned long long)d_diff, D->name);
-            check(strcmp(pd_json_str(rd, "source") ? pd_json_str(rd, "source")
-                                                   : "",
-                         "remote") == 0 &&
-                      d_loaded >= wantd,
-                  "session %d turn %d: %s loaded %zu tokens from %s, wanted "
-                  "%zu", sid, t, D->name, d_loaded, P->name, wantd);
-            row->d_from_p = d_loaded;
-            row->diff += d_diff;
-            prev_d_nfull = jnum(rd, "nfull");
-            prev_d = D;
-            params_d = strdup(pd_json_str(rd, "params")
-                                  ? pd_json_str(rd, "params") : "");
-            const cJSON *g = cJSON_GetObjectItemCaseSensitive(rd, "generated");
-            size_t ng = (size_t)cJSON_GetArraySize(g);
-            row->generated = ng;
-            uint64_t h = PD_PREFIX_ROOT;
-            for (size_t i = 0; i < n; i++) {
-                h = pd_prefix_step(h, hist[i]);
-            }
-            size_t bad = 0;
-            const cJSON *e;
-            cJSON_ArrayForEach(e, g)
-            {
-                uint64_t tok = (uint64_t)e->valuedouble;
-                bad += tok != pd_next_token(h);
-                h = pd_prefix_step(h, tok);
-                hist[n++] = tok;
-            }
-            check(bad == 0 && ng == (size_t)gen,
-                  "session %d turn %d: %s generated %zu tokens, %zu not what "
-                  "the stand-in samples", sid, t, D->name, ng, bad);
-            cJSON_Delete(rd);
-            row->ms = pdx_now_ms_f() - t0;
-        }
-        if (params_d != NULL) {
-            /* Nobody reads D's last handoff: a P rejects it (finding D by
-             * name), so D's pool lease goes now. */
-            mnode_t *P = &g_nodes[(sid + turns) % 2];
-            cJSON *rj = cJSON_CreateObject();
-            cJSON_AddStringToObject(rj, "op", "reject");
-            cJSON_AddNumberToObject(rj, "sid", sid);
-            cJSON_AddStringToObject(rj, "params", params_d);
-            send_node(P, rj);
-            cJSON *r = NULL;
-            for (int guard = 0; guard < 64 && r == NULL; guard++) {
-                r = recv_from(P, 60000);
-                if (r == NULL) {
-                    break;
-                }
-                if (strcmp(pd_json_str(r, "op") ? pd_json_str(r, "op") : "",
-                           "reject") != 0) {
-                    cJSON_Delete(r);
-                    r = NULL;
-                }
-            }
-            check(r != NULL && jbool(r, "ok"),
-                  "session %d: %s could not reject D's last handoff: %s", sid,
-                  P->name,
-                  r && pd_json_str(r, "error") ? pd_json_str(r, "error")
-                                               : "no answer");
-            cJSON_Delete(r);
-        }
-        free(params_d);
-        free(hist);
+    return 0;
+}
+
+/* Turn `t`'s prompt in s->hist: the first turn's is the session's first
+ * prompt (its first --shared-prefix tokens common to every session), a
+ * later one's the history so far and --user-tokens new tokens. false when
+ * the history has no room for it and its decode. */
+static bool extend_prompt(const opts_t *o, mn_session_t *s, int t)
+{
+    int sid = s->sid;
+    size_t want =
+        t == 1 ? o->prompts[sid % o->nprompts] : s->n + (size_t)o->user_tokens;
+    if (want + (size_t)o->gen > s->cap) {
+        check(false, "session %d: history too long", sid);
+        return false;
     }
-    double wall = pdx_now_ms_f() - t_start;
-    /* Drain: nothing held, no lease expired, every block free, every
-     * handoff freed by its reader's done or a reject. */
+    for (size_t i = s->n; i < want; i++) {
+        s->hist[i] = t == 1 && i < (size_t)o->shared
+                         ? pd_user_token(0x5157ull, i)
+                         : pd_user_token(((uint64_t)sid << 8) | (uint64_t)t, i);
+    }
+    s->n = want;
+    return true;
+}
+
+/* Turn `t`'s prefill on `P`, from the previous D's handoff after the
+ * first turn, checked: P's bytes, and its reuse of what that D held.
+ * false when it failed (the handoff it had is still s->params_d). */
+static bool turn_prefill(mn_run_t *run, mn_session_t *s, int t, mnode_t *P,
+                         turn_row_t *row, prefill_out_t *out)
+{
+    int sid = s->sid;
+    size_t want = row->prompt;
+    cJSON *rp = job(P, "prefill", sid, t, s->hist, s->n, s->params_d, 0);
+    if (rp == NULL || !jbool(rp, "ok")) {
+        check(false, "session %d turn %d: prefill on %s failed: %s", sid, t,
+              P->name,
+              rp && pd_json_str(rp, "error") ? pd_json_str(rp, "error")
+                                             : "no answer");
+        cJSON_Delete(rp);
+        return false;
+    }
+    P->handoffs++;
+    snprintf(row->p_source, sizeof(row->p_source), "%s",
+             pd_json_str(rp, "source") ? pd_json_str(rp, "source") : "?");
+    size_t p_loaded = jnum(rp, "loaded");
+    uint64_t p_diff = jnum(rp, "diff_bytes");
+    out->nfull = jnum(rp, "nfull");
+    out->has_tail = jbool(rp, "has_tail");
+    out->tail_tokens = jnum(rp, "tail_tokens");
+    check(p_diff == 0, "session %d turn %d: %llu bytes P (%s) loaded differ",
+          sid, t, (unsigned long long)p_diff, P->name);
+    check(!jbool(rp, "load_failed"),
+          "session %d turn %d: P's load failed and was recomputed", sid, t);
+    if (t >= 2) {
+        size_t held = s->prev_d_nfull * run->B;
+        held = held > want - 1 ? want - 1 : held;
+        check(strcmp(row->p_source, "remote") == 0 && p_loaded >= held,
+              "session %d turn %d: %s reused %zu tokens from %s, %s "
+              "held %zu",
+              sid, t, P->name, p_loaded, row->p_source,
+              s->prev_d ? s->prev_d->name : "D", held);
+        row->p_from_d = strcmp(row->p_source, "remote") == 0 ? p_loaded : 0;
+        run->reuse_tokens += row->p_from_d;
+        run->cross_reuse += row->p_from_d > 0;
+    } else {
+        row->p_local = p_loaded;
+    }
+    out->params =
+        strdup(pd_json_str(rp, "params") ? pd_json_str(rp, "params") : "");
+    row->diff += p_diff;
+    cJSON_Delete(rp);
+    free(s->params_d);
+    s->params_d = NULL;
+    return true;
+}
+
+/* The tokens `D` generated (reply `rd`): each what the stand-in samples
+ * after the history so far, appended to it. Returns how many. */
+static size_t take_generated(const opts_t *o, mn_session_t *s, int t,
+                             const mnode_t *D, const cJSON *rd)
+{
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(rd, "generated");
+    size_t ng = (size_t)cJSON_GetArraySize(g);
+    uint64_t h = PD_PREFIX_ROOT;
+    for (size_t i = 0; i < s->n; i++) {
+        h = pd_prefix_step(h, s->hist[i]);
+    }
+    size_t bad = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, g)
+    {
+        uint64_t tok = (uint64_t)e->valuedouble;
+        bad += tok != pd_next_token(h);
+        h = pd_prefix_step(h, tok);
+        s->hist[s->n++] = tok;
+    }
+    check(bad == 0 && ng == (size_t)o->gen,
+          "session %d turn %d: %s generated %zu tokens, %zu not what the "
+          "stand-in samples",
+          s->sid, t, D->name, ng, bad);
+    return ng;
+}
+
+/* Turn `t`'s decode on `D` from P's handoff, checked: D's bytes, how much
+ * of P's handoff it loaded, and what it generated. false when it failed. */
+static bool turn_decode(mn_run_t *run, mn_session_t *s, int t, const mnode_t *P,
+                        mnode_t *D, turn_row_t *row, const prefill_out_t *pf)
+{
+    int sid = s->sid;
+    size_t want = row->prompt;
+    cJSON *rd =
+        job(D, "decode", sid, t, s->hist, s->n, pf->params, run->o->gen);
+    if (rd == NULL || !jbool(rd, "ok")) {
+        check(false, "session %d turn %d: decode on %s failed: %s", sid, t,
+              D->name,
+              rd && pd_json_str(rd, "error") ? pd_json_str(rd, "error")
+                                             : "no answer");
+        cJSON_Delete(rd);
+        return false;
+    }
+    D->handoffs++;
+    size_t d_loaded = jnum(rd, "loaded");
+    uint64_t d_diff = jnum(rd, "diff_bytes");
+    size_t wantd = pf->nfull * run->B +
+                   (D->load_tail && pf->has_tail ? pf->tail_tokens : 0);
+    wantd = wantd > want - 1 ? want - 1 : wantd;
+    check(d_diff == 0, "session %d turn %d: %llu bytes D (%s) loaded differ",
+          sid, t, (unsigned long long)d_diff, D->name);
+    check(strcmp(pd_json_str(rd, "source") ? pd_json_str(rd, "source") : "",
+                 "remote") == 0 &&
+              d_loaded >= wantd,
+          "session %d turn %d: %s loaded %zu tokens from %s, wanted "
+          "%zu",
+          sid, t, D->name, d_loaded, P->name, wantd);
+    row->d_from_p = d_loaded;
+    row->diff += d_diff;
+    s->prev_d_nfull = jnum(rd, "nfull");
+    s->prev_d = D;
+    s->params_d =
+        strdup(pd_json_str(rd, "params") ? pd_json_str(rd, "params") : "");
+    row->generated = take_generated(run->o, s, t, D, rd);
+    cJSON_Delete(rd);
+    return true;
+}
+
+/* Turn `t` of session `s`: on one P and one D of its own (the next turn
+ * goes to the other P, which reuses what this D decoded). false when the
+ * session can go no further. */
+static bool run_turn(mn_run_t *run, mn_session_t *s, int t)
+{
+    mnode_t *P = &g_nodes[(s->sid + t - 1) % 2];
+    mnode_t *D = &g_nodes[2 + (s->sid / 2 + t - 1) % 2];
+    if (!extend_prompt(run->o, s, t)) {
+        return false;
+    }
+    turn_row_t *row = &run->rows[run->nrows++];
+    *row = (turn_row_t){
+        .sid = s->sid, .turn = t, .p = P->name, .d = D->name, .prompt = s->n};
+    double t0 = pdx_now_ms_f();
+    prefill_out_t pf;
+    if (!turn_prefill(run, s, t, P, row, &pf)) {
+        return false;
+    }
+    bool ok = turn_decode(run, s, t, P, D, row, &pf);
+    free(pf.params);
+    if (ok) {
+        row->ms = pdx_now_ms_f() - t0;
+    }
+    return ok;
+}
+
+/* Nobody reads D's last handoff of session `sid`: a P rejects it (finding
+ * D by name), so D's pool lease goes now. */
+static void reject_last_handoff(int sid, int turns, const char *params)
+{
+    mnode_t *P = &g_nodes[(sid + turns) % 2];
+    cJSON *rj = cJSON_CreateObject();
+    cJSON_AddStringToObject(rj, "op", "reject");
+    cJSON_AddNumberToObject(rj, "sid", sid);
+    cJSON_AddStringToObject(rj, "params", params);
+    send_node(P, rj);
+    cJSON *r = recv_op(P, "reject", 60000);
+    check(r != NULL && jbool(r, "ok"),
+          "session %d: %s could not reject D's last handoff: %s", sid, P->name,
+          r && pd_json_str(r, "error") ? pd_json_str(r, "error") : "no answer");
+    cJSON_Delete(r);
+}
+
+static void run_session(mn_run_t *run, int sid)
+{
+    mn_session_t s = {.sid = sid, .cap = 1 << 16};
+    s.hist = malloc(s.cap * sizeof(*s.hist));
+    for (int t = 1; t <= run->o->turns; t++) {
+        if (!run_turn(run, &s, t)) {
+            break;
+        }
+    }
+    if (s.params_d != NULL) {
+        reject_last_handoff(sid, run->o->turns, s.params_d);
+    }
+    free(s.params_d);
+    free(s.hist);
+}
+
+/* Node `n`'s drain reply `r`: nothing held, no lease expired, every block
+ * free, every handoff freed by its reader's done or a reject. */
+static void check_drained(mnode_t *n, const cJSON *r)
+{
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(r, "stats");
+    check(jbool(r, "ok"), "%s: %zu requests still held after the run", n->name,
+          jnum(st, "held"));
+    check(jnum(st, "freed_expired") == 0, "%s: %zu handoff leases expired",
+          n->name, jnum(st, "freed_expired"));
+    check(jnum(st, "free_blocks") == n->num_blocks,
+          "%s: %zu of %llu blocks free after the run", n->name,
+          jnum(st, "free_blocks"), (unsigned long long)n->num_blocks);
+    check(jnum(cJSON_GetObjectItemCaseSensitive(st, "offload"),
+               "leased_blocks") == 0,
+          "%s: pool blocks still leased after the run", n->name);
+    size_t freed = jnum(st, "freed_done") + jnum(st, "freed_reject");
+    check(freed == n->handoffs,
+          "%s: %llu handoffs made, %zu freed by done or reject", n->name,
+          (unsigned long long)n->handoffs, freed);
+    n->stats = cJSON_Duplicate(st, 1);
+}
+
+/* Every node drained and checked; their stats kept for the report. */
+static void mn_drain(void)
+{
     for (int i = 0; i < NNODES; i++) {
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "op", "drain");
@@ -612,49 +637,28 @@ int pd_multinode_main(int argc, char **argv)
     }
     for (int i = 0; i < NNODES; i++) {
         mnode_t *n = &g_nodes[i];
-        cJSON *r = NULL;
-        for (int guard = 0; guard < 64 && r == NULL; guard++) {
-            r = recv_from(n, 30000);
-            if (r == NULL) {
-                break;
-            }
-            if (strcmp(pd_json_str(r, "op") ? pd_json_str(r, "op") : "",
-                       "drain") != 0) {
-                cJSON_Delete(r);
-                r = NULL;
-            }
-        }
+        cJSON *r = recv_op(n, "drain", 30000);
         if (r == NULL) {
             check(false, "drain: %s did not answer", n->name);
             continue;
         }
-        const cJSON *st = cJSON_GetObjectItemCaseSensitive(r, "stats");
-        check(jbool(r, "ok"), "%s: %zu requests still held after the run",
-              n->name, jnum(st, "held"));
-        check(jnum(st, "freed_expired") == 0,
-              "%s: %zu handoff leases expired", n->name,
-              jnum(st, "freed_expired"));
-        check(jnum(st, "free_blocks") == n->num_blocks,
-              "%s: %zu of %llu blocks free after the run", n->name,
-              jnum(st, "free_blocks"), (unsigned long long)n->num_blocks);
-        check(jnum(cJSON_GetObjectItemCaseSensitive(st, "offload"),
-                   "leased_blocks") == 0,
-              "%s: pool blocks still leased after the run", n->name);
-        size_t freed = jnum(st, "freed_done") + jnum(st, "freed_reject");
-        check(freed == n->handoffs,
-              "%s: %llu handoffs made, %zu freed by done or reject", n->name,
-              (unsigned long long)n->handoffs, freed);
-        n->stats = cJSON_Duplicate(st, 1);
+        check_drained(n, r);
         cJSON_Delete(r);
     }
+}
 
+/* The turns, each peer's path, the store's work, and the checks on the
+ * last two: peers found through the store, D-to-P reuse across hosts. */
+static void mn_report(const mn_run_t *run)
+{
     printf("\n sess turn  P            D            prompt  P_turn1  "
            "P_from_D  D_from_P  diff_B     ms\n");
-    for (size_t i = 0; i < nrows; i++) {
-        const turn_row_t *r = &rows[i];
+    for (size_t i = 0; i < run->nrows; i++) {
+        const turn_row_t *r = &run->rows[i];
         printf(" %4d %4d  %-12s %-12s %6zu  %7zu  %8zu  %8zu  %6llu  "
-               "%5.0f\n", r->sid, r->turn, r->p, r->d, r->prompt, r->p_local,
-               r->p_from_d, r->d_from_p, (unsigned long long)r->diff, r->ms);
+               "%5.0f\n",
+               r->sid, r->turn, r->p, r->d, r->prompt, r->p_local, r->p_from_d,
+               r->d_from_p, (unsigned long long)r->diff, r->ms);
     }
     printf("\npaths (from each node's agent):\n");
     for (int i = 0; i < NNODES; i++) {
@@ -665,8 +669,8 @@ int pd_multinode_main(int argc, char **argv)
     printf("\nstore:\n");
     size_t discovered = 0;
     for (int i = 0; i < NNODES; i++) {
-        const cJSON *k = cJSON_GetObjectItemCaseSensitive(g_nodes[i].stats,
-                                                          "store");
+        const cJSON *k =
+            cJSON_GetObjectItemCaseSensitive(g_nodes[i].stats, "store");
         discovered += jnum(k, "discovered");
         printf("  %-12s found %zu peers by name, registered %zu blocks, %zu "
                "cross-node hits (%zu blocks), served %zu; %s\n",
@@ -677,10 +681,17 @@ int pd_multinode_main(int argc, char **argv)
     }
     check(discovered >= 4, "only %zu peers were found through the store",
           discovered);
-    check(cross_reuse > 0 && reuse_tokens > 0,
+    check(run->cross_reuse > 0 && run->reuse_tokens > 0,
           "no D-to-P reuse across hosts happened");
     printf("\nD-to-P reuse across hosts: %zu turns, %zu tokens; %zu turns in "
-           "%.1f s\n", cross_reuse, reuse_tokens, nrows, wall / 1000.0);
+           "%.1f s\n",
+           run->cross_reuse, run->reuse_tokens, run->nrows,
+           run->wall_ms / 1000.0);
+}
+
+/* Every node told to quit, given 5 s, then killed. */
+static void mn_quit(void)
+{
     for (int i = 0; i < NNODES; i++) {
         cJSON *q = cJSON_CreateObject();
         cJSON_AddStringToObject(q, "op", "quit");
@@ -694,7 +705,28 @@ int pd_multinode_main(int argc, char **argv)
         }
         cJSON_Delete(g_nodes[i].stats);
     }
-    free(rows);
+}
+
+int multinode_run(const opts_t *o)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    signal(SIGPIPE, SIG_IGN);
+    int rc = mn_start_lab();
+    if (rc != 0 || (rc = mn_start_nodes(o)) != 0) {
+        return rc;
+    }
+    mn_run_t run = {.o = o, .B = g_nodes[0].block_tokens};
+    run.rows =
+        calloc((size_t)o->sessions * (size_t)o->turns, sizeof(*run.rows));
+    double t_start = pdx_now_ms_f();
+    for (int sid = 0; sid < o->sessions; sid++) {
+        run_session(&run, sid);
+    }
+    run.wall_ms = pdx_now_ms_f() - t_start;
+    mn_drain();
+    mn_report(&run);
+    mn_quit();
+    free(run.rows);
     printf("%s: %d checks passed, %d failed\n", g_failed ? "FAIL" : "PASS",
            g_passed, g_failed);
     mn_cleanup();

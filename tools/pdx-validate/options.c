@@ -1,24 +1,17 @@
-/* pdx-validate's command line: the options, their defaults (a soak's
- * differ), and the configs and node binary it finds by default. */
-#include <errno.h>
+/* pdx-validate's command line, one parser for both modes: the options each
+ * mode accepts (--multi-node anywhere picks the multi-node run and its own
+ * options), their defaults (a soak's and a multi-node run's differ), and
+ * the configs and node binary it finds by default. */
 #include <getopt.h>
 #include <limits.h>
-#include <math.h>
-#include <poll.h>
-#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#include <cjson/cJSON.h>
-
-#include "pd_model.h"
-#include "pd_wire.h"
 #include "validate.h"
 
 #ifndef PDX_SOURCE_DIR
@@ -82,6 +75,16 @@ static void usage(FILE *f)
         "only)\n");
 }
 
+/* --multi-node's one line of usage, on stdout for --help and a bad option
+ * alike. */
+static void usage_multinode(void)
+{
+    printf("usage: pdx-validate --multi-node [--sessions N] [--turns "
+           "T] [--prompts A,B,..] [--decode G] [--user-tokens U] "
+           "[--shared-prefix X] [--node PATH] [--p-config F] "
+           "[--d-config F]\n");
+}
+
 static int parse_range(const char *arg, opts_t *o)
 {
     char *end;
@@ -117,13 +120,28 @@ static int parse_prompts(const char *s, opts_t *o)
     return o->nprompts > 0 ? 0 : -1;
 }
 
+/* --multi-node's --prompts: up to 16 lengths, taken as they come (no bounds
+ * checked, unlike parse_prompts; a bad length shows in the run). */
+static void parse_prompts_multinode(const char *s, opts_t *o)
+{
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", s);
+    char *save = NULL;
+    o->nprompts = 0;
+    for (char *t = strtok_r(buf, ",", &save);
+         t != NULL && o->nprompts < MULTINODE_MAX_PROMPTS;
+         t = strtok_r(NULL, ",", &save)) {
+        o->prompts[o->nprompts++] = strtoul(t, NULL, 10);
+    }
+}
+
 char g_p_cfg[PATH_MAX], g_d_cfg[PATH_MAX];
 static char g_node_bin[PATH_MAX];
 
 /* Where the deployment configs are: $PDX_CONFIG_DIR, else an installed
  * tree's <bin>/../share/pdx/configs, else the checkout this was built
- * from. Used by multinode.c too. */
-const char *pd_config_dir(void)
+ * from. */
+static const char *pd_config_dir(void)
 {
     static char dir[PATH_MAX];
     if (dir[0] != '\0') {
@@ -179,192 +197,287 @@ static void default_node(char *buf, size_t len)
     snprintf(buf, len, "%s", PDX_NODE_PATH);
 }
 
-/* The options into *o_p: -1 to run, else the exit code (0 for --help). */
-int parse_args(int argc, char **argv, opts_t *o_p)
+/* The options each mode accepts (getopt_long also takes any unambiguous
+ * prefix of a name, so each mode keeps exactly its own list). */
+static const struct option g_single_opts[] = {
+    {"p-config", required_argument, NULL, 'P'},
+    {"d-config", required_argument, NULL, 'D'},
+    {"node", required_argument, NULL, 'n'},
+    {"sessions", required_argument, NULL, 's'},
+    {"turns", required_argument, NULL, 't'},
+    {"prompts", required_argument, NULL, 'l'},
+    {"decode", required_argument, NULL, 'g'},
+    {"user-tokens", required_argument, NULL, 'u'},
+    {"shared-prefix", required_argument, NULL, 'x'},
+    {"concurrency", required_argument, NULL, 'c'},
+    {"min-inflight", required_argument, NULL, 'm'},
+    {"require-local", no_argument, NULL, 'L'},
+    {"timeout", required_argument, NULL, 'T'},
+    {"job-timeout", required_argument, NULL, 'J'},
+    {"json", no_argument, NULL, 'j'},
+    {"quiet", no_argument, NULL, 'q'},
+    {"prompt-range", required_argument, NULL, 'R'},
+    {"soak", no_argument, NULL, 'S'},
+    {"seed", required_argument, NULL, 'r'},
+    {"abort-rate", required_argument, NULL, 'a'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0}};
+static const struct option g_multinode_opts[] = {
+    {"multi-node", no_argument, NULL, 'M'},
+    {"sessions", required_argument, NULL, 's'},
+    {"turns", required_argument, NULL, 't'},
+    {"prompts", required_argument, NULL, 'l'},
+    {"decode", required_argument, NULL, 'g'},
+    {"user-tokens", required_argument, NULL, 'u'},
+    {"shared-prefix", required_argument, NULL, 'x'},
+    {"node", required_argument, NULL, 'n'},
+    {"p-config", required_argument, NULL, 'P'},
+    {"d-config", required_argument, NULL, 'D'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0}};
+
+/* The defaults before any option. A single run's -1s are settled after
+ * them (settle_single: a soak's differ). */
+static void defaults(opts_t *o, bool multi_node)
 {
-    /* -1: not given; the default depends on --soak. */
-    opts_t o = {.sessions = -1,
-                .turns = 2,
-                .concurrency = -1,
-                .gen = -1,
-                .user_tokens = -1,
-                .shared = -1,
-                .abort_rate = -1,
-                .timeout_s = 600,
-                .job_timeout_s = 120};
-    parse_prompts("1200,12020", &o);
-    bool seed_set = false, prompts_set = false;
-    static const struct option lo[] = {
-        {"p-config", required_argument, NULL, 'P'},
-        {"d-config", required_argument, NULL, 'D'},
-        {"node", required_argument, NULL, 'n'},
-        {"sessions", required_argument, NULL, 's'},
-        {"turns", required_argument, NULL, 't'},
-        {"prompts", required_argument, NULL, 'l'},
-        {"decode", required_argument, NULL, 'g'},
-        {"user-tokens", required_argument, NULL, 'u'},
-        {"shared-prefix", required_argument, NULL, 'x'},
-        {"concurrency", required_argument, NULL, 'c'},
-        {"min-inflight", required_argument, NULL, 'm'},
-        {"require-local", no_argument, NULL, 'L'},
-        {"timeout", required_argument, NULL, 'T'},
-        {"job-timeout", required_argument, NULL, 'J'},
-        {"json", no_argument, NULL, 'j'},
-        {"quiet", no_argument, NULL, 'q'},
-        {"prompt-range", required_argument, NULL, 'R'},
-        {"soak", no_argument, NULL, 'S'},
-        {"seed", required_argument, NULL, 'r'},
-        {"abort-rate", required_argument, NULL, 'a'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
-    int ch;
-    while ((ch = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-        switch (ch) {
-        case 'P':
-            o.p_config = optarg;
-            break;
-        case 'D':
-            o.d_config = optarg;
-            break;
-        case 'n':
-            o.node = optarg;
-            break;
-        case 's':
-            o.sessions = atoi(optarg);
-            break;
-        case 't':
-            o.turns = atoi(optarg);
-            break;
-        case 'l':
-            if (parse_prompts(optarg, &o) != 0) {
-                fprintf(stderr, "pdx-validate: --prompts: comma-separated "
-                                "lengths >= 2\n");
-                return EXIT_SETUP;
-            }
-            prompts_set = true;
-            break;
-        case 'R':
-            if (parse_range(optarg, &o) != 0) {
-                fprintf(stderr, "pdx-validate: --prompt-range: A,B with "
-                                "2 <= A <= B\n");
-                return EXIT_SETUP;
-            }
-            break;
-        case 'S':
-            o.soak = true;
-            break;
-        case 'r': {
-            char *end;
-            o.seed = strtoull(optarg, &end, 0);
-            if (*end != '\0' || optarg[0] == '\0') {
-                fprintf(stderr, "pdx-validate: --seed: a number\n");
-                return EXIT_SETUP;
-            }
-            seed_set = true;
-            break;
-        }
-        case 'a':
-            o.abort_rate = atof(optarg);
-            break;
-        case 'g':
-            o.gen = atoi(optarg);
-            break;
-        case 'u':
-            o.user_tokens = atoi(optarg);
-            break;
-        case 'x':
-            o.shared = atoi(optarg);
-            break;
-        case 'c':
-            o.concurrency = atoi(optarg);
-            break;
-        case 'm':
-            o.min_inflight = atoi(optarg);
-            break;
-        case 'L':
-            o.require_local = true;
-            break;
-        case 'T':
-            o.timeout_s = atof(optarg);
-            break;
-        case 'J':
-            o.job_timeout_s = atof(optarg);
-            break;
-        case 'j':
-            o.json = true;
-            break;
-        case 'q':
-            o.quiet = true;
-            break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        default:
-            usage(stderr);
+    if (multi_node) {
+        *o = (opts_t){.multi_node = true,
+                      .sessions = 6,
+                      .turns = 2,
+                      .gen = 64,
+                      .user_tokens = 64,
+                      .shared = 512};
+        parse_prompts_multinode("1200,2600,700", o);
+        return;
+    }
+    *o = (opts_t){.sessions = -1,
+                  .turns = 2,
+                  .concurrency = -1,
+                  .gen = -1,
+                  .user_tokens = -1,
+                  .shared = -1,
+                  .abort_rate = -1,
+                  .timeout_s = 600,
+                  .job_timeout_s = 120};
+    parse_prompts("1200,12020", o);
+}
+
+/* Options given that change what settle_single does. */
+typedef struct opts_seen {
+    bool seed, prompts;
+} opts_seen_t;
+
+/* One option (getopt_long's `ch`, its argument `arg`) into *o: -1, or the
+ * exit code (0 for --help). */
+static int parse_option(int ch, const char *arg, opts_t *o, opts_seen_t *seen)
+{
+    switch (ch) {
+    case 'M': /* --multi-node: the mode, already chosen */
+        break;
+    case 'P':
+        o->p_config = arg;
+        break;
+    case 'D':
+        o->d_config = arg;
+        break;
+    case 'n':
+        o->node = arg;
+        break;
+    case 's':
+        o->sessions = atoi(arg);
+        break;
+    case 't':
+        o->turns = atoi(arg);
+        break;
+    case 'l':
+        if (o->multi_node) {
+            parse_prompts_multinode(arg, o);
+        } else if (parse_prompts(arg, o) != 0) {
+            fprintf(stderr, "pdx-validate: --prompts: comma-separated "
+                            "lengths >= 2\n");
             return EXIT_SETUP;
         }
+        seen->prompts = true;
+        break;
+    case 'R':
+        if (parse_range(arg, o) != 0) {
+            fprintf(stderr, "pdx-validate: --prompt-range: A,B with "
+                            "2 <= A <= B\n");
+            return EXIT_SETUP;
+        }
+        break;
+    case 'S':
+        o->soak = true;
+        break;
+    case 'r': {
+        char *end;
+        o->seed = strtoull(arg, &end, 0);
+        if (*end != '\0' || arg[0] == '\0') {
+            fprintf(stderr, "pdx-validate: --seed: a number\n");
+            return EXIT_SETUP;
+        }
+        seen->seed = true;
+        break;
     }
+    case 'a':
+        o->abort_rate = atof(arg);
+        break;
+    case 'g':
+        o->gen = atoi(arg);
+        break;
+    case 'u':
+        o->user_tokens = atoi(arg);
+        break;
+    case 'x':
+        o->shared = atoi(arg);
+        break;
+    case 'c':
+        o->concurrency = atoi(arg);
+        break;
+    case 'm':
+        o->min_inflight = atoi(arg);
+        break;
+    case 'L':
+        o->require_local = true;
+        break;
+    case 'T':
+        o->timeout_s = atof(arg);
+        break;
+    case 'J':
+        o->job_timeout_s = atof(arg);
+        break;
+    case 'j':
+        o->json = true;
+        break;
+    case 'q':
+        o->quiet = true;
+        break;
+    case 'h':
+        if (o->multi_node) {
+            usage_multinode();
+        } else {
+            usage(stdout);
+        }
+        return 0;
+    default:
+        if (o->multi_node) {
+            usage_multinode();
+        } else {
+            usage(stderr);
+        }
+        return EXIT_SETUP;
+    }
+    return -1;
+}
+
+/* A single run's defaults that depend on --soak, its seed, and the checks
+ * across options: -1, or the exit code. */
+static int settle_single(opts_t *o, const opts_seen_t *seen, bool extra_args)
+{
     /* Defaults: a soak is many short sessions at concurrency 17 whose
      * footprints fit the colocated configs' 254-block budget 17 times. */
-    if (o.sessions < 0) {
-        o.sessions = o.soak ? 200 : 4;
+    if (o->sessions < 0) {
+        o->sessions = o->soak ? 200 : 4;
     }
-    if (o.concurrency < 0) {
-        o.concurrency = o.soak ? SOAK_MIN_CONCURRENCY : 2;
+    if (o->concurrency < 0) {
+        o->concurrency = o->soak ? SOAK_MIN_CONCURRENCY : 2;
     }
-    if (o.gen < 0) {
-        o.gen = o.soak ? 16 : 32;
+    if (o->gen < 0) {
+        o->gen = o->soak ? 16 : 32;
     }
-    if (o.user_tokens < 0) {
-        o.user_tokens = o.soak ? 64 : 96;
+    if (o->user_tokens < 0) {
+        o->user_tokens = o->soak ? 64 : 96;
     }
-    if (o.shared < 0) {
-        o.shared = o.soak ? 128 : 512;
+    if (o->shared < 0) {
+        o->shared = o->soak ? 128 : 512;
     }
-    if (o.abort_rate < 0) {
-        o.abort_rate = o.soak ? 0.15 : 0;
+    if (o->abort_rate < 0) {
+        o->abort_rate = o->soak ? 0.15 : 0;
     }
-    if (o.soak && o.range_hi == 0 && !prompts_set) {
-        o.range_lo = 128;
-        o.range_hi = 800;
+    if (o->soak && o->range_hi == 0 && !seen->prompts) {
+        o->range_lo = 128;
+        o->range_hi = 800;
     }
-    if (!seed_set) {
+    if (!seen->seed) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        o.seed = (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^
-                 ((uint64_t)getpid() << 32);
+        o->seed = (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^
+                  ((uint64_t)getpid() << 32);
     }
-    if (o.soak && o.concurrency < SOAK_MIN_CONCURRENCY) {
+    if (o->soak && o->concurrency < SOAK_MIN_CONCURRENCY) {
         fprintf(stderr, "pdx-validate: --soak needs --concurrency %d or more\n",
                 SOAK_MIN_CONCURRENCY);
         return EXIT_SETUP;
     }
-    if (o.abort_rate > 1 || (o.abort_rate > 0 && !o.soak)) {
+    if (o->abort_rate > 1 || (o->abort_rate > 0 && !o->soak)) {
         fprintf(stderr, "pdx-validate: --abort-rate: 0..1, with --soak\n");
         return EXIT_SETUP;
     }
-    if (optind < argc || o.sessions < 1 || o.turns < 1 || o.concurrency < 1 ||
-        o.gen < 0 || o.user_tokens < 1 || o.shared < 0 || o.timeout_s <= 0 ||
-        o.job_timeout_s <= 0) {
+    if (extra_args || o->sessions < 1 || o->turns < 1 || o->concurrency < 1 ||
+        o->gen < 0 || o->user_tokens < 1 || o->shared < 0 ||
+        o->timeout_s <= 0 || o->job_timeout_s <= 0) {
         usage(stderr);
         return EXIT_SETUP;
     }
-    if (o.p_config) {
-        snprintf(g_p_cfg, sizeof(g_p_cfg), "%s", o.p_config);
+    return -1;
+}
+
+/* A multi-node run's checks (arguments after the options are ignored):
+ * -1, or the exit code. */
+static int settle_multinode(const opts_t *o)
+{
+    if (o->sessions < 1 || o->turns < 2 || o->nprompts < 1 || o->gen < 1) {
+        fprintf(stderr, "pdx-validate: --multi-node needs at least 1 "
+                        "session, 2 turns, a prompt and a decode length\n");
+        return EXIT_SETUP;
+    }
+    return -1;
+}
+
+/* The configs and the node binary: as given, else the defaults. */
+static void settle_paths(opts_t *o)
+{
+    if (o->p_config) {
+        snprintf(g_p_cfg, sizeof(g_p_cfg), "%s", o->p_config);
     } else {
         default_path(g_p_cfg, sizeof(g_p_cfg), "colocated-prefill.json");
     }
-    if (o.d_config) {
-        snprintf(g_d_cfg, sizeof(g_d_cfg), "%s", o.d_config);
+    if (o->d_config) {
+        snprintf(g_d_cfg, sizeof(g_d_cfg), "%s", o->d_config);
     } else {
         default_path(g_d_cfg, sizeof(g_d_cfg), "colocated-decode.json");
     }
-    if (o.node) {
-        snprintf(g_node_bin, sizeof(g_node_bin), "%s", o.node);
+    if (o->node) {
+        snprintf(g_node_bin, sizeof(g_node_bin), "%s", o->node);
     } else {
         default_node(g_node_bin, sizeof(g_node_bin));
     }
-    o.node = g_node_bin;
+    o->node = g_node_bin;
+}
+
+/* The options into *o_p: -1 to run, else the exit code (0 for --help). */
+int parse_args(int argc, char **argv, opts_t *o_p)
+{
+    bool multi_node = false;
+    for (int i = 1; i < argc; i++) {
+        multi_node = multi_node || strcmp(argv[i], "--multi-node") == 0;
+    }
+    opts_t o;
+    defaults(&o, multi_node);
+    opts_seen_t seen = {false, false};
+    const struct option *lo = multi_node ? g_multinode_opts : g_single_opts;
+    int ch, rc;
+    while ((ch = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        if ((rc = parse_option(ch, optarg, &o, &seen)) >= 0) {
+            return rc;
+        }
+    }
+    rc = multi_node ? settle_multinode(&o)
+                    : settle_single(&o, &seen, optind < argc);
+    if (rc >= 0) {
+        return rc;
+    }
+    settle_paths(&o);
     *o_p = o;
     return -1;
 }

@@ -1,9 +1,10 @@
 /* Private to pdx-validate: the options, the two nodes, the sessions and
  * turns, the checks and the state of one run, shared by main.c (the run's
  * steps, on top), report.c (aggregates and the JSON or text report),
- * multinode.c (--multi-node runs), options.c (the command line), nodes.c
- * (the node processes and their channel) and wire.c (the protocol's names
- * and fields, at the bottom). Each calls only those after it. */
+ * multinode.c (--multi-node runs), options.c (the command line, both
+ * modes), nodes.c (the node processes and their channel) and names.c (the
+ * names of abort plans and kinds, and JSON field helpers, at the bottom).
+ * Each calls only those after it. */
 #ifndef PDX_VALIDATE_H
 #define PDX_VALIDATE_H
 
@@ -19,6 +20,7 @@
 #include "pd_wire.h"
 
 #define MAX_PROMPTS 32
+#define MULTINODE_MAX_PROMPTS 16 /* --multi-node --prompts */
 #define SOAK_MIN_CONCURRENCY 17
 #define EXIT_FAIL 1
 #define EXIT_SETUP 2
@@ -28,7 +30,11 @@
  * glm52-pd-node (g_done_names). */
 enum { DONE_LOAD = 0, DONE_REJECT = 1, DONE_AFTER = 2, DONE_KINDS = 3 };
 
+/* The command line (options.c). --multi-node reads sessions, turns,
+ * prompts, gen, user_tokens, shared and node (and the config paths,
+ * g_p_cfg and g_d_cfg); the rest are the single run's. */
 typedef struct opts {
+    bool multi_node; /* --multi-node */
     const char *p_config, *d_config, *node;
     int sessions, turns, concurrency;
     size_t prompts[MAX_PROMPTS];
@@ -183,7 +189,7 @@ typedef struct run {
     uint64_t completed, naborted, planned_now[2];
 } run_t;
 
-/* wire.c (the bottom): the names of abort plans and of what a node did,
+/* names.c (the bottom): the names of abort plans and of what a node did,
  * and the fields of a node's JSON messages. */
 extern const char *const g_done_names[DONE_KINDS];
 const char *plan_name(abort_plan_t k);
@@ -205,15 +211,15 @@ void quit_nodes(double deadline);
 void reap_child(pid_t pid, double deadline);
 int read_hello(node_t *n, cJSON *m, char *why, size_t len);
 
-/* options.c: the command line into *o_p: -1 to run, else the exit code
+/* options.c: the command line into *o_p, for either mode (o_p->multi_node
+ * when --multi-node is among the arguments): -1 to run, else the exit code
  * (0 for --help); the config paths it settled on. */
 extern char g_p_cfg[PATH_MAX], g_d_cfg[PATH_MAX];
 int parse_args(int argc, char **argv, opts_t *o_p);
-/* options.c: the directory of the deployment configs. */
-const char *pd_config_dir(void);
 
-/* multinode.c: --multi-node runs, a command line of their own. */
-int pd_multinode_main(int argc, char **argv);
+/* multinode.c: a --multi-node run of the options parse_args settled;
+ * returns the exit code (77: namespaces refused or etcd missing). */
+int multinode_run(const opts_t *o);
 
 
 /* report.c */

@@ -1,6 +1,7 @@
-/* pdx-validate's vocabulary of the node protocol, below the steps, the
- * nodes, the report and multi-node runs: the names of the abort plans and
- * of what a node did, and the JSON fields of its messages. */
+/* pdx-validate's names and JSON helpers, below the steps, the nodes, the
+ * report and multi-node runs: the names abort plans and what a node did
+ * (its "aborted" field) go by, reading a number or a flag of a node's JSON
+ * message, and a token list as JSON. */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
