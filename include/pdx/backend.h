@@ -49,23 +49,8 @@ extern "C" {
 #define PDX_BACKEND_CAP_SAME_HOST (1ull << 5) /* peers on this host only */
 #define PDX_BACKEND_CAP_EVENT_FD (1ull << 6)  /* event_fd/arm work */
 
-/* A region of memory to register, or a peer's region to load. */
-typedef struct pdx_region {
-    uint64_t addr;
-    uint64_t len;
-    uint32_t dev_id;
-    pdx_mem_type_t mem_type;
-    uint64_t flags; /* PDX_REGION_F_* */
-    /* Valid only with PDX_REGION_F_SHARED in `flags` (set by the agent
-     * for local regions in pdx_mem_alloc/pdx_mem_share memory): an fd of
-     * this process for a file whose bytes at `shm_offset` are `addr`
-     * (MAP_SHARED). The fd stays open while the region is registered.
-     * In a peer's region (rmem_load) shm_fd is -1: the key says more. */
-    int32_t shm_fd;
-    uint32_t reserved;
-    uint64_t shm_offset;
-} pdx_region_t;
-
+/* pdx_region_t (a region to register, or a peer's region to load) is in
+ * pdx/types.h, included above. */
 
 /* One merged piece of a transfer. `local_md` is what mem_register returned
  * for the local region holding [local_addr, +len); `remote_md` what
