@@ -62,10 +62,6 @@ extern "C" {
 #endif
 
 typedef struct pdx_agent *pdx_agent_h;
-typedef struct pdx_backend *pdx_backend_h;
-typedef struct pdx_mem_reg *pdx_mem_reg_h;
-
-#define PDX_NAME_MAX 64 /* agent and peer names, bytes incl. NUL */
 
 enum pdx_agent_params_field {
     PDX_AGENT_PARAM_FLAGS = 1u << 0,
@@ -212,235 +208,6 @@ PDX_API void pdx_agent_destroy(pdx_agent_h agent);
 /* The agent's name; owned by the agent, valid until destroy. */
 PDX_API const char *pdx_agent_name(pdx_agent_h agent);
 
-/* Create backend `name` ("ucx", "cuda_ipc") with options, loading
- * libpdx_backend_<name>.so from PDX_PLUGIN_PATH (colon-separated), then from
- * <dir of libpdx.so>/pdx/ and <dir of libpdx.so>. PDX_ERR_NOT_FOUND when no
- * module is found, PDX_ERR_VERSION when only incompatible ones are (each
- * rejection logged with its path and reason), PDX_ERR_UNAVAILABLE when the
- * backend cannot run here (reason logged). Create backends before
- * registering memory or loading peers. `*be_p` may be NULL; the handle is
- * owned by the agent. Blocking. */
-PDX_API pdx_status_t pdx_backend_create(pdx_agent_h agent, const char *name,
-                                        const pdx_option_t *opts,
-                                        size_t nopts, pdx_backend_h *be_p);
-
-/* As pdx_backend_create, with an ops table the caller links in (tests,
- * static builds). `ops` must outlive the agent. */
-PDX_API pdx_status_t pdx_backend_create_with_ops(pdx_agent_h agent,
-                                                 const void *ops,
-                                                 const pdx_option_t *opts,
-                                                 size_t nopts,
-                                                 pdx_backend_h *be_p);
-
-/* Find a backend module without creating it: on PDX_OK, `why` is empty;
- * otherwise a reason ("not found in ...", "unavailable: no CUDA device").
- * `caps_p` (may be NULL) gets the caps. No agent needed; blocking. */
-PDX_API pdx_status_t pdx_backend_probe(const char *name, uint64_t *caps_p,
-                                       char *why, size_t why_len);
-
-/* One line describing a backend instance (transports in use). */
-PDX_API void pdx_backend_describe(pdx_backend_h be, char *buf, size_t len);
-
-/* Register a region with every backend that supports its memory type.
- * `flags` are PDX_REGION_F_* of pdx/types.h (0 normally). A backend that
- * cannot take this region declines and the others carry it; at least one
- * must take it (PDX_ERR_UNSUPPORTED otherwise). Register whole
- * arenas, not blocks. Regions of one agent must not overlap. Writes *reg_p
- * only on success. Blocking. */
-PDX_API pdx_status_t pdx_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
-                                      uint64_t addr, uint64_t len,
-                                      uint32_t dev_id, uint64_t flags,
-                                      pdx_mem_reg_h *reg_p);
-
-/* Deregister. PDX_ERR_BUSY (nothing done) while a request uses it;
- * PDX_ERR_INVALID if `reg` is not a live registration of this agent.
- * Loaded peers are told at once (an internal message on the notification
- * channel, never seen by the application): a peer takes the region out of
- * its view, its prepared lists and requests on it are refused
- * PDX_ERR_STALE from then on, and it acknowledges once none of its
- * requests on the region is in flight. This call waits for those
- * acknowledgements, so that no loaded peer reads or writes the memory
- * after it returns and the caller may free it: blocking, at most the
- * agent's xfer timeout capped at 5 s (a peer that did not answer by then,
- * e.g. a paused one, is named in a warning; a dead peer counts as
- * answered). Agents of this same process are told but not waited for
- * (they may progress only on the calling thread). Peers this agent did not
- * load (it cannot reach them) are not waited for either: they learn it
- * from its next description (the store's republish, or the application's
- * reload), so keep memory such peers may still read mapped until then.
- * Progresses the agent while it waits (no progress thread needed); a peer
- * acknowledges from its own progress (its progress thread or its caller's
- * polling). Does not hold the agent lock while it waits. Thread-safe. */
-PDX_API pdx_status_t pdx_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg);
-
-/* Shared host memory: the fast path between processes on one host.
- *
- * Host memory from pdx_mem_alloc, or a caller's own MAP_SHARED mapping of a
- * file declared with pdx_mem_share, can be mapped by a peer on this host.
- * Register it with pdx_mem_register as usual (after allocating or sharing;
- * a region must lie inside one such range to count). The cma backend then
- * packs the memory's fd and offset in the region's key, the peer maps it
- * (pidfd_getfd, or /proc/<pid>/fd where that is refused) and a transfer
- * into or out of it is one memcpy by the initiator: no system call per
- * request, no CPU of the target. Where the peer cannot map it (another
- * user, a seccomp filter) it falls back to process_vm_readv/writev, and
- * over UCX nothing changes. Only the target side of a transfer needs to
- * be shared; the initiator's side may be any registered memory.
- *
- * A peer that maps the memory can read and write all of it until it
- * unloads this agent (as with process_vm_writev, only processes allowed to
- * ptrace this one can); the pages live until both sides unmap them.
- *
- * Thread-safe (one process-wide registry with its own lock); blocking
- * (system calls). None of these needs an agent. */
-
-/* Allocate `len` bytes of zeroed shared memory (memfd_create, MAP_SHARED),
- * page aligned. `flags`: PDX_MEM_F_POPULATE faults every page in now.
- * The mapping is MADV_DONTFORK: a child made by fork() does not have it
- * (shared memory would otherwise be the parent's live bytes, not a copy).
- * The caller owns it: free with pdx_mem_free. PDX_ERR_NOMEM or
- * PDX_ERR_IO (with a log line) on failure; *ptr_p is written on success
- * only. */
-PDX_API pdx_status_t pdx_mem_alloc(size_t len, uint64_t flags, void **ptr_p);
-/* Free memory from pdx_mem_alloc (NULL is a no-op). PDX_ERR_BUSY (nothing
- * done) while any agent has a region registered inside it;
- * PDX_ERR_NOT_FOUND if `ptr` is not what pdx_mem_alloc returned. */
-PDX_API pdx_status_t pdx_mem_free(void *ptr);
-/* Declare that [addr, +len) is a MAP_SHARED mapping of `fd` whose byte at
- * `offset` is `addr` (so addr and offset agree modulo the page size). pdx
- * keeps its own dup of `fd`; the caller keeps the mapping alive until
- * pdx_mem_unshare. PDX_ERR_INVALID if fd is not a regular file that large,
- * PDX_ERR_EXISTS if the range overlaps one already known. */
-PDX_API pdx_status_t pdx_mem_share(void *addr, size_t len, int fd,
-                                   uint64_t offset);
-/* Forget a range from pdx_mem_share (by its start). PDX_ERR_BUSY while a
- * region inside it is registered. */
-PDX_API pdx_status_t pdx_mem_unshare(void *addr);
-
-/* Serialise the agent's public metadata (name, generation, host id, pid,
- * each backend's connection info, each region with its keys, invariants)
- * into a new blob. `*blob_p` is malloc'd; free it with pdx_blob_free. */
-PDX_API pdx_status_t pdx_agent_describe(pdx_agent_h agent, void **blob_p,
-                                        size_t *len_p);
-PDX_API void pdx_blob_free(void *blob);
-
-/* pdx release string ("0.1.0"). */
-PDX_API const char *pdx_version(void);
-
-/* Decode a metadata blob into human-readable text (for pdx-info). On
- * success *text_p is malloc'd (free with pdx_blob_free); on failure `why`
- * names what is wrong and the status says how (PDX_ERR_CORRUPT, ...).
- * Pure function: no agent; thread-safe. */
-PDX_API pdx_status_t pdx_blob_describe(const void *blob, size_t len,
-                                       char **text_p, char *why,
-                                       size_t why_len);
-
-/* Load a peer's blob: validate it (PDX_ERR_CORRUPT, PDX_ERR_VERSION,
- * PDX_ERR_TOO_LARGE with a logged reason, never reading out of bounds),
- * compare invariants (PDX_ERR_MISMATCH naming the field and both values),
- * connect every backend that accepts the peer. A blob with the name of a
- * loaded peer and another instance (a restarted process) replaces it:
- * requests and prepared lists made against the old one end PDX_ERR_STALE.
- * The same instance with a new generation (the peer registered or
- * deregistered memory) updates it in place: requests and prepared lists
- * that use only regions the new blob still holds unchanged (same address,
- * length, type, flags and keys) keep working, in flight or not; those
- * touching a removed or changed region end PDX_ERR_STALE (in flight: at
- * once). The same instance again after the peer was found dead (its lease
- * expired, it was paused) revives it: its backends reconnect, its earlier
- * requests stay ended (STALE if posted again) and its prepared lists on
- * unchanged regions work again; unless its pidfd shows its process exited
- * (PDX_ERR_REMOTE_DISCONNECT, it stays dead). The same generation of a
- * live peer again is PDX_OK (no-op).
- * The peer's name goes into `name_out` (PDX_NAME_MAX bytes; may be NULL).
- * `blob` is only read during the call. Blocking (connection setup). */
-PDX_API pdx_status_t pdx_peer_load(pdx_agent_h agent, const void *blob,
-                                   size_t len, char *name_out);
-
-/* Forget a peer: its requests end PDX_ERR_STALE; handles made from it fail
- * as stale. PDX_ERR_NOT_FOUND if unknown. Blocking for at most a few ms:
- * connections to the peer are closed in the background (a hung peer's is
- * forced closed after ~1 s by progress, or by destroy). */
-PDX_API pdx_status_t pdx_peer_unload(pdx_agent_h agent, const char *name);
-
-/* PDX_OK if the peer is loaded and alive, PDX_ERR_REMOTE_DISCONNECT if its
- * liveness check failed (pdx_last_error() says how), PDX_ERR_NOT_FOUND if
- * unknown. Non-blocking (see "Bounded calls" above). */
-PDX_API pdx_status_t pdx_peer_state(pdx_agent_h agent, const char *name);
-
-/* A loaded peer as data (for bindings: D learns P's region addresses). */
-typedef struct pdx_peer_info {
-    char name[PDX_NAME_MAX];
-    char host_id[128];
-    uint64_t instance;   /* the peer's random instance id */
-    uint32_t generation; /* bumped by the peer at every change */
-    int32_t pid;
-    bool same_host;      /* same host id and a pidfd could be opened */
-    pdx_status_t state;  /* as pdx_peer_state */
-    size_t nregions;
-    char backends[256];  /* connected backends, comma-separated */
-} pdx_peer_info_t;
-
-/* One region of a peer (address in the peer's address space). */
-typedef struct pdx_region_info {
-    uint64_t addr;
-    uint64_t len;
-    uint32_t dev_id;
-    pdx_mem_type_t mem_type;
-    uint64_t flags; /* PDX_REGION_F_SHARED when the peer's memory is shared */
-} pdx_region_info_t;
-
-/* The file behind shared memory: the fd pdx keeps for [ptr, +len) (memory
- * from pdx_mem_alloc or declared with pdx_mem_share) and the file offset of
- * `ptr`, e.g. to hand the memory to a worker process (send the fd over a
- * unix socket, or /proc/<pid>/fd/<fd>) that maps it. The fd stays owned by
- * pdx (dup it to keep it past pdx_mem_free). PDX_ERR_NOT_FOUND if the range
- * is not such memory. Thread-safe; non-blocking. */
-PDX_API pdx_status_t pdx_mem_fd(const void *ptr, uint64_t len, int *fd_p,
-                                uint64_t *offset_p);
-
-/* Describe loaded peer `name` into *info_p (caller-owned) and, when
- * `regions` is not NULL, its first `max_regions` regions sorted by
- * (mem_type, addr). PDX_ERR_NOT_FOUND if unknown. Non-blocking (agent
- * lock only); any thread. */
-PDX_API pdx_status_t pdx_peer_info(pdx_agent_h agent, const char *name,
-                                   pdx_peer_info_t *info_p,
-                                   pdx_region_info_t *regions,
-                                   size_t max_regions);
-
-/* Counters, per backend and per peer (a peer's survive its unloading and
- * reloading: they are kept by name for the agent's life). */
-typedef struct pdx_stats {
-    uint64_t requests;    /* posts */
-    uint64_t completed;   /* posts that ended PDX_OK */
-    uint64_t errors;      /* posts that ended in an error (not canceled) */
-    uint64_t canceled;    /* aborted or released in flight */
-    uint64_t timeouts;    /* ended PDX_ERR_TIMEOUT (also in errors) */
-    uint64_t bytes;       /* bytes of completed posts */
-    uint64_t fallbacks;   /* posts over a fallback path (see policy) */
-    uint64_t refused;     /* requests refused by the path policy */
-    uint64_t dead_events; /* times the peer was found dead */
-    uint64_t notifs_sent;
-    uint64_t notifs_recv;
-    uint64_t reserved[5];
-} pdx_stats_t;
-
-/* Counters of backend `backend` ("ucx", "cma") or of peer `peer`.
- * PDX_ERR_NOT_FOUND if never seen. Non-blocking; any thread. */
-PDX_API pdx_status_t pdx_stats_backend(pdx_agent_h agent, const char *backend,
-                                       pdx_stats_t *stats_p);
-PDX_API pdx_status_t pdx_stats_peer(pdx_agent_h agent, const char *peer,
-                                    pdx_stats_t *stats_p);
-
-/* Every counter of the agent, its peers (state, host, path of each
- * backend, last fallback reason) and backends as one JSON object, with a
- * "store" member when the agent has a store (reachable or unreachable
- * since when, lease, published generation, agents known, owner registry
- * calls; pdx/store.h) (malloc'd NUL-terminated text in *json_p; free with
- * pdx_blob_free). What `pdx-info --stats` prints for a running agent.
- * Non-blocking. */
-PDX_API pdx_status_t pdx_stats_json(pdx_agent_h agent, char **json_p);
-
 /* Invariants: key/value strings that travel in the blob; when a peer is
  * loaded every key set on both sides must match, and a key set on only one
  * side is a mismatch too. Set them before describing. Copies both strings.
@@ -465,7 +232,19 @@ PDX_API int pdx_progress(pdx_agent_h agent);
  * Owned by the agent; do not read or close it. */
 PDX_API int pdx_agent_event_fd(pdx_agent_h agent);
 
+/* pdx release string ("0.1.0"). */
+PDX_API const char *pdx_version(void);
+
 #ifdef __cplusplus
 }
 #endif
+
+/* The objects an agent owns, each in its own header (include/pdx/README.md):
+ * including pdx/agent.h gives them all, as it did before they moved. */
+#include <pdx/backend_instance.h>
+#include <pdx/blob.h>
+#include <pdx/mem.h>
+#include <pdx/peer.h>
+#include <pdx/stats.h>
+
 #endif

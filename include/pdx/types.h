@@ -12,6 +12,8 @@
 extern "C" {
 #endif
 
+#define PDX_NAME_MAX 64 /* agent and peer names, bytes incl. NUL */
+
 typedef enum pdx_mem_type {
     PDX_MEM_DRAM = 0, /* host memory */
     PDX_MEM_VRAM = 1, /* GPU memory; dev_id is the CUDA device ordinal */
