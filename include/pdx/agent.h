@@ -11,22 +11,19 @@
  * waiting; a hung peer's (timed out, aborted) are stopped in the
  * background by progress. A backend's progress call and a post run
  * WITHOUT the agent lock (one UCX progress call over sm or tcp can copy
- * megabytes: 10-45 ms measured): other calls that need a backend wait
- * for that one call at most; pdx_peer_state, pdx_notif_poll, the stats
- * reads and pdx_xfer_check never wait for it. What runs under the lock is
+ * megabytes; docs/BENCH.md has what that took): other calls that need a
+ * backend wait for that one call at most (their contracts say "on the
+ * agent lock"); pdx_peer_state, pdx_notif_poll, the stats reads and
+ * pdx_xfer_check never wait for it. What runs under the lock is
  * short: a request check (UCX O(1); cma copies at most one 512 KiB
  * half-chunk), a make, liveness and timeout sweeps. pdx_xfer_check
  * progresses its request's backend itself (one call, without the lock,
  * bounded to ~0.5 ms of UCX work) when no other thread is in a backend,
  * with or without a progress thread; pdx_notif_poll progresses every
  * backend only without a progress thread (the thread does, woken by
- * their events).
- * Measured on a shared 2-core VM while a peer was killed or stopped
- * mid-transfer (tests/faults/stall.c): p99 0.002-0.003 ms, longest call
- * 1-5 ms alone; beside a pdx-bench run and two compiles (load 4-5), 134 of
- * 140 runs kept every call under 50 ms: the others were a lock holder
- * descheduled for 60-160 ms (waits quantized at the 10 ms tick), not work
- * under the lock. Transfers to other peers carried on.
+ * their events). Transfers to other peers carry on meanwhile;
+ * tests/faults/stall.c checks the bound, and docs/BENCH.md ("Figures
+ * from the public headers") has what it measured.
  *
  * Handles: every function refuses a NULL handle with PDX_ERR_INVALID (a
  * void function does nothing) and a pdx_last_error() naming the argument.
@@ -50,7 +47,13 @@
  * forgets it. The child may create agents of its own (UCX in a forked
  * child works, but its endpoint closes may take the ~1 s close bound).
  * Layouts and hashers are plain data and keep working. No pdx lock is held
- * across fork (pthread_atfork), so a child never hangs on one. */
+ * across fork (pthread_atfork), so a child never hangs on one.
+ *
+ * The objects an agent owns have a header each, included at the end of
+ * this one: backend instances (pdx/backend_instance.h), memory
+ * (pdx/mem.h), peers (pdx/peer.h), blobs (pdx/blob.h), counters
+ * (pdx/stats.h); include/pdx/README.md lists every header and the form of
+ * the contract block each function below carries. */
 #ifndef PDX_AGENT_H
 #define PDX_AGENT_H
 
@@ -98,16 +101,16 @@ typedef enum pdx_path_policy {
 /* Run a progress thread that drives every backend, checks peer liveness and
  * delivers notifications, so a peer that never polls still completes work.
  *
- * How it waits (issue 19): idle, it sleeps on one epoll set (each
- * backend's armed event fd: UCX's ucp_worker_get_efd + ucp_worker_arm;
- * peers' pidfds; the stats socket; a wake fd for posts and loads), at most
- * 100 ms (housekeeping; ~10 wake-ups and ~1 ms of CPU a second), 1 ms with
- * requests in flight (their timeouts). A message wakes it: a peer's
+ * How it waits: idle, it sleeps on one epoll set (each backend's armed
+ * event fd: UCX's ucp_worker_get_efd + ucp_worker_arm; peers' pidfds; the
+ * stats socket; a wake fd for posts and loads), at most 100 ms
+ * (housekeeping), 1 ms with requests in flight (their timeouts). A message wakes it: a peer's
  * request is served without this process calling pdx. Two bursts of
  * activity within 1 ms (a peer's stream of small requests) make it poll
  * without system calls until 1 ms after the last, so the next one is
- * served at UCX's own latency rather than a wake-up's (60-120 us on a
- * small VM); a lone message (a keepalive) does not. While a caller polls
+ * served at UCX's own latency rather than a wake-up's; a lone message (a
+ * keepalive) does not. (What an idle agent and a wake-up cost:
+ * docs/BENCH.md.) While a caller polls
  * pdx_xfer_check, the caller progresses the request's backend itself and
  * the thread keeps out of that backend: it naps on the pidfds, the stats
  * socket and the wake fd, 1 ms at a time, doubling up to 8 ms while a
@@ -123,8 +126,8 @@ typedef enum pdx_path_policy {
  * its requests with PDX_ERR_REMOTE_DISCONNECT at the next progress, within
  * about a millisecond, and its connections are force-closed); a peer
  * elsewhere through its backend's connection errors (UCX peer error
- * handling: a killed process's RST within ~0.1 s over TCP; over RDMA,
- * UCX keepalive, 5 s by default: the ucx option keepalive_ms). A hung peer (alive but not
+ * handling: a killed process's RST over TCP; over RDMA, UCX keepalive, 5 s
+ * by default: the ucx option keepalive_ms). A hung peer (alive but not
  * progressing) is caught by the request timeout; UCX then gives up on it
  * (marks it dead) after 1 more second without progress on the aborted
  * request, in the background.
@@ -188,38 +191,108 @@ typedef struct pdx_agent_params {
     size_t store_nopts;
 } pdx_agent_params_t;
 
-/* Create an agent named `name` (1..PDX_NAME_MAX-1 bytes of [A-Za-z0-9._-]).
- * `params` may be NULL (defaults). Writes *agent_p only on success.
- * Blocking (starts the progress thread if asked); any thread. */
+/* Create an agent: its event fds, the stats socket, the progress thread
+ * when PDX_AGENT_F_PROGRESS_THREAD is set, the cluster key and the store
+ * when their params are set.
+ *
+ * @param [in]  name     1..PDX_NAME_MAX-1 bytes of [A-Za-z0-9._-]; the
+ *                       agent's name in every blob and log line.
+ * @param [in]  params   NULL for the defaults; fields outside
+ *                       params->field_mask take theirs.
+ * @param [out] agent_p  The new agent; written only on success.
+ * @return PDX_OK; PDX_ERR_INVALID (bad name or path policy, NULL agent_p,
+ *         a cluster key out of range, a store without endpoints),
+ *         PDX_ERR_CONFIG (unreadable cluster key file, bad store params),
+ *         PDX_ERR_NOMEM, PDX_ERR_IO (an fd or the thread could not be
+ *         made), or the store module's error (PDX_ERR_NOT_FOUND,
+ *         PDX_ERR_VERSION, PDX_ERR_UNAVAILABLE) as pdx_backend_create
+ *         reports a backend's.
+ * Owns: the caller keeps `name` and `params` and all they point to (copied:
+ *       strings and key bytes at create; store_opts only read during the
+ *       call); *agent_p is the caller's, freed with pdx_agent_destroy.
+ * Blocks: yes: system calls of the setup, reading the cluster key file,
+ *       loading the store module and starting its threads (the store
+ *       itself is not waited for), starting the progress thread.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_agent_create(const char *name,
                                       const pdx_agent_params_t *params,
                                       pdx_agent_h *agent_p);
 
-/* Destroy: stops the progress thread, releases every request (aborting what
- * is in flight), unloads peers, deregisters memory, destroys backends.
- * Blocking, and bounded whatever the peers do (dead, hung or timed out):
- * releasing requests still in flight waits at most ~1 s for what can still
- * land, and each backend then at most ~1.2 s for its connections to close
- * (UCX: an endpoint whose flush a hung peer never finishes is forced closed
- * at that deadline); the process can exit normally afterwards. No other
- * call on this agent may be in progress or follow. */
+/* Destroy an agent: stop the progress thread and the store, release every
+ * request (aborting what is in flight), unload peers, deregister memory,
+ * destroy backends. Agents of this process that loaded this one find it
+ * dead at their next liveness pass. The process can exit normally
+ * afterwards.
+ *
+ * @param [in] agent  The agent; NULL does nothing, and so does an agent
+ *                    inherited across fork() (see "fork()" above).
+ * Owns: frees the agent and everything it owns: its backend instances,
+ *       registrations (the memory stays the caller's), peers, counters and
+ *       the requests the caller did not release (logged). Prepared lists
+ *       are not among them: release them before (pdx_dlist_release needs
+ *       the agent). Every handle of the agent is dead afterwards.
+ * Blocks: yes, bounded whatever the peers do (dead, hung or timed out):
+ *       the progress thread's exit; each request still in flight waits
+ *       until no byte of it can land (UCX gives a silent peer ~1 s without
+ *       progress; 10 s at most, as pdx_xfer_release); then each backend at
+ *       most ~1.2 s for its connections to close (UCX: an endpoint whose
+ *       flush a hung peer never finishes is forced closed at that
+ *       deadline); the store's lease revocation (store_timeout_ms).
+ * Threads: any thread but a callback pdx runs for this agent (a
+ *       notification callback of pdx_notif_poll); no other call on this
+ *       agent, its requests or its lists may be in progress or follow.
+ */
 PDX_API void pdx_agent_destroy(pdx_agent_h agent);
 
-/* The agent's name; owned by the agent, valid until destroy. */
+/* The agent's name, as given to pdx_agent_create.
+ *
+ * @param [in] agent  The agent.
+ * @return The name; NULL for a bad handle.
+ * Owns: the name is the agent's, valid until pdx_agent_destroy.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API const char *pdx_agent_name(pdx_agent_h agent);
 
-/* Invariants: key/value strings that travel in the blob; when a peer is
- * loaded every key set on both sides must match, and a key set on only one
- * side is a mismatch too. Set them before describing. Copies both strings.
- * Keys up to 63 bytes, values up to 255. */
+/* Set an invariant: a key/value string pair that travels in the agent's
+ * blob. When a peer is loaded, every key set on both sides must match, and
+ * a key set on only one side is a mismatch too (PDX_ERR_MISMATCH from
+ * pdx_peer_load). Set them before describing (pdx_agent_describe): each
+ * set bumps the agent's generation, so a store publishes the agent again.
+ * Setting a key again replaces its value.
+ *
+ * @param [in] agent  The agent.
+ * @param [in] key    1..63 bytes of printable ASCII.
+ * @param [in] value  0..255 bytes of printable ASCII.
+ * @return PDX_OK; PDX_ERR_INVALID (empty, too long or not printable);
+ *         PDX_ERR_TOO_LARGE when the agent already has 32 other keys.
+ * Owns: the caller keeps `key` and `value` (copied).
+ * Blocks: on the agent lock.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_agent_set_invariant(pdx_agent_h agent,
                                              const char *key,
                                              const char *value);
 
-/* Drive every backend once, check liveness and timeouts, answer
- * `pdx-info --stats` when no progress thread does. Returns events handled
- * (>= 0), or PDX_ERR_INVALID (negative) for a bad handle. Non-blocking.
- * Any thread. */
+/* Drive the agent once: every backend's progress (its callbacks: messages,
+ * a peer's connection errors), peer liveness, request completions and
+ * timeouts, region-removal acknowledgements; re-arm the backends' event
+ * fds; and answer `pdx-info --stats` when no progress thread does. A
+ * caller without a progress thread calls it (or pdx_notif_poll, or
+ * pdx_xfer_check) to make anything move; with one it is not needed.
+ *
+ * @param [in] agent  The agent.
+ * @return Events handled (>= 0); PDX_ERR_INVALID (negative) for a bad
+ *         handle.
+ * Owns: nothing.
+ * Blocks: on the agent lock; then one progress call of each backend, made
+ *       without the lock (UCX: about 0.5 ms of work), and a check of each
+ *       request in flight under it (cma copies at most one 512 KiB
+ *       half-chunk each); no backend call when another thread is
+ *       progressing one at that moment (its pass covers this one).
+ * Threads: any thread, concurrently with any call on the agent.
+ */
 PDX_API int pdx_progress(pdx_agent_h agent);
 
 /* An fd (an epoll fd over the agent's eventfd and every backend's event
@@ -229,10 +302,23 @@ PDX_API int pdx_progress(pdx_agent_h agent);
  * call pdx_progress and pdx_notif_poll (pdx_progress re-arms the
  * backends; with a thread, a caller that checks its request once and then
  * sleeps here wakes on the backend's event, not on the thread's next nap).
- * Owned by the agent; do not read or close it. */
+ *
+ * @param [in] agent  The agent.
+ * @return The fd; PDX_ERR_INVALID (negative) for a bad handle.
+ * Owns: the fd is the agent's, open until pdx_agent_destroy: wait on it,
+ *       do not read or close it.
+ * Blocks: no.
+ * Threads: any thread; any number may wait on the fd at once.
+ */
 PDX_API int pdx_agent_event_fd(pdx_agent_h agent);
 
-/* pdx release string ("0.1.0"). */
+/* The pdx release this library is ("0.1.0").
+ *
+ * @return The release string.
+ * Owns: a static string of the library's; never freed.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API const char *pdx_version(void);
 
 #ifdef __cplusplus

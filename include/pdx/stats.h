@@ -26,10 +26,30 @@ typedef struct pdx_stats {
     uint64_t reserved[5];
 } pdx_stats_t;
 
-/* Counters of backend `backend` ("ucx", "cma") or of peer `peer`.
- * PDX_ERR_NOT_FOUND if never seen. Non-blocking; any thread. */
+/* Counters of one backend of the agent.
+ *
+ * @param [in]  agent    The agent.
+ * @param [in]  backend  The backend's name ("ucx", "cma").
+ * @param [out] stats_p  Its counters; written only on success.
+ * @return PDX_OK; PDX_ERR_NOT_FOUND if the agent has no such backend.
+ * Owns: the caller keeps `backend` and *stats_p.
+ * Blocks: no (the agent's plain lock).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_stats_backend(pdx_agent_h agent, const char *backend,
                                        pdx_stats_t *stats_p);
+
+/* Counters of one peer, loaded or not any more (kept by name for the
+ * agent's life).
+ *
+ * @param [in]  agent    The agent.
+ * @param [in]  peer     The peer's name.
+ * @param [out] stats_p  Its counters; written only on success.
+ * @return PDX_OK; PDX_ERR_NOT_FOUND if the agent never saw that peer.
+ * Owns: the caller keeps `peer` and *stats_p.
+ * Blocks: no (the agent's plain lock).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_stats_peer(pdx_agent_h agent, const char *peer,
                                     pdx_stats_t *stats_p);
 
@@ -37,9 +57,15 @@ PDX_API pdx_status_t pdx_stats_peer(pdx_agent_h agent, const char *peer,
  * backend, last fallback reason) and backends as one JSON object, with a
  * "store" member when the agent has a store (reachable or unreachable
  * since when, lease, published generation, agents known, owner registry
- * calls; pdx/store.h) (malloc'd NUL-terminated text in *json_p; free with
- * pdx_blob_free). What `pdx-info --stats` prints for a running agent.
- * Non-blocking. */
+ * calls; pdx/store.h). What `pdx-info --stats` prints for a running agent.
+ *
+ * @param [in]  agent   The agent.
+ * @param [out] json_p  The JSON, NUL-terminated; written only on success.
+ * @return PDX_OK; PDX_ERR_NOMEM.
+ * Owns: *json_p is the caller's, malloc'd: free it with pdx_blob_free.
+ * Blocks: on the agent lock (each backend's describe runs under it).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_stats_json(pdx_agent_h agent, char **json_p);
 
 #ifdef __cplusplus
