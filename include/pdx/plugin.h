@@ -161,7 +161,15 @@ _Static_assert(offsetof(pdx_plugin_v1_t, abi_version) == 0, "abi first");
 _Static_assert(offsetof(pdx_plugin_v1_t, size) == 4, "size second");
 _Static_assert(offsetof(pdx_plugin_v1_t, version) == 8, "v1 layout");
 
-/* The table; `size` is sizeof(pdx_plugin_v1_t) of this build. */
+/* The table, the one symbol a dlopen'ing stack needs (PDX_PLUGIN_SYMBOL);
+ * its `size` is sizeof(pdx_plugin_v1_t) of this build. (A variable: its
+ * block has no parameters and no return value.)
+ *
+ * Owns: the table and every string in it are the library's, constant,
+ *       valid while libpdx.so is loaded.
+ * Blocks: no (reading it; each function has its own contract).
+ * Threads: any thread.
+ */
 PDX_API extern const pdx_plugin_v1_t pdx_plugin_v1;
 
 /* pdx_version: pdx/agent.h; pdx_blob_describe: pdx/blob.h (included
