@@ -101,26 +101,25 @@ typedef enum pdx_path_policy {
 /* Run a progress thread that drives every backend, checks peer liveness and
  * delivers notifications, so a peer that never polls still completes work.
  *
- * How it waits: idle, it sleeps on one epoll set (each backend's armed
- * event fd: UCX's ucp_worker_get_efd + ucp_worker_arm; peers' pidfds; the
- * stats socket; a wake fd for posts and loads), at most 100 ms
- * (housekeeping), 1 ms with requests in flight (their timeouts). A message wakes it: a peer's
- * request is served without this process calling pdx. Two bursts of
- * activity within 1 ms (a peer's stream of small requests) make it poll
- * without system calls until 1 ms after the last, so the next one is
- * served at UCX's own latency rather than a wake-up's; a lone message (a
- * keepalive) does not. (What an idle agent and a wake-up cost:
- * docs/BENCH.md.) While a caller polls
- * pdx_xfer_check, the caller progresses the request's backend itself and
- * the thread keeps out of that backend: it naps on the pidfds, the stats
- * socket and the wake fd, 1 ms at a time, doubling up to 8 ms while a
- * caller spins (20 or more checks a ms), and takes the agent lock only
- * when housekeeping is due (a request deadline, a peer's exit, every 10 ms;
- * every nap while another backend or request needs it). So after a
- * spinning caller stops, a backend it progressed can wait up to 8 ms for
- * the thread (less than the spin had lasted). Requests in flight on a
- * backend without an event fd (cma, polled) make it pause
- * progress_interval_us between passes.
+ * How it waits: idle, it sleeps on one epoll set (each backend's armed event
+ * fd: UCX's ucp_worker_get_efd + ucp_worker_arm; peers' pidfds; the stats
+ * socket; a wake fd for posts and loads), at most 100 ms (housekeeping), 1
+ * ms with requests in flight (their timeouts). A message wakes it: a peer's
+ * request is served without this process calling pdx. Two bursts of activity
+ * within 1 ms (a peer's stream of small requests) make it poll without
+ * system calls until 1 ms after the last, so the next one is served at UCX's
+ * own latency rather than a wake-up's; a lone message (a keepalive) does
+ * not. (What an idle agent and a wake-up cost: docs/BENCH.md.) While a
+ * caller polls pdx_xfer_check, the caller progresses the request's backend
+ * itself and the thread keeps out of that backend: it naps on the pidfds,
+ * the stats socket and the wake fd, 1 ms at a time, doubling up to 8 ms
+ * while a caller spins (20 or more checks a ms), and takes the agent lock
+ * only when housekeeping is due (a request deadline, a peer's exit, every 10
+ * ms; every nap while another backend or request needs it). So after a
+ * spinning caller stops, a backend it progressed can wait up to 8 ms for the
+ * thread (less than the spin had lasted). Requests in flight on a backend
+ * without an event fd (cma, polled) make it pause progress_interval_us
+ * between passes.
  *
  * Liveness: a peer on this host is watched through a pidfd (its death fails
  * its requests with PDX_ERR_REMOTE_DISCONNECT at the next progress, within

@@ -449,10 +449,10 @@ _Static_assert(offsetof(pdx_store_ops_t, size) == 4, "size second");
  * While the store is unreachable: loaded peers keep transferring (nothing
  * on the data path touches the store); pdx_peer_fetch of a cached
  * (watched) name works, of another one fails PDX_ERR_UNAVAILABLE; the death
- * of a peer is seen only through the transports (pidfd, UCX keepalive), not through
- * its lease, until the watch resumes (from its revision: changes made
- * meanwhile are reported then, none lost); this agent's lease is not
- * renewed, so after the TTL other agents see it as dead; its blob is
+ * of a peer is seen only through the transports (pidfd, UCX keepalive),
+ * not through its lease, until the watch resumes (from its revision:
+ * changes made meanwhile are reported then, none lost); this agent's lease
+ * is not renewed, so after the TTL other agents see it as dead; its blob is
  * published again (under a new lease if the old one expired) when the
  * store is back. */
 
