@@ -6,8 +6,13 @@
 #define PDX_API_INT_H
 
 #include <pdx/agent.h>
+#include <pdx/backend_instance.h>
+#include <pdx/blob.h>
 #include <pdx/log.h>
+#include <pdx/mem.h>
 #include <pdx/notif.h>
+#include <pdx/peer.h>
+#include <pdx/stats.h>
 #include <pdx/status.h>
 #include <pdx/store.h>
 #include <pdx/types.h>

@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include <pdx/backend.h>
+#include <pdx/stats.h>
 
 #include "agent_int.h"
 

@@ -10,7 +10,7 @@
 
 #include <pdx/log.h>
 #include <pdx/status.h>
-#include <pdx/backend.h>
+#include <pdx/types.h> /* pdx_region_t */
 
 /* The one clock (pdx_now_ns, pdx_deadline_ns, pdx_now_after_ns): shared
  * with every room of the tree. */

@@ -1,10 +1,10 @@
-/* Metadata blob writer and bounds-checked parser (see blob.h). The layout:
+/* Metadata blob writer and bounds-checked parser (see blob_int.h). The layout:
  * header {magic u32, version u16, header_len u16, body_len u32, reserved
  * u32, xxh3-64 of body u64}, then the body: name, instance u64, generation
  * u32, pid i32, host id, invariants, backends with connection info, regions
  * with one key per backend. Strings are u16-length-prefixed, byte strings
  * u32-length-prefixed, every integer little-endian. */
-#include <pdx/agent.h>
+#include <pdx/blob.h>
 
 #include "blob_int.h"
 
@@ -469,5 +469,5 @@ pdx_status_t pdx_blob_parse(const void *buf, size_t len, pdx_blob_t **blob_p,
     return PDX_OK;
 }
 
-/* pdx_agent_describe's blob (pdx/agent.h). */
+/* pdx_agent_describe's blob (pdx/blob.h). */
 void pdx_blob_free(void *blob) { free(blob); }

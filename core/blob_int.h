@@ -1,7 +1,7 @@
 /* Metadata blob: portable (little-endian, fixed-width, length-prefixed),
  * versioned and checksummed description of an agent, and its parser. */
-#ifndef PDX_BLOB_H
-#define PDX_BLOB_H
+#ifndef PDX_BLOB_INT_H
+#define PDX_BLOB_INT_H
 
 #include <stddef.h>
 #include <stdint.h>

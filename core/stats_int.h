@@ -3,6 +3,8 @@
 #ifndef PDX_STATS_INT_H
 #define PDX_STATS_INT_H
 
+#include <pdx/stats.h>
+
 #include "agent_int.h"
 
 /* Counters of one backend or one peer (by name, kept for the agent's

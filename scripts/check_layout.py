@@ -16,7 +16,14 @@ checked"); run from anywhere, exits 1 on a breach, printing each:
     defines nor name a source folder of tests/ (the tools' nor one of
     examples/);
   - every header under include/pdx is the one public tree (no pdx/
-    header anywhere else).
+    header anywhere else);
+  - the contract block (include/pdx/README.md): every PDX_API declaration
+    in include/pdx/*.h, and every op of the module tables
+    (pdx_backend_ops_t, pdx_store_ops_t), has a comment right before it
+    with one @param [in|out|in,out] line per parameter in order, @return
+    unless it returns void, and ends with the lines "Owns:", "Blocks:" and
+    "Threads:", in that order (each may continue on indented lines);
+  - no issue numbers in include/pdx (they belong in docs/).
 
 usage: check_layout.py [ROOT]"""
 import os
@@ -105,6 +112,174 @@ def build_breaches(root):
     return bad
 
 
+CONTRACT_TAIL = ('Owns:', 'Blocks:', 'Threads:')
+OPS_TABLES = ('pdx_backend_ops_t', 'pdx_store_ops_t')
+ISSUE_RE = re.compile(r'\bissues?\s*#?\d|(?<![\w&])#\d', re.I)
+
+
+def comment_before(lines, i):
+    """The /* ... */ comment that ends on the line right before lines[i]
+    (declarations may not be separated from it), as a list of lines, or
+    None."""
+    j = i - 1
+    if j < 0 or not lines[j].rstrip().endswith('*/'):
+        return None
+    k = j
+    while k >= 0 and '/*' not in lines[k]:
+        k -= 1
+    if k < 0 or lines[k].strip().startswith('//'):
+        return None
+    return lines[k:j + 1]
+
+
+def split_params(plist):
+    """Names of the parameters in the text between a declaration's
+    parentheses ([] for `void`; '...' for a variadic tail)."""
+    parts, depth, cur = [], 0, ''
+    for ch in plist:
+        if ch in '([':
+            depth += 1
+        elif ch in ')]':
+            depth -= 1
+        if ch == ',' and depth == 0:
+            parts.append(cur)
+            cur = ''
+        else:
+            cur += ch
+    parts.append(cur)
+    names = []
+    for part in parts:
+        part = part.strip()
+        if part in ('', 'void'):
+            continue
+        if part == '...':
+            names.append('...')
+            continue
+        m = re.search(r'\(\s*\*\s*(\w+)\s*\)', part)  # function pointer
+        if m is None:
+            m = re.search(r'(\w+)\s*(\[[^\]]*\])*$', part)
+        names.append(m.group(1) if m else '?')
+    return names
+
+
+def check_contract(where, comment, params, returns_void):
+    """Breaches of the contract form in `comment` (lines of one comment)
+    for a declaration with parameters `params`."""
+    bad = []
+    if comment is None:
+        return ['%s: no contract comment right before it' % where]
+    body = [re.sub(r'^\s*(/\*+|\*/|\*)?', '', l).rstrip() for l in comment]
+    body = [re.sub(r'\*/$', '', l).rstrip() for l in body]
+    # The three closing lines, in order, each starting a line, and nothing
+    # after Threads: but its indented continuation.
+    at = {}
+    for n, l in enumerate(body):
+        for key in CONTRACT_TAIL:
+            if l.lstrip().startswith(key) and l.startswith(' ' + key):
+                at.setdefault(key, []).append(n)
+    missing = [k for k in CONTRACT_TAIL if k not in at]
+    if missing:
+        bad.append('%s: contract lacks %s' % (where, ', '.join(
+            '"%s"' % k for k in missing)))
+    elif any(len(at[k]) > 1 for k in CONTRACT_TAIL):
+        bad.append('%s: a contract line appears twice' % where)
+    else:
+        o, b, t = (at[k][0] for k in CONTRACT_TAIL)
+        if not o < b < t:
+            bad.append('%s: contract lines not in the order Owns:, Blocks:, '
+                       'Threads:' % where)
+        else:
+            for n in list(range(o + 1, b)) + list(range(b + 1, t)) + \
+                    list(range(t + 1, len(body))):
+                if body[n].strip() and not body[n].startswith('   '):
+                    bad.append('%s: "%s" is not a continuation of the '
+                               'contract lines (they end the comment)'
+                               % (where, body[n].strip()))
+                    break
+    got = []
+    for l in body:
+        m = re.match(r'\s*@param\s+\[(in|out|in,out)\]\s+(\S+)', l)
+        if m:
+            got.append(m.group(2))
+        elif re.match(r'\s*@param\b', l):
+            bad.append('%s: "%s": @param wants [in], [out] or [in,out] '
+                       'and a name' % (where, l.strip()))
+    if got != params:
+        bad.append('%s: @param names %s, the declaration %s'
+                   % (where, got, params))
+    has_ret = any(re.match(r'\s*@return\b', l) for l in body)
+    if has_ret == returns_void:
+        bad.append('%s: %s' % (where, '@return for a void function'
+                               if has_ret else 'no @return'))
+    return bad
+
+
+def check_contracts(root):
+    """The contract block of every PDX_API declaration and module op, and
+    no issue numbers, in include/pdx/*.h."""
+    bad = []
+    inc = os.path.join(root, 'include', 'pdx')
+    for f in sorted(os.listdir(inc)):
+        if not f.endswith('.h'):
+            continue
+        rel = 'include/pdx/' + f
+        with open(os.path.join(inc, f)) as fh:
+            text = fh.read()
+        lines = text.split('\n')
+        for n, l in enumerate(lines):
+            if ISSUE_RE.search(l):
+                bad.append('%s:%d: an issue number in a public header '
+                           '(docs/ holds the history)' % (rel, n + 1))
+        for n, l in enumerate(lines):
+            if not l.startswith('PDX_API'):
+                continue
+            decl = l
+            k = n
+            while ';' not in decl and k + 1 < len(lines):
+                k += 1
+                decl += ' ' + lines[k].strip()
+            decl = decl[:decl.index(';')]
+            m = re.search(r'\b(pdx_\w+)\s*\(', decl)
+            if m is None:  # a variable (pdx_plugin_v1)
+                m = re.search(r'(\w+)\s*$', decl)
+                where = '%s:%d: %s' % (rel, n + 1, m.group(1))
+                bad += check_contract(where, comment_before(lines, n), [],
+                                      True)
+                continue
+            depth, e = 0, m.end() - 1
+            for e in range(m.end() - 1, len(decl)):
+                depth += {'(': 1, ')': -1}.get(decl[e], 0)
+                if depth == 0:
+                    break
+            params = split_params(decl[m.end():e])
+            ret = decl[len('PDX_API'):m.start()].replace('extern', '')
+            where = '%s:%d: %s' % (rel, n + 1, m.group(1))
+            bad += check_contract(where, comment_before(lines, n), params,
+                                  ret.strip() == 'void')
+        for table in OPS_TABLES:
+            end = text.find('} %s;' % table)
+            if end < 0:
+                continue
+            start = text.rfind('typedef struct', 0, end)
+            first = text.count('\n', 0, start)
+            last = text.count('\n', 0, end)
+            for n in range(first, last):
+                m = re.match(r'\s*(.*?)\(\s*\*\s*(\w+)\s*\)\s*\(', lines[n])
+                if m is None:
+                    continue
+                decl, k = lines[n], n
+                while ';' not in decl:
+                    k += 1
+                    decl += ' ' + lines[k].strip()
+                plist = decl[decl.index('(', decl.index(m.group(2))) + 1:
+                             decl.rindex(')')]
+                where = '%s:%d: %s.%s' % (rel, n + 1, table, m.group(2))
+                bad += check_contract(where, comment_before(lines, n),
+                                      split_params(plist),
+                                      m.group(1).strip() == 'void')
+    return bad
+
+
 def main():
     root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
                            os.path.join(os.path.dirname(__file__), '..'))
@@ -161,6 +336,7 @@ def main():
                 x.endswith('.h') for x in files):
             bad.append('%s: a pdx/ header folder outside include/pdx '
                        '(one public tree)' % rel)
+    bad += check_contracts(root)
     for b in bad:
         print(b)
     print('check_layout: %d breaches' % len(bad))

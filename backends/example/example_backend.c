@@ -28,8 +28,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <pdx/agent.h> /* PDX_NAME_MAX */
-#include <pdx/backend.h>
+#include <pdx/backend.h> /* and pdx/types.h: PDX_NAME_MAX */
 #include <pdx/export.h>
 
 #define EX_MAGIC 0x78656470u /* "pdex" */

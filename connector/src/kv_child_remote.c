@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include <pdx/log.h>
+#include <pdx/peer.h>
 #include <pdx/xfer.h>
 
 #include "kv_connector_int.h"

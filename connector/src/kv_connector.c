@@ -8,7 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pdx/backend_instance.h>
+#include <pdx/blob.h>
 #include <pdx/log.h>
+#include <pdx/mem.h>
+#include <pdx/peer.h>
 #include <pdx/xfer.h>
 
 #include "kv_call_int.h"

@@ -3,7 +3,6 @@
  * slots, and a worker thread that runs queued saves. Creation, teardown and
  * introspection are in kv_offload_admin.c. */
 #include <pdx/kv_offload.h>
-#include <pdx/agent.h>
 #include <pdx/log.h>
 
 #include <errno.h>

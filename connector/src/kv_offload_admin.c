@@ -1,9 +1,9 @@
 /* Offload pool: its creation (parameters, the slab, the index, the save
  * worker), teardown, and introspection (keys, slab, stats). The paths a
  * step takes (query, lease, save) are in kv_offload.c. */
-#include <pdx/agent.h>
 #include <pdx/kv_offload.h>
 #include <pdx/log.h>
+#include <pdx/mem.h> /* pdx_mem_alloc: the slab */
 
 #include <errno.h>
 #include <pthread.h>

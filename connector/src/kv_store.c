@@ -28,6 +28,7 @@
 
 #include <pdx/log.h>
 #include <pdx/notif.h>
+#include <pdx/peer.h>
 #include <pdx/store.h>
 #include <pdx/xfer.h>
 

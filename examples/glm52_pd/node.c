@@ -19,6 +19,9 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include <pdx/blob.h>
+#include <pdx/mem.h>
+
 #include "node.h"
 
 static void usage(void)

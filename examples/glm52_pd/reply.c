@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <pdx/blob.h>
+#include <pdx/stats.h>
 #include <pdx/store.h>
 
 #include "node.h"

@@ -11,22 +11,19 @@
  * waiting; a hung peer's (timed out, aborted) are stopped in the
  * background by progress. A backend's progress call and a post run
  * WITHOUT the agent lock (one UCX progress call over sm or tcp can copy
- * megabytes: 10-45 ms measured): other calls that need a backend wait
- * for that one call at most; pdx_peer_state, pdx_notif_poll, the stats
- * reads and pdx_xfer_check never wait for it. What runs under the lock is
+ * megabytes; docs/BENCH.md has what that took): other calls that need a
+ * backend wait for that one call at most (their contracts say "on the
+ * agent lock"); pdx_peer_state, pdx_notif_poll, the stats reads and
+ * pdx_xfer_check never wait for it. What runs under the lock is
  * short: a request check (UCX O(1); cma copies at most one 512 KiB
  * half-chunk), a make, liveness and timeout sweeps. pdx_xfer_check
  * progresses its request's backend itself (one call, without the lock,
  * bounded to ~0.5 ms of UCX work) when no other thread is in a backend,
  * with or without a progress thread; pdx_notif_poll progresses every
  * backend only without a progress thread (the thread does, woken by
- * their events).
- * Measured on a shared 2-core VM while a peer was killed or stopped
- * mid-transfer (tests/faults/stall.c): p99 0.002-0.003 ms, longest call
- * 1-5 ms alone; beside a pdx-bench run and two compiles (load 4-5), 134 of
- * 140 runs kept every call under 50 ms: the others were a lock holder
- * descheduled for 60-160 ms (waits quantized at the 10 ms tick), not work
- * under the lock. Transfers to other peers carried on.
+ * their events). Transfers to other peers carry on meanwhile;
+ * tests/faults/stall.c checks the bound, and docs/BENCH.md ("Figures
+ * from the public headers") has what it measured.
  *
  * Handles: every function refuses a NULL handle with PDX_ERR_INVALID (a
  * void function does nothing) and a pdx_last_error() naming the argument.
@@ -50,7 +47,13 @@
  * forgets it. The child may create agents of its own (UCX in a forked
  * child works, but its endpoint closes may take the ~1 s close bound).
  * Layouts and hashers are plain data and keep working. No pdx lock is held
- * across fork (pthread_atfork), so a child never hangs on one. */
+ * across fork (pthread_atfork), so a child never hangs on one.
+ *
+ * The objects an agent owns have a header each, included at the end of
+ * this one: backend instances (pdx/backend_instance.h), memory
+ * (pdx/mem.h), peers (pdx/peer.h), blobs (pdx/blob.h), counters
+ * (pdx/stats.h); include/pdx/README.md lists every header and the form of
+ * the contract block each function below carries. */
 #ifndef PDX_AGENT_H
 #define PDX_AGENT_H
 
@@ -62,10 +65,6 @@ extern "C" {
 #endif
 
 typedef struct pdx_agent *pdx_agent_h;
-typedef struct pdx_backend *pdx_backend_h;
-typedef struct pdx_mem_reg *pdx_mem_reg_h;
-
-#define PDX_NAME_MAX 64 /* agent and peer names, bytes incl. NUL */
 
 enum pdx_agent_params_field {
     PDX_AGENT_PARAM_FLAGS = 1u << 0,
@@ -106,33 +105,32 @@ typedef enum pdx_path_policy {
 /* Run a progress thread that drives every backend, checks peer liveness and
  * delivers notifications, so a peer that never polls still completes work.
  *
- * How it waits (issue 19): idle, it sleeps on one epoll set (each
- * backend's armed event fd: UCX's ucp_worker_get_efd + ucp_worker_arm;
- * peers' pidfds; the stats socket; a wake fd for posts and loads), at most
- * 100 ms (housekeeping; ~10 wake-ups and ~1 ms of CPU a second), 1 ms with
- * requests in flight (their timeouts). A message wakes it: a peer's
- * request is served without this process calling pdx. Two bursts of
- * activity within 1 ms (a peer's stream of small requests) make it poll
- * without system calls until 1 ms after the last, so the next one is
- * served at UCX's own latency rather than a wake-up's (60-120 us on a
- * small VM); a lone message (a keepalive) does not. While a caller polls
- * pdx_xfer_check, the caller progresses the request's backend itself and
- * the thread keeps out of that backend: it naps on the pidfds, the stats
- * socket and the wake fd, 1 ms at a time, doubling up to 8 ms while a
- * caller spins (20 or more checks a ms), and takes the agent lock only
- * when housekeeping is due (a request deadline, a peer's exit, every 10 ms;
- * every nap while another backend or request needs it). So after a
- * spinning caller stops, a backend it progressed can wait up to 8 ms for
- * the thread (less than the spin had lasted). Requests in flight on a
- * backend without an event fd (cma, polled) make it pause
- * progress_interval_us between passes.
+ * How it waits: idle, it sleeps on one epoll set (each backend's armed event
+ * fd: UCX's ucp_worker_get_efd + ucp_worker_arm; peers' pidfds; the stats
+ * socket; a wake fd for posts and loads), at most 100 ms (housekeeping), 1
+ * ms with requests in flight (their timeouts). A message wakes it: a peer's
+ * request is served without this process calling pdx. Two bursts of activity
+ * within 1 ms (a peer's stream of small requests) make it poll without
+ * system calls until 1 ms after the last, so the next one is served at UCX's
+ * own latency rather than a wake-up's; a lone message (a keepalive) does
+ * not. (What an idle agent and a wake-up cost: docs/BENCH.md.) While a
+ * caller polls pdx_xfer_check, the caller progresses the request's backend
+ * itself and the thread keeps out of that backend: it naps on the pidfds,
+ * the stats socket and the wake fd, 1 ms at a time, doubling up to 8 ms
+ * while a caller spins (20 or more checks a ms), and takes the agent lock
+ * only when housekeeping is due (a request deadline, a peer's exit, every 10
+ * ms; every nap while another backend or request needs it). So after a
+ * spinning caller stops, a backend it progressed can wait up to 8 ms for the
+ * thread (less than the spin had lasted). Requests in flight on a backend
+ * without an event fd (cma, polled) make it pause progress_interval_us
+ * between passes.
  *
  * Liveness: a peer on this host is watched through a pidfd (its death fails
  * its requests with PDX_ERR_REMOTE_DISCONNECT at the next progress, within
  * about a millisecond, and its connections are force-closed); a peer
  * elsewhere through its backend's connection errors (UCX peer error
- * handling: a killed process's RST within ~0.1 s over TCP; over RDMA,
- * UCX keepalive, 5 s by default: the ucx option keepalive_ms). A hung peer (alive but not
+ * handling: a killed process's RST over TCP; over RDMA, UCX keepalive, 5 s
+ * by default: the ucx option keepalive_ms). A hung peer (alive but not
  * progressing) is caught by the request timeout; UCX then gives up on it
  * (marks it dead) after 1 more second without progress on the aborted
  * request, in the background.
@@ -196,267 +194,108 @@ typedef struct pdx_agent_params {
     size_t store_nopts;
 } pdx_agent_params_t;
 
-/* Create an agent named `name` (1..PDX_NAME_MAX-1 bytes of [A-Za-z0-9._-]).
- * `params` may be NULL (defaults). Writes *agent_p only on success.
- * Blocking (starts the progress thread if asked); any thread. */
+/* Create an agent: its event fds, the stats socket, the progress thread
+ * when PDX_AGENT_F_PROGRESS_THREAD is set, the cluster key and the store
+ * when their params are set.
+ *
+ * @param [in]  name     1..PDX_NAME_MAX-1 bytes of [A-Za-z0-9._-]; the
+ *                       agent's name in every blob and log line.
+ * @param [in]  params   NULL for the defaults; fields outside
+ *                       params->field_mask take theirs.
+ * @param [out] agent_p  The new agent; written only on success.
+ * @return PDX_OK; PDX_ERR_INVALID (bad name or path policy, NULL agent_p,
+ *         a cluster key out of range, a store without endpoints),
+ *         PDX_ERR_CONFIG (unreadable cluster key file, bad store params),
+ *         PDX_ERR_NOMEM, PDX_ERR_IO (an fd or the thread could not be
+ *         made), or the store module's error (PDX_ERR_NOT_FOUND,
+ *         PDX_ERR_VERSION, PDX_ERR_UNAVAILABLE) as pdx_backend_create
+ *         reports a backend's.
+ * Owns: the caller keeps `name` and `params` and all they point to (copied:
+ *       strings and key bytes at create; store_opts only read during the
+ *       call); *agent_p is the caller's, freed with pdx_agent_destroy.
+ * Blocks: yes: system calls of the setup, reading the cluster key file,
+ *       loading the store module and starting its threads (the store
+ *       itself is not waited for), starting the progress thread.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_agent_create(const char *name,
                                       const pdx_agent_params_t *params,
                                       pdx_agent_h *agent_p);
 
-/* Destroy: stops the progress thread, releases every request (aborting what
- * is in flight), unloads peers, deregisters memory, destroys backends.
- * Blocking, and bounded whatever the peers do (dead, hung or timed out):
- * releasing requests still in flight waits at most ~1 s for what can still
- * land, and each backend then at most ~1.2 s for its connections to close
- * (UCX: an endpoint whose flush a hung peer never finishes is forced closed
- * at that deadline); the process can exit normally afterwards. No other
- * call on this agent may be in progress or follow. */
+/* Destroy an agent: stop the progress thread and the store, release every
+ * request (aborting what is in flight), unload peers, deregister memory,
+ * destroy backends. Agents of this process that loaded this one find it
+ * dead at their next liveness pass. The process can exit normally
+ * afterwards.
+ *
+ * @param [in] agent  The agent; NULL does nothing, and so does an agent
+ *                    inherited across fork() (see "fork()" above).
+ * Owns: frees the agent and everything it owns: its backend instances,
+ *       registrations (the memory stays the caller's), peers, counters and
+ *       the requests the caller did not release (logged). Prepared lists
+ *       are not among them: release them before (pdx_dlist_release needs
+ *       the agent). Every handle of the agent is dead afterwards.
+ * Blocks: yes, bounded whatever the peers do (dead, hung or timed out):
+ *       the progress thread's exit; each request still in flight waits
+ *       until no byte of it can land (UCX gives a silent peer ~1 s without
+ *       progress; 10 s at most, as pdx_xfer_release); then each backend at
+ *       most ~1.2 s for its connections to close (UCX: an endpoint whose
+ *       flush a hung peer never finishes is forced closed at that
+ *       deadline); the store's lease revocation (store_timeout_ms).
+ * Threads: any thread but a callback pdx runs for this agent (a
+ *       notification callback of pdx_notif_poll); no other call on this
+ *       agent, its requests or its lists may be in progress or follow.
+ */
 PDX_API void pdx_agent_destroy(pdx_agent_h agent);
 
-/* The agent's name; owned by the agent, valid until destroy. */
+/* The agent's name, as given to pdx_agent_create.
+ *
+ * @param [in] agent  The agent.
+ * @return The name; NULL for a bad handle.
+ * Owns: the name is the agent's, valid until pdx_agent_destroy.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API const char *pdx_agent_name(pdx_agent_h agent);
 
-/* Create backend `name` ("ucx", "cuda_ipc") with options, loading
- * libpdx_backend_<name>.so from PDX_PLUGIN_PATH (colon-separated), then from
- * <dir of libpdx.so>/pdx/ and <dir of libpdx.so>. PDX_ERR_NOT_FOUND when no
- * module is found, PDX_ERR_VERSION when only incompatible ones are (each
- * rejection logged with its path and reason), PDX_ERR_UNAVAILABLE when the
- * backend cannot run here (reason logged). Create backends before
- * registering memory or loading peers. `*be_p` may be NULL; the handle is
- * owned by the agent. Blocking. */
-PDX_API pdx_status_t pdx_backend_create(pdx_agent_h agent, const char *name,
-                                        const pdx_option_t *opts,
-                                        size_t nopts, pdx_backend_h *be_p);
-
-/* As pdx_backend_create, with an ops table the caller links in (tests,
- * static builds). `ops` must outlive the agent. */
-PDX_API pdx_status_t pdx_backend_create_with_ops(pdx_agent_h agent,
-                                                 const void *ops,
-                                                 const pdx_option_t *opts,
-                                                 size_t nopts,
-                                                 pdx_backend_h *be_p);
-
-/* Find a backend module without creating it: on PDX_OK, `why` is empty;
- * otherwise a reason ("not found in ...", "unavailable: no CUDA device").
- * `caps_p` (may be NULL) gets the caps. No agent needed; blocking. */
-PDX_API pdx_status_t pdx_backend_probe(const char *name, uint64_t *caps_p,
-                                       char *why, size_t why_len);
-
-/* One line describing a backend instance (transports in use). */
-PDX_API void pdx_backend_describe(pdx_backend_h be, char *buf, size_t len);
-
-/* Register a region with every backend that supports its memory type.
- * `flags` are PDX_REGION_F_* of pdx/types.h (0 normally). A backend that
- * cannot take this region declines and the others carry it; at least one
- * must take it (PDX_ERR_UNSUPPORTED otherwise). Register whole
- * arenas, not blocks. Regions of one agent must not overlap. Writes *reg_p
- * only on success. Blocking. */
-PDX_API pdx_status_t pdx_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
-                                      uint64_t addr, uint64_t len,
-                                      uint32_t dev_id, uint64_t flags,
-                                      pdx_mem_reg_h *reg_p);
-
-/* Deregister. PDX_ERR_BUSY (nothing done) while a request uses it;
- * PDX_ERR_INVALID if `reg` is not a live registration of this agent.
- * Loaded peers are told at once (an internal message on the notification
- * channel, never seen by the application): a peer takes the region out of
- * its view, its prepared lists and requests on it are refused
- * PDX_ERR_STALE from then on, and it acknowledges once none of its
- * requests on the region is in flight. This call waits for those
- * acknowledgements, so that no loaded peer reads or writes the memory
- * after it returns and the caller may free it: blocking, at most the
- * agent's xfer timeout capped at 5 s (a peer that did not answer by then,
- * e.g. a paused one, is named in a warning; a dead peer counts as
- * answered). Agents of this same process are told but not waited for
- * (they may progress only on the calling thread). Peers this agent did not
- * load (it cannot reach them) are not waited for either: they learn it
- * from its next description (the store's republish, or the application's
- * reload), so keep memory such peers may still read mapped until then.
- * Progresses the agent while it waits (no progress thread needed); a peer
- * acknowledges from its own progress (its progress thread or its caller's
- * polling). Does not hold the agent lock while it waits. Thread-safe. */
-PDX_API pdx_status_t pdx_mem_deregister(pdx_agent_h agent, pdx_mem_reg_h reg);
-
-/* Shared host memory: the fast path between processes on one host.
+/* Set an invariant: a key/value string pair that travels in the agent's
+ * blob. When a peer is loaded, every key set on both sides must match, and
+ * a key set on only one side is a mismatch too (PDX_ERR_MISMATCH from
+ * pdx_peer_load). Set them before describing (pdx_agent_describe): each
+ * set bumps the agent's generation, so a store publishes the agent again.
+ * Setting a key again replaces its value.
  *
- * Host memory from pdx_mem_alloc, or a caller's own MAP_SHARED mapping of a
- * file declared with pdx_mem_share, can be mapped by a peer on this host.
- * Register it with pdx_mem_register as usual (after allocating or sharing;
- * a region must lie inside one such range to count). The cma backend then
- * packs the memory's fd and offset in the region's key, the peer maps it
- * (pidfd_getfd, or /proc/<pid>/fd where that is refused) and a transfer
- * into or out of it is one memcpy by the initiator: no system call per
- * request, no CPU of the target. Where the peer cannot map it (another
- * user, a seccomp filter) it falls back to process_vm_readv/writev, and
- * over UCX nothing changes. Only the target side of a transfer needs to
- * be shared; the initiator's side may be any registered memory.
- *
- * A peer that maps the memory can read and write all of it until it
- * unloads this agent (as with process_vm_writev, only processes allowed to
- * ptrace this one can); the pages live until both sides unmap them.
- *
- * Thread-safe (one process-wide registry with its own lock); blocking
- * (system calls). None of these needs an agent. */
-
-/* Allocate `len` bytes of zeroed shared memory (memfd_create, MAP_SHARED),
- * page aligned. `flags`: PDX_MEM_F_POPULATE faults every page in now.
- * The mapping is MADV_DONTFORK: a child made by fork() does not have it
- * (shared memory would otherwise be the parent's live bytes, not a copy).
- * The caller owns it: free with pdx_mem_free. PDX_ERR_NOMEM or
- * PDX_ERR_IO (with a log line) on failure; *ptr_p is written on success
- * only. */
-PDX_API pdx_status_t pdx_mem_alloc(size_t len, uint64_t flags, void **ptr_p);
-/* Free memory from pdx_mem_alloc (NULL is a no-op). PDX_ERR_BUSY (nothing
- * done) while any agent has a region registered inside it;
- * PDX_ERR_NOT_FOUND if `ptr` is not what pdx_mem_alloc returned. */
-PDX_API pdx_status_t pdx_mem_free(void *ptr);
-/* Declare that [addr, +len) is a MAP_SHARED mapping of `fd` whose byte at
- * `offset` is `addr` (so addr and offset agree modulo the page size). pdx
- * keeps its own dup of `fd`; the caller keeps the mapping alive until
- * pdx_mem_unshare. PDX_ERR_INVALID if fd is not a regular file that large,
- * PDX_ERR_EXISTS if the range overlaps one already known. */
-PDX_API pdx_status_t pdx_mem_share(void *addr, size_t len, int fd,
-                                   uint64_t offset);
-/* Forget a range from pdx_mem_share (by its start). PDX_ERR_BUSY while a
- * region inside it is registered. */
-PDX_API pdx_status_t pdx_mem_unshare(void *addr);
-
-/* Serialise the agent's public metadata (name, generation, host id, pid,
- * each backend's connection info, each region with its keys, invariants)
- * into a new blob. `*blob_p` is malloc'd; free it with pdx_blob_free. */
-PDX_API pdx_status_t pdx_agent_describe(pdx_agent_h agent, void **blob_p,
-                                        size_t *len_p);
-PDX_API void pdx_blob_free(void *blob);
-
-/* pdx release string ("0.1.0"). */
-PDX_API const char *pdx_version(void);
-
-/* Decode a metadata blob into human-readable text (for pdx-info). On
- * success *text_p is malloc'd (free with pdx_blob_free); on failure `why`
- * names what is wrong and the status says how (PDX_ERR_CORRUPT, ...).
- * Pure function: no agent; thread-safe. */
-PDX_API pdx_status_t pdx_blob_describe(const void *blob, size_t len,
-                                       char **text_p, char *why,
-                                       size_t why_len);
-
-/* Load a peer's blob: validate it (PDX_ERR_CORRUPT, PDX_ERR_VERSION,
- * PDX_ERR_TOO_LARGE with a logged reason, never reading out of bounds),
- * compare invariants (PDX_ERR_MISMATCH naming the field and both values),
- * connect every backend that accepts the peer. A blob with the name of a
- * loaded peer and another instance (a restarted process) replaces it:
- * requests and prepared lists made against the old one end PDX_ERR_STALE.
- * The same instance with a new generation (the peer registered or
- * deregistered memory) updates it in place: requests and prepared lists
- * that use only regions the new blob still holds unchanged (same address,
- * length, type, flags and keys) keep working, in flight or not; those
- * touching a removed or changed region end PDX_ERR_STALE (in flight: at
- * once). The same instance again after the peer was found dead (its lease
- * expired, it was paused) revives it: its backends reconnect, its earlier
- * requests stay ended (STALE if posted again) and its prepared lists on
- * unchanged regions work again; unless its pidfd shows its process exited
- * (PDX_ERR_REMOTE_DISCONNECT, it stays dead). The same generation of a
- * live peer again is PDX_OK (no-op).
- * The peer's name goes into `name_out` (PDX_NAME_MAX bytes; may be NULL).
- * `blob` is only read during the call. Blocking (connection setup). */
-PDX_API pdx_status_t pdx_peer_load(pdx_agent_h agent, const void *blob,
-                                   size_t len, char *name_out);
-
-/* Forget a peer: its requests end PDX_ERR_STALE; handles made from it fail
- * as stale. PDX_ERR_NOT_FOUND if unknown. Blocking for at most a few ms:
- * connections to the peer are closed in the background (a hung peer's is
- * forced closed after ~1 s by progress, or by destroy). */
-PDX_API pdx_status_t pdx_peer_unload(pdx_agent_h agent, const char *name);
-
-/* PDX_OK if the peer is loaded and alive, PDX_ERR_REMOTE_DISCONNECT if its
- * liveness check failed (pdx_last_error() says how), PDX_ERR_NOT_FOUND if
- * unknown. Non-blocking (see "Bounded calls" above). */
-PDX_API pdx_status_t pdx_peer_state(pdx_agent_h agent, const char *name);
-
-/* A loaded peer as data (for bindings: D learns P's region addresses). */
-typedef struct pdx_peer_info {
-    char name[PDX_NAME_MAX];
-    char host_id[128];
-    uint64_t instance;   /* the peer's random instance id */
-    uint32_t generation; /* bumped by the peer at every change */
-    int32_t pid;
-    bool same_host;      /* same host id and a pidfd could be opened */
-    pdx_status_t state;  /* as pdx_peer_state */
-    size_t nregions;
-    char backends[256];  /* connected backends, comma-separated */
-} pdx_peer_info_t;
-
-/* One region of a peer (address in the peer's address space). */
-typedef struct pdx_region_info {
-    uint64_t addr;
-    uint64_t len;
-    uint32_t dev_id;
-    pdx_mem_type_t mem_type;
-    uint64_t flags; /* PDX_REGION_F_SHARED when the peer's memory is shared */
-} pdx_region_info_t;
-
-/* The file behind shared memory: the fd pdx keeps for [ptr, +len) (memory
- * from pdx_mem_alloc or declared with pdx_mem_share) and the file offset of
- * `ptr`, e.g. to hand the memory to a worker process (send the fd over a
- * unix socket, or /proc/<pid>/fd/<fd>) that maps it. The fd stays owned by
- * pdx (dup it to keep it past pdx_mem_free). PDX_ERR_NOT_FOUND if the range
- * is not such memory. Thread-safe; non-blocking. */
-PDX_API pdx_status_t pdx_mem_fd(const void *ptr, uint64_t len, int *fd_p,
-                                uint64_t *offset_p);
-
-/* Describe loaded peer `name` into *info_p (caller-owned) and, when
- * `regions` is not NULL, its first `max_regions` regions sorted by
- * (mem_type, addr). PDX_ERR_NOT_FOUND if unknown. Non-blocking (agent
- * lock only); any thread. */
-PDX_API pdx_status_t pdx_peer_info(pdx_agent_h agent, const char *name,
-                                   pdx_peer_info_t *info_p,
-                                   pdx_region_info_t *regions,
-                                   size_t max_regions);
-
-/* Counters, per backend and per peer (a peer's survive its unloading and
- * reloading: they are kept by name for the agent's life). */
-typedef struct pdx_stats {
-    uint64_t requests;    /* posts */
-    uint64_t completed;   /* posts that ended PDX_OK */
-    uint64_t errors;      /* posts that ended in an error (not canceled) */
-    uint64_t canceled;    /* aborted or released in flight */
-    uint64_t timeouts;    /* ended PDX_ERR_TIMEOUT (also in errors) */
-    uint64_t bytes;       /* bytes of completed posts */
-    uint64_t fallbacks;   /* posts over a fallback path (see policy) */
-    uint64_t refused;     /* requests refused by the path policy */
-    uint64_t dead_events; /* times the peer was found dead */
-    uint64_t notifs_sent;
-    uint64_t notifs_recv;
-    uint64_t reserved[5];
-} pdx_stats_t;
-
-/* Counters of backend `backend` ("ucx", "cma") or of peer `peer`.
- * PDX_ERR_NOT_FOUND if never seen. Non-blocking; any thread. */
-PDX_API pdx_status_t pdx_stats_backend(pdx_agent_h agent, const char *backend,
-                                       pdx_stats_t *stats_p);
-PDX_API pdx_status_t pdx_stats_peer(pdx_agent_h agent, const char *peer,
-                                    pdx_stats_t *stats_p);
-
-/* Every counter of the agent, its peers (state, host, path of each
- * backend, last fallback reason) and backends as one JSON object, with a
- * "store" member when the agent has a store (reachable or unreachable
- * since when, lease, published generation, agents known, owner registry
- * calls; pdx/store.h) (malloc'd NUL-terminated text in *json_p; free with
- * pdx_blob_free). What `pdx-info --stats` prints for a running agent.
- * Non-blocking. */
-PDX_API pdx_status_t pdx_stats_json(pdx_agent_h agent, char **json_p);
-
-/* Invariants: key/value strings that travel in the blob; when a peer is
- * loaded every key set on both sides must match, and a key set on only one
- * side is a mismatch too. Set them before describing. Copies both strings.
- * Keys up to 63 bytes, values up to 255. */
+ * @param [in] agent  The agent.
+ * @param [in] key    1..63 bytes of printable ASCII.
+ * @param [in] value  0..255 bytes of printable ASCII.
+ * @return PDX_OK; PDX_ERR_INVALID (empty, too long or not printable);
+ *         PDX_ERR_TOO_LARGE when the agent already has 32 other keys.
+ * Owns: the caller keeps `key` and `value` (copied).
+ * Blocks: on the agent lock.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_agent_set_invariant(pdx_agent_h agent,
                                              const char *key,
                                              const char *value);
 
-/* Drive every backend once, check liveness and timeouts, answer
- * `pdx-info --stats` when no progress thread does. Returns events handled
- * (>= 0), or PDX_ERR_INVALID (negative) for a bad handle. Non-blocking.
- * Any thread. */
+/* Drive the agent once: every backend's progress (its callbacks: messages,
+ * a peer's connection errors), peer liveness, request completions and
+ * timeouts, region-removal acknowledgements; re-arm the backends' event
+ * fds; and answer `pdx-info --stats` when no progress thread does. A
+ * caller without a progress thread calls it (or pdx_notif_poll, or
+ * pdx_xfer_check) to make anything move; with one it is not needed.
+ *
+ * @param [in] agent  The agent.
+ * @return Events handled (>= 0); PDX_ERR_INVALID (negative) for a bad
+ *         handle.
+ * Owns: nothing.
+ * Blocks: on the agent lock; then one progress call of each backend, made
+ *       without the lock (UCX: about 0.5 ms of work), and a check of each
+ *       request in flight under it (cma copies at most one 512 KiB
+ *       half-chunk each); no backend call when another thread is
+ *       progressing one at that moment (its pass covers this one).
+ * Threads: any thread, concurrently with any call on the agent.
+ */
 PDX_API int pdx_progress(pdx_agent_h agent);
 
 /* An fd (an epoll fd over the agent's eventfd and every backend's event
@@ -466,10 +305,35 @@ PDX_API int pdx_progress(pdx_agent_h agent);
  * call pdx_progress and pdx_notif_poll (pdx_progress re-arms the
  * backends; with a thread, a caller that checks its request once and then
  * sleeps here wakes on the backend's event, not on the thread's next nap).
- * Owned by the agent; do not read or close it. */
+ *
+ * @param [in] agent  The agent.
+ * @return The fd; PDX_ERR_INVALID (negative) for a bad handle.
+ * Owns: the fd is the agent's, open until pdx_agent_destroy: wait on it,
+ *       do not read or close it.
+ * Blocks: no.
+ * Threads: any thread; any number may wait on the fd at once.
+ */
 PDX_API int pdx_agent_event_fd(pdx_agent_h agent);
+
+/* The pdx release this library is ("0.1.0").
+ *
+ * @return The release string.
+ * Owns: a static string of the library's; never freed.
+ * Blocks: no.
+ * Threads: any thread.
+ */
+PDX_API const char *pdx_version(void);
 
 #ifdef __cplusplus
 }
 #endif
+
+/* The objects an agent owns, each in its own header (include/pdx/README.md):
+ * including pdx/agent.h gives them all, as it did before they moved. */
+#include <pdx/backend_instance.h>
+#include <pdx/blob.h>
+#include <pdx/mem.h>
+#include <pdx/peer.h>
+#include <pdx/stats.h>
+
 #endif

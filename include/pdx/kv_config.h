@@ -150,24 +150,46 @@ typedef struct pdx_kv_config {
 /* Largest config text accepted, in bytes. */
 #define PDX_KV_CONFIG_MAX_BYTES (1u << 20)
 
-/* Load and validate `path`. On failure returns PDX_ERR_CONFIG (or
- * PDX_ERR_NOT_FOUND for a missing file, PDX_ERR_IO for one that cannot be
- * read, PDX_ERR_INVALID for NULL arguments) and writes into `err` (and logs
- * at error level) a message naming the file, the JSON path and what was
- * expected, e.g.
- * "configs/x.json: $.connector.children[1].budget_bytes: 1024 is smaller
- * than one block (3502592 bytes)". Unknown keys, repeated keys and wrong
+/* Load and validate a config file. Unknown keys, repeated keys and wrong
  * types are errors; the text must be UTF-8 of at most
- * PDX_KV_CONFIG_MAX_BYTES. *cfg is written only on success (err is then
- * ""). `err` may be NULL when err_len is 0.
- * Thread-safe (pdx keeps no state; cJSON records its last parse error in a
- * global that pdx never reads); blocking (file read). */
+ * PDX_KV_CONFIG_MAX_BYTES. A failure is also logged at error level, with
+ * the text written to `err`.
+ *
+ * @param [in]  path     The file.
+ * @param [out] cfg      The config; written only on success.
+ * @param [out] err      "" on success; otherwise a message naming the
+ *                       file, the JSON path and what was expected, e.g.
+ *                       "configs/x.json: $.connector.children[1].
+ *                       budget_bytes: 1024 is smaller than one block
+ *                       (3502592 bytes)"; may be NULL when err_len is 0.
+ * @param [in]  err_len  Bytes of `err`.
+ * @return PDX_OK; PDX_ERR_CONFIG; PDX_ERR_NOT_FOUND for a missing file;
+ *         PDX_ERR_IO for one that cannot be read; PDX_ERR_INVALID for NULL
+ *         arguments; PDX_ERR_NOMEM.
+ * Owns: the caller keeps `path`, *cfg and `err`. cfg->backend_opts points
+ *       into cfg itself (see pdx_kv_config_backend_opts for copies).
+ * Blocks: yes: reading the file.
+ * Threads: any thread (pdx keeps no state; cJSON records its last parse
+ *       error in a global that pdx never reads).
+ */
 PDX_API pdx_status_t pdx_kv_config_load(const char *path,
                                         pdx_kv_config_t *cfg, char *err,
                                         size_t err_len);
 
-/* The same from a JSON text in memory (`name` is used in messages).
- * Used by the fuzzer. */
+/* As pdx_kv_config_load, from a JSON text in memory (used by the fuzzer).
+ *
+ * @param [in]  json     The text (len bytes, not necessarily
+ *                       NUL-terminated); may be NULL when len is 0.
+ * @param [in]  len      Bytes of `json`.
+ * @param [in]  name     Used in messages in place of a file name.
+ * @param [out] cfg      The config; written only on success.
+ * @param [out] err      As pdx_kv_config_load.
+ * @param [in]  err_len  Bytes of `err`.
+ * @return As pdx_kv_config_load, without the file errors.
+ * Owns: the caller keeps every argument.
+ * Blocks: no.
+ * Threads: any thread, as pdx_kv_config_load.
+ */
 PDX_API pdx_status_t pdx_kv_config_parse(const char *json, size_t len,
                                          const char *name,
                                          pdx_kv_config_t *cfg, char *err,
@@ -175,30 +197,60 @@ PDX_API pdx_status_t pdx_kv_config_parse(const char *json, size_t len,
 
 /* Bytes of one KV block over all arenas for the shape in `cfg`:
  * (num_layers * mla + n_index_k_layers * index_k
- *  + mtp_layers * (mla + index_k)) * block_tokens. 0 for NULL. */
+ *  + mtp_layers * (mla + index_k)) * block_tokens.
+ *
+ * @param [in] cfg  The config.
+ * @return The bytes; 0 for NULL.
+ * Owns: the caller keeps `cfg`.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API uint64_t pdx_kv_config_bytes_per_block(const pdx_kv_config_t *cfg);
 
 /* Arenas of that shape: num_layers + n_index_k_layers + mtp_layers (times 2
- * when index_k_bytes_per_token > 0). 101 for GLM-5.2; 0 for NULL. */
+ * when index_k_bytes_per_token > 0). 101 for GLM-5.2.
+ *
+ * @param [in] cfg  The config.
+ * @return The count; 0 for NULL.
+ * Owns: the caller keeps `cfg`.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API uint32_t pdx_kv_config_num_arenas(const pdx_kv_config_t *cfg);
 
-/* Builds the layout `cfg` describes, in the arena order and names of
+/* Build the layout `cfg` describes, in the arena order and names of
  * pdx_layout_glm52 (so the GLM-5.2 configs have its fingerprint): for each
  * layer L, "layer<L>.mla" then, on an index-K layer, "layer<L>.index_k";
  * then for each MTP layer M = num_layers + i, "mtp<M>.mla" and, when
  * index_k_bytes_per_token > 0, "mtp<M>.index_k" (is_mtp = 1). num_blocks,
- * memory type and device come from cfg; strides are packed, bases 0. The
- * caller owns *layout_p (written only on success; pdx_layout_destroy).
- * PDX_ERR_INVALID for NULL or a shape pdx_layout_add_arena refuses,
- * PDX_ERR_NOMEM. Non-blocking; thread-safe. */
+ * memory type and device come from cfg; strides are packed, bases 0.
+ *
+ * @param [in]  cfg       The config.
+ * @param [out] layout_p  The layout; written only on success.
+ * @return PDX_OK; PDX_ERR_INVALID for NULL or a shape
+ *         pdx_layout_add_arena refuses; PDX_ERR_NOMEM.
+ * Owns: the caller keeps `cfg`; *layout_p is the caller's, freed with
+ *       pdx_layout_destroy.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_kv_config_layout(const pdx_kv_config_t *cfg,
                                           pdx_layout_h *layout_p);
 
 /* Options of backends[backend] as key/value pairs pointing into
- * cfg->opt_buf (valid while *cfg lives unchanged): writes up to `max`
- * entries to `out` (NULL: count only) and returns how many that backend has
- * (0 for a NULL cfg or an index out of range, both errors recorded in
- * pdx_last_error()). Works on any copy of a loaded config. */
+ * cfg->opt_buf. Works on any copy of a loaded config.
+ *
+ * @param [in]  cfg      The config.
+ * @param [in]  backend  An index into cfg->backends.
+ * @param [out] out      Up to `max` options; NULL: count only.
+ * @param [in]  max      Entries of `out`.
+ * @return How many options that backend has; 0 for a NULL cfg or an index
+ *         out of range (both errors recorded in pdx_last_error()).
+ * Owns: the caller keeps `cfg` and `out`; the strings `out` points to are
+ *       in cfg->opt_buf, valid while *cfg lives unchanged.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API size_t pdx_kv_config_backend_opts(const pdx_kv_config_t *cfg,
                                           uint32_t backend, pdx_option_t *out,
                                           size_t max);

@@ -19,8 +19,11 @@
  * Threads: every function is thread-safe (one connector lock, and the
  * agent's own). Loads and saves are asynchronous; pdx_kv_progress drives
  * leases, heartbeats and notifications (the agent's progress thread moves
- * the data). Strings returned through `char **` are malloc'd: free them
- * with pdx_kv_free.
+ * the data). The connector lock is held across the agent calls a call
+ * makes (a post in pdx_kv_load, a progress pass in pdx_kv_progress), so a
+ * call "on the connector lock" may wait that long, never for a peer.
+ * Strings returned through `char **` are malloc'd: free them with
+ * pdx_kv_free.
  *
  * Bad handles and errors: a NULL connector, a NULL required pointer (a
  * request, its req_id, hashes when nfull > 0, block ids when blocks are
@@ -72,31 +75,98 @@ typedef struct pdx_kv_connector_params {
     const pdx_agent_params_t *agent_params;
 } pdx_kv_connector_params_t;
 
-/* Create: the agent (named by the config), its backends, one registration
- * per arena, the hasher, the invariants, the offload pool (registered too,
- * so a peer can read blocks saved in it). Logs NONE_HASH and the layout
- * fingerprint at info level. Blocking. *conn_p written only on success. */
+/* Create a connector: the agent (named by the config), its backends, one
+ * registration per arena, the hasher, the invariants, the offload pool
+ * (registered too, so a peer can read blocks saved in it), the store
+ * section's registry thread. Logs NONE_HASH and the layout fingerprint at
+ * info level.
+ *
+ * @param [in]  params  The config and the layout (required) and the
+ *                      agent's params (default: progress thread on).
+ * @param [out] conn_p  The connector; written only on success.
+ * @return PDX_OK; PDX_ERR_INVALID (params missing or bad);
+ *         PDX_ERR_CONFIG; or the error of the agent, a required backend,
+ *         a registration, the pool or the store it could not set up
+ *         (logged).
+ * Owns: the config is copied; the layout and its memory are borrowed:
+ *       the caller keeps both alive until the connector is destroyed;
+ *       params->agent_params is read during the call only; *conn_p is the
+ *       caller's, freed with pdx_kv_connector_destroy.
+ * Blocks: yes: pdx_agent_create, pdx_backend_create and pdx_mem_register
+ *       of each arena, the pool's creation (faulting its slab in), the
+ *       store and the threads it starts.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t
 pdx_kv_connector_create(const pdx_kv_connector_params_t *params,
                         pdx_kv_connector_h *conn_p);
 
-/* Destroy: releases leases (freeing held blocks), aborts loads, waits for
- * queued saves, destroys the pool and the agent. Blocking. NULL is a no-op;
- * a connector already destroyed is refused as above (best effort). */
+/* Destroy a connector: release leases (freeing held blocks), abort loads,
+ * wait for queued saves, stop the store, destroy the agent, the pool and
+ * the hasher.
+ *
+ * @param [in] conn  The connector; NULL does nothing; one already destroyed
+ *                   is refused as above (best effort).
+ * Owns: frees the connector and all it made (its agent and hasher
+ *       included); the layout and its memory are the caller's again.
+ * Blocks: yes: the save worker's queue, the store's stop, then as
+ *       pdx_agent_destroy (bounded).
+ * Threads: any thread but a callback of the connector's; no other call on
+ *       the connector (or on the agent and hasher it handed out) may be in
+ *       progress or follow.
+ */
 PDX_API void pdx_kv_connector_destroy(pdx_kv_connector_h conn);
 
-/* The connector's agent and hasher (owned by the connector; NULL for a
- * bad handle). */
+/* The connector's agent, for the agent API (pdx/agent.h): stats, peers,
+ * the event fd.
+ *
+ * @param [in] conn  The connector.
+ * @return The agent; NULL for a bad handle.
+ * Owns: the agent is the connector's, valid until
+ *       pdx_kv_connector_destroy: never destroy it.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API pdx_agent_h pdx_kv_connector_agent(pdx_kv_connector_h conn);
+
+/* The connector's hasher (the config's algorithm, seed and block size).
+ *
+ * @param [in] conn  The connector.
+ * @return The hasher; NULL for a bad handle.
+ * Owns: the hasher is the connector's, valid until
+ *       pdx_kv_connector_destroy: never destroy it.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API pdx_hasher_h pdx_kv_connector_hasher(pdx_kv_connector_h conn);
 
-/* This node's metadata blob, to give the peer (pdx_blob_free it). */
+/* This node's metadata blob, to give the peer (pdx_agent_describe of the
+ * connector's agent).
+ *
+ * @param [in]  conn    The connector.
+ * @param [out] blob_p  The blob; written only on success.
+ * @param [out] len_p   Its length; written only on success.
+ * @return As pdx_agent_describe.
+ * Owns: *blob_p is the caller's: free it with pdx_blob_free.
+ * Blocks: as pdx_agent_describe (on the agent lock).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_kv_connector_describe(pdx_kv_connector_h conn,
                                                void **blob_p, size_t *len_p);
 
-/* Load a peer's blob: PDX_ERR_MISMATCH (field named in the log) when its
- * invariants differ, else as pdx_peer_load. `peer_name_out` may be NULL.
- * Blocking. */
+/* Load a peer's blob into the connector's agent (pdx_peer_load).
+ *
+ * @param [in]  conn           The connector.
+ * @param [in]  blob           The peer's blob.
+ * @param [in]  len            Its length.
+ * @param [out] peer_name_out  The peer's name (PDX_NAME_MAX bytes); may be
+ *                             NULL.
+ * @return As pdx_peer_load: PDX_ERR_MISMATCH (field named in the log) when
+ *         its invariants differ, ...
+ * Owns: the caller keeps `blob` (read during the call only).
+ * Blocks: yes: as pdx_peer_load (connection setup).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_kv_connector_connect(pdx_kv_connector_h conn,
                                               const void *blob, size_t len,
                                               char *peer_name_out);
@@ -129,31 +199,77 @@ typedef struct pdx_kv_match {
     size_t tokens;
 } pdx_kv_match_t;
 
-/* Scheduler: how much of `req` can be loaded. PDX_OK with *match_p filled
- * (blocks 0 when nothing hits), or PDX_INPROGRESS when an offload child
- * with wait_for_full_prefix is still saving the first block this lookup
- * misses and its deadline has not passed (ask again); saves of other
- * blocks never make it wait. Non-blocking. */
+/* Scheduler: how much of `req` can be loaded, from the first child in
+ * config order that has any of it.
+ *
+ * @param [in]  conn     The connector.
+ * @param [in]  req      The request (req_id, its hashes; params: the
+ *                       handoff from the peer, or NULL).
+ * @param [out] match_p  The match (blocks 0 when nothing hits); written
+ *                       on PDX_OK only.
+ * @return PDX_OK; PDX_INPROGRESS (ask again) while an offload child with
+ *         wait_for_full_prefix is still saving the first block this lookup
+ *         misses and its deadline has not passed (saves of other blocks
+ *         never make it wait), or, with a store section, while another
+ *         node's pool is asked for a longer prefix (until
+ *         store_remote_offload_timeout_ms); PDX_ERR_INVALID.
+ * Owns: the caller keeps `req` and all it points to (read during the call
+ *       only).
+ * Blocks: on the connector lock; with a store section and handoff
+ *       parameters naming a peer the agent has not loaded, first (without
+ *       the connector lock) for that peer through the store: at most
+ *       store_fetch_timeout_ms plus a store read and the connection setup
+ *       (pdx_peer_fetch).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_kv_lookup(pdx_kv_connector_h conn,
                                    const pdx_kv_request_t *req,
                                    pdx_kv_match_t *match_p);
 
-/* Start loading what `match` found into this node's blocks `block_ids`
- * (match->blocks ids, then one more for the tail when match->tail).
- * Remote loads READ from the peer (coalesced) and send it a done
- * notification after the data landed; offload loads copy from the pool in
- * the calling thread without holding the connector lock. Non-blocking for
- * remote loads. Handoffs from a pool carry full blocks only (no tail). */
+/* Start loading what `match` found into this node's blocks. Remote loads
+ * READ from the peer (coalesced) and send it a done notification after the
+ * data landed; offload loads copy from the pool in the calling thread
+ * without holding the connector lock. Handoffs from a pool carry full
+ * blocks only (no tail).
+ *
+ * @param [in] conn       The connector.
+ * @param [in] req        The request, as given to pdx_kv_lookup.
+ * @param [in] match      What pdx_kv_lookup returned for it.
+ * @param [in] block_ids  match->blocks ids, then one more for the tail when
+ *                        match->tail; may be NULL when nothing matched.
+ * @return PDX_OK (started; pdx_kv_load_check says how it ends);
+ *         PDX_ERR_EXISTS (already loading that req_id); PDX_ERR_INVALID (a
+ *         match larger than the request, an id out of range, no child to
+ *         load from); PDX_ERR_NOMEM; the transfer's error (logged).
+ * Owns: the caller keeps `req`, `match` and `block_ids` (read during the
+ *       call only); the blocks are written until pdx_kv_load_check
+ *       reports an end.
+ * Blocks: on the connector lock, and the post of the READ (as
+ *       pdx_xfer_post: never waits for the peer); an offload load copies
+ *       every block first (memcpy time).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_kv_load(pdx_kv_connector_h conn,
                                  const pdx_kv_request_t *req,
                                  const pdx_kv_match_t *match,
                                  const uint64_t *block_ids);
 
-/* State of a request's load: PDX_OK (and *tokens_p the tokens loaded),
- * PDX_INPROGRESS, or the error. A failed load with failure policy
- * `recompute` reports PDX_OK with *tokens_p 0 (the engine recomputes); with
- * `fail`, the error. The load's record is dropped once it has reported a
- * final state. Non-blocking. */
+/* State of a request's load. A failed load with failure policy
+ * `recompute` reports PDX_OK with *tokens_p 0 (the engine recomputes);
+ * with `fail`, the error. The load's record is dropped once it has
+ * reported a final state.
+ *
+ * @param [in]  conn      The connector.
+ * @param [in]  req_id    The request's id.
+ * @param [out] tokens_p  The tokens loaded; written on PDX_OK only.
+ * @return PDX_OK; PDX_INPROGRESS; PDX_ERR_CANCELED after
+ *         pdx_kv_load_abort; PDX_ERR_NOT_FOUND if no load of that id is
+ *         known; or the load's error.
+ * Owns: the caller keeps `req_id`.
+ * Blocks: on the connector lock; the READ's check (as pdx_xfer_check:
+ *       never waits for another thread's backend call).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_kv_load_check(pdx_kv_connector_h conn,
                                        const char *req_id, size_t *tokens_p);
 
@@ -161,22 +277,52 @@ PDX_API pdx_status_t pdx_kv_load_check(pdx_kv_connector_h conn,
  * is asked to stop and the holder is told to free its blocks (reject).
  * Keep calling pdx_kv_load_check: it returns PDX_INPROGRESS while bytes may
  * still land, then PDX_ERR_CANCELED (or PDX_OK if the load had completed
- * first); only then are the blocks the caller's again. PDX_ERR_NOT_FOUND if
- * no load of that id is known (or it is already aborting). The final
- * PDX_ERR_CANCELED is logged like any error, for pdx_last_error(). */
+ * first); only then are the blocks the caller's again. The final
+ * PDX_ERR_CANCELED is logged like any error, for pdx_last_error().
+ *
+ * @param [in] conn    The connector.
+ * @param [in] req_id  The request's id.
+ * @return PDX_OK; PDX_ERR_NOT_FOUND if no load of that id is known (or it
+ *         is already aborting).
+ * Owns: the caller keeps `req_id`.
+ * Blocks: on the connector lock; pdx_xfer_abort and a notification send
+ *       (neither waits for the peer).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_kv_load_abort(pdx_kv_connector_h conn,
                                        const char *req_id);
 
-/* Save blocks of `req` held in `block_ids` (nfull ids, then the tail's when
- * req->has_tail) to every child that saves (the offload pool unless
+/* Save blocks of `req` to every child that saves (the offload pool unless
  * load_only). Asynchronous: the blocks must stay unchanged until
- * pdx_kv_save_check says PDX_OK. Already-present hashes cost nothing. */
+ * pdx_kv_save_check says PDX_OK. Already-present hashes cost nothing.
+ *
+ * @param [in] conn       The connector.
+ * @param [in] req        The request (its hashes name the blocks).
+ * @param [in] block_ids  req->nfull ids, then the tail's when
+ *                        req->has_tail; may be NULL when there are none.
+ * @return PDX_OK (queued; an id out of range is reported by
+ *         pdx_kv_save_check); PDX_ERR_NOMEM; PDX_ERR_INVALID.
+ * Owns: the caller keeps `req` and `block_ids` (copied); the blocks'
+ *       memory is read by the save worker until pdx_kv_save_check says
+ *       PDX_OK.
+ * Blocks: on the connector lock; while the save queue is full, until the
+ *       worker takes an entry (the lock released meanwhile).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_kv_save(pdx_kv_connector_h conn,
                                  const pdx_kv_request_t *req,
                                  const uint64_t *block_ids);
 
-/* PDX_OK once every child finished saving `req_id` (or it saved nothing),
- * PDX_INPROGRESS before, an error if a save failed. */
+/* Has every child finished saving `req_id`?
+ *
+ * @param [in] conn    The connector.
+ * @param [in] req_id  The request's id.
+ * @return PDX_OK once done (or nothing was saved); PDX_INPROGRESS before;
+ *         the error if a save failed (logged).
+ * Owns: the caller keeps `req_id`.
+ * Blocks: on the connector lock.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_kv_save_check(pdx_kv_connector_h conn,
                                        const char *req_id);
 
@@ -188,12 +334,28 @@ typedef enum pdx_kv_handoff_from {
 
 /* Request finished on this node: keep its blocks for the peer under a lease
  * (renewed by the peer's heartbeats; freed on its done or reject
- * notification or at expiry) and return the handoff parameters in
- * *params_p. FROM_ARENA holds `block_ids` (the stack must not reuse them
- * until pdx_kv_poll_freed reports the request); FROM_POOL leases the
- * request's hashes in the pool (saved first: waits up to the offload
- * child's wait_timeout_ms for queued saves). `tokens` is the KV token count
- * covered. */
+ * notification or at expiry) and return the handoff parameters.
+ * FROM_ARENA holds `block_ids` (the stack must not reuse them until
+ * pdx_kv_poll_freed reports the request); FROM_POOL leases the request's
+ * hashes in the pool (saved first).
+ *
+ * @param [in]  conn       The connector.
+ * @param [in]  req        The request.
+ * @param [in]  block_ids  FROM_ARENA: req->nfull ids, then the tail's when
+ *                         req->has_tail; ignored FROM_POOL.
+ * @param [in]  tokens     The KV token count covered.
+ * @param [in]  from       PDX_KV_FROM_ARENA or PDX_KV_FROM_POOL.
+ * @param [out] params_p   The handoff parameters (JSON); written only on
+ *                         success.
+ * @return PDX_OK; PDX_ERR_UNSUPPORTED (no remote child, or FROM_POOL
+ *         without an offload child); PDX_ERR_INVALID; PDX_ERR_NOMEM.
+ * Owns: the caller keeps `req` and `block_ids` (copied); *params_p is the
+ *       caller's: free it with pdx_kv_free.
+ * Blocks: on the connector lock; FROM_POOL, up to the offload child's
+ *       wait_timeout_ms for this request's queued saves (the lock released
+ *       meanwhile).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_kv_request_finished(pdx_kv_connector_h conn,
                                              const pdx_kv_request_t *req,
                                              const uint64_t *block_ids,
@@ -201,14 +363,33 @@ PDX_API pdx_status_t pdx_kv_request_finished(pdx_kv_connector_h conn,
                                              pdx_kv_handoff_from_t from,
                                              char **params_p);
 
-/* The consumer will not read a handoff: tell the holder to free now. */
+/* The consumer will not read a handoff: tell the holder to free now.
+ *
+ * @param [in] conn    The connector.
+ * @param [in] params  The handoff parameters it was given.
+ * @return PDX_OK; PDX_ERR_CORRUPT (parameters that do not parse); the
+ *         send's error (logged).
+ * Owns: the caller keeps `params`.
+ * Blocks: with a store section and a holder not loaded, as pdx_kv_lookup
+ *       (pdx_peer_fetch, at most store_fetch_timeout_ms and the setup);
+ *       then one notification send (never waits for the peer).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_kv_reject(pdx_kv_connector_h conn,
                                    const char *params);
 
 /* Drive the connector: handle peers' notifications (heartbeat, done,
- * reject), expire leases, send heartbeats for loads in flight. Returns
- * events handled (PDX_ERR_INVALID for a bad handle). Non-blocking; call it
- * from the step loop. */
+ * reject), expire leases, send heartbeats for loads in flight. Call it
+ * from the step loop.
+ *
+ * @param [in] conn  The connector.
+ * @return Events handled; PDX_ERR_INVALID (negative) for a bad handle.
+ * Owns: nothing.
+ * Blocks: on the connector lock, held throughout: pdx_notif_poll of the
+ *       agent (without a progress thread, one progress pass) and the
+ *       children's timers.
+ * Threads: any thread.
+ */
 PDX_API int pdx_kv_progress(pdx_kv_connector_h conn);
 
 /* Why held blocks were freed. */
@@ -225,32 +406,76 @@ typedef void (*pdx_kv_freed_cb_t)(void *arg, const char *req_id,
                                   pdx_kv_free_reason_t why);
 
 /* Report each request whose held blocks were freed since the last call
- * (vLLM's finished_sending), once. Returns how many (PDX_ERR_INVALID for a
- * bad handle; then cb never runs). `cb` may be NULL (the reports are
- * dropped, counted only). It runs on the calling thread without the
- * connector lock, outside this call's error capture: pdx calls it makes
- * record their own errors. */
+ * (vLLM's finished_sending), once.
+ *
+ * @param [in] conn  The connector.
+ * @param [in] cb    Called once per request, on the calling thread,
+ *                   without the connector lock, outside this call's error
+ *                   capture (pdx calls it makes record their own errors);
+ *                   NULL drops the reports (counted only).
+ * @param [in] arg   Passed to `cb`.
+ * @return How many; PDX_ERR_INVALID (negative) for a bad handle (then cb
+ *         never runs).
+ * Owns: the caller keeps `arg`; `req_id` is valid for the callback only.
+ * Blocks: on the connector lock, briefly; then as long as the callbacks
+ *       take.
+ * Threads: any thread.
+ */
 PDX_API int pdx_kv_poll_freed(pdx_kv_connector_h conn, pdx_kv_freed_cb_t cb,
                               void *arg);
 
-/* Requests whose blocks are still held for a peer (0 for a bad handle). */
+/* Requests whose blocks are still held for a peer.
+ *
+ * @param [in] conn  The connector.
+ * @return The count; 0 for a bad handle.
+ * Owns: nothing.
+ * Blocks: on the connector lock.
+ * Threads: any thread.
+ */
 PDX_API size_t pdx_kv_held_requests(pdx_kv_connector_h conn);
 
-/* Offload pool counters (PDX_ERR_NOT_FOUND without an offload child). */
+/* The offload pool's counters (pdx_offload_stats).
+ *
+ * @param [in]  conn     The connector.
+ * @param [out] stats_p  Filled on PDX_OK.
+ * @return PDX_OK; PDX_ERR_NOT_FOUND without an offload child.
+ * Owns: the caller keeps *stats_p.
+ * Blocks: no (the pool's locks).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_kv_offload_stats(pdx_kv_connector_h conn,
                                           pdx_offload_stats_t *stats_p);
 
-/* Validate handoff parameters (`len` bytes of JSON, not necessarily
- * NUL-terminated) for a layout of `narenas` arenas, as a load would parse
- * them: PDX_OK, or PDX_ERR_CORRUPT with the reason logged. Pure; for stacks
- * that want to check what they pass on, and for the fuzzer. */
+/* Validate handoff parameters as a load would parse them: for stacks that
+ * want to check what they pass on, and for the fuzzer. Pure.
+ *
+ * @param [in] params   `len` bytes of JSON, not necessarily
+ *                      NUL-terminated.
+ * @param [in] len      Bytes of `params`.
+ * @param [in] narenas  Arenas of the layout they are for.
+ * @return PDX_OK; PDX_ERR_CORRUPT with the reason logged.
+ * Owns: the caller keeps `params`.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_kv_params_check(const char *params, size_t len,
                                          size_t narenas);
 
 /* MultiConnector parameter merge, as request_finished does it for its
  * children (the remote child's handoff and the offload child's
- * "offload_blocks"): every key of `b` is added to `a`; a key both set is
- * PDX_ERR_EXISTS, logged with the key. *out_p is malloc'd (pdx_kv_free). */
+ * "offload_blocks"): every key of `b` is added to `a`.
+ *
+ * @param [in]  a      A JSON object.
+ * @param [in]  b      Another.
+ * @param [out] out_p  The merged object; written only on success.
+ * @return PDX_OK; PDX_ERR_EXISTS for a key both set (logged with the
+ *         key); PDX_ERR_CORRUPT for text that is not JSON;
+ *         PDX_ERR_INVALID for JSON that is not an object; PDX_ERR_NOMEM.
+ * Owns: the caller keeps `a` and `b`; *out_p is the caller's: free it with
+ *       pdx_kv_free.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_kv_params_merge(const char *a, const char *b,
                                          char **out_p);
 
@@ -280,15 +505,34 @@ typedef struct pdx_kv_store_stats {
     uint64_t reregistered_blocks;
 } pdx_kv_store_stats_t;
 
-/* Snapshot of those counters. PDX_ERR_NOT_FOUND without a store section.
- * Non-blocking; any thread. */
+/* Snapshot of the store section's counters.
+ *
+ * @param [in]  conn     The connector.
+ * @param [out] stats_p  Filled on PDX_OK.
+ * @return PDX_OK; PDX_ERR_NOT_FOUND without a store section.
+ * Owns: the caller keeps *stats_p.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_kv_store_stats(pdx_kv_connector_h conn,
                                         pdx_kv_store_stats_t *stats_p);
 
-/* Free a string the connector returned (NULL is a no-op). */
+/* Free a string the connector returned (handoff parameters, a merge).
+ *
+ * @param [in] p  The string; NULL does nothing.
+ * Owns: frees `p`.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API void pdx_kv_free(void *p);
 
-/* Connector version (an invariant): "pdx-kv/1". */
+/* The connector's version, an invariant peers compare: "pdx-kv/1".
+ *
+ * @return A static string.
+ * Owns: the string is the library's.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API const char *pdx_connector_version(void);
 
 #ifdef __cplusplus

@@ -104,8 +104,8 @@ enum {
     /* Fault the whole slab in at creation: creation takes time in
      * proportion to the budget (the kernel zeroes every page), and in
      * exchange the first save into a slot runs at copy bandwidth instead of
-     * page-fault speed (measured 0.1-0.3x memcpy without it). On by
-     * default, like pinning host buffers at startup. */
+     * page-fault speed (docs/BENCH.md has the ratio). On by default, like
+     * pinning host buffers at startup. */
     PDX_OFFLOAD_FLAG_PREFAULT = 1u << 2,
 };
 
@@ -190,51 +190,111 @@ typedef struct pdx_offload_stats {
     uint64_t bytes_loaded;  /* payload bytes copied out of the pool */
 } pdx_offload_stats_t;
 
-/* Create a pool. `params` is read during the call only. Fails with
- * PDX_ERR_INVALID for a missing required field or a value out of range,
- * PDX_ERR_CONFIG (logged) when the per-rank budget holds no block,
- * PDX_ERR_TOO_LARGE over 2^30 blocks, PDX_ERR_NOMEM / PDX_ERR_IO when the
- * slab, index or worker cannot be set up. On success *pool_p owns the slab
- * and, with ASYNC_SAVE, a worker thread. Blocks while allocating (and while
- * faulting the slab in with PREFAULT). */
+/* Create a pool: its slab (from pdx_mem_alloc, so a same-host peer can map
+ * blocks saved in it once registered), its index and, with ASYNC_SAVE, its
+ * save worker.
+ *
+ * @param [in]  params  The pool's parameters (field_mask says which are
+ *                      set).
+ * @param [out] pool_p  The pool; written only on success.
+ * @return PDX_OK; PDX_ERR_INVALID for a missing required field or a value
+ *         out of range; PDX_ERR_CONFIG (logged) when the per-rank budget
+ *         holds no block; PDX_ERR_TOO_LARGE over 2^30 blocks;
+ *         PDX_ERR_NOMEM / PDX_ERR_IO when the slab, index or worker cannot
+ *         be set up.
+ * Owns: `params` is read during the call only (copy_arg and evict_arg are
+ *       kept, borrowed until pdx_offload_destroy returns); *pool_p is the
+ *       caller's, freed with pdx_offload_destroy; the pool owns the slab
+ *       and the worker.
+ * Blocks: yes: allocating the slab and index, and, with PREFAULT, faulting
+ *       the whole slab in (time in proportion to the budget).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_offload_create(const pdx_offload_params_t *params,
                                         pdx_offload_pool_h *pool_p);
 
 /* Destroy a pool: the worker stops, the save it is copying completes, the
  * callback of every save still queued runs with PDX_ERR_CANCELED, then the
- * slab is unmapped. Every lease must have been released and no other call
- * may be in progress; live leases are logged as an error (and leaked). A
- * call that follows is refused as above (best effort). Blocks until the
- * worker has exited. NULL is a no-op. */
+ * slab is unmapped. Every lease must have been released; live leases are
+ * logged as an error (and leaked).
+ *
+ * @param [in] pool  The pool; NULL does nothing.
+ * Owns: frees the pool, its slab and index; every address into the slab
+ *       (lease blocks, reservations, pdx_offload_slab) is dead afterwards.
+ * Blocks: yes: until the worker has exited (the copy in progress).
+ * Threads: any thread but a callback of the pool's; no other call on the
+ *       pool may be in progress; one that follows is refused as above
+ *       (best effort).
+ */
 PDX_API void pdx_offload_destroy(pdx_offload_pool_h pool);
 
-/* Longest prefix of keys[0..n) present in the pool, in *prefix_p. Hits
- * refresh LRU places: the prefix becomes the most recently used run of its
- * class, keys[0] most recent, so a prefix's tail is evicted before its root.
+/* Longest prefix of keys[0..n) present in the pool. Hits refresh LRU
+ * places: the prefix becomes the most recently used run of its class,
+ * keys[0] most recent, so a prefix's tail is evicted before its root.
  * Blocks being saved (not yet committed) are not present. Counts hits and
- * misses. `keys` is read during the call only. Never blocks beyond the pool
- * lock. PDX_ERR_INVALID for a NULL argument or a key length out of 1..32. */
+ * misses.
+ *
+ * @param [in]  pool      The pool.
+ * @param [in]  keys      n keys, each of length 1..32.
+ * @param [in]  n         Keys.
+ * @param [out] prefix_p  The prefix length.
+ * @return PDX_OK; PDX_ERR_INVALID for a NULL argument or a key length out
+ *         of range.
+ * Owns: the caller keeps `keys` (read during the call only).
+ * Blocks: no (the pool lock).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_offload_query(pdx_offload_pool_h pool,
                                        const pdx_offload_key_t *keys, size_t n,
                                        size_t *prefix_p);
 
-/* As pdx_offload_query(), then pins the prefix: leased blocks are never
- * evicted nor overwritten until pdx_offload_release(). On success *lease_p
- * (owned by the caller, to release exactly once) holds *count_p >= 1 blocks,
- * in key order. PDX_ERR_NOT_FOUND when keys[0] is absent (nothing leased,
- * outputs untouched), PDX_ERR_NOMEM if the lease cannot be allocated. */
+/* As pdx_offload_query(), then pin the prefix: leased blocks are never
+ * evicted nor overwritten until pdx_offload_release().
+ *
+ * @param [in]  pool     The pool.
+ * @param [in]  keys     n keys.
+ * @param [in]  n        Keys.
+ * @param [out] lease_p  The lease, holding *count_p >= 1 blocks in key
+ *                       order; written only on success.
+ * @param [out] count_p  The blocks it pins; written only on success.
+ * @return PDX_OK; PDX_ERR_NOT_FOUND when keys[0] is absent (nothing
+ *         leased, outputs untouched); PDX_ERR_NOMEM if the lease cannot be
+ *         allocated; PDX_ERR_INVALID.
+ * Owns: the caller keeps `keys`; *lease_p is the caller's, released
+ *       exactly once with pdx_offload_release before the pool is
+ *       destroyed.
+ * Blocks: no (the pool lock).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_offload_lease(pdx_offload_pool_h pool,
                                        const pdx_offload_key_t *keys, size_t n,
                                        pdx_offload_lease_h *lease_p,
                                        size_t *count_p);
 
-/* Number of blocks a lease pins (0 for NULL). Thread-safe while the lease
- * is live. */
+/* Number of blocks a lease pins.
+ *
+ * @param [in] lease  A live lease.
+ * @return The count; 0 for NULL.
+ * Owns: nothing.
+ * Blocks: no.
+ * Threads: any thread, while the lease is live.
+ */
 PDX_API size_t pdx_offload_lease_count(pdx_offload_lease_h lease);
 
 /* Address of leased block `index` in the slab (block_bytes readable), for
  * zero-copy readers (e.g. a host-to-device DMA from a registered slab).
- * Valid until the lease is released; must not be written. */
+ *
+ * @param [in]  pool    The pool.
+ * @param [in]  lease   A live lease of this pool.
+ * @param [in]  index   0..pdx_offload_lease_count()-1.
+ * @param [out] addr_p  The block's address; written only on success.
+ * @return PDX_OK; PDX_ERR_INVALID (a lease of another pool, an index out
+ *         of range).
+ * Owns: the block is the pool's, readable until the lease is released;
+ *       it must not be written.
+ * Blocks: no.
+ * Threads: any thread, while the lease is live.
+ */
 PDX_API pdx_status_t pdx_offload_lease_block(pdx_offload_pool_h pool,
                                              pdx_offload_lease_h lease,
                                              size_t index, const void **addr_p);
@@ -247,29 +307,57 @@ typedef struct pdx_offload_load_item {
 
 /* Copy leased blocks into the caller's memory (a scatter list: any subset,
  * any order, a block may be copied to several places). Every item is
- * checked before anything is copied (PDX_ERR_INVALID). Blocks for the copy
- * time; takes no lock while copying, so several threads may load from the
- * same or different leases at once (e.g. each a slice of the items). The
- * destinations must not overlap the slab. */
+ * checked before anything is copied. Several threads may load from the
+ * same or different leases at once (e.g. each a slice of the items).
+ *
+ * @param [in] pool   The pool.
+ * @param [in] lease  A live lease of this pool.
+ * @param [in] items  n copies; destinations must not overlap the slab.
+ * @param [in] n      Items.
+ * @return PDX_OK; PDX_ERR_INVALID (an index out of range, a NULL
+ *         destination or one overlapping the slab, a lease of another
+ *         pool).
+ * Owns: the caller keeps `items` and the destination memory.
+ * Blocks: yes: for the copies (memcpy, or the pool's copy callback); no
+ *       lock is held while copying.
+ * Threads: any thread, while the lease is live.
+ */
 PDX_API pdx_status_t pdx_offload_load(pdx_offload_pool_h pool,
                                       pdx_offload_lease_h lease,
                                       const pdx_offload_load_item_t *items,
                                       size_t n);
 
 /* Unpin a lease's blocks and free the lease; they return to the head of
- * their class's LRU (first block most recent). The lease must not be used
- * afterwards and no load from it may be running. A NULL lease is a no-op; a
- * bad pool, or a lease of another pool, is refused (logged, nothing
- * released). */
+ * their class's LRU (first block most recent).
+ *
+ * @param [in] pool   The pool.
+ * @param [in] lease  A lease of this pool; NULL does nothing; one of
+ *                    another pool is refused (logged, nothing released).
+ * Owns: frees the lease; its block addresses are not the caller's to read
+ *       any more.
+ * Blocks: no (the pool lock).
+ * Threads: any thread; no load from the lease may be running, and the
+ *       lease must not be used afterwards.
+ */
 PDX_API void pdx_offload_release(pdx_offload_pool_h pool,
                                  pdx_offload_lease_h lease);
 
-/* Store a block synchronously: copies block_bytes from `src` (read during
- * the call only) into a slot, evicting if needed, and indexes it under
- * `key` in class `cls`. A key already present (or being saved) is a
- * duplicate: its LRU place is refreshed, its class kept, nothing copied,
- * and PDX_OK returned. PDX_ERR_NO_SPACE (counted) when every slot is leased
- * or being filled. Blocks for the copy; no lock is held while copying. */
+/* Store a block synchronously: copy block_bytes from `src` into a slot,
+ * evicting if needed, and index it under `key` in class `cls`. A key
+ * already present (or being saved) is a duplicate: its LRU place is
+ * refreshed, its class kept, nothing copied.
+ *
+ * @param [in] pool  The pool.
+ * @param [in] key   The block's key (1..32 bytes).
+ * @param [in] src   block_bytes readable bytes.
+ * @param [in] cls   PDX_OFFLOAD_RETAINED or PDX_OFFLOAD_RECLAIMABLE.
+ * @return PDX_OK (stored or duplicate); PDX_ERR_NO_SPACE (counted) when
+ *         every slot is leased or being filled; PDX_ERR_INVALID.
+ * Owns: the caller keeps `key` and `src` (read during the call only).
+ * Blocks: yes: for the copy (no lock is held while copying) and the
+ *       eviction callbacks it runs.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_offload_save(pdx_offload_pool_h pool,
                                       const pdx_offload_key_t *key,
                                       const void *src, pdx_offload_class_t cls);
@@ -290,25 +378,48 @@ enum {
     PDX_OFFLOAD_SAVE_WAIT = 1u << 0,
 };
 
-/* Queue a save of `src` under `key` (copied into the entry) and return; the
- * worker copies the block in later, as pdx_offload_save() would. `src` must
- * stay valid and unchanged until the callback runs (or, with cb NULL, until
- * a pdx_offload_flush() that covers it returns). When the queue is full the
- * save is dropped (counted in dropped_saves) and PDX_ERR_BUSY returned,
- * unless `flags` has PDX_OFFLOAD_SAVE_WAIT, in which case the call blocks
- * until there is room. On any error the callback never runs and `src` is
- * free at once. Takes only the queue lock: never waits on lookups or
- * copies (except with SAVE_WAIT). Without ASYNC_SAVE it saves inline and
- * returns the save's status, the callback running before it returns. */
+/* Queue a save of `src` under `key` and return; the worker copies the block
+ * in later, as pdx_offload_save() would. When the queue is full the save
+ * is dropped (counted in dropped_saves) unless `flags` has
+ * PDX_OFFLOAD_SAVE_WAIT. Without ASYNC_SAVE it saves inline and returns
+ * the save's status, the callback running before it returns.
+ *
+ * @param [in] pool    The pool.
+ * @param [in] key     The block's key (copied into the entry).
+ * @param [in] src     block_bytes readable bytes.
+ * @param [in] cls     The block's class.
+ * @param [in] flags   0 or PDX_OFFLOAD_SAVE_WAIT.
+ * @param [in] cb      Runs once per accepted save; may be NULL.
+ * @param [in] cb_arg  Passed to `cb`.
+ * @return PDX_OK (queued); PDX_ERR_BUSY (queue full, dropped);
+ *         PDX_ERR_CANCELED (the pool is being destroyed); PDX_ERR_INVALID;
+ *         inline, as pdx_offload_save. On any error the callback never runs
+ *         and `src` is free at once.
+ * Owns: `src` is borrowed until the callback runs (or, with cb NULL, until
+ *       a pdx_offload_flush() that covers it returns), and must stay
+ *       unchanged until then; `key` is copied.
+ * Blocks: no: the queue lock only, never lookups or copies; with
+ *       PDX_OFFLOAD_SAVE_WAIT, until the worker takes an entry; inline, as
+ *       pdx_offload_save.
+ * Threads: any thread; with PDX_OFFLOAD_SAVE_WAIT not from a save or
+ *       eviction callback.
+ */
 PDX_API pdx_status_t
 pdx_offload_save_async(pdx_offload_pool_h pool, const pdx_offload_key_t *key,
                        const void *src, pdx_offload_class_t cls, uint32_t flags,
                        pdx_offload_save_cb_t cb, void *cb_arg);
 
 /* Wait until every async save accepted before this call has completed (its
- * callback returned). timeout_ms < 0 waits without limit, 0 polls.
- * PDX_ERR_TIMEOUT if the deadline passes first. Must not be called from a
- * save callback. */
+ * callback returned).
+ *
+ * @param [in] pool        The pool.
+ * @param [in] timeout_ms  < 0 waits without limit; 0 polls.
+ * @return PDX_OK; PDX_ERR_TIMEOUT if the deadline passes first.
+ * Owns: nothing.
+ * Blocks: yes: until those saves are done, at most timeout_ms (no limit
+ *       when negative).
+ * Threads: any thread but a save or eviction callback.
+ */
 PDX_API pdx_status_t pdx_offload_flush(pdx_offload_pool_h pool,
                                        int64_t timeout_ms);
 
@@ -322,60 +433,140 @@ typedef struct pdx_offload_resv {
 /* Reserve a slot for `key` (evicting if needed) for the caller to fill at
  * resv_p->dst, then publish it with pdx_offload_commit() or give it back
  * with pdx_offload_abort(), exactly once. Until then the block is invisible
- * to queries and is not evictable. PDX_ERR_EXISTS if the key is present or
- * being saved (its LRU place refreshed, class kept), PDX_ERR_NO_SPACE
- * (counted) when every slot is pinned. Never blocks beyond the pool lock. */
+ * to queries and is not evictable.
+ *
+ * @param [in]  pool    The pool.
+ * @param [in]  key     The block's key.
+ * @param [in]  cls     The block's class.
+ * @param [out] resv_p  The reservation; written only on success.
+ * @return PDX_OK; PDX_ERR_EXISTS if the key is present or being saved (its
+ *         LRU place refreshed, class kept); PDX_ERR_NO_SPACE (counted) when
+ *         every slot is pinned; PDX_ERR_INVALID.
+ * Owns: the caller keeps `key`; resv_p->dst is the pool's slab, the
+ *       caller's to write until the commit or abort.
+ * Blocks: no (the pool lock), beyond the eviction callbacks it runs.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_offload_reserve(pdx_offload_pool_h pool,
                                          const pdx_offload_key_t *key,
                                          pdx_offload_class_t cls,
                                          pdx_offload_resv_t *resv_p);
 
 /* Publish a filled reservation: the block becomes present, most recently
- * used of its class. PDX_ERR_INVALID for a reservation that is not live. */
+ * used of its class.
+ *
+ * @param [in] pool  The pool.
+ * @param [in] resv  A live reservation of this pool.
+ * @return PDX_OK; PDX_ERR_INVALID for a reservation that is not live.
+ * Owns: the slot is the pool's again.
+ * Blocks: no (the pool lock).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_offload_commit(pdx_offload_pool_h pool,
                                         const pdx_offload_resv_t *resv);
 
-/* Drop a reservation; the slot becomes free. */
+/* Drop a reservation; the slot becomes free.
+ *
+ * @param [in] pool  The pool.
+ * @param [in] resv  A live reservation of this pool.
+ * @return PDX_OK; PDX_ERR_INVALID for a reservation that is not live.
+ * Owns: the slot is the pool's again.
+ * Blocks: no (the pool lock).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_offload_abort(pdx_offload_pool_h pool,
                                        const pdx_offload_resv_t *resv);
 
-/* Owner hints: another live holder of the block appeared / went away (e.g.
- * a peer rank that has it). When a retained block reaches demote_owners
- * owners it is demoted to reclaimable; dropping owners never promotes it
- * back. Counts start at 0 when a block is stored and are forgotten when it
- * is evicted; drop_owner at 0 stays at 0. PDX_ERR_NOT_FOUND if the key is
- * not present. Never blocks beyond the pool lock. */
+/* Owner hint: another live holder of the block appeared (e.g. a peer rank
+ * that has it). When a retained block reaches demote_owners owners it is
+ * demoted to reclaimable. Counts start at 0 when a block is stored and are
+ * forgotten when it is evicted.
+ *
+ * @param [in] pool  The pool.
+ * @param [in] key   The block's key.
+ * @return PDX_OK; PDX_ERR_NOT_FOUND if the key is not present.
+ * Owns: the caller keeps `key`.
+ * Blocks: no (the pool lock).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_offload_add_owner(pdx_offload_pool_h pool,
                                            const pdx_offload_key_t *key);
+
+/* Owner hint: a holder of the block went away. Dropping owners never
+ * promotes a block back; at 0 it stays at 0.
+ *
+ * @param [in] pool  The pool.
+ * @param [in] key   The block's key.
+ * @return PDX_OK; PDX_ERR_NOT_FOUND if the key is not present.
+ * Owns: the caller keeps `key`.
+ * Blocks: no (the pool lock).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_offload_drop_owner(pdx_offload_pool_h pool,
                                             const pdx_offload_key_t *key);
 
-/* Class of a present block in *cls_p; PDX_ERR_NOT_FOUND if absent. Does not
- * count as a use (no LRU refresh, no hit). */
+/* Class of a present block. Does not count as a use (no LRU refresh, no
+ * hit).
+ *
+ * @param [in]  pool   The pool.
+ * @param [in]  key    The block's key.
+ * @param [out] cls_p  Its class; written only on success.
+ * @return PDX_OK; PDX_ERR_NOT_FOUND if absent.
+ * Owns: the caller keeps `key`.
+ * Blocks: no (the pool lock).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_offload_class_of(pdx_offload_pool_h pool,
                                           const pdx_offload_key_t *key,
                                           pdx_offload_class_t *cls_p);
 
 /* Walk the keys of the blocks present (committed), in pieces, like a
- * SCAN: start with *cursor_p = 0; each call writes up to `max` keys to
- * keys[] and their number to *n_p, and sets *cursor_p to where the next
- * call goes on, or to 0 when the walk is over. A call looks at a bounded
- * number of slots (the pool lock is held for one piece only), so it may
- * return fewer than `max` keys, even none, before the end. Blocks saved or
- * evicted during a walk may or may not be reported; a block present from
- * its start to its end is reported exactly once. No LRU refresh, no hit
- * counted. PDX_ERR_INVALID for max 0. Lets an owner registry register
- * every block again (e.g. after its lease was lost). */
+ * SCAN. A call looks at a bounded number of slots (the pool lock is held
+ * for one piece only), so it may return fewer than `max` keys, even none,
+ * before the end. Blocks saved or evicted during a walk may or may not be
+ * reported; a block present from its start to its end is reported exactly
+ * once. No LRU refresh, no hit counted. Lets an owner registry register
+ * every block again (e.g. after its lease was lost).
+ *
+ * @param [in]     pool      The pool.
+ * @param [in,out] cursor_p  0 to start; where the next call goes on, or 0
+ *                           when the walk is over.
+ * @param [out]    keys      Up to `max` keys.
+ * @param [in]     max       Entries of `keys` (> 0).
+ * @param [out]    n_p       How many were written.
+ * @return PDX_OK; PDX_ERR_INVALID for max 0.
+ * Owns: the caller keeps `keys`.
+ * Blocks: no (the pool lock, for at most 16384 slots).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_offload_keys(pdx_offload_pool_h pool,
                                       uint64_t *cursor_p,
                                       pdx_offload_key_t *keys, size_t max,
                                       size_t *n_p);
 
-/* The slab, for registering it with a transport or cudaHostRegister. */
+/* The slab, for registering it with a transport or cudaHostRegister.
+ *
+ * @param [in]  pool    The pool.
+ * @param [out] addr_p  Its address.
+ * @param [out] len_p   Its length in bytes.
+ * @return PDX_OK.
+ * Owns: the slab is the pool's, mapped until pdx_offload_destroy (register
+ *       it, never free it).
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_offload_slab(pdx_offload_pool_h pool, void **addr_p,
                                       size_t *len_p);
 
-/* Snapshot of the counters into *stats_p. */
+/* Snapshot of the counters.
+ *
+ * @param [in]  pool     The pool.
+ * @param [out] stats_p  Filled.
+ * @return PDX_OK.
+ * Owns: the caller keeps *stats_p.
+ * Blocks: no (the pool and queue locks).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_offload_stats(pdx_offload_pool_h pool,
                                        pdx_offload_stats_t *stats_p);
 

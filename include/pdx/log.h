@@ -28,22 +28,55 @@ typedef enum pdx_log_level {
 typedef void (*pdx_log_cb_t)(void *arg, pdx_log_level_t level,
                              const char *msg);
 
-/* Install `cb` (NULL restores the default: stderr with a "pdx" prefix).
- * Thread-safe; takes effect for lines started after it returns. */
+/* Install the log sink.
+ *
+ * @param [in] cb   The sink; NULL restores the default (stderr, with a "pdx"
+ *                  prefix).
+ * @param [in] arg  Passed to `cb`.
+ * Owns: `cb` and `arg` are borrowed while installed, and a little longer:
+ *       a line started before a later pdx_log_set_handler returned may
+ *       still reach this sink.
+ * Blocks: no.
+ * Threads: any thread; it takes effect for lines started after it
+ *       returns.
+ */
 PDX_API void pdx_log_set_handler(pdx_log_cb_t cb, void *arg);
 
-/* Set the level; lines above it are dropped. Thread-safe. */
+/* Set the level: lines above it are dropped (they still become
+ * pdx_last_error() text when they are errors or warnings of a failing
+ * call).
+ *
+ * @param [in] level  The new level.
+ * Owns: nothing.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API void pdx_log_set_level(pdx_log_level_t level);
 
-/* Current level (PDX_LOG_LEVEL is read once, at first use). */
+/* The current level: PDX_LOG_LEVEL's (read once, at first use) until
+ * pdx_log_set_level.
+ *
+ * @return The level.
+ * Owns: nothing.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API pdx_log_level_t pdx_log_get_level(void);
 
 /* Log a line through the current sink (used by backends and tools too).
- * printf-style; thread-safe; never blocks beyond the sink itself.
  * Identical error and warning lines are rate-limited: at most 5 per 10 s
  * reach the sink (PDX_LOG_REPEAT="N/MS" changes it, "0/1" turns it off);
  * the first one shown after a window says how many were left out.
- * pdx_last_error() still gets every line of a failing call. */
+ * pdx_last_error() still gets every line of a failing call.
+ *
+ * @param [in] level  The line's level.
+ * @param [in] fmt    printf-style format; the line is cut at 1023 bytes.
+ * @param [in] ...    Its arguments.
+ * Owns: the caller keeps `fmt` and the arguments (read during the call
+ *       only).
+ * Blocks: no, beyond the sink itself (the default sink writes to stderr).
+ * Threads: any thread.
+ */
 PDX_API void pdx_log(pdx_log_level_t level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

@@ -4,18 +4,23 @@
  * Rules: `abi_version` and `size` come first; fields are only ever
  * appended. Before calling a field added after the first release, check
  * `table->size > offsetof(pdx_plugin_v1_t, field)`. Every function has the
- * contract of the plain C function of the same name (pdx/agent.h, xfer.h,
- * notif.h, connector headers). */
+ * contract of the plain C function of the same name (the header of its
+ * object: pdx/agent.h, mem.h, peer.h, xfer.h, ..., the connector's). */
 #ifndef PDX_PLUGIN_H
 #define PDX_PLUGIN_H
 
 #include <stddef.h>
 
 #include <pdx/agent.h>
+#include <pdx/backend_instance.h>
+#include <pdx/blob.h>
 #include <pdx/kv_config.h>
 #include <pdx/kv_connector.h>
 #include <pdx/log.h>
+#include <pdx/mem.h>
 #include <pdx/notif.h>
+#include <pdx/peer.h>
+#include <pdx/stats.h>
 #include <pdx/store.h>
 #include <pdx/xfer.h>
 
@@ -156,10 +161,19 @@ _Static_assert(offsetof(pdx_plugin_v1_t, abi_version) == 0, "abi first");
 _Static_assert(offsetof(pdx_plugin_v1_t, size) == 4, "size second");
 _Static_assert(offsetof(pdx_plugin_v1_t, version) == 8, "v1 layout");
 
-/* The table; `size` is sizeof(pdx_plugin_v1_t) of this build. */
+/* The table, the one symbol a dlopen'ing stack needs (PDX_PLUGIN_SYMBOL);
+ * its `size` is sizeof(pdx_plugin_v1_t) of this build. (A variable: its
+ * block has no parameters and no return value.)
+ *
+ * Owns: the table and every string in it are the library's, constant,
+ *       valid while libpdx.so is loaded.
+ * Blocks: no (reading it; each function has its own contract).
+ * Threads: any thread.
+ */
 PDX_API extern const pdx_plugin_v1_t pdx_plugin_v1;
 
-/* pdx_version and pdx_blob_describe: pdx/agent.h (included above). */
+/* pdx_version: pdx/agent.h; pdx_blob_describe: pdx/blob.h (included
+ * above). */
 
 #ifdef __cplusplus
 }

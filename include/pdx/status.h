@@ -34,7 +34,14 @@ typedef enum pdx_status {
     PDX_ERR_POLICY = -20,           /* the path policy forbids the only path */
 } pdx_status_t;
 
-/* Static string for a status; never NULL. Thread-safe, non-blocking. */
+/* A status in words ("success", "not found", ...).
+ *
+ * @param [in] status  Any value; one outside the enum is "unknown status".
+ * @return A static string; never NULL.
+ * Owns: the string is the library's, never freed.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API const char *pdx_status_string(pdx_status_t status);
 
 /* Why the last failing pdx call on the calling thread failed: the error
@@ -49,13 +56,31 @@ PDX_API const char *pdx_status_string(pdx_status_t status);
  * call. A failure inside a callback pdx runs (notification callback) is the
  * callback's own call. "" before any failure.
  *
- * Ownership: a thread-local buffer owned by pdx, valid until the calling
- * thread's next pdx call; copy it to keep it. Thread-safe (each thread has
- * its own); non-blocking. */
+ * @return The text; "" before any failure on this thread.
+ * Owns: a thread-local buffer owned by pdx, valid until the calling
+ *       thread's next pdx call; copy it to keep it.
+ * Blocks: no.
+ * Threads: any thread; each thread has its own.
+ */
 PDX_API const char *pdx_last_error(void);
-/* The status of that failing call (PDX_OK before any failure). */
+
+/* The status of the calling thread's last failing pdx call (the one
+ * pdx_last_error describes).
+ *
+ * @return That status; PDX_OK before any failure.
+ * Owns: nothing.
+ * Blocks: no.
+ * Threads: any thread; each thread has its own.
+ */
 PDX_API pdx_status_t pdx_last_status(void);
-/* Forget this thread's last error ("" and PDX_OK). */
+
+/* Forget this thread's last error: pdx_last_error() reads "" and
+ * pdx_last_status() PDX_OK again.
+ *
+ * Owns: nothing.
+ * Blocks: no.
+ * Threads: any thread; it clears the calling thread's only.
+ */
 PDX_API void pdx_last_error_clear(void);
 
 #ifdef __cplusplus

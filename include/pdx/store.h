@@ -213,45 +213,135 @@ typedef struct pdx_store_ops {
     uint32_t size;        /* sizeof(pdx_store_ops_t) of the module */
     const char *name;     /* "etcd" */
 
-    /* Can this store run here? PDX_OK, or PDX_ERR_UNAVAILABLE with a
-     * reason in `why`. No instance needed; non-blocking. */
+    /* Can this store run here? Needs no instance; may be called before
+     * create.
+     *
+     * @param [out] why      The reason when it cannot ("" otherwise).
+     * @param [in]  why_len  Bytes of `why`.
+     * @return PDX_OK, or PDX_ERR_UNAVAILABLE with the reason in `why`.
+     * Owns: the caller keeps `why`.
+     * Blocks: no.
+     * Threads: any thread.
+     */
     pdx_status_t (*query)(char *why, size_t why_len);
 
     /* Make an instance and start its thread. Does not wait for the store:
      * an unreachable store is not an error (status says so, the thread
-     * retries). PDX_ERR_CONFIG (logged) for bad params. `host` must stay
-     * valid until destroy returns. */
+     * retries).
+     *
+     * @param [in]  host    The agent's callbacks and names.
+     * @param [in]  params  Endpoints, namespace, timings, options.
+     * @param [out] st_p    The instance; written only on success.
+     * @return PDX_OK; PDX_ERR_CONFIG (logged) for bad params;
+     *         PDX_ERR_UNAVAILABLE when query would fail; PDX_ERR_NOMEM.
+     * Owns: `host` is borrowed until destroy returns; `params` and its
+     *       strings are copied (opts read during the call; files they
+     *       name are read by path later); *st_p is the caller's, freed
+     *       with destroy.
+     * Blocks: no network wait; reading password_file; starting the
+     *       module's thread (or joining the process's shared client).
+     * Threads: any thread.
+     */
     pdx_status_t (*create)(const pdx_store_host_t *host,
                            const pdx_store_params_t *params, void **st_p);
-    /* Stop the thread (no callback runs after this returns), revoke the
-     * lease (within timeout_ms; its keys vanish at once) and free.
-     * Blocking. */
+
+    /* Stop the instance's watches and callbacks (none runs after this
+     * returns), revoke the lease (its keys vanish at once) and free.
+     *
+     * @param [in] st  The instance.
+     * Owns: frees the instance; `host` is the caller's again.
+     * Blocks: yes: a callback in progress; the lease revocation, at most
+     *       timeout_ms.
+     * Threads: any thread but a host callback; no other op on the
+     *       instance may be in progress or follow.
+     */
     void (*destroy)(void *st);
-    /* Snapshot of the state. Non-blocking. */
+
+    /* Snapshot of the instance's state.
+     *
+     * @param [in]  st        The instance.
+     * @param [out] status_p  Filled.
+     * Owns: the caller keeps *status_p.
+     * Blocks: no.
+     * Threads: any thread, host callbacks included.
+     */
     void (*status)(void *st, pdx_store_status_t *status_p);
 
-    /* Put `key` = value. flags: PDX_STORE_PUT_LEASED. PDX_OK stored;
-     * PDX_INPROGRESS (leased only) remembered, to be published;
-     * PDX_ERR_UNAVAILABLE unreachable. Blocking (timeout_ms). */
+    /* Put `key` = value.
+     *
+     * @param [in] st     The instance.
+     * @param [in] key    A relative key (< PDX_STORE_KEY_MAX bytes).
+     * @param [in] value  The value (len bytes).
+     * @param [in] len    Bytes of `value`.
+     * @param [in] flags  0 or PDX_STORE_PUT_LEASED.
+     * @return PDX_OK stored; PDX_INPROGRESS (leased only) remembered, to be
+     *         published when a lease is held; PDX_ERR_UNAVAILABLE
+     *         unreachable.
+     * Owns: the caller keeps `key` and `value` (a leased key and its value
+     *       are copied, remembered until deleted).
+     * Blocks: yes: one request, at most timeout_ms.
+     * Threads: any thread, host callbacks included.
+     */
     pdx_status_t (*put)(void *st, const char *key, const void *value,
                         size_t len, uint32_t flags);
-    /* Get `key`: *value_p malloc'd (may be NULL when len is 0), the key's
-     * mod revision in *rev_p (may be NULL). PDX_ERR_NOT_FOUND, or
-     * PDX_ERR_UNAVAILABLE. Outputs written on PDX_OK only. Blocking. */
+
+    /* Get `key`.
+     *
+     * @param [in]  st       The instance.
+     * @param [in]  key      A relative key.
+     * @param [out] value_p  The value; may be NULL when len is 0; written
+     *                       on PDX_OK only.
+     * @param [out] len_p    Its length; written on PDX_OK only.
+     * @param [out] rev_p    The key's mod revision; may be NULL; written on
+     *                       PDX_OK only.
+     * @return PDX_OK; PDX_ERR_NOT_FOUND; PDX_ERR_UNAVAILABLE.
+     * Owns: the caller keeps `key`; *value_p is the caller's, malloc'd:
+     *       free() it.
+     * Blocks: yes: one request, at most timeout_ms.
+     * Threads: any thread, host callbacks included.
+     */
     pdx_status_t (*get)(void *st, const char *key, void **value_p,
                         size_t *len_p, int64_t *rev_p);
-    /* Delete `key` (and forget it if leased). PDX_OK also when absent.
-     * Blocking. */
+
+    /* Delete `key` (and forget it if leased).
+     *
+     * @param [in] st   The instance.
+     * @param [in] key  A relative key.
+     * @return PDX_OK, also when absent; PDX_ERR_UNAVAILABLE.
+     * Owns: the caller keeps `key`.
+     * Blocks: yes: one request, at most timeout_ms.
+     * Threads: any thread, host callbacks included.
+     */
     pdx_status_t (*del)(void *st, const char *key);
 
-    /* Watch every key starting with `prefix` from store revision
-     * `start_revision` (0: from now) and report events through
-     * host->watch_event. flags: PDX_STORE_WATCH_*. Non-blocking: the
-     * module's thread opens (and reopens) the stream. *id_p (> 0) names it. */
+    /* Watch every key starting with `prefix` (or the key itself, with
+     * PDX_STORE_WATCH_KEY) from store revision `start_revision` and report
+     * events through host->watch_event. The module's thread opens (and
+     * reopens) the stream.
+     *
+     * @param [in]  st              The instance.
+     * @param [in]  prefix          A relative key or prefix.
+     * @param [in]  start_revision  The first revision to report; 0: from
+     *                              now.
+     * @param [in]  flags           PDX_STORE_WATCH_*.
+     * @param [out] id_p            The watch's id (> 0).
+     * @return PDX_OK; PDX_ERR_INVALID; PDX_ERR_NOMEM.
+     * Owns: the caller keeps `prefix` (copied).
+     * Blocks: no.
+     * Threads: any thread but a host callback.
+     */
     pdx_status_t (*watch)(void *st, const char *prefix, int64_t start_revision,
                           uint32_t flags, uint64_t *id_p);
-    /* Stop a watch; no event of it is reported after this returns. Must
-     * not be called from a callback. */
+
+    /* Stop a watch; no event of it is reported after this returns.
+     *
+     * @param [in] st  The instance.
+     * @param [in] id  What watch returned.
+     * @return PDX_OK; PDX_ERR_NOT_FOUND for an unknown id.
+     * Owns: nothing.
+     * Blocks: yes: until a callback of the instance in progress returns.
+     * Threads: any thread but a host callback.
+     */
     pdx_status_t (*unwatch)(void *st, uint64_t id);
 
     /* Block-owner registry. A block is named by `blocks[i]` (a hash in
@@ -261,20 +351,69 @@ typedef struct pdx_store_ops {
     /* Register `owner` as an owner of each of the n blocks, in as few
      * transactions as the store allows (max_txn_ops), and write each
      * block's live owner count after the registration (this owner
-     * included) to counts[i] (counts may be NULL). Blocking. */
+     * included).
+     *
+     * @param [in]  st      The instance.
+     * @param [in]  owner   The owner's name (an agent's).
+     * @param [in]  blocks  n block names.
+     * @param [in]  n       Blocks.
+     * @param [out] counts  n counts; may be NULL.
+     * @return PDX_OK; PDX_ERR_UNAVAILABLE (unreachable); or the store's
+     *         refusal (PDX_ERR_INVALID for a bad name, ...; logged).
+     * Owns: the caller keeps `owner`, `blocks` and `counts`.
+     * Blocks: yes: one request per transaction (several at once), each
+     *       at most timeout_ms.
+     * Threads: any thread, host callbacks included.
+     */
     pdx_status_t (*owners_add)(void *st, const char *owner,
                                const char *const *blocks, size_t n,
                                uint32_t *counts);
-    /* Remove `owner` from each block. Blocking. */
+
+    /* Remove `owner` from each block.
+     *
+     * @param [in] st      The instance.
+     * @param [in] owner   The owner's name.
+     * @param [in] blocks  n block names.
+     * @param [in] n       Blocks.
+     * @return PDX_OK; PDX_ERR_UNAVAILABLE (unreachable); or the store's
+     *         refusal (logged).
+     * Owns: the caller keeps `owner` and `blocks`.
+     * Blocks: yes: one request per transaction (several at once), each
+     *       at most timeout_ms.
+     * Threads: any thread, host callbacks included.
+     */
     pdx_status_t (*owners_del)(void *st, const char *owner,
                                const char *const *blocks, size_t n);
+
     /* Report every live owner of each block: cb(arg, i, owner) once per
-     * (block, owner), on the calling thread, blocks in order. Blocking. */
+     * (block, owner), on the calling thread, blocks in order.
+     *
+     * @param [in] st      The instance.
+     * @param [in] blocks  n block names.
+     * @param [in] n       Blocks.
+     * @param [in] cb      Called per (block, owner), before this returns.
+     * @param [in] arg     Passed to `cb`.
+     * @return PDX_OK; PDX_ERR_UNAVAILABLE (unreachable); or the store's
+     *         refusal (logged).
+     * Owns: the caller keeps `blocks`; `owner` is the module's, valid for
+     *       the callback only.
+     * Blocks: yes: one request per transaction (several at once), each
+     *       at most timeout_ms.
+     * Threads: any thread, host callbacks included.
+     */
     pdx_status_t (*owners_get)(void *st, const char *const *blocks, size_t n,
                                pdx_store_owner_cb_t cb, void *arg);
 
-    /* Added with issue 22 (check size > offsetof(pdx_store_ops_t, op)). */
-    /* Counters into *c (the fields within c->size). Non-blocking. */
+    /* The instance's counters. Added after the first table: a loader
+     * checks size > offsetof(pdx_store_ops_t, counters) before calling it.
+     *
+     * @param [in]     st  The instance.
+     * @param [in,out] c   c->size is read (set by the caller); the fields
+     *                     within it are written.
+     * Owns: the caller keeps *c.
+     * Blocks: no.
+     * Threads: any thread, host callbacks included.
+     */
     void (*counters)(void *st, pdx_store_counters_t *c);
 } pdx_store_ops_t;
 
@@ -309,65 +448,150 @@ _Static_assert(offsetof(pdx_store_ops_t, size) == 4, "size second");
  *
  * While the store is unreachable: loaded peers keep transferring (nothing
  * on the data path touches the store); pdx_peer_fetch of a cached
- * (watched) name works, of another one fails PDX_ERR_UNAVAILABLE; the death of a peer
- * is seen only through the transports (pidfd, UCX keepalive), not through
- * its lease, until the watch resumes (from its revision: changes made
- * meanwhile are reported then, none lost); this agent's lease is not
- * renewed, so after the TTL other agents see it as dead; its blob is
+ * (watched) name works, of another one fails PDX_ERR_UNAVAILABLE; the death
+ * of a peer is seen only through the transports (pidfd, UCX keepalive),
+ * not through its lease, until the watch resumes (from its revision:
+ * changes made meanwhile are reported then, none lost); this agent's lease
+ * is not renewed, so after the TTL other agents see it as dead; its blob is
  * published again (under a new lease if the old one expired) when the
  * store is back. */
 
-/* Start publishing this agent's blob (now, in the background, and again at
- * every generation change). Call it once the agent is complete (backends,
- * memory, invariants): a peer that loads it before would see an
- * incomplete agent. PDX_ERR_UNSUPPORTED without a store. Non-blocking. */
+/* Start publishing this agent's blob: now, in the background, and again
+ * at every generation change, under the agent's lease. Call it once the
+ * agent is complete (backends, memory, invariants): a peer that loads it
+ * before would see an incomplete agent.
+ *
+ * @param [in] agent  An agent created with a store.
+ * @return PDX_OK; PDX_ERR_UNSUPPORTED without a store.
+ * Owns: nothing.
+ * Blocks: no (the store's thread puts it).
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_agent_publish(pdx_agent_h agent);
 
 /* Make peer `name` loaded: PDX_OK at once if it is loaded and alive;
  * otherwise its blob is taken from the cache, else from the store (one
  * point read; its key is watched from then on), else waited for (it may
- * not have published yet) until `timeout_ms` has passed, and loaded with pdx_peer_load (invariants checked: a peer of
- * another layout or seed is refused with PDX_ERR_MISMATCH naming the
- * field). A loaded but dead peer is reloaded only from a newer blob
- * (another instance or generation) or its own blob put again after it was
- * found dead (it re-published: revived, see pdx_peer_load); else
- * PDX_ERR_REMOTE_DISCONNECT. The watch does the same by itself: a peer
- * whose key comes back is revived, and a same-host peer whose process
- * lives (pidfd) is not failed when only its key goes (lease expired while
- * it or the store was paused).
- * PDX_ERR_NOT_FOUND (not published by the deadline), PDX_ERR_UNAVAILABLE
- * (store unreachable and nothing cached), PDX_ERR_UNSUPPORTED (no store).
- * Blocking, at most about timeout_ms plus the connection setup. Any thread
- * but a callback of pdx's. */
+ * not have published yet) until `timeout_ms` has passed, and loaded with
+ * pdx_peer_load (invariants checked: a peer of another layout or seed is
+ * refused with PDX_ERR_MISMATCH naming the field). A loaded but dead peer
+ * is reloaded only from a newer blob (another instance or generation) or
+ * its own blob put again after it was found dead (it re-published:
+ * revived, see pdx_peer_load); else PDX_ERR_REMOTE_DISCONNECT. The watch
+ * does the same by itself: a peer whose key comes back is revived, and a
+ * same-host peer whose process lives (pidfd) is not failed when only its
+ * key goes (lease expired while it or the store was paused).
+ *
+ * @param [in] agent       An agent created with a store.
+ * @param [in] name        The peer's name (1..PDX_NAME_MAX-1 bytes of
+ *                         [A-Za-z0-9._-]).
+ * @param [in] timeout_ms  How long to wait for it to be published.
+ * @return PDX_OK; PDX_ERR_NOT_FOUND (not published by the deadline),
+ *         PDX_ERR_UNAVAILABLE (store unreachable and nothing cached),
+ *         PDX_ERR_REMOTE_DISCONNECT (dead, and no newer blob),
+ *         PDX_ERR_UNSUPPORTED (no store), PDX_ERR_INVALID (a bad name),
+ *         PDX_ERR_NOMEM, or pdx_peer_load's error.
+ * Owns: the caller keeps `name`; the peer is the agent's, as after
+ *       pdx_peer_load.
+ * Blocks: yes: at most about timeout_ms, plus one point read of the store
+ *       (at most its store_timeout_ms) and the connection setup of
+ *       pdx_peer_load.
+ * Threads: any thread but a callback of pdx's.
+ */
 PDX_API pdx_status_t pdx_peer_fetch(pdx_agent_h agent, const char *name,
                                     uint32_t timeout_ms);
 
-/* The agent's store state (PDX_ERR_UNSUPPORTED without a store).
- * Non-blocking. */
+/* The agent's store state: reachability, lease, revision, traffic.
+ *
+ * @param [in]  agent     The agent.
+ * @param [out] status_p  Filled on PDX_OK.
+ * @return PDX_OK; PDX_ERR_UNSUPPORTED without a store.
+ * Owns: the caller keeps *status_p.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_store_status(pdx_agent_h agent,
                                       pdx_store_status_t *status_p);
 
-/* The agent's store counters (pdx_store_counters_t: set c_p->size first).
- * PDX_ERR_UNSUPPORTED without a store or with a module that has none.
- * Non-blocking. */
+/* The agent's store counters.
+ *
+ * @param [in]     agent  The agent.
+ * @param [in,out] c_p    c_p->size set to sizeof(pdx_store_counters_t) by
+ *                        the caller; the fields within it are written.
+ * @return PDX_OK; PDX_ERR_UNSUPPORTED without a store or with a module
+ *         that has no counters; PDX_ERR_INVALID for a size too small for
+ *         any counter.
+ * Owns: the caller keeps *c_p.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_store_counters(pdx_agent_h agent,
                                         pdx_store_counters_t *c_p);
 
 /* One line for people: "etcd http://127.0.0.1:2379 ns pdx: reachable,
  * lease 7587..(5 s), 3 agents known" or "...: unreachable since
- * 2025-01-02T10:00:00Z (12.3 s): <last error>". Non-blocking. */
+ * 2025-01-02T10:00:00Z (12.3 s): <last error>".
+ *
+ * @param [in]  agent  The agent.
+ * @param [out] buf    The line, NUL-terminated and truncated to `len`
+ *                     ("no store" without one).
+ * @param [in]  len    Bytes of `buf` (> 0).
+ * @return PDX_OK; PDX_ERR_UNSUPPORTED without a store.
+ * Owns: the caller keeps `buf`.
+ * Blocks: no.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_store_describe(pdx_agent_h agent, char *buf,
                                         size_t len);
 
-/* Block-owner registry through the agent's store, the agent being the
- * owner (pdx_store_ops_t.owners_*). PDX_ERR_UNSUPPORTED without a store,
- * PDX_ERR_UNAVAILABLE while it is unreachable. Blocking. */
+/* Register this agent as an owner of each block in the agent's store
+ * (pdx_store_ops_t.owners_add).
+ *
+ * @param [in]  agent   An agent created with a store.
+ * @param [in]  blocks  n block names (hex hashes).
+ * @param [in]  n       Blocks.
+ * @param [out] counts  Each block's live owner count after this
+ *                      registration; may be NULL.
+ * @return PDX_OK; PDX_ERR_UNSUPPORTED without a store;
+ *         PDX_ERR_UNAVAILABLE while it is unreachable; or the store's
+ *         refusal.
+ * Owns: the caller keeps `blocks` and `counts`.
+ * Blocks: yes: the store's transactions, each at most store_timeout_ms.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_store_owners_add(pdx_agent_h agent,
                                           const char *const *blocks, size_t n,
                                           uint32_t *counts);
+
+/* Remove this agent as an owner of each block
+ * (pdx_store_ops_t.owners_del).
+ *
+ * @param [in] agent   An agent created with a store.
+ * @param [in] blocks  n block names.
+ * @param [in] n       Blocks.
+ * @return As pdx_store_owners_add.
+ * Owns: the caller keeps `blocks`.
+ * Blocks: yes: the store's transactions, each at most store_timeout_ms.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_store_owners_del(pdx_agent_h agent,
                                           const char *const *blocks,
                                           size_t n);
+
+/* Report every live owner of each block: cb(arg, i, owner) once per
+ * (block, owner), blocks in order (pdx_store_ops_t.owners_get).
+ *
+ * @param [in] agent   An agent created with a store.
+ * @param [in] blocks  n block names.
+ * @param [in] n       Blocks.
+ * @param [in] cb      Called on the calling thread before this returns.
+ * @param [in] arg     Passed to `cb`.
+ * @return As pdx_store_owners_add.
+ * Owns: the caller keeps `blocks` and `arg`; `owner` is valid for the
+ *       callback only.
+ * Blocks: yes: the store's transactions, each at most store_timeout_ms.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_store_owners_get(pdx_agent_h agent,
                                           const char *const *blocks, size_t n,
                                           pdx_store_owner_cb_t cb, void *arg);
@@ -379,8 +603,20 @@ PDX_API pdx_status_t pdx_store_owners_get(pdx_agent_h agent,
  * blocks) instead of asking for every block, on the assumption that an
  * owner of block i owns blocks 0..i (prefixes are saved whole and pools
  * evict tails first); the owner's pool has the last word when asked for
- * the blocks. PDX_ERR_UNSUPPORTED without a store, PDX_ERR_UNAVAILABLE
- * while it is unreachable. Blocking. */
+ * the blocks.
+ *
+ * @param [in]  agent      An agent created with a store.
+ * @param [in]  blocks     n block names, in prefix order.
+ * @param [in]  n          Blocks.
+ * @param [out] owner_out  The owner's name (PDX_NAME_MAX bytes); written
+ *                         only on success.
+ * @param [out] prefix_p   The prefix length; written only on success.
+ * @return As pdx_store_owners_add.
+ * Owns: the caller keeps `blocks` and `owner_out`.
+ * Blocks: yes: one owners_get per round (about log64(n) rounds, 16 at
+ *       most), each at most store_timeout_ms per transaction.
+ * Threads: any thread.
+ */
 PDX_API pdx_status_t pdx_store_owners_longest(pdx_agent_h agent,
                                               const char *const *blocks,
                                               size_t n, char *owner_out,

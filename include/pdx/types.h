@@ -12,6 +12,8 @@
 extern "C" {
 #endif
 
+#define PDX_NAME_MAX 64 /* agent and peer names, bytes incl. NUL */
+
 typedef enum pdx_mem_type {
     PDX_MEM_DRAM = 0, /* host memory */
     PDX_MEM_VRAM = 1, /* GPU memory; dev_id is the CUDA device ordinal */
@@ -60,6 +62,25 @@ typedef struct pdx_desc_list {
 /* pdx_mem_alloc flags. */
 /* Fault every page in at allocation (MAP_POPULATE). */
 #define PDX_MEM_F_POPULATE (1ull << 0)
+
+/* A region of memory to register, or a peer's region to load: what a
+ * backend module is given (pdx/backend.h) and what the core keeps of every
+ * registration and every peer region. */
+typedef struct pdx_region {
+    uint64_t addr;
+    uint64_t len;
+    uint32_t dev_id;
+    pdx_mem_type_t mem_type;
+    uint64_t flags; /* PDX_REGION_F_* */
+    /* Valid only with PDX_REGION_F_SHARED in `flags` (set by the agent
+     * for local regions in pdx_mem_alloc/pdx_mem_share memory): an fd of
+     * this process for a file whose bytes at `shm_offset` are `addr`
+     * (MAP_SHARED). The fd stays open while the region is registered.
+     * In a peer's region (rmem_load) shm_fd is -1: the key says more. */
+    int32_t shm_fd;
+    uint32_t reserved;
+    uint64_t shm_offset;
+} pdx_region_t;
 
 /* A key/value option (backend, store and connector options). Both strings
  * are owned by the caller and only read during the call. */

@@ -31,8 +31,7 @@
 #include <time.h>
 
 #include <cmocka.h>
-#include <pdx/agent.h> /* PDX_NAME_MAX */
-#include <pdx/backend.h>
+#include <pdx/backend.h> /* and pdx/types.h: PDX_NAME_MAX */
 
 #include "pdx_clock.h"
 

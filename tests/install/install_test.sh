@@ -16,6 +16,17 @@ for f in include/pdx/pdx.h include/pdx/kv_connector.h lib/libpdx.so \
          bin/pdx-bench share/pdx/configs/glm52-fp8-mtp/prefill.json; do
     [ -e "$prefix/$f" ] || { echo "FAIL: $f not installed"; exit 1; }
 done
+# Every public header is installed and compiles on its own (one header per
+# object: each includes what it needs).
+for h in "$src"/include/pdx/*.h; do
+    f=include/pdx/$(basename "$h")
+    [ -e "$prefix/$f" ] || { echo "FAIL: $f not installed"; exit 1; }
+    printf '#include <pdx/%s>\n' "$(basename "$h")" |
+        cc -std=c11 -Wall -Wextra -Werror -fsyntax-only -I"$prefix/include" \
+            -x c - || { echo "FAIL: $f does not compile alone"; exit 1; }
+done
+[ ! -e "$prefix/include/pdx/README.md" ] ||
+    { echo "FAIL: include/pdx/README.md installed"; exit 1; }
 soname=$(readelf -d "$prefix/lib/libpdx.so" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
 [ "$soname" = libpdx.so.0 ] || { echo "FAIL: SONAME '$soname'"; exit 1; }
 # Nothing may find the build tree: no plugin path, no library path.

@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include <pdx/blob.h>
 #include <pdx/kv_connector.h>
 #include <pdx/log.h>
 #include "poll_until.h"
