@@ -15,6 +15,7 @@
 
 #include <pdx/kv_connector.h>
 #include <pdx/log.h>
+#include "kv_freed.h"
 #include "poll_until.h"
 
 #define NBLOCKS 160
@@ -150,18 +151,6 @@ static int same_block(node_t *a, uint64_t ida, node_t *b, uint64_t idb)
     return 1;
 }
 
-typedef struct {
-    int n;
-    pdx_kv_free_reason_t why;
-} freed_t;
-
-static void on_freed(void *arg, const char *req, pdx_kv_free_reason_t why)
-{
-    freed_t *f = arg;
-    f->n++;
-    f->why = why;
-}
-
 static void make_tokens(uint64_t *t, size_t n, uint64_t salt)
 {
     for (size_t i = 0; i < n; i++) {
@@ -236,10 +225,10 @@ static void test_handoff_8k(void **state)
         assert_true(same_block(&p, pids[i], &d, dids[i]));
     }
     /* D's done notification frees P's blocks at once. */
-    freed_t f = {0};
+    kv_freed_t f = {0};
     for (int i = 0; i < 20000 && f.n == 0; i++) {
         pdx_kv_progress(p.conn);
-        pdx_kv_poll_freed(p.conn, on_freed, &f);
+        pdx_kv_poll_freed(p.conn, kv_on_freed, &f);
     }
     assert_int_equal(f.n, 1);
     assert_int_equal(f.why, PDX_KV_FREED_DONE);
@@ -289,7 +278,7 @@ static void test_handoff_8k(void **state)
     f.n = 0;
     for (int i = 0; i < 20000 && f.n == 0; i++) {
         pdx_kv_progress(d.conn);
-        pdx_kv_poll_freed(d.conn, on_freed, &f);
+        pdx_kv_poll_freed(d.conn, kv_on_freed, &f);
     }
     assert_int_equal(f.why, PDX_KV_FREED_DONE);
     pdx_kv_free(back);
@@ -323,11 +312,11 @@ static void test_lease_expiry_and_reject(void **state)
     assert_int_equal(pdx_kv_request_finished(p.conn, &req, ids, 256,
                                              PDX_KV_FROM_ARENA, &params),
                      PDX_OK);
-    freed_t f = {0};
+    kv_freed_t f = {0};
     for (int i = 0; i < 3000 && f.n == 0; i++) { /* bounded: ~3 s */
         sleep_ms(1);
         pdx_kv_progress(p.conn);
-        pdx_kv_poll_freed(p.conn, on_freed, &f);
+        pdx_kv_poll_freed(p.conn, kv_on_freed, &f);
     }
     assert_int_equal(f.n, 1);
     assert_int_equal(f.why, PDX_KV_FREED_EXPIRED);
@@ -344,7 +333,7 @@ static void test_lease_expiry_and_reject(void **state)
     for (int i = 0; i < 3000 && f.n == 0; i++) {
         sleep_ms(1);
         pdx_kv_progress(p.conn);
-        pdx_kv_poll_freed(p.conn, on_freed, &f);
+        pdx_kv_poll_freed(p.conn, kv_on_freed, &f);
     }
     assert_int_equal(f.n, 1);
     assert_int_equal(f.why, PDX_KV_FREED_REJECT);
@@ -380,7 +369,7 @@ static void test_lease_expiry_and_reject(void **state)
     for (int i = 0; i < 3000 && f.n == 0; i++) {
         sleep_ms(1);
         pdx_kv_progress(p.conn);
-        pdx_kv_poll_freed(p.conn, on_freed, &f);
+        pdx_kv_poll_freed(p.conn, kv_on_freed, &f);
     }
     assert_int_equal(f.n, 1);
     /* The READ may have finished before the abort (done) or not (reject);

@@ -25,31 +25,12 @@
 #include <pdx/pdx.h>
 #include <pdx/store.h>
 
-#include "etcd_launch.h"
+#include "etcd_fixture.h"
+#include "mix.h"
 #include "pdx_clock.h"
 
 #define BLOCK_TOKENS 16
 #define NUM_BLOCKS 64
-
-static etcd_proc_t g_etcd;
-static bool g_have_etcd;
-static char g_skip[256];
-
-#define NEED_ETCD()                                                            \
-    do {                                                                       \
-        if (!g_have_etcd) {                                                    \
-            print_message("skipped: %s\n", g_skip);                            \
-            skip();                                                            \
-        }                                                                      \
-    } while (0)
-
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 typedef struct node {
     char name[PDX_NAME_MAX];
@@ -81,7 +62,7 @@ static void node_open(node_t *n, const char *name, const char *ns,
              " \"store\": {\"endpoints\": [\"%s\"], \"namespace\": \"%s\",\n"
              "   \"lease_ttl_ms\": %u, \"timeout_ms\": 1000,\n"
              "   \"remote_offload\": false}}\n",
-             BLOCK_TOKENS, NUM_BLOCKS, name, g_etcd.url, ns, ttl_ms);
+             BLOCK_TOKENS, NUM_BLOCKS, name, fx_etcd.url, ns, ttl_ms);
     pdx_kv_config_t cfg;
     char err[512];
     if (pdx_kv_config_parse(json, strlen(json), "registry.json", &cfg, err,
@@ -128,7 +109,7 @@ static void make_hashes(pdx_block_hash_t *h, size_t n, uint64_t seed)
     for (size_t i = 0; i < n; i++) {
         memset(&h[i], 0, sizeof(h[i]));
         for (int w = 0; w < 2; w++) {
-            uint64_t x = mix(seed * 1000003ull + i * 2 + (uint64_t)w);
+            uint64_t x = splitmix64(seed * 1000003ull + i * 2 + (uint64_t)w);
             memcpy(h[i].bytes + 8 * w, &x, 8);
         }
         h[i].len = 16;
@@ -360,7 +341,7 @@ static void test_lease_lost_reregistered(void **state)
     assert_true(s0.lease != 0);
 
     /* etcd frozen past the TTL: no keepalive reaches it. Saves go on. */
-    kill(g_etcd.pid, SIGSTOP);
+    kill(fx_etcd.pid, SIGSTOP);
     uint64_t end = pdx_now_ms() + 5000;
     do {
         usleep(20000);
@@ -370,7 +351,7 @@ static void test_lease_lost_reregistered(void **state)
     usleep((ttl_ms + 1500) * 1000);
     assert_int_equal(pdx_store_status(agent_of(&n), &s), PDX_OK);
     assert_false(s.reachable);
-    kill(g_etcd.pid, SIGCONT);
+    kill(fx_etcd.pid, SIGCONT);
 
     /* etcd expires the lease when it wakes, unless it renews every lease
      * first (it may, as after a leader change); then take it away by hand,
@@ -395,7 +376,7 @@ static void test_lease_lost_reregistered(void **state)
         char body[64], out[512];
         snprintf(body, sizeof(body), "{\"ID\": \"%lld\"}", (long long)s0.lease);
         assert_int_equal(
-            etcd_post(&g_etcd, "/v3/lease/revoke", body, out, sizeof(out)), 0);
+            etcd_post(&fx_etcd, "/v3/lease/revoke", body, out, sizeof(out)), 0);
         how = "survived the freeze (etcd renewed it), revoked by hand";
     }
     for (size_t i = 0; i < N1 + N2; i++) {
@@ -425,31 +406,6 @@ static void test_lease_lost_reregistered(void **state)
     node_close(&n);
 }
 
-static int setup_all(void **state)
-{
-    (void)state;
-    if (!etcd_available(g_skip, sizeof(g_skip))) {
-        return 0;
-    }
-    char err[256];
-    if (etcd_start(&g_etcd, NULL, NULL, err, sizeof(err)) != 0) {
-        fprintf(stderr, "etcd: %s\n", err);
-        return -1;
-    }
-    g_have_etcd = true;
-    return 0;
-}
-
-static int teardown_all(void **state)
-{
-    (void)state;
-    if (g_have_etcd) {
-        kill(g_etcd.pid, SIGCONT); /* in case a failed test left it */
-        etcd_cleanup(&g_etcd);
-    }
-    return 0;
-}
-
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -457,5 +413,5 @@ int main(void)
         cmocka_unit_test(test_evicted_unregistered),
         cmocka_unit_test(test_lease_lost_reregistered),
     };
-    return cmocka_run_group_tests(tests, setup_all, teardown_all);
+    return cmocka_run_group_tests(tests, fx_etcd_setup, fx_etcd_teardown);
 }

@@ -15,6 +15,7 @@
 #include "agent_int.h"
 #include "backend_int.h"
 #include "peer_int.h"
+#include "ctl.h"
 #include "mock_backend.h"
 #include <pdx/pdx.h>
 #include "poll_until.h"
@@ -57,11 +58,7 @@ static void side_init(side_t *s, const char *name)
 
 static void load(side_t *into, side_t *from)
 {
-    void *blob;
-    size_t len;
-    assert_int_equal(pdx_agent_describe(from->a, &blob, &len), PDX_OK);
-    assert_int_equal(pdx_peer_load(into->a, blob, len, NULL), PDX_OK);
-    pdx_blob_free(blob);
+    assert_int_equal(ctl_load_agent(into->a, from->a, NULL), PDX_OK);
 }
 
 static pdx_status_t run(pdx_xfer_h x, side_t *other)

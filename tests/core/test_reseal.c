@@ -13,17 +13,9 @@
 
 #include <pdx/pdx.h>
 
-#include "reseal.h"
+#include "die.h"
 #include "pdx_clock.h"
-
-#define CHECK(c)                                                               \
-    do {                                                                       \
-        if (!(c)) {                                                            \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__,  \
-                    #c);                                                       \
-            exit(1);                                                           \
-        }                                                                      \
-    } while (0)
+#include "reseal.h"
 
 #define REG_LEN (1u << 16)
 
@@ -35,7 +27,7 @@ static void add_backends(pdx_agent_h a, int *ncreated)
         if (st == PDX_OK) {
             (*ncreated)++;
         } else {
-            CHECK(i == 2); /* cuda_ipc without a GPU: skipped */
+            REQUIRE(i == 2); /* cuda_ipc without a GPU: skipped */
             printf("backend %s not created here (%s): skipped\n", names[i],
                    pdx_status_string(st));
         }
@@ -48,44 +40,44 @@ int main(int argc, char **argv)
     uint64_t seed = argc > 2 ? strtoull(argv[2], NULL, 0) : 1;
     pdx_agent_h p, d;
     int np = 0, nd = 0;
-    CHECK(pdx_agent_create("reseal-p", NULL, &p) == PDX_OK);
-    CHECK(pdx_agent_create("reseal-d", NULL, &d) == PDX_OK);
+    REQUIRE(pdx_agent_create("reseal-p", NULL, &p) == PDX_OK);
+    REQUIRE(pdx_agent_create("reseal-d", NULL, &d) == PDX_OK);
     add_backends(p, &np);
     add_backends(d, &nd);
-    CHECK(np >= 2 && nd >= 2);
+    REQUIRE(np >= 2 && nd >= 2);
 
     /* Shared (cma maps it), shared again, and plain heap memory. */
     void *m1, *m2;
     uint8_t *heap = malloc(REG_LEN);
-    CHECK(heap != NULL);
-    CHECK(pdx_mem_alloc(REG_LEN, 0, &m1) == PDX_OK);
-    CHECK(pdx_mem_alloc(REG_LEN, 0, &m2) == PDX_OK);
+    REQUIRE(heap != NULL);
+    REQUIRE(pdx_mem_alloc(REG_LEN, 0, &m1) == PDX_OK);
+    REQUIRE(pdx_mem_alloc(REG_LEN, 0, &m2) == PDX_OK);
     for (size_t i = 0; i < REG_LEN; i++) {
         ((uint8_t *)m1)[i] = (uint8_t)(i * 7 + 1);
         heap[i] = (uint8_t)(i * 13 + 5);
     }
     pdx_mem_reg_h r1, r2, r3, rl;
-    CHECK(pdx_mem_register(p, PDX_MEM_DRAM, (uintptr_t)m1, REG_LEN, 0, 0,
+    REQUIRE(pdx_mem_register(p, PDX_MEM_DRAM, (uintptr_t)m1, REG_LEN, 0, 0,
                            &r1) == PDX_OK);
-    CHECK(pdx_mem_register(p, PDX_MEM_DRAM, (uintptr_t)m2, REG_LEN, 0, 0,
+    REQUIRE(pdx_mem_register(p, PDX_MEM_DRAM, (uintptr_t)m2, REG_LEN, 0, 0,
                            &r2) == PDX_OK);
-    CHECK(pdx_mem_register(p, PDX_MEM_DRAM, (uintptr_t)heap, REG_LEN, 0, 0,
+    REQUIRE(pdx_mem_register(p, PDX_MEM_DRAM, (uintptr_t)heap, REG_LEN, 0, 0,
                            &r3) == PDX_OK);
     uint8_t *local = calloc(1, REG_LEN);
-    CHECK(local != NULL);
-    CHECK(pdx_mem_register(d, PDX_MEM_DRAM, (uintptr_t)local, REG_LEN, 0, 0,
+    REQUIRE(local != NULL);
+    REQUIRE(pdx_mem_register(d, PDX_MEM_DRAM, (uintptr_t)local, REG_LEN, 0, 0,
                            &rl) == PDX_OK);
     void *blob;
     size_t blen;
-    CHECK(pdx_agent_describe(p, &blob, &blen) == PDX_OK);
+    REQUIRE(pdx_agent_describe(p, &blob, &blen) == PDX_OK);
     rs_field_t f[RS_MAX_FIELDS];
     size_t nf = rs_fields(blob, blen, f);
     printf("blob of %zu bytes, %zu conn infos and keys\n", blen, nf);
-    CHECK(nf >= 2 + 3 * 2);
+    REQUIRE(nf >= 2 + 3 * 2);
 
     size_t cap = blen + 8192;
     uint8_t *mut = malloc(cap);
-    CHECK(mut != NULL);
+    REQUIRE(mut != NULL);
     unsigned counts[64] = {0};
     unsigned ok = 0;
     uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
@@ -101,12 +93,12 @@ int main(int argc, char **argv)
         size_t mlen = rs_mutate(blob, blen, script, sizeof(script), mut, cap);
         char name[PDX_NAME_MAX] = "";
         pdx_status_t st = pdx_peer_load(d, mut, mlen, name);
-        CHECK(st == PDX_OK || st < 0);
+        REQUIRE(st == PDX_OK || st < 0);
         counts[(unsigned)(-st) & 63]++;
         if (st == PDX_OK) {
             ok++;
-            CHECK(name[0] != '\0');
-            CHECK(pdx_peer_unload(d, name) == PDX_OK);
+            REQUIRE(name[0] != '\0');
+            REQUIRE(pdx_peer_unload(d, name) == PDX_OK);
         }
         if (i % 16 == 0) {
             pdx_progress(d);
@@ -124,20 +116,20 @@ int main(int argc, char **argv)
     }
     /* Not a test that cannot fail: the mutations must reach deep (some
      * load, most are refused as corrupt). */
-    CHECK(n < 100 || (ok > 0 && counts[(unsigned)-PDX_ERR_CORRUPT] > n / 4));
+    REQUIRE(n < 100 || (ok > 0 && counts[(unsigned)-PDX_ERR_CORRUPT] > n / 4));
 
     /* The good blob still loads and reads byte-exact. */
     char pname[PDX_NAME_MAX];
-    CHECK(pdx_peer_load(d, blob, blen, pname) == PDX_OK);
-    CHECK(strcmp(pname, "reseal-p") == 0);
-    CHECK(pdx_peer_state(d, pname) == PDX_OK);
+    REQUIRE(pdx_peer_load(d, blob, blen, pname) == PDX_OK);
+    REQUIRE(strcmp(pname, "reseal-p") == 0);
+    REQUIRE(pdx_peer_state(d, pname) == PDX_OK);
     pdx_desc_t ld[2] = {{(uintptr_t)local, REG_LEN / 2, 0, 0},
                         {(uintptr_t)local + REG_LEN / 2, REG_LEN / 2, 0, 0}};
     pdx_desc_t rd[2] = {{(uintptr_t)m1, REG_LEN / 2, 0, 0},
                         {(uintptr_t)heap + REG_LEN / 2, REG_LEN / 2, 0, 0}};
     pdx_desc_list_t ll = {PDX_MEM_DRAM, ld, 2}, rl2 = {PDX_MEM_DRAM, rd, 2};
     pdx_xfer_h x1;
-    CHECK(pdx_xfer_create(d, PDX_XFER_READ, &ll, &rl2, pname, NULL, 0, &x1) ==
+    REQUIRE(pdx_xfer_create(d, PDX_XFER_READ, &ll, &rl2, pname, NULL, 0, &x1) ==
           PDX_OK);
     pdx_status_t st = pdx_xfer_post(x1);
     for (double t = pdx_now_s();
@@ -146,9 +138,9 @@ int main(int argc, char **argv)
         pdx_progress(d);
         st = pdx_xfer_check(x1);
     }
-    CHECK(st == PDX_OK);
-    CHECK(memcmp(local, m1, REG_LEN / 2) == 0);
-    CHECK(memcmp(local + REG_LEN / 2, heap + REG_LEN / 2, REG_LEN / 2) == 0);
+    REQUIRE(st == PDX_OK);
+    REQUIRE(memcmp(local, m1, REG_LEN / 2) == 0);
+    REQUIRE(memcmp(local + REG_LEN / 2, heap + REG_LEN / 2, REG_LEN / 2) == 0);
     pdx_xfer_release(x1);
     printf("good blob: loaded, READ of 2 regions byte-exact\n");
 

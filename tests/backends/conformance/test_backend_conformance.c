@@ -34,6 +34,7 @@
 #include <pdx/agent.h> /* PDX_NAME_MAX */
 #include <pdx/backend.h>
 
+#include "die.h"
 #include "pdx_clock.h"
 
 #define SKIP_RC 77
@@ -395,11 +396,11 @@ static void skip_all(const char *fmt, ...)
     exit(SKIP_RC);
 }
 
-static void die(const char *what, pdx_status_t st)
+static void op_failed(const char *what, pdx_status_t st)
+    __attribute__((noreturn));
+static void op_failed(const char *what, pdx_status_t st)
 {
-    fprintf(stderr, "%s: %s: %s failed: %d\n", g_path, ops->name, what,
-            (int)st);
-    exit(1);
+    die("%s: %s: %s failed: %d", g_path, ops->name, what, (int)st);
 }
 
 static void side_init(side_t *s)
@@ -411,11 +412,11 @@ static void side_init(side_t *s)
                                    .peer_error = host_err};
     pdx_status_t st = ops->create(&s->host, NULL, 0, &s->be);
     if (st != PDX_OK) {
-        die("create", st);
+        op_failed("create", st);
     }
     s->mem = aligned_alloc(4096, REGION);
     if (s->mem == NULL) {
-        die("aligned_alloc", PDX_ERR_NOMEM);
+        op_failed("aligned_alloc", PDX_ERR_NOMEM);
     }
     memset(s->mem, 0, REGION);
 }
@@ -434,7 +435,7 @@ static void connect_to(side_t *s, side_t *o)
     size_t len = 0;
     pdx_status_t st = ops->conn_info(o->be, &conn, &len);
     if (st != PDX_OK) {
-        die("conn_info", st);
+        op_failed("conn_info", st);
     }
     st = ops->peer_connect(s->be, o->name, conn, len, &s->peer);
     free(conn);
@@ -442,7 +443,7 @@ static void connect_to(side_t *s, side_t *o)
         skip_all("%s declines a peer in the same process", ops->name);
     }
     if (st != PDX_OK) {
-        die("peer_connect", st);
+        op_failed("peer_connect", st);
     }
 }
 
@@ -452,13 +453,13 @@ static void load_region(side_t *s, side_t *o)
     size_t len = 0;
     pdx_status_t st = ops->mem_pack(o->be, o->md, &key, &len);
     if (st != PDX_OK) {
-        die("mem_pack", st);
+        op_failed("mem_pack", st);
     }
     pdx_region_t r = region_of(o);
     st = ops->rmem_load(s->be, s->peer, &r, key, len, &s->rmd);
     free(key);
     if (st != PDX_OK) {
-        die("rmem_load", st);
+        op_failed("rmem_load", st);
     }
 }
 
@@ -476,7 +477,7 @@ static void setup_pair(void)
             skip_all("%s registers no host (DRAM) memory", ops->name);
         }
         if (st != PDX_OK) {
-            die("mem_register", st);
+            op_failed("mem_register", st);
         }
     }
     load_region(&A, &B);

@@ -31,6 +31,7 @@
 
 #include <cmocka.h>
 
+#include "mix.h"
 #include "pdx_clock.h"
 
 extern const pdx_backend_ops_t pdx_backend_v1;
@@ -47,18 +48,10 @@ static char g_self[4096];
 
 /* ---- patterns --------------------------------------------------------- */
 
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 /* Word at offset `off` (a multiple of 8) of the region with `seed`. */
 static uint64_t pattern_word(uint64_t seed, uint64_t off)
 {
-    return mix(seed * 0x100000001b3ull ^ off);
+    return splitmix64(seed * 0x100000001b3ull ^ off);
 }
 
 static void fill_pattern(uint8_t *base, uint64_t len, uint64_t seed)

@@ -24,12 +24,12 @@ unset PDX_PLUGIN_PATH LD_LIBRARY_PATH
 echo "== pkg-config"
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
 cc -std=c11 -Wall -Werror $san $(pkg-config --cflags pdx) \
-    "$src/tests/install/consumer/main.c" -o "$work/consumer-pc" \
+    "$src/tests/lib/install/consumer/main.c" -o "$work/consumer-pc" \
     $(pkg-config --libs pdx) -Wl,-rpath,"$(pkg-config --variable=libdir pdx)"
 "$work/consumer-pc" "$prefix/"
 
 echo "== find_package(pdx)"
-cmake -S "$src/tests/install/consumer" -B "$work/cb" \
+cmake -S "$src/tests/lib/install/consumer" -B "$work/cb" \
     -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_C_FLAGS="$san" \
     -DCMAKE_EXE_LINKER_FLAGS="$san" >/dev/null
 cmake --build "$work/cb" >/dev/null

@@ -21,15 +21,11 @@
 #include <pdx/store.h>
 
 #include "etcd_int.h"
-#include "etcd_launch.h"
+#include "etcd_fixture.h"
 #include "pdx_clock.h"
 
 extern const pdx_store_ops_t pdx_store_v1;
 static const pdx_store_ops_t *ops = &pdx_store_v1;
-
-static etcd_proc_t g_etcd;
-static bool g_have_etcd;
-static char g_skip[256];
 
 /* ---- events recorded by a host ---- */
 
@@ -196,14 +192,6 @@ static void compact_all(client_t *c)
     cJSON_Delete(resp);
 }
 
-#define NEED_ETCD()                                                            \
-    do {                                                                       \
-        if (!g_have_etcd) {                                                    \
-            print_message("skipped: %s\n", g_skip);                            \
-            skip();                                                            \
-        }                                                                      \
-    } while (0)
-
 /* ---- tests ---- */
 
 static void test_abi(void **state)
@@ -266,7 +254,7 @@ static void test_kv(void **state)
     (void)state;
     NEED_ETCD();
     client_t c;
-    client_open(&c, "kv", g_etcd.url, "t-kv", 5000, 100, 128);
+    client_open(&c, "kv", fx_etcd.url, "t-kv", 5000, 100, 128);
     assert_int_equal(ops->put(c.st, "a/x", "hello", 5, 0), PDX_OK);
     void *v = NULL;
     size_t len = 0;
@@ -380,7 +368,7 @@ static pid_t spawn_child(const char *mode, const char *ns, const char *key,
         if (dup2(pfd[1], 3) != 3) {
             _exit(4);
         }
-        execl(g_argv0, g_argv0, "--child", mode, g_etcd.url, ns, key, ttl,
+        execl(g_argv0, g_argv0, "--child", mode, fx_etcd.url, ns, key, ttl,
               (char *)NULL);
         _exit(5);
     }
@@ -410,7 +398,7 @@ static void test_lease_expiry(void **state)
     (void)state;
     NEED_ETCD();
     client_t w;
-    client_open(&w, "watcher", g_etcd.url, "t-lease", 5000, 100, 128);
+    client_open(&w, "watcher", fx_etcd.url, "t-lease", 5000, 100, 128);
     uint64_t id = 0;
     assert_int_equal(ops->watch(w.st, "agents/", 0, PDX_STORE_WATCH_INITIAL,
                                 &id),
@@ -428,7 +416,7 @@ static void test_lease_expiry(void **state)
     assert_true(dt <= 2000 + 1500); /* TTL + etcd's expiry check + watch */
     /* A clean destroy revokes: the key goes at once. */
     client_t a;
-    client_open(&a, "a", g_etcd.url, "t-lease", 5000, 100, 128);
+    client_open(&a, "a", fx_etcd.url, "t-lease", 5000, 100, 128);
     assert_true(ops->put(a.st, "agents/a", "x", 1, PDX_STORE_PUT_LEASED) >= 0);
     assert_true(wait_lease(&a, 5000));
     int from = rec_count(&w.rec);
@@ -448,8 +436,8 @@ static void test_watch_resume_after_restart(void **state)
     (void)state;
     NEED_ETCD();
     client_t w, pub;
-    client_open(&w, "watcher", g_etcd.url, "t-resume", 5000, 300, 128);
-    client_open(&pub, "pub", g_etcd.url, "t-resume", 3000, 100, 128);
+    client_open(&w, "watcher", fx_etcd.url, "t-resume", 5000, 300, 128);
+    client_open(&pub, "pub", fx_etcd.url, "t-resume", 3000, 100, 128);
     uint64_t id;
     assert_int_equal(ops->put(pub.st, "k/1", "v1", 2, 0), PDX_OK);
     assert_int_equal(ops->watch(w.st, "k/", 0, PDX_STORE_WATCH_INITIAL, &id),
@@ -468,7 +456,7 @@ static void test_watch_resume_after_restart(void **state)
     assert_int_equal(ops->get(pub.st, "k/1", &v, &len, NULL), PDX_OK);
     free(v);
 
-    etcd_kill(&g_etcd, SIGKILL);
+    etcd_kill(&fx_etcd, SIGKILL);
     /* Both clients notice; status says since when. */
     uint64_t end = pdx_now_ms() + 5000;
     pdx_store_status_t s;
@@ -490,10 +478,10 @@ static void test_watch_resume_after_restart(void **state)
     assert_true(pdx_now_ms() - t0 < 1500);
 
     char err[256];
-    assert_int_equal(etcd_restart(&g_etcd, err, sizeof(err)), 0);
+    assert_int_equal(etcd_restart(&fx_etcd, err, sizeof(err)), 0);
     /* Changes made before the watcher reconnects must all be reported. */
     client_t other;
-    client_open(&other, "other", g_etcd.url, "t-resume", 5000, 100, 128);
+    client_open(&other, "other", fx_etcd.url, "t-resume", 5000, 100, 128);
     assert_int_equal(ops->put(other.st, "k/2", "v2", 2, 0), PDX_OK);
     assert_int_equal(ops->del(other.st, "k/1"), PDX_OK);
     assert_int_equal(ops->put(other.st, "k/3", "v3", 2, 0), PDX_OK);
@@ -535,7 +523,7 @@ static void test_watch_resync_after_compaction(void **state)
     (void)state;
     NEED_ETCD();
     client_t c, w;
-    client_open(&c, "c", g_etcd.url, "t-compact", 5000, 100, 128);
+    client_open(&c, "c", fx_etcd.url, "t-compact", 5000, 100, 128);
     assert_int_equal(ops->put(c.st, "x/a", "1", 1, 0), PDX_OK);
     void *v;
     size_t len;
@@ -547,7 +535,7 @@ static void test_watch_resync_after_compaction(void **state)
     assert_int_equal(ops->put(c.st, "x/c", "3", 1, 0), PDX_OK);
     compact_all(&c); /* a raw request */
     /* A watch from before the compaction lists the prefix instead. */
-    client_open(&w, "w", g_etcd.url, "t-compact", 5000, 100, 128);
+    client_open(&w, "w", fx_etcd.url, "t-compact", 5000, 100, 128);
     uint64_t id;
     assert_int_equal(ops->watch(w.st, "x/", rev_a, 0, &id), PDX_OK);
     int ib = rec_wait(&w.rec, 0, PDX_STORE_EV_PUT, "x/b", 5000);
@@ -578,8 +566,8 @@ static void test_key_watch_stream(void **state)
     (void)state;
     NEED_ETCD();
     client_t c, w;
-    client_open(&c, "c", g_etcd.url, "t-keys", 5000, 100, 128);
-    client_open(&w, "w", g_etcd.url, "t-keys", 5000, 100, 128);
+    client_open(&c, "c", fx_etcd.url, "t-keys", 5000, 100, 128);
+    client_open(&w, "w", fx_etcd.url, "t-keys", 5000, 100, 128);
     void *v;
     size_t len;
     int64_t rev_a1, rev_b1;
@@ -674,8 +662,8 @@ static void test_key_watch_compacted(void **state)
     (void)state;
     NEED_ETCD();
     client_t c, w;
-    client_open(&c, "c", g_etcd.url, "t-kcomp", 5000, 100, 128);
-    client_open(&w, "w", g_etcd.url, "t-kcomp", 5000, 100, 128);
+    client_open(&c, "c", fx_etcd.url, "t-kcomp", 5000, 100, 128);
+    client_open(&w, "w", fx_etcd.url, "t-kcomp", 5000, 100, 128);
     void *v;
     size_t len;
     int64_t rev1;
@@ -715,8 +703,8 @@ static void test_lease_lost_and_replaced(void **state)
     (void)state;
     NEED_ETCD();
     client_t c, w;
-    client_open(&c, "c", g_etcd.url, "t-lost", 2000, 100, 128);
-    client_open(&w, "w", g_etcd.url, "t-lost", 30000, 100, 128);
+    client_open(&c, "c", fx_etcd.url, "t-lost", 2000, 100, 128);
+    client_open(&w, "w", fx_etcd.url, "t-lost", 30000, 100, 128);
     assert_true(ops->put(c.st, "agents/c", "blob1", 5, PDX_STORE_PUT_LEASED) >=
                 0);
     assert_true(wait_lease(&c, 5000));
@@ -728,13 +716,13 @@ static void test_lease_lost_and_replaced(void **state)
                                 &id),
                      PDX_OK);
     assert_true(rec_wait(&w.rec, 0, PDX_STORE_EV_PUT, "agents/c", 5000) >= 0);
-    kill(g_etcd.pid, SIGSTOP);
+    kill(fx_etcd.pid, SIGSTOP);
     sleep(4);
     pdx_store_status_t s;
     ops->status(c.st, &s);
     assert_false(s.reachable);
     print_message("frozen: %s\n", s.last_error);
-    kill(g_etcd.pid, SIGCONT);
+    kill(fx_etcd.pid, SIGCONT);
     /* The old lease expired while frozen (etcd checks on wake), so the key
      * is deleted, then published again under a new lease. */
     int d = rec_wait(&w.rec, 0, PDX_STORE_EV_DELETE, "agents/c", 10000);
@@ -784,8 +772,8 @@ static void test_owners_batched(void **state)
     char *hex[N];
     owners_hex(hex);
     client_t a, b;
-    client_open(&a, "own-a", g_etcd.url, "t-own", 5000, 100, 128);
-    client_open(&b, "own-b", g_etcd.url, "t-own", 5000, 100, 128);
+    client_open(&a, "own-a", fx_etcd.url, "t-own", 5000, 100, 128);
+    client_open(&b, "own-b", fx_etcd.url, "t-own", 5000, 100, 128);
     assert_true(wait_lease(&a, 5000) && wait_lease(&b, 5000));
     uint32_t counts[N];
     pdx_store_status_t s0, s1;
@@ -897,31 +885,6 @@ static void test_unreachable_from_start(void **state)
     client_close(&c);
 }
 
-static int setup_all(void **state)
-{
-    (void)state;
-    if (!etcd_available(g_skip, sizeof(g_skip))) {
-        return 0;
-    }
-    char err[256];
-    if (etcd_start(&g_etcd, NULL, NULL, err, sizeof(err)) != 0) {
-        snprintf(g_skip, sizeof(g_skip), "%s", err);
-        fprintf(stderr, "etcd: %s\n", err);
-        return -1;
-    }
-    g_have_etcd = true;
-    return 0;
-}
-
-static int teardown_all(void **state)
-{
-    (void)state;
-    if (g_have_etcd) {
-        etcd_cleanup(&g_etcd);
-    }
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -944,5 +907,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_watch_resume_after_restart),
         cmocka_unit_test(test_lease_lost_and_replaced),
     };
-    return cmocka_run_group_tests(tests, setup_all, teardown_all);
+    return cmocka_run_group_tests(tests, fx_etcd_setup, fx_etcd_teardown);
 }

@@ -33,8 +33,6 @@
 #define CHILD_BOUND_MS 10000
 #define CHILD_WORK_BOUND_MS 30000
 
-const char *ctl_name = "forkchild";
-
 typedef struct pair {
     pdx_agent_h a, b; /* a READs from b */
     unsigned char *src, *dst;

@@ -9,14 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ctl.h"
 #include <pdx/pdx.h>
 
 #define LEN (64u << 20)
 #define NREQ 4
-
-const char *ctl_name = "inproc";
 
 int main(int argc, char **argv)
 {

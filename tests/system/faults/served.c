@@ -50,7 +50,6 @@
 #define IDLE_WAKEUPS_MAX_PER_S 300.0
 #define LONE_MEDIAN_MAX_MS 30.0
 
-const char *ctl_name = "served";
 static const char *g_tls = "sm";
 
 static unsigned char pattern(uint64_t off, unsigned salt)
@@ -212,22 +211,13 @@ int main(int argc, char **argv)
         }
     }
     signal(SIGPIPE, SIG_IGN);
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-        die("socketpair: %s", strerror(errno));
-    }
     /* Fork before any pdx or UCX state exists in this process. */
-    pid_t pid = fork();
-    if (pid < 0) {
-        die("fork: %s", strerror(errno));
-    }
+    int fd;
+    pid_t pid = ctl_fork(&fd);
     if (pid == 0) {
-        close(sv[0]);
         alarm(120); /* never outlive a stuck parent */
-        _exit(target_main(sv[1]));
+        _exit(target_main(fd));
     }
-    close(sv[1]);
-    int fd = sv[0];
     alarm(150); /* the whole run; ctest's timeout is the outer bound */
 
     pdx_agent_h a = make_agent("served-init");

@@ -33,28 +33,13 @@
 #define NWRITE 2
 #define EXIT_BOUND_MS 5000
 
-const char *ctl_name = "shutdown";
 static const char *g_path = "ucx";
 static const char *g_end = "wait";
 static int g_stop, g_no_release;
 
-static void backends(pdx_agent_h a)
-{
-    pdx_option_t tls = {"tls", strcmp(g_path, "ucx-tcp") == 0 ? "tcp" : "sm"};
-    CHECK(pdx_backend_create(a, "ucx", &tls, 1, NULL));
-    if (strcmp(g_path, "shm") == 0) {
-        CHECK(pdx_backend_create(a, "cma", NULL, 0, NULL));
-    }
-}
-
 static void *region_alloc(size_t len)
 {
-    void *p = NULL;
-    if (strcmp(g_path, "shm") == 0) {
-        CHECK(pdx_mem_alloc(len, PDX_MEM_F_POPULATE, &p));
-    } else if (posix_memalign(&p, 4096, len) != 0) {
-        die("out of memory");
-    }
+    void *p = ctl_path_alloc(g_path, len);
     memset(p, 0x5a, len);
     return p;
 }
@@ -67,25 +52,13 @@ static int p_main(int fd)
                              .flags = PDX_AGENT_F_PROGRESS_THREAD};
     pdx_agent_h a;
     CHECK(pdx_agent_create("shutdown-p", &ap, &a));
-    backends(a);
+    ctl_path_backends(a, g_path, NULL, NULL);
     void *mem = region_alloc(REGION);
     pdx_mem_reg_h reg;
     CHECK(pdx_mem_register(a, PDX_MEM_DRAM, (uint64_t)(uintptr_t)mem, REGION,
                            0, 0, &reg));
-    void *blob;
-    size_t blen;
-    CHECK(pdx_agent_describe(a, &blob, &blen));
-    send_msg(fd, blob, (uint32_t)blen);
-    pdx_blob_free(blob);
-    uint32_t dlen;
-    char *dblob = recv_msg(fd, &dlen);
-    if (dblob == NULL) {
-        die("P: no blob from D");
-    }
     char dname[PDX_NAME_MAX];
-    CHECK(pdx_peer_load(a, dblob, dlen, dname));
-    free(dblob);
-    send_msg(fd, "ready", 5);
+    ctl_handshake_target(a, fd, dname);
     struct pollfd pf = {fd, POLLIN, 0};
     while (poll(&pf, 1, 1000) == 0) {
     }
@@ -109,33 +82,16 @@ static int d_main(int pfd, int sfd, pid_t p_pid)
         .xfer_timeout_ms = 1500};
     pdx_agent_h d;
     CHECK(pdx_agent_create("shutdown-d", &ap, &d));
-    backends(d);
+    ctl_path_backends(d, g_path, NULL, NULL);
     size_t local_len = (size_t)(NREAD + NWRITE) * XFER;
     unsigned char *local = region_alloc(local_len);
     pdx_mem_reg_h reg;
     CHECK(pdx_mem_register(d, PDX_MEM_DRAM, (uint64_t)(uintptr_t)local,
                            local_len, 0, 0, &reg));
-    uint32_t plen;
-    char *pblob = recv_msg(pfd, &plen);
-    if (pblob == NULL) {
-        die("D: no blob from P");
-    }
     char pname[PDX_NAME_MAX];
-    CHECK(pdx_peer_load(d, pblob, plen, pname));
-    free(pblob);
-    pdx_region_info_t r;
     pdx_peer_info_t info;
-    CHECK(pdx_peer_info(d, pname, &info, &r, 1));
-    void *dblob;
-    size_t dlen;
-    CHECK(pdx_agent_describe(d, &dblob, &dlen));
-    send_msg(pfd, dblob, (uint32_t)dlen);
-    pdx_blob_free(dblob);
-    char *ready = recv_msg(pfd, NULL);
-    if (ready == NULL) {
-        die("D: P did not get ready");
-    }
-    free(ready);
+    pdx_region_info_t r;
+    ctl_handshake_initiator(d, pfd, "P", pname, &info, &r, 1);
 
     pdx_xfer_h x[NREAD + NWRITE];
     for (int i = 0; i < NREAD + NWRITE; i++) {
@@ -216,11 +172,7 @@ static int d_main(int pfd, int sfd, pid_t p_pid)
            (unsigned long long)(t1 - t0), pdx_status_string(ust),
            (unsigned long long)(t2 - t1), (unsigned long long)(t3 - t2));
     fflush(stdout);
-    if (strcmp(g_path, "shm") == 0) {
-        pdx_mem_free(local);
-    } else {
-        free(local);
-    }
+    ctl_path_free(g_path, local);
     return 0;
 }
 
@@ -316,8 +268,7 @@ int main(int argc, char **argv)
             p_pid = (pid_t)atoi(argv[++i]);
         }
     }
-    if (strcmp(g_path, "ucx") != 0 && strcmp(g_path, "ucx-tcp") != 0 &&
-        strcmp(g_path, "shm") != 0) {
+    if (!ctl_path_valid(g_path)) {
         die("--path ucx|ucx-tcp|shm");
     }
     if (strcmp(g_end, "wait") != 0 && strcmp(g_end, "destroy") != 0 &&

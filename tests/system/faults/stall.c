@@ -70,7 +70,6 @@
 #define MAX_CALL_NOTE ""
 #endif
 
-const char *ctl_name = "stall";
 static const char *g_self;
 static const char *g_path = "ucx"; /* ucx (sm), ucx-tcp, shm (cma) */
 static int g_stop;                 /* SIGSTOP instead of SIGKILL */
@@ -87,24 +86,8 @@ static pdx_backend_h g_ucx; /* this process's last ucx backend */
 
 static void backends(pdx_agent_h a)
 {
-    pdx_option_t opts[] = {
-        {"tls", strcmp(g_path, "ucx-tcp") == 0 ? "tcp" : "sm"},
-        {"peer_workers", g_peer_workers}};
-    CHECK(pdx_backend_create(a, "ucx", opts, 2, &g_ucx));
-    if (strcmp(g_path, "shm") == 0) {
-        CHECK(pdx_backend_create(a, "cma", NULL, 0, NULL));
-    }
-}
-
-static void *region_alloc(size_t len)
-{
-    void *p = NULL;
-    if (strcmp(g_path, "shm") == 0) {
-        CHECK(pdx_mem_alloc(len, PDX_MEM_F_POPULATE, &p));
-    } else if (posix_memalign(&p, 4096, len) != 0) {
-        die("out of memory");
-    }
-    return p;
+    pdx_option_t workers = {"peer_workers", g_peer_workers};
+    ctl_path_backends(a, g_path, &workers, &g_ucx);
 }
 
 /* ---- target ------------------------------------------------------------ */
@@ -124,27 +107,15 @@ static int target_main(int fd, const char *name, unsigned salt)
     pdx_agent_h a;
     CHECK(pdx_agent_create(name, &ap, &a));
     backends(a);
-    unsigned char *mem = region_alloc(REGION);
+    unsigned char *mem = ctl_path_alloc(g_path, REGION);
     for (uint64_t o = 0; o < REGION; o++) {
         mem[o] = pattern(o, salt);
     }
     pdx_mem_reg_h reg;
     CHECK(pdx_mem_register(a, PDX_MEM_DRAM, (uint64_t)(uintptr_t)mem, REGION,
                            0, 0, &reg));
-    void *blob;
-    size_t blen;
-    CHECK(pdx_agent_describe(a, &blob, &blen));
-    send_msg(fd, blob, (uint32_t)blen);
-    pdx_blob_free(blob);
-    uint32_t dlen;
-    char *dblob = recv_msg(fd, &dlen);
-    if (dblob == NULL) {
-        die("no blob from D");
-    }
     char dname[PDX_NAME_MAX];
-    CHECK(pdx_peer_load(a, dblob, dlen, dname));
-    free(dblob);
-    send_msg(fd, "ready", 5);
+    ctl_handshake_target(a, fd, dname);
     for (unsigned i = 0;; i++) {
         char hb[32];
         int n = snprintf(hb, sizeof(hb), "hb %u", i);
@@ -206,30 +177,16 @@ static void target_start(target_t *t, const char *name, unsigned salt)
     t->fd = sv[0];
 }
 
-static void target_connect(target_t *t, pdx_agent_h d, const void *dblob,
-                           size_t dlen)
+static void target_connect(target_t *t, pdx_agent_h d)
 {
-    uint32_t len;
-    char *blob = recv_msg(t->fd, &len);
-    if (blob == NULL) {
-        die("no blob from %s", t->name);
-    }
     char name[PDX_NAME_MAX];
-    CHECK(pdx_peer_load(d, blob, len, name));
-    free(blob);
-    pdx_region_info_t r;
     pdx_peer_info_t info;
-    CHECK(pdx_peer_info(d, name, &info, &r, 1));
+    pdx_region_info_t r;
+    ctl_handshake_initiator(d, t->fd, t->name, name, &info, &r, 1);
     if (info.nregions != 1 || r.len != REGION) {
         die("%s: %zu regions", name, info.nregions);
     }
     t->base = r.addr;
-    send_msg(t->fd, dblob, (uint32_t)dlen);
-    char *ready = recv_msg(t->fd, NULL);
-    if (ready == NULL) {
-        die("%s did not get ready", t->name);
-    }
-    free(ready);
 }
 
 /* ---- D ----------------------------------------------------------------- */
@@ -666,19 +623,15 @@ static int d_main(void)
     backends(d);
     size_t slot_bytes = (size_t)PIECES * PIECE;
     size_t local_len = 2 * PIECE + 2 * INFLIGHT * slot_bytes;
-    unsigned char *local = region_alloc(local_len);
+    unsigned char *local = ctl_path_alloc(g_path, local_len);
     pdx_mem_reg_h reg;
     CHECK(pdx_mem_register(d, PDX_MEM_DRAM, (uint64_t)(uintptr_t)local,
                            local_len, 0, 0, &reg));
     target_t t[2];
     target_start(&t[0], "stall-p1", 11);
     target_start(&t[1], "stall-p2", 22);
-    void *dblob;
-    size_t dlen;
-    CHECK(pdx_agent_describe(d, &dblob, &dlen));
-    target_connect(&t[0], d, dblob, dlen);
-    target_connect(&t[1], d, dblob, dlen);
-    pdx_blob_free(dblob);
+    target_connect(&t[0], d);
+    target_connect(&t[1], d);
 
     monitor_t m = {.d = d, .t = {&t[0], &t[1]}, .buf = local};
     m.samples = malloc(SAMPLES * sizeof(*m.samples));
@@ -897,11 +850,7 @@ static int d_main(void)
     free(m.samples);
     pdx_mem_deregister(d, reg);
     pdx_agent_destroy(d);
-    if (strcmp(g_path, "shm") == 0) {
-        pdx_mem_free(local);
-    } else {
-        free(local);
-    }
+    ctl_path_free(g_path, local);
     printf("%s\n", bad ? "FAIL" : "PASS");
     return bad;
 }
@@ -920,8 +869,7 @@ int main(int argc, char **argv)
             g_peer_workers = argv[++i];
         }
     }
-    if (strcmp(g_path, "ucx") != 0 && strcmp(g_path, "ucx-tcp") != 0 &&
-        strcmp(g_path, "shm") != 0) {
+    if (!ctl_path_valid(g_path)) {
         die("--path ucx|ucx-tcp|shm");
     }
     if (argc >= 5 && strcmp(argv[1], "--target") == 0) {

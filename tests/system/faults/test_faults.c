@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "ctl.h"
+#include "kv_freed.h"
 #include <pdx/kv_connector.h>
 #include <pdx/log.h>
 
@@ -25,11 +26,6 @@
 #define REQ_BLOCKS 16
 
 static const char *g_self;
-const char *ctl_name = "faults";
-
-
-
-
 
 typedef struct node {
     pdx_kv_connector_h conn;
@@ -203,21 +199,9 @@ static int child_main(const char *role, int fd, const char *tls)
 
 static pid_t spawn(const char *role, const char *tls, int *fd_p)
 {
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
-        die("socketpair");
-    }
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(sv[0]);
-        char fd[16];
-        snprintf(fd, sizeof(fd), "%d", sv[1]);
-        execl(g_self, g_self, "--child", role, fd, tls, (char *)NULL);
-        _exit(127);
-    }
-    close(sv[1]);
-    *fd_p = sv[0];
-    return pid;
+    char *args[] = {(char *)g_self, "--child", (char *)role, CTL_FD,
+                    (char *)tls, NULL};
+    return ctl_spawn(args, fd_p);
 }
 
 /* D side: load handoff `params` (of salt `salt`), optionally signalling
@@ -370,18 +354,6 @@ static int run_p_fault(const char *tls, int sig)
     return 0;
 }
 
-typedef struct {
-    int n;
-    pdx_kv_free_reason_t why;
-} freed_t;
-
-static void on_freed(void *arg, const char *req, pdx_kv_free_reason_t why)
-{
-    freed_t *f = arg;
-    f->n++;
-    f->why = why;
-}
-
 static int run_d_killed(void)
 {
     node_t p;
@@ -408,11 +380,11 @@ static int run_d_killed(void)
     int status;
     waitpid(pid, &status, 0);
     close(fd);
-    freed_t f = {0};
+    kv_freed_t f = {0};
     uint64_t t0 = pdx_now_ms();
     while (f.n == 0 && pdx_now_ms() - t0 < 5000) {
         pdx_kv_progress(p.conn);
-        pdx_kv_poll_freed(p.conn, on_freed, &f);
+        pdx_kv_poll_freed(p.conn, kv_on_freed, &f);
     }
     if (f.n != 1 || f.why != PDX_KV_FREED_EXPIRED) {
         die("blocks of the dead D's request were not freed at lease expiry");
@@ -465,7 +437,7 @@ static int run_d_killed(void)
     f.n = 0;
     for (uint64_t end = pdx_now_ms() + 5000; f.n == 0 && pdx_now_ms() < end;) {
         pdx_kv_progress(p.conn);
-        pdx_kv_poll_freed(p.conn, on_freed, &f);
+        pdx_kv_poll_freed(p.conn, kv_on_freed, &f);
     }
     if (f.n != 1 || f.why != PDX_KV_FREED_DONE) {
         die("new D's done notification did not free the blocks");

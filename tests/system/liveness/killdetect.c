@@ -1,7 +1,7 @@
 /* How soon a peer on another host that dies while a READ from it is in
  * flight is failed (issue 21, item 6), over UCX/TCP between two "hosts"
- * (network + pid namespaces joined by veth pairs, tests/store_netns/
- * netns.h: no pidfd across them, no store):
+ * (network + pid namespaces joined by veth pairs, support/netns/netns.h:
+ * no pidfd across them, no store):
  *
  *   kill  P is SIGKILLed (its kernel closes the connection): D's READ in
  *         flight must end PDX_ERR_REMOTE_DISCONNECT when UCX reports the
@@ -30,8 +30,6 @@
 #include "ctl.h"
 #include "netns.h"
 #include <pdx/pdx.h>
-
-const char *ctl_name = "liveness_killdetect";
 
 #define LEN (32u << 20)
 #define XFER_TIMEOUT_MS 30000

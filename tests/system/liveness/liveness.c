@@ -30,8 +30,6 @@
 #include "etcd_launch.h"
 #include <pdx/pdx.h>
 
-const char *ctl_name = "liveness";
-
 #define REGION (1u << 20)
 #define TTL_MS 2000u
 #define XFER_TIMEOUT_MS 1000u

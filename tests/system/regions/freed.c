@@ -26,15 +26,11 @@
 #include "ctl.h"
 #include <pdx/pdx.h>
 
-const char *ctl_name = "regions_freed";
-
 #define FREED (8u << 20)
 #define NCHUNK 8
 #define STABLE (1u << 20)
 
-static const char *g_tls = "sm";
-static int g_cma;
-static const char *g_self;
+static ctl_pair_t g_pair = CTL_PAIR_INIT;
 
 static unsigned char pattern(uint64_t off, unsigned salt)
 {
@@ -43,20 +39,7 @@ static unsigned char pattern(uint64_t off, unsigned salt)
 
 static pdx_agent_h make_agent(const char *name)
 {
-    pdx_agent_h a = ctl_ucx_agent(name, g_tls, 10000);
-    if (g_cma) {
-        CHECK(pdx_backend_create(a, "cma", NULL, 0, NULL));
-    }
-    return a;
-}
-
-static void send_blob(pdx_agent_h a, int ctl)
-{
-    void *blob;
-    size_t len;
-    CHECK(pdx_agent_describe(a, &blob, &len));
-    send_msg(ctl, blob, (uint32_t)len);
-    pdx_blob_free(blob);
+    return ctl_pair_agent(&g_pair, name, 10000, NULL);
 }
 
 static void load_blob(pdx_agent_h a, int ctl)
@@ -89,7 +72,7 @@ static int target_main(int ctl)
 {
     pdx_agent_h a = make_agent("P");
     unsigned char *f;
-    if (g_cma) {
+    if (g_pair.cma) {
         CHECK(pdx_mem_alloc(FREED, PDX_MEM_F_POPULATE, (void **)&f));
     } else {
         f = mmap(NULL, FREED, PROT_READ | PROT_WRITE,
@@ -113,19 +96,15 @@ static int target_main(int ctl)
                            &freg));
     CHECK(pdx_mem_register(a, PDX_MEM_DRAM, (uintptr_t)stable, STABLE, 0, 0,
                            &sreg));
-    char addrs[64];
-    snprintf(addrs, sizeof(addrs), "%llx %llx",
-             (unsigned long long)(uintptr_t)f,
-             (unsigned long long)(uintptr_t)stable);
-    send_msg(ctl, addrs, (uint32_t)strlen(addrs));
-    send_blob(a, ctl);
+    ctl_send_addrs(ctl, (uintptr_t)f, (uintptr_t)stable);
+    ctl_send_blob(a, ctl);
     load_blob(a, ctl); /* D: so a deregistration can reach it */
     free(expect(ctl, "go"));
     uint64_t t0 = pdx_now_ms();
     CHECK(pdx_mem_deregister(a, freg));
     uint64_t took = pdx_now_ms() - t0;
     /* The caller may free the memory now: do it before anything else. */
-    if (g_cma) {
+    if (g_pair.cma) {
         CHECK(pdx_mem_free(f));
     } else if (munmap(f, FREED) != 0) {
         die("munmap: %s", strerror(errno));
@@ -147,37 +126,6 @@ static int target_main(int ctl)
     return 0;
 }
 
-static pid_t spawn_target(int *ctl_p)
-{
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
-        die("socketpair: %s", strerror(errno));
-    }
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(sv[0]);
-        char fd[16];
-        snprintf(fd, sizeof(fd), "%d", sv[1]);
-        char *args[8] = {(char *)g_self, "--target", fd, "--tls",
-                         (char *)g_tls, g_cma ? "--cma" : NULL, NULL};
-        execv(g_self, args);
-        _exit(127);
-    }
-    close(sv[1]);
-    *ctl_p = sv[0];
-    return pid;
-}
-
-static pdx_status_t wait_done(pdx_xfer_h x, uint64_t limit_ms)
-{
-    uint64_t end = pdx_now_ms() + limit_ms;
-    pdx_status_t st = PDX_INPROGRESS;
-    while (st == PDX_INPROGRESS && pdx_now_ms() < end) {
-        st = pdx_xfer_check(x);
-    }
-    return st;
-}
-
 typedef struct reader {
     pdx_xfer_h x;
     unsigned char *mem;
@@ -194,10 +142,7 @@ static void *reader_main(void *arg)
     while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE) && pdx_now_ms() < end) {
         int after = __atomic_load_n(&r->freed, __ATOMIC_ACQUIRE);
         memset(r->mem, 0, FREED);
-        pdx_status_t st = pdx_xfer_post(r->x);
-        if (st == PDX_INPROGRESS) {
-            st = wait_done(r->x, 5000);
-        }
+        pdx_status_t st = ctl_xfer_run(r->x, 5000);
         if (st == PDX_OK) {
             r->ok++;
             r->ok_after += after;
@@ -226,16 +171,12 @@ static void *reader_main(void *arg)
 static int initiator_main(void)
 {
     int ctl;
-    pid_t pid = spawn_target(&ctl);
+    pid_t pid = ctl_pair_spawn(&g_pair, NULL, &ctl);
     pdx_agent_h a = make_agent("D");
-    char *addrs = expect(ctl, "");
-    unsigned long long rf = 0, rs = 0;
-    if (sscanf(addrs, "%llx %llx", &rf, &rs) != 2) {
-        die("bad addresses '%s'", addrs);
-    }
-    free(addrs);
+    uint64_t rf, rs;
+    ctl_recv_addrs(ctl, "P", &rf, &rs);
     load_blob(a, ctl);
-    send_blob(a, ctl);
+    ctl_send_blob(a, ctl);
 
     unsigned char *mem = NULL;
     if (posix_memalign((void **)&mem, 4096, FREED) != 0) {
@@ -293,7 +234,7 @@ static int initiator_main(void)
 
     int fails = 0;
     printf("regions_freed (%s%s): %lu READs of F ok before, %lu STALE, "
-           "deregister took %llu ms\n", g_tls, g_cma ? "+cma" : "", r.ok,
+           "deregister took %llu ms\n", g_pair.tls, g_pair.cma ? "+cma" : "", r.ok,
            r.stale, took);
     if (r.other > 0) {
         fprintf(stderr, "FAIL: a READ of F ended %s\n", r.other_what);
@@ -339,10 +280,7 @@ static int initiator_main(void)
     uint32_t si = NCHUNK;
     memset(mem, 0, STABLE);
     CHECK(pdx_xfer_make(a, PDX_XFER_READ, lh, &si, rh, &si, 1, NULL, 0, &x2));
-    st = pdx_xfer_post(x2);
-    if (st == PDX_INPROGRESS) {
-        st = wait_done(x2, 5000);
-    }
+    st = ctl_xfer_run(x2, 5000);
     if (st != PDX_OK) {
         fprintf(stderr, "FAIL: READ of P's stable region: %s (%s)\n",
                 pdx_status_string(st), pdx_last_error());
@@ -397,22 +335,17 @@ static int initiator_main(void)
 
 int main(int argc, char **argv)
 {
-    g_self = argv[0];
-    int target_fd = -1;
+    g_pair.self = argv[0];
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--target") == 0 && i + 1 < argc) {
-            target_fd = atoi(argv[++i]);
-        } else if (strcmp(argv[i], "--tls") == 0 && i + 1 < argc) {
-            g_tls = argv[++i];
-        } else if (strcmp(argv[i], "--cma") == 0) {
-            g_cma = 1;
+        if (ctl_pair_option(&g_pair, argc, argv, &i)) {
+            continue;
         } else {
             die("usage: %s [--tls sm|tcp] [--cma]", argv[0]);
         }
     }
     signal(SIGPIPE, SIG_IGN);
-    if (target_fd >= 0) {
-        return target_main(target_fd);
+    if (g_pair.target_fd >= 0) {
+        return target_main(g_pair.target_fd);
     }
     return initiator_main();
 }

@@ -28,33 +28,16 @@
 #include "ctl.h"
 #include <pdx/pdx.h>
 
-const char *ctl_name = "regions";
-
 #define STABLE (16u << 20)
 #define SCRATCH (1u << 20)
 
-static const char *g_tls = "sm";
-static int g_cma;
-static const char *g_self;
+static ctl_pair_t g_pair = CTL_PAIR_INIT;
 
 static unsigned char pattern(uint64_t off) { return (unsigned char)(off * 131 + (off >> 12)); }
 
 static pdx_agent_h make_agent(const char *name)
 {
-    pdx_agent_h a = ctl_ucx_agent(name, g_tls, 30000);
-    if (g_cma) {
-        CHECK(pdx_backend_create(a, "cma", NULL, 0, NULL));
-    }
-    return a;
-}
-
-static void send_blob(pdx_agent_h a, int ctl)
-{
-    void *blob;
-    size_t len;
-    CHECK(pdx_agent_describe(a, &blob, &len));
-    send_msg(ctl, blob, (uint32_t)len);
-    pdx_blob_free(blob);
+    return ctl_pair_agent(&g_pair, name, 30000, NULL);
 }
 
 static unsigned char *alloc_region(size_t len)
@@ -79,12 +62,8 @@ static int target_main(int ctl)
     pdx_mem_reg_h sreg, xreg = NULL;
     CHECK(pdx_mem_register(a, PDX_MEM_DRAM, (uintptr_t)stable, STABLE, 0, 0,
                            &sreg));
-    char addrs[64];
-    snprintf(addrs, sizeof(addrs), "%llx %llx",
-             (unsigned long long)(uintptr_t)stable,
-             (unsigned long long)(uintptr_t)scratch);
-    send_msg(ctl, addrs, (uint32_t)strlen(addrs));
-    send_blob(a, ctl);
+    ctl_send_addrs(ctl, (uintptr_t)stable, (uintptr_t)scratch);
+    ctl_send_blob(a, ctl);
     for (;;) {
         char *cmd = recv_msg(ctl, NULL);
         if (cmd == NULL || strcmp(cmd, "quit") == 0) {
@@ -101,33 +80,12 @@ static int target_main(int ctl)
             die("target: bad command '%s'", cmd);
         }
         free(cmd);
-        send_blob(a, ctl);
+        ctl_send_blob(a, ctl);
     }
     pdx_agent_destroy(a);
     free(stable);
     free(scratch);
     return 0;
-}
-
-static pid_t spawn_target(int *ctl_p)
-{
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
-        die("socketpair: %s", strerror(errno));
-    }
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(sv[0]);
-        char fd[16];
-        snprintf(fd, sizeof(fd), "%d", sv[1]);
-        char *args[8] = {(char *)g_self, "--target", fd, "--tls",
-                         (char *)g_tls, g_cma ? "--cma" : NULL, NULL};
-        execv(g_self, args);
-        _exit(127);
-    }
-    close(sv[1]);
-    *ctl_p = sv[0];
-    return pid;
 }
 
 /* D's side of a command: send it, load the blob that comes back. */
@@ -141,16 +99,6 @@ static void change(pdx_agent_h a, int ctl, const char *cmd)
     }
     CHECK(pdx_peer_load(a, blob, len, NULL));
     free(blob);
-}
-
-static pdx_status_t wait_done(pdx_xfer_h x, uint64_t limit_ms)
-{
-    uint64_t end = pdx_now_ms() + limit_ms;
-    pdx_status_t st = PDX_INPROGRESS;
-    while (st == PDX_INPROGRESS && pdx_now_ms() < end) {
-        st = pdx_xfer_check(x);
-    }
-    return st;
 }
 
 typedef struct reader {
@@ -228,10 +176,7 @@ static void *reader_main(void *arg)
                                  &x);
         }
         if (st == PDX_OK) {
-            st = pdx_xfer_post(x);
-            if (st == PDX_INPROGRESS) {
-                st = wait_done(x, 20000);
-            }
+            st = ctl_xfer_run(x, 20000);
         }
         r->reads++;
         if (st != PDX_OK) {
@@ -277,7 +222,7 @@ static int churn(pdx_agent_h a, int ctl, reader_t *r, unsigned seconds,
     pthread_join(th, NULL);
     uint32_t gen1 = peer_generation(a);
     printf("churn over %s%s: %u changes (generation %u -> %u), %lu READs, "
-           "%lu failed, %lu with wrong bytes\n", g_tls, g_cma ? "+cma" : "",
+           "%lu failed, %lu with wrong bytes\n", g_pair.tls, g_pair.cma ? "+cma" : "",
            changes, gen0, gen1, r->reads, r->failures, r->bad_bytes);
     if (gen1 - gen0 != changes) {
         die("D saw generation %u -> %u, want %u changes", gen0, gen1,
@@ -314,10 +259,7 @@ static int removed(pdx_agent_h a, int ctl, reader_t *r, uint64_t rscratch)
     CHECK(pdx_dlist_prepare(a, "P", &rl, &dr));
     pdx_xfer_h x1, x2;
     CHECK(pdx_xfer_create(a, PDX_XFER_READ, &ll, &rl, "P", NULL, 0, &x1));
-    pdx_status_t st = pdx_xfer_post(x1);
-    if (st == PDX_INPROGRESS) {
-        st = wait_done(x1, 20000);
-    }
+    pdx_status_t st = ctl_xfer_run(x1, 20000);
     CHECK(st);
     check_bytes(r, 0, SCRATCH);
     if (r->bad_bytes) {
@@ -348,33 +290,25 @@ static int removed(pdx_agent_h a, int ctl, reader_t *r, uint64_t rscratch)
     l.len = rd.len = STABLE;
     rd.addr = r->rstable;
     CHECK(pdx_xfer_create(a, PDX_XFER_READ, &ll, &rl, "P", NULL, 0, &x1));
-    st = pdx_xfer_post(x1);
-    if (st == PDX_INPROGRESS) {
-        st = wait_done(x1, 20000);
-    }
+    st = ctl_xfer_run(x1, 20000);
     CHECK(st);
     check_bytes(r, 0, STABLE);
     pdx_xfer_release(x1);
     if (r->bad_bytes) {
         die("READ of the stable region: wrong bytes");
     }
-    printf("removed over %s%s: ok\n", g_tls, g_cma ? "+cma" : "");
+    printf("removed over %s%s: ok\n", g_pair.tls, g_pair.cma ? "+cma" : "");
     return 0;
 }
 
 int main(int argc, char **argv)
 {
-    g_self = argv[0];
+    g_pair.self = argv[0];
     const char *mode = "churn";
     unsigned seconds = 12, period_ms = 1000;
-    int target_fd = -1;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--target") == 0 && i + 1 < argc) {
-            target_fd = atoi(argv[++i]);
-        } else if (strcmp(argv[i], "--tls") == 0 && i + 1 < argc) {
-            g_tls = argv[++i];
-        } else if (strcmp(argv[i], "--cma") == 0) {
-            g_cma = 1;
+        if (ctl_pair_option(&g_pair, argc, argv, &i)) {
+            continue;
         } else if (strcmp(argv[i], "--mode") == 0 && i + 1 < argc) {
             mode = argv[++i];
         } else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) {
@@ -388,21 +322,17 @@ int main(int argc, char **argv)
                 "[--seconds N] [--period-ms N] [--long]", argv[0]);
         }
     }
-    if (target_fd >= 0) {
-        return target_main(target_fd);
+    if (g_pair.target_fd >= 0) {
+        return target_main(g_pair.target_fd);
     }
     if (period_ms == 0 || period_ms > 60000 || seconds > 3600) {
         die("--period-ms 1..60000, --seconds at most 3600");
     }
     int ctl;
-    pid_t pid = spawn_target(&ctl);
+    pid_t pid = ctl_pair_spawn(&g_pair, NULL, &ctl);
     pdx_agent_h a = make_agent("D");
-    char *addrs = recv_msg(ctl, NULL);
-    unsigned long long rstable, rscratch;
-    if (addrs == NULL || sscanf(addrs, "%llx %llx", &rstable, &rscratch) != 2) {
-        die("target sent no addresses");
-    }
-    free(addrs);
+    uint64_t rstable, rscratch;
+    ctl_recv_addrs(ctl, "the target", &rstable, &rscratch);
     ctl_load_peer(a, ctl, NULL, "the target");
     reader_t r = {.a = a, .rstable = rstable};
     r.mem = alloc_region(STABLE);

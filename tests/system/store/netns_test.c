@@ -43,11 +43,10 @@
 #include <pdx/pdx.h>
 #include <pdx/store.h>
 
-#include "../common/ctl.h"
+#include "ctl.h"
 #include "etcd_launch.h"
+#include "mix.h"
 #include "netns.h"
-
-const char *ctl_name = "store_netns";
 
 /* PDX_TEST_LEASE_TTL_MS overrides it (e.g. 60000 to see how long the
  * transport alone takes to notice a dead host). */
@@ -57,14 +56,6 @@ static int g_ttl_ms = 5000;
 #define NUM_BLOCKS 256
 #define NLAYERS 2
 #define BYTES_PER_TOKEN 1024
-
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 /* ======================= node (inside a host) ======================= */
 
@@ -91,7 +82,7 @@ static void on_freed(void *arg, const char *req, pdx_kv_free_reason_t why)
 static void tokens_of(uint64_t seed, size_t nblocks, uint64_t *t)
 {
     for (size_t i = 0; i < nblocks * BLOCK_TOKENS; i++) {
-        t[i] = mix(seed * 1000003ull + i) % 150000;
+        t[i] = splitmix64(seed * 1000003ull + i) % 150000;
     }
 }
 
@@ -115,7 +106,7 @@ static uint64_t word_of(const pdx_block_hash_t *h, size_t arena, size_t w)
 {
     uint64_t h64;
     memcpy(&h64, h->bytes, 8);
-    return mix(h64 ^ ((uint64_t)arena << 48) ^ w);
+    return splitmix64(h64 ^ ((uint64_t)arena << 48) ^ w);
 }
 
 static uint64_t *block_ptr(node_t *n, size_t a, uint64_t id)

@@ -33,6 +33,7 @@
 #include <pdx/pdx.h>
 #include <pdx/store.h>
 
+#include "die.h"
 #include "etcd_launch.h"
 #include "pdx_clock.h"
 
@@ -54,17 +55,6 @@ typedef struct cfg {
 static cfg_t C = {.members = 1, .agents = 32, .procs = 8, .k = 4, .kill_frac = 0.25,
                   .ttl_ms = 3000, .timeout_ms = 2000, .idle_s = 2.0,
                   .restart = true, .pidns = true, .ucx = true};
-
-static void die(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "store_scale: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    exit(2);
-}
 
 static int per_proc(void) { return (C.agents + C.procs - 1) / C.procs; }
 static int proc_of(int agent) { return agent / per_proc(); }

@@ -15,74 +15,29 @@
 
 #include <pdx/pdx.h>
 
+#include "ctl.h"
 #include "etcd_launch.h"
 #include "reseal.h"
-#include "pdx_clock.h"
-
-#define CHECK(c)                                                               \
-    do {                                                                       \
-        if (!(c)) {                                                            \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__,  \
-                    #c);                                                       \
-            exit(1);                                                           \
-        }                                                                      \
-    } while (0)
+#include "store_node.h"
 
 #define REGION (1u << 20)
 
 static etcd_proc_t g_etcd;
 
-typedef struct node {
-    pdx_agent_h agent;
-    uint8_t *mem;
-    pdx_mem_reg_h reg;
-} node_t;
+typedef store_node_t node_t;
 
 static void node_open(node_t *n, const char *name, const char *ns,
                       uint8_t fill)
 {
-    memset(n, 0, sizeof(*n));
-    pdx_agent_params_t ap = {
-        .field_mask = PDX_AGENT_PARAM_FLAGS | PDX_AGENT_PARAM_STORE,
-        .flags = PDX_AGENT_F_PROGRESS_THREAD,
-        .store_endpoints = g_etcd.url, .store_namespace = ns,
-        .store_lease_ttl_ms = 5000, .store_timeout_ms = 1000};
-    CHECK(pdx_agent_create(name, &ap, &n->agent) == PDX_OK);
-    pdx_option_t opt = {"tls", "tcp"};
-    CHECK(pdx_backend_create(n->agent, "ucx", &opt, 1, NULL) == PDX_OK);
-    n->mem = aligned_alloc(4096, REGION);
-    CHECK(n->mem != NULL);
-    for (uint32_t i = 0; i < REGION; i++) {
-        n->mem[i] = (uint8_t)(fill + i * 13);
-    }
-    CHECK(pdx_mem_register(n->agent, PDX_MEM_DRAM, (uintptr_t)n->mem, REGION,
-                           0, 0, &n->reg) == PDX_OK);
-}
-
-static void node_close(node_t *n)
-{
-    pdx_agent_destroy(n->agent);
-    free(n->mem);
+    REQUIRE(store_node_open(n, name, g_etcd.url, ns, 5000, REGION, fill) ==
+            PDX_OK);
 }
 
 static pdx_status_t read_from(node_t *dst, const char *peer, node_t *src)
 {
     memset(dst->mem, 0, 4096);
-    pdx_desc_t l = {.addr = (uintptr_t)dst->mem, .len = 4096};
-    pdx_desc_t r = {.addr = (uintptr_t)src->mem + 4096, .len = 4096};
-    pdx_desc_list_t ll = {PDX_MEM_DRAM, &l, 1}, rl = {PDX_MEM_DRAM, &r, 1};
-    pdx_xfer_h x;
-    pdx_status_t st = pdx_xfer_create(dst->agent, PDX_XFER_READ, &ll, &rl,
-                                      peer, NULL, 0, &x);
-    if (st != PDX_OK) {
-        return st;
-    }
-    st = pdx_xfer_post(x);
-    uint64_t end = pdx_now_ms() + 10000;
-    while (st == PDX_INPROGRESS && pdx_now_ms() < end) {
-        st = pdx_xfer_check(x);
-    }
-    pdx_xfer_release(x);
+    pdx_status_t st = ctl_read(dst->agent, peer, (uintptr_t)dst->mem,
+                               (uintptr_t)src->mem + 4096, 4096, 10000);
     if (st == PDX_OK && memcmp(dst->mem, src->mem + 4096, 4096) != 0) {
         return PDX_ERR_CORRUPT;
     }
@@ -94,7 +49,7 @@ static char *b64(const uint8_t *p, size_t n)
     static const char t[] =
         "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     char *o = malloc(4 * ((n + 2) / 3) + 1), *q = o;
-    CHECK(o != NULL);
+    REQUIRE(o != NULL);
     for (size_t i = 0; i < n; i += 3) {
         uint32_t v = (uint32_t)p[i] << 16;
         v |= i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0;
@@ -125,7 +80,7 @@ int main(void)
         printf("skipped: %s\n", why);
         return 0;
     }
-    CHECK(etcd_start(&g_etcd, NULL, NULL, err, sizeof(err)) == 0);
+    REQUIRE(etcd_start(&g_etcd, NULL, NULL, err, sizeof(err)) == 0);
     char ns[64];
     snprintf(ns, sizeof(ns), "t-poison-%d", (int)getpid());
     node_t p1, p2, d1, d2;
@@ -133,29 +88,29 @@ int main(void)
     node_open(&p2, "p2", ns, 2);
     node_open(&d1, "d1", ns, 3);
     node_open(&d2, "d2", ns, 4);
-    CHECK(pdx_agent_publish(p1.agent) == PDX_OK);
-    CHECK(pdx_agent_publish(p2.agent) == PDX_OK);
+    REQUIRE(pdx_agent_publish(p1.agent) == PDX_OK);
+    REQUIRE(pdx_agent_publish(p2.agent) == PDX_OK);
     node_t *ds[2] = {&d1, &d2};
     for (int i = 0; i < 2; i++) {
-        CHECK(pdx_peer_fetch(ds[i]->agent, "p1", 5000) == PDX_OK);
-        CHECK(pdx_peer_fetch(ds[i]->agent, "p2", 5000) == PDX_OK);
-        CHECK(read_from(ds[i], "p1", &p1) == PDX_OK);
-        CHECK(read_from(ds[i], "p2", &p2) == PDX_OK);
+        REQUIRE(pdx_peer_fetch(ds[i]->agent, "p1", 5000) == PDX_OK);
+        REQUIRE(pdx_peer_fetch(ds[i]->agent, "p2", 5000) == PDX_OK);
+        REQUIRE(read_from(ds[i], "p1", &p1) == PDX_OK);
+        REQUIRE(read_from(ds[i], "p2", &p2) == PDX_OK);
     }
     uint32_t g1 = generation(&d1, "p1", NULL);
     uint32_t g2 = generation(&d1, "p2", NULL);
-    CHECK(g1 == generation(&d2, "p1", NULL) && g1 > 0);
+    REQUIRE(g1 == generation(&d2, "p1", NULL) && g1 > 0);
 
     /* p1's blob, generation + 1, UCX address version 3, resealed. */
     void *blob;
     size_t blen;
-    CHECK(pdx_agent_describe(p1.agent, &blob, &blen) == PDX_OK);
+    REQUIRE(pdx_agent_describe(p1.agent, &blob, &blen) == PDX_OK);
     uint8_t *b = blob;
     size_t gen_off = RS_HDR + 2 + rs_get(b + RS_HDR, 2) + 8;
-    CHECK(rs_get(b + gen_off, 4) == g1);
+    REQUIRE(rs_get(b + gen_off, 4) == g1);
     rs_put(b + gen_off, g1 + 1, 4);
     rs_field_t f[RS_MAX_FIELDS];
-    CHECK(rs_fields(b, blen, f) >= 2); /* ucx conn info, the region key */
+    REQUIRE(rs_fields(b, blen, f) >= 2); /* ucx conn info, the region key */
     b[f[0].off + 4] = (uint8_t)((b[f[0].off + 4] & 0xf0) | 3);
     rs_reseal(b, blen);
 
@@ -164,15 +119,15 @@ int main(void)
     snprintf(key, sizeof(key), "%s/agents/p1", ns);
     char *kb = b64((const uint8_t *)key, strlen(key));
     snprintf(body, sizeof(body), "{\"key\":\"%s\"}", kb);
-    CHECK(etcd_post(&g_etcd, "/v3/kv/range", body, out, sizeof(out)) == 0);
+    REQUIRE(etcd_post(&g_etcd, "/v3/kv/range", body, out, sizeof(out)) == 0);
     const char *lp = strstr(out, "\"lease\":\"");
-    CHECK(lp != NULL);
+    REQUIRE(lp != NULL);
     unsigned long long lease = strtoull(lp + 9, NULL, 10);
-    CHECK(lease != 0);
+    REQUIRE(lease != 0);
     char *vb = b64(b, blen);
     snprintf(body, sizeof(body), "{\"key\":\"%s\",\"value\":\"%s\","
              "\"lease\":\"%llu\"}", kb, vb, lease);
-    CHECK(etcd_post(&g_etcd, "/v3/kv/put", body, out, sizeof(out)) == 0);
+    REQUIRE(etcd_post(&g_etcd, "/v3/kv/put", body, out, sizeof(out)) == 0);
     printf("poisoned p1 (generation %u -> %u, UCX address version 3) put "
            "under its key with lease %llx\n", g1, g1 + 1, lease);
     free(kb);
@@ -181,34 +136,34 @@ int main(void)
 
     /* A later event of p2 marks that the watchers handled p1's. */
     uint8_t *more = aligned_alloc(4096, REGION);
-    CHECK(more != NULL);
+    REQUIRE(more != NULL);
     pdx_mem_reg_h reg2;
-    CHECK(pdx_mem_register(p2.agent, PDX_MEM_DRAM, (uintptr_t)more, REGION, 0,
+    REQUIRE(pdx_mem_register(p2.agent, PDX_MEM_DRAM, (uintptr_t)more, REGION, 0,
                            0, &reg2) == PDX_OK);
     for (int i = 0; i < 2; i++) {
         uint64_t end = pdx_now_ms() + 10000;
         while (generation(ds[i], "p2", NULL) <= g2 && pdx_now_ms() < end) {
             usleep(10000);
         }
-        CHECK(generation(ds[i], "p2", NULL) > g2);
+        REQUIRE(generation(ds[i], "p2", NULL) > g2);
         pdx_status_t st;
         uint32_t g = generation(ds[i], "p1", &st);
         printf("d%d: p2 at generation %u and readable; p1: %s, "
                "generation %u (poisoned %u refused)\n", i + 1,
                generation(ds[i], "p2", NULL),
                st == PDX_OK ? "loaded" : pdx_status_string(st), g, g1 + 1);
-        CHECK(st == PDX_OK || st == PDX_ERR_NOT_FOUND);
-        CHECK(g != g1 + 1);
-        CHECK(read_from(ds[i], "p2", &p2) == PDX_OK);
+        REQUIRE(st == PDX_OK || st == PDX_ERR_NOT_FOUND);
+        REQUIRE(g != g1 + 1);
+        REQUIRE(read_from(ds[i], "p2", &p2) == PDX_OK);
     }
     /* p1 republishes its real blob (new generations, past the poisoned
      * one): the watchers load it again and read from it. */
     pdx_mem_reg_h reg3, reg4;
     uint8_t *more1 = aligned_alloc(4096, 2 * REGION);
-    CHECK(more1 != NULL);
-    CHECK(pdx_mem_register(p1.agent, PDX_MEM_DRAM, (uintptr_t)more1, REGION,
+    REQUIRE(more1 != NULL);
+    REQUIRE(pdx_mem_register(p1.agent, PDX_MEM_DRAM, (uintptr_t)more1, REGION,
                            0, 0, &reg3) == PDX_OK);
-    CHECK(pdx_mem_register(p1.agent, PDX_MEM_DRAM,
+    REQUIRE(pdx_mem_register(p1.agent, PDX_MEM_DRAM,
                            (uintptr_t)more1 + REGION, REGION, 0, 0,
                            &reg4) == PDX_OK);
     /* A watcher dropped p1 when its poisoned description failed to load
@@ -221,18 +176,18 @@ int main(void)
             pdx_peer_fetch(ds[i]->agent, "p1", 1000);
             usleep(50000);
         }
-        CHECK(generation(ds[i], "p1", NULL) > g1 + 1);
-        CHECK(pdx_peer_state(ds[i]->agent, "p1") == PDX_OK);
-        CHECK(read_from(ds[i], "p1", &p1) == PDX_OK);
+        REQUIRE(generation(ds[i], "p1", NULL) > g1 + 1);
+        REQUIRE(pdx_peer_state(ds[i]->agent, "p1") == PDX_OK);
+        REQUIRE(read_from(ds[i], "p1", &p1) == PDX_OK);
     }
     printf("p1's next real generation loaded and readable on d1 and d2\n");
     pdx_mem_deregister(p1.agent, reg4);
     pdx_mem_deregister(p1.agent, reg3);
     pdx_mem_deregister(p2.agent, reg2);
-    node_close(&d1);
-    node_close(&d2);
-    node_close(&p1);
-    node_close(&p2);
+    store_node_close(&d1);
+    store_node_close(&d2);
+    store_node_close(&p1);
+    store_node_close(&p2);
     free(more);
     free(more1);
     etcd_cleanup(&g_etcd);

@@ -20,60 +20,25 @@
 #include <pdx/pdx.h>
 #include <pdx/store.h>
 
-#include "etcd_launch.h"
+#include "ctl.h"
+#include "etcd_fixture.h"
+#include "store_node.h"
 #include "pdx_clock.h"
 
 #define REGION (4u << 20)
 
-static etcd_proc_t g_etcd;
-static bool g_have_etcd;
-static char g_skip[256];
 static int g_ns_seq;
 
-#define NEED_ETCD()                                                            \
-    do {                                                                       \
-        if (!g_have_etcd) {                                                    \
-            print_message("skipped: %s\n", g_skip);                            \
-            skip();                                                            \
-        }                                                                      \
-    } while (0)
-
-typedef struct node {
-    pdx_agent_h agent;
-    uint8_t *mem;
-    pdx_mem_reg_h reg;
-} node_t;
+typedef store_node_t node_t;
 
 static void node_open(node_t *n, const char *name, const char *ns,
                       uint32_t ttl_ms, const char *seed, uint8_t fill)
 {
-    memset(n, 0, sizeof(*n));
-    pdx_agent_params_t ap = {
-        .field_mask = PDX_AGENT_PARAM_FLAGS | PDX_AGENT_PARAM_STORE,
-        .flags = PDX_AGENT_F_PROGRESS_THREAD,
-        .store_endpoints = g_etcd.url, .store_namespace = ns,
-        .store_lease_ttl_ms = ttl_ms, .store_timeout_ms = 1000};
-    assert_int_equal(pdx_agent_create(name, &ap, &n->agent), PDX_OK);
-    pdx_option_t opt = {"tls", "tcp"};
-    assert_int_equal(pdx_backend_create(n->agent, "ucx", &opt, 1, NULL),
-                     PDX_OK);
-    n->mem = aligned_alloc(4096, REGION);
-    assert_non_null(n->mem);
-    for (uint32_t i = 0; i < REGION; i++) {
-        n->mem[i] = (uint8_t)(fill + i * 13);
-    }
-    assert_int_equal(pdx_mem_register(n->agent, PDX_MEM_DRAM,
-                                      (uintptr_t)n->mem, REGION, 0, 0,
-                                      &n->reg),
+    assert_int_equal(store_node_open(n, name, fx_etcd.url, ns, ttl_ms, REGION,
+                                     fill),
                      PDX_OK);
     assert_int_equal(pdx_agent_set_invariant(n->agent, "hash_seed", seed),
                      PDX_OK);
-}
-
-static void node_close(node_t *n)
-{
-    pdx_agent_destroy(n->agent);
-    free(n->mem);
 }
 
 static void next_ns(char *buf, size_t len)
@@ -85,22 +50,8 @@ static void next_ns(char *buf, size_t len)
 static pdx_status_t read_from(node_t *dst, const char *peer, node_t *src,
                               uint64_t off, uint64_t len)
 {
-    pdx_desc_t l = {.addr = (uintptr_t)dst->mem, .len = len};
-    pdx_desc_t r = {.addr = (uintptr_t)src->mem + off, .len = len};
-    pdx_desc_list_t ll = {PDX_MEM_DRAM, &l, 1}, rl = {PDX_MEM_DRAM, &r, 1};
-    pdx_xfer_h x;
-    pdx_status_t st = pdx_xfer_create(dst->agent, PDX_XFER_READ, &ll, &rl,
-                                      peer, NULL, 0, &x);
-    if (st != PDX_OK) {
-        return st;
-    }
-    st = pdx_xfer_post(x);
-    uint64_t end = pdx_now_ms() + 10000;
-    while (st == PDX_INPROGRESS && pdx_now_ms() < end) {
-        st = pdx_xfer_check(x);
-    }
-    pdx_xfer_release(x);
-    return st;
+    return ctl_read(dst->agent, peer, (uintptr_t)dst->mem,
+                    (uintptr_t)src->mem + off, len, 10000);
 }
 
 static void test_discover_by_name(void **state)
@@ -166,14 +117,14 @@ static void test_discover_by_name(void **state)
     assert_int_equal(st_before, PDX_OK);
     pdx_mem_deregister(p.agent, reg2);
     free(more);
-    node_close(&p);
+    store_node_close(&p);
     end = pdx_now_ms() + 5000;
     while (pdx_peer_state(d.agent, "p0") == PDX_OK && pdx_now_ms() < end) {
         usleep(5000);
     }
     assert_int_equal(pdx_peer_state(d.agent, "p0"),
                      PDX_ERR_REMOTE_DISCONNECT);
-    node_close(&d);
+    store_node_close(&d);
 }
 
 static void test_fetch_waits_and_misses(void **state)
@@ -199,8 +150,8 @@ static void test_fetch_waits_and_misses(void **state)
     assert_int_equal(pdx_agent_publish(d.agent), PDX_OK);
     assert_int_equal(pdx_peer_fetch(d.agent, "bad name!", 10),
                      PDX_ERR_INVALID);
-    node_close(&p);
-    node_close(&d);
+    store_node_close(&p);
+    store_node_close(&d);
     /* Without a store. */
     pdx_agent_h a;
     assert_int_equal(pdx_agent_create("plain", NULL, &a), PDX_OK);
@@ -226,8 +177,8 @@ static void test_mismatch_refused(void **state)
     assert_non_null(strstr(pdx_last_error(), "seed-B"));
     assert_int_equal(pdx_peer_state(d.agent, "p-other-seed"),
                      PDX_ERR_NOT_FOUND);
-    node_close(&p);
-    node_close(&d);
+    store_node_close(&p);
+    store_node_close(&d);
 }
 
 static void test_store_down(void **state)
@@ -241,7 +192,7 @@ static void test_store_down(void **state)
     node_open(&d, "d3", ns, 5000, "s", 8);
     assert_int_equal(pdx_agent_publish(p.agent), PDX_OK);
     assert_int_equal(pdx_peer_fetch(d.agent, "p3", 5000), PDX_OK);
-    etcd_kill(&g_etcd, SIGKILL);
+    etcd_kill(&fx_etcd, SIGKILL);
     /* Loaded peers keep transferring, byte-exact. */
     for (int i = 0; i < 20; i++) {
         memset(d.mem, 0, 1 << 20);
@@ -272,7 +223,7 @@ static void test_store_down(void **state)
     assert_int_equal(pdx_agent_set_invariant(d.agent, "extra", "1"), PDX_OK);
     usleep(300000);
     char err[256];
-    assert_int_equal(etcd_restart(&g_etcd, err, sizeof(err)), 0);
+    assert_int_equal(etcd_restart(&fx_etcd, err, sizeof(err)), 0);
     end = pdx_now_ms() + 15000;
     do {
         usleep(20000);
@@ -285,8 +236,8 @@ static void test_store_down(void **state)
     assert_memory_equal(d.mem, p.mem, 4096);
     assert_int_equal(pdx_store_status(d.agent, &s), PDX_OK);
     assert_true(s.reachable);
-    node_close(&p);
-    node_close(&d);
+    store_node_close(&p);
+    store_node_close(&d);
 }
 
 static void on_owner(void *arg, size_t i, const char *owner)
@@ -333,32 +284,8 @@ static void test_owners_through_agent(void **state)
     assert_int_equal(pdx_store_owners_get(a.agent, blocks, 3, on_owner, n),
                      PDX_OK);
     assert_int_equal(n[0], 1);
-    node_close(&a);
-    node_close(&b);
-}
-
-static int setup_all(void **state)
-{
-    (void)state;
-    if (!etcd_available(g_skip, sizeof(g_skip))) {
-        return 0;
-    }
-    char err[256];
-    if (etcd_start(&g_etcd, NULL, NULL, err, sizeof(err)) != 0) {
-        fprintf(stderr, "etcd: %s\n", err);
-        return -1;
-    }
-    g_have_etcd = true;
-    return 0;
-}
-
-static int teardown_all(void **state)
-{
-    (void)state;
-    if (g_have_etcd) {
-        etcd_cleanup(&g_etcd);
-    }
-    return 0;
+    store_node_close(&a);
+    store_node_close(&b);
 }
 
 int main(void)
@@ -371,5 +298,5 @@ int main(void)
         cmocka_unit_test(test_owners_through_agent),
         cmocka_unit_test(test_store_down),
     };
-    return cmocka_run_group_tests(tests, setup_all, teardown_all);
+    return cmocka_run_group_tests(tests, fx_etcd_setup, fx_etcd_teardown);
 }

@@ -23,16 +23,11 @@
 
 #define REGION (64u << 20)
 
-static const char *g_tls = "sm";
-static const char *g_self;
-const char *ctl_name = "twoproc";
+static ctl_pair_t g_pair = CTL_PAIR_INIT;
 static uint64_t g_remote_base; /* the target's one region, from its blob */
 /* 100000 x 1 MiB moves 100 GiB each way: only with --full (many minutes on
  * two cores); the default run caps that one case at 1000 descriptors. */
 static int g_full;
-/* Also create the cma backend (same-host single copy); UCX still carries
- * the notifications. */
-static int g_cma;
 /* Both sides' regions come from pdx_mem_alloc: cma maps the peer's memory
  * and copies with memcpy (checked through the backend's byte counts). */
 static int g_shm;
@@ -40,10 +35,6 @@ static pdx_backend_h g_cma_be;
 /* Cap every case's count so its descriptors are disjoint (for TSan: the
  * overlapping cases write identical bytes from two threads, by design). */
 static int g_fit;
-
-
-
-
 
 static unsigned char pattern(uint64_t off, unsigned salt)
 {
@@ -123,10 +114,7 @@ static void on_target_note(void *arg, const char *peer, const void *msg,
 
 static pdx_agent_h make_agent(const char *name, unsigned char **mem_p)
 {
-    pdx_agent_h a = ctl_ucx_agent(name, g_tls, 120000);
-    if (g_cma) {
-        CHECK(pdx_backend_create(a, "cma", NULL, 0, &g_cma_be));
-    }
+    pdx_agent_h a = ctl_pair_agent(&g_pair, name, 120000, &g_cma_be);
     unsigned char *mem = NULL;
     if (g_shm) {
         CHECK(pdx_mem_alloc(REGION, 0, (void **)&mem));
@@ -155,7 +143,7 @@ static void free_mem(unsigned char *mem)
  * second. */
 static void check_cma_paths(void)
 {
-    if (!g_cma) {
+    if (!g_pair.cma) {
         return;
     }
     char d[256];
@@ -176,18 +164,8 @@ static void check_cma_paths(void)
 
 static void exchange(pdx_agent_h a, int ctl, char *peer)
 {
-    void *blob;
-    size_t len;
-    uint32_t plen;
-    CHECK(pdx_agent_describe(a, &blob, &len));
-    send_msg(ctl, blob, (uint32_t)len);
-    pdx_blob_free(blob);
-    void *pb = recv_msg(ctl, &plen);
-    if (pb == NULL) {
-        die("peer closed the control socket during exchange");
-    }
-    CHECK(pdx_peer_load(a, pb, plen, peer));
-    free(pb);
+    ctl_send_blob(a, ctl);
+    ctl_load_peer(a, ctl, peer, "the initiator (control socket closed)");
 }
 
 static int target_main(int ctl)
@@ -231,31 +209,7 @@ static int target_main(int ctl)
 
 static pid_t spawn_target(int *ctl_p)
 {
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
-        die("socketpair");
-    }
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(sv[0]);
-        char fd[16];
-        snprintf(fd, sizeof(fd), "%d", sv[1]);
-        char *args[9] = {(char *)g_self, "--target", fd, "--tls",
-                         (char *)g_tls};
-        int n = 5;
-        if (g_cma) {
-            args[n++] = "--cma";
-        }
-        if (g_shm) {
-            args[n++] = "--shm";
-        }
-        args[n] = NULL;
-        execv(g_self, args);
-        _exit(127);
-    }
-    close(sv[1]);
-    *ctl_p = sv[0];
-    return pid;
+    return ctl_pair_spawn(&g_pair, g_shm ? "--shm" : NULL, ctl_p);
 }
 
 static void command(int ctl, const char *cmd, const char *expect)
@@ -267,16 +221,6 @@ static void command(int ctl, const char *cmd, const char *expect)
         die("command '%s': got '%s', want '%s'", cmd, r ? r : "(eof)", expect);
     }
     free(r);
-}
-
-static pdx_status_t wait_done(pdx_xfer_h x, uint64_t limit_ms)
-{
-    uint64_t end = pdx_now_ms() + limit_ms;
-    pdx_status_t st = PDX_INPROGRESS;
-    while (st == PDX_INPROGRESS && pdx_now_ms() < end) {
-        st = pdx_xfer_check(x);
-    }
-    return st;
 }
 
 static void run_case(pdx_agent_h a, unsigned char *mem, const char *peer,
@@ -313,7 +257,7 @@ static void run_case(pdx_agent_h a, unsigned char *mem, const char *peer,
         send_msg(ctl, "wait-note", 9);
     }
     CHECK(pdx_xfer_post(x));
-    pdx_status_t st = wait_done(x, 150000);
+    pdx_status_t st = ctl_xfer_wait(x, 150000);
     uint64_t dt = pdx_now_ms() - t0;
     if (st != PDX_OK) {
         die("%s %llu x %zu: %s", op == PDX_XFER_WRITE ? "write" : "read",
@@ -344,6 +288,27 @@ static void run_case(pdx_agent_h a, unsigned char *mem, const char *peer,
     free(r);
 }
 
+/* Exchange blobs with a target by hand, to read the base of its one region
+ * out of its blob. */
+static void connect_target(pdx_agent_h a, int ctl, char *peer,
+                           const char *who)
+{
+    ctl_send_blob(a, ctl);
+    uint32_t plen;
+    void *pb = recv_msg(ctl, &plen);
+    if (pb == NULL) {
+        die("%s did not start (tls %s)", who, g_pair.tls);
+    }
+    char *text = NULL, why[256];
+    CHECK(pdx_blob_describe(pb, plen, &text, why, sizeof(why)));
+    char *line = strstr(text, "DRAM 0x");
+    if (line == NULL || sscanf(line, "DRAM 0x%lx", &g_remote_base) != 1) {
+        die("no DRAM region in the %s's blob", who);
+    }
+    pdx_blob_free(text);
+    CHECK(pdx_peer_load(a, pb, plen, peer));
+    free(pb);
+}
 
 static int initiator_main(int kill_test)
 {
@@ -352,26 +317,7 @@ static int initiator_main(int kill_test)
     unsigned char *mem;
     char peer[PDX_NAME_MAX];
     pdx_agent_h a = make_agent("initiator", &mem);
-    /* Exchange by hand here to read the base out of the peer's blob. */
-    void *blob;
-    size_t len;
-    uint32_t plen;
-    CHECK(pdx_agent_describe(a, &blob, &len));
-    send_msg(ctl, blob, (uint32_t)len);
-    pdx_blob_free(blob);
-    void *pb = recv_msg(ctl, &plen);
-    if (pb == NULL) {
-        die("target did not start (tls %s)", g_tls);
-    }
-    char *text = NULL, why[256];
-    CHECK(pdx_blob_describe(pb, plen, &text, why, sizeof(why)));
-    char *line = strstr(text, "DRAM 0x");
-    if (line == NULL || sscanf(line, "DRAM 0x%lx", &g_remote_base) != 1) {
-        die("no DRAM region in the target's blob");
-    }
-    pdx_blob_free(text);
-    CHECK(pdx_peer_load(a, pb, plen, peer));
-    free(pb);
+    connect_target(a, ctl, peer, "target");
 
     if (!kill_test) {
         const uint64_t sizes[] = {8448, 41984, 1u << 20};
@@ -396,7 +342,7 @@ static int initiator_main(int kill_test)
         check_cma_paths();
         pdx_agent_destroy(a);
         free_mem(mem);
-        printf("twoproc (%s%s): all cases byte-exact\n", g_tls,
+        printf("twoproc (%s%s): all cases byte-exact\n", g_pair.tls,
                g_shm ? ", shared memory" : "");
         return 0;
     }
@@ -443,21 +389,7 @@ static int initiator_main(int kill_test)
 
     /* A new target (same name, new instance): memory still registered. */
     pid = spawn_target(&ctl);
-    CHECK(pdx_agent_describe(a, &blob, &len));
-    send_msg(ctl, blob, (uint32_t)len);
-    pdx_blob_free(blob);
-    pb = recv_msg(ctl, &plen);
-    if (pb == NULL) {
-        die("second target did not start");
-    }
-    CHECK(pdx_blob_describe(pb, plen, &text, why, sizeof(why)));
-    line = strstr(text, "DRAM 0x");
-    if (line == NULL || sscanf(line, "DRAM 0x%lx", &g_remote_base) != 1) {
-        die("no DRAM region in the new target's blob");
-    }
-    pdx_blob_free(text);
-    CHECK(pdx_peer_load(a, pb, plen, peer));
-    free(pb);
+    connect_target(a, ctl, peer, "second target");
     run_case(a, mem, peer, ctl, PDX_XFER_WRITE, 41984, 1000);
     run_case(a, mem, peer, ctl, PDX_XFER_READ, 41984, 1000);
     send_msg(ctl, "quit", 4);
@@ -466,21 +398,17 @@ static int initiator_main(int kill_test)
     check_cma_paths();
     pdx_agent_destroy(a);
     free_mem(mem);
-    printf("twoproc kill (%s): disconnect seen, new peer byte-exact\n", g_tls);
+    printf("twoproc kill (%s): disconnect seen, new peer byte-exact\n", g_pair.tls);
     return 0;
 }
 
 int main(int argc, char **argv)
 {
-    g_self = argv[0];
-    int target_fd = -1, kill_test = 0;
+    g_pair.self = argv[0];
+    int kill_test = 0;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--target") == 0 && i + 1 < argc) {
-            target_fd = atoi(argv[++i]);
-        } else if (strcmp(argv[i], "--tls") == 0 && i + 1 < argc) {
-            g_tls = argv[++i];
-        } else if (strcmp(argv[i], "--cma") == 0) {
-            g_cma = 1;
+        if (ctl_pair_option(&g_pair, argc, argv, &i)) {
+            continue;
         } else if (strcmp(argv[i], "--shm") == 0) {
             g_shm = 1;
         } else if (strcmp(argv[i], "--fit") == 0) {
@@ -495,8 +423,8 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     alarm(g_full ? 1800 : 600); /* never hang a test run */
-    if (target_fd >= 0) {
-        return target_main(target_fd);
+    if (g_pair.target_fd >= 0) {
+        return target_main(g_pair.target_fd);
     }
     return initiator_main(kill_test);
 }
