@@ -22,7 +22,7 @@
  * backend only without a progress thread (the thread does, woken by
  * their events).
  * Measured on a shared 2-core VM while a peer was killed or stopped
- * mid-transfer (tests/faults/stall.c): p99 0.002-0.003 ms, longest call
+ * mid-transfer (tests/system/faults/stall.c): p99 0.002-0.003 ms, longest call
  * 1-5 ms alone; beside a pdx-bench run and two compiles (load 4-5), 134 of
  * 140 runs kept every call under 50 ms: the others were a lock holder
  * descheduled for 60-160 ms (waits quantized at the 10 ms tick), not work
