@@ -58,15 +58,15 @@ int main(int argc, char **argv)
     }
     pdx_mem_reg_h r1, r2, r3, rl;
     REQUIRE(pdx_mem_register(p, PDX_MEM_DRAM, (uintptr_t)m1, REG_LEN, 0, 0,
-                           &r1) == PDX_OK);
+                             &r1) == PDX_OK);
     REQUIRE(pdx_mem_register(p, PDX_MEM_DRAM, (uintptr_t)m2, REG_LEN, 0, 0,
-                           &r2) == PDX_OK);
+                             &r2) == PDX_OK);
     REQUIRE(pdx_mem_register(p, PDX_MEM_DRAM, (uintptr_t)heap, REG_LEN, 0, 0,
-                           &r3) == PDX_OK);
+                             &r3) == PDX_OK);
     uint8_t *local = calloc(1, REG_LEN);
     REQUIRE(local != NULL);
     REQUIRE(pdx_mem_register(d, PDX_MEM_DRAM, (uintptr_t)local, REG_LEN, 0, 0,
-                           &rl) == PDX_OK);
+                             &rl) == PDX_OK);
     void *blob;
     size_t blen;
     REQUIRE(pdx_agent_describe(p, &blob, &blen) == PDX_OK);
@@ -130,7 +130,7 @@ int main(int argc, char **argv)
     pdx_desc_list_t ll = {PDX_MEM_DRAM, ld, 2}, rl2 = {PDX_MEM_DRAM, rd, 2};
     pdx_xfer_h x1;
     REQUIRE(pdx_xfer_create(d, PDX_XFER_READ, &ll, &rl2, pname, NULL, 0, &x1) ==
-          PDX_OK);
+            PDX_OK);
     pdx_status_t st = pdx_xfer_post(x1);
     for (double t = pdx_now_s();
          st == PDX_INPROGRESS && pdx_now_s() - t < 20;) {

@@ -234,8 +234,8 @@ static int initiator_main(void)
 
     int fails = 0;
     printf("regions_freed (%s%s): %lu READs of F ok before, %lu STALE, "
-           "deregister took %llu ms\n", g_pair.tls, g_pair.cma ? "+cma" : "", r.ok,
-           r.stale, took);
+           "deregister took %llu ms\n", g_pair.tls,
+           g_pair.cma ? "+cma" : "", r.ok, r.stale, took);
     if (r.other > 0) {
         fprintf(stderr, "FAIL: a READ of F ended %s\n", r.other_what);
         fails++;

@@ -222,8 +222,9 @@ static int churn(pdx_agent_h a, int ctl, reader_t *r, unsigned seconds,
     pthread_join(th, NULL);
     uint32_t gen1 = peer_generation(a);
     printf("churn over %s%s: %u changes (generation %u -> %u), %lu READs, "
-           "%lu failed, %lu with wrong bytes\n", g_pair.tls, g_pair.cma ? "+cma" : "",
-           changes, gen0, gen1, r->reads, r->failures, r->bad_bytes);
+           "%lu failed, %lu with wrong bytes\n", g_pair.tls,
+           g_pair.cma ? "+cma" : "", changes, gen0, gen1, r->reads,
+           r->failures, r->bad_bytes);
     if (gen1 - gen0 != changes) {
         die("D saw generation %u -> %u, want %u changes", gen0, gen1,
             changes);

@@ -139,7 +139,7 @@ int main(void)
     REQUIRE(more != NULL);
     pdx_mem_reg_h reg2;
     REQUIRE(pdx_mem_register(p2.agent, PDX_MEM_DRAM, (uintptr_t)more, REGION, 0,
-                           0, &reg2) == PDX_OK);
+                             0, &reg2) == PDX_OK);
     for (int i = 0; i < 2; i++) {
         uint64_t end = pdx_now_ms() + 10000;
         while (generation(ds[i], "p2", NULL) <= g2 && pdx_now_ms() < end) {
@@ -162,10 +162,9 @@ int main(void)
     uint8_t *more1 = aligned_alloc(4096, 2 * REGION);
     REQUIRE(more1 != NULL);
     REQUIRE(pdx_mem_register(p1.agent, PDX_MEM_DRAM, (uintptr_t)more1, REGION,
-                           0, 0, &reg3) == PDX_OK);
-    REQUIRE(pdx_mem_register(p1.agent, PDX_MEM_DRAM,
-                           (uintptr_t)more1 + REGION, REGION, 0, 0,
-                           &reg4) == PDX_OK);
+                             0, 0, &reg3) == PDX_OK);
+    REQUIRE(pdx_mem_register(p1.agent, PDX_MEM_DRAM, (uintptr_t)more1 + REGION,
+                             REGION, 0, 0, &reg4) == PDX_OK);
     /* A watcher dropped p1 when its poisoned description failed to load
      * (the old connection was replaced first), and the watch reloads only
      * loaded peers: fetch it again by name, which waits for a generation

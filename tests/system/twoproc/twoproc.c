@@ -398,7 +398,8 @@ static int initiator_main(int kill_test)
     check_cma_paths();
     pdx_agent_destroy(a);
     free_mem(mem);
-    printf("twoproc kill (%s): disconnect seen, new peer byte-exact\n", g_pair.tls);
+    printf("twoproc kill (%s): disconnect seen, new peer byte-exact\n",
+           g_pair.tls);
     return 0;
 }
 
