@@ -9,7 +9,7 @@
 #   P/<libdir>/cmake/pdx/                  find_package(pdx): pdx::pdx
 # SONAME policy: libpdx.so.0 stays the SONAME while the ABI only grows
 # (pdx_plugin_v1 and the param structs are append-only, checked by
-# tests/dlopen); an incompatible change bumps it. The file version follows
+# tests/lib/test_dlopen.c); an incompatible change bumps it. The file version follows
 # the project version.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)

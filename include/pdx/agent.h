@@ -22,7 +22,7 @@
  * with or without a progress thread; pdx_notif_poll progresses every
  * backend only without a progress thread (the thread does, woken by
  * their events). Transfers to other peers carry on meanwhile;
- * tests/faults/stall.c checks the bound, and docs/BENCH.md ("Figures
+ * tests/system/faults/stall.c checks the bound, and docs/BENCH.md ("Figures
  * from the public headers") has what it measured.
  *
  * Handles: every function refuses a NULL handle with PDX_ERR_INVALID (a

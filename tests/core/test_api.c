@@ -21,6 +21,7 @@
 
 #include <pdx/pdx.h>
 
+#include "ctl.h"
 #include "mock_backend.h"
 #include "poll_until.h"
 
@@ -96,14 +97,8 @@ static void side_init(side_t *s, const char *name, uint32_t flags)
 
 static void connect_pair(side_t *a, side_t *b)
 {
-    void *blob;
-    size_t len;
-    assert_int_equal(pdx_agent_describe(b->agent, &blob, &len), PDX_OK);
-    assert_int_equal(pdx_peer_load(a->agent, blob, len, a->peer), PDX_OK);
-    pdx_blob_free(blob);
-    assert_int_equal(pdx_agent_describe(a->agent, &blob, &len), PDX_OK);
-    assert_int_equal(pdx_peer_load(b->agent, blob, len, b->peer), PDX_OK);
-    pdx_blob_free(blob);
+    assert_int_equal(ctl_load_agent(a->agent, b->agent, a->peer), PDX_OK);
+    assert_int_equal(ctl_load_agent(b->agent, a->agent, b->peer), PDX_OK);
 }
 
 static void side_fini(side_t *s)

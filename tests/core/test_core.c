@@ -22,6 +22,7 @@
 #include <pdx/pdx.h>
 
 #include "blob_int.h"
+#include "ctl.h"
 #include "mock_backend.h"
 #include "peer_int.h"
 #include "poll_until.h"
@@ -81,14 +82,8 @@ static void side_fini(side_t *s)
 
 static void connect_pair(side_t *a, side_t *b)
 {
-    void *blob;
-    size_t len;
-    assert_int_equal(pdx_agent_describe(b->agent, &blob, &len), PDX_OK);
-    assert_int_equal(pdx_peer_load(a->agent, blob, len, a->peer), PDX_OK);
-    pdx_blob_free(blob);
-    assert_int_equal(pdx_agent_describe(a->agent, &blob, &len), PDX_OK);
-    assert_int_equal(pdx_peer_load(b->agent, blob, len, b->peer), PDX_OK);
-    pdx_blob_free(blob);
+    assert_int_equal(ctl_load_agent(a->agent, b->agent, a->peer), PDX_OK);
+    assert_int_equal(ctl_load_agent(b->agent, a->agent, b->peer), PDX_OK);
 }
 
 static pdx_status_t wait_xfer(pdx_xfer_h x, side_t *other)

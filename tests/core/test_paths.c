@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include <pdx/pdx.h>
+#include "ctl.h"
 #include "poll_until.h"
 
 #define LEN (4u << 20)
@@ -48,11 +49,7 @@ static pdx_agent_h agent(const char *name, bool cma, uint32_t policy,
 
 static void load(pdx_agent_h into, pdx_agent_h from)
 {
-    void *blob;
-    size_t len;
-    assert_int_equal(pdx_agent_describe(from, &blob, &len), PDX_OK);
-    assert_int_equal(pdx_peer_load(into, blob, len, NULL), PDX_OK);
-    pdx_blob_free(blob);
+    assert_int_equal(ctl_load_agent(into, from, NULL), PDX_OK);
 }
 
 /* cma's byte counters from its describe line. */

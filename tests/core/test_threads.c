@@ -13,6 +13,7 @@
 
 #include <pdx/pdx.h>
 
+#include "ctl.h"
 #include "mock_backend.h"
 #include "poll_until.h"
 
@@ -79,14 +80,8 @@ static void test_threads_one_agent(void **state)
                                       0, &ra), PDX_OK);
     assert_int_equal(pdx_mem_register(b, PDX_MEM_DRAM, (uintptr_t)mb, len, 0,
                                       0, &rb), PDX_OK);
-    void *blob;
-    size_t blen;
-    assert_int_equal(pdx_agent_describe(b, &blob, &blen), PDX_OK);
-    assert_int_equal(pdx_peer_load(a, blob, blen, NULL), PDX_OK);
-    pdx_blob_free(blob);
-    assert_int_equal(pdx_agent_describe(a, &blob, &blen), PDX_OK);
-    assert_int_equal(pdx_peer_load(b, blob, blen, NULL), PDX_OK);
-    pdx_blob_free(blob);
+    assert_int_equal(ctl_load_agent(a, b, NULL), PDX_OK);
+    assert_int_equal(ctl_load_agent(b, a, NULL), PDX_OK);
 
     pthread_t th[THREADS];
     ctx_t c[THREADS];

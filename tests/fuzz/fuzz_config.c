@@ -10,6 +10,8 @@
 #include <pdx/kv_layout.h>
 #include <pdx/log.h>
 
+#include "log_quiet.h"
+
 #define CHECK(cond)                                                            \
     do {                                                                       \
         if (!(cond)) {                                                         \
@@ -20,16 +22,9 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static void drop(void *arg, pdx_log_level_t level, const char *msg) {}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static int quiet;
-    if (!quiet) {
-        /* Rejections are the common case; their log lines are noise. */
-        pdx_log_set_handler(drop, NULL);
-        quiet = 1;
-    }
+    log_quiet(); /* rejections are the common case */
     /* A copy of exactly `size` bytes, no terminator: ASan then catches any
      * read past the end. */
     char *text = malloc(size ? size : 1);

@@ -1,7 +1,7 @@
 /* libFuzzer harness: resealed blobs through pdx_peer_load with every
  * backend that runs here (ucx, cma; cuda_ipc where a GPU is). Each input
  * is a mutation script for a real blob of an agent with three regions
- * (tests/trust/reseal.h: flips, inner fields truncated, extended, spliced,
+ * (tests/fixtures/reseal.h: flips, inner fields truncated, extended, spliced,
  * length prefixes at extremes), resealed so the header check passes. A
  * load must end OK (the peer is then unloaded) or with a clean error. */
 #include <stdint.h>

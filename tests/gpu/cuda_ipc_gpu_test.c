@@ -31,6 +31,8 @@
 #include <pdx/backend.h> /* PDX_REGION_F_PIN */
 #include <pdx/pdx.h>
 
+#include "ctl.h"
+#include "mix.h"
 #include "pdx_clock.h"
 
 /* ---- the driver, by dlopen ------------------------------------------ */
@@ -58,17 +60,6 @@ static struct {
 
 static const char *g_role = "p";
 
-static void die(int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "[%s] FATAL: ", g_role);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    exit(code);
-}
-
 static void say(const char *fmt, ...)
 {
     va_list ap;
@@ -94,22 +85,23 @@ static const char *errname(CUresult r)
     do {                                                                       \
         CUresult r_ = (call);                                                  \
         if (r_ != CUDA_SUCCESS)                                                \
-            die(3, "%s:%d: %s: %s", __FILE__, __LINE__, #call, errname(r_));   \
+            die_rc(3, "%s:%d: %s: %s", __FILE__, __LINE__, #call,              \
+                   errname(r_));                                               \
     } while (0)
 
 #define PK(call)                                                               \
     do {                                                                       \
         pdx_status_t s_ = (call);                                              \
         if (s_ != PDX_OK)                                                      \
-            die(3, "%s:%d: %s: %s", __FILE__, __LINE__, #call,                 \
-                pdx_status_string(s_));                                        \
+            die_rc(3, "%s:%d: %s: %s", __FILE__, __LINE__, #call,              \
+                   pdx_status_string(s_));                                     \
     } while (0)
 
 /* 0, or a reason in `why`. */
 static int cu_load(char *why, size_t len)
 {
     /* PDX_CUDA_DRIVER_LIB as the backend reads it: lets the test run
-     * against tests/backend_cuda_ipc's fake driver on a machine without a
+     * against tests/backends/cuda_ipc's fake driver on a machine without a
      * GPU. */
     const char *lib = getenv("PDX_CUDA_DRIVER_LIB");
     lib = lib != NULL && lib[0] != '\0' ? lib : "libcuda.so.1";
@@ -194,7 +186,7 @@ static void layout_init(layout_t *L, size_t bytes, int one_alloc)
     memset(L, 0, sizeof(*L));
     L->nblocks = bytes / PER_BLOCK;
     if (L->nblocks < 8) {
-        die(3, "--mib too small");
+        die_rc(3, "--mib too small");
     }
     size_t off = 0;
     for (int a = 0; a < NARENA; a++) {
@@ -228,19 +220,11 @@ static void layout_free(layout_t *L)
 
 /* Deterministic content: 8-byte words of a hash of (seed, word index in
  * the concatenated arenas). */
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 static void fill(void *dst, uint64_t seed, size_t off, size_t len)
 {
     uint64_t *w = dst;
     for (size_t i = 0; i < len / 8; i++) {
-        w[i] = mix(seed * 0x100000001b3ull + off / 8 + i);
+        w[i] = splitmix64(seed * 0x100000001b3ull + off / 8 + i);
     }
 }
 
@@ -272,7 +256,7 @@ static void descs_make(descs_t *D, size_t n, const layout_t *mine,
 {
     size_t total = (size_t)NARENA * mine->nblocks * QUARTERS;
     if (n > total) {
-        die(3, "%zu descriptors asked, layout has %zu", n, total);
+        die_rc(3, "%zu descriptors asked, layout has %zu", n, total);
     }
     uint32_t *ids = malloc(total * sizeof(*ids));
     for (size_t i = 0; i < total; i++) {
@@ -280,7 +264,7 @@ static void descs_make(descs_t *D, size_t n, const layout_t *mine,
     }
     uint64_t s = n * 7919;
     for (size_t i = total - 1; i > 0; i--) {
-        s = mix(s);
+        s = splitmix64(s);
         size_t j = s % (i + 1);
         uint32_t t = ids[i];
         ids[i] = ids[j];
@@ -347,50 +331,19 @@ static size_t verify(const uint8_t *got, const uint8_t *base, uint8_t *exp,
 
 /* ---- pipes ------------------------------------------------------------ */
 
-static void send_msg(int fd, const void *buf, uint32_t len)
-{
-    if (write(fd, &len, 4) != 4 ||
-        (len && write(fd, buf, len) != (ssize_t)len)) {
-        die(3, "pipe write: %s", strerror(errno));
-    }
-}
-
 static void send_str(int fd, const char *s)
 {
     send_msg(fd, s, (uint32_t)strlen(s) + 1);
 }
 
-static int read_full(int fd, void *buf, size_t len)
+/* The next message (free it), or an exit (3) when the peer went away. */
+static void *recv_or_die(int fd, uint32_t *len_p)
 {
-    size_t got = 0;
-    while (got < len) {
-        ssize_t r = read(fd, (char *)buf + got, len - got);
-        if (r <= 0) {
-            if (r < 0 && errno == EINTR) {
-                continue;
-            }
-            return -1;
-        }
-        got += (size_t)r;
+    char *m = recv_msg(fd, len_p);
+    if (m == NULL) {
+        die_rc(3, "peer process went away");
     }
-    return 0;
-}
-
-static void *recv_msg(int fd, uint32_t *len_p)
-{
-    uint32_t len;
-    if (read_full(fd, &len, 4) != 0) {
-        die(3, "peer process went away");
-    }
-    char *buf = malloc(len + 1);
-    if (read_full(fd, buf, len) != 0) {
-        die(3, "peer process went away");
-    }
-    buf[len] = '\0';
-    if (len_p) {
-        *len_p = len;
-    }
-    return buf;
+    return m;
 }
 
 /* ---- agent helpers ---------------------------------------------------- */
@@ -481,7 +434,7 @@ static int p_main(int rfd, int wfd, size_t bytes, int one_alloc)
     CUipcMemHandle ih;
     CK(cu.IpcGetMemHandle(&ih, L.alloc[0]));
     send_msg(wfd, &ih, sizeof(ih));
-    char *m = recv_msg(rfd, NULL);
+    char *m = recv_or_die(rfd, NULL);
     if (strncmp(m, "IPCFAIL", 7) == 0) {
         fprintf(stderr, "[p] CUDA IPC between processes is refused here: %s\n",
                 m + 8);
@@ -499,11 +452,11 @@ static int p_main(int rfd, int wfd, size_t bytes, int one_alloc)
     send_msg(wfd, blob, (uint32_t)blen);
     pdx_blob_free(blob);
     uint32_t dl;
-    void *dblob = recv_msg(rfd, &dl);
+    void *dblob = recv_or_die(rfd, &dl);
     char dname[PDX_NAME_MAX];
     PK(pdx_peer_load(a, dblob, dl, dname));
     free(dblob);
-    free(recv_msg(rfd, NULL)); /* D's arena bases: not needed here */
+    free(recv_or_die(rfd, NULL)); /* D's arena bases: not needed here */
 
     notifs_t N = {.n = 0};
     int failures = 0;
@@ -513,7 +466,7 @@ static int p_main(int rfd, int wfd, size_t bytes, int one_alloc)
             pdx_notif_poll(a, on_notif, &N);
             continue;
         }
-        char *cmd = recv_msg(rfd, NULL);
+        char *cmd = recv_or_die(rfd, NULL);
         char reply[256] = "OK";
         size_t n;
         if (strcmp(cmd, "DONE") == 0) {
@@ -585,7 +538,7 @@ static void check(int ok, const char *fmt, ...)
 static char *ask(int rfd, int wfd, const char *cmd)
 {
     send_str(wfd, cmd);
-    return recv_msg(rfd, NULL);
+    return recv_or_die(rfd, NULL);
 }
 
 static double gbps(size_t bytes, double s)
@@ -679,7 +632,7 @@ static int d_main(int rfd, int wfd, size_t bytes, int one_alloc, int quick)
 
     CUipcMemHandle ih;
     uint32_t hl;
-    void *hm = recv_msg(rfd, &hl);
+    void *hm = recv_or_die(rfd, &hl);
     memcpy(&ih, hm, sizeof(ih));
     free(hm);
     CUdeviceptr probe;
@@ -703,11 +656,11 @@ static int d_main(int rfd, int wfd, size_t bytes, int one_alloc, int quick)
     pdx_agent_h a = agent_start("gpu-d");
     register_arenas(a, &L);
     CUdeviceptr pbase[NARENA];
-    void *pb = recv_msg(rfd, NULL);
+    void *pb = recv_or_die(rfd, NULL);
     memcpy(pbase, pb, sizeof(pbase));
     free(pb);
     uint32_t pl;
-    void *pblob = recv_msg(rfd, &pl);
+    void *pblob = recv_or_die(rfd, &pl);
     char pname[PDX_NAME_MAX];
     double t0 = pdx_now_s();
     PK(pdx_peer_load(a, pblob, pl, pname));
@@ -981,6 +934,8 @@ int main(int argc, char **argv)
         }
     }
     g_role = role;
+    test_name = strcmp(role, "d") == 0 ? "cuda_ipc_gpu_test (D)"
+                                       : "cuda_ipc_gpu_test (P)";
     setvbuf(stdout, NULL, _IOLBF, 0);
     char why[256];
     if (cu_load(why, sizeof(why)) != 0) {
@@ -998,12 +953,12 @@ int main(int argc, char **argv)
     /* P: start D with a pipe each way. */
     int p2d[2], d2p[2];
     if (pipe(p2d) != 0 || pipe(d2p) != 0) {
-        die(3, "pipe: %s", strerror(errno));
+        die_rc(3, "pipe: %s", strerror(errno));
     }
     char self[4096];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (sl <= 0) {
-        die(3, "readlink /proc/self/exe: %s", strerror(errno));
+        die_rc(3, "readlink /proc/self/exe: %s", strerror(errno));
     }
     self[sl] = '\0';
     pid_t pid = fork();

@@ -15,7 +15,7 @@
 # Environment: MIB (default 1024), JOBS (default nproc), PDX_GPU_BUILD
 # (default <repo>/build-gpu), OUT (logs are copied there when set).
 # Dry run on a machine without a GPU: PDX_RUN_WITH_FAKE_DRIVER=1 uses the
-# fake driver of tests/backend_cuda_ipc instead (MIB defaults to 64 then);
+# fake driver of tests/backends/cuda_ipc instead (MIB defaults to 64 then);
 # PDX_USE_BUNDLED_PKGCONF=1 uses the unpacked pkgconf even if pkg-config
 # exists.
 # Exit: 0 all passed; 1 a check failed; 2 CUDA IPC between processes is
@@ -155,7 +155,7 @@ export LD_LIBRARY_PATH=$LIBDIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export UCX_MODULE_DIR=$LIBDIR/ucx
 export UCX_LOG_LEVEL=${UCX_LOG_LEVEL:-error}
 if [ "$FAKE" = 1 ]; then
-    export PDX_CUDA_DRIVER_LIB=$BLD/tests/backend_cuda_ipc/libpdx_fake_cuda.so
+    export PDX_CUDA_DRIVER_LIB=$BLD/tests/fixtures/libpdx_fake_cuda.so
 fi
 rc=0
 

@@ -22,14 +22,17 @@ def _hard_timeout():
 
 
 class Worker:
-    """A spawned process running pdx_workers.<name>(conn, *args)."""
+    """A spawned process running target(conn, *args): a worker function
+    (worker_boot.reporting), or the name of one in pdx_workers."""
 
-    def __init__(self, name, *args):
+    def __init__(self, target, *args):
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        import pdx_workers
-        self.proc = ctx.Process(target=getattr(pdx_workers, name),
-                                args=(child,) + args, daemon=True)
+        if isinstance(target, str):
+            import pdx_workers
+            target = getattr(pdx_workers, target)
+        self.proc = ctx.Process(target=target, args=(child,) + args,
+                                daemon=True)
         self.proc.start()
         child.close()
 
@@ -61,8 +64,8 @@ class Worker:
 def spawn():
     workers = []
 
-    def start(name, *args):
-        w = Worker(name, *args)
+    def start(target, *args):
+        w = Worker(target, *args)
         workers.append(w)
         return w
 

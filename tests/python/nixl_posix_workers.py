@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from nixl_stack_workers import reporting
+from worker_boot import reporting
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 

@@ -2,12 +2,12 @@
 stack's NIXL sequence through the 'nixl' package (pdx's shim, found on
 PYTHONPATH as the stack would find NIXL). Every function takes the pipe end
 first and reports an exception as ("error", traceback)."""
-import functools
 import os
 import time
-import traceback
 
 import numpy as np
+
+from worker_boot import recv, reporting  # noqa: F401 (recv: the workers')
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
@@ -18,30 +18,6 @@ def kv_bytes(layer, seed):
     """Deterministic KV bytes of one layer, the same in every process."""
     return np.random.default_rng(1000 * seed + layer).integers(
         0, 256, BLOCKS * BLOCK_LEN, dtype=np.uint8)
-
-
-def reporting(fn):
-    @functools.wraps(fn)
-    def run(conn, *args):
-        import faulthandler
-        faulthandler.dump_traceback_later(120, exit=True)
-        try:
-            fn(conn, *args)
-        except BaseException:
-            try:
-                conn.send(("error", traceback.format_exc()))
-            except Exception:
-                pass
-            raise
-        finally:
-            conn.close()
-    return run
-
-
-def recv(conn, timeout=60.0):
-    if not conn.poll(timeout):
-        raise TimeoutError("test process sent nothing in %.0f s" % timeout)
-    return conn.recv()
 
 
 def notifs_until(agent, peer, done, timeout=30.0):

@@ -6,10 +6,11 @@ reported as ("error", traceback)."""
 import os
 import sys
 import time
-import traceback
 import uuid
 
 import numpy as np
+
+from worker_boot import recv, reporting
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
@@ -39,12 +40,7 @@ def nixl_api():
     return importlib.import_module("nixl._api")
 
 
-def _recv(conn, timeout=60.0):
-    if not conn.poll(timeout):
-        raise TimeoutError("test process sent nothing in %.0f s" % timeout)
-    return conn.recv()
-
-
+@reporting
 def vllm_prefill(conn, seed, expected):
     """P: registers its K/V regions as vLLM does, prepares its local list
     with NIXL_INIT_AGENT, sends (metadata, bases) and serves notifications:
@@ -52,52 +48,41 @@ def vllm_prefill(conn, seed, expected):
     extends leases. `expected` lists the request ids it must free. Sends
     ("freed", freed, heartbeats, unknown) and waits for "quit" (or is
     killed by the test)."""
-    import faulthandler
-    faulthandler.dump_traceback_later(120, exit=True)
-    try:
-        api = nixl_api()
-        agent = api.nixl_agent(str(uuid.uuid4()), api.nixl_agent_config(
-            num_threads=4, capture_telemetry=True))
-        import pdx
-        regions = []
-        for r in range(NREGIONS):
-            m = pdx.mem_alloc(NBLOCKS * BLOCK_LEN)
-            np.frombuffer(m, np.uint8)[:] = region_bytes(r, seed)
-            regions.append(m)
-        caches_data = [(m.addr, NBLOCKS * BLOCK_LEN, 0, "") for m in regions]
-        descs = agent.get_reg_descs(caches_data, "DRAM")
-        agent.register_memory(descs, backends=["UCX"])
-        local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", agent.get_xfer_descs(
-            block_rows([m.addr for m in regions]), "DRAM"))
-        conn.send(("meta", agent.get_agent_metadata(),
-                   [m.addr for m in regions], agent.name))
-        counts, freed, unknown, heartbeats = {}, [], [], []
-        end = time.monotonic() + 60
-        while set(freed) != set(expected) and time.monotonic() < end:
-            for msgs in agent.get_new_notifs().values():
-                for raw in msgs:
-                    msg = raw.decode("utf-8")
-                    if msg.startswith("HB:"):
-                        heartbeats.extend(msg[3:].split(","))
-                        continue
-                    req, consumers = msg.rsplit(":", 1)
-                    if req not in expected:
-                        unknown.append(req)
-                        continue
-                    counts[req] = counts.get(req, 0) + 1
-                    if counts[req] == int(consumers):
-                        freed.append(req)
-            time.sleep(0.001)
-        conn.send(("freed", sorted(freed), sorted(heartbeats), unknown))
-        if _recv(conn, 60) == "quit":
-            agent.release_dlist_handle(local)
-            agent.deregister_memory(descs)
-            conn.send("bye")
-    except BaseException:
-        try:
-            conn.send(("error", traceback.format_exc()))
-        except Exception:
-            pass
-        raise
-    finally:
-        conn.close()
+    api = nixl_api()
+    agent = api.nixl_agent(str(uuid.uuid4()), api.nixl_agent_config(
+        num_threads=4, capture_telemetry=True))
+    import pdx
+    regions = []
+    for r in range(NREGIONS):
+        m = pdx.mem_alloc(NBLOCKS * BLOCK_LEN)
+        np.frombuffer(m, np.uint8)[:] = region_bytes(r, seed)
+        regions.append(m)
+    caches_data = [(m.addr, NBLOCKS * BLOCK_LEN, 0, "") for m in regions]
+    descs = agent.get_reg_descs(caches_data, "DRAM")
+    agent.register_memory(descs, backends=["UCX"])
+    local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", agent.get_xfer_descs(
+        block_rows([m.addr for m in regions]), "DRAM"))
+    conn.send(("meta", agent.get_agent_metadata(),
+               [m.addr for m in regions], agent.name))
+    counts, freed, unknown, heartbeats = {}, [], [], []
+    end = time.monotonic() + 60
+    while set(freed) != set(expected) and time.monotonic() < end:
+        for msgs in agent.get_new_notifs().values():
+            for raw in msgs:
+                msg = raw.decode("utf-8")
+                if msg.startswith("HB:"):
+                    heartbeats.extend(msg[3:].split(","))
+                    continue
+                req, consumers = msg.rsplit(":", 1)
+                if req not in expected:
+                    unknown.append(req)
+                    continue
+                counts[req] = counts.get(req, 0) + 1
+                if counts[req] == int(consumers):
+                    freed.append(req)
+        time.sleep(0.001)
+    conn.send(("freed", sorted(freed), sorted(heartbeats), unknown))
+    if recv(conn, 60) == "quit":
+        agent.release_dlist_handle(local)
+        agent.deregister_memory(descs)
+        conn.send("bye")

@@ -1,49 +1,27 @@
 """Worker processes for the pdx Python tests (spawned; every function takes
 the pipe end first). Each reports an exception as ("error", traceback) so
 the test fails with the worker's stack instead of a timeout."""
-import faulthandler
-import functools
 import json
 import os
 import time
-import traceback
 
 import numpy as np
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 import pdx  # noqa: E402
+import worker_boot  # noqa: E402
+from worker_boot import recv  # noqa: E402
+
+# Bounded like the tests: every stack dumped and the worker ended if stuck.
+reporting = worker_boot.reporting(
+    timeout=float(os.environ.get("PDX_PY_WORKER_TIMEOUT", "200")))
 
 
 def pattern(nbytes, seed):
     """Deterministic bytes, the same in every process."""
     return np.random.default_rng(seed).integers(0, 256, nbytes,
                                                 dtype=np.uint8)
-
-
-def reporting(fn):
-    @functools.wraps(fn)
-    def run(conn, *args):
-        # Bounded like the tests: dump every stack and exit if stuck.
-        faulthandler.dump_traceback_later(
-            float(os.environ.get("PDX_PY_WORKER_TIMEOUT", "200")), exit=True)
-        try:
-            fn(conn, *args)
-        except BaseException:
-            try:
-                conn.send(("error", traceback.format_exc()))
-            except Exception:
-                pass
-            raise
-        finally:
-            conn.close()
-    return run
-
-
-def recv(conn, timeout=60.0):
-    if not conn.poll(timeout):
-        raise TimeoutError("test process sent nothing in %.0f s" % timeout)
-    return conn.recv()
 
 
 def wait_notif(agent, peer, want, timeout=20.0):

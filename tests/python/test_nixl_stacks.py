@@ -10,7 +10,6 @@ serialized descriptor lists (and malformed bytes refused), the N x 3 array
 form of get_reg_descs registering the memory it describes, a 1-D array as
 one region, deregistration in any order, module names, _utils, logging."""
 import enum
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -41,43 +40,11 @@ def nixl_shim(monkeypatch):
     yield
 
 
-class Peer:
-    def __init__(self, fn, *args):
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=fn, args=(child,) + args, daemon=True)
-        self.proc.start()
-        child.close()
-
-    def recv(self, timeout=60.0):
-        if not self.conn.poll(timeout):
-            raise TimeoutError("peer sent nothing in %.0f s" % timeout)
-        msg = self.conn.recv()
-        if isinstance(msg, tuple) and msg and msg[0] == "error":
-            raise RuntimeError("peer failed:\n" + msg[1])
-        return msg
-
-    def send(self, msg):
-        self.conn.send(msg)
-
-    def stop(self):
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(10)
-
-
 @pytest.fixture
-def peer():
-    peers = []
-
-    def start(fn, *args):
-        p = Peer(fn, *args)
-        peers.append(p)
-        return p
-
-    yield start
-    for p in peers:
-        p.stop()
+def peer(spawn):
+    """A spawned peer running one of nixl_stack_workers' functions
+    (conftest's Worker)."""
+    return spawn
 
 
 def wait_done(agent, h, timeout=20.0):
@@ -167,7 +134,7 @@ def test_sglang_sequence_and_peer_recovery(peer):
 
     # Peer recovery: decode dies; SGLang's checks see it.
     assert agent.check_remote_metadata(name)
-    d.stop()
+    d.kill()
     end = time.monotonic() + 20
     while agent.check_remote_metadata(name) and time.monotonic() < end:
         time.sleep(0.01)
