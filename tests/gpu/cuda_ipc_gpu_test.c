@@ -11,7 +11,10 @@
  * (sandbox, container), 3 setup failed, 77 no GPU (with --skip-without-gpu).
  *
  *   cuda_ipc_gpu_test [--mib N] [--alloc arena|one] [--quick]
- *                     [--ucx-tls TLS] [--skip-without-gpu] */
+ *                     [--ucx-tls TLS] [--skip-without-gpu]
+ *                     [--path cuda_ipc|ucx-staged|ucx-native]
+ * --path ucx-*: no cuda_ipc backend; VRAM moves over UCX, staged through
+ * pinned host memory or natively (UCX built with CUDA). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -101,7 +104,7 @@ static const char *errname(CUresult r)
 static int cu_load(char *why, size_t len)
 {
     /* PDX_CUDA_DRIVER_LIB as the backend reads it: lets the test run
-     * against tests/backends/cuda_ipc's fake driver on a machine without a
+     * against the fake driver of tests/fixtures on a machine without a
      * GPU. */
     const char *lib = getenv("PDX_CUDA_DRIVER_LIB");
     lib = lib != NULL && lib[0] != '\0' ? lib : "libcuda.so.1";
@@ -363,6 +366,10 @@ static void on_notif(void *arg, const char *peer, const void *msg, size_t len)
 
 static int g_have_ucx;
 static const char *g_tls = "sm";
+/* --path: "cuda_ipc" (default), or "ucx-staged" / "ucx-native": no cuda_ipc
+ * backend, VRAM over UCX through pinned host memory or natively (a UCX
+ * built with CUDA). */
+static const char *g_path = "cuda_ipc";
 
 static pdx_agent_h agent_start(const char *name)
 {
@@ -373,19 +380,30 @@ static pdx_agent_h agent_start(const char *name)
     pdx_agent_h a;
     PK(pdx_agent_create(name, &prm, &a));
     pdx_backend_h be;
-    /* cuda_ipc first: it is the one for VRAM on this host. */
-    PK(pdx_backend_create(a, "cuda_ipc", NULL, 0, &be));
     char desc[512];
+    if (strcmp(g_path, "cuda_ipc") == 0) {
+        /* cuda_ipc first: it is the one for VRAM on this host. */
+        PK(pdx_backend_create(a, "cuda_ipc", NULL, 0, &be));
+        pdx_backend_describe(be, desc, sizeof(desc));
+        say("%s", desc);
+        pdx_option_t opt = {"tls", g_tls};
+        pdx_status_t st = pdx_backend_create(a, "ucx", &opt, 1, NULL);
+        g_have_ucx = st == PDX_OK;
+        if (!g_have_ucx) {
+            say("WARNING: ucx backend unavailable (%s): notifications not "
+                "checked",
+                pdx_status_string(st));
+        }
+        return a;
+    }
+    /* VRAM over UCX only: the path under test must carry it. */
+    pdx_option_t opts[2] = {
+        {"tls", g_tls},
+        {"vram", strcmp(g_path, "ucx-native") == 0 ? "native" : "staged"}};
+    PK(pdx_backend_create(a, "ucx", opts, 2, &be));
     pdx_backend_describe(be, desc, sizeof(desc));
     say("%s", desc);
-    pdx_option_t opt = {"tls", g_tls};
-    pdx_status_t st = pdx_backend_create(a, "ucx", &opt, 1, NULL);
-    g_have_ucx = st == PDX_OK;
-    if (!g_have_ucx) {
-        say("WARNING: ucx backend unavailable (%s): notifications not "
-            "checked",
-            pdx_status_string(st));
-    }
+    g_have_ucx = 1;
     return a;
 }
 
@@ -705,7 +723,16 @@ static int d_main(int rfd, int wfd, size_t bytes, int one_alloc, int quick)
         pdx_status_t st;
         double t = run(x, &st);
         size_t segs = pdx_xfer_segments(x);
+        pdx_xfer_telemetry_t tel;
+        pdx_xfer_telemetry(x, &tel);
         pdx_xfer_release(x);
+        /* The path asked for is the one taken. */
+        const char *want_be = strcmp(g_path, "cuda_ipc") == 0 ? "cuda_ipc"
+                                                              : "ucx";
+        check(strcmp(tel.backend, want_be) == 0,
+              "READ %zu descriptors went over %s (%s%s%s), want %s", n,
+              tel.backend, tel.transport, tel.fallback ? "; " : "",
+              tel.fallback_why, want_be);
         char why[128] = "";
         if (st == PDX_OK) {
             download(&L, g_got);
@@ -919,6 +946,8 @@ int main(int argc, char **argv)
             quick = 1;
         } else if (strcmp(argv[i], "--ucx-tls") == 0 && i + 1 < argc) {
             g_tls = argv[++i];
+        } else if (strcmp(argv[i], "--path") == 0 && i + 1 < argc) {
+            g_path = argv[++i];
         } else if (strcmp(argv[i], "--skip-without-gpu") == 0) {
             skip_no_gpu = 1;
         } else if (strcmp(argv[i], "--role") == 0 && i + 3 < argc) {
@@ -928,7 +957,8 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "usage: %s [--mib N] [--alloc arena|one] [--quick] "
-                    "[--ucx-tls TLS] [--skip-without-gpu]\n",
+                    "[--ucx-tls TLS] [--path cuda_ipc|ucx-staged|ucx-native] "
+                    "[--skip-without-gpu]\n",
                     argv[0]);
             return 3;
         }
@@ -980,6 +1010,8 @@ int main(int argc, char **argv)
                         one_alloc ? "one" : "arena",
                         "--ucx-tls",
                         (char *)g_tls,
+                        "--path",
+                        (char *)g_path,
                         quick ? "--quick" : NULL,
                         NULL};
         execv(self, args);

@@ -10,12 +10,15 @@
 # (unit tests, the fake-driver two-process run, and the module's real-GPU
 # conformance); run tests/gpu/cuda_ipc_gpu_test (two processes, 1 GiB of
 # GLM-5.2-shaped arenas, byte-exact READ/WRITE, bandwidth table), then again
-# with all arenas in one allocation.
+# with all arenas in one allocation; then VRAM over UCX with cuda_ipc off,
+# staged through pinned host memory, and natively when PDX_UCX_CUDA_PREFIX
+# names a UCX built with CUDA.
 #
 # Environment: MIB (default 1024), JOBS (default nproc), PDX_GPU_BUILD
-# (default <repo>/build-gpu), OUT (logs are copied there when set).
+# (default <repo>/build-gpu), OUT (logs are copied there when set),
+# PDX_UCX_CUDA_PREFIX (a UCX built with CUDA: its lib/ is put first).
 # Dry run on a machine without a GPU: PDX_RUN_WITH_FAKE_DRIVER=1 uses the
-# fake driver of tests/backends/cuda_ipc instead (MIB defaults to 64 then);
+# fake driver of tests/fixtures instead (MIB defaults to 64 then);
 # PDX_USE_BUNDLED_PKGCONF=1 uses the unpacked pkgconf even if pkg-config
 # exists.
 # Exit: 0 all passed; 1 a check failed; 2 CUDA IPC between processes is
@@ -184,6 +187,23 @@ fi
 [ $grc -ne 0 ] && rc=1
 run_gpu gpu_one_alloc --mib $((MIB < 256 ? MIB : 256)) --alloc one --quick
 [ $? -ne 0 ] && rc=1
+
+# VRAM over UCX with cuda_ipc off: staged through pinned host memory (the
+# path across hosts where UCX has no CUDA), then natively where a UCX built
+# with CUDA is supplied (PDX_UCX_CUDA_PREFIX, see backends/ucx/README.md).
+run_gpu ucx_staged --mib $((MIB < 256 ? MIB : 256)) --alloc arena \
+    --path ucx-staged --ucx-tls tcp
+[ $? -ne 0 ] && rc=1
+if [ -n "${PDX_UCX_CUDA_PREFIX:-}" ]; then
+    (
+        export LD_LIBRARY_PATH=$PDX_UCX_CUDA_PREFIX/lib:$LD_LIBRARY_PATH
+        export UCX_MODULE_DIR=$PDX_UCX_CUDA_PREFIX/lib/ucx
+        run_gpu ucx_native --mib $((MIB < 256 ? MIB : 256)) --alloc arena \
+            --path ucx-native --ucx-tls all
+    ) || rc=1
+else
+    say "PDX_UCX_CUDA_PREFIX not set: the native VRAM path over UCX is not run"
+fi
 
 if [ $rc -eq 0 ]; then
     say "ALL PASSED"
