@@ -160,8 +160,9 @@ pdx_status_t ucx_rmem_load(void *bev, void *peerv,
         return PDX_ERR_UNSUPPORTED;
     }
     char vwhy[256];
-    pdx_status_t vst = ucx_validate_rkey(&be->vlocal, &peer->vaddr, key,
-                                         key_len, vwhy, sizeof(vwhy));
+    pdx_status_t vst =
+        ucx_validate_rkey(&be->vlocal, &peer->vaddr, key, key_len,
+                          UCS_MEMORY_TYPE_HOST, vwhy, sizeof(vwhy));
     if (vst != PDX_OK) {
         pdx_error("ucx: peer %s: malformed key of region 0x%" PRIx64
                   " +%" PRIu64 " (%zu bytes): %s", peer->name, region->addr,

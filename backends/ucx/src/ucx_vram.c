@@ -805,7 +805,8 @@ pdx_status_t ucx_vram_load_key(ucx_be_t *be, ucx_peer_t *peer,
     if (!rmd->staged) {
         char vwhy[256];
         pdx_status_t vst = ucx_validate_rkey(&be->vlocal, &peer->vaddr,
-                                             k + UCX_VKEY_HDR, rlen, vwhy,
+                                             k + UCX_VKEY_HDR, rlen,
+                                             UCS_MEMORY_TYPE_CUDA, vwhy,
                                              sizeof(vwhy));
         if (vst != PDX_OK) {
             pdx_error("ucx: peer %s: malformed key of VRAM region 0x%" PRIx64

@@ -35,7 +35,6 @@
 #define DEVICE_LEN_MASK 0x1fu
 #define IFACE_ATTR_V1 16u /* float overhead, bandwidth, lat_ovh; u32 */
 #define IFACE_ATTR_V2 8u  /* fp8 x3, prio, u16 seg_size, u16 flags */
-#define MEMORY_TYPE_HOST 0u
 
 typedef struct vr {
     const uint8_t *p;
@@ -482,7 +481,8 @@ pdx_status_t ucx_validate_address(const ucx_vlocal_t *local, const void *buf,
 
 pdx_status_t ucx_validate_rkey(const ucx_vlocal_t *local,
                                const ucx_vaddr_t *peer, const void *buf,
-                               size_t len, char *why, size_t why_len)
+                               size_t len, unsigned mem_type, char *why,
+                               size_t why_len)
 {
     char scratch[8];
     if (why == NULL || why_len == 0) {
@@ -505,9 +505,9 @@ pdx_status_t ucx_validate_rkey(const ucx_vlocal_t *local,
         return PDX_ERR_CORRUPT;
     }
     unsigned mt = vu8(&r, "memory type");
-    if (mt != MEMORY_TYPE_HOST) {
+    if (mt != mem_type) {
         r.off--;
-        vfail(&r, "memory type", "type %u (pdx packs host memory only)", mt);
+        vfail(&r, "memory type", "type %u, the region's is %u", mt, mem_type);
         return PDX_ERR_CORRUPT;
     }
     for (unsigned md = 0; md < UCX_V_MAX_MDS && !r.bad; md++) {

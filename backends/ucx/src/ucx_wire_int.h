@@ -64,10 +64,13 @@ pdx_status_t ucx_validate_address(const ucx_vlocal_t *local, const void *buf,
 
 /* Validate a packed rkey of `len` bytes against the peer's address (every
  * md it names appears there; for an md whose transport we know, its key
- * has that md's size and the md registers memory) and the memory type
- * (pdx packs host memory only). PDX_ERR_CORRUPT with `why` otherwise. */
+ * has that md's size and the md registers memory) and the memory type it
+ * must carry (`mem_type`, a ucs_memory_type_t: UCS_MEMORY_TYPE_HOST for
+ * DRAM, UCS_MEMORY_TYPE_CUDA for VRAM registered natively).
+ * PDX_ERR_CORRUPT with `why` otherwise. */
 pdx_status_t ucx_validate_rkey(const ucx_vlocal_t *local,
                                const ucx_vaddr_t *peer, const void *buf,
-                               size_t len, char *why, size_t why_len);
+                               size_t len, unsigned mem_type, char *why,
+                               size_t why_len);
 
 #endif

@@ -68,6 +68,8 @@ int main(int argc, char **argv)
             cmocka_unit_test(test_bad_options),
             cmocka_unit_test(test_connect_modes),
             cmocka_unit_test(test_bad_args),
+            cmocka_unit_test(test_vram_choose),
+            cmocka_unit_test(test_vram_this_ucx),
             cmocka_unit_test_teardown(test_peer_death_tcp, child_teardown),
             cmocka_unit_test_teardown(test_peer_death_shm, child_teardown),
             cmocka_unit_test_teardown(test_release_stalled_read,

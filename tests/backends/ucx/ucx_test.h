@@ -126,6 +126,9 @@ void test_query_and_table(void **state);
 void test_bad_options(void **state);
 void test_connect_modes(void **state);
 void test_bad_args(void **state);
+/* ucx_vram_sel.c */
+void test_vram_choose(void **state);
+void test_vram_this_ucx(void **state);
 
 /* ---- the misc suite: peers in other processes (ucx_procs.c) ----------- */
 
