@@ -1,5 +1,6 @@
 /* pdx-info: version and ABI, backends found (caps, or why unavailable),
- * with --blob FILE a metadata blob decoded or its defect named, and with
+ * the paths GPU memory can take (cuda_ipc on this host, UCX natively or
+ * staged across hosts), with --blob FILE a metadata blob decoded or its defect named, and with
  * --stats [PID] the counters of running agents (each agent answers on an
  * abstract unix socket "pdx-stats.<pid>.<agent>" of its network namespace). */
 #ifndef _GNU_SOURCE
@@ -58,6 +59,57 @@ static void shm_line(void)
     }
     if (fd >= 0) {
         close(fd);
+    }
+}
+
+/* The description's "vram <mode> (<why>)" part, or the whole. */
+static const char *vram_part(const char *desc)
+{
+    const char *v = strstr(desc, "; vram ");
+    return v != NULL ? v + 2 : desc;
+}
+
+/* Which paths GPU memory can take from here: cuda_ipc to peers on this
+ * host; across hosts UCX natively (a UCX built with CUDA) or staged
+ * through pinned host memory (the CUDA driver). Each is asked for in turn:
+ * an instance that refuses says why. */
+static void quiet(void *arg, pdx_log_level_t level, const char *msg)
+{
+    (void)arg, (void)level, (void)msg; /* the reason is printed instead */
+}
+
+static void vram_lines(void)
+{
+    printf("GPU memory (VRAM) paths:\n");
+    char why[512] = "";
+    uint64_t caps = 0;
+    if (pdx_backend_probe("cuda_ipc", &caps, why, sizeof(why)) == PDX_OK) {
+        printf("  same host: cuda_ipc\n");
+    } else {
+        printf("  same host: no cuda_ipc (%s)\n", why);
+    }
+    static const char *const modes[] = {"native", "staged"};
+    for (int i = 0; i < 2; i++) {
+        pdx_option_t o = {"vram", modes[i]};
+        pdx_agent_h a;
+        pdx_backend_h be;
+        if (pdx_agent_create("pdx-info-vram", NULL, &a) != PDX_OK) {
+            return;
+        }
+        pdx_last_error_clear();
+        pdx_log_set_handler(quiet, NULL);
+        pdx_status_t st = pdx_backend_create(a, "ucx", &o, 1, &be);
+        pdx_log_set_handler(NULL, NULL);
+        if (st == PDX_OK) {
+            char d[1024];
+            pdx_backend_describe(be, d, sizeof(d));
+            printf("  across hosts, %s: yes: %s\n", modes[i], vram_part(d));
+        } else {
+            printf("  across hosts, %s: no: %s\n", modes[i],
+                   pdx_last_error()[0] ? pdx_last_error()
+                                       : "the ucx backend is unavailable");
+        }
+        pdx_agent_destroy(a);
     }
 }
 
@@ -231,6 +283,7 @@ int main(int argc, char **argv)
         }
         pdx_agent_destroy(a);
     }
+    vram_lines();
     shm_line();
     return 0;
 }
