@@ -17,9 +17,15 @@
  *   peer failure   peer_failed ends the peer's requests in bounded time
  *                  (PDX_ERR_REMOTE_DISCONNECT, or PDX_OK when done first)
  *
+ * Usage: test_backend_conformance LIB [--vram] [--opt KEY=VALUE]...
+ * --vram: the regions are GPU memory (PDX_MEM_VRAM, device 0), allocated
+ * and checked through the CUDA driver (PDX_CUDA_DRIVER_LIB, else
+ * libcuda.so.1; the fake driver of tests/fixtures without a GPU); --opt:
+ * options for every instance (ucx's vram=staged, say).
+ *
  * Exits 77 (skipped, with the reason) when the backend cannot run here
  * (query: no GPU for cuda_ipc), declines a same-process peer, or takes no
- * host memory. */
+ * memory of the kind asked for (or --vram finds no driver or device). */
 #include <dlfcn.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -38,6 +44,7 @@
 
 #define SKIP_RC 77
 #define REGION (8u << 20)
+#define REGION_BYTES ((size_t)REGION)
 #define DEADLINE_S 20.0
 
 static const pdx_backend_ops_t *ops;
@@ -58,12 +65,80 @@ typedef struct side {
     pdx_backend_host_t host;
     void *be;
     void *peer; /* the other side, connected from this one */
-    uint8_t *mem;
-    void *md;  /* this side's region */
+    uint8_t *mem;  /* the region's bytes as the test sees them */
+    uint64_t addr; /* the region: mem, or GPU memory (--vram) */
+    void *md;      /* this side's region */
     void *rmd; /* the other side's region, loaded here */
 } side_t;
 
 static side_t A = {.name = "conf-A"}, B = {.name = "conf-B"};
+
+static pdx_option_t g_opts[8];
+static size_t g_nopts;
+static int g_vram;
+
+/* ---- --vram: GPU memory through the driver, by dlopen ----------------- */
+
+typedef int (*cu_init_t)(unsigned);
+typedef int (*cu_dev_get_t)(int *, int);
+typedef int (*cu_ctx_retain_t)(void **, int);
+typedef int (*cu_ctx_set_t)(void *);
+typedef int (*cu_alloc_t)(uint64_t *, size_t);
+typedef int (*cu_free_t)(uint64_t);
+typedef int (*cu_htod_t)(uint64_t, const void *, size_t);
+typedef int (*cu_dtoh_t)(void *, uint64_t, size_t);
+static struct {
+    cu_alloc_t alloc;
+    cu_free_t free;
+    cu_htod_t htod;
+    cu_dtoh_t dtoh;
+} cu;
+
+static void skip_all(const char *fmt, ...);
+
+/* Load the driver, make device 0's primary context current. */
+static void cu_open(void)
+{
+    const char *lib = getenv("PDX_CUDA_DRIVER_LIB");
+    void *h = dlopen(lib != NULL ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        skip_all("--vram: no CUDA driver (%s)", dlerror());
+    }
+    cu_init_t init = (cu_init_t)dlsym(h, "cuInit");
+    cu_dev_get_t dev_get = (cu_dev_get_t)dlsym(h, "cuDeviceGet");
+    cu_ctx_retain_t retain =
+        (cu_ctx_retain_t)dlsym(h, "cuDevicePrimaryCtxRetain");
+    cu_ctx_set_t set = (cu_ctx_set_t)dlsym(h, "cuCtxSetCurrent");
+    cu.alloc = (cu_alloc_t)dlsym(h, "cuMemAlloc_v2");
+    cu.free = (cu_free_t)dlsym(h, "cuMemFree_v2");
+    cu.htod = (cu_htod_t)dlsym(h, "cuMemcpyHtoD_v2");
+    cu.dtoh = (cu_dtoh_t)dlsym(h, "cuMemcpyDtoH_v2");
+    int dev = 0;
+    void *ctx = NULL;
+    if (!init || !dev_get || !retain || !set || !cu.alloc || !cu.free ||
+        !cu.htod || !cu.dtoh) {
+        skip_all("--vram: the CUDA driver lacks an entry point");
+    }
+    if (init(0) != 0 || dev_get(&dev, 0) != 0 || retain(&ctx, dev) != 0 ||
+        set(ctx) != 0) {
+        skip_all("--vram: no CUDA device");
+    }
+}
+
+/* The test's bytes to the region, and back (DRAM: the same bytes). */
+static void push(const side_t *s)
+{
+    if (g_vram && cu.htod(s->addr, s->mem, REGION_BYTES) != 0) {
+        fail_msg("cuMemcpyHtoD to %s's region failed", s->name);
+    }
+}
+
+static void pull(const side_t *s)
+{
+    if (g_vram && cu.dtoh(s->mem, s->addr, REGION_BYTES) != 0) {
+        fail_msg("cuMemcpyDtoH from %s's region failed", s->name);
+    }
+}
 
 static void host_notif(void *c, const char *peer, const void *msg, size_t len)
 {
@@ -145,8 +220,8 @@ static void make_iov(pdx_backend_iov_t iov[3])
 {
     for (int i = 0; i < 3; i++) {
         iov[i] =
-            (pdx_backend_iov_t){.local_addr = (uintptr_t)A.mem + PIECES[i].loc,
-                                .remote_addr = (uintptr_t)B.mem + PIECES[i].rem,
+            (pdx_backend_iov_t){.local_addr = A.addr + PIECES[i].loc,
+                                .remote_addr = B.addr + PIECES[i].rem,
                                 .len = PIECES[i].len,
                                 .local_md = A.md,
                                 .remote_md = A.rmd};
@@ -258,9 +333,12 @@ static void test_read(void **state)
     fill(A.mem, REGION, 1);
     fill(B.mem, REGION, 2);
     memcpy(before, A.mem, REGION);
+    push(&A);
+    push(&B);
     pdx_backend_iov_t iov[3];
     make_iov(iov);
     assert_int_equal(run_xfer(PDX_XFER_READ, iov, 3, NULL), PDX_OK);
+    pull(&A);
     check_pieces(A.mem, before, B.mem, 1);
     free(before);
 }
@@ -276,9 +354,12 @@ static void test_write(void **state)
     fill(A.mem, REGION, 3);
     fill(B.mem, REGION, 4);
     memcpy(before, B.mem, REGION);
+    push(&A);
+    push(&B);
     pdx_backend_iov_t iov[3];
     make_iov(iov);
     assert_int_equal(run_xfer(PDX_XFER_WRITE, iov, 3, NULL), PDX_OK);
+    pull(&B);
     check_pieces(B.mem, before, A.mem, 0);
     free(before);
 }
@@ -318,8 +399,8 @@ static void test_notifications(void **state)
 /* The whole region in one piece: large enough to be in flight a while. */
 static pdx_status_t post_big(void **req_p)
 {
-    pdx_backend_iov_t iov = {.local_addr = (uintptr_t)A.mem,
-                             .remote_addr = (uintptr_t)B.mem,
+    pdx_backend_iov_t iov = {.local_addr = A.addr,
+                             .remote_addr = B.addr,
                              .len = REGION,
                              .local_md = A.md,
                              .remote_md = A.rmd};
@@ -409,7 +490,7 @@ static void side_init(side_t *s)
                                    .host_id = "pdx-conformance-host",
                                    .notif_recv = host_notif,
                                    .peer_error = host_err};
-    pdx_status_t st = ops->create(&s->host, NULL, 0, &s->be);
+    pdx_status_t st = ops->create(&s->host, g_opts, g_nopts, &s->be);
     if (st != PDX_OK) {
         op_failed("create", st);
     }
@@ -418,13 +499,22 @@ static void side_init(side_t *s)
         op_failed("aligned_alloc", PDX_ERR_NOMEM);
     }
     memset(s->mem, 0, REGION);
+    s->addr = (uintptr_t)s->mem;
+    if (g_vram) {
+        if (cu.alloc(&s->addr, REGION) != 0) {
+            op_failed("cuMemAlloc", PDX_ERR_NOMEM);
+        }
+        if (cu.htod(s->addr, s->mem, REGION) != 0) {
+            op_failed("cuMemcpyHtoD", PDX_ERR_INVALID);
+        }
+    }
 }
 
 static pdx_region_t region_of(const side_t *s)
 {
-    return (pdx_region_t){.addr = (uintptr_t)s->mem,
+    return (pdx_region_t){.addr = s->addr,
                           .len = REGION,
-                          .mem_type = PDX_MEM_DRAM,
+                          .mem_type = g_vram ? PDX_MEM_VRAM : PDX_MEM_DRAM,
                           .shm_fd = -1};
 }
 
@@ -473,7 +563,8 @@ static void setup_pair(void)
         pdx_region_t r = region_of(sides[i]);
         pdx_status_t st = ops->mem_register(sides[i]->be, &r, &sides[i]->md);
         if (st == PDX_ERR_UNSUPPORTED) {
-            skip_all("%s registers no host (DRAM) memory", ops->name);
+            skip_all("%s registers no %s memory", ops->name,
+                     g_vram ? "GPU (VRAM)" : "host (DRAM)");
         }
         if (st != PDX_OK) {
             op_failed("mem_register", st);
@@ -495,14 +586,33 @@ static void teardown_pair(void)
     }
     for (int i = 0; i < 2; i++) {
         ops->destroy(sides[i]->be);
+        if (g_vram) {
+            cu.free(sides[i]->addr);
+        }
         free(sides[i]->mem);
     }
 }
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s path/to/libpdx_backend_NAME.so\n", argv[0]);
+    for (int i = 2; i < argc; i++) {
+        char *eq;
+        if (strcmp(argv[i], "--vram") == 0) {
+            g_vram = 1;
+        } else if (strcmp(argv[i], "--opt") == 0 && i + 1 < argc &&
+                   g_nopts < sizeof(g_opts) / sizeof(g_opts[0]) &&
+                   (eq = strchr(argv[i + 1], '=')) != NULL) {
+            *eq = '\0';
+            g_opts[g_nopts++] = (pdx_option_t){argv[i + 1], eq + 1};
+            i++;
+        } else {
+            argc = 0; /* usage */
+        }
+    }
+    if (argc < 2) {
+        fprintf(stderr,
+                "usage: test_backend_conformance path/to/"
+                "libpdx_backend_NAME.so [--vram] [--opt KEY=VALUE]...\n");
         return 2;
     }
     g_path = argv[1];
@@ -522,6 +632,9 @@ int main(int argc, char **argv)
         skip_all("%s cannot run here: %s", ops->name,
                  why[0] ? why : "no reason given");
     }
+    if (g_vram) {
+        cu_open();
+    }
     setup_pair();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table),
@@ -533,8 +646,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_abort),
         cmocka_unit_test(test_peer_failed),
     };
-    printf("backend %s (%s), caps 0x%llx, table %u bytes\n", ops->name, g_path,
-           (unsigned long long)ops->caps, ops->size);
+    printf("backend %s (%s), caps 0x%llx, table %u bytes, %s regions\n",
+           ops->name, g_path, (unsigned long long)ops->caps, ops->size,
+           g_vram ? "VRAM" : "DRAM");
     int rc = cmocka_run_group_tests_name(ops->name, tests, NULL, NULL);
     teardown_pair();
     dlclose(h);
