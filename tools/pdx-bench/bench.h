@@ -159,11 +159,13 @@ int mode_hash(const bench_opts_t *o, cJSON *root);
 int mode_offload(const bench_opts_t *o, cJSON *root);
 int mode_idle(const bench_opts_t *o, cJSON *root);
 int mode_latency(const bench_opts_t *o, cJSON *root);
+int mode_vram(const bench_opts_t *o, cJSON *root);
 
 /* Targets (the other process). */
 int target_transfer(const bench_opts_t *o);
 int target_ucp(const bench_opts_t *o, int errmode);
 int target_handoff(const bench_opts_t *o);
+int target_vram(const bench_opts_t *o);
 
 /* Plotting with gnuplot: panels of series of (x, y) points. */
 #define PLOT_MAX_SERIES 16

@@ -28,6 +28,9 @@ static void usage(FILE *f)
         "hashes)\n"
         "  offload    offload pool save/load vs memcpy, lookup at 1M "
         "blocks\n"
+        "  vram       GPU memory staged over UCX vs host memory over the "
+        "same UCX (shared memory, then TCP between namespaces; needs a "
+        "CUDA driver: PDX_CUDA_DRIVER_LIB)\n"
         "  all        every mode above, in that order\n"
         "options:\n"
         "  --quick            smoke run (seconds, not minutes)\n"
@@ -385,6 +388,9 @@ static int run_target(const bench_opts_t *o)
     if (strcmp(o->target_kind, "handoff") == 0) {
         return target_handoff(o);
     }
+    if (strcmp(o->target_kind, "vram") == 0) {
+        return target_vram(o);
+    }
     die("unknown target kind %s", o->target_kind);
 }
 
@@ -400,7 +406,8 @@ static int run_modes(const bench_opts_t *o, cJSON *root)
                  {"hash", mode_hash},
                  {"offload", mode_offload},
                  {"idle", mode_idle},
-                 {"latency", mode_latency}};
+                 {"latency", mode_latency},
+                 {"vram", mode_vram}};
     int all = strcmp(o->mode, "all") == 0;
     int found = 0, rc = 0;
     for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
