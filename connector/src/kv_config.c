@@ -323,7 +323,8 @@ static pdx_status_t parse_agent(kvj_ctx_t *c, const cJSON *root,
 {
     static const char *const keys[] = {"name", "role", "peer", "peer_address",
                                        "path_policy", "cluster_key_file"};
-    static const char *const policies[] = {"any", "same_host_fast"};
+    static const char *const policies[] = {"any", "same_host_fast",
+                                           "native"};
     const cJSON *a;
     size_t old, role = 0, policy = 0;
     pdx_status_t st = kvj_get_object(c, root, "agent", 1, &a, &old);
@@ -332,7 +333,7 @@ static pdx_status_t parse_agent(kvj_ctx_t *c, const cJSON *root,
     if (st == PDX_OK)
         st = kvj_get_enum(c, a, "role", ROLE_NAMES, 3, 1, 0, &role);
     if (st == PDX_OK)
-        st = kvj_get_enum(c, a, "path_policy", policies, 2, 0, 0, &policy);
+        st = kvj_get_enum(c, a, "path_policy", policies, 3, 0, 0, &policy);
     /* The cluster key's file (docs/SECURITY.md); read at agent creation. */
     if (st == PDX_OK)
         st = kvj_get_str(c, a, "cluster_key_file", cfg->cluster_key_file,

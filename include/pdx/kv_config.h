@@ -114,8 +114,9 @@ typedef struct pdx_kv_config {
      * when it cannot be created here (otherwise: one warning naming the
      * config and the reason, and the connector goes on without it). */
     bool backend_required[PDX_KV_MAX_BACKENDS];
-    /* agent.path_policy: "any" (0, default) or "same_host_fast" (1), a
-     * pdx_path_policy_t for the connector's agent (pdx/agent.h). */
+    /* agent.path_policy: "any" (0, default), "same_host_fast" (1) or
+     * "native" (2), a pdx_path_policy_t for the connector's agent
+     * (pdx/agent.h). */
     uint32_t path_policy;
 
     /* `store` section (configs/README.md): discovery, liveness and the

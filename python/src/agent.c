@@ -232,9 +232,12 @@ static int parse_params(PyObject *timeout, PyObject *interval,
             ap->path_policy = PDX_PATH_POLICY_ANY;
         } else if (p != NULL && !strcmp(p, "same_host_fast")) {
             ap->path_policy = PDX_PATH_POLICY_SAME_HOST_FAST;
+        } else if (p != NULL && !strcmp(p, "native")) {
+            ap->path_policy = PDX_PATH_POLICY_NATIVE;
         } else {
             PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
-                         "path_policy: 'any' or 'same_host_fast', not %R",
+                         "path_policy: 'any', 'same_host_fast' or 'native', "
+                         "not %R",
                          policy);
             return -1;
         }
@@ -953,7 +956,7 @@ PyTypeObject pdxpy_AgentType = {
     .tp_doc = "Agent(name, *, progress_thread=True, backends=None "
               "(['ucx', 'cma']), xfer_timeout=None (s), "
               "progress_interval_us=None, path_policy=None ('any' | "
-              "'same_host_fast'), backend_options=None ({backend: {k: v}}), "
+              "'same_host_fast' | 'native'), backend_options=None ({backend: {k: v}}), "
               "telemetry=False (per-request times in Xfer.telemetry()), "
               "store=None ({'type': 'etcd', 'endpoints': URL or [URL, ...], "
               "'namespace': 'pdx', 'lease_ttl_ms': 10000, 'timeout_ms': "

@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include <pdx/agent.h> /* pdx_path_policy_t */
 #include <pdx/kv_config.h>
 #include <pdx/kv_layout.h>
 
@@ -283,7 +284,26 @@ static void test_defaults_and_forms(void **state)
     t = replace(base, "\"name\": \"glm52-p-dp0\",", "");
     assert_int_equal(parse_text(t, &cfg, err, sizeof(err)), PDX_OK);
     assert_string_equal(cfg.agent_name, "glm52-p-dp0");
+    assert_int_equal(cfg.path_policy, PDX_PATH_POLICY_ANY);
     free(t);
+
+    /* The path policies, by name. */
+    static const struct {
+        const char *name;
+        uint32_t policy;
+    } pol[] = {{"any", PDX_PATH_POLICY_ANY},
+               {"same_host_fast", PDX_PATH_POLICY_SAME_HOST_FAST},
+               {"native", PDX_PATH_POLICY_NATIVE}};
+    for (size_t i = 0; i < sizeof(pol) / sizeof(pol[0]); i++) {
+        char to[96];
+        snprintf(to, sizeof(to),
+                 "\"name\": \"glm52-p-dp0\", \"path_policy\": \"%s\",",
+                 pol[i].name);
+        t = replace(base, "\"name\": \"glm52-p-dp0\",", to);
+        assert_int_equal(parse_text(t, &cfg, err, sizeof(err)), PDX_OK);
+        assert_int_equal(cfg.path_policy, pol[i].policy);
+        free(t);
+    }
 
     /* Minimal file: every optional key takes its default. */
     static const char *minimal =
@@ -427,6 +447,12 @@ static void test_bad_keys_and_types(void **state)
                NULL);
     expect_bad(p, "\"name\": \"glm52-p-dp0\"", "\"name\": \"glm52 p\"",
                PDX_ERR_CONFIG, "$.agent.name", "[A-Za-z0-9._-]", NULL);
+    expect_bad(p, "\"name\": \"glm52-p-dp0\",",
+               "\"name\": \"glm52-p-dp0\", \"path_policy\": \"fast\",",
+               PDX_ERR_CONFIG,
+               "$.agent.path_policy: expected one of \"any\", "
+               "\"same_host_fast\", \"native\"",
+               NULL);
     expect_bad(p, "\"children\": [", "\"children\": {}, \"c\": [",
                PDX_ERR_CONFIG, "$.connector.c: unknown key", NULL);
     free(p);

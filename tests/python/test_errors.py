@@ -419,3 +419,15 @@ def test_send_notif_types():
             got += a.get_notifs(timeout=0.5).get("nt-b", [])
         assert got == ["h\u00e9llo".encode(), b"ba", b"mv"], got
         assert a.get_notifs(timeout=0.2) == {}
+
+
+def test_path_policy_names():
+    """path_policy takes 'any', 'same_host_fast' and 'native' (GPU memory
+    only on its native paths: no staging through host memory); anything
+    else is refused naming the three."""
+    for p in ("any", "same_host_fast", "native"):
+        with pdx.Agent("pp-" + p.replace("_", "-"), backends=[],
+                       path_policy=p):
+            pass
+    with pytest.raises(pdx.InvalidArgument, match="'native'"):
+        pdx.Agent("pp-bad", backends=[], path_policy="fast")
