@@ -349,6 +349,75 @@ static void node_wait(node_t *n, const char *args)
           (t - n->pending_t0) / 1000000, (pdx_now_ns() - t) / 1000000);
 }
 
+/* "native PVADDR PDADDR" then P's blob: a second agent of this node with
+ * path policy NATIVE (its own ucx, vram=staged: this UCX has no CUDA)
+ * loads P; a READ of P's VRAM at PVADDR must be refused (the staged path
+ * is not native), a READ of P's DRAM at PDADDR must move. Replies "ok" or
+ * what went wrong. */
+static void node_native(node_t *n, const char *args)
+{
+    uint64_t pv, pd;
+    if (sscanf(args, "%" SCNu64 " %" SCNu64, &pv, &pd) != 2) {
+        die("bad native command: %s", args);
+    }
+    pdx_agent_params_t p = {.field_mask = PDX_AGENT_PARAM_FLAGS |
+                                          PDX_AGENT_PARAM_XFER_TIMEOUT |
+                                          PDX_AGENT_PARAM_PATH_POLICY,
+                            .flags = PDX_AGENT_F_PROGRESS_THREAD,
+                            .xfer_timeout_ms = 3000,
+                            .path_policy = PDX_PATH_POLICY_NATIVE};
+    pdx_agent_h a;
+    CHECK(pdx_agent_create("D-native", &p, &a));
+    pdx_option_t uo[] = {{"tls", "tcp"}, {"vram", "staged"},
+                         {"stage_pool", "4m"}};
+    CHECK(pdx_backend_create(a, "ucx", uo, 3, NULL));
+    ctl_load_peer(a, n->fd, NULL, "the driver");
+    region_t *V = &n->r[0], *H = &n->r[2];
+    pdx_mem_reg_h rv, rh;
+    CHECK(pdx_mem_register(a, PDX_MEM_VRAM, V->addr, 4096, 0, 0, &rv));
+    CHECK(pdx_mem_register(a, PDX_MEM_DRAM, H->addr, 4096, 0, 0, &rh));
+    pdx_desc_t lv = {V->addr, 4096, 0, 0}, rvd = {pv, 4096, 0, 0};
+    pdx_desc_t lh = {H->addr, 4096, 0, 0}, rhd = {pd, 4096, 0, 0};
+    pdx_desc_list_t llv = {PDX_MEM_VRAM, &lv, 1}, rlv = {PDX_MEM_VRAM, &rvd, 1};
+    pdx_desc_list_t llh = {PDX_MEM_DRAM, &lh, 1}, rlh = {PDX_MEM_DRAM, &rhd, 1};
+    pdx_xfer_h x = NULL;
+    char out[512] = "ok";
+    pdx_status_t st =
+        pdx_xfer_create(a, PDX_XFER_READ, &llv, &rlv, "P", NULL, 0, &x);
+    if (st != PDX_ERR_POLICY || strstr(pdx_last_error(), "staged") == NULL) {
+        snprintf(out, sizeof(out), "VRAM READ under NATIVE: %s (%s), want "
+                 "PDX_ERR_POLICY naming the staged path",
+                 pdx_status_string(st), pdx_last_error());
+        if (x != NULL) {
+            pdx_xfer_release(x);
+        }
+    } else {
+        printf("[D] NATIVE policy refused the staged READ: %s\n",
+               pdx_last_error());
+        x = NULL;
+        st = pdx_xfer_create(a, PDX_XFER_READ, &llh, &rlh, "P", NULL, 0, &x);
+        if (st == PDX_OK) {
+            st = pdx_xfer_post(x);
+            for (uint64_t end = pdx_now_ms() + 30000;
+                 st == PDX_INPROGRESS && pdx_now_ms() < end;) {
+                struct pollfd pf = {.fd = pdx_agent_event_fd(a),
+                                    .events = POLLIN};
+                poll(&pf, 1, 5);
+                st = pdx_xfer_check(x);
+            }
+            pdx_xfer_release(x);
+        }
+        if (st != PDX_OK) {
+            snprintf(out, sizeof(out), "DRAM READ under NATIVE: %s (%s)",
+                     pdx_status_string(st), pdx_last_error());
+        }
+    }
+    pdx_mem_deregister(a, rv);
+    pdx_mem_deregister(a, rh);
+    pdx_agent_destroy(a);
+    reply(n, "%s", out);
+}
+
 static int node_main(int fd, const char *role)
 {
     node_t n = {.fd = fd};
@@ -481,6 +550,8 @@ static int node_main(int fd, const char *role)
                 n.peer_glm[i] = strtoull(p, &p, 10);
             }
             reply(&n, "ok");
+        } else if (strncmp(m, "native ", 7) == 0) {
+            node_native(&n, arg);
         } else if (strncmp(m, "glmxfer ", 8) == 0) {
             node_glmxfer(&n, arg);
         } else if (strcmp(m, "glm") == 0) {
@@ -720,6 +791,27 @@ static bool pool_whole(nodep_t *n, const char *what, int ms)
         return false;
     }
     return true;
+}
+
+/* The path policy NATIVE refuses GPU memory staged through host memory
+ * (and still moves host memory across hosts). */
+static void case_native_policy(void)
+{
+    send_msg(P.fd, "blob", 4);
+    uint32_t len;
+    char *blob = recv_msg(P.fd, &len);
+    if (blob == NULL) {
+        die("no blob from P");
+    }
+    char cmd[96];
+    snprintf(cmd, sizeof(cmd), "native %" PRIu64 " %" PRIu64, P.addr[0],
+             P.addr[2]);
+    send_msg(D.fd, cmd, (uint32_t)strlen(cmd));
+    send_msg(D.fd, blob, len);
+    free(blob);
+    if (ok(&D, "path policy NATIVE", recv_msg(D.fd, NULL))) {
+        printf("  path policy NATIVE: staged VRAM refused, DRAM moved\n");
+    }
 }
 
 static void cases_sizes(void)
@@ -1147,6 +1239,9 @@ int main(int argc, char **argv)
     spawn(&D, 1, "D");
     connect_d_to_p();
     const char *only = getenv("VRAM_ONLY");
+    if (only == NULL || strstr(only, "policy")) {
+        case_native_policy();
+    }
     if (only == NULL || strstr(only, "sizes")) {
         cases_sizes();
     }
