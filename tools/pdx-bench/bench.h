@@ -160,6 +160,11 @@ int mode_offload(const bench_opts_t *o, cJSON *root);
 int mode_idle(const bench_opts_t *o, cJSON *root);
 int mode_latency(const bench_opts_t *o, cJSON *root);
 int mode_vram(const bench_opts_t *o, cJSON *root);
+/* GPU memory for the modes (vram.c): the CUDA driver (PDX_CUDA_DRIVER_LIB,
+ * else libcuda.so.1) opened with device 0's context current (0, or -1
+ * with the reason), and an allocation there (dies on failure). */
+int bench_cu_open(char *why, size_t len);
+uint64_t bench_vram_alloc(uint64_t len);
 
 /* Targets (the other process). */
 int target_transfer(const bench_opts_t *o);

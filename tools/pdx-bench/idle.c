@@ -1,7 +1,9 @@
 /* pdx-bench idle: what an idle agent costs. A child process holds one
  * agent with the progress thread on (UCX backend, the cma backend) and
  * loads K peers (0 and 8): agents of the parent process, a separate
- * process so their CPU is not counted. Nothing is transferred; the child
+ * process so their CPU is not counted. A third row: 8 peers, and the agent
+ * stages GPU memory over UCX (a VRAM region registered: pinned pool and
+ * staging service up), where a CUDA driver is found. Nothing is transferred; the child
  * measures its own CPU time (getrusage) and its threads' voluntary
  * context switches (wake-ups) over the measured seconds. */
 #include <errno.h>
@@ -22,16 +24,28 @@ typedef struct idle_result {
     int ok;
 } idle_result_t;
 
-static pdx_agent_h idle_agent(const char *name)
+/* With `vram`, ucx stages GPU memory (vram=staged) and a GPU region is
+ * registered: the pinned pool and the staging service exist. */
+static pdx_agent_h idle_agent(const char *name, int vram)
 {
     pdx_agent_params_t ap = {.field_mask = PDX_AGENT_PARAM_FLAGS,
                              .flags = PDX_AGENT_F_PROGRESS_THREAD};
     pdx_agent_h a;
+    pdx_option_t vo = {"vram", "staged"};
     if (pdx_agent_create(name, &ap, &a) != PDX_OK ||
-        pdx_backend_create(a, "ucx", NULL, 0, NULL) != PDX_OK) {
+        pdx_backend_create(a, "ucx", vram ? &vo : NULL, vram ? 1 : 0, NULL) !=
+            PDX_OK) {
         die("idle: agent %s: %s", name, pdx_last_error());
     }
     pdx_backend_create(a, "cma", NULL, 0, NULL); /* optional here */
+    if (vram) {
+        pdx_mem_reg_h r;
+        uint64_t len = 4u << 20;
+        if (pdx_mem_register(a, PDX_MEM_VRAM, bench_vram_alloc(len), len, 0,
+                             0, &r) != PDX_OK) {
+            die("idle: agent %s: VRAM: %s", name, pdx_last_error());
+        }
+    }
     return a;
 }
 
@@ -45,9 +59,14 @@ static uint64_t task_switches(void)
 }
 
 /* The measured child: load `k` blobs read from `in`, sleep, report. */
-static void idle_child(int in, int out, int k, double secs_)
+static void idle_child(int in, int out, int k, int vram, double secs_)
 {
-    pdx_agent_h a = idle_agent("idle-me");
+    char why[256];
+    if (vram && bench_cu_open(why, sizeof(why)) != 0) {
+        fprintf(stderr, "idle: %s\n", why);
+        _exit(3);
+    }
+    pdx_agent_h a = idle_agent("idle-me", vram);
     for (int i = 0; i < k; i++) {
         uint32_t len;
         char *blob = ctl_recv(in, &len);
@@ -82,7 +101,9 @@ static void idle_child(int in, int out, int k, double secs_)
     _exit(0);
 }
 
-static int idle_case(int k, double secs_, idle_result_t *res)
+/* The CUDA driver is opened in the child only (a CUDA context does not
+ * survive fork). */
+static int idle_case(int k, int vram, double secs_, idle_result_t *res)
 {
     int down[2], up[2];
     if (pipe(down) != 0 || pipe(up) != 0) {
@@ -95,7 +116,7 @@ static int idle_case(int k, double secs_, idle_result_t *res)
     if (pid == 0) {
         close(down[1]);
         close(up[0]);
-        idle_child(down[0], up[1], k, secs_);
+        idle_child(down[0], up[1], k, vram, secs_);
     }
     close(down[0]);
     close(up[1]);
@@ -103,7 +124,7 @@ static int idle_case(int k, double secs_, idle_result_t *res)
     for (int i = 0; i < k; i++) {
         char name[32];
         snprintf(name, sizeof(name), "idle-peer%d", i);
-        peers[i] = idle_agent(name);
+        peers[i] = idle_agent(name, 0);
         void *blob;
         size_t len;
         if (pdx_agent_describe(peers[i], &blob, &len) != PDX_OK) {
@@ -134,20 +155,34 @@ int mode_idle(const bench_opts_t *o, cJSON *root)
     double secs_ = o->quick ? 1.0 : 5.0;
     say("# idle agent (progress thread on, ucx + cma backends), one process, "
         "peers in another; CPU of the whole process over %.0f s\n", secs_);
-    say("%-6s %14s %14s\n", "peers", "cpu ms/s", "wake-ups/s");
+    say("%-6s %-12s %14s %14s\n", "peers", "GPU memory", "cpu ms/s",
+        "wake-ups/s");
     cJSON *rows = cJSON_AddArrayToObject(root, "rows");
     int bad = 0;
-    int ks[] = {0, IDLE_MAX_PEERS};
-    for (size_t i = 0; i < 2; i++) {
+    /* The last row: the measured agent stages GPU memory over UCX (pinned
+     * pool, staging service), where a CUDA driver is found. */
+    int ks[] = {0, IDLE_MAX_PEERS, IDLE_MAX_PEERS};
+    const char *drv = getenv("PDX_CUDA_DRIVER_LIB");
+    int have_cuda = drv != NULL || access("/dev/nvidiactl", F_OK) == 0;
+    for (size_t i = 0; i < 3; i++) {
+        int vram = i == 2;
+        if (vram && !have_cuda) {
+            say("%-6d %-12s %14s (no CUDA driver: PDX_CUDA_DRIVER_LIB)\n",
+                ks[i], "staged", "skipped");
+            continue;
+        }
         idle_result_t r = {0};
-        if (idle_case(ks[i], secs_, &r) != 0 || !r.ok) {
-            say("%-6d %14s\n", ks[i], "FAILED");
+        if (idle_case(ks[i], vram, secs_, &r) != 0 || !r.ok) {
+            say("%-6d %-12s %14s\n", ks[i], vram ? "staged" : "-",
+                "FAILED");
             bad = 1;
             continue;
         }
-        say("%-6d %14.2f %14.1f\n", ks[i], r.cpu_ms_per_s, r.wakeups_per_s);
+        say("%-6d %-12s %14.2f %14.1f\n", ks[i], vram ? "staged" : "-",
+            r.cpu_ms_per_s, r.wakeups_per_s);
         cJSON *row = cJSON_CreateObject();
         jnum(row, "peers", ks[i]);
+        cJSON_AddBoolToObject(row, "vram_staged", vram);
         jnum(row, "cpu_ms_per_s", r.cpu_ms_per_s);
         jnum(row, "wakeups_per_s", r.wakeups_per_s);
         cJSON_AddItemToArray(rows, row);

@@ -37,7 +37,7 @@ static struct {
 
 /* 0, or -1 with the reason in `why`. Device 0's primary context made
  * current on the calling thread. */
-static int cu_open(char *why, size_t len)
+int bench_cu_open(char *why, size_t len)
 {
     const char *lib = getenv("PDX_CUDA_DRIVER_LIB");
     void *h = dlopen(lib != NULL ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -67,7 +67,7 @@ static int cu_open(char *why, size_t len)
     return 0;
 }
 
-static uint64_t vram_alloc(uint64_t len)
+uint64_t bench_vram_alloc(uint64_t len)
 {
     uint64_t p = 0;
     if (cu.alloc(&p, len) != 0) {
@@ -102,7 +102,7 @@ static void side_open(vr_side_t *s, const char *name, const char *tls,
     s->len = len;
     s->dram = big_alloc(len);
     memset(s->dram, 0x5a, len);
-    s->vram = vram_alloc(len);
+    s->vram = bench_vram_alloc(len);
     pdx_mem_reg_h r;
     CHECK(pdx_mem_register(s->a, PDX_MEM_DRAM, (uintptr_t)s->dram, len, 0, 0,
                            &r));
@@ -119,7 +119,7 @@ static void side_close(vr_side_t *s)
 int target_vram(const bench_opts_t *o)
 {
     char why[256];
-    if (cu_open(why, sizeof(why)) != 0) {
+    if (bench_cu_open(why, sizeof(why)) != 0) {
         die("vram target: %s", why);
     }
     vr_side_t s;
@@ -359,7 +359,7 @@ static void lab_cleanup(void)
 int mode_vram(const bench_opts_t *o, cJSON *root)
 {
     char why[256];
-    if (cu_open(why, sizeof(why)) != 0) {
+    if (bench_cu_open(why, sizeof(why)) != 0) {
         say("# vram: skipped: %s (PDX_CUDA_DRIVER_LIB names a driver; the "
             "fake one of tests/fixtures without a GPU)\n",
             why);
