@@ -161,12 +161,28 @@ static uint64_t job_cap(ucx_be_t *be, int kind, int lstaged,
     return cap;
 }
 
+/* Staged jobs of a small request are cut to a quarter of it (not below
+ * STAGE_SUB_MIN): a single 1 MiB piece then runs as four jobs whose device
+ * copies overlap the wire, instead of one whose copies and transfer run
+ * one after the other. */
+#define STAGE_SUB_MIN (128u << 10)
+
+static uint64_t sub_cap(const pdx_backend_iov_t *iov, size_t n)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < n && total < UINT64_MAX / 2; i++) {
+        total += iov[i].len;
+    }
+    uint64_t q = (total / 4 + 4095) & ~4095ull;
+    return q < STAGE_SUB_MIN ? STAGE_SUB_MIN : q;
+}
+
 static pdx_status_t sreq_build(ucx_be_t *be, ucx_sreq_t *s,
                                const pdx_backend_iov_t *iov, size_t n)
 {
     ucx_job_t *j = NULL;
     int jrdev = -1;
-    uint64_t cap = 0;
+    uint64_t cap = 0, sub = sub_cap(iov, n);
     for (size_t i = 0; i < n; i++) {
         int ls;
         int kind = piece_kind(&iov[i], &ls);
@@ -189,6 +205,9 @@ static pdx_status_t sreq_build(ucx_be_t *be, ucx_sreq_t *s,
                 }
                 jrdev = rdev;
                 cap = job_cap(be, kind, ls, rmd);
+                if (kind != KIND_DIRECT && sub < cap) {
+                    cap = sub;
+                }
             }
             uint64_t len = iov[i].len - off;
             if (len > cap - j->bytes) {
