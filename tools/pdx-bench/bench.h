@@ -67,6 +67,12 @@ typedef struct bench_opts {
 /* Set by latency --netns: targets start in host 1 of this lab. */
 struct netns_lab;
 extern struct netns_lab *bench_lab;
+/* Two namespace hosts joined by veth pairs; this thread enters host 0
+ * (before any UCX context, so UCX's threads live there too) and targets
+ * start in host 1. 0, or -1 with the reason (not root, no `ip`). Left
+ * (and the namespaces removed) by bench_lab_leave, and at exit. */
+int bench_lab_enter(char *why, size_t why_len);
+void bench_lab_leave(void);
 
 /* Output: text goes to out_txt (stdout, or stderr with --json -). */
 extern FILE *out_txt;

@@ -33,7 +33,6 @@
 #include <ucp/api/ucp.h>
 
 #include "bench.h"
-#include "netns.h"
 
 #define LAT_REGION (64ull << 20)
 
@@ -402,15 +401,6 @@ static void run_pdx(const bench_opts_t *o, const lat_case_t *c,
     big_free(mem, LAT_REGION);
 }
 
-static void lab_cleanup(void)
-{
-    if (bench_lab != NULL) {
-        netns_enter(bench_lab, -1);
-        netns_cleanup(bench_lab);
-        bench_lab = NULL;
-    }
-}
-
 int mode_latency(const bench_opts_t *o, cJSON *root)
 {
     /* UCX alone on both pdx sides (no cma), private memory. */
@@ -419,22 +409,15 @@ int mode_latency(const bench_opts_t *o, cJSON *root)
     if (oo.ws_bytes < LAT_REGION) {
         oo.ws_bytes = LAT_REGION; /* the pdx target's region */
     }
-    static netns_lab_t lab;
     const char *where = "one host";
     if (o->netns) {
         /* Another host: both sides in their own network namespace, joined
          * by veth pairs; UCX over TCP on eth0. We enter host 0 before any
          * UCX context exists, so UCX's threads live there too. */
         char why[256];
-        if (netns_init(&lab, 2, why, sizeof(why)) != 0) {
+        if (bench_lab_enter(why, sizeof(why)) != 0) {
             die("latency --netns: %s", why);
         }
-        if (netns_enter(&lab, 0) != 0) {
-            netns_cleanup(&lab);
-            die("latency --netns: cannot enter host 0");
-        }
-        bench_lab = &lab;
-        atexit(lab_cleanup); /* die() too */
         snprintf(oo.tls, sizeof(oo.tls), "tcp");
         setenv("UCX_NET_DEVICES", "eth0", 1);
         where = "two network namespaces (veth, tcp/eth0)";

@@ -19,6 +19,36 @@
 
 struct netns_lab *bench_lab;
 
+static netns_lab_t g_bench_lab;
+
+void bench_lab_leave(void)
+{
+    if (bench_lab != NULL) {
+        netns_enter(bench_lab, -1);
+        netns_cleanup(bench_lab);
+        bench_lab = NULL;
+    }
+}
+
+int bench_lab_enter(char *why, size_t why_len)
+{
+    if (netns_init(&g_bench_lab, 2, why, why_len) != 0) {
+        return -1;
+    }
+    if (netns_enter(&g_bench_lab, 0) != 0) {
+        netns_cleanup(&g_bench_lab);
+        snprintf(why, why_len, "cannot enter host 0");
+        return -1;
+    }
+    static int registered;
+    if (!registered) {
+        atexit(bench_lab_leave); /* die() too */
+        registered = 1;
+    }
+    bench_lab = &g_bench_lab;
+    return 0;
+}
+
 FILE *out_txt;
 
 void log_quiet(void *arg, pdx_log_level_t level, const char *msg)

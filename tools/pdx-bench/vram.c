@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include "bench.h"
-#include "netns.h"
 
 #define VR_ROUNDS_MAX 15
 
@@ -345,17 +344,6 @@ static int rows_of(const bench_opts_t *o, const char *where, cJSON *rows)
     return shortfall;
 }
 
-static netns_lab_t g_lab;
-
-static void lab_cleanup(void)
-{
-    if (bench_lab != NULL) {
-        netns_enter(bench_lab, -1);
-        netns_cleanup(bench_lab);
-        bench_lab = NULL;
-    }
-}
-
 int mode_vram(const bench_opts_t *o, cJSON *root)
 {
     char why[256];
@@ -383,17 +371,11 @@ int mode_vram(const bench_opts_t *o, cJSON *root)
     snprintf(oo.tls, sizeof(oo.tls), "sm");
     int rc = rows_of(&oo, "shared memory (tls sm), one host", rows);
     /* Another host: both sides in network namespaces, UCX over TCP. */
-    if (netns_init(&g_lab, 2, why, sizeof(why)) != 0) {
+    if (bench_lab_enter(why, sizeof(why)) != 0) {
         say("# vram over TCP between namespaces: skipped: %s\n", why);
         jstr(root, "tcp_skipped", why);
         return 0;
     }
-    if (netns_enter(&g_lab, 0) != 0) {
-        netns_cleanup(&g_lab);
-        die("vram: cannot enter host 0");
-    }
-    bench_lab = &g_lab;
-    atexit(lab_cleanup);
     snprintf(oo.tls, sizeof(oo.tls), "tcp");
     char *old = getenv("UCX_NET_DEVICES") ? strdup(getenv("UCX_NET_DEVICES"))
                                           : NULL;
@@ -403,7 +385,7 @@ int mode_vram(const bench_opts_t *o, cJSON *root)
         setenv("UCX_NET_DEVICES", old, 1);
         free(old);
     }
-    lab_cleanup();
+    bench_lab_leave();
     say("# target (issue 37): VRAM GB/s >= 0.8x DRAM's at 1 MiB and 16 MiB, "
         "both batches%s\n",
         rc ? "; rows marked < 0.8x fall short" : "");
