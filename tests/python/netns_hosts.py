@@ -11,6 +11,7 @@ namespace): neither cma nor cuda_ipc serves it, UCX over tcp on eth0 does.
 Needs root and the `ip` tool (iproute2); `Lab.why_not()` says why not."""
 import ctypes
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -47,7 +48,21 @@ class Lab:
             return "no `ip` tool (iproute2) to make network namespaces"
         return None
 
+    @staticmethod
+    def _sweep():
+        """Remove namespaces left by a test process that died before its
+        cleanup (its pid is gone)."""
+        r = subprocess.run(("ip", "netns", "list"), capture_output=True,
+                           text=True, timeout=30)
+        for line in r.stdout.splitlines():
+            m = re.match(r"(pdxpy(\d+)-\d+-\S+)", line)
+            if m is None or os.path.exists("/proc/" + m.group(2)):
+                continue
+            subprocess.run(("ip", "netns", "del", m.group(1)),
+                           capture_output=True, timeout=30)
+
     def __init__(self, nhosts):
+        self._sweep()
         Lab._count += 1
         self.tag = "pdxpy%d-%d" % (os.getpid(), Lab._count)
         self.hub = self.tag + "-hub"
