@@ -435,16 +435,17 @@ static int mn_start_nodes(const opts_t *o)
         n->load_tail = jbool(h, "load_tail");
         const char *mem = pd_json_str(h, "memory");
         snprintf(n->memory, sizeof(n->memory), "%s", mem ? mem : "dram");
-        if (strcmp(n->memory, o->vram ? "vram" : "dram") != 0) {
-            fprintf(stderr, "pdx-validate: node %s: arenas in %s, not %s\n",
-                    n->name, n->memory, o->vram ? "vram" : "dram");
+        if (o->vram && strcmp(n->memory, "vram") != 0) {
+            fprintf(stderr, "pdx-validate: node %s: arenas in %s, not vram\n",
+                    n->name, n->memory);
             cJSON_Delete(h);
             return 2;
         }
-        printf("  %s on host %d (%s), %llu blocks in %s%s\n", n->name,
+        printf("  %s on host %d (%s), %llu blocks in %s %d\n", n->name,
                n->host, g_lab.ip[n->host], (unsigned long long)n->num_blocks,
-               o->vram ? "GPU memory of device " : "host memory",
-               o->vram ? (n->role[0] == 'P' ? "0" : "1") : "");
+               strcmp(n->memory, "vram") == 0 ? "GPU memory of device"
+                                              : "host memory, device",
+               (int)jnum(h, "device"));
         cJSON_Delete(h);
     }
     return 0;
