@@ -16,7 +16,9 @@
 static void client_retire(ucx_client_t *c, const char *why)
 {
     if (!c->failed) {
-        pdx_debug("ucx: a staged requester's endpoint %s", why);
+        if (why != NULL) {
+            pdx_debug("ucx: a staged requester's endpoint %s", why);
+        }
         /* Like a peer's failure: a worker with a failed tcp endpoint is
          * left to the process's exit at destroy (ucx_destroy). */
         c->be->lost++;
@@ -33,7 +35,7 @@ static void client_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
         pdx_debug("ucx: a staged requester's endpoint failed: %s",
                   ucs_status_string(status));
     }
-    client_retire(c, "failed");
+    client_retire(c, NULL);
 }
 
 static void client_closed_cb(void *request, ucs_status_t status,
