@@ -147,12 +147,17 @@ pdx_status_t kv_remote_read(pdx_kv_connector_h c, const pdx_kv_request_t *r,
                 continue;
             }
             l[j] = (pdx_desc_t){.addr = la, .len = bb, .dev_id = ar->dev_id};
-            rm[j] = (pdx_desc_t){.addr = ra, .len = bb};
+            rm[j] = (pdx_desc_t){
+                .addr = ra, .len = bb,
+                .dev_id = h.devs != NULL ? (uint32_t)h.devs[a] : 0};
             j++;
         }
     }
+    /* The holder's arenas are in its memory type (GPU memory on each
+     * arena's device where the handoff says so); its pool is host
+     * memory. */
     pdx_desc_list_t ll = {pdx_layout_mem_type(c->layout), l, j};
-    pdx_desc_list_t rl = {PDX_MEM_DRAM, rm, j};
+    pdx_desc_list_t rl = {h.pool ? PDX_MEM_DRAM : h.mem, rm, j};
     char note[128];
     kv_msg_format(note, sizeof(note), "done", h.req);
     st = pdx_xfer_create(c->agent, PDX_XFER_READ, &ll, &rl, h.agent, note,
@@ -247,6 +252,14 @@ static pdx_status_t remote_request_finished(kv_child_t *ch, kv_finish_t *f)
         }
         kv_json_add_u64s(root, "bases", v, c->narenas);
         kv_json_add_u64s(root, "strides", v + c->narenas, c->narenas);
+        if (pdx_layout_mem_type(c->layout) == PDX_MEM_VRAM) {
+            /* The reader names our GPU memory, on each arena's device. */
+            cJSON_AddStringToObject(root, "memory", "vram");
+            for (size_t a = 0; a < c->narenas; a++) {
+                v[a] = c->arenas[a].dev_id;
+            }
+            kv_json_add_u64s(root, "devices", v, c->narenas);
+        }
         free(v);
         if (r->has_tail) {
             char hex[2 * PDX_OFFLOAD_KEY_MAX + 1], id[24];

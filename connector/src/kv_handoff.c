@@ -33,6 +33,7 @@ void kv_handoff_free(kv_handoff_t *h)
     free(h->ids);
     free(h->bases);
     free(h->strides);
+    free(h->devs);
 }
 
 static int json_u64_array(const cJSON *arr, uint64_t **out, size_t *n_p)
@@ -70,6 +71,43 @@ static int json_count(const cJSON *n, double max)
     return cJSON_IsNumber(n) && n->valuedouble >= 0 &&
            n->valuedouble <= max &&
            n->valuedouble == (double)(uint64_t)n->valuedouble;
+}
+
+/* An arena handoff's memory: "memory" "dram" (also when absent) or
+ * "vram" with "devices", one per arena (each a device ordinal). */
+static int handoff_memory(const cJSON *root, size_t narenas, kv_handoff_t *h)
+{
+    const cJSON *mem = cJSON_GetObjectItemCaseSensitive(root, "memory");
+    h->mem = PDX_MEM_DRAM;
+    if (mem == NULL || h->pool) {
+        return 1;
+    }
+    if (!cJSON_IsString(mem) || (strcmp(mem->valuestring, "dram") != 0 &&
+                                 strcmp(mem->valuestring, "vram") != 0)) {
+        pdx_error("kv: handoff memory is neither \"dram\" nor \"vram\"");
+        return 0;
+    }
+    if (strcmp(mem->valuestring, "dram") == 0) {
+        return 1;
+    }
+    size_t nd = 0;
+    if (!json_u64_array(cJSON_GetObjectItemCaseSensitive(root, "devices"),
+                        &h->devs, &nd) ||
+        nd != narenas) {
+        pdx_error("kv: handoff in GPU memory without a device per arena "
+                  "(%zu)", narenas);
+        return 0;
+    }
+    for (size_t a = 0; a < nd; a++) {
+        if (h->devs[a] > KV_HANDOFF_DEVICE_MAX) {
+            pdx_error("kv: handoff device %" PRIu64 " of arena %zu out of "
+                      "range (at most %u)",
+                      h->devs[a], a, KV_HANDOFF_DEVICE_MAX);
+            return 0;
+        }
+    }
+    h->mem = PDX_MEM_VRAM;
+    return 1;
 }
 
 pdx_status_t kv_handoff_parse(const char *json, size_t narenas,
@@ -134,6 +172,9 @@ pdx_status_t kv_handoff_parse(const char *json, size_t narenas,
          nb != narenas || ns != narenas)) {
         pdx_error("kv: handoff arena bases/strides missing or not %zu",
                   narenas);
+        goto out;
+    }
+    if (!handoff_memory(root, narenas, h)) {
         goto out;
     }
     const cJSON *tail = cJSON_GetObjectItemCaseSensitive(root, "tail");

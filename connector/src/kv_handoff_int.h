@@ -14,6 +14,8 @@
 #include <pdx/kv_connector.h>
 
 #define KV_MSG_PREFIX "pdxkv:"
+/* The largest device ordinal a handoff may name (as the config's). */
+#define KV_HANDOFF_DEVICE_MAX 1023u
 
 /* Handoff parameters, parsed. */
 typedef struct kv_handoff {
@@ -26,6 +28,10 @@ typedef struct kv_handoff {
     uint64_t *ids;   /* arena: block ids; pool: slot addresses */
     uint64_t *bases; /* arena only: per arena */
     uint64_t *strides;
+    /* arena only: the holder's memory ("memory" in the JSON; DRAM when
+     * absent) and, for GPU memory, each arena's device */
+    pdx_mem_type_t mem;
+    uint64_t *devs;
     bool has_tail;
     pdx_block_hash_t tail_hash;
     uint64_t tail_id;

@@ -1,7 +1,8 @@
 /* glm52-pd-node's arena blocks: a stack of free ids, the blocks of
  * prefills held for the peer until pdx_kv_poll_freed reports them, and the
  * quarantine of blocks whose load was aborted (canary-filled, checked and
- * freed once nothing can land in them any more). */
+ * freed once nothing can land in them any more; in GPU memory, through
+ * the mirror: gpu.c). */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,8 +66,13 @@ void quarantine_step(node_t *nd)
             continue;
         }
         uint64_t bad = 0;
-        for (size_t i = 0; i < q->ncanary; i++) {
-            bad += canary_diff(nd, q->blocks[i]);
+        if (gpu_pull(nd, q->blocks, q->ncanary) != 0) {
+            /* Unreadable: counted as changed, the blocks still freed. */
+            bad = q->ncanary;
+        } else {
+            for (size_t i = 0; i < q->ncanary; i++) {
+                bad += canary_diff(nd, q->blocks[i]);
+            }
         }
         nd->canary_blocks += q->ncanary;
         if (bad != 0) {

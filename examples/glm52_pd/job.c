@@ -219,6 +219,11 @@ static void job_cancelled(node_t *nd, job_t *j, abort_done_t how)
         for (size_t i = 0; i < ncanary; i++) {
             canary_fill(nd, j->blocks[i]);
         }
+        if (gpu_push(nd, j->blocks, ncanary) != 0) {
+            free(q);
+            job_fail(nd, j, mark, "canary: copy to the GPU failed");
+            return;
+        }
         snprintf(q->req, sizeof(q->req), "%s", j->req);
         q->blocks = j->blocks;
         q->n = j->nblocks;
@@ -459,6 +464,12 @@ static bool job_load(node_t *nd, job_t *j, uint64_t mark)
         j->cursor = 0;
         return true;
     }
+    /* GPU arenas: the loaded blocks to the mirror the checks read. */
+    if (gpu_pull(nd, j->blocks, j->match.blocks + (j->match.tail ? 1 : 0)) !=
+        0) {
+        job_fail(nd, j, mark, "loaded blocks: copy from the GPU failed");
+        return false;
+    }
     j->state = J_VERIFY;
     j->cursor = 0;
     j->vend = j->match.blocks * nd->B + (j->match.tail ? j->tail_tokens : 0);
@@ -545,6 +556,12 @@ static bool job_decode(node_t *nd, job_t *j)
  * (on D) decoded, partial tail included. */
 static bool job_save_start(node_t *nd, job_t *j, uint64_t mark)
 {
+    /* GPU arenas: what the stand-in wrote to the GPU before pdx sees it
+     * (the save reads the arenas, a handoff lets the peer read them). */
+    if (gpu_push(nd, j->blocks, (j->n + nd->B - 1) / nd->B) != 0) {
+        job_fail(nd, j, mark, "KV: copy to the GPU failed");
+        return false;
+    }
     pdx_status_t st = job_hash(nd, j, j->n);
     if (st == PDX_OK) {
         pdx_kv_request_t req = job_req(j, j->n);

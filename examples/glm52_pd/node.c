@@ -8,8 +8,9 @@
  * The driver (tools/pdx-validate) starts it with `--config FILE --fd N`
  * and speaks the framed JSON of pd_wire.h on fd N.
  *
- * This file is its top: the command line, the arenas, the connector, the
- * hello, then the loop (msg.c) and teardown (node.h lists the layers). */
+ * This file is its top: the command line, the arenas (host memory, or GPU
+ * memory for kv.memory "vram": gpu.c), the connector, the hello, then the
+ * loop (msg.c) and teardown (node.h lists the layers). */
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -96,14 +97,9 @@ static int node_arenas(node_t *nd, const char *config, int *reference_p)
     log_set_tag(nd->cfg.role == PDX_KV_ROLE_PRODUCER   ? "P"
                 : nd->cfg.role == PDX_KV_ROLE_CONSUMER ? "D"
                                                        : "PD");
-    if (nd->cfg.mem_type == PDX_MEM_VRAM) {
-        /* TODO: GPU arenas (cudaMalloc per arena, registered for cuda_ipc)
-         * once this example runs where a GPU is present. */
-        say("vram arenas need the cuda_ipc backend and a GPU; this example "
-            "uses dram arenas instead");
-    }
-    st = pd_layout_from_config(&nd->cfg, PDX_MEM_DRAM, &nd->layout, reference_p,
-                               err, sizeof(err));
+    bool vram = nd->cfg.mem_type == PDX_MEM_VRAM;
+    st = pd_layout_from_config(&nd->cfg, vram ? PDX_MEM_VRAM : PDX_MEM_DRAM,
+                               &nd->layout, reference_p, err, sizeof(err));
     if (st != PDX_OK) {
         return hello_error(nd, "layout: %s", err);
     }
@@ -112,24 +108,39 @@ static int node_arenas(node_t *nd, const char *config, int *reference_p)
         return hello_error(nd, "layout too large to carve");
     }
     nd->mem_len = (size_t)size;
-    /* Populated up front, as an engine allocates its KV pool at start:
-     * first-touch faults inside the step loop cost far more (28 us each
-     * on the VM this was measured on, 0.7 us each with MAP_POPULATE).
-     * Shared memory (pdx_mem_alloc): a peer on this host with the cma
-     * backend maps it and copies with memcpy; elsewhere it is plain
-     * memory. */
-    void *mem = NULL;
-    st = pdx_mem_alloc(nd->mem_len, PDX_MEM_F_POPULATE, &mem);
-    if (st != PDX_OK) {
-        return hello_error(nd, "arenas: pdx_mem_alloc of %zu bytes: %s",
-                           nd->mem_len, pdx_status_string(st));
+    uint64_t base = 0;
+    if (vram) {
+        /* GPU memory of the config's device, registered as VRAM by the
+         * connector; the stand-in works on a host mirror (gpu.c). */
+        if (gpu_arenas(nd, nd->mem_len, &base, err, sizeof(err)) != 0) {
+            return hello_error(nd,
+                               "arenas in GPU memory (kv.memory \"vram\", "
+                               "device %u): %s; kv.memory \"dram\" puts "
+                               "them in host memory",
+                               nd->cfg.device, err);
+        }
+    } else {
+        /* Populated up front, as an engine allocates its KV pool at
+         * start: first-touch faults inside the step loop cost far more
+         * (28 us each on the VM this was measured on, 0.7 us each with
+         * MAP_POPULATE). Shared memory (pdx_mem_alloc): a peer on this
+         * host with the cma backend maps it and copies with memcpy;
+         * elsewhere it is plain memory. */
+        void *mem = NULL;
+        st = pdx_mem_alloc(nd->mem_len, PDX_MEM_F_POPULATE, &mem);
+        if (st != PDX_OK) {
+            return hello_error(nd, "arenas: pdx_mem_alloc of %zu bytes: %s",
+                               nd->mem_len, pdx_status_string(st));
+        }
+        nd->mem = mem;
+        base = (uint64_t)(uintptr_t)mem;
     }
-    nd->mem = mem;
-    st = pdx_layout_carve(nd->layout, (uint64_t)(uintptr_t)nd->mem, size,
-                          ARENA_ALIGN, 0);
+    st = pdx_layout_carve(nd->layout, base, size, ARENA_ALIGN,
+                          vram ? nd->cfg.device : 0);
     if (st != PDX_OK || pd_model_init(&nd->model, nd->layout) != 0) {
         return hello_error(nd, "carve: %s", pdx_status_string(st));
     }
+    gpu_rebase(nd);
     nd->B = nd->model.block_tokens;
     nd->free_ids = calloc(nd->cfg.num_blocks, sizeof(*nd->free_ids));
     if (nd->free_ids == NULL) {
@@ -193,6 +204,8 @@ static void send_hello(node_t *nd, char *hex, int reference)
     snprintf(fp, sizeof(fp), "%016" PRIx64, pdx_layout_fingerprint(nd->layout));
     cJSON_AddStringToObject(h, "layout_fingerprint", fp);
     cJSON_AddNumberToObject(h, "arena_bytes", (double)nd->mem_len);
+    cJSON_AddStringToObject(h, "memory", nd->gpu != NULL ? "vram" : "dram");
+    cJSON_AddNumberToObject(h, "device", nd->gpu != NULL ? nd->cfg.device : 0);
     /* The pool's capacity and the children's tail settings. */
     pdx_offload_stats_t os;
     cJSON_AddNumberToObject(h, "pool_blocks",
@@ -214,11 +227,15 @@ static void send_hello(node_t *nd, char *hex, int reference)
         }
     }
     send_msg(nd, h);
-    say("%s (%s): %zu arenas, %u blocks of %" PRIu64 " B (%.1f GiB DRAM), "
+    char where[32] = "DRAM";
+    if (nd->gpu != NULL) {
+        snprintf(where, sizeof(where), "VRAM of device %u", nd->cfg.device);
+    }
+    say("%s (%s): %zu arenas, %u blocks of %" PRIu64 " B (%.1f GiB %s), "
         "layout %s",
         nd->cfg.agent_name, role_name(nd->cfg.role), nd->model.narenas,
         nd->cfg.num_blocks, nd->model.bytes_per_block,
-        (double)nd->mem_len / (1u << 30), fp);
+        (double)nd->mem_len / (1u << 30), where, fp);
 }
 
 /* Everything the node holds, released; main's exit code (3: the peer
@@ -230,7 +247,10 @@ static int node_teardown(node_t *nd)
     pdx_kv_connector_destroy(nd->conn);
     pd_model_fini(&nd->model);
     pdx_layout_destroy(nd->layout);
-    pdx_mem_free(nd->mem);
+    if (nd->mem != NULL) {
+        pdx_mem_free(nd->mem);
+    }
+    gpu_close(nd);
     while (nd->jobs) {
         job_t *j = nd->jobs;
         nd->jobs = j->next;

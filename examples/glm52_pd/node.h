@@ -6,6 +6,7 @@
  *             decode, save, handoff; cancellations)
  *   reply.c   replies and stats to the driver
  *   blocks.c  the arena block allocator, held blocks, quarantine
+ *   gpu.c     GPU arenas (kv.memory "vram"): the driver, the host mirror
  *   log.c     pdx's log lines and the node's own (the bottom) */
 #ifndef GLM52_NODE_H
 #define GLM52_NODE_H
@@ -126,11 +127,19 @@ typedef struct quarantine {
     int passes;
 } quarantine_t;
 
+typedef struct gpu_api gpu_api_t;
+
 typedef struct node {
     pdx_kv_config_t cfg;
     pdx_layout_h layout;
-    void *mem;
+    void *mem; /* DRAM arenas */
     size_t mem_len;
+    /* GPU arenas (gpu.c): the driver, the arenas' device address, the host
+     * mirror the model stand-in writes and checks, copies made */
+    gpu_api_t *gpu;
+    uint64_t gpu_base;
+    uint8_t *mirror;
+    uint64_t gpu_copies;
     pd_model_t model;
     pdx_kv_connector_h conn;
     pdx_hasher_h hasher;
@@ -160,6 +169,24 @@ typedef struct node {
     uint64_t abort_completed;  /* aborted loads that had completed first */
     uint64_t abort_stuck;      /* aborts with no final state by the deadline */
 } node_t;
+
+/* ---- gpu.c: GPU arenas through the CUDA driver (kv.memory "vram") */
+
+/* The driver loaded (PDX_CUDA_DRIVER_LIB, else libcuda.so.1), the config's
+ * device's primary context current, `size` bytes of its memory for the
+ * arenas (*base_p) and a host mirror of them. 0, or -1 with `why`. */
+int gpu_arenas(node_t *nd, size_t size, uint64_t *base_p, char *why,
+               size_t len);
+/* Point the model stand-in's arena views at the mirror (after
+ * pd_model_init on the carved layout). Nothing without GPU arenas. */
+void gpu_rebase(node_t *nd);
+/* Blocks `ids` of every arena, mirror to GPU (push: before pdx may read
+ * them) or GPU to mirror (pull: after pdx wrote them). 0, or -1 (said).
+ * Nothing to do (0) without GPU arenas. */
+int gpu_push(node_t *nd, const uint64_t *ids, size_t n);
+int gpu_pull(node_t *nd, const uint64_t *ids, size_t n);
+/* The GPU memory and the mirror freed (after the connector is gone). */
+void gpu_close(node_t *nd);
 
 /* ---- log.c: pdx lines to stderr, error lines kept for the driver */
 

@@ -49,6 +49,9 @@ cJSON *stats_json(node_t *nd)
     cJSON_AddStringToObject(s, "agent", nd->cfg.agent_name);
     cJSON_AddNumberToObject(s, "held", (double)pdx_kv_held_requests(nd->conn));
     cJSON_AddNumberToObject(s, "free_blocks", (double)nd->nfree);
+    /* GPU arenas: block copies between them and the mirror (gpu.c). */
+    cJSON_AddStringToObject(s, "memory", nd->gpu != NULL ? "vram" : "dram");
+    cJSON_AddNumberToObject(s, "gpu_block_copies", (double)nd->gpu_copies);
     cJSON_AddNumberToObject(s, "num_blocks", nd->cfg.num_blocks);
     cJSON_AddNumberToObject(s, "peak_blocks", (double)nd->peak_used);
     cJSON_AddNumberToObject(s, "jobs_ok", (double)nd->jobs_ok);

@@ -38,8 +38,9 @@ typedef struct pd_model {
 
 /* Layout for the model shape of `cfg`: pdx_layout_glm52 when the shape is
  * the reference one, else pdx_kv_config_layout (same arena naming and
- * order). `mem` is the memory type to describe (DRAM in this example). `why`
- * gets a reason on failure. The caller owns *layout_p. */
+ * order). `mem` is the memory type to describe (the config's: DRAM, or
+ * VRAM whose device pdx_layout_carve sets). `why` gets a reason on
+ * failure. The caller owns *layout_p. */
 pdx_status_t pd_layout_from_config(const pdx_kv_config_t *cfg,
                                    pdx_mem_type_t mem, pdx_layout_h *layout_p,
                                    int *is_reference_p, char *why,

@@ -524,6 +524,42 @@ static void test_params_merge(void **state)
     assert_int_equal(pdx_kv_params_merge("{", "{}", &out), PDX_ERR_CORRUPT);
 }
 
+/* An arena handoff names the holder's memory: GPU memory with a device
+ * per arena (the reader's remote list is then VRAM on those devices); host
+ * memory when absent. Anything else is refused. */
+static void test_params_memory(void **state)
+{
+    (void)state;
+#define ARENA_PARAMS(extra)                                                  \
+    "{\"agent\":\"p\",\"req\":\"r1\",\"source\":\"arena\",\"tokens\":64,"       \
+    "\"hashes\":[\"0a8577df5ee3430515a8cc1f6e3ac52e\"],\"ids\":[\"0\"],"        \
+    "\"bases\":[\"4096\",\"8192\"],\"strides\":[\"64\",\"64\"]" extra "}"
+    static const char *const good[] = {
+        ARENA_PARAMS(""),
+        ARENA_PARAMS(",\"memory\":\"dram\""),
+        ARENA_PARAMS(",\"memory\":\"vram\",\"devices\":[\"0\",\"1\"]"),
+        ARENA_PARAMS(",\"memory\":\"vram\",\"devices\":[\"1023\",\"7\"]"),
+    };
+    static const char *const bad[] = {
+        ARENA_PARAMS(",\"memory\":\"hbm\""),
+        ARENA_PARAMS(",\"memory\":1"),
+        ARENA_PARAMS(",\"memory\":\"vram\""),
+        ARENA_PARAMS(",\"memory\":\"vram\",\"devices\":[\"0\"]"),
+        ARENA_PARAMS(",\"memory\":\"vram\",\"devices\":[\"0\",\"1024\"]"),
+        ARENA_PARAMS(",\"memory\":\"vram\",\"devices\":[\"0\",\"-1\"]"),
+        ARENA_PARAMS(",\"memory\":\"vram\",\"devices\":[0,1]"),
+    };
+#undef ARENA_PARAMS
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        assert_int_equal(pdx_kv_params_check(good[i], strlen(good[i]), 2),
+                         PDX_OK);
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(pdx_kv_params_check(bad[i], strlen(bad[i]), 2),
+                         PDX_ERR_CORRUPT);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -532,6 +568,7 @@ int main(void)
         cmocka_unit_test(test_mismatch_refused),
         cmocka_unit_test(test_multi_routing),
         cmocka_unit_test(test_params_merge),
+        cmocka_unit_test(test_params_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

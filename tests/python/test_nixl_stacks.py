@@ -47,160 +47,25 @@ def peer(spawn):
     return spawn
 
 
-def wait_done(agent, h, timeout=20.0):
-    end = time.monotonic() + timeout
-    st = agent.check_xfer_state(h)
-    while st == "PROC" and time.monotonic() < end:
-        time.sleep(0.0005)
-        st = agent.check_xfer_state(h)
-    return st
-
-
-def block_table(bases, blocks):
-    """SGLang/vLLM style (N, 3) uint64 descriptor arrays: every block of
-    every layer."""
-    rows = [(b + i * W.BLOCK_LEN, W.BLOCK_LEN, 0) for b in bases
-            for i in range(blocks)]
-    return np.array(rows, dtype=np.uint64)
+wait_done = W.wait_done
+block_table = W.block_table
 
 
 # -- SGLang -----------------------------------------------------------------
 def test_sglang_sequence_and_peer_recovery(peer):
-    from nixl._api import nixl_agent, nixl_agent_config
-    from nixl._bindings import nixlRemoteDisconnectError
+    """SGLang's prefill side here (nixl_stack_workers.
+    sglang_prefill_sequence), its decode side in a peer process; host
+    memory (test_nixl_vram.py: GPU memory on two hosts)."""
     d = peer(W.sglang_decode)
-    d_meta, d_bases, d_aux = d.recv()
-
-    agent = nixl_agent("prefill-7", nixl_agent_config(backends=[],
-                                                      num_threads=8))
-    agent.create_backend("UCX", {"num_threads": "8"})
-    assert "UCX" in agent.get_plugin_list()
-    assert agent.get_backend_params("UCX")["num_threads"] == "8"
-    kv = [W.kv_bytes(l, 3) for l in range(W.LAYERS)]
-    aux = np.frombuffer(bytes(range(256)) * 2, np.uint8).copy()
-    agent.register_memory([(k.ctypes.data, k.nbytes, 0, "") for k in kv],
-                          "DRAM")
-    agent.register_memory([(aux.ctypes.data, aux.nbytes, 0, "")], "DRAM")
-    name = agent.add_remote_agent(d_meta)
-    assert name == b"decode-7"  # NIXL returns bytes
-    src = agent.prep_xfer_dlist("NIXL_INIT_AGENT", agent.get_xfer_descs(
-        block_table([k.ctypes.data for k in kv], W.BLOCKS), "DRAM"))
-    dst = agent.prep_xfer_dlist(name, agent.get_xfer_descs(
-        block_table(d_bases, W.BLOCKS), "DRAM"))
-    room, rank = 42, 0
-    d.send(room)
-    d.send("prefill-7")
-
-    # KV in two chunks: prefill blocks -> decode blocks (scattered), ids as
-    # SGLang passes them (np.int32 arrays), block b of layer l at
-    # l * BLOCKS + b.
-    p_blocks = [[1, 5, 2], [9, 14]]
-    d_blocks = [[0, 7, 3], [15, 4]]
-
-    def ids(blocks):
-        return np.concatenate([l * W.BLOCKS + np.asarray(blocks, np.int32)
-                               for l in range(W.LAYERS)]).astype(np.int32)
-
-    for chunk, (pb, db) in enumerate(zip(p_blocks, d_blocks)):
-        last = int(chunk == len(p_blocks) - 1)
-        h = agent.make_prepped_xfer(
-            "WRITE", src, ids(pb), dst, ids(db),
-            b"%d_kv_%d_%d_%d" % (room, chunk, last, rank))
-        assert agent.transfer(h) in ("DONE", "PROC")
-        assert wait_done(agent, h) == "DONE"
-        agent.release_xfer_handle(h)
-    # Aux data with initialize_xfer.
-    h = agent.initialize_xfer(
-        "WRITE",
-        agent.get_xfer_descs([(aux.ctypes.data, aux.nbytes, 0)], "DRAM"),
-        agent.get_xfer_descs([(d_aux, aux.nbytes, 0)], "DRAM"),
-        name, b"%d_aux" % room)
-    agent.transfer(h)
-    assert wait_done(agent, h) == "DONE"
-    agent.release_xfer_handle(h)
-
-    msg = d.recv()
-    assert msg[0] == "notifs"
-    parsed, d_kv, d_auxb = msg[1], msg[2], msg[3]
-    assert sorted(parsed) == sorted([("kv", 0, False, 0), ("kv", 1, True, 0),
-                                     ("aux",)])
-    assert d_auxb == aux.tobytes()
-    for l in range(W.LAYERS):
-        want = np.zeros(W.BLOCKS * W.BLOCK_LEN, np.uint8)
-        for pb, db in zip(sum(p_blocks, []), sum(d_blocks, [])):
-            want[db * W.BLOCK_LEN:(db + 1) * W.BLOCK_LEN] = \
-                kv[l][pb * W.BLOCK_LEN:(pb + 1) * W.BLOCK_LEN]
-        assert d_kv[l] == want.tobytes(), "layer %d" % l
-
-    # Peer recovery: decode dies; SGLang's checks see it.
-    assert agent.check_remote_metadata(name)
-    d.kill()
-    end = time.monotonic() + 20
-    while agent.check_remote_metadata(name) and time.monotonic() < end:
-        time.sleep(0.01)
-    assert not agent.check_remote_metadata(name), \
-        "peer still alive 20 s after its death"
-    with pytest.raises(nixlRemoteDisconnectError):
-        h = agent.make_prepped_xfer("WRITE", src, ids([0]), dst, ids([0]),
-                                    b"%d_kv_9_1_0" % room)
-        agent.transfer(h)
-        wait_done(agent, h)
-    agent.remove_remote_agent(name)
-    agent.release_dlist_handle(dst)
-    agent.release_dlist_handle(src)
-    agent.close()
+    W.sglang_prefill_sequence(d, d.kill)
 
 
 # -- LMCache ----------------------------------------------------------------
 def test_lmcache_channel_sequence(peer):
-    from nixl._api import nixl_agent, nixl_agent_config
-    r = peer(W.lmcache_receiver)
-    r_meta, r_descs_bytes = r.recv()
-    agent = nixl_agent("lmcache-send", nixl_agent_config(backends=[]))
-    agent.create_backend("UCX", {"num_threads": "4"})
-    buf = np.frombuffer(np.random.default_rng(5).bytes(8 * W.BLOCK_LEN),
-                        np.uint8).copy()
-    reg = agent.get_reg_descs([(buf.ctypes.data, buf.nbytes, 0, "")], "cpu")
-    agent.register_memory(reg)
-    local_descs = agent.get_xfer_descs(
-        [(buf.ctypes.data + i * W.BLOCK_LEN, W.BLOCK_LEN, 0)
-         for i in range(8)], "cpu")
-    local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", local_descs, "cpu")
-    peer_name = agent.add_remote_agent(r_meta)
-    r.send(agent.get_agent_metadata())
-    remote_descs = agent.deserialize_descs(r_descs_bytes)
-    assert remote_descs.descCount() == 8
-    remote = agent.prep_xfer_dlist(peer_name, remote_descs, "cpu")
-    # Blocks 0..7 of the sender into 7..0 of the receiver, three puts, the
-    # last with the notification; LMCache never releases these handles.
-    handles = []
-    for k, (lo, hi) in enumerate([(0, 3), (3, 6), (6, 8)]):
-        h = agent.make_prepped_xfer(
-            "WRITE", local, list(range(lo, hi)), remote,
-            [7 - i for i in range(lo, hi)],
-            b"lmcache-put-%d" % (k + 1 if k < 2 else 3))
-        agent.transfer(h)
-        assert wait_done(agent, h) == "DONE"
-        handles.append(h)
-    msg = r.recv()
-    want = b"".join(bytes(buf[(7 - i) * W.BLOCK_LEN:(8 - i) * W.BLOCK_LEN])
-                    for i in range(8))
-    assert msg[0] == "data" and msg[1] == want
-    r.send("close")
-    assert r.recv() == "closed"
-    # Our close() in LMCache's order: deregister first (handles alive), then
-    # the lists, transfer handles never released: no Busy, no crash.
-    agent.deregister_memory(reg)
-    agent.release_dlist_handle(local)
-    agent.release_dlist_handle(remote)
-    agent.remove_remote_agent(peer_name)
-    # The region stays registered while the unreleased handles hold it and
-    # goes when they do.
-    assert agent.query_memory(reg, "UCX") == [None]
-    for h in handles:
-        agent.release_xfer_handle(h)
-    assert not agent._zombies
-    agent.close()
+    """LMCache's sender here (nixl_stack_workers.lmcache_sender_sequence),
+    its receiver in a peer process; host memory (test_nixl_vram.py: GPU
+    memory on two hosts)."""
+    W.lmcache_sender_sequence(peer(W.lmcache_receiver))
 
 
 # -- TensorRT-LLM -----------------------------------------------------------

@@ -7,6 +7,10 @@
  * what the previous D decoded from that D's pool), every loaded block is
  * checked byte for byte by the nodes, and the report shows each peer's
  * path (UCX over tcp between hosts, never same-host) and the store's work.
+ * With --vram every node's arenas are in GPU memory (through the CUDA
+ * driver PDX_CUDA_DRIVER_LIB names, the tests' fake one, else
+ * libcuda.so.1): the nodes check the bytes they read back from it, and
+ * every request must have been staged through pinned host memory.
  *
  * Exit 0 when every check passes, 1 on a failed check, 2 on a setup error,
  * 77 when the machine refuses namespaces or etcd is missing (reason
@@ -55,6 +59,7 @@ typedef struct mnode {
     uint32_t block_tokens;
     bool load_tail;
     uint64_t handoffs; /* made by this node (to be freed by done/reject) */
+    char memory[8];    /* its arenas': "dram" or "vram" (hello) */
     cJSON *stats;      /* from drain */
 } mnode_t;
 
@@ -115,8 +120,11 @@ static void check(bool ok, const char *fmt, ...)
 
 /* A node's config: the colocated one of its role, renamed, its peer
  * removed (found by name), UCX over tcp, smaller arenas and pool (four
- * nodes on one machine) and the store section. */
-static int write_config(mnode_t *n, const char *base, int sessions_ns)
+ * nodes on one machine) and the store section. With `vram`, the arenas in
+ * GPU memory (P's on device 0, D's on device 1) and cuda_ipc created too
+ * (it declines peers on other hosts: UCX stages their GPU memory). */
+static int write_config(mnode_t *n, const char *base, int sessions_ns,
+                        bool vram)
 {
     FILE *f = fopen(base, "r");
     if (f == NULL) {
@@ -141,6 +149,12 @@ static int write_config(mnode_t *n, const char *base, int sessions_ns)
     cJSON *kv = cJSON_GetObjectItemCaseSensitive(c, "kv");
     cJSON_ReplaceItemInObjectCaseSensitive(kv, "num_blocks",
                                            cJSON_CreateNumber(128));
+    if (vram) {
+        cJSON_DeleteItemFromObjectCaseSensitive(kv, "memory");
+        cJSON_DeleteItemFromObjectCaseSensitive(kv, "device");
+        cJSON_AddStringToObject(kv, "memory", "vram");
+        cJSON_AddNumberToObject(kv, "device", n->role[0] == 'P' ? 0 : 1);
+    }
     cJSON *kids = cJSON_GetObjectItemCaseSensitive(
         cJSON_GetObjectItemCaseSensitive(c, "connector"), "children");
     cJSON *ch;
@@ -158,6 +172,11 @@ static int write_config(mnode_t *n, const char *base, int sessions_ns)
     cJSON *opts = cJSON_AddObjectToObject(ucx, "options");
     cJSON_AddStringToObject(opts, "tls", "tcp");
     cJSON_AddItemToArray(bes, ucx);
+    if (vram) {
+        cJSON *cipc = cJSON_CreateObject();
+        cJSON_AddStringToObject(cipc, "name", "cuda_ipc");
+        cJSON_AddItemToArray(bes, cipc);
+    }
     cJSON *store = cJSON_AddObjectToObject(c, "store");
     cJSON *eps = cJSON_AddArrayToObject(store, "endpoints");
     cJSON_AddItemToArray(eps, cJSON_CreateString(g_etcd.url));
@@ -333,6 +352,24 @@ static void print_paths(mnode_t *n)
         check(tr != NULL && strstr(tr, "tcp") != NULL,
               "%s -> %s: expected UCX over tcp, got %s", n->name,
               pd_json_str(p, "name"), tr ? tr : "nothing");
+        if (strcmp(n->memory, "vram") == 0) {
+            /* GPU memory on both sides, across hosts, a UCX without CUDA:
+             * every request staged through pinned host memory. */
+            const char *fw = pd_json_str(ucx, "fallback_why");
+            size_t req = jnum(p, "requests"), fb = jnum(p, "fallbacks");
+            printf("  %-12s    %zu requests, %zu staged: %.70s\n", "", req, fb,
+                   fw ? fw : "");
+            check(fw != NULL && strstr(fw, "staged") != NULL,
+                  "%s -> %s: the path report does not say staged: %s",
+                  n->name, pd_json_str(p, "name"), fw ? fw : "nothing");
+            check(fb == req, "%s -> %s: %zu of %zu requests staged", n->name,
+                  pd_json_str(p, "name"), fb, req);
+        }
+    }
+    if (strcmp(n->memory, "vram") == 0) {
+        check(jnum(n->stats, "gpu_block_copies") > 0,
+              "%s: no block went between its GPU arenas and the checks",
+              n->name);
     }
 }
 
@@ -376,7 +413,8 @@ static int mn_start_nodes(const opts_t *o)
         n->role = i < 2 ? "P" : "D";
         n->host = i;
         snprintf(n->name, sizeof(n->name), "%s", names[i]);
-        if (write_config(n, i < 2 ? g_p_cfg : g_d_cfg, (int)getpid()) != 0 ||
+        if (write_config(n, i < 2 ? g_p_cfg : g_d_cfg, (int)getpid(),
+                         o->vram) != 0 ||
             spawn_node(n, o->node) != 0) {
             fprintf(stderr, "pdx-validate: cannot start %s\n", n->name);
             return 2;
@@ -395,9 +433,20 @@ static int mn_start_nodes(const opts_t *o)
         n->num_blocks = jnum(h, "num_blocks");
         n->block_tokens = (uint32_t)jnum(h, "block_tokens");
         n->load_tail = jbool(h, "load_tail");
+        const char *mem = pd_json_str(h, "memory");
+        snprintf(n->memory, sizeof(n->memory), "%s", mem ? mem : "dram");
+        if (o->vram && strcmp(n->memory, "vram") != 0) {
+            fprintf(stderr, "pdx-validate: node %s: arenas in %s, not vram\n",
+                    n->name, n->memory);
+            cJSON_Delete(h);
+            return 2;
+        }
+        printf("  %s on host %d (%s), %llu blocks in %s %d\n", n->name,
+               n->host, g_lab.ip[n->host], (unsigned long long)n->num_blocks,
+               strcmp(n->memory, "vram") == 0 ? "GPU memory of device"
+                                              : "host memory, device",
+               (int)jnum(h, "device"));
         cJSON_Delete(h);
-        printf("  %s on host %d (%s), %llu blocks\n", n->name, n->host,
-               g_lab.ip[n->host], (unsigned long long)n->num_blocks);
     }
     return 0;
 }

@@ -82,7 +82,10 @@ static void usage_multinode(void)
     printf("usage: pdx-validate --multi-node [--sessions N] [--turns "
            "T] [--prompts A,B,..] [--decode G] [--user-tokens U] "
            "[--shared-prefix X] [--node PATH] [--p-config F] "
-           "[--d-config F]\n");
+           "[--d-config F] [--vram]\n"
+           "  --vram: every node's arenas in GPU memory (kv.memory "
+           "\"vram\", P on device 0, D on device 1) through the CUDA "
+           "driver\n  (PDX_CUDA_DRIVER_LIB, else libcuda.so.1)\n");
 }
 
 static int parse_range(const char *arg, opts_t *o)
@@ -233,6 +236,7 @@ static const struct option g_multinode_opts[] = {
     {"node", required_argument, NULL, 'n'},
     {"p-config", required_argument, NULL, 'P'},
     {"d-config", required_argument, NULL, 'D'},
+    {"vram", no_argument, NULL, 'V'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0}};
 
@@ -273,6 +277,9 @@ static int parse_option(int ch, const char *arg, opts_t *o, opts_seen_t *seen)
 {
     switch (ch) {
     case 'M': /* --multi-node: the mode, already chosen */
+        break;
+    case 'V':
+        o->vram = true;
         break;
     case 'P':
         o->p_config = arg;

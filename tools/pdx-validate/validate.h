@@ -31,10 +31,11 @@
 enum { DONE_LOAD = 0, DONE_REJECT = 1, DONE_AFTER = 2, DONE_KINDS = 3 };
 
 /* The command line (options.c). --multi-node reads sessions, turns,
- * prompts, gen, user_tokens, shared and node (and the config paths,
+ * prompts, gen, user_tokens, shared, vram and node (and the config paths,
  * g_p_cfg and g_d_cfg); the rest are the single run's. */
 typedef struct opts {
     bool multi_node; /* --multi-node */
+    bool vram;       /* --multi-node --vram: the arenas in GPU memory */
     const char *p_config, *d_config, *node;
     int sessions, turns, concurrency;
     size_t prompts[MAX_PROMPTS];

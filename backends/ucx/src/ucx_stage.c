@@ -373,7 +373,8 @@ static void job_send_sw(ucx_be_t *be, ucx_job_t *j)
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                         UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS |
                         UCP_OP_ATTR_FIELD_DATATYPE,
-        .flags = UCP_AM_SEND_FLAG_RNDV,
+        /* REPLY: the service tells our connection from an older one. */
+        .flags = UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY,
         .cb.send = job_ucx_cb,
         .user_data = j,
         .datatype = ucp_dt_make_iov(),
@@ -394,7 +395,7 @@ static void job_send_sr(ucx_be_t *be, ucx_job_t *j)
     ucp_request_param_t rp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                         UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
-        .flags = UCP_AM_SEND_FLAG_EAGER,
+        .flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY,
         .cb.send = job_ucx_cb,
         .user_data = j,
     };

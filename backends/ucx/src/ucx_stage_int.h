@@ -92,6 +92,7 @@ typedef struct ucx_svc {
     uint8_t op, phase;
     struct ucx_client *client; /* where the answer went (held) */
     ucp_worker_h worker;     /* the worker it arrived on */
+    const void *via;         /* the connection it came over (identity) */
     uint64_t rid;
     char peer[UCX_MAX_NAME + 1];
     void *desc;              /* SW: the rendezvous data, until received */
@@ -243,6 +244,8 @@ typedef struct ucx_client {
                                 st->closing */
     ucx_be_t *be;
     ucp_ep_h ep;
+    const void *via;         /* the requester's connection when it was made
+                                (identity: a new one retires this one) */
     int failed;              /* its endpoint failed: answers are dropped */
     int closing;
     uint32_t users;          /* answers in flight to it */

@@ -12,6 +12,21 @@
 
 /* ---- the requesters' endpoints ------------------------------------------ */
 
+/* `c` takes no more answers: closed by the next progress once unused. */
+static void client_retire(ucx_client_t *c, const char *why)
+{
+    if (!c->failed) {
+        if (why != NULL) {
+            pdx_debug("ucx: a staged requester's endpoint %s", why);
+        }
+        /* Like a peer's failure: a worker with a failed tcp endpoint is
+         * left to the process's exit at destroy (ucx_destroy). */
+        c->be->lost++;
+    }
+    c->failed = 1;
+    c->be->st->kick = 1;
+}
+
 static void client_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     ucx_client_t *c = arg;
@@ -19,12 +34,8 @@ static void client_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     if (!c->failed) {
         pdx_debug("ucx: a staged requester's endpoint failed: %s",
                   ucs_status_string(status));
-        /* Like a peer's failure: a worker with a failed tcp endpoint is
-         * left to the process's exit at destroy (ucx_destroy). */
-        c->be->lost++;
     }
-    c->failed = 1;
-    c->be->st->kick = 1; /* closed by the next progress once unused */
+    client_retire(c, NULL);
 }
 
 static void client_closed_cb(void *request, ucs_status_t status,
@@ -62,12 +73,27 @@ static void client_close(ucx_be_t *be, ucx_client_t *c)
 /* The endpoint to the requester at `addr` (validated before UCX sees it),
  * made once and kept (most recently used first; the least recently used
  * idle one closed past SVC_MAX_CLIENTS). NULL, logged, when it cannot be
- * made. Never from inside a UCX callback. */
+ * made. Never from inside a UCX callback.
+ *
+ * A requester that closed its endpoint to us and made a new one (it
+ * unloaded this agent and loaded it again: vLLM's TTL eviction and new
+ * handshake) sends over a new connection. Ours to it may be the far end of
+ * the old one (UCX pairs two workers' endpoints to each other), which is
+ * dead even if no error has come yet: answers there would be lost and the
+ * requester would wait for ever. The connection a request came over (its
+ * reply endpoint, compared, never used) tells: one other than our
+ * endpoint's retires it and a new one is made. */
 static ucx_client_t *client_get(ucx_be_t *be, const ucx_svc_t *v)
 {
     struct ucx_stage_state *st = be->st;
     for (ucx_link_t *l = st->clients.next; l != &st->clients; l = l->next) {
         ucx_client_t *c = UCX_CONTAINER(l, ucx_client_t, link);
+        if (!c->failed && c->addr_len == v->addr_len &&
+            memcmp(c->addr, v->addr, v->addr_len) == 0 && v->via != NULL &&
+            c->via != NULL && c->via != v->via) {
+            client_retire(c, "is of a connection the requester replaced");
+            continue;
+        }
         if (!c->failed && c->addr_len == v->addr_len &&
             memcmp(c->addr, v->addr, v->addr_len) == 0) {
             ucx_list_del(&c->link);
@@ -107,6 +133,7 @@ static ucx_client_t *client_get(ucx_be_t *be, const ucx_svc_t *v)
         return NULL;
     }
     c->be = be;
+    c->via = v->via;
     c->addr_len = v->addr_len;
     memcpy(c->addr, v->addr, v->addr_len);
     ucp_ep_params_t ep = {
@@ -385,7 +412,6 @@ ucs_status_t ucx_svc_request(ucx_be_t *be, ucp_worker_h w, const shdr_t *h,
                              const ucp_am_recv_param_t *param, int rndv)
 {
     struct ucx_stage_state *st = ucx_stage_state(be);
-    (void)param;
     if (st == NULL || h->addr_len == 0) {
         pdx_warn("ucx: staged request from %s without %s: dropped", h->name,
                  st == NULL ? "memory" : "an address to answer");
@@ -402,6 +428,12 @@ ucs_status_t ucx_svc_request(ucx_be_t *be, ucp_worker_h w, const shdr_t *h,
     v->op = (uint8_t)h->op;
     v->rid = h->rid;
     v->worker = w;
+    /* The connection it came over (requests are sent with a reply
+     * endpoint): an identity only, never used (client_get). */
+    v->via = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) &&
+                     w == be->worker
+                 ? (const void *)param->reply_ep
+                 : NULL;
     v->nseg = h->nseg;
     v->bytes = h->bytes;
     v->slot = UINT32_MAX;

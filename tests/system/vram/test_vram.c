@@ -11,6 +11,8 @@
  *   glm        the GLM-5.2 layout: 101 arenas, 8 blocks of each read and
  *              written in one request
  *   devices    a region on the second device
+ *   reload     D unloads P and loads it again, twice: READ and WRITE are
+ *              still answered (P's service answers the new connection)
  *   path       the path report names the staged path and why
  *   faults     P killed in a staged READ, P stopped (the request times
  *              out), D killed while P serves, P deregistering a region
@@ -460,6 +462,8 @@ static int node_main(int fd, const char *role)
         } else if (strcmp(m, "load") == 0) {
             ctl_load_peer(n.a, fd, NULL, "the driver");
             reply(&n, "ok");
+        } else if (strncmp(m, "unload ", 7) == 0) {
+            reply(&n, "%s", pdx_status_string(pdx_peer_unload(n.a, arg)));
         } else if (strncmp(m, "fill ", 5) == 0 ||
                    strncmp(m, "check ", 6) == 0) {
             int reg;
@@ -839,6 +843,18 @@ static void cases_sizes(void)
     }
     one("VRAM dev 1 (P) <- VRAM (D)", 0, 0, 0, 1, 4096, 3 * MIB, 1, 3 * MIB);
     one("VRAM dev 1 (P) -> VRAM (D)", 1, 0, 0, 1, 4096, 3 * MIB, 1, 3 * MIB);
+    /* D forgets P and loads it again (vLLM's TTL eviction and new
+     * handshake): its new connection to P is answered, twice over. */
+    for (int k = 0; k < 2; k++) {
+        char *r = ask(&D, "unload P");
+        if (strcmp(r, pdx_status_string(PDX_OK)) != 0) {
+            fail("unload P: %s", r);
+        }
+        free(r);
+        connect_d_to_p();
+        one("VRAM<->VRAM, P unloaded, reloaded", 1, 0, 0, 0, 0, MIB, 1, MIB);
+        one("VRAM<->VRAM, P unloaded, reloaded", 0, 0, 0, 0, 0, MIB, 1, MIB);
+    }
 }
 
 static void cases_descs(void)
