@@ -199,6 +199,23 @@ pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
         *req_p = r;
         return PDX_INPROGRESS;
     }
+    if (ucx_dram_wanted(be, peer, iov, n)) {
+        /* Host memory the peer serves: requests its service checks
+         * (ucx_dram.c), not RMA that UCX would emulate on its CPU. */
+        st = ucx_dram_post(be, r, iov, n, ucx_req_stage_done);
+        if (st != PDX_INPROGRESS) {
+            ucx_req_put(be, r);
+            return st;
+        }
+        if (r->stage == UCX_STAGE_DONE && !ucx_req_busy(r)) {
+            st = r->status;
+            ucx_req_put(be, r);
+            return st;
+        }
+        ucx_list_push(&peer->reqs, &r->link);
+        *req_p = r;
+        return PDX_INPROGRESS;
+    }
 
     ucp_request_param_t fp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
@@ -292,6 +309,7 @@ pdx_status_t ucx_xfer_abort(void *bev, void *reqv)
         ucp_request_cancel(r->worker, r->ucs_req);
     }
     ucx_stage_abort(r);
+    ucx_dram_abort(r);
     /* A request already done keeps its result: its data has landed. */
     return PDX_OK;
 }
@@ -311,6 +329,7 @@ void ucx_xfer_release(void *bev, void *reqv)
         ucp_request_cancel(r->worker, r->ucs_req);
     }
     ucx_stage_abort(r);
+    ucx_dram_abort(r);
     ucx_list_del(&r->link);
     if (!ucx_req_busy(r)) {
         ucx_req_put(be, r);
