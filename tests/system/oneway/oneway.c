@@ -4,6 +4,7 @@
  * what UCX tells it. Loopback only.
  *
  *   oneway --tls tcp|sm --cycles N [--op read|write]
+ *          [--rma auto|served|native] [--idle]
  *
  * This process is the target T: a 16 MiB DRAM region over UCX, served by
  * its progress thread. N times, a child (this program again, exec'd)
@@ -12,7 +13,9 @@
  * kill (UCX 1.13 aborted the target when the reply to an emulated get
  * could not be sent), its fds must not grow (accepted sockets of dead
  * initiators left in CLOSE-WAIT), nor its memory, and a last child reads
- * T's region byte-exact.
+ * T's region byte-exact. --rma native: UCX's emulated RMA, as before
+ * served host memory (the target aborted at the first kills over tcp);
+ * --idle: killed after the warm-up, with nothing in flight.
  *
  * Bounded: every wait has a deadline; the test has a ctest timeout. */
 #include <errno.h>
@@ -35,7 +38,9 @@
 
 static const char *g_self;
 static const char *g_tls = "tcp";
+static const char *g_rma = "auto";
 static int g_write;
+static int g_idle; /* --idle: killed after the warm-up, nothing in flight */
 
 static uint64_t word(uint64_t i)
 {
@@ -55,9 +60,24 @@ static void *region(void)
  * "warm" out, "go" in; the 16 MiB request posted, "posted" out; then it
  * waits to be killed (or, with "check", reads the region and says "ok"
  * when it is byte-exact). */
+/* An agent over UCX with transports g_tls and host memory moved as
+ * g_rma says (the option rma: auto, served, native). */
+static pdx_agent_h ucx_agent(const char *name, pdx_backend_h *be_p)
+{
+    pdx_agent_params_t p = {.field_mask = PDX_AGENT_PARAM_FLAGS |
+                                          PDX_AGENT_PARAM_XFER_TIMEOUT,
+                            .flags = PDX_AGENT_F_PROGRESS_THREAD,
+                            .xfer_timeout_ms = 10000};
+    pdx_agent_h a;
+    CHECK(pdx_agent_create(name, &p, &a));
+    pdx_option_t opts[] = {{"tls", g_tls}, {"rma", g_rma}};
+    CHECK(pdx_backend_create(a, "ucx", opts, 2, be_p));
+    return a;
+}
+
 static int child_main(int fd)
 {
-    pdx_agent_h a = ctl_ucx_agent("oneway-d", g_tls, 10000);
+    pdx_agent_h a = ucx_agent("oneway-d", NULL);
     uint64_t *mem = region();
     for (uint64_t i = 0; i < LEN / 8; i++) {
         mem[i] = word(i); /* a WRITE leaves the target's region as it was */
@@ -97,6 +117,12 @@ static int child_main(int fd)
         return 0;
     }
     free(cmd);
+    if (g_idle) {
+        send_msg(fd, "posted", 6);
+        for (;;) {
+            pause(); /* killed here, nothing in flight */
+        }
+    }
     pdx_desc_t l = {.addr = (uintptr_t)mem, .len = LEN};
     pdx_desc_t r = {.addr = raddr, .len = LEN};
     pdx_desc_list_t ll = {PDX_MEM_DRAM, &l, 1}, rl = {PDX_MEM_DRAM, &r, 1};
@@ -112,9 +138,9 @@ static int child_main(int fd)
 
 static pid_t spawn_child(int *fd_p)
 {
-    char *args[] = {(char *)g_self, "--child",      CTL_FD,
-                    "--tls",        (char *)g_tls, "--op",
-                    g_write ? "write" : "read", NULL};
+    char *args[] = {(char *)g_self, "--child", CTL_FD, "--tls",
+                    (char *)g_tls, "--op", g_write ? "write" : "read",
+                    "--rma", (char *)g_rma, g_idle ? "--idle" : NULL, NULL};
     return ctl_spawn(args, fd_p);
 }
 
@@ -150,15 +176,8 @@ static void describe(pdx_backend_h be)
 
 static int target_main(long n)
 {
-    pdx_agent_params_t p = {.field_mask = PDX_AGENT_PARAM_FLAGS |
-                                          PDX_AGENT_PARAM_XFER_TIMEOUT,
-                            .flags = PDX_AGENT_F_PROGRESS_THREAD,
-                            .xfer_timeout_ms = 10000};
-    pdx_agent_h a;
-    CHECK(pdx_agent_create("oneway-t", &p, &a));
-    pdx_option_t opt = {"tls", g_tls};
     pdx_backend_h ucx;
-    CHECK(pdx_backend_create(a, "ucx", &opt, 1, &ucx));
+    pdx_agent_h a = ucx_agent("oneway-t", &ucx);
     uint64_t *mem = region();
     for (uint64_t i = 0; i < LEN / 8; i++) {
         mem[i] = word(i);
@@ -254,11 +273,15 @@ int main(int argc, char **argv)
             cycles = strtol(argv[++i], NULL, 10);
         } else if (strcmp(argv[i], "--op") == 0 && i + 1 < argc) {
             g_write = strcmp(argv[++i], "write") == 0;
+        } else if (strcmp(argv[i], "--rma") == 0 && i + 1 < argc) {
+            g_rma = argv[++i];
+        } else if (strcmp(argv[i], "--idle") == 0) {
+            g_idle = 1;
         } else if (strcmp(argv[i], "--child") == 0 && i + 1 < argc) {
             child_fd = atoi(argv[++i]);
         } else {
-            die("usage: %s [--tls tcp|sm] [--cycles N] [--op read|write]",
-                argv[0]);
+            die("usage: %s [--tls tcp|sm] [--cycles N] [--op read|write] "
+                "[--rma auto|served|native] [--idle]", argv[0]);
         }
     }
     signal(SIGPIPE, SIG_IGN);
