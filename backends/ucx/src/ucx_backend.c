@@ -583,6 +583,11 @@ pdx_status_t ucx_create(const pdx_backend_host_t *host,
          * peer decides at load whether the agent uses another backend. */
         be->lazy = ucx_tls_has_tcp(be->tls[0] ? be->tls : getenv("UCX_TLS"));
     }
+    /* Out of fds, UCX fails (or aborts) naming another cause. */
+    st = ucx_fd_room(UCX_FDS_INSTANCE, "create");
+    if (st != PDX_OK) {
+        goto err_free;
+    }
     char vwhy[256] = "";
     st = ucx_vlocal_init(&be->vlocal, vwhy, sizeof(vwhy));
     if (st != PDX_OK) {

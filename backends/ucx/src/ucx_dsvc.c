@@ -221,6 +221,10 @@ static ucx_dclient_t *dclient_get(ucx_be_t *be, const ucx_dans_t *a)
             return NULL;
         }
     }
+    if (ucx_fd_room(UCX_FDS_CLIENT, "answering a served request") !=
+        PDX_OK) {
+        return NULL; /* logged; the request times out at its sender */
+    }
     ucx_dclient_t *c = calloc(1, sizeof(*c) + a->h.addr_len);
     if (c == NULL) {
         return NULL;

@@ -361,8 +361,18 @@ struct ucx_be {
 /* The option rma=auto|served|native: how host memory moves. */
 enum { UCX_RMA_AUTO = 0, UCX_RMA_SERVED = 1, UCX_RMA_NATIVE = 2 };
 
-/* ucx_status.c: the one translator from ucs_status_t, and log levels. */
+/* ucx_status.c: the one translator from ucs_status_t, log levels, and
+ * the fd headroom UCX needs (PDX_OK, or PDX_ERR_IO: too many open files,
+ * logged naming `what`). */
 pdx_status_t ucx_status(ucs_status_t s);
+pdx_status_t ucx_fd_room(unsigned need, const char *what);
+/* fds a context and its main worker take (measured: 9 to 14 with tcp and
+ * shared memory), a peer's own worker and endpoint (4 to 9), an endpoint
+ * alone; with room to spare for what UCX accepts for peers meanwhile. */
+#define UCX_FDS_INSTANCE 32u
+#define UCX_FDS_PEER_WORKER 16u
+#define UCX_FDS_EP 8u
+#define UCX_FDS_CLIENT 4u
 pdx_log_level_t ucx_op_log_level(ucs_status_t s, ucs_status_t ep_status);
 
 /* ucx_am.c: notifications as active messages: receive, inbox, send. */

@@ -435,6 +435,17 @@ pdx_status_t ucx_peer_ep(ucx_be_t *be, ucx_peer_t *peer)
     if (ust != PDX_OK || peer->ep != NULL) {
         return ust;
     }
+    /* A local shortage is a local error, for this request only: the peer
+     * is neither failed nor given up (a later use tries again). */
+    char what[UCX_MAX_NAME + 32];
+    snprintf(what, sizeof(what), "connecting to peer %s", peer->name);
+    ust = ucx_fd_room(!peer->own_worker && ucx_peer_wants_worker(be, peer)
+                          ? UCX_FDS_PEER_WORKER
+                          : UCX_FDS_EP,
+                      what);
+    if (ust != PDX_OK) {
+        return ust;
+    }
     if (!peer->own_worker && ucx_peer_wants_worker(be, peer)) {
         ucp_worker_h w;
         if (ucx_worker_open(be, peer->name, &peer->wctx, &w) == PDX_OK) {

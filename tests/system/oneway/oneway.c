@@ -71,7 +71,9 @@ static pdx_agent_h ucx_agent(const char *name, pdx_backend_h *be_p)
     pdx_agent_h a;
     CHECK(pdx_agent_create(name, &p, &a));
     pdx_option_t opts[] = {{"tls", g_tls}, {"rma", g_rma}};
-    CHECK(pdx_backend_create(a, "ucx", opts, 2, be_p));
+    /* (rma given only when not the default: a pdx before it refuses it.) */
+    CHECK(pdx_backend_create(a, "ucx", opts, strcmp(g_rma, "auto") ? 2 : 1,
+                             be_p));
     return a;
 }
 
