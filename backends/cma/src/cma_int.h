@@ -146,7 +146,7 @@ void cma_rev_peer_gone(cma_peer_t *p);
 /* Are the remote regions of every piece still registered at the peer? */
 bool cma_rev_ok(const pdx_backend_iov_t *iov, size_t n);
 void cma_rev_fini(cma_be_t *be);
-/* cma_mem.c: a copy of the peer's fd `fd` (pidfd_getfd, else
+/* cma_fd.c: a copy of the peer's fd `fd` (pidfd_getfd, else
  * /proc/<pid>/fd/<fd>), or -1 with `why` set. */
 int cma_peer_fd(cma_peer_t *p, int fd, char *why, size_t why_len);
 

@@ -54,30 +54,6 @@ pdx_status_t cma_mem_pack(void *bev, void *mdv, void **buf_p,
     return PDX_OK;
 }
 
-/* A copy of the peer's fd `fd`: pidfd_getfd, else /proc/<pid>/fd/<fd>
- * (where a seccomp filter refuses the former). -1 with `why` set. */
-int cma_peer_fd(cma_peer_t *p, int fd, char *why, size_t why_len)
-{
-    if (p->pidfd < 0) {
-        p->pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
-    }
-    if (p->pidfd >= 0) {
-        int got = (int)syscall(SYS_pidfd_getfd, p->pidfd, fd, 0);
-        if (got >= 0) {
-            return got;
-        }
-    }
-    int e = errno;
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)p->pid, fd);
-    int got = open(path, O_RDWR | O_CLOEXEC);
-    if (got < 0) {
-        snprintf(why, why_len, "pidfd_getfd: %s; open %s: %s", strerror(e),
-                 path, strerror(errno));
-    }
-    return got;
-}
-
 /* Map a peer's shared region into this process; false (with `why`) if
  * anything does not hold, and the region goes through process_vm_*. */
 static bool map_shared(cma_peer_t *p, cma_region_t *m, const uint8_t *k,

@@ -10,7 +10,6 @@
 #include "ucx_dram_int.h"
 
 #include <sys/random.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- the ids of live requests -------------------------------------------- */
@@ -68,126 +67,7 @@ static ucx_dreq_t *tab_find(struct ucx_dram_state *ds, uint64_t id)
     return ds->tab[idx];
 }
 
-uint64_t ucx_dram_pidns(void)
-{
-    struct stat sb;
-    return stat("/proc/self/ns/pid", &sb) == 0 ? (uint64_t)sb.st_ino : 0;
-}
-
-/* ---- the datatype of served data ------------------------------------------ */
-
-static void *dt_start_pack(void *context, const void *buffer, size_t count)
-{
-    (void)context;
-    (void)count;
-    return (void *)buffer; /* the ucx_dsrc_t */
-}
-
-static void *dt_start_unpack(void *context, void *buffer, size_t count)
-{
-    (void)context;
-    (void)buffer;
-    (void)count;
-    return NULL; /* never received into */
-}
-
-static size_t dt_packed_size(void *state)
-{
-    return ((const ucx_dsrc_t *)state)->len;
-}
-
-static size_t dt_pack(void *state, size_t offset, void *dest,
-                      size_t max_length)
-{
-    const ucx_dsrc_t *s = state;
-    size_t n = offset < s->len ? s->len - offset : 0;
-    if (n > max_length) {
-        n = max_length;
-    }
-    memcpy(dest, s->p + offset, n);
-    return n;
-}
-
-static ucs_status_t dt_unpack(void *state, size_t offset, const void *src,
-                              size_t length)
-{
-    (void)state;
-    (void)offset;
-    (void)src;
-    (void)length;
-    return UCS_ERR_UNSUPPORTED;
-}
-
-static void dt_finish(void *state)
-{
-    (void)state;
-}
-
-pdx_status_t ucx_dram_dt(ucx_be_t *be, ucp_datatype_t *dt_p)
-{
-    struct ucx_dram_state *ds = ucx_dram_state(be);
-    if (ds == NULL) {
-        return PDX_ERR_NOMEM;
-    }
-    if (!ds->has_dt) {
-        static const ucp_generic_dt_ops_t ops = {
-            .start_pack = dt_start_pack,
-            .start_unpack = dt_start_unpack,
-            .packed_size = dt_packed_size,
-            .pack = dt_pack,
-            .unpack = dt_unpack,
-            .finish = dt_finish,
-        };
-        ucs_status_t s = ucp_dt_create_generic(&ops, NULL, &ds->dt);
-        if (s != UCS_OK) {
-            pdx_error("ucx: making the served data's datatype failed: %s",
-                      ucs_status_string(s));
-            return ucx_status(s);
-        }
-        ds->has_dt = 1;
-    }
-    *dt_p = ds->dt;
-    return PDX_OK;
-}
-
 /* ---- requests ------------------------------------------------------------ */
-
-int ucx_dram_wanted(ucx_be_t *be, ucx_peer_t *peer,
-                    const pdx_backend_iov_t *iov, size_t n)
-{
-    if (be->rma_mode == UCX_RMA_NATIVE || n == 0) {
-        return 0;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const ucx_md_t *md = iov[i].local_md;
-        const ucx_rmd_t *rmd = iov[i].remote_md;
-        if (md->type != PDX_MEM_DRAM || rmd->type != PDX_MEM_DRAM ||
-            rmd->token == 0) {
-            return 0; /* a peer whose keys name no token: RMA */
-        }
-    }
-    if (be->rma_mode == UCX_RMA_SERVED) {
-        return 1;
-    }
-    if (peer->served < 0) {
-        /* UCX moves host memory without the target's CPU only over RDMA
-         * (and the same-host kernel-assisted transports, which peer
-         * error handling rules out): a lane of one of those, RMA; else
-         * served. Decided once, from the endpoint's lanes. */
-        ucx_peer_transport(peer);
-        peer->served = 1;
-        for (const char *t = peer->transport; *t != '\0';) {
-            if (strncmp(t, "rc", 2) == 0 || strncmp(t, "dc", 2) == 0 ||
-                strncmp(t, "xpmem", 5) == 0 || strncmp(t, "knem", 4) == 0) {
-                peer->served = 0;
-                break;
-            }
-            const char *c = strchr(t, ',');
-            t = c != NULL ? c + 1 : "";
-        }
-    }
-    return peer->served;
-}
 
 int ucx_dram_busy(const ucx_req_t *r)
 {
@@ -351,7 +231,7 @@ pdx_status_t ucx_dram_post(ucx_be_t *be, ucx_req_t *r,
     if (ds == NULL) {
         return PDX_ERR_NOMEM;
     }
-    pdx_status_t dst = ucx_dram_dt(be, &dt);
+    pdx_status_t dst = ucx_dsvc_dt(be, &dt);
     if (dst != PDX_OK) {
         return dst;
     }

@@ -151,7 +151,7 @@ static inline int ucx_dhdr_parse(const void *header, size_t len, dhdr_t *d)
     return 0;
 }
 
-/* Data UCX packs through ucx_dram_dt (a generic datatype: always
+/* Data UCX packs through ucx_dsvc_dt (a generic datatype: always
  * copied into UCX's buffers, never sent from ours by zero copy, which
  * UCX 1.13's tcp completes twice, and aborts on, when the peer goes in
  * the middle of it). What the send's buffer points to, kept until the
@@ -222,7 +222,7 @@ typedef struct ucx_dans {
     unsigned char *bounce;  /* READ: the data copied out of the region */
     uint64_t bytes;         /* bounce bytes counted in dram->bytes */
     uint64_t sent_bytes;    /* ... and in its client's, while UCX holds it */
-    ucx_dsrc_t src;         /* the bounce, for ucx_dram_dt */
+    ucx_dsrc_t src;         /* the bounce, for ucx_dsvc_dt */
     int spare;              /* the bounce is a spare (DRAM_CHUNK bytes) */
     unsigned char hdr[DHDR_LEN];
     unsigned char addr[];   /* the requester's address (h.addr_len) */
@@ -244,7 +244,7 @@ struct ucx_dram_state {
     ucx_link_t closing;
     int blocked;            /* every queued answer waits for bytes */
     uint64_t pidns;         /* ours (0: unknown) */
-    ucp_datatype_t dt;      /* ucx_dram_dt's */
+    ucp_datatype_t dt;      /* ucx_dsvc_dt's */
     int has_dt;
     void *spare[DSVC_SPARE_MAX];
     uint32_t nspare;
@@ -254,8 +254,9 @@ struct ucx_dram_state {
     unsigned refused_quiet;
 };
 
-/* This process's pid namespace (the inode of /proc/self/ns/pid), or 0. */
-uint64_t ucx_dram_pidns(void);
+/* ucx_dsvc.c: this process's pid namespace (the inode of
+ * /proc/self/ns/pid), or 0. */
+uint64_t ucx_dsvc_pidns(void);
 
 static inline struct ucx_dram_state *ucx_dram_state(ucx_be_t *be)
 {
@@ -267,7 +268,7 @@ static inline struct ucx_dram_state *ucx_dram_state(ucx_be_t *be)
             ucx_list_init(&be->dram->sending);
             ucx_list_init(&be->dram->clients);
             ucx_list_init(&be->dram->closing);
-            be->dram->pidns = ucx_dram_pidns();
+            be->dram->pidns = ucx_dsvc_pidns();
         }
     }
     return be->dram;
@@ -279,9 +280,10 @@ static inline pdx_status_t ucx_dram_peer_status(pdx_status_t st)
     return st <= 0 && st > -100 ? st : PDX_ERR_BACKEND;
 }
 
-/* The generic datatype of served data (a ucx_dsrc_t as the buffer, its
- * length as the count), made once per instance: PDX_OK with it. */
-pdx_status_t ucx_dram_dt(ucx_be_t *be, ucp_datatype_t *dt_p);
+/* ucx_dsvc.c: the generic datatype of served data (a ucx_dsrc_t as the
+ * buffer, its length as the count), made once per instance: PDX_OK with
+ * it. */
+pdx_status_t ucx_dsvc_dt(ucx_be_t *be, ucp_datatype_t *dt_p);
 
 /* ucx_dram.c: an answer to one of this instance's requests. */
 ucs_status_t ucx_dram_answer(ucx_be_t *be, const dhdr_t *h, void *data,

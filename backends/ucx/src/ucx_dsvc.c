@@ -13,6 +13,91 @@
 #include "ucx_dram_int.h"
 
 #include <signal.h>
+#include <sys/stat.h>
+
+/* The pid namespace of this process (same-host requesters are given up
+ * by pid only within it). */
+uint64_t ucx_dsvc_pidns(void)
+{
+    struct stat sb;
+    return stat("/proc/self/ns/pid", &sb) == 0 ? (uint64_t)sb.st_ino : 0;
+}
+
+/* ---- the datatype of served data ------------------------------------------ */
+
+static void *dt_start_pack(void *context, const void *buffer, size_t count)
+{
+    (void)context;
+    (void)count;
+    return (void *)buffer; /* the ucx_dsrc_t */
+}
+
+static void *dt_start_unpack(void *context, void *buffer, size_t count)
+{
+    (void)context;
+    (void)buffer;
+    (void)count;
+    return NULL; /* never received into */
+}
+
+static size_t dt_packed_size(void *state)
+{
+    return ((const ucx_dsrc_t *)state)->len;
+}
+
+static size_t dt_pack(void *state, size_t offset, void *dest,
+                      size_t max_length)
+{
+    const ucx_dsrc_t *s = state;
+    size_t n = offset < s->len ? s->len - offset : 0;
+    if (n > max_length) {
+        n = max_length;
+    }
+    memcpy(dest, s->p + offset, n);
+    return n;
+}
+
+static ucs_status_t dt_unpack(void *state, size_t offset, const void *src,
+                              size_t length)
+{
+    (void)state;
+    (void)offset;
+    (void)src;
+    (void)length;
+    return UCS_ERR_UNSUPPORTED;
+}
+
+static void dt_finish(void *state)
+{
+    (void)state;
+}
+
+pdx_status_t ucx_dsvc_dt(ucx_be_t *be, ucp_datatype_t *dt_p)
+{
+    struct ucx_dram_state *ds = ucx_dram_state(be);
+    if (ds == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    if (!ds->has_dt) {
+        static const ucp_generic_dt_ops_t ops = {
+            .start_pack = dt_start_pack,
+            .start_unpack = dt_start_unpack,
+            .packed_size = dt_packed_size,
+            .pack = dt_pack,
+            .unpack = dt_unpack,
+            .finish = dt_finish,
+        };
+        ucs_status_t s = ucp_dt_create_generic(&ops, NULL, &ds->dt);
+        if (s != UCS_OK) {
+            pdx_error("ucx: making the served data's datatype failed: %s",
+                      ucs_status_string(s));
+            return ucx_status(s);
+        }
+        ds->has_dt = 1;
+    }
+    *dt_p = ds->dt;
+    return PDX_OK;
+}
 
 /* ---- the regions ---------------------------------------------------------- */
 
@@ -352,7 +437,7 @@ static void dans_send(ucx_be_t *be, ucx_dans_t *a, ucx_dclient_t *c)
         .cb.send = dans_sent_cb,
         .user_data = a,
     };
-    if (data && ucx_dram_dt(be, &rp.datatype) == PDX_OK) {
+    if (data && ucx_dsvc_dt(be, &rp.datatype) == PDX_OK) {
         rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
         a->src.p = a->bounce;
         a->src.len = a->h.len;

@@ -569,11 +569,6 @@ void ucx_stage_fini(ucx_be_t *be);
 /* ucx_dram.c (below ucx_request.c): host memory the peer serves, this
  * instance's requests; ucx_dsvc.c: the service it gives peers' requests.
  * The protocol: backends/ucx/README.md, "Served host memory". */
-/* Does this request go through the peer's service (every piece host
- * memory whose key names a token, and RMA to the peer emulated by UCX or
- * the option says so)? */
-int ucx_dram_wanted(ucx_be_t *be, ucx_peer_t *peer,
-                    const pdx_backend_iov_t *iov, size_t n);
 /* Start `r`'s chunks (its pieces were checked); `done` is called once
  * with the data stage's end. PDX_INPROGRESS, or an error with nothing in
  * flight. */
