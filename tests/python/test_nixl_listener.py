@@ -216,8 +216,8 @@ def _try(fn, *args):
 def test_idle_and_dripping_connections_stall_nobody():
     """40 idle connections from 127.0.0.2 (at most 8 are served, the
     rest closed at once) and one from 127.0.0.3 sending a byte a second:
-    a peer's metadata from 127.0.0.1 is loaded within 2 s all the same,
-    and the listener cuts the idle and dripping ones after 5 s. Before,
+    a peer's metadata from 127.0.0.1 is loaded before one frame deadline
+    (5 s) has passed all the same, and the listener cuts the idle and dripping ones after 5 s. Before,
     one silent connection delayed everyone 4.8 s and a byte every 2 s
     held the listener for good."""
     p = _agent("drip-p", listen=True)
@@ -225,6 +225,7 @@ def test_idle_and_dripping_connections_stall_nobody():
     idle = []
     try:
         port = p.listen_port
+        t_conn = time.monotonic()
         for _ in range(40):
             try:
                 idle.append(_conn_from("127.0.0.2", port))
@@ -245,14 +246,24 @@ def test_idle_and_dripping_connections_stall_nobody():
         t = threading.Thread(target=dripper, daemon=True)
         t.start()
         time.sleep(0.3)
+        # Loaded before one frame deadline has passed: a listener that
+        # served connections one at a time would wait out at least one
+        # idle stranger (5 s each, 40 of them).
         t0 = time.monotonic()
         d.send_local_metadata("127.0.0.1", port)
-        assert _until(lambda: p.check_remote_metadata("drip-d"), 2.0)
+        assert _until(lambda: p.check_remote_metadata("drip-d"),
+                      X._LF_TIMEOUT - 1.0)
         took = time.monotonic() - t0
-        assert took < 2.0, "metadata loaded after %.1f s" % took
+        assert took < X._LF_TIMEOUT - 1.0, "loaded after %.1f s" % took
         assert p._listener._nconns <= X._LF_MAX_CONNS
-        served = [s for s in idle if not _closed_by_peer(s, 0.05)]
-        assert len(served) <= X._LF_MAX_PER_SOURCE
+        # The strangers past the per-source cap are closed at once (polled
+        # until before the served ones' deadline could cut them).
+        open_ = [s for s in idle if not _closed_by_peer(s, 0.01)]
+        end = t_conn + X._LF_TIMEOUT - 0.5
+        while len(open_) > X._LF_MAX_PER_SOURCE and time.monotonic() < end:
+            open_ = [s for s in open_ if not _closed_by_peer(s, 0.01)]
+        assert len(open_) <= X._LF_MAX_PER_SOURCE
+        served = open_
         # Every one of them is cut within the frame deadline (5 s).
         for s in served:
             assert _closed_by_peer(s, X._LF_TIMEOUT + 2.0)
@@ -529,10 +540,10 @@ def _pmd(rows, blob):
     return X._PMD_MAGIC + struct.pack("<I", len(rows)) + a.tobytes() + blob
 
 
-def test_partial_metadata_rows_checked_capped_indexed():
+def test_partial_metadata_rows_checked_capped_indexed(monkeypatch):
     """Rows outside the blob's regions are refused; more than
     _PMD_MAX_ROWS in all are refused; 60,000 distinct rows in 5 frames
-    are kept once, and a coverage check costs well under 5 ms (before:
+    are kept once, and a coverage check rebuilds no index (before:
     1,000,000 rows kept, 0.1 s a check, the index rebuilt per call)."""
     me = _agent("pm-me")
     t = _agent("pm-t")
@@ -551,11 +562,16 @@ def test_partial_metadata_rows_checked_capped_indexed():
             me.add_remote_agent(_pmd(rows, blob))
         assert len(me._allowed["pm-t"]) == 5 * per
         d = me.get_xfer_descs([(base + 256 * 33333, 64, 0)], "DRAM")
-        t0 = time.perf_counter()
+        # Checks use the index built when the rows changed: none is
+        # rebuilt (counted, not timed: the machine may be loaded).
+        builds = []
+        real = X._rows_index
+        monkeypatch.setattr(X, "_rows_index",
+                            lambda rows: builds.append(1) or real(rows))
+        ix = me._allowed_ix["pm-t"]
         for _ in range(20):
             assert me.check_remote_metadata("pm-t", d)
-        per_check = (time.perf_counter() - t0) / 20
-        assert per_check < 0.005, "%.1f ms a check" % (per_check * 1e3)
+        assert not builds and me._allowed_ix["pm-t"] is ix
         assert not me.check_remote_metadata(
             "pm-t", me.get_xfer_descs([(base + 100, 64, 0)], "DRAM"))
         rows = [(base + 256 * i + 128, 64, 0) for i in range(X._PMD_MAX_ROWS)]

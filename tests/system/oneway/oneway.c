@@ -216,7 +216,15 @@ static int target_main(long n)
         }
     }
     long cw = close_wait_settle(10000);
-    long fds1 = proc_count_fds(), rss1 = proc_rss_kib();
+    /* The last initiators are given up a moment after their deaths are
+     * seen (by pid, on a loaded machine later): a leak stays, they go. */
+    long fds1 = proc_count_fds();
+    for (uint64_t end = pdx_now_ms() + 20000;
+         n > 20 && fds1 > fds0 + 8 && pdx_now_ms() < end;
+         fds1 = proc_count_fds()) {
+        usleep(20000);
+    }
+    long rss1 = proc_rss_kib();
     if (cw != 0) {
         fprintf(stderr, "FAIL: %ld sockets of dead initiators left in "
                 "CLOSE-WAIT 10 s after the last kill\n", cw);
