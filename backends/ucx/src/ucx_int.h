@@ -568,7 +568,8 @@ void ucx_stage_fini(ucx_be_t *be);
 
 /* ucx_dram.c (below ucx_request.c): host memory the peer serves, this
  * instance's requests; ucx_dsvc.c: the service it gives peers' requests.
- * The protocol: backends/ucx/README.md, "Served host memory". */
+ * The protocol: ucx_dram_int.h; why: docs/SECURITY.md, "UCX's own
+ * exposure". */
 /* Start `r`'s chunks (its pieces were checked); `done` is called once
  * with the data stage's end. PDX_INPROGRESS, or an error with nothing in
  * flight. */
