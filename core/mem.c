@@ -1,11 +1,16 @@
-/* Memory registrations, their whole life: registered once per arena with
- * every backend that takes their memory type, kept sorted for O(log n)
- * lookups, held by requests, and deregistered once every loaded peer that
- * may read them acknowledged the notice (ctl.c), driving progress while
- * it waits. Above the progress pass. */
+/* Memory registrations, their whole life: checked (host memory must be
+ * mapped, readable, and writable unless registered read-only: a peer's
+ * request is served by this process touching it), registered once per
+ * arena with every backend that takes their memory type, kept sorted for
+ * O(log n) lookups, held by requests, and deregistered once every loaded
+ * peer that may read them acknowledged the notice (ctl.c), driving
+ * progress while it waits. Above the progress pass. */
+#include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "api_int.h"
 #include "backend_int.h"
@@ -61,6 +66,63 @@ struct pdx_mem_reg *pdx_reg_find(pdx_agent_h agent, pdx_mem_type_t t,
     return agent->regs[i];
 }
 
+/* Is host memory [addr, +len) mapped, readable and (`write`) writable in
+ * this process? PDX_OK, or PDX_ERR_INVALID with the first page that is
+ * not and why in `why`. From /proc/self/maps: a peer's READ or WRITE of a
+ * registered region is served by this process's own copy (UCX emulates
+ * RMA on the target's CPU; pdx's served path copies too), so a page that
+ * cannot be touched would kill this process at a peer's request. Where
+ * /proc cannot say, nothing is refused. */
+static pdx_status_t mem_check_range(uint64_t addr, uint64_t len, bool write,
+                                    char *why, size_t why_len)
+{
+    FILE *f = fopen("/proc/self/maps", "re");
+    if (f == NULL) {
+        pdx_debug("register: /proc/self/maps: %s: region not checked",
+                  strerror(errno));
+        return PDX_OK;
+    }
+    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t at = addr & ~(pg - 1); /* the first byte not yet covered */
+    uint64_t end = addr + len;
+    const char *bad = "not mapped";
+    char line[512];
+    /* Mappings are listed in address order. */
+    while (at < end && fgets(line, sizeof(line), f) != NULL) {
+        unsigned long long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%llx-%llx %7s", &lo, &hi, perms) != 3) {
+            continue;
+        }
+        if (hi <= at) {
+            continue;
+        }
+        if (lo > at) {
+            bad = "not mapped";
+            break;
+        }
+        if (perms[0] != 'r') {
+            bad = "not readable";
+            break;
+        }
+        if (write && perms[1] != 'w') {
+            bad = "not writable (register it PDX_REGION_F_READONLY)";
+            break;
+        }
+        at = hi;
+    }
+    if (at < end && ferror(f)) {
+        fclose(f);
+        return PDX_OK;
+    }
+    fclose(f);
+    if (at >= end) {
+        return PDX_OK;
+    }
+    snprintf(why, why_len, "page 0x%" PRIx64 " is %s", at, bad);
+    return PDX_ERR_INVALID;
+}
+
 static uint64_t caps_for(pdx_mem_type_t t)
 {
     return t == PDX_MEM_VRAM ? PDX_BACKEND_CAP_VRAM : PDX_BACKEND_CAP_DRAM;
@@ -100,6 +162,15 @@ pdx_status_t pdxi_mem_register(pdx_agent_h agent, pdx_mem_type_t type,
     if (flags & ~PDX_REGION_F_USER) {
         pdx_error("agent %s: register: unknown flags 0x%llx", agent->name,
                   (unsigned long long)(flags & ~PDX_REGION_F_USER));
+        return PDX_ERR_INVALID;
+    }
+    char why[96];
+    if (type == PDX_MEM_DRAM &&
+        mem_check_range(addr, len, !(flags & PDX_REGION_F_READONLY), why,
+                        sizeof(why)) != PDX_OK) {
+        pdx_error("agent %s: register: host memory 0x%llx+%llu refused: %s",
+                  agent->name, (unsigned long long)addr,
+                  (unsigned long long)len, why);
         return PDX_ERR_INVALID;
     }
     pdx_status_t st;

@@ -5,8 +5,15 @@
  * 10 ms and never under the agent lock while writing. PDX_STATS_SOCKET=0
  * in the environment turns it off. The JSON comes from agent->stats_json
  * (stats_json.c, set by agent create): the socket sits below the progress
- * thread, the JSON above everything it shows. */
+ * thread, the JSON above everything it shows.
+ *
+ * The answer is a line "pdx-stats <bytes>\n", then that many bytes of
+ * JSON, whole: a reader knows when it got all of it (the answer of an
+ * agent with hundreds of peers is larger than a socket buffer; sending
+ * what fitted cut it mid-object). Writing it waits for the reader for at
+ * most STATS_SEND_NS per serve, then gives up on that reader. */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +24,33 @@
 #include "stats_int.h"
 
 #define STATS_SERVE_PERIOD_NS 10000000ull
+#define STATS_SEND_NS 1000000000ull
+
+/* Send all of `buf` to non-blocking `c` by `deadline` (pdx_now_ns()):
+ * 0, or -1 when the reader went or was too slow. */
+static int send_all(int c, const char *buf, size_t len, uint64_t deadline)
+{
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = send(c, buf + off, len - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w > 0) {
+            off += (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+            errno != EINTR) {
+            return -1;
+        }
+        uint64_t now = pdx_now_ns();
+        if (now >= deadline) {
+            return -1;
+        }
+        struct pollfd pfd = {.fd = c, .events = POLLOUT};
+        int ms = (int)((deadline - now) / 1000000ull) + 1;
+        (void)poll(&pfd, 1, ms);
+    }
+    return 0;
+}
 
 void pdx_stats_sock_open(pdx_agent_h agent)
 {
@@ -70,6 +104,7 @@ void pdx_stats_sock_serve(pdx_agent_h agent, uint64_t now)
                                      __ATOMIC_RELAXED)) {
         return;
     }
+    uint64_t deadline = now + STATS_SEND_NS;
     for (int i = 0; i < 4; i++) {
         int c = accept4(agent->stats_fd, NULL, NULL,
                         SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -82,11 +117,15 @@ void pdx_stats_sock_serve(pdx_agent_h agent, uint64_t now)
         if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &crl) == 0 &&
             (cr.uid == getuid() || cr.uid == 0) &&
             agent->stats_json(agent, &json) == PDX_OK) {
-            /* A few KiB into an empty socket buffer: never blocks; a
-             * reader that does not read gets what fitted. */
             size_t len = strlen(json);
-            ssize_t w = send(c, json, len, MSG_DONTWAIT | MSG_NOSIGNAL);
-            (void)w;
+            char head[48];
+            int hl = snprintf(head, sizeof(head), "pdx-stats %zu\n", len);
+            if (send_all(c, head, (size_t)hl, deadline) != 0 ||
+                send_all(c, json, len, deadline) != 0) {
+                pdx_debug("agent %s: a stats reader took more than %llu ms "
+                          "or went: its answer cut", agent->name,
+                          STATS_SEND_NS / 1000000ull);
+            }
             free(json);
         }
         close(c);

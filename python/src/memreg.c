@@ -194,12 +194,15 @@ static PyObject *MemReg_get(MemRegObject *r, void *which)
     }
 }
 
+/* PyUnicode_FromFormat has no %llx: the numbers go through snprintf. */
 static PyObject *MemReg_repr(MemRegObject *r)
 {
-    return PyUnicode_FromFormat(
-        "<pdx.MemReg %s 0x%llx+%llu dev %u%s>", pdxpy_mem_name(r->mem.mem_type),
-        (unsigned long long)r->mem.addr, (unsigned long long)r->mem.len,
-        (unsigned)r->mem.dev, r->h ? "" : " deregistered");
+    char buf[160];
+    snprintf(buf, sizeof(buf), "<pdx.MemReg %s 0x%llx+%llu dev %u%s>",
+             pdxpy_mem_name(r->mem.mem_type), (unsigned long long)r->mem.addr,
+             (unsigned long long)r->mem.len, (unsigned)r->mem.dev,
+             r->h ? "" : " deregistered");
+    return PyUnicode_FromString(buf);
 }
 
 void pdxpy_readonly_ranges(AgentObject *a, pdxpy_ro_ranges_t *ro)
@@ -248,12 +251,13 @@ Py_ssize_t pdxpy_readonly_overlap(AgentObject *a, const pdx_desc_t *d, size_t n)
 PyObject *pdxpy_readonly_refused(const char *what, Py_ssize_t i,
                                  const pdx_desc_t *d)
 {
+    char range[64];
+    snprintf(range, sizeof(range), "0x%llx+%llu", (unsigned long long)d->addr,
+             (unsigned long long)d->len);
     PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
-                 "%s: local descriptor %zd (0x%llx+%llu) lies in memory "
-                 "registered readonly=True: it cannot be a READ's "
-                 "destination",
-                 what, i, (unsigned long long)d->addr,
-                 (unsigned long long)d->len);
+                 "%s: local descriptor %zd (%s) lies in memory registered "
+                 "readonly=True: it cannot be a READ's destination",
+                 what, i, range);
     return NULL;
 }
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import pdx
+import pdx.nixl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -431,3 +432,43 @@ def test_path_policy_names():
             pass
     with pytest.raises(pdx.InvalidArgument, match="'native'"):
         pdx.Agent("pp-bad", backends=[], path_policy="fast")
+
+
+def test_small_answers_complete(monkeypatch):
+    """Issue 38 item 14: repr(MemReg) and the read-only refusal print real
+    numbers (they printed '0x%llx+%llu'); get_reg_descs names the
+    descriptor that is not (addr, len, device) of integers; a float N x 3
+    array is refused, not truncated into 0x1+2."""
+    import sys
+    monkeypatch.syspath_prepend(pdx.nixl.SHIM_PATH)
+    for m in [m for m in sys.modules if m.split(".")[0] == "nixl"]:
+        monkeypatch.delitem(sys.modules, m)
+    from nixl._api import nixl_agent, nixl_agent_config
+    from nixl._bindings import nixlInvalidParamError
+    buf = bytearray(8192)
+    with pdx.Agent("repr-a") as a:
+        r = a.register(buf)
+        want = "0x%x+8192" % pdx.addr_of(buf)
+        assert want in repr(r) and "%" not in repr(r), repr(r)
+        ro = a.register(bytes(4096), readonly=True)
+        with pytest.raises(pdx.InvalidArgument) as e:
+            a.create_xfer("READ", [(ro.addr, 64, 0)], [(ro.addr, 64, 0)],
+                          "nobody")
+        assert "0x%x+64" % ro.addr in str(e.value), str(e.value)
+        assert "%" not in str(e.value)
+    n = nixl_agent("repr-n", nixl_agent_config(backends=["UCX"]))
+    try:
+        for bad in ([("a", 1, 0, "")], [(4096, 1, 0, ""), (1.5, 2, 0, "")],
+                    [(4096, -1, 0, "")]):
+            with pytest.raises(nixlInvalidParamError, match="descriptor") \
+                    as e:
+                n.get_reg_descs(bad, "DRAM")
+            assert "descriptor %d" % (len(bad) - 1) in str(e.value)
+        with pytest.raises(pdx.InvalidArgument, match="float64"):
+            n.get_reg_descs(np.array([[1.5, 2.0, 0.0]]), "DRAM")
+        with pytest.raises(pdx.InvalidArgument, match="negative"):
+            n.get_reg_descs(np.array([[4096, -2, 0]]), "DRAM")
+        with pytest.raises(pdx.InvalidArgument, match="descriptor 1"):
+            n.get_xfer_descs([(4096, 8, 0), (0.5, 8, 0)], "DRAM")
+    finally:
+        n.close()

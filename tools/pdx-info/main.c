@@ -164,7 +164,10 @@ static int show_blob(const char *path)
     return 0;
 }
 
-/* Print the stats JSON of one agent socket (abstract name `name`). */
+/* Print the stats JSON of one agent socket (abstract name `name`): 1
+ * printed whole, 0 no agent there (gone meanwhile), -1 an answer cut
+ * short (said on stderr). The answer is "pdx-stats <bytes>\n" and that
+ * many bytes (core/stats_sock.c). */
 static int show_one_stats(const char *name)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -185,25 +188,46 @@ static int show_one_stats(const char *name)
         close(fd);
         return 0;
     }
-    char buf[65536];
-    size_t got = 0;
+    char head[48];
+    size_t hn = 0;
     ssize_t r;
-    while (got < sizeof(buf) - 1 &&
-           (r = read(fd, buf + got, sizeof(buf) - 1 - got)) > 0) {
+    while (hn < sizeof(head) - 1 && (r = read(fd, head + hn, 1)) == 1 &&
+           head[hn] != '\n') {
+        hn++;
+    }
+    head[hn] = '\0';
+    unsigned long long want = 0;
+    if (hn == 0 || sscanf(head, "pdx-stats %llu", &want) != 1 ||
+        want > (1ull << 30)) {
+        close(fd);
+        fprintf(stderr, "pdx-info: %s: no answer within 2 s%s\n", name,
+                hn > 0 ? " (not a pdx-stats header)" : " (agent without "
+                                                         "progress?)");
+        return -1;
+    }
+    char *buf = malloc((size_t)want + 1);
+    size_t got = 0;
+    while (buf != NULL && got < want &&
+           (r = read(fd, buf + got, (size_t)want - got)) > 0) {
         got += (size_t)r;
     }
     close(fd);
-    if (got == 0) {
-        fprintf(stderr, "pdx-info: %s: no answer within 2 s (agent without "
-                "progress?)\n", name);
-        return 0;
+    if (buf == NULL || got < want) {
+        fprintf(stderr, "pdx-info: %s: answer cut after %zu of %llu bytes\n",
+                name, got, want);
+        free(buf);
+        return -1;
     }
     buf[got] = '\0';
     fputs(buf, stdout);
+    fputc('\n', stdout);
+    free(buf);
     return 1;
 }
 
-/* Every agent socket of process `pid` (0: all) listed in /proc/net/unix. */
+/* Every agent socket of process `pid` (0: all) listed in /proc/net/unix,
+ * each printed once (listening and accepted sockets share the name): 0
+ * when every one answered whole, 1 none found, 2 an answer was cut. */
 static int show_stats(int pid)
 {
     FILE *f = fopen("/proc/net/unix", "r");
@@ -214,9 +238,9 @@ static int show_stats(int pid)
     char line[512], prefix[64];
     snprintf(prefix, sizeof(prefix), pid > 0 ? "@pdx-stats.%d." : "@pdx-stats.",
              pid);
-    int found = 0;
-    char seen[64][128];
-    int nseen = 0;
+    int found = 0, cut = 0;
+    char **seen = NULL;
+    size_t nseen = 0, cap = 0;
     while (fgets(line, sizeof(line), f) != NULL) {
         char *p = strstr(line, prefix);
         if (p == NULL) {
@@ -224,16 +248,41 @@ static int show_stats(int pid)
         }
         p[strcspn(p, " \n")] = '\0';
         int dup = 0;
-        for (int i = 0; i < nseen && !dup; i++) {
+        for (size_t i = 0; i < nseen && !dup; i++) {
             dup = strcmp(seen[i], p + 1) == 0;
         }
-        if (dup || nseen == 64) {
-            continue; /* listening and accepted sockets share the name */
+        if (dup) {
+            continue;
         }
-        snprintf(seen[nseen++], sizeof(seen[0]), "%s", p + 1);
-        found += show_one_stats(p + 1);
+        if (nseen == cap) {
+            size_t nc = cap ? cap * 2 : 64;
+            char **ns = realloc(seen, nc * sizeof(*ns));
+            if (ns == NULL) {
+                fprintf(stderr, "pdx-info: out of memory after %zu agents\n",
+                        nseen);
+                cut = 1;
+                break;
+            }
+            seen = ns;
+            cap = nc;
+        }
+        if ((seen[nseen] = strdup(p + 1)) == NULL) {
+            cut = 1;
+            break;
+        }
+        nseen++;
+        int r = show_one_stats(p + 1);
+        found += r > 0;
+        cut |= r < 0;
     }
     fclose(f);
+    for (size_t i = 0; i < nseen; i++) {
+        free(seen[i]);
+    }
+    free(seen);
+    if (cut) {
+        return 2;
+    }
     if (found == 0) {
         fprintf(stderr, "pdx-info: no running pdx agent%s in this network "
                 "namespace\n", pid > 0 ? " of that process" : "");

@@ -71,6 +71,7 @@ pdx_status_t cma_create(const pdx_backend_host_t *host,
     snprintf(be->host_id, sizeof(be->host_id), "%s",
              host->host_id ? host->host_id : "");
     be->inline_max = inline_max;
+    be->rev_fd = -1;
     pthread_mutex_init(&be->lock, NULL);
     pthread_cond_init(&be->cv, NULL);
     if (pthread_create(&be->worker, NULL, cma_worker_main, be) != 0) {
@@ -95,6 +96,7 @@ void cma_destroy(void *bev)
     pthread_cond_destroy(&be->cv);
     pthread_mutex_destroy(&be->lock);
     free(be->spare);
+    cma_rev_fini(be);
     free(be);
 }
 

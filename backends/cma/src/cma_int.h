@@ -35,6 +35,12 @@
 #define CMA_IOV_BATCH 1024 /* iovecs per system call (IOV_MAX) */
 #define CMA_KEY_PLAIN 16   /* addr, len */
 #define CMA_KEY_SHARED 36  /* + fd (4), inode (8), file offset (8) */
+/* Either, then the region's revocation word (cma_rev.c): the table's fd
+ * (4) and inode (8), the slot (4), the token (8). */
+#define CMA_KEY_REV 24
+/* The revocation table: one word per registered region, in a memfd its
+ * peers map read-only. */
+#define CMA_REV_SLOTS 65536u
 #define CMA_INLINE_MAX_DEFAULT (1u << 20)
 #define CMA_COPY_CHUNK (1u << 20) /* unit of work; abort seen between */
 
@@ -79,11 +85,23 @@ typedef struct cma_be {
      * than the copy for 100k-piece requests. Under `lock`. */
     pdx_backend_iov_t *spare;
     size_t spare_cap;
+    /* The revocation table (cma_rev.c): made at the first registration;
+     * rev_fd -1 when it could not be (regions then go unchecked). */
+    int rev_fd;
+    uint64_t rev_ino;
+    _Atomic uint64_t *rev;
+    uint32_t rev_next;            /* slots never used start here */
+    uint32_t *rev_free, nrev_free; /* slots given back */
 } cma_be_t;
 
 typedef struct cma_peer {
     pid_t pid;
     int pidfd; /* -1 until a shared region is loaded (or if refused) */
+    /* Its revocation table, mapped read-only at the first key naming it
+     * (NULL: none yet, or it could not be: rev_failed). */
+    const _Atomic uint64_t *rev;
+    uint64_t rev_ino;
+    bool rev_failed;
 } cma_peer_t;
 
 typedef struct cma_region {
@@ -98,16 +116,46 @@ typedef struct cma_region {
     size_t map_len;
     /* Remote, not mapped: why (for the agent's path report). */
     char why[160];
+    /* Local: its slot in the revocation table and the token there
+     * (token 0: none). Remote: the word in the peer's table to find that
+     * token in (NULL: unchecked) and the token. */
+    uint32_t rev_slot;
+    uint64_t rev_token;
+    const _Atomic uint64_t *rev_word;
 } cma_region_t;
 
 /* ---- functions shared between the files ---- */
+
+/* cma_rev.c: the revocation words. A region registered here gets a slot
+ * and a random token in this instance's table; its key names them; a
+ * peer that maps the table finds the token there while the region is
+ * registered, and 0 (or another) once it is not: every copy with the
+ * region is checked against it, so a peer never gets OK for bytes of a
+ * region this agent gave up, even one that never loaded this agent and
+ * so heard no removal notice (a READ is checked after its copy, a WRITE
+ * before and after). */
+void cma_rev_register(cma_be_t *be, cma_region_t *m);
+void cma_rev_deregister(cma_be_t *be, cma_region_t *m);
+/* The key's revocation part (CMA_KEY_REV bytes at `k`) for region `m`. */
+void cma_rev_pack(const cma_be_t *be, const cma_region_t *m, uint8_t *k);
+/* A peer's: map its table (once) and point m->rev_word at the slot.
+ * Never fails the load: an unmappable table leaves the region unchecked
+ * (logged once per peer). */
+void cma_rev_load(cma_peer_t *p, cma_region_t *m, const uint8_t *k);
+void cma_rev_peer_gone(cma_peer_t *p);
+/* Are the remote regions of every piece still registered at the peer? */
+bool cma_rev_ok(const pdx_backend_iov_t *iov, size_t n);
+void cma_rev_fini(cma_be_t *be);
+/* cma_fd.c: a copy of the peer's fd `fd` (pidfd_getfd, else
+ * /proc/<pid>/fd/<fd>), or -1 with `why` set. */
+int cma_peer_fd(cma_peer_t *p, int fd, char *why, size_t why_len);
 
 void cma_iov_recycle(cma_be_t *be, pdx_backend_iov_t *iov, size_t cap);
 void cma_put_le(uint8_t *p, uint64_t v, unsigned n);
 uint64_t cma_get_le(const uint8_t *p, unsigned n);
 pdx_status_t cma_errno_status(int e);
-void cma_copy_mapped(cma_be_t *be, const pdx_backend_iov_t *iov, size_t n,
-                     pdx_xfer_op_t op, uint64_t total);
+pdx_status_t cma_copy_mapped(cma_be_t *be, const pdx_backend_iov_t *iov,
+                             size_t n, pdx_xfer_op_t op, uint64_t total);
 pdx_status_t cma_plan_chunks(cma_req_t *r);
 bool cma_help_mapped(cma_be_t *be, cma_req_t *r, int lane, size_t max);
 bool cma_mapped_done(cma_req_t *r);

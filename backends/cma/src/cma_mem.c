@@ -18,11 +18,16 @@ pdx_status_t cma_mem_register(void *bev, const pdx_region_t *r,
     m->len = r->len;
     m->shm_fd = (r->flags & PDX_REGION_F_SHARED) ? r->shm_fd : -1;
     m->shm_offset = r->shm_offset;
+    cma_rev_register(bev, m);
     *md_p = m;
     return PDX_OK;
 }
 
-void cma_mem_deregister(void *bev, void *md) { free(md); }
+void cma_mem_deregister(void *bev, void *md)
+{
+    cma_rev_deregister(bev, md);
+    free(md);
+}
 
 pdx_status_t cma_mem_pack(void *bev, void *mdv, void **buf_p,
                           size_t *len_p)
@@ -30,7 +35,8 @@ pdx_status_t cma_mem_pack(void *bev, void *mdv, void **buf_p,
     const cma_region_t *m = mdv;
     struct stat sb;
     bool shared = m->shm_fd >= 0 && fstat(m->shm_fd, &sb) == 0;
-    size_t n = shared ? CMA_KEY_SHARED : CMA_KEY_PLAIN;
+    size_t base = shared ? CMA_KEY_SHARED : CMA_KEY_PLAIN;
+    size_t n = base + CMA_KEY_REV;
     uint8_t *b = malloc(n);
     if (b == NULL) {
         return PDX_ERR_NOMEM;
@@ -42,33 +48,10 @@ pdx_status_t cma_mem_pack(void *bev, void *mdv, void **buf_p,
         cma_put_le(b + 20, (uint64_t)sb.st_ino, 8);
         cma_put_le(b + 28, m->shm_offset, 8);
     }
+    cma_rev_pack(bev, m, b + base);
     *buf_p = b;
     *len_p = n;
     return PDX_OK;
-}
-
-/* A copy of the peer's fd `fd`: pidfd_getfd, else /proc/<pid>/fd/<fd>
- * (where a seccomp filter refuses the former). -1 with `why` set. */
-static int peer_fd(cma_peer_t *p, int fd, char *why, size_t why_len)
-{
-    if (p->pidfd < 0) {
-        p->pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
-    }
-    if (p->pidfd >= 0) {
-        int got = (int)syscall(SYS_pidfd_getfd, p->pidfd, fd, 0);
-        if (got >= 0) {
-            return got;
-        }
-    }
-    int e = errno;
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)p->pid, fd);
-    int got = open(path, O_RDWR | O_CLOEXEC);
-    if (got < 0) {
-        snprintf(why, why_len, "pidfd_getfd: %s; open %s: %s", strerror(e),
-                 path, strerror(errno));
-    }
-    return got;
 }
 
 /* Map a peer's shared region into this process; false (with `why`) if
@@ -85,7 +68,7 @@ static bool map_shared(cma_peer_t *p, cma_region_t *m, const uint8_t *k,
                  (unsigned long long)off);
         return false;
     }
-    int fd = peer_fd(p, rfd, why, why_len);
+    int fd = cma_peer_fd(p, rfd, why, why_len);
     if (fd < 0) {
         return false;
     }
@@ -123,7 +106,10 @@ pdx_status_t cma_rmem_load(void *bev, void *peer,
         return PDX_ERR_UNSUPPORTED;
     }
     const uint8_t *k = key;
-    if ((len != CMA_KEY_PLAIN && len != CMA_KEY_SHARED) ||
+    /* A key with a revocation part, or one of a pdx before them. */
+    size_t base = len >= CMA_KEY_PLAIN + CMA_KEY_REV ? len - CMA_KEY_REV
+                                                     : len;
+    if ((base != CMA_KEY_PLAIN && base != CMA_KEY_SHARED) ||
         cma_get_le(k, 8) != r->addr || cma_get_le(k + 8, 8) != r->len) {
         pdx_error("cma: region 0x%llx+%llu: malformed key (%zu bytes; "
                   "length, address or size field does not match the region)",
@@ -139,7 +125,10 @@ pdx_status_t cma_rmem_load(void *bev, void *peer,
     m->len = r->len;
     m->shm_fd = -1;
     char why[256] = "";
-    if (len == CMA_KEY_SHARED && !map_shared(peer, m, k, why, sizeof(why))) {
+    if (base != len) {
+        cma_rev_load(peer, m, k + base);
+    }
+    if (base == CMA_KEY_SHARED && !map_shared(peer, m, k, why, sizeof(why))) {
         /* The agent warns once per peer with this reason (path report). */
         pdx_info("cma: shared region 0x%llx+%llu of pid %d not mapped (%s): "
                  "process_vm_readv/writev instead",
@@ -148,7 +137,7 @@ pdx_status_t cma_rmem_load(void *bev, void *peer,
         snprintf(m->why, sizeof(m->why), "shared memory of pid %d not "
                  "mappable here (%s): process_vm_readv/writev",
                  (int)((cma_peer_t *)peer)->pid, why);
-    } else if (len == CMA_KEY_PLAIN) {
+    } else if (base == CMA_KEY_PLAIN) {
         snprintf(m->why, sizeof(m->why), "not shared memory on the peer "
                  "(not from pdx_mem_alloc or pdx_mem_share): "
                  "process_vm_readv/writev");

@@ -26,7 +26,7 @@ pdx_status_t cma_peer_connect(void *bev, const char *name,
                   name, (unsigned long long)pid);
         return PDX_ERR_CORRUPT;
     }
-    cma_peer_t *p = malloc(sizeof(*p));
+    cma_peer_t *p = calloc(1, sizeof(*p));
     if (p == NULL) {
         return PDX_ERR_NOMEM;
     }
@@ -39,6 +39,7 @@ pdx_status_t cma_peer_connect(void *bev, const char *name,
 void cma_peer_disconnect(void *bev, void *peerv)
 {
     cma_peer_t *p = peerv;
+    cma_rev_peer_gone(p);
     if (p->pidfd >= 0) {
         close(p->pidfd);
     }

@@ -36,14 +36,16 @@ static void copy_piece(const pdx_backend_iov_t *v, pdx_xfer_op_t op,
     }
 }
 
-/* A small mapped request, copied inline by post. */
-void cma_copy_mapped(cma_be_t *be, const pdx_backend_iov_t *iov, size_t n,
-                     pdx_xfer_op_t op, uint64_t total)
+/* A small mapped request, copied inline by post (its regions checked
+ * after the copy: PDX_ERR_STALE if one went meanwhile). */
+pdx_status_t cma_copy_mapped(cma_be_t *be, const pdx_backend_iov_t *iov,
+                             size_t n, pdx_xfer_op_t op, uint64_t total)
 {
     for (size_t i = 0; i < n; i++) {
         copy_piece(&iov[i], op, 0, iov[i].len);
     }
     be->bytes_inline += total;
+    return cma_rev_ok(iov, n) ? PDX_OK : PDX_ERR_STALE;
 }
 
 /* Split a mapped request into chunks of about CMA_COPY_CHUNK bytes: runs
@@ -213,7 +215,8 @@ static pdx_status_t run_req(cma_be_t *be, cma_req_t *r)
             }
         }
     }
-    return PDX_OK;
+    /* Bytes of a region its owner gave up meanwhile: not OK. */
+    return cma_rev_ok(r->iov, r->n) ? PDX_OK : PDX_ERR_STALE;
 }
 
 void *cma_worker_main(void *arg)

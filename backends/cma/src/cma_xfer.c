@@ -12,6 +12,12 @@ pdx_status_t cma_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
     if (n == 0) {
         return PDX_OK;
     }
+    if (!cma_rev_ok(iov, n)) {
+        /* The peer gave a region up (its revocation word says so). */
+        pdx_info("cma: pid %d: a region of the request is no longer "
+                 "registered there", (int)peer->pid);
+        return PDX_ERR_STALE;
+    }
     bool mapped = true;
     uint64_t total = 0;
     for (size_t i = 0; i < n && mapped; i++) {
@@ -19,8 +25,7 @@ pdx_status_t cma_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
         total += iov[i].len;
     }
     if (mapped && total <= be->inline_max) {
-        cma_copy_mapped(be, iov, n, op, total);
-        return PDX_OK;
+        return cma_copy_mapped(be, iov, n, op, total);
     }
     cma_req_t *r = calloc(1, sizeof(*r));
     if (r == NULL) {
@@ -78,7 +83,9 @@ pdx_status_t cma_xfer_check(void *bev, void *reqv)
         if (!cma_mapped_done(r)) {
             return PDX_INPROGRESS;
         }
-        return atomic_load(&r->canceled) ? PDX_ERR_CANCELED : PDX_OK;
+        return atomic_load(&r->canceled) ? PDX_ERR_CANCELED
+               : cma_rev_ok(r->iov, r->n) ? PDX_OK
+                                           : PDX_ERR_STALE;
     }
     if (!atomic_load(&r->state)) {
         return PDX_INPROGRESS;

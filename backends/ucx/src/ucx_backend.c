@@ -90,6 +90,20 @@ static pdx_status_t ucx_parse_opts(ucx_be_t *be, const pdx_option_t *opts,
             if (st != PDX_OK) {
                 return st;
             }
+        } else if (strcmp(k, "rma") == 0) {
+            if (strcmp(v, "auto") == 0) {
+                be->rma_mode = UCX_RMA_AUTO;
+            } else if (strcmp(v, "served") == 0) {
+                be->rma_mode = UCX_RMA_SERVED;
+            } else if (strcmp(v, "native") == 0) {
+                be->rma_mode = UCX_RMA_NATIVE;
+            } else {
+                pdx_error("ucx: option rma='%s': expected auto (host memory "
+                          "served by its owner where UCX would emulate RMA "
+                          "on the target's CPU, else UCX's RMA), served or "
+                          "native", v);
+                return PDX_ERR_CONFIG;
+            }
         } else if (strcmp(k, "stage_window") == 0) {
             uint64_t w = 0;
             if (pdx_opt_uint(v, 1, 1024, &w) != 0) {
@@ -101,7 +115,7 @@ static pdx_status_t ucx_parse_opts(ucx_be_t *be, const pdx_option_t *opts,
         } else {
             pdx_error("ucx: unknown option '%s' (known: tls, max_chunk, "
                       "keepalive_ms, connect, peer_workers, vram, "
-                      "stage_pool, stage_chunk, stage_window)", k);
+                      "stage_pool, stage_chunk, stage_window, rma)", k);
             return PDX_ERR_CONFIG;
         }
     }
@@ -371,6 +385,7 @@ static ucx_be_t *ucx_be_new(const pdx_backend_host_t *host, size_t name_len)
     be->stage_chunk = UCX_DEFAULT_STAGE_CHUNK;
     be->stage_window = UCX_DEFAULT_STAGE_WINDOW;
     ucx_list_init(&be->vregs);
+    ucx_list_init(&be->dregs);
     ucx_list_init(&be->wpeers);
     ucx_list_init(&be->peers);
     ucx_list_init(&be->zombies);
@@ -486,6 +501,7 @@ static pdx_status_t ucx_main_worker(ucx_be_t *be,
         st = ucx_status(s);
         goto err_worker;
     }
+    be->max_am_header = wa.max_am_header;
     if (wa.max_am_header < be->name_len) {
         pdx_error("ucx: agent name of %zu bytes exceeds the %zu-byte AM "
                   "header limit", be->name_len, wa.max_am_header);
@@ -566,6 +582,11 @@ pdx_status_t ucx_create(const pdx_backend_host_t *host,
          * Without tcp (shared memory or RDMA alone) whether UCX reaches a
          * peer decides at load whether the agent uses another backend. */
         be->lazy = ucx_tls_has_tcp(be->tls[0] ? be->tls : getenv("UCX_TLS"));
+    }
+    /* Out of fds, UCX fails (or aborts) naming another cause. */
+    st = ucx_fd_room(UCX_FDS_INSTANCE, "create");
+    if (st != PDX_OK) {
+        goto err_free;
     }
     char vwhy[256] = "";
     st = ucx_vlocal_init(&be->vlocal, vwhy, sizeof(vwhy));
@@ -725,6 +746,7 @@ void ucx_destroy(void *bev)
     }
     ucp_worker_destroy(be->worker);
     ucx_stage_worker_gone(be, be->worker);
+    ucx_dram_worker_gone(be, be->worker);
     free(be->main_wctx.addr);
     close(be->efd);
     while (!ucx_list_empty(&be->zombies)) {
@@ -741,6 +763,7 @@ void ucx_destroy(void *bev)
         free(UCX_CONTAINER(l, ucx_inmsg_t, link));
     }
     ucx_stage_fini(be);
+    ucx_dram_fini(be);
     ucx_vram_fini(be);
     ucp_cleanup(be->ctx);
     free(be);
@@ -799,6 +822,7 @@ int ucx_progress(void *bev)
     events += ucx_deliver_errors(be);
     events += ucx_deliver_inbox(be);
     events += ucx_stage_progress(be);
+    events += ucx_dsvc_progress(be);
     for (ucx_link_t *l = be->peers.next; be->stalled_hint && l != &be->peers;
          l = l->next) {
         ucx_peer_t *peer = UCX_CONTAINER(l, ucx_peer_t, link);
@@ -836,7 +860,8 @@ pdx_status_t ucx_arm(void *bev)
     }
     /* Queued notifications and errors do not wake the fd, nor does the
      * end of a staged transfer's device copy (polled while one runs). */
-    if (ucx_has_pending_events(be) || ucx_stage_copying(be)) {
+    if (ucx_has_pending_events(be) || ucx_stage_copying(be) ||
+        ucx_dsvc_pending(be)) {
         return PDX_ERR_BUSY;
     }
     ucs_status_t s = ucx_arm_one(be->worker, &be->main_ws, NULL);
@@ -907,18 +932,27 @@ void ucx_describe(void *bev, char *buf, size_t len)
     snprintf(buf, len,
              "ucx %s tls=%s %s=%s max_chunk=%" PRIu64 " keepalive_ms=%"
              PRIu64 "%s connect=%s peers=%zu endpoints=%zu "
-             "peer_workers=%s(%u)",
+             "peer_workers=%s(%u) rma=%s",
              ucp_get_version_string(), be->tls[0] ? be->tls : "(default)",
              lanes ? "lanes" : "resources", tls[0] ? tls : "?",
              be->max_chunk, be->keepalive_ms,
              be->keepalive_ms > 0 && getenv("UCX_KEEPALIVE_INTERVAL") != NULL
                  ? " (UCX_KEEPALIVE_INTERVAL wins)" : "",
              be->lazy ? "lazy" : "eager", npeers, neps,
-             be->peer_workers ? "auto" : "off", npw);
+             be->peer_workers ? "auto" : "off", npw,
+             be->rma_mode == UCX_RMA_SERVED   ? "served"
+             : be->rma_mode == UCX_RMA_NATIVE ? "native"
+                                              : "auto");
     size_t used = strlen(buf);
     if (used + 3 < len) {
         buf[used++] = ';';
         buf[used++] = ' ';
         ucx_vram_describe(be, buf + used, len - used);
+    }
+    used = strlen(buf);
+    if (used + 3 < len && be->dram != NULL) {
+        buf[used++] = ';';
+        buf[used++] = ' ';
+        ucx_dsvc_describe(be, buf + used, len - used);
     }
 }

@@ -33,6 +33,9 @@
  * staged VRAM protocol (ucx_stage.c). */
 #define UCX_AM_ID_NOTIF 0x5d
 #define UCX_AM_ID_STAGE 0x5e
+/* Host memory served by its owner (ucx_dram.c, ucx_dsvc.c): requests and
+ * their answers. */
+#define UCX_AM_ID_DRAM 0x5f
 /* A single tcp put of 32-64 MiB stalls with UCX 1.13; smaller pieces flow. */
 #define UCX_DEFAULT_MAX_CHUNK (8ull << 20)
 #define UCX_DEFAULT_KEEPALIVE_MS 5000ull /* see ucx_create */
@@ -174,6 +177,8 @@ typedef struct ucx_peer {
     /* An aborted staged transfer waits on it past UCX_DRAIN_IDLE_NS
      * (ucx_stage.c): progress gives it up. */
     int stage_stalled;
+    /* Its host memory is served (ucx_dram.c): -1 not known yet. */
+    int served;
 } ucx_peer_t;
 
 /* How this instance carries GPU memory (ucx_vram.c): not at all, staged
@@ -201,8 +206,11 @@ typedef struct ucx_md {
     int readonly;    /* registered PDX_REGION_F_READONLY */
     /* VRAM: what a peer's staged request must name (its capability, as
      * an rkey is one for RMA); random, never 0. */
+    /* DRAM: what a peer's served request must name (ucx_dsvc.c); random,
+     * never 0. */
     uint64_t token;
-    ucx_link_t vlink; /* be->vregs while a VRAM region */
+    ucx_link_t vlink; /* be->vregs while a VRAM region, be->dregs while a
+                         DRAM one */
     uint32_t svc_busy; /* service jobs holding it (ucx_stage.c) */
 } ucx_md_t;
 
@@ -254,6 +262,9 @@ typedef struct ucx_req {
     /* A request with pieces staged through host memory (GPU memory on
      * either side without native UCX support): its jobs, or NULL. */
     struct ucx_sreq *sreq;
+    /* A request of host memory the peer serves (ucx_dram.c): its chunks,
+     * or NULL. */
+    struct ucx_dreq *dreq;
     /* Draining an aborted READ (see ucx_req_drain_check): when the last
      * get chunk completed, as far as this request can tell. */
     uint64_t drain_start_ns, drain_event_ns, drain_gets;
@@ -337,10 +348,31 @@ struct ucx_be {
     ucx_link_t vregs;          /* VRAM regions (ucx_md_t.vlink) */
     struct ucx_vram *vram;     /* driver, devices, pool; NULL until used */
     struct ucx_stage_state *st; /* jobs and service; NULL until used */
+
+    /* Host memory over transports where UCX would emulate RMA on the
+     * target's CPU (tcp, shared memory): served by its owner, who checks
+     * every request (ucx_dram.c, ucx_dsvc.c). */
+    int rma_mode;              /* option rma: UCX_RMA_AUTO, _SERVED, _NATIVE */
+    size_t max_am_header;      /* the main worker's */
+    ucx_link_t dregs;          /* DRAM regions (ucx_md_t.vlink) */
+    struct ucx_dram_state *dram; /* requests and service; NULL until used */
 };
 
-/* ucx_status.c: the one translator from ucs_status_t, and log levels. */
+/* The option rma=auto|served|native: how host memory moves. */
+enum { UCX_RMA_AUTO = 0, UCX_RMA_SERVED = 1, UCX_RMA_NATIVE = 2 };
+
+/* ucx_status.c: the one translator from ucs_status_t, log levels, and
+ * the fd headroom UCX needs (PDX_OK, or PDX_ERR_IO: too many open files,
+ * logged naming `what`). */
 pdx_status_t ucx_status(ucs_status_t s);
+pdx_status_t ucx_fd_room(unsigned need, const char *what);
+/* fds a context and its main worker take (measured: 9 to 14 with tcp and
+ * shared memory), a peer's own worker and endpoint (4 to 9), an endpoint
+ * alone; with room to spare for what UCX accepts for peers meanwhile. */
+#define UCX_FDS_INSTANCE 32u
+#define UCX_FDS_PEER_WORKER 16u
+#define UCX_FDS_EP 8u
+#define UCX_FDS_CLIENT 4u
 pdx_log_level_t ucx_op_log_level(ucs_status_t s, ucs_status_t ep_status);
 
 /* ucx_am.c: notifications as active messages: receive, inbox, send. */
@@ -370,10 +402,12 @@ void ucx_get_cb(void *request, ucs_status_t status, void *user_data);
 /* UCX still holds `r` (a flush, a notification or gets in flight): it
  * may not be freed before their callbacks. */
 int ucx_stage_busy(const ucx_req_t *r);
+int ucx_dram_busy(const ucx_req_t *r);
 static inline int ucx_req_busy(const ucx_req_t *r)
 {
     return r->ucs_req != NULL || r->gets_left > 0 ||
-           (r->sreq != NULL && ucx_stage_busy(r));
+           (r->sreq != NULL && ucx_stage_busy(r)) ||
+           (r->dreq != NULL && ucx_dram_busy(r));
 }
 
 /* ucx_peer.c: peers: endpoints, their errors and closes, path reports. */
@@ -394,6 +428,9 @@ pdx_status_t ucx_peer_usable(const ucx_peer_t *peer);
 pdx_status_t ucx_peer_ep(ucx_be_t *be, ucx_peer_t *peer);
 void ucx_peer_give_up(ucx_be_t *be, ucx_peer_t *peer, const char *why);
 void ucx_peer_failed(void *bev, void *peerv);
+/* The transports of `peer`'s endpoint lanes into peer->transport (once
+ * the endpoint exists). */
+void ucx_peer_transport(ucx_peer_t *peer);
 pdx_status_t ucx_path(void *bev, void *peerv, void *rmd,
                       char *transport, size_t tlen, char *why,
                       size_t wlen);
@@ -528,5 +565,35 @@ void ucx_stage_peer_gone(ucx_be_t *be, ucx_peer_t *peer);
 /* Worker `w` was destroyed: what UCX held on it calls back no more. */
 void ucx_stage_worker_gone(ucx_be_t *be, ucp_worker_h w);
 void ucx_stage_fini(ucx_be_t *be);
+
+/* ucx_dram.c (below ucx_request.c): host memory the peer serves, this
+ * instance's requests; ucx_dsvc.c: the service it gives peers' requests.
+ * The protocol: ucx_dram_int.h; why: docs/SECURITY.md, "UCX's own
+ * exposure". */
+/* Start `r`'s chunks (its pieces were checked); `done` is called once
+ * with the data stage's end. PDX_INPROGRESS, or an error with nothing in
+ * flight. */
+pdx_status_t ucx_dram_post(ucx_be_t *be, ucx_req_t *r,
+                           const pdx_backend_iov_t *iov, size_t n,
+                           ucx_stage_done_cb_t done);
+/* Stop `r` (aborted or released): a READ ends at once (no byte of it
+ * lands after this), a WRITE once its chunks were answered. */
+void ucx_dram_abort(ucx_req_t *r);
+/* Free `r`'s chunks (no UCX request holds them any more). */
+void ucx_dram_free(ucx_req_t *r);
+/* The AM handler of served requests and answers on the worker of `wc`
+ * (every worker of the instance). */
+pdx_status_t ucx_dram_set_handler(ucx_be_t *be, ucx_wctx_t *wc);
+/* Worker `w` was destroyed: what UCX held on it calls back no more. */
+void ucx_dram_worker_gone(ucx_be_t *be, ucp_worker_h w);
+void ucx_dram_fini(ucx_be_t *be);
+/* ucx_dsvc.c: progress: queued answers sent, failed or idle requesters'
+ * endpoints closed; the events handled. pending: an answer can be sent
+ * now. fini: the instance goes (its workers are gone). */
+int ucx_dsvc_progress(ucx_be_t *be);
+int ucx_dsvc_pending(const ucx_be_t *be);
+/* One line on the service for describe. */
+void ucx_dsvc_describe(const ucx_be_t *be, char *buf, size_t len);
+void ucx_dsvc_fini(ucx_be_t *be);
 
 #endif

@@ -1,7 +1,46 @@
 /* ucx: memory: local registrations (memh and packed rkey; GPU memory
  * through ucx_vram.c) and remote keys (validated against the peer's
- * address before UCX unpacks them). */
+ * address before UCX unpacks them).
+ *
+ * A host-memory key: "PDXK", u8 version 1, u8 flags (0), u16 0, u64 the
+ * region's token (what a served request names, ucx_dsvc.c), then UCX's
+ * packed rkey. A key without that opening (pdx before served memory) is
+ * UCX's rkey alone: RMA only. */
 #include "ucx_int.h"
+
+#include <sys/random.h>
+#include <unistd.h>
+
+#define DKEY_MAGIC "PDXK"
+#define DKEY_LEN 16u
+
+static void dkey_put64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        p[i] = (unsigned char)(v >> (8 * i));
+    }
+}
+
+static uint64_t dkey_get64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+/* A random token, never 0: what a served request must name. */
+static uint64_t dkey_token(void)
+{
+    uint64_t t = 0;
+    while (t == 0) {
+        if (getrandom(&t, sizeof(t), 0) != (ssize_t)sizeof(t)) {
+            t = pdx_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)&t;
+        }
+    }
+    return t;
+}
 
 pdx_status_t ucx_mem_register(void *bev, const pdx_region_t *region,
                               void **md_p)
@@ -60,6 +99,8 @@ pdx_status_t ucx_mem_register(void *bev, const pdx_region_t *region,
         free(md);
         return ucx_status(s);
     }
+    md->token = dkey_token();
+    ucx_list_push(&be->dregs, &md->vlink); /* the service finds it */
     *md_p = md;
     return PDX_OK;
 }
@@ -79,6 +120,9 @@ void ucx_mem_deregister(void *bev, void *mdv)
         free(md);
         return;
     }
+    /* No served request finds it from now on (requests and answers are
+     * checked against be->dregs when they touch memory). */
+    ucx_list_del(&md->vlink);
     ucs_status_t s = ucp_mem_unmap(be->ctx, md->memh);
     if (s != UCS_OK) {
         pdx_error("ucx: deregistering 0x%" PRIx64 " +%" PRIu64 " failed: %s",
@@ -106,15 +150,20 @@ pdx_status_t ucx_mem_pack(void *bev, void *mdv, void **buf_p,
                   " failed: %s", md->addr, md->len, ucs_status_string(s));
         return ucx_status(s);
     }
-    void *buf = malloc(rlen > 0 ? rlen : 1);
+    unsigned char *buf = malloc(DKEY_LEN + rlen);
     if (buf == NULL) {
         ucp_rkey_buffer_release(rbuf);
         return PDX_ERR_NOMEM;
     }
-    memcpy(buf, rbuf, rlen);
+    memcpy(buf, DKEY_MAGIC, 4);
+    buf[4] = 1;
+    buf[5] = 0;
+    buf[6] = buf[7] = 0;
+    dkey_put64(buf + 8, md->token);
+    memcpy(buf + DKEY_LEN, rbuf, rlen);
     ucp_rkey_buffer_release(rbuf);
     *buf_p = buf;
-    *len_p = rlen;
+    *len_p = DKEY_LEN + rlen;
     return PDX_OK;
 }
 
@@ -160,6 +209,22 @@ pdx_status_t ucx_rmem_load(void *bev, void *peerv,
         return PDX_ERR_UNSUPPORTED;
     }
     char vwhy[256];
+    uint64_t token = 0;
+    const unsigned char *kb = key;
+    if (key_len >= 4 && memcmp(kb, DKEY_MAGIC, 4) == 0) {
+        if (key_len <= DKEY_LEN || kb[4] != 1 || kb[5] != 0 || kb[6] != 0 ||
+            kb[7] != 0 || dkey_get64(kb + 8) == 0) {
+            pdx_error("ucx: peer %s: malformed key of region 0x%" PRIx64
+                      " +%" PRIu64 " (%zu bytes): a bad opening (version "
+                      "%u, flags %u, or no token)", peer->name, region->addr,
+                      region->len, key_len, key_len > 4 ? kb[4] : 0,
+                      key_len > 5 ? kb[5] : 0);
+            return PDX_ERR_CORRUPT;
+        }
+        token = dkey_get64(kb + 8);
+        key = kb + DKEY_LEN;
+        key_len -= DKEY_LEN;
+    }
     pdx_status_t vst =
         ucx_validate_rkey(&be->vlocal, &peer->vaddr, key, key_len,
                           UCS_MEMORY_TYPE_HOST, vwhy, sizeof(vwhy));
@@ -178,6 +243,7 @@ pdx_status_t ucx_rmem_load(void *bev, void *peerv,
     rmd->addr = region->addr;
     rmd->len = region->len;
     rmd->type = PDX_MEM_DRAM;
+    rmd->token = token;
     rmd->key_len = key_len;
     rmd->key = malloc(key_len);
     if (rmd->key == NULL) {

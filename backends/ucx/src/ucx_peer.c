@@ -202,6 +202,9 @@ pdx_status_t ucx_worker_open(ucx_be_t *be, const char *name,
     size_t alen = 0;
     pdx_status_t st = ucx_stage_set_handler(be, wc);
     if (st == PDX_OK) {
+        st = ucx_dram_set_handler(be, wc);
+    }
+    if (st == PDX_OK) {
         s = ucp_worker_get_address(*w_p, &a, &alen);
         st = s != UCS_OK ? ucx_status(s) : PDX_OK;
     }
@@ -309,6 +312,7 @@ void ucx_peer_worker_destroy(ucx_be_t *be, ucx_peer_t *peer)
     ucx_stage_worker_gone(be, w);
     ucx_reqs_worker_gone(be, &peer->reqs, w);
     ucx_reqs_worker_gone(be, &be->orphan_reqs, w);
+    ucx_dram_worker_gone(be, w);
     ucx_send_list_free(&peer->sends);
 }
 
@@ -376,6 +380,7 @@ pdx_status_t ucx_peer_connect(void *bev, const char *peer_name,
     peer->be = be;
     peer->worker = be->worker;
     peer->ep_status = UCS_OK;
+    peer->served = -1;
     peer->vaddr = vaddr;
     ucx_list_init(&peer->reqs);
     ucx_list_init(&peer->sends);
@@ -428,6 +433,17 @@ pdx_status_t ucx_peer_ep(ucx_be_t *be, ucx_peer_t *peer)
 {
     pdx_status_t ust = ucx_peer_usable(peer);
     if (ust != PDX_OK || peer->ep != NULL) {
+        return ust;
+    }
+    /* A local shortage is a local error, for this request only: the peer
+     * is neither failed nor given up (a later use tries again). */
+    char what[UCX_MAX_NAME + 32];
+    snprintf(what, sizeof(what), "connecting to peer %s", peer->name);
+    ust = ucx_fd_room(!peer->own_worker && ucx_peer_wants_worker(be, peer)
+                          ? UCX_FDS_PEER_WORKER
+                          : UCX_FDS_EP,
+                      what);
+    if (ust != PDX_OK) {
         return ust;
     }
     if (!peer->own_worker && ucx_peer_wants_worker(be, peer)) {
@@ -584,7 +600,7 @@ void ucx_peer_failed(void *bev, void *peerv)
 
 /* Transport names of the lanes of `peer`'s endpoint ("sysv/memory,tcp/lo"),
  * computed once. */
-static void ucx_peer_transport(ucx_peer_t *peer)
+void ucx_peer_transport(ucx_peer_t *peer)
 {
     if (peer->transport[0] != '\0' || peer->ep == NULL) {
         return;

@@ -24,6 +24,7 @@ ucx_req_t *ucx_req_get(ucx_be_t *be, size_t notif_len)
 void ucx_req_put(ucx_be_t *be, ucx_req_t *r)
 {
     ucx_stage_free(r);
+    ucx_dram_free(r);
     if (r->notif_cap == UCX_REQ_CACHE_NOTIF &&
         be->nreq_cache < UCX_REQ_CACHE_MAX) {
         ucx_list_push(&be->req_cache, &r->link);

@@ -1,6 +1,40 @@
-/* ucx: the one translator from ucs_status_t to pdx_status_t, and the level
- * an operation's failure is logged at. */
+/* ucx: the one translator from ucs_status_t to pdx_status_t, the level
+ * an operation's failure is logged at, and the fd headroom UCX needs. */
 #include "ucx_int.h"
+
+#include <dirent.h>
+#include <sys/resource.h>
+
+/* Room for `need` more fds under RLIMIT_NOFILE? UCX opens fds when it
+ * makes a context, a worker or an endpoint, and treats running out as
+ * anything but that (an I/O or shared memory error, "no resources",
+ * a connection reset, or an abort in ucp_worker_create): so pdx looks
+ * first. PDX_OK, or PDX_ERR_IO with "too many open files" logged. Reads
+ * /proc/self/fd (O(open fds)); where it cannot, PDX_OK. */
+pdx_status_t ucx_fd_room(unsigned need, const char *what)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) {
+        return PDX_OK;
+    }
+    DIR *d = opendir("/proc/self/fd");
+    if (d == NULL) {
+        return PDX_OK;
+    }
+    long open = -1; /* the directory's own fd */
+    while (readdir(d) != NULL) {
+        open++;
+    }
+    closedir(d);
+    open -= 2; /* "." and ".." */
+    if (open < 0 || (long long)rl.rlim_cur - open >= (long long)need) {
+        return PDX_OK;
+    }
+    pdx_error("ucx: %s: too many open files (%ld of RLIMIT_NOFILE %llu in "
+              "use; UCX needs about %u more)", what, open,
+              (unsigned long long)rl.rlim_cur, need);
+    return PDX_ERR_IO;
+}
 
 /* The one translator from ucs_status_t. */
 pdx_status_t ucx_status(ucs_status_t s)

@@ -49,6 +49,46 @@ static pdx_status_t ucx_check_iov(ucx_be_t *be, const ucx_peer_t *peer,
     return PDX_OK;
 }
 
+/* Does this request go through the peer's service (ucx_dram.c: every
+ * piece host memory whose key names a token, and RMA to the peer emulated
+ * by UCX or the option says so)? */
+static int ucx_dram_wanted(ucx_be_t *be, ucx_peer_t *peer,
+                           const pdx_backend_iov_t *iov, size_t n)
+{
+    if (be->rma_mode == UCX_RMA_NATIVE || n == 0) {
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const ucx_md_t *md = iov[i].local_md;
+        const ucx_rmd_t *rmd = iov[i].remote_md;
+        if (md->type != PDX_MEM_DRAM || rmd->type != PDX_MEM_DRAM ||
+            rmd->token == 0) {
+            return 0; /* a peer whose keys name no token: RMA */
+        }
+    }
+    if (be->rma_mode == UCX_RMA_SERVED) {
+        return 1;
+    }
+    if (peer->served < 0) {
+        /* UCX moves host memory without the target's CPU only over RDMA
+         * (and the same-host kernel-assisted transports, which peer
+         * error handling rules out): a lane of one of those, RMA; else
+         * served. Decided once, from the endpoint's lanes. */
+        ucx_peer_transport(peer);
+        peer->served = 1;
+        for (const char *t = peer->transport; *t != '\0';) {
+            if (strncmp(t, "rc", 2) == 0 || strncmp(t, "dc", 2) == 0 ||
+                strncmp(t, "xpmem", 5) == 0 || strncmp(t, "knem", 4) == 0) {
+                peer->served = 0;
+                break;
+            }
+            const char *c = strchr(t, ',');
+            t = c != NULL ? c + 1 : "";
+        }
+    }
+    return peer->served;
+}
+
 /* UCX 1.13 cannot cancel RMA: an aborted READ ends when its last get does,
  * so that no byte lands after the agent hears of its end. A peer that lets
  * UCX_DRAIN_IDLE_NS pass without a get chunk completing (or
@@ -199,6 +239,23 @@ pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
         *req_p = r;
         return PDX_INPROGRESS;
     }
+    if (ucx_dram_wanted(be, peer, iov, n)) {
+        /* Host memory the peer serves: requests its service checks
+         * (ucx_dram.c), not RMA that UCX would emulate on its CPU. */
+        st = ucx_dram_post(be, r, iov, n, ucx_req_stage_done);
+        if (st != PDX_INPROGRESS) {
+            ucx_req_put(be, r);
+            return st;
+        }
+        if (r->stage == UCX_STAGE_DONE && !ucx_req_busy(r)) {
+            st = r->status;
+            ucx_req_put(be, r);
+            return st;
+        }
+        ucx_list_push(&peer->reqs, &r->link);
+        *req_p = r;
+        return PDX_INPROGRESS;
+    }
 
     ucp_request_param_t fp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
@@ -292,6 +349,7 @@ pdx_status_t ucx_xfer_abort(void *bev, void *reqv)
         ucp_request_cancel(r->worker, r->ucs_req);
     }
     ucx_stage_abort(r);
+    ucx_dram_abort(r);
     /* A request already done keeps its result: its data has landed. */
     return PDX_OK;
 }
@@ -311,6 +369,7 @@ void ucx_xfer_release(void *bev, void *reqv)
         ucp_request_cancel(r->worker, r->ucs_req);
     }
     ucx_stage_abort(r);
+    ucx_dram_abort(r);
     ucx_list_del(&r->link);
     if (!ucx_req_busy(r)) {
         ucx_req_put(be, r);

@@ -4,6 +4,8 @@ registration, descriptor lists, transfers, notifications)."""
 import os
 import threading
 
+import numpy as np
+
 import pdx as _pdx
 from ._common import (  # noqa: F401
     _QUERY_PLUGINS,
@@ -129,8 +131,15 @@ class nixl_agent(_MetadataExchange):
         self._shadow_regs = {}
         self._peers_internal = set()
         # peer -> None (full metadata) or sorted regions partial metadata
-        # named
+        # named, and their index (built when they change)
         self._allowed = {}
+        self._allowed_ix = {}
+        # Peers loaded from listener frames: the address each metadata
+        # came from (fetched ones too), those nobody asked for, and the
+        # names this agent fetched (_exchange.py).
+        self._md_from = {}
+        self._pushed = set()
+        self._fetched = set()
         # A peer's load and what its partial metadata allows change together
         # (the listener thread loads while callers check).
         self._md_lock = threading.RLock()
@@ -265,14 +274,29 @@ class nixl_agent(_MetadataExchange):
         mt = None
         for d in descs:
             if isinstance(d, (tuple, list)):
+                if len(d) == 4 and not all(
+                        isinstance(v, (int, np.integer)) and
+                        not isinstance(v, bool) and v >= 0
+                        for v in d[:3]):
+                    raise nixlInvalidParamError(
+                        "get_reg_descs: descriptor %d %r: addr, len and "
+                        "device must be non-negative integers"
+                        % (len(regions), d))
                 if mt_given is None:
                     _log.error("get_reg_descs: give a mem type with tuples")
                     return None
                 if len(d) != 4:
                     _log.error("get_reg_descs: (addr, len, device, meta) "
-                               "tuples needed for registration, got %r",
-                               d)
+                               "tuples needed for registration, got %r "
+                               "(descriptor %d)", d, len(regions))
                     return None
+                if not all(isinstance(v, (int, np.integer)) and
+                           not isinstance(v, bool) and v >= 0
+                           for v in d[:3]):
+                    raise nixlInvalidParamError(
+                        "get_reg_descs: descriptor %d %r: addr, len and "
+                        "device must be non-negative integers"
+                        % (len(regions), d))
                 addr, length, dev, meta = int(d[0]), int(d[1]), int(d[2]), \
                     d[3]
                 regions.append((addr, length, dev, meta))

@@ -25,7 +25,29 @@ _SER_HDR = struct.Struct("<8sHBBQ")
 
 
 def _rows_array(rows):
-    """An N x 3 C-contiguous uint64 array from tuples or an array."""
+    """An N x 3 C-contiguous uint64 array from tuples or an array of
+    integers: floats (which a cast would truncate: 1.9 became 1), negative
+    numbers and non-numbers are refused, naming the first bad row."""
+    if not isinstance(rows, np.ndarray):
+        rows = list(rows)
+        for i, r in enumerate(rows):
+            try:
+                ok = len(r) == 3 and all(
+                    isinstance(v, (int, np.integer)) and
+                    not isinstance(v, bool) and v >= 0 for v in r)
+            except TypeError:
+                ok = False
+            if not ok:
+                raise _pdx.InvalidArgument(
+                    "descriptor %d %r: (addr, len, device) of non-negative "
+                    "integers expected" % (i, r))
+    elif rows.size and (rows.dtype.kind not in "iu" or
+                        (rows.dtype.kind == "i" and (rows < 0).any())):
+        bad = rows.dtype.kind not in "iu"
+        raise _pdx.InvalidArgument(
+            "descriptors: an array of %s (addr, len, device) %s: integers "
+            "expected" % (rows.dtype, "rows" if bad else
+                          "rows with a negative value"))
     a = np.ascontiguousarray(np.asarray(rows, dtype=np.uint64))
     if a.size == 0:
         return np.zeros((0, 3), np.uint64)

@@ -131,7 +131,8 @@ static pdx_status_t pair_init(pair_t *p, int shared, const char *inline_max,
                      PDX_OK);
     free(conn);
     assert_int_equal(ops->mem_pack(p->tbe, p->tmd, &key, &key_len), PDX_OK);
-    assert_int_equal(key_len, shared ? 36 : 16);
+    /* addr, len (+ fd, inode, offset), then the revocation word's part */
+    assert_int_equal(key_len, (shared ? 36 : 16) + 24);
     uint8_t kb[64];
     memcpy(kb, key, key_len);
     free(key);

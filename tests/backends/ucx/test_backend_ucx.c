@@ -74,6 +74,8 @@ int main(int argc, char **argv)
             cmocka_unit_test_teardown(test_peer_death_shm, child_teardown),
             cmocka_unit_test_teardown(test_release_stalled_read,
                                       child_teardown),
+            cmocka_unit_test_teardown(test_release_stalled_read_served,
+                                      child_teardown),
             cmocka_unit_test_teardown(test_stuck_fifo_own_worker,
                                       child_teardown),
             cmocka_unit_test_teardown(test_stuck_fifo_one_worker,

@@ -141,6 +141,7 @@ int child_teardown(void **state);
 void test_peer_death_tcp(void **state);
 void test_peer_death_shm(void **state);
 void test_release_stalled_read(void **state);
+void test_release_stalled_read_served(void **state);
 void test_stuck_fifo_own_worker(void **state);
 void test_stuck_fifo_one_worker(void **state);
 

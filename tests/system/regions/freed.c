@@ -1,5 +1,6 @@
 /* A region the target frees while an initiator reads it (issue 21, item
- * 4), two processes over loopback (UCX shm or TCP, or cma):
+ * 4; issue 38, item 1 with --oneway), two processes over loopback (UCX
+ * shm or TCP, or cma):
  *
  * D reads P's region F over and over (one request made once from
  * prepared lists and reposted) when P deregisters F and at once unmaps
@@ -10,6 +11,13 @@
  * every READ that ended OK is byte-exact; a request made afterwards from
  * the prepared lists is refused STALE; P's stable region still reads
  * byte-exact; neither application sees a notification; P exits 0.
+ *
+ * --oneway: P never loads D's blob (vLLM's pull shape), so no notice
+ * reaches D: P refuses D's requests for the region it no longer has
+ * before touching memory (UCX: its service checks the region's token;
+ * cma: the region's revocation word), and every READ D posts after P's
+ * deregister returned ends STALE, reposts and new requests from the
+ * prepared lists included; P lives.
  *
  * Bounded: every wait has a deadline; the test has a ctest timeout. */
 #include <errno.h>
@@ -31,6 +39,7 @@
 #define STABLE (1u << 20)
 
 static ctl_pair_t g_pair = CTL_PAIR_INIT;
+static int g_oneway;
 
 static unsigned char pattern(uint64_t off, unsigned salt)
 {
@@ -98,7 +107,11 @@ static int target_main(int ctl)
                            &sreg));
     ctl_send_addrs(ctl, (uintptr_t)f, (uintptr_t)stable);
     ctl_send_blob(a, ctl);
-    load_blob(a, ctl); /* D: so a deregistration can reach it */
+    if (g_oneway) {
+        free(expect(ctl, "blob")); /* D's, never loaded */
+    } else {
+        load_blob(a, ctl); /* D: so a deregistration can reach it */
+    }
     free(expect(ctl, "go"));
     uint64_t t0 = pdx_now_ms();
     CHECK(pdx_mem_deregister(a, freg));
@@ -171,12 +184,16 @@ static void *reader_main(void *arg)
 static int initiator_main(void)
 {
     int ctl;
-    pid_t pid = ctl_pair_spawn(&g_pair, NULL, &ctl);
+    pid_t pid = ctl_pair_spawn(&g_pair, g_oneway ? "--oneway" : NULL, &ctl);
     pdx_agent_h a = make_agent("D");
     uint64_t rf, rs;
     ctl_recv_addrs(ctl, "P", &rf, &rs);
     load_blob(a, ctl);
-    ctl_send_blob(a, ctl);
+    if (g_oneway) {
+        send_msg(ctl, "blob", 4);
+    } else {
+        ctl_send_blob(a, ctl);
+    }
 
     unsigned char *mem = NULL;
     if (posix_memalign((void **)&mem, 4096, FREED) != 0) {
@@ -233,9 +250,10 @@ static int initiator_main(void)
     pthread_join(th, NULL);
 
     int fails = 0;
-    printf("regions_freed (%s%s): %lu READs of F ok before, %lu STALE, "
+    printf("regions_freed (%s%s%s): %lu READs of F ok before, %lu STALE, "
            "deregister took %llu ms\n", g_pair.tls,
-           g_pair.cma ? "+cma" : "", r.ok, r.stale, took);
+           g_pair.cma ? "+cma" : "", g_oneway ? ", one-way" : "", r.ok,
+           r.stale, took);
     if (r.other > 0) {
         fprintf(stderr, "FAIL: a READ of F ended %s\n", r.other_what);
         fails++;
@@ -258,8 +276,9 @@ static int initiator_main(void)
         fprintf(stderr, "FAIL: only %lu READs of F before the race\n", r.ok);
         fails++;
     }
-    /* Reposting, and a new request from the prepared lists, are refused. */
-    pdx_status_t st = pdx_xfer_post(x);
+    /* Reposting, and a new request from the prepared lists, are refused
+     * (one-way: D still lists the region, so P refuses them). */
+    pdx_status_t st = g_oneway ? ctl_xfer_run(x, 5000) : pdx_xfer_post(x);
     if (st != PDX_ERR_STALE) {
         fprintf(stderr, "FAIL: repost after the removal: %s, want STALE\n",
                 pdx_status_string(st));
@@ -267,11 +286,16 @@ static int initiator_main(void)
     }
     pdx_xfer_h x2 = NULL;
     st = pdx_xfer_make(a, PDX_XFER_READ, lh, idx, rh, idx, 1, NULL, 0, &x2);
+    if (g_oneway && st == PDX_OK) {
+        st = ctl_xfer_run(x2, 5000);
+        pdx_xfer_release(x2);
+        x2 = NULL;
+    }
     if (st != PDX_ERR_STALE) {
         fprintf(stderr, "FAIL: make on the removed region: %s, want STALE\n",
                 pdx_status_string(st));
         fails++;
-        if (st == PDX_OK) {
+        if (st == PDX_OK && x2 != NULL) {
             pdx_xfer_release(x2);
         }
     }
@@ -339,8 +363,10 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (ctl_pair_option(&g_pair, argc, argv, &i)) {
             continue;
+        } else if (strcmp(argv[i], "--oneway") == 0) {
+            g_oneway = 1;
         } else {
-            die("usage: %s [--tls sm|tcp] [--cma]", argv[0]);
+            die("usage: %s [--tls sm|tcp] [--cma] [--oneway]", argv[0]);
         }
     }
     signal(SIGPIPE, SIG_IGN);

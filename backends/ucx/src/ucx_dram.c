@@ -1,0 +1,472 @@
+/* ucx: host memory the peer serves, this instance's side: a request's
+ * pieces cut into chunks, a window of them sent to the peer's service
+ * (READ: the range; WRITE: the range and its bytes), each ended by its
+ * answer (the data, or the service's ACK), the data stage's end told to
+ * the request layer above through the pointer it gave. An answer lands
+ * only in a chunk still waiting for it: a released request's answers are
+ * dropped, so no byte of an aborted READ lands after its end. Also the AM
+ * handler every worker gets, which hands requests to the service
+ * (ucx_dsvc.c). Below ucx_request.c. */
+#include "ucx_dram_int.h"
+
+#include <sys/random.h>
+#include <unistd.h>
+
+/* ---- the ids of live requests -------------------------------------------- */
+
+static pdx_status_t tab_add(struct ucx_dram_state *ds, ucx_dreq_t *q)
+{
+    if (ds->ntab_free == 0) {
+        uint32_t cap = ds->tab_cap ? ds->tab_cap * 2 : 64;
+        ucx_dreq_t **t = realloc(ds->tab, cap * sizeof(*t));
+        if (t == NULL) {
+            return PDX_ERR_NOMEM;
+        }
+        ds->tab = t;
+        uint32_t *f = realloc(ds->tab_free, cap * sizeof(*f));
+        if (f == NULL) {
+            return PDX_ERR_NOMEM;
+        }
+        ds->tab_free = f;
+        for (uint32_t i = cap; i > ds->tab_cap; i--) {
+            ds->tab[i - 1] = NULL;
+            ds->tab_free[ds->ntab_free++] = i - 1;
+        }
+        ds->tab_cap = cap;
+    }
+    uint32_t idx = ds->tab_free[--ds->ntab_free];
+    uint32_t salt = 0;
+    if (getrandom(&salt, sizeof(salt), GRND_NONBLOCK) != sizeof(salt)) {
+        salt = (uint32_t)pdx_now_ns();
+    }
+    q->id = ((uint64_t)(salt | 1u) << 32) | idx;
+    ds->tab[idx] = q;
+    return PDX_OK;
+}
+
+static void tab_del(struct ucx_dram_state *ds, ucx_dreq_t *q)
+{
+    if (q->id == 0) {
+        return;
+    }
+    uint32_t idx = (uint32_t)q->id;
+    if (idx < ds->tab_cap && ds->tab[idx] == q) {
+        ds->tab[idx] = NULL;
+        ds->tab_free[ds->ntab_free++] = idx;
+    }
+    q->id = 0;
+}
+
+static ucx_dreq_t *tab_find(struct ucx_dram_state *ds, uint64_t id)
+{
+    uint32_t idx = (uint32_t)id;
+    if (ds == NULL || idx >= ds->tab_cap || ds->tab[idx] == NULL ||
+        ds->tab[idx]->id != id) {
+        return NULL;
+    }
+    return ds->tab[idx];
+}
+
+/* ---- requests ------------------------------------------------------------ */
+
+int ucx_dram_busy(const ucx_req_t *r)
+{
+    return r->dreq != NULL && r->dreq->ucx_pending > 0;
+}
+
+/* Tell the request layer the data stage ended (once), and take the
+ * request out of the table: answers after this are dropped. */
+static void dreq_end(ucx_dreq_t *q, pdx_status_t st)
+{
+    if (q->ended || q->posting) {
+        return;
+    }
+    q->ended = 1;
+    tab_del(q->be->dram, q);
+    if (q->req != NULL) {
+        q->done(q->req, st);
+    }
+}
+
+static void dreq_fail(ucx_dreq_t *q, pdx_status_t st)
+{
+    if (q->status == PDX_OK) {
+        q->status = st;
+    }
+}
+
+/* Has every chunk sent been answered (or can no answer come)? Then the
+ * data stage ends: with the first failure, CANCELED when aborted. */
+static void dreq_maybe_end(ucx_dreq_t *q)
+{
+    if (q->ended) {
+        return;
+    }
+    int all = q->left == 0 && q->inflight == 0;
+    int stopped = (q->status != PDX_OK || q->aborted) && q->inflight == 0;
+    if (all || stopped) {
+        dreq_end(q, q->status != PDX_OK ? q->status
+                    : q->aborted       ? PDX_ERR_CANCELED
+                                       : PDX_OK);
+    }
+}
+
+static void dram_send_cb(void *request, ucs_status_t status,
+                         void *user_data);
+
+/* Send job `k` of `q` (its chunk set). PDX_OK (sent or queued by UCX) or
+ * the error. */
+static pdx_status_t job_send(ucx_dreq_t *q, uint32_t k)
+{
+    ucx_djob_t *j = &q->job[k];
+    ucx_peer_t *peer = q->req != NULL ? q->req->peer : NULL;
+    if (peer == NULL || peer->ep == NULL) {
+        return PDX_ERR_REMOTE_DISCONNECT;
+    }
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                        UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_AM_SEND_FLAG_EAGER,
+        .cb.send = dram_send_cb,
+        .user_data = q,
+    };
+    int write = q->op == PDX_XFER_WRITE;
+    if (write) {
+        rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        rp.datatype = q->be->dram->dt;
+        j->src.p = (const unsigned char *)(uintptr_t)j->laddr;
+        j->src.len = j->len;
+    }
+    ucs_status_ptr_t sp = ucp_am_send_nbx(
+        peer->ep, UCX_AM_ID_DRAM, j->hdr, q->hdr_len,
+        write ? (void *)&j->src : NULL, write ? j->len : 0, &rp);
+    if (UCS_PTR_IS_ERR(sp)) {
+        ucs_status_t s = UCS_PTR_STATUS(sp);
+        pdx_log(ucx_op_log_level(s, peer->ep_status), "ucx: peer %s: "
+                "sending a served %s of %" PRIu64 " bytes failed: %s",
+                peer->name, write ? "WRITE" : "READ", j->len,
+                ucs_status_string(s));
+        return peer->ep_status != UCS_OK ? PDX_ERR_REMOTE_DISCONNECT
+                                         : ucx_status(s);
+    }
+    if (sp != NULL) {
+        q->ucx_pending++;
+    }
+    return PDX_OK;
+}
+
+/* Fill the window: the next chunks go out while slots are free. */
+static void dreq_pump(ucx_dreq_t *q)
+{
+    while (!q->aborted && q->status == PDX_OK && q->inflight < DRAM_WINDOW &&
+           q->piece < q->npieces) {
+        uint32_t k = 0;
+        while (k < DRAM_WINDOW && q->job[k].seq != 0) {
+            k++;
+        }
+        if (k == DRAM_WINDOW) {
+            break;
+        }
+        uint64_t plen = q->pieces[q->piece].len;
+        uint64_t len = plen - q->off;
+        if (len > q->chunk) {
+            len = q->chunk;
+        }
+        ucx_djob_t *j = &q->job[k];
+        j->seq = ++q->seq == 0 ? ++q->seq : q->seq;
+        j->laddr = q->pieces[q->piece].laddr + q->off;
+        j->len = len;
+        /* The header's variable fields: job, seq, token, range. */
+        ucx_dput(j->hdr + 10, k, 2);
+        ucx_dput(j->hdr + 24, j->seq, 4);
+        ucx_dput(j->hdr + 32, q->pieces[q->piece].token, 8);
+        ucx_dput(j->hdr + 40, q->pieces[q->piece].raddr + q->off, 8);
+        ucx_dput(j->hdr + 48, len, 8);
+        q->off += len;
+        if (q->off == plen) {
+            q->piece++;
+            q->off = 0;
+        }
+        q->inflight++;
+        pdx_status_t st = job_send(q, k);
+        if (st != PDX_OK) {
+            j->seq = 0;
+            q->inflight--;
+            dreq_fail(q, st);
+        }
+    }
+    dreq_maybe_end(q);
+}
+
+static void dreq_dealloc(ucx_dreq_t *q)
+{
+    ucx_list_del(&q->link);
+    free(q->hdrs);
+    free(q->pieces);
+    free(q);
+}
+
+static void dram_send_cb(void *request, ucs_status_t status, void *user_data)
+{
+    ucx_dreq_t *q = user_data;
+    ucp_request_free(request);
+    q->ucx_pending--;
+    if (status != UCS_OK && status != UCS_ERR_CANCELED) {
+        pdx_debug("ucx: a served request's send failed: %s",
+                  ucs_status_string(status));
+    }
+    if (q->req == NULL && q->ucx_pending == 0) {
+        dreq_dealloc(q); /* detached: the last send frees it */
+    }
+}
+
+pdx_status_t ucx_dram_post(ucx_be_t *be, ucx_req_t *r,
+                           const pdx_backend_iov_t *iov, size_t n,
+                           ucx_stage_done_cb_t done)
+{
+    struct ucx_dram_state *ds = ucx_dram_state(be);
+    ucx_peer_t *peer = r->peer;
+    const ucx_wctx_t *wc = peer->own_worker ? &peer->wctx : &be->main_wctx;
+    ucp_datatype_t dt;
+    if (ds == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    pdx_status_t dst = ucx_dsvc_dt(be, &dt);
+    if (dst != PDX_OK) {
+        return dst;
+    }
+    size_t hdr_len = DHDR_LEN + be->name_len + wc->addr_len;
+    if (wc->addr_len == 0 || wc->addr_len > DRAM_MAX_ADDR ||
+        hdr_len > be->max_am_header) {
+        pdx_error("ucx: peer %s: a served request's header of %zu bytes "
+                  "exceeds UCX's %zu-byte limit", peer->name, hdr_len,
+                  be->max_am_header);
+        return PDX_ERR_TOO_LARGE;
+    }
+    ucx_dreq_t *q = calloc(1, sizeof(*q));
+    if (q == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    q->pieces = malloc(n * sizeof(*q->pieces));
+    q->hdrs = malloc(DRAM_WINDOW * hdr_len);
+    if (q->pieces == NULL || q->hdrs == NULL || tab_add(ds, q) != PDX_OK) {
+        free(q->pieces);
+        free(q->hdrs);
+        free(q);
+        return PDX_ERR_NOMEM;
+    }
+    q->be = be;
+    q->req = r;
+    q->worker = peer->worker;
+    q->op = r->op;
+    q->done = done;
+    q->npieces = n;
+    q->hdr_len = hdr_len;
+    q->chunk = be->max_chunk < DRAM_CHUNK ? be->max_chunk : DRAM_CHUNK;
+    for (size_t i = 0; i < n; i++) {
+        const ucx_rmd_t *rmd = iov[i].remote_md;
+        q->pieces[i].laddr = iov[i].local_addr;
+        q->pieces[i].raddr = iov[i].remote_addr;
+        q->pieces[i].len = iov[i].len;
+        q->pieces[i].token = rmd->token;
+        q->left += iov[i].len;
+    }
+    /* Every job's header: the fixed fields now, the rest per chunk. */
+    dhdr_t d = {.op = r->op == PDX_XFER_WRITE ? DOP_WRITE : DOP_READ,
+                .id = q->id, .pid = (uint32_t)getpid(), .pidns = ds->pidns,
+                .addr = wc->addr,
+                .addr_len = wc->addr_len};
+    for (uint32_t k = 0; k < DRAM_WINDOW; k++) {
+        q->job[k].hdr = q->hdrs + (size_t)k * hdr_len;
+        ucx_dhdr_make(q->job[k].hdr, &d, be->host.agent_name, be->name_len);
+    }
+    ucx_list_push(&ds->live, &q->link);
+    r->dreq = q;
+    q->posting = 1;
+    dreq_pump(q);
+    q->posting = 0;
+    if (q->status != PDX_OK && q->inflight == 0 && q->ucx_pending == 0) {
+        /* Nothing went out: the post fails with nothing in flight. */
+        pdx_status_t st = q->status;
+        r->dreq = NULL;
+        tab_del(ds, q);
+        dreq_dealloc(q);
+        return st;
+    }
+    dreq_maybe_end(q);
+    return PDX_INPROGRESS;
+}
+
+void ucx_dram_abort(ucx_req_t *r)
+{
+    ucx_dreq_t *q = r->dreq;
+    if (q == NULL || q->ended) {
+        return;
+    }
+    q->aborted = 1;
+    if (q->op == PDX_XFER_READ) {
+        /* Its answers land only while it waits for them: from now on
+         * they are dropped. */
+        q->inflight = 0;
+        for (uint32_t k = 0; k < DRAM_WINDOW; k++) {
+            q->job[k].seq = 0;
+        }
+    }
+    dreq_maybe_end(q);
+}
+
+void ucx_dram_free(ucx_req_t *r)
+{
+    ucx_dreq_t *q = r->dreq;
+    if (q == NULL) {
+        return;
+    }
+    r->dreq = NULL;
+    q->req = NULL;
+    if (q->be->dram != NULL) {
+        tab_del(q->be->dram, q);
+    }
+    if (q->ucx_pending > 0) {
+        return; /* its sends' callbacks free it */
+    }
+    dreq_dealloc(q);
+}
+
+void ucx_dram_worker_gone(ucx_be_t *be, ucp_worker_h w)
+{
+    struct ucx_dram_state *ds = be->dram;
+    if (ds == NULL) {
+        return;
+    }
+    ucx_link_t *l = ds->live.next;
+    while (l != &ds->live) {
+        ucx_link_t *next = l->next;
+        ucx_dreq_t *q = UCX_CONTAINER(l, ucx_dreq_t, link);
+        if (q->worker == w) {
+            q->ucx_pending = 0; /* no callback comes */
+            if (q->req == NULL) {
+                dreq_dealloc(q);
+            } else {
+                q->inflight = 0;
+                dreq_fail(q, PDX_ERR_REMOTE_DISCONNECT);
+                dreq_maybe_end(q);
+            }
+        }
+        l = next;
+    }
+}
+
+void ucx_dram_fini(ucx_be_t *be)
+{
+    struct ucx_dram_state *ds = be->dram;
+    if (ds == NULL) {
+        return;
+    }
+    ucx_dsvc_fini(be);
+    if (ds->has_dt) {
+        ucp_dt_destroy(ds->dt);
+    }
+    while (!ucx_list_empty(&ds->live)) {
+        ucx_dreq_t *q = UCX_CONTAINER(ds->live.next, ucx_dreq_t, link);
+        ucx_list_del(&q->link);
+        if (q->req != NULL) {
+            q->req->dreq = NULL;
+        }
+        free(q->hdrs);
+        free(q->pieces);
+        free(q);
+    }
+    free(ds->tab);
+    free(ds->tab_free);
+    free(ds);
+    be->dram = NULL;
+}
+
+/* ---- answers ------------------------------------------------------------- */
+
+ucs_status_t ucx_dram_answer(ucx_be_t *be, const dhdr_t *h, void *data,
+                             size_t length, int rndv)
+{
+    ucx_dreq_t *q = tab_find(be->dram, h->id);
+    ucx_djob_t *j = q != NULL && h->job < DRAM_WINDOW ? &q->job[h->job] : NULL;
+    ucx_peer_t *peer = q != NULL && q->req != NULL ? q->req->peer : NULL;
+    int want = peer != NULL && !q->ended &&
+               (q->op == PDX_XFER_READ ? DOP_DATA : DOP_ACK) == h->op;
+    if (j == NULL || !want || j->seq == 0 || j->seq != h->seq) {
+        /* A released or ended request's (or a stranger's): dropped. */
+        pdx_debug("ucx: dropping a served answer for a request that waits "
+                  "for none");
+        return UCS_OK;
+    }
+    pdx_status_t st = ucx_dram_peer_status(h->status);
+    if (st == PDX_OK && h->op == DOP_DATA &&
+        (rndv || length != j->len || h->len != j->len)) {
+        pdx_warn("ucx: peer %s: a served READ answered %zu bytes for a "
+                 "chunk of %" PRIu64 "%s", peer->name, length, j->len,
+                 rndv ? " (rendezvous, never sent by pdx)" : "");
+        st = PDX_ERR_CORRUPT;
+    }
+    if (st == PDX_OK && h->op == DOP_DATA && length > 0) {
+        memcpy((void *)(uintptr_t)j->laddr, data, length);
+    }
+    if (st != PDX_OK) {
+        pdx_log(st == PDX_ERR_STALE ? PDX_LOG_WARN : PDX_LOG_ERROR,
+                "ucx: peer %s refused a served %s of %" PRIu64 " bytes: %s%s",
+                peer->name, q->op == PDX_XFER_READ ? "READ" : "WRITE",
+                j->len, pdx_status_string(st),
+                st == PDX_ERR_STALE ? " (the region is no longer registered "
+                                      "there)" : "");
+        dreq_fail(q, st);
+    } else {
+        q->left -= j->len;
+        be->gets_done++; /* progress, for a drain */
+    }
+    j->seq = 0;
+    q->inflight--;
+    dreq_pump(q);
+    return UCS_OK;
+}
+
+static ucs_status_t dram_am_cb(void *arg, const void *header,
+                               size_t header_length, void *data,
+                               size_t length,
+                               const ucp_am_recv_param_t *param)
+{
+    ucx_wctx_t *wc = arg;
+    ucx_be_t *be = wc->be;
+    int rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    dhdr_t h;
+    if (ucx_dhdr_parse(header, header_length, &h) != 0) {
+        pdx_warn("ucx: dropping a malformed %zu-byte served-memory message",
+                 header_length);
+        return UCS_OK;
+    }
+    /* pdx sends these eagerly; a rendezvous one is refused (returning
+     * UCS_OK without receiving it: UCX drops it and tells its sender). */
+    if (h.op == DOP_READ || h.op == DOP_WRITE) {
+        return ucx_dsvc_request(be, &h, data, length, rndv);
+    }
+    return ucx_dram_answer(be, &h, data, length, rndv);
+}
+
+pdx_status_t ucx_dram_set_handler(ucx_be_t *be, ucx_wctx_t *wc)
+{
+    (void)be;
+    ucp_am_handler_param_t ap = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                      UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                      UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        .id = UCX_AM_ID_DRAM,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = dram_am_cb,
+        .arg = wc,
+    };
+    ucs_status_t s = ucp_worker_set_am_recv_handler(wc->worker, &ap);
+    if (s != UCS_OK) {
+        pdx_error("ucx: setting the served-memory handler failed: %s",
+                  ucs_status_string(s));
+        return ucx_status(s);
+    }
+    return PDX_OK;
+}

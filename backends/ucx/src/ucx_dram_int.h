@@ -1,0 +1,297 @@
+/* ucx: served host memory's private header: the wire (one header for
+ * requests and answers), this instance's requests (ucx_dram.c) and the
+ * service it gives peers' (ucx_dsvc.c).
+ *
+ * Why: over tcp and shared memory UCX 1.13 emulates a get or put on the
+ * target's CPU, at whatever address the initiator names (no key is
+ * checked), and aborts the target when the reply to a get cannot be sent
+ * (its initiator died). Served, the target checks each request against
+ * the regions it has now (a token, the range, read-only) before it
+ * touches a byte, copies under that check, and answers on an endpoint of
+ * its own with an error handler. */
+#ifndef PDX_UCX_DRAM_INT_H
+#define PDX_UCX_DRAM_INT_H
+
+#include "ucx_int.h"
+
+#define DHDR_MAGIC 0x44584450u /* "PDXD" */
+#define DHDR_VERSION 1u
+#define DHDR_LEN 64u
+/* The requester's worker address travels in every request: answers go to
+ * an endpoint of the service's own to it. */
+#define DRAM_MAX_ADDR 4096u
+/* A request's chunks: at most DRAM_CHUNK bytes each (the instance's
+ * max_chunk if smaller), DRAM_WINDOW of them in flight per request. */
+#define DRAM_CHUNK (1ull << 20)
+#define DRAM_WINDOW 8u
+/* What the service takes: one chunk of at most this, a queue of answers
+ * of at most DSVC_MAX_ANSWERS (more are dropped: their requests time
+ * out), READ data copied out of regions for answers in flight up to
+ * DSVC_MAX_BYTES, DSVC_CLIENT_BYTES of it to one requester (its answers
+ * wait beyond: one that stopped reading holds no more), requesters'
+ * endpoints up to DSVC_MAX_CLIENTS (the least recently used idle one
+ * goes), each closed after DSVC_IDLE_NS unused; a same-host requester's
+ * process is looked at every DSVC_PID_CHECK_NS while answers to it are
+ * in flight. */
+#define DSVC_MAX_CHUNK (16ull << 20)
+#define DSVC_MAX_ANSWERS 65536u
+#define DSVC_MAX_BYTES (128ull << 20)
+#define DSVC_CLIENT_BYTES (8ull << 20)
+#define DSVC_PID_CHECK_NS 100000000ull
+#define DSVC_MAX_CLIENTS 1024u
+#define DSVC_IDLE_NS 10000000000ull
+/* Bounce buffers of DRAM_CHUNK kept for the next answers. */
+#define DSVC_SPARE_MAX 16u
+
+enum { DOP_READ = 1, DOP_WRITE = 2, DOP_DATA = 3, DOP_ACK = 4 };
+
+/* Little endian, DHDR_LEN bytes, then (requests) the sender's name and
+ * worker address:
+ *   0 u32 magic  4 u8 version  5 u8 op  6 u16 name_len  8 u16 addr_len
+ *  10 u16 job   12 i32 status  16 u64 request id  24 u32 seq  28 u32 pid
+ *  32 u64 token 40 u64 remote address  48 u64 length
+ *  56 u64 the sender's pid namespace (the inode of /proc/self/ns/pid)
+ * A READ carries no data, its answer (DATA) `length` bytes; a WRITE
+ * `length` bytes, its answer (ACK) none. An answer repeats the request's
+ * id, job and seq, and says its status. A request names its sender's pid
+ * and pid namespace: a requester on this host (its address says so) in
+ * our pid namespace that exited is given up at once, not after UCX's
+ * keepalive. */
+typedef struct dhdr {
+    int op;
+    uint32_t job, seq, pid;
+    pdx_status_t status;
+    uint64_t id, token, raddr, len, pidns;
+    char name[UCX_MAX_NAME + 1];
+    const unsigned char *addr; /* into the header: the callback's only */
+    size_t addr_len;
+} dhdr_t;
+
+static inline void ucx_dput(unsigned char *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++) {
+        p[i] = (unsigned char)(v >> (8 * i));
+    }
+}
+
+static inline uint64_t ucx_dget(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+/* Write a header into `h` (DHDR_LEN + name_len + addr_len bytes). */
+static inline size_t ucx_dhdr_make(unsigned char *h, const dhdr_t *d,
+                                   const char *name, size_t name_len)
+{
+    memset(h, 0, DHDR_LEN);
+    ucx_dput(h, DHDR_MAGIC, 4);
+    h[4] = DHDR_VERSION;
+    h[5] = (unsigned char)d->op;
+    ucx_dput(h + 6, name_len, 2);
+    ucx_dput(h + 8, d->addr_len, 2);
+    ucx_dput(h + 10, d->job, 2);
+    ucx_dput(h + 12, (uint64_t)(uint32_t)d->status, 4);
+    ucx_dput(h + 16, d->id, 8);
+    ucx_dput(h + 24, d->seq, 4);
+    ucx_dput(h + 28, d->pid, 4);
+    ucx_dput(h + 32, d->token, 8);
+    ucx_dput(h + 40, d->raddr, 8);
+    ucx_dput(h + 48, d->len, 8);
+    ucx_dput(h + 56, d->pidns, 8);
+    if (name_len > 0) {
+        memcpy(h + DHDR_LEN, name, name_len);
+    }
+    if (d->addr_len > 0) {
+        memcpy(h + DHDR_LEN + name_len, d->addr, d->addr_len);
+    }
+    return DHDR_LEN + name_len + d->addr_len;
+}
+
+/* Parse a header a peer sent: 0, or -1 for anything malformed (a request
+ * without a name or an address, an answer with either, a NUL inside the
+ * name, lengths that do not add up). */
+static inline int ucx_dhdr_parse(const void *header, size_t len, dhdr_t *d)
+{
+    const unsigned char *p = header;
+    if (header == NULL || len < DHDR_LEN ||
+        len > DHDR_LEN + UCX_MAX_NAME + DRAM_MAX_ADDR ||
+        ucx_dget(p, 4) != DHDR_MAGIC || p[4] != DHDR_VERSION ||
+        p[5] < DOP_READ || p[5] > DOP_ACK) {
+        return -1;
+    }
+    size_t nlen = (size_t)ucx_dget(p + 6, 2);
+    size_t alen = (size_t)ucx_dget(p + 8, 2);
+    int request = p[5] == DOP_READ || p[5] == DOP_WRITE;
+    if (DHDR_LEN + nlen + alen != len || nlen > UCX_MAX_NAME ||
+        alen > DRAM_MAX_ADDR ||
+        (request ? (nlen == 0 || alen == 0) : (nlen != 0 || alen != 0))) {
+        return -1;
+    }
+    d->op = p[5];
+    d->job = (uint32_t)ucx_dget(p + 10, 2);
+    d->status = (pdx_status_t)(int32_t)(uint32_t)ucx_dget(p + 12, 4);
+    d->id = ucx_dget(p + 16, 8);
+    d->seq = (uint32_t)ucx_dget(p + 24, 4);
+    d->pid = (uint32_t)ucx_dget(p + 28, 4);
+    d->token = ucx_dget(p + 32, 8);
+    d->raddr = ucx_dget(p + 40, 8);
+    d->len = ucx_dget(p + 48, 8);
+    d->pidns = ucx_dget(p + 56, 8);
+    memcpy(d->name, p + DHDR_LEN, nlen);
+    d->name[nlen] = '\0';
+    if (strlen(d->name) != nlen) {
+        return -1;
+    }
+    d->addr = alen > 0 ? p + DHDR_LEN + nlen : NULL;
+    d->addr_len = alen;
+    return 0;
+}
+
+/* Data UCX packs through ucx_dsvc_dt (a generic datatype: always
+ * copied into UCX's buffers, never sent from ours by zero copy, which
+ * UCX 1.13's tcp completes twice, and aborts on, when the peer goes in
+ * the middle of it). What the send's buffer points to, kept until the
+ * send's end. */
+typedef struct ucx_dsrc {
+    const unsigned char *p;
+    size_t len;
+} ucx_dsrc_t;
+
+/* One chunk of a request in flight (a slot of its window). */
+typedef struct ucx_djob {
+    uint32_t seq;        /* 0: free */
+    uint64_t laddr, len;
+    ucx_dsrc_t src;      /* a WRITE's data */
+    unsigned char *hdr;  /* its header (the request's hdr_len bytes) */
+} ucx_djob_t;
+
+typedef struct ucx_dreq {
+    ucx_link_t link;        /* dram->live */
+    ucx_be_t *be;
+    ucx_req_t *req;         /* NULL once detached (an answer is dropped);
+                               its peer is the request's */
+    ucp_worker_h worker;    /* the worker its sends are on */
+    uint64_t id;            /* its key in dram->tab (0: not in it) */
+    pdx_xfer_op_t op;
+    ucx_stage_done_cb_t done;
+    int ended;              /* `done` was called */
+    int posting;            /* inside post: `done` is not called */
+    int aborted;
+    pdx_status_t status;    /* the first failure */
+    uint64_t chunk;
+    size_t npieces, piece;  /* the cursor: piece and offset in it */
+    uint64_t off;
+    uint64_t left;          /* bytes not yet answered */
+    uint32_t seq;
+    uint32_t inflight;      /* jobs sent, not answered */
+    uint32_t ucx_pending;   /* sends UCX still holds */
+    size_t hdr_len;
+    ucx_djob_t job[DRAM_WINDOW];
+    struct {
+        uint64_t laddr, raddr, len, token;
+    } *pieces;
+    unsigned char *hdrs;    /* DRAM_WINDOW headers */
+} ucx_dreq_t;
+
+/* A requester of the service: an endpoint of ours to its address. */
+typedef struct ucx_dclient {
+    ucx_link_t link;        /* dram->clients (most recently used first),
+                               or dram->closing */
+    ucx_be_t *be;
+    ucp_ep_h ep;
+    int failed;
+    int closing, closed;    /* its close started, ended */
+    uint32_t users;         /* answers in flight to it */
+    uint64_t bytes;         /* their data */
+    uint64_t used_ns;
+    pid_t pid;              /* a same-host requester's, else 0 */
+    size_t addr_len;
+    unsigned char addr[];
+} ucx_dclient_t;
+
+/* An answer to be sent from progress. */
+typedef struct ucx_dans {
+    ucx_link_t link;        /* dram->answers, then dram->sending */
+    ucx_be_t *be;
+    ucx_dclient_t *client;  /* held while its send is in flight */
+    dhdr_t h;               /* the request (addr: see below) */
+    unsigned char *bounce;  /* READ: the data copied out of the region */
+    uint64_t bytes;         /* bounce bytes counted in dram->bytes */
+    uint64_t sent_bytes;    /* ... and in its client's, while UCX holds it */
+    ucx_dsrc_t src;         /* the bounce, for ucx_dsvc_dt */
+    int spare;              /* the bounce is a spare (DRAM_CHUNK bytes) */
+    unsigned char hdr[DHDR_LEN];
+    unsigned char addr[];   /* the requester's address (h.addr_len) */
+} ucx_dans_t;
+
+struct ucx_dram_state {
+    /* This instance's requests, by id: id = index | (random << 32). */
+    ucx_dreq_t **tab;
+    uint32_t tab_cap;
+    uint32_t *tab_free, ntab_free;
+    ucx_link_t live;        /* every dreq not freed */
+    /* The service. */
+    ucx_link_t answers;     /* queued, oldest first */
+    uint32_t nanswers;
+    ucx_link_t sending;     /* sent, UCX holds them */
+    uint64_t bytes;         /* bounce bytes of answers in flight */
+    ucx_link_t clients;
+    uint32_t nclients;
+    ucx_link_t closing;
+    int blocked;            /* every queued answer waits for bytes */
+    uint64_t pidns;         /* ours (0: unknown) */
+    ucp_datatype_t dt;      /* ucx_dsvc_dt's */
+    int has_dt;
+    void *spare[DSVC_SPARE_MAX];
+    uint32_t nspare;
+    uint64_t served, refused, dropped; /* counts, for describe */
+    uint64_t idle_check_ns;
+    uint64_t refused_log_ns; /* refusals are logged once a second */
+    unsigned refused_quiet;
+};
+
+/* ucx_dsvc.c: this process's pid namespace (the inode of
+ * /proc/self/ns/pid), or 0. */
+uint64_t ucx_dsvc_pidns(void);
+
+static inline struct ucx_dram_state *ucx_dram_state(ucx_be_t *be)
+{
+    if (be->dram == NULL) {
+        be->dram = calloc(1, sizeof(*be->dram));
+        if (be->dram != NULL) {
+            ucx_list_init(&be->dram->live);
+            ucx_list_init(&be->dram->answers);
+            ucx_list_init(&be->dram->sending);
+            ucx_list_init(&be->dram->clients);
+            ucx_list_init(&be->dram->closing);
+            be->dram->pidns = ucx_dsvc_pidns();
+        }
+    }
+    return be->dram;
+}
+
+/* A status a peer sent: one of ours, else a plain backend error. */
+static inline pdx_status_t ucx_dram_peer_status(pdx_status_t st)
+{
+    return st <= 0 && st > -100 ? st : PDX_ERR_BACKEND;
+}
+
+/* ucx_dsvc.c: the generic datatype of served data (a ucx_dsrc_t as the
+ * buffer, its length as the count), made once per instance: PDX_OK with
+ * it. */
+pdx_status_t ucx_dsvc_dt(ucx_be_t *be, ucp_datatype_t *dt_p);
+
+/* ucx_dram.c: an answer to one of this instance's requests. */
+ucs_status_t ucx_dram_answer(ucx_be_t *be, const dhdr_t *h, void *data,
+                             size_t length, int rndv);
+/* ucx_dsvc.c: a peer's request arrived (the header parsed; `data`,
+ * `length` and `rndv` as UCX gave them): checked, a WRITE's data copied
+ * in, its answer queued for progress. What the AM callback returns. */
+ucs_status_t ucx_dsvc_request(ucx_be_t *be, const dhdr_t *h, void *data,
+                              size_t length, int rndv);
+
+#endif

@@ -1,0 +1,598 @@
+/* ucx: served host memory, the service this instance gives peers'
+ * requests (ucx_dram.c is the requester's side). Each request is checked
+ * against the DRAM regions registered now (its token names one, the range
+ * lies inside it, a WRITE's region is writable) before a byte is touched:
+ * a WRITE's bytes are copied in from inside the AM callback, a READ's
+ * copied out (checked again) when its answer is sent. Answers go from
+ * progress, never from inside a UCX callback, to the requester's worker
+ * address (in its request: a peer we never loaded is served too), on an
+ * endpoint of ours with an error handler, one per requester, closed once
+ * idle or failed: what UCX sends on its own endpoints for a requester
+ * that died is dropped there, never fatal. Driven by this instance's
+ * progress. */
+#include "ucx_dram_int.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+
+/* The pid namespace of this process (same-host requesters are given up
+ * by pid only within it). */
+uint64_t ucx_dsvc_pidns(void)
+{
+    struct stat sb;
+    return stat("/proc/self/ns/pid", &sb) == 0 ? (uint64_t)sb.st_ino : 0;
+}
+
+/* ---- the datatype of served data ------------------------------------------ */
+
+static void *dt_start_pack(void *context, const void *buffer, size_t count)
+{
+    (void)context;
+    (void)count;
+    return (void *)buffer; /* the ucx_dsrc_t */
+}
+
+static void *dt_start_unpack(void *context, void *buffer, size_t count)
+{
+    (void)context;
+    (void)buffer;
+    (void)count;
+    return NULL; /* never received into */
+}
+
+static size_t dt_packed_size(void *state)
+{
+    return ((const ucx_dsrc_t *)state)->len;
+}
+
+static size_t dt_pack(void *state, size_t offset, void *dest,
+                      size_t max_length)
+{
+    const ucx_dsrc_t *s = state;
+    size_t n = offset < s->len ? s->len - offset : 0;
+    if (n > max_length) {
+        n = max_length;
+    }
+    memcpy(dest, s->p + offset, n);
+    return n;
+}
+
+static ucs_status_t dt_unpack(void *state, size_t offset, const void *src,
+                              size_t length)
+{
+    (void)state;
+    (void)offset;
+    (void)src;
+    (void)length;
+    return UCS_ERR_UNSUPPORTED;
+}
+
+static void dt_finish(void *state)
+{
+    (void)state;
+}
+
+pdx_status_t ucx_dsvc_dt(ucx_be_t *be, ucp_datatype_t *dt_p)
+{
+    struct ucx_dram_state *ds = ucx_dram_state(be);
+    if (ds == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    if (!ds->has_dt) {
+        static const ucp_generic_dt_ops_t ops = {
+            .start_pack = dt_start_pack,
+            .start_unpack = dt_start_unpack,
+            .packed_size = dt_packed_size,
+            .pack = dt_pack,
+            .unpack = dt_unpack,
+            .finish = dt_finish,
+        };
+        ucs_status_t s = ucp_dt_create_generic(&ops, NULL, &ds->dt);
+        if (s != UCS_OK) {
+            pdx_error("ucx: making the served data's datatype failed: %s",
+                      ucs_status_string(s));
+            return ucx_status(s);
+        }
+        ds->has_dt = 1;
+    }
+    *dt_p = ds->dt;
+    return PDX_OK;
+}
+
+/* ---- the regions ---------------------------------------------------------- */
+
+/* The DRAM region of token `token` holding [addr, +len): PDX_OK with it,
+ * PDX_ERR_STALE when no region of ours has that token (deregistered, or
+ * never ours), PDX_ERR_INVALID when the range is not inside it. */
+static pdx_status_t dsvc_region(ucx_be_t *be, uint64_t token, uint64_t addr,
+                                uint64_t len, ucx_md_t **md_p)
+{
+    for (ucx_link_t *l = be->dregs.next; l != &be->dregs; l = l->next) {
+        ucx_md_t *md = UCX_CONTAINER(l, ucx_md_t, vlink);
+        if (md->token != token) {
+            continue;
+        }
+        if (addr < md->addr || len > md->len || addr - md->addr > md->len - len) {
+            return PDX_ERR_INVALID;
+        }
+        *md_p = md;
+        return PDX_OK;
+    }
+    return PDX_ERR_STALE;
+}
+
+/* A refusal, logged at most once a second (a peer hammering a region
+ * that went must not flood the log). */
+static void dsvc_refused(ucx_be_t *be, const dhdr_t *h, pdx_status_t st,
+                         const char *why)
+{
+    struct ucx_dram_state *ds = be->dram;
+    ds->refused++;
+    uint64_t now = pdx_now_ns();
+    if (ds->refused_log_ns != 0 && now - ds->refused_log_ns < 1000000000ull) {
+        ds->refused_quiet++;
+        return;
+    }
+    ds->refused_log_ns = now;
+    pdx_warn("ucx: refused %s's %s of 0x%" PRIx64 " +%" PRIu64 ": %s (%s)"
+             "%s", h->name, h->op == DOP_READ ? "READ" : "WRITE", h->raddr,
+             h->len, why, pdx_status_string(st),
+             ds->refused_quiet > 0 ? " (and others in the last second)"
+                                   : "");
+    ds->refused_quiet = 0;
+}
+
+/* ---- requests ------------------------------------------------------------- */
+
+ucs_status_t ucx_dsvc_request(ucx_be_t *be, const dhdr_t *h, void *data,
+                              size_t length, int rndv)
+{
+    struct ucx_dram_state *ds = ucx_dram_state(be);
+    if (ds == NULL || ds->nanswers >= DSVC_MAX_ANSWERS) {
+        if (ds != NULL && ds->dropped++ % 1024 == 0) {
+            pdx_warn("ucx: %u served requests wait for their answers: "
+                     "dropping %s's (it times out)", ds->nanswers, h->name);
+        }
+        return UCS_OK;
+    }
+    ucx_dans_t *a = malloc(sizeof(*a) + h->addr_len);
+    if (a == NULL) {
+        return UCS_OK;
+    }
+    memset(a, 0, sizeof(*a));
+    a->be = be;
+    a->h = *h;
+    memcpy(a->addr, h->addr, h->addr_len);
+    a->h.addr = a->addr;
+    pdx_status_t st = PDX_OK;
+    const char *why = NULL;
+    ucx_md_t *md = NULL;
+    if (rndv) {
+        st = PDX_ERR_UNSUPPORTED;
+        why = "sent by rendezvous";
+    } else if (h->len == 0 || h->len > DSVC_MAX_CHUNK) {
+        st = PDX_ERR_TOO_LARGE;
+        why = "a chunk of 1 B to 16 MiB expected";
+    } else if (h->op == DOP_WRITE && length != h->len) {
+        st = PDX_ERR_CORRUPT;
+        why = "its data is not the length it names";
+    } else if ((st = dsvc_region(be, h->token, h->raddr, h->len, &md)) !=
+               PDX_OK) {
+        why = st == PDX_ERR_STALE ? "no region of ours has its token "
+                                    "(deregistered, or never ours)"
+                                  : "the range is not inside the region";
+    } else if (h->op == DOP_WRITE && md->readonly) {
+        st = PDX_ERR_POLICY;
+        why = "the region is registered read-only";
+    }
+    if (st != PDX_OK) {
+        dsvc_refused(be, h, st, why);
+    } else if (h->op == DOP_WRITE) {
+        /* Checked just now, and no op (a deregistration) runs while this
+         * callback does. */
+        memcpy((void *)(uintptr_t)h->raddr, data, h->len);
+        ds->served++;
+    }
+    a->h.status = st;
+    ucx_list_push(&ds->answers, &a->link);
+    ds->nanswers++;
+    return UCS_OK;
+}
+
+/* ---- the requesters' endpoints ------------------------------------------- */
+
+static void dclient_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    ucx_dclient_t *c = arg;
+    (void)ep;
+    if (!c->failed) {
+        pdx_debug("ucx: a served requester's endpoint failed: %s",
+                  ucs_status_string(status));
+        /* A worker with a failed tcp endpoint is left to the process's
+         * exit at destroy (ucx_destroy). */
+        c->be->lost++;
+    }
+    c->failed = 1;
+}
+
+static void dclient_maybe_free(ucx_dclient_t *c)
+{
+    if (c->closed && c->users == 0) {
+        ucx_list_del(&c->link);
+        free(c);
+    }
+}
+
+static void dclient_closed_cb(void *request, ucs_status_t status,
+                              void *user_data)
+{
+    ucx_dclient_t *c = user_data;
+    (void)status;
+    ucp_request_free(request);
+    c->closed = 1;
+    dclient_maybe_free(c);
+}
+
+/* Close `c` without waiting: forced (a requester that went needs no
+ * flush, one that lives reconnects), which ends the answers UCX still
+ * holds for it; freed once the close and they ended. */
+static void dclient_close(ucx_be_t *be, ucx_dclient_t *c)
+{
+    struct ucx_dram_state *ds = be->dram;
+    ucx_list_del(&c->link);
+    ds->nclients--;
+    c->closing = 1;
+    ucx_list_push(&ds->closing, &c->link);
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
+                        UCP_OP_ATTR_FIELD_USER_DATA,
+        .flags = UCP_EP_CLOSE_FLAG_FORCE,
+        .cb.send = dclient_closed_cb,
+        .user_data = c,
+    };
+    ucs_status_ptr_t sp = ucp_ep_close_nbx(c->ep, &p);
+    c->ep = NULL;
+    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+        c->closed = 1;
+        dclient_maybe_free(c);
+    }
+}
+
+static void dclient_front(struct ucx_dram_state *ds, ucx_dclient_t *c)
+{
+    ucx_list_del(&c->link);
+    c->link.next = ds->clients.next;
+    c->link.prev = &ds->clients;
+    ds->clients.next->prev = &c->link;
+    ds->clients.next = &c->link;
+}
+
+/* The endpoint to the requester of `a` (its address validated before UCX
+ * sees it), made once and kept, most recently used first. NULL, logged,
+ * when it cannot be made. Never from inside a UCX callback. */
+static ucx_dclient_t *dclient_get(ucx_be_t *be, const ucx_dans_t *a)
+{
+    struct ucx_dram_state *ds = be->dram;
+    for (ucx_link_t *l = ds->clients.next; l != &ds->clients; l = l->next) {
+        ucx_dclient_t *c = UCX_CONTAINER(l, ucx_dclient_t, link);
+        if (c->addr_len == a->h.addr_len &&
+            memcmp(c->addr, a->addr, c->addr_len) == 0) {
+            if (!c->failed) {
+                dclient_front(ds, c);
+            }
+            return c; /* a failed one's answers are dropped */
+        }
+    }
+    ucx_vaddr_t va;
+    char why[256];
+    if (ucx_validate_address(&be->vlocal, a->addr, a->h.addr_len, &va, why,
+                             sizeof(why)) != PDX_OK) {
+        pdx_warn("ucx: served request from %s: its address is not one UCX "
+                 "may use (%s): not answered", a->h.name, why);
+        return NULL;
+    }
+    if (ds->nclients >= DSVC_MAX_CLIENTS) {
+        for (ucx_link_t *l = ds->clients.prev; l != &ds->clients;
+             l = l->prev) {
+            ucx_dclient_t *c = UCX_CONTAINER(l, ucx_dclient_t, link);
+            if (c->users == 0) {
+                dclient_close(be, c);
+                break;
+            }
+        }
+        if (ds->nclients >= DSVC_MAX_CLIENTS) {
+            pdx_warn("ucx: served request from %s: %u requesters busy: not "
+                     "answered", a->h.name, ds->nclients);
+            return NULL;
+        }
+    }
+    if (ucx_fd_room(UCX_FDS_CLIENT, "answering a served request") !=
+        PDX_OK) {
+        return NULL; /* logged; the request times out at its sender */
+    }
+    ucx_dclient_t *c = calloc(1, sizeof(*c) + a->h.addr_len);
+    if (c == NULL) {
+        return NULL;
+    }
+    c->be = be;
+    c->addr_len = a->h.addr_len;
+    memcpy(c->addr, a->addr, c->addr_len);
+    /* On this host (the same shared-memory device, UCX's system id) and
+     * in our pid namespace: its pid says when it exited. */
+    const ucx_vaddr_t *me = &be->self;
+    if (va.has_mm && me->has_mm && va.mm_dev_len == me->mm_dev_len &&
+        va.mm_dev_len > 0 && memcmp(va.mm_dev, me->mm_dev, va.mm_dev_len) == 0 &&
+        ds->pidns != 0 && a->h.pidns == ds->pidns && a->h.pid > 1 &&
+        a->h.pid < (uint32_t)INT32_MAX) {
+        c->pid = (pid_t)a->h.pid;
+    }
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)c->addr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = dclient_err_cb, .arg = c},
+    };
+    ucs_status_t s = ucp_ep_create(be->worker, &ep, &c->ep);
+    if (s != UCS_OK) {
+        pdx_warn("ucx: served request from %s: no endpoint to it: %s",
+                 a->h.name, ucs_status_string(s));
+        free(c);
+        return NULL;
+    }
+    ucx_list_init(&c->link);
+    dclient_front(ds, c);
+    ds->nclients++;
+    return c;
+}
+
+/* ---- answers -------------------------------------------------------------- */
+
+static void dans_free(ucx_be_t *be, ucx_dans_t *a)
+{
+    struct ucx_dram_state *ds = be->dram;
+    if (a->bounce != NULL) {
+        if (a->spare && ds->nspare < DSVC_SPARE_MAX) {
+            ds->spare[ds->nspare++] = a->bounce;
+        } else {
+            free(a->bounce);
+        }
+        ds->bytes -= a->bytes;
+        ds->blocked = 0;
+    }
+    ucx_dclient_t *c = a->client;
+    uint64_t bytes = a->sent_bytes;
+    ucx_list_del(&a->link);
+    free(a);
+    if (c != NULL) {
+        c->users--;
+        c->bytes -= bytes;
+        c->used_ns = pdx_now_ns();
+        dclient_maybe_free(c);
+    }
+}
+
+static void dans_sent_cb(void *request, ucs_status_t status, void *user_data)
+{
+    ucx_dans_t *a = user_data;
+    ucp_request_free(request);
+    if (status != UCS_OK) {
+        pdx_debug("ucx: an answer to %s's served request was not "
+                  "delivered: %s", a->h.name, ucs_status_string(status));
+    }
+    dans_free(a->be, a);
+}
+
+/* A READ's data, copied out of its region under a check made now: the
+ * bounce buffer (a spare when the chunk fits one). */
+static pdx_status_t dans_fill(ucx_be_t *be, ucx_dans_t *a)
+{
+    struct ucx_dram_state *ds = be->dram;
+    ucx_md_t *md = NULL;
+    pdx_status_t st = dsvc_region(be, a->h.token, a->h.raddr, a->h.len, &md);
+    if (st != PDX_OK) {
+        dsvc_refused(be, &a->h, st, "its region was deregistered since");
+        return st;
+    }
+    if (a->h.len <= DRAM_CHUNK && ds->nspare > 0) {
+        a->bounce = ds->spare[--ds->nspare];
+        a->spare = 1;
+    } else if (a->h.len <= DRAM_CHUNK) {
+        a->bounce = malloc(DRAM_CHUNK);
+        a->spare = 1;
+    } else {
+        a->bounce = malloc(a->h.len);
+    }
+    if (a->bounce == NULL) {
+        return PDX_ERR_NOMEM;
+    }
+    memcpy(a->bounce, (const void *)(uintptr_t)a->h.raddr, a->h.len);
+    a->bytes = a->h.len;
+    ds->bytes += a->bytes;
+    ds->served++;
+    return PDX_OK;
+}
+
+/* Send answer `a` (off the queue) on the endpoint of client `c`: freed by
+ * the send's callback, or now. */
+static void dans_send(ucx_be_t *be, ucx_dans_t *a, ucx_dclient_t *c)
+{
+    struct ucx_dram_state *ds = be->dram;
+    a->client = c;
+    c->users++;
+    int read = a->h.op == DOP_READ;
+    if (read && a->h.status == PDX_OK) {
+        a->h.status = dans_fill(be, a);
+    }
+    int data = read && a->h.status == PDX_OK;
+    dhdr_t d = {.op = read ? DOP_DATA : DOP_ACK, .job = a->h.job,
+                .seq = a->h.seq, .status = a->h.status, .id = a->h.id,
+                .len = data ? a->h.len : 0};
+    ucx_dhdr_make(a->hdr, &d, NULL, 0);
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                        UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_AM_SEND_FLAG_EAGER,
+        .cb.send = dans_sent_cb,
+        .user_data = a,
+    };
+    if (data && ucx_dsvc_dt(be, &rp.datatype) == PDX_OK) {
+        rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        a->src.p = a->bounce;
+        a->src.len = a->h.len;
+    } else if (data) {
+        a->h.status = PDX_ERR_NOMEM;
+        data = 0;
+        ucx_dhdr_make(a->hdr, &(dhdr_t){.op = DOP_DATA, .job = a->h.job,
+                                         .seq = a->h.seq, .id = a->h.id,
+                                         .status = PDX_ERR_NOMEM},
+                      NULL, 0);
+    }
+    ucx_list_push(&ds->sending, &a->link);
+    ucs_status_ptr_t sp = ucp_am_send_nbx(c->ep, UCX_AM_ID_DRAM, a->hdr,
+                                          DHDR_LEN, data ? (void *)&a->src
+                                                         : NULL,
+                                          data ? a->h.len : 0, &rp);
+    if (UCS_PTR_IS_ERR(sp)) {
+        pdx_debug("ucx: answering %s's served request failed: %s",
+                  a->h.name, ucs_status_string(UCS_PTR_STATUS(sp)));
+        dans_free(be, a);
+    } else if (sp == NULL) {
+        dans_free(be, a);
+    } else {
+        a->sent_bytes = a->bytes;
+        c->bytes += a->bytes;
+    }
+}
+
+int ucx_dsvc_pending(const ucx_be_t *be)
+{
+    return be->dram != NULL && !ucx_list_empty(&be->dram->answers) &&
+           !be->dram->blocked;
+}
+
+/* Send the queued answers that may go now: every answer without data;
+ * a READ's while the data in flight, overall and to its requester, is
+ * under its cap (the others wait in order). Answers to a requester that
+ * failed or cannot be reached are dropped. */
+static int dsvc_send_queued(ucx_be_t *be)
+{
+    struct ucx_dram_state *ds = be->dram;
+    int n = 0, waiting = 0;
+    ucx_link_t *l = ds->answers.next;
+    while (l != &ds->answers) {
+        ucx_link_t *next = l->next;
+        ucx_dans_t *a = UCX_CONTAINER(l, ucx_dans_t, link);
+        ucx_dclient_t *c = dclient_get(be, a);
+        if (c != NULL && !c->failed && !c->closing &&
+            a->h.op == DOP_READ && a->h.status == PDX_OK &&
+            ((ds->bytes > 0 && ds->bytes + a->h.len > DSVC_MAX_BYTES) ||
+             (c->bytes > 0 && c->bytes + a->h.len > DSVC_CLIENT_BYTES))) {
+            waiting++;
+            l = next;
+            continue;
+        }
+        ucx_list_del(&a->link);
+        ds->nanswers--;
+        if (c == NULL || c->failed || c->closing) {
+            free(a);
+        } else {
+            dans_send(be, a, c);
+        }
+        n++;
+        l = next;
+    }
+    ds->blocked = waiting > 0 && (uint32_t)waiting == ds->nanswers;
+    return n;
+}
+
+/* Requesters that failed, exited (same host: their pid), or idle for
+ * DSVC_IDLE_NS are closed: a failed or exited one at once (what UCX still
+ * holds for it ends), an idle one once nothing is in flight to it. */
+static int dsvc_reap_clients(ucx_be_t *be, uint64_t now)
+{
+    struct ucx_dram_state *ds = be->dram;
+    int n = 0;
+    ucx_link_t *l = ds->clients.next;
+    while (l != &ds->clients) {
+        ucx_link_t *next = l->next;
+        ucx_dclient_t *c = UCX_CONTAINER(l, ucx_dclient_t, link);
+        if (!c->failed && c->users > 0 && c->pid > 0 && kill(c->pid, 0) != 0 &&
+            errno == ESRCH) {
+            pdx_debug("ucx: a served requester (pid %d) exited with %u "
+                      "answers in flight to it", (int)c->pid, c->users);
+            c->failed = 1;
+            be->lost++;
+        }
+        if (c->failed || (c->users == 0 && now - c->used_ns > DSVC_IDLE_NS)) {
+            dclient_close(be, c);
+            n++;
+        }
+        l = next;
+    }
+    return n;
+}
+
+int ucx_dsvc_progress(ucx_be_t *be)
+{
+    struct ucx_dram_state *ds = be->dram;
+    if (ds == NULL) {
+        return 0;
+    }
+    int n = 0;
+    if (!ucx_list_empty(&ds->answers) && !ds->blocked) {
+        n += dsvc_send_queued(be);
+    }
+    uint64_t now = pdx_now_ns();
+    if (now - ds->idle_check_ns >= DSVC_PID_CHECK_NS) {
+        ds->idle_check_ns = now;
+        n += dsvc_reap_clients(be, now);
+    }
+    return n;
+}
+
+void ucx_dsvc_describe(const ucx_be_t *be, char *buf, size_t len)
+{
+    const struct ucx_dram_state *ds = be->dram;
+    unsigned closing = 0;
+    for (const ucx_link_t *l = ds->closing.next;
+         l != &ds->closing && closing < 1000000; l = l->next) {
+        closing++;
+    }
+    snprintf(buf, len, "served host memory: %" PRIu64 " chunks served, %"
+             PRIu64 " refused, %" PRIu64 " dropped; %u requesters (%u "
+             "closing), %u answers queued, %" PRIu64 " bytes in flight",
+             ds->served, ds->refused, ds->dropped, ds->nclients, closing,
+             ds->nanswers, ds->bytes);
+}
+
+void ucx_dsvc_fini(ucx_be_t *be)
+{
+    struct ucx_dram_state *ds = be->dram;
+    if (ds == NULL) {
+        return;
+    }
+    /* The workers are gone: no callback comes for what UCX held. */
+    while (!ucx_list_empty(&ds->sending)) {
+        ucx_dans_t *a = UCX_CONTAINER(ds->sending.next, ucx_dans_t, link);
+        a->client = NULL;
+        dans_free(be, a);
+    }
+    while (!ucx_list_empty(&ds->answers)) {
+        ucx_dans_t *a = UCX_CONTAINER(ds->answers.next, ucx_dans_t, link);
+        dans_free(be, a);
+    }
+    ucx_link_t *heads[2] = {&ds->clients, &ds->closing};
+    for (int i = 0; i < 2; i++) {
+        while (!ucx_list_empty(heads[i])) {
+            ucx_link_t *l = heads[i]->next;
+            ucx_list_del(l);
+            free(UCX_CONTAINER(l, ucx_dclient_t, link));
+        }
+    }
+    ds->nclients = 0;
+    while (ds->nspare > 0) {
+        free(ds->spare[--ds->nspare]);
+    }
+}
