@@ -133,10 +133,9 @@ static bool push_busy(pdx_kv_connector_h c, const kv_push_t *p)
  * once none is in flight. */
 static void push_fail(pdx_kv_connector_h c, kv_push_t *p, const char *why)
 {
-    if (p->state == KV_PUSH_NONE) {
+    if (p->state == KV_PUSH_NONE && p->asked) {
         pdx_warn("kv connector %s: push of %s to %s given up: %s",
-                 c->cfg.agent_name, p->req, p->peer[0] ? p->peer : "(none)",
-                 why);
+                 c->cfg.agent_name, p->req, p->peer, why);
     }
     p->state = KV_PUSH_REFUSED;
     for (uint32_t i = 0; i < c->nlayers; i++) {
