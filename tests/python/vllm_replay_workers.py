@@ -19,6 +19,8 @@ def engine_proc(conn, spec):
     conn.send(("ready", eng.info()))
     while True:
         cmd = recv(conn, 300.0)
+        if isinstance(cmd, str):
+            cmd = (cmd,)
         op, args = cmd[0], cmd[1:]
         if op == "submit":
             eng.add(*args)

@@ -74,8 +74,9 @@ else:
     PdxKVConnectorStats = None
 
 _PROM_KEYS = ("loads", "load_failures", "tokens_loaded", "pushes_asked",
-              "layer_saves", "saves", "peers_refused", "offload_hits",
-              "offload_misses", "offload_saves")
+              "layer_saves", "saves", "peers_refused", "freed_done",
+              "freed_reject", "freed_expired", "freed_peer_gone",
+              "offload_hits", "offload_misses", "offload_saves")
 
 if _PromBase is not None:
     class PdxPromMetrics(_PromBase):
@@ -243,10 +244,8 @@ class PdxConnector(*_Bases):
         e = self._worker.engine if self._worker else None
         if e is None or PdxKVConnectorStats is None:
             return None
-        data = dict(e.stats)
-        for k in e.stats:
-            e.stats[k] = 0
-        try:
+        data = e.take_stats()
+        if e.offload:
             o = e.conn.offload_stats()
             now = {"offload_hits": o["hits"], "offload_misses": o["misses"],
                    "offload_saves": o["saves"]}
@@ -254,8 +253,6 @@ class PdxConnector(*_Bases):
             for k, v in now.items():
                 data[k] = v - last.get(k, 0)
             self._last_offload = now
-        except Exception:  # noqa: BLE001 - no offload child
-            pass
         return PdxKVConnectorStats(data=data)
 
     @classmethod

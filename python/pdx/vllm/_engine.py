@@ -183,9 +183,12 @@ class Engine:
             s["dp_rank"] if extra.get("side_channel_port") else 0)
         self.side = _SideChannel(self.conn.describe, self._accept, host,
                                  port)
-        self.stats = {"loads": 0, "load_failures": 0, "tokens_loaded": 0,
-                      "pushes_asked": 0, "saves": 0, "layer_saves": 0,
-                      "peers_refused": 0}
+        # Counts since vLLM last took them (stats), and since the start.
+        self.stats = dict.fromkeys(
+            ("loads", "load_failures", "tokens_loaded", "pushes_asked",
+             "saves", "layer_saves", "peers_refused", "freed_done",
+             "freed_reject", "freed_expired", "freed_peer_gone"), 0)
+        self.totals = dict(self.stats)
         with _REGISTRY_LOCK:
             _REGISTRY[registry_key(s)] = self
         log.info("pdx.vllm: agent %s (%d arenas, %d layers, %d blocks, "
@@ -193,6 +196,18 @@ class Engine:
                  self.layout.num_arenas, len(self.layers),
                  self.layout.num_blocks, "+".join(self.children),
                  self.side.addr)
+
+    def count(self, key, n=1):
+        with self._lock:
+            self.stats[key] = self.stats.get(key, 0) + n
+            self.totals[key] = self.totals.get(key, 0) + n
+
+    def take_stats(self):
+        with self._lock:
+            out = dict(self.stats)
+            for k in self.stats:
+                self.stats[k] = 0
+        return out
 
     # ------------------------------------------------------------- peers
     def ensure_peer(self, agent, addr):
@@ -231,7 +246,7 @@ class Engine:
             m = re.search(r"peer (\S+):", str(e))
             with self._lock:
                 self._refused[m.group(1) if m else addr] = why
-                self.stats["peers_refused"] += 1
+            self.count("peers_refused")
             return None
         except pdx.Error as e:
             log.error("pdx.vllm: a peer's blob from %s: %s", addr, e)

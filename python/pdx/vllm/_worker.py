@@ -75,14 +75,12 @@ class WorkerSide:
                                    ld["ids"], first_block=ld["first"],
                                    tokens=ld["tokens"],
                                    timeout=ld["timeout"])
-                e.stats["pushes_asked"] += 1
+                e.count("pushes_asked")
             else:
                 e.conn.load(ld["req"], ld["match"], ld["ids"],
                             first_block=ld["first"], layered=ld["layered"])
         except pdx.Error as err:
-            log.warning("pdx.vllm: load of %s did not start: %s", ld["vid"],
-                        err)
-            ld["failed"] = True
+            self._fail(ld, "it did not start: %s" % err)
         self.loads[ld["cid"]] = ld
 
     def _layer(self, layer_name):
@@ -122,7 +120,7 @@ class WorkerSide:
         if not ld.get("failed"):
             log.warning("pdx.vllm: load of %s failed (%s): its %d blocks "
                         "are recomputed", ld["vid"], why, len(ld["ids"]))
-            self.engine.stats["load_failures"] += 1
+            self.engine.count("load_failures")
         ld["failed"] = True
         self.invalid.update(ld["ids"])
 
@@ -152,7 +150,7 @@ class WorkerSide:
             try:
                 e.conn.save_layer(sv["req"], layer, sv["ids"], sv["tokens"],
                                   first_block=sv["first"], last=sv["last"])
-                e.stats["layer_saves"] += 1
+                e.count("layer_saves")
             except pdx.Error as err:
                 log.warning("pdx.vllm: save of layer %d of %s: %s", layer,
                             sv["vid"], err)
@@ -185,7 +183,7 @@ class WorkerSide:
             else:
                 sub["tail_hash"], sub["tail_tokens"] = None, 0
             self.engine.conn.save(sub, ids)
-            self.engine.stats["saves"] += 1
+            self.engine.count("saves")
 
     def _wait_saves(self, cid, timeout=5.0):
         deadline = time.monotonic() + timeout
@@ -218,8 +216,8 @@ class WorkerSide:
                 continue
             del self.loads[cid]
             if ok:
-                e.stats["loads"] += 1
-                e.stats["tokens_loaded"] += tokens
+                e.count("loads")
+                e.count("tokens_loaded", tokens)
                 self._keep_loaded(ld)
             elif not ld["aborted"]:
                 self._fail(ld, "the transfer ended without every block")
@@ -227,8 +225,9 @@ class WorkerSide:
             if ld["async"] or ld["aborted"]:
                 recving.add(ld["vid"])
         now = time.monotonic()
-        for cid, _why in e.conn.poll_freed():
+        for cid, why in e.conn.poll_freed():
             self.freed[cid] = now
+            e.count("freed_" + why)
         sending = set()
         for vid, w in list(self.waits.items()):
             if vid not in self.finished_seen:
