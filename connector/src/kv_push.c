@@ -9,8 +9,12 @@
  *   D -> P  arena <preq> <dreq> <narenas> <off> <memtype> <hex b:s,...>
  *           want <preq> <dreq> <first> <n> <off> <id,id,...>
  *           reject <preq>            (an abort: stop, then say nopush)
- *   P -> D  lyr <dreq> <layer> <end> (rides on each write: its bytes are
- *                                     in; blocks below `end` of that layer)
+ *   P -> D  lyr <dreq> <layer> <end> [last]
+ *                                    (rides on each write: its bytes are
+ *                                     in, blocks below `end` of that
+ *                                     layer; "last": no write of that
+ *                                     layer follows. Every layer's last
+ *                                     one in: the reader has it all)
  *           pushed <dreq>            (every layer of the last step in)
  *           nopush <dreq>            (refused, given up or stopped; no
  *                                     write of it is in flight any more)
@@ -215,9 +219,12 @@ static pdx_status_t post_layer(pdx_kv_connector_h c, kv_push_t *p,
             j++;
         }
     }
+    /* The layer's final write (nothing of it is saved after the last
+     * step's) says so: once every layer's final write landed, the reader
+     * has it all, without waiting for "pushed". */
     char note[128];
-    snprintf(note, sizeof(note), KV_MSG_PREFIX "lyr %s %u %zu", p->dreq,
-             c->layers[li], hi);
+    snprintf(note, sizeof(note), KV_MSG_PREFIX "lyr %s %u %zu%s", p->dreq,
+             c->layers[li], hi, p->last_done[li] ? " last" : "");
     pdx_desc_list_t ll = {pdx_layout_mem_type(c->layout), l, j};
     pdx_desc_list_t rl = {p->dmem, r, j};
     st = pdx_xfer_create(c->agent, PDX_XFER_WRITE, &ll, &rl, p->peer, note,
@@ -486,10 +493,18 @@ static bool on_news(pdx_kv_connector_h c, const char *peer, const char *verb,
     if (strcmp(verb, "lyr") == 0) {
         unsigned layer;
         size_t end;
-        int li;
-        if (sscanf(rest, "%u %zu", &layer, &end) == 2 &&
+        int li, used = 0;
+        if (sscanf(rest, "%u %zu%n", &layer, &end, &used) == 2 &&
             (li = kv_layer_index(c, layer)) >= 0 && end >= l->push_end) {
-            l->layer_ok[li] = 1;
+            /* 1: in; 2: in, and the holder's last write of it */
+            l->layer_ok[li] = strcmp(rest + used, " last") == 0 ? 2 : 1;
+        }
+        bool all = l->status == PDX_INPROGRESS;
+        for (uint32_t i = 0; all && i < c->nlayers; i++) {
+            all = l->layer_ok[i] == 2;
+        }
+        if (all) {
+            l->status = PDX_OK;
         }
     } else if (l->status == PDX_INPROGRESS) {
         bool pushed = strcmp(verb, "pushed") == 0;
@@ -588,7 +603,11 @@ int kv_push_progress(pdx_kv_connector_h c, kv_push_t **list, uint64_t now,
             kv_msg_send(c->agent, p->peer, "pushed", p->dreq);
             pdx_debug("kv: pushed %s to %s", p->req, p->peer);
         }
-        if (p->state != KV_PUSH_NONE && !p->ended_told && !push_busy(c, p)) {
+        /* An end is told once no write is in flight; a tombstone (a
+         * request dropped before anyone asked) waits for an ask, or its
+         * deadline. */
+        if (p->state != KV_PUSH_NONE && !p->ended_told && !push_busy(c, p) &&
+            (p->asked || p->saved || now > p->deadline_ns)) {
             p->ended_told = true;
             if (p->state == KV_PUSH_REFUSED && p->asked) {
                 kv_msg_send(c->agent, p->peer, "nopush", p->dreq);
@@ -626,6 +645,17 @@ void kv_push_forget(pdx_kv_connector_h c, kv_push_t **list, const char *req,
                     bool tell)
 {
     kv_push_t *p = find_push(*list, req);
+    if (p == NULL && tell) {
+        /* A tombstone: an ask that arrives late is told "nopush" at once
+         * rather than waiting a lease for saves that never come. */
+        p = push_new(c, list, req);
+        if (p != NULL) {
+            uint32_t lease = c->remote ? c->remote->lease_ms : 30000;
+            p->state = KV_PUSH_REFUSED;
+            p->deadline_ns = pdx_now_ns() + (uint64_t)lease * 1000000ull;
+        }
+        return;
+    }
     if (p == NULL) {
         return;
     }
