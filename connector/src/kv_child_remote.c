@@ -20,6 +20,8 @@ typedef struct held_handoff {
     char peer[PDX_NAME_MAX];
     uint64_t deadline_ns;
     pdx_offload_lease_h lease; /* FROM_POOL */
+    uint64_t *ids;             /* FROM_ARENA: its blocks, for a late push */
+    size_t nids;
 } held_handoff_t;
 
 typedef struct remote_child {
@@ -63,7 +65,17 @@ static void free_held(kv_child_t *ch, held_handoff_t *h,
     kv_push_forget(c, &remote_of(ch)->pushes, h->req,
                    why != PDX_KV_FREED_DONE);
     report_freed(c, h->req, why);
+    free(h->ids);
     free(h);
+}
+
+static held_handoff_t *find_held(remote_child_t *rc, const char *req)
+{
+    held_handoff_t *h = rc->held;
+    while (h != NULL && strcmp(h->req, req) != 0) {
+        h = h->next;
+    }
+    return h;
 }
 
 static size_t match_remote(kv_child_t *ch, const pdx_kv_request_t *r,
@@ -430,9 +442,14 @@ static pdx_status_t remote_request_finished(kv_child_t *ch, kv_finish_t *f)
     rc->held = h;
     f->params = text;
     if (f->from == PDX_KV_FROM_ARENA) {
-        /* A decode node that asked for a push gets the rest now, whole. */
-        kv_push_finished(c, rc->pushes, r->req_id, f->ids,
-                         n + (r->has_tail ? 1 : 0));
+        /* A decode node that asked for a push gets the rest now, whole
+         * (or when its ask arrives: the ids are kept for it). */
+        h->nids = n + (r->has_tail ? 1 : 0);
+        h->ids = malloc(h->nids * sizeof(*h->ids));
+        if (h->ids != NULL) {
+            memcpy(h->ids, f->ids, h->nids * sizeof(*h->ids));
+        }
+        kv_push_finished(c, rc->pushes, r->req_id, f->ids, h->nids);
     }
     bool pushing;
     kv_push_state_t ps = kv_push_state(rc->pushes, r->req_id, &pushing);
@@ -463,6 +480,11 @@ static bool remote_on_message(kv_child_t *ch, const char *peer,
     bool reject = strcmp(verb, "reject") == 0;
     if (!reject &&
         kv_push_on_message(ch->conn, &rc->pushes, peer, verb, req, rest)) {
+        held_handoff_t *h = find_held(rc, req);
+        if (h != NULL && h->ids != NULL) {
+            /* Asked after the request finished here: pushed whole. */
+            kv_push_finished(ch->conn, rc->pushes, req, h->ids, h->nids);
+        }
         return true;
     }
     held_handoff_t **pp = &rc->held;
@@ -568,6 +590,7 @@ static void remote_destroy(kv_child_t *ch)
         if (h->lease) {
             pdx_offload_release(ch->conn->pool, h->lease);
         }
+        free(h->ids);
         free(h);
     }
     free(rc);
