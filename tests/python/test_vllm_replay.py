@@ -295,3 +295,46 @@ def test_preemption_abort_lease(spawn):
     assert call(d, "info")["free_blocks"] == 64
     stop(d)
     stop(p)
+
+
+def test_without_vllm_and_shipped_configs():
+    """pdx.vllm imports without vLLM (this process has none) and its class
+    says why it cannot run; the shipped configs load into pdx configs."""
+    import glob
+    import json
+    import os
+    from types import SimpleNamespace as NS
+
+    import pdx
+    import pdx.vllm
+    from pdx.vllm import _settings
+    assert not pdx.vllm.VLLM_AVAILABLE
+    with pytest.raises(ImportError, match="needs vLLM"):
+        pdx.vllm.PdxConnector(None, None)
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "configs",
+                        "vllm")
+    files = sorted(glob.glob(os.path.join(root, "*.json")))
+    assert len(files) == 3
+    for f in files:
+        with open(f) as fh:
+            ktc = json.load(fh)
+        cfg = NS(cache_config=NS(block_size=64, cache_dtype="fp8",
+                                 prefix_caching_hash_algo="sha256_cbor"),
+                 model_config=NS(model="zai-org/GLM-5.2-FP8",
+                                 hf_config=NS(num_hidden_layers=78)),
+                 parallel_config=NS(data_parallel_rank=3,
+                                    data_parallel_size=8,
+                                    tensor_parallel_size=1),
+                 kv_transfer_config=NS(**ktc, engine_id="e0"))
+        s = _settings.settings(cfg, environ={"PYTHONHASHSEED": "0"})
+        doc = _settings.pdx_config(s, 54728, 8192, pdx.VRAM, 3)
+        if "backends" not in ktc["kv_connector_extra_config"]:
+            doc["backends"] = [{"name": "ucx"}]
+        c = pdx.KVConfig.parse(json.dumps(doc), name=f)
+        assert c.block_tokens == 64 and c.dp_rank == 3, f
+        assert c.agent_name.endswith("-dp3"), c.agent_name
+    with pytest.raises(ValueError, match="did you mean 'offload'"):
+        _settings.settings(NS(**dict(vars(cfg), kv_transfer_config=NS(
+            kv_role="kv_both", engine_id="e",
+            kv_connector_extra_config={"ofload": {}}))),
+            environ={"PYTHONHASHSEED": "0"})
