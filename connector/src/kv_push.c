@@ -174,8 +174,7 @@ static bool ids_grow(kv_push_t *p, size_t n)
 }
 
 /* Post the write of layer li's saved range clipped to what was asked. */
-static pdx_status_t post_layer(pdx_kv_connector_h c, kv_push_t *p,
-                               uint32_t li)
+static pdx_status_t post_layer(pdx_kv_connector_h c, kv_push_t *p, uint32_t li)
 {
     size_t lo = p->lo[li] > p->dfirst ? p->lo[li] : p->dfirst;
     size_t hi = p->hi[li] < p->dfirst + p->dn ? p->hi[li] : p->dfirst + p->dn;
@@ -206,8 +205,8 @@ static pdx_status_t post_layer(pdx_kv_connector_h c, kv_push_t *p,
                 goto out;
             }
             uint64_t la = ar->base + p->ids[b] * ar->stride;
-            uint64_t ra = p->dbases[a] + p->dids[b - p->dfirst] *
-                                             p->dstrides[a];
+            uint64_t ra =
+                p->dbases[a] + p->dids[b - p->dfirst] * p->dstrides[a];
             if (j > 0 && b > lo && l[j - 1].addr + l[j - 1].len == la &&
                 r[j - 1].addr + r[j - 1].len == ra) {
                 l[j - 1].len += bb;
@@ -393,15 +392,14 @@ static kv_push_t *ask_record(pdx_kv_connector_h c, kv_push_t **list,
 }
 
 /* "arena <preq> <dreq> <narenas> <off> <memtype> <pairs>" */
-static void on_arena(pdx_kv_connector_h c, kv_push_t **list,
-                     const char *peer, const char *preq, const char *rest)
+static void on_arena(pdx_kv_connector_h c, kv_push_t **list, const char *peer,
+                     const char *preq, const char *rest)
 {
     char dreq[PDX_KV_REQ_ID_MAX];
     size_t na, off;
     unsigned mem;
     int used = 0;
-    if (sscanf(rest, "%63s %zu %zu %u %n", dreq, &na, &off, &mem, &used) !=
-            4 ||
+    if (sscanf(rest, "%63s %zu %zu %u %n", dreq, &na, &off, &mem, &used) != 4 ||
         na != c->narenas || mem > PDX_MEM_VRAM) {
         pdx_warn("kv connector %s: arena table for %s from %s does not fit "
                  "this layout (%zu arenas): ignored",
@@ -436,8 +434,8 @@ static void on_want(pdx_kv_connector_h c, kv_push_t **list, const char *peer,
     char dreq[PDX_KV_REQ_ID_MAX];
     size_t first, n, off;
     int used = 0;
-    if (sscanf(rest, "%63s %zu %zu %zu %n", dreq, &first, &n, &off,
-               &used) != 4 ||
+    if (sscanf(rest, "%63s %zu %zu %zu %n", dreq, &first, &n, &off, &used) !=
+            4 ||
         n == 0 || n > (1u << 24) || first > (1u << 24)) {
         pdx_warn("kv connector %s: a malformed ask for %s from %s: ignored",
                  c->cfg.agent_name, preq, peer);
@@ -633,8 +631,7 @@ int kv_push_progress(pdx_kv_connector_h c, kv_push_t **list, uint64_t now,
     return events;
 }
 
-kv_push_state_t kv_push_state(kv_push_t *list, const char *req,
-                              bool *exists_p)
+kv_push_state_t kv_push_state(kv_push_t *list, const char *req, bool *exists_p)
 {
     kv_push_t *p = find_push(list, req);
     *exists_p = p != NULL;
@@ -682,14 +679,12 @@ void kv_push_free_all(pdx_kv_connector_h c, kv_push_t **list)
 
 /* This node's arena table and the ids, to the holder. */
 static pdx_status_t send_ask(pdx_kv_connector_h c, const char *req_id,
-                             const pdx_kv_push_expect_t *e,
-                             const uint64_t *ids)
+                             const pdx_kv_push_expect_t *e, const uint64_t *ids)
 {
     char rest[PDX_NOTIF_MAX - 200];
     pdx_status_t st = PDX_OK;
     unsigned mem = (unsigned)pdx_layout_mem_type(c->layout);
-    for (size_t a0 = 0; st == PDX_OK && a0 < c->narenas;
-         a0 += ARENAS_PER_MSG) {
+    for (size_t a0 = 0; st == PDX_OK && a0 < c->narenas; a0 += ARENAS_PER_MSG) {
         int n = snprintf(rest, sizeof(rest), "%s %zu %zu %u ", req_id,
                          c->narenas, a0, mem);
         for (size_t a = a0; a < c->narenas && a < a0 + ARENAS_PER_MSG; a++) {
@@ -697,8 +692,8 @@ static pdx_status_t send_ask(pdx_kv_connector_h c, const char *req_id,
                           "%s%" PRIx64 ":%" PRIx64, a > a0 ? "," : "",
                           c->arenas[a].base, c->arenas[a].stride);
         }
-        st = kv_msg_send_rest(c->agent, e->holder, "arena", e->holder_req,
-                              rest);
+        st =
+            kv_msg_send_rest(c->agent, e->holder, "arena", e->holder_req, rest);
     }
     for (size_t i0 = 0; st == PDX_OK && i0 < e->nblocks; i0 += IDS_PER_MSG) {
         int n = snprintf(rest, sizeof(rest), "%s %zu %zu %zu ", req_id,
@@ -707,15 +702,14 @@ static pdx_status_t send_ask(pdx_kv_connector_h c, const char *req_id,
             n += snprintf(rest + n, sizeof(rest) - (size_t)n, "%s%" PRIu64,
                           i > i0 ? "," : "", ids[i]);
         }
-        st = kv_msg_send_rest(c->agent, e->holder, "want", e->holder_req,
-                              rest);
+        st = kv_msg_send_rest(c->agent, e->holder, "want", e->holder_req, rest);
     }
     return st;
 }
 
 pdx_status_t kv_push_expect(pdx_kv_connector_h c, const char *req_id,
-                            const pdx_kv_push_expect_t *e,
-                            const uint64_t *ids, kv_load_t *l)
+                            const pdx_kv_push_expect_t *e, const uint64_t *ids,
+                            kv_load_t *l)
 {
     if (pdx_peer_state(c->agent, e->holder) != PDX_OK) {
         pdx_error("kv connector %s: push of %s from %s: not a live peer "
@@ -730,8 +724,7 @@ pdx_status_t kv_push_expect(pdx_kv_connector_h c, const char *req_id,
     pdx_status_t st = send_ask(c, req_id, e, ids);
     if (st != PDX_OK) {
         pdx_error("kv connector %s: push of %s: cannot ask %s: %s",
-                  c->cfg.agent_name, req_id, e->holder,
-                  pdx_status_string(st));
+                  c->cfg.agent_name, req_id, e->holder, pdx_status_string(st));
         return st;
     }
     uint32_t timeout = (e->field_mask & PDX_KV_PUSH_TIMEOUT)

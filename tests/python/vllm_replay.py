@@ -26,9 +26,8 @@ from vllm.v1.core.sched.output import (CachedRequestData, NewRequestData,
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
 
-from vllm_replay_model import (  # noqa: F401
-    BLOCK, IDX_BPT, INDEX_LAYERS, MLA_BPT, NUM_LAYERS, VOCAB, caches_spec,
-    expected_output, kv_rows, next_token, token_keys)
+from vllm_replay_model import (BLOCK, NUM_LAYERS, caches_spec, kv_rows,
+                               next_token, token_keys)
 
 
 def vllm_block_hashes(seed, tokens, algo):

@@ -30,7 +30,6 @@ except Exception:  # noqa: BLE001 - a vLLM without them
     _PromBase, _StatsBase = None, None
 
 _TransferResults = getattr(_base, "KVConnectorTransferResults", None)
-_WorkerMetaBase = getattr(_base, "KVConnectorWorkerMetadata", object)
 
 
 class PdxConnectorMetadata(_base.KVConnectorMetadata):
