@@ -9,6 +9,7 @@
 #include <pdx/mem.h>
 
 #include "kv_connector_int.h"
+#include "kv_devcopy_int.h"
 
 #define SAVE_QUEUE 4096
 
@@ -50,6 +51,7 @@ typedef struct offload_child {
     pthread_t worker;
     bool worker_running;
     bool stop;
+    kv_devcopy_t *dev; /* VRAM arenas: copies through the CUDA driver */
 } offload_child_t;
 
 static offload_child_t *offload_of(kv_child_t *ch)
@@ -65,25 +67,54 @@ static pdx_offload_key_t key_of(const pdx_block_hash_t *h)
     return k;
 }
 
-/* Copies arena a's slice of block `id` into a pool slot at dst. */
-static void copy_arena(pdx_kv_connector_h c, size_t a, unsigned char *dst,
-                       uint64_t id)
+/* Copies arena a's slice of block `id` into a pool slot at dst (from the
+ * device when the arenas are VRAM). */
+static pdx_status_t copy_arena(offload_child_t *oc, size_t a,
+                               unsigned char *dst, uint64_t id)
 {
+    pdx_kv_connector_h c = oc->base.conn;
     const pdx_arena_t *ar = &c->arenas[a];
+    kv_devcopy_t *dev = oc->dev;
+    if (dev != NULL) {
+        return kv_devcopy_d2h(dev, dst + c->arena_off[a],
+                              ar->base + id * ar->stride,
+                              kv_arena_block_bytes(ar));
+    }
     memcpy(dst + c->arena_off[a],
            (const void *)(uintptr_t)(ar->base + id * ar->stride),
            kv_arena_block_bytes(ar));
+    return PDX_OK;
+}
+
+/* The other way: a pool block's slice of arena a into block `id`. */
+static pdx_status_t copy_back(pdx_kv_connector_h c, kv_devcopy_t *dev,
+                              size_t a, const unsigned char *src, uint64_t id)
+{
+    const pdx_arena_t *ar = &c->arenas[a];
+    if (dev != NULL) {
+        return kv_devcopy_h2d(dev, ar->base + id * ar->stride,
+                              src + c->arena_off[a],
+                              kv_arena_block_bytes(ar));
+    }
+    memcpy((void *)(uintptr_t)(ar->base + id * ar->stride),
+           src + c->arena_off[a], kv_arena_block_bytes(ar));
+    return PDX_OK;
 }
 
 /* A whole block into a pool slot (no lock held). */
-static pdx_status_t save_whole(pdx_kv_connector_h c, const save_item_t *it)
+static pdx_status_t save_whole(offload_child_t *oc, const save_item_t *it)
 {
+    pdx_kv_connector_h c = oc->base.conn;
     pdx_offload_resv_t resv;
     pdx_status_t st = pdx_offload_reserve(c->pool, &it->key,
                                           PDX_OFFLOAD_RETAINED, &resv);
     if (st == PDX_OK) {
-        for (size_t a = 0; a < c->narenas; a++) {
-            copy_arena(c, a, resv.dst, it->block_id);
+        for (size_t a = 0; a < c->narenas && st == PDX_OK; a++) {
+            st = copy_arena(oc, a, resv.dst, it->block_id);
+        }
+        if (st != PDX_OK) {
+            pdx_offload_abort(c->pool, &resv);
+            return st;
         }
         st = pdx_offload_commit(c->pool, &resv);
         if (st == PDX_OK) {
@@ -154,12 +185,17 @@ static pdx_status_t save_layer_item(offload_child_t *oc, const save_item_t *it)
     }
     if (sl->reserved) {
         pthread_mutex_unlock(&c->lock);
-        for (size_t a = 0; a < c->narenas; a++) {
+        for (size_t a = 0; a < c->narenas && st == PDX_OK; a++) {
             if (c->arena_li[a] == (uint32_t)it->li) {
-                copy_arena(c, a, sl->resv.dst, it->block_id);
+                st = copy_arena(oc, a, sl->resv.dst, it->block_id);
             }
         }
         pthread_mutex_lock(&c->lock);
+        if (st != PDX_OK) {
+            /* The block is given up: published by no later layer. */
+            pdx_offload_abort(c->pool, &sl->resv);
+            sl->reserved = false;
+        }
     }
     if (--sl->left == 0) {
         for (layer_slot_t **pp = &it->rec->slots; *pp; pp = &(*pp)->next) {
@@ -208,7 +244,7 @@ static void *save_main(void *arg)
             st = save_layer_item(oc, &it); /* unlocks while copying */
         } else {
             pthread_mutex_unlock(&c->lock);
-            st = save_whole(c, &it);
+            st = save_whole(oc, &it);
             pthread_mutex_lock(&c->lock);
         }
         if (st != PDX_OK && it.rec->status == PDX_OK) {
@@ -345,18 +381,16 @@ static pdx_status_t offload_load_prepare(kv_child_t *ch,
         }
         return PDX_ERR_NOT_FOUND;
     }
-    for (size_t b = 0; b < nb; b++) {
+    kv_devcopy_t *dev = offload_of(ch)->dev;
+    for (size_t b = 0; b < nb && st == PDX_OK; b++) {
         const void *src;
         pdx_offload_lease_block(c->pool, lease, b, &src);
-        for (size_t a = 0; a < c->narenas; a++) {
-            const pdx_arena_t *ar = &c->arenas[a];
-            memcpy((void *)(uintptr_t)(ar->base + ids[b] * ar->stride),
-                   (const unsigned char *)src + c->arena_off[a],
-                   kv_arena_block_bytes(ar));
+        for (size_t a = 0; a < c->narenas && st == PDX_OK; a++) {
+            st = copy_back(c, dev, a, src, ids[b]);
         }
     }
     pdx_offload_release(c->pool, lease);
-    return PDX_OK;
+    return st;
 }
 
 static pdx_status_t offload_load(kv_child_t *ch, const pdx_kv_request_t *r,
@@ -632,6 +666,7 @@ static void offload_destroy(kv_child_t *ch)
         free(s);
     }
     free(oc->queue);
+    kv_devcopy_close(oc->dev);
     pthread_cond_destroy(&oc->cv);
     free(oc);
 }
@@ -709,6 +744,28 @@ pdx_status_t kv_offload_child_create(pdx_kv_connector_h c,
     }
     oc->base = (kv_child_t){.ops = &offload_ops, .conn = c, .cfg = cfg};
     oc->queue = queue;
+    if (pdx_layout_mem_type(c->layout) == PDX_MEM_VRAM) {
+        /* Arena and pool copies through the driver: one device each. */
+        for (size_t a = 1; a < c->narenas; a++) {
+            if (c->arenas[a].dev_id != c->arenas[0].dev_id) {
+                pdx_error("kv connector %s: the offload tier takes VRAM "
+                          "arenas of one device (arena %s is on %u, %s on "
+                          "%u)",
+                          c->cfg.agent_name, c->arenas[a].name,
+                          c->arenas[a].dev_id, c->arenas[0].name,
+                          c->arenas[0].dev_id);
+                free(oc);
+                free(queue);
+                return PDX_ERR_INVALID;
+            }
+        }
+        st = kv_devcopy_open(c->arenas[0].dev_id, &oc->dev);
+        if (st != PDX_OK) {
+            free(oc);
+            free(queue);
+            return st;
+        }
+    }
     pthread_cond_init(&oc->cv, NULL);
     int rc = pthread_create(&oc->worker, NULL, save_main, oc);
     if (rc != 0) {

@@ -79,15 +79,19 @@ typedef struct pdx_kv_connector_params {
  * registration per arena, the hasher, the invariants, the offload pool
  * (registered too, so a peer can read blocks saved in it), the store
  * section's registry thread. Logs NONE_HASH and the layout fingerprint at
- * info level.
+ * info level. With VRAM arenas (of one device), the offload child copies
+ * between them and its host pool through the CUDA driver
+ * (PDX_CUDA_DRIVER_LIB, else libcuda.so.1), synchronously, the device's
+ * primary context made current for each copy.
  *
  * @param [in]  params  The config and the layout (required) and the
  *                      agent's params (default: progress thread on).
  * @param [out] conn_p  The connector; written only on success.
  * @return PDX_OK; PDX_ERR_INVALID (params missing or bad);
- *         PDX_ERR_CONFIG; or the error of the agent, a required backend,
- *         a registration, the pool or the store it could not set up
- *         (logged).
+ *         PDX_ERR_CONFIG; PDX_ERR_UNAVAILABLE (VRAM arenas and an offload
+ *         child, and no CUDA driver); or the error of the agent, a
+ *         required backend, a registration, the pool or the store it
+ *         could not set up (logged).
  * Owns: the config is copied; the layout and its memory are borrowed:
  *       the caller keeps both alive until the connector is destroyed;
  *       params->agent_params is read during the call only; *conn_p is the
