@@ -109,17 +109,29 @@ class SchedulerSide:
             r = self.reqs[request.request_id] = _Req(request)
         return r
 
-    def _hash(self, r, ntok):
-        """r.full / r.tail: pdx's hashes of the request's first ntok
-        tokens (recomputed only when ntok grows)."""
-        if ntok == r.ntok:
-            return
+    def _hash(self, r, ntok, tail):
+        """r.full: pdx's hashes of (at least) the full blocks of the
+        request's first ntok tokens; r.tail: the partial tail's key of
+        exactly ntok tokens when `tail` (r.ntok says for which). A decode
+        step only hashes the block it completed, if any."""
         req = r.request
-        toks = list(req.all_token_ids)[:ntok]
         lora = getattr(getattr(req, "lora_request", None), "lora_name", None)
-        full, tail = self.engine().hash_request(
-            toks, lora, getattr(req, "cache_salt", None))
-        r.full, r.tail, r.ntok = full, tail, ntok
+        salt = getattr(req, "cache_salt", None)
+        if tail and r.ntok != ntok:
+            toks = list(req.all_token_ids)[:ntok]
+            r.full, r.tail = self.engine().hash_request(toks, lora, salt)
+            r.ntok = ntok
+        elif len(r.full) < ntok // self.B:
+            toks = req.all_token_ids
+            kw = {"lora_name": lora} if lora is not None else {}
+            hasher = self.engine().hasher
+            for b in range(len(r.full), ntok // self.B):
+                if b == 0 and salt:
+                    kw["cache_salt"] = salt
+                r.full.append(hasher.hash_next(
+                    r.full[-1] if r.full else None,
+                    list(toks[b * self.B:(b + 1) * self.B]), **kw))
+                kw.pop("cache_salt", None)
         if not r.checked:
             self._check_vllm_hashes(r)
 
@@ -141,11 +153,14 @@ class SchedulerSide:
                       self.s["hash_algo"], self.s["hash_seed"],
                       r.full[0].hex())
 
-    def c_request(self, r, ntok, params=None):
-        self._hash(r, ntok)
-        return {"req_id": r.cid, "hashes": r.full, "prompt_tokens": ntok,
-                "tail_hash": r.tail,
-                "tail_tokens": ntok % self.B if r.tail is not None else 0,
+    def c_request(self, r, ntok, params=None, tail=True):
+        """The C connector's request for the first ntok tokens (with the
+        partial tail's key when `tail`)."""
+        self._hash(r, ntok, tail)
+        t = r.tail if tail and r.ntok == ntok else None
+        return {"req_id": r.cid, "hashes": r.full[:ntok // self.B],
+                "prompt_tokens": ntok, "tail_hash": t,
+                "tail_tokens": ntok % self.B if t is not None else 0,
                 "params": params}
 
     # ---------------------------------------------------- vLLM: scheduler
@@ -287,9 +302,7 @@ class SchedulerSide:
         prompt = req.num_prompt_tokens
         last = start < prompt <= end
         ntok = prompt if last else min(end, req.num_tokens)
-        creq = self.c_request(r, ntok)
-        if not last:
-            creq["tail_hash"], creq["tail_tokens"] = None, 0
+        creq = self.c_request(r, ntok, tail=last)
         first = start // self.B
         nb = min(-(-end // self.B), len(r.table)) - first
         if nb <= 0:
@@ -364,8 +377,7 @@ class SchedulerSide:
         turn's prefill node (D-to-P reuse)."""
         eng = self.engine()
         n = request.num_computed_tokens
-        creq = self.c_request(r, n)
-        creq["tail_hash"], creq["tail_tokens"] = None, 0
+        creq = self.c_request(r, n, tail=False)
         try:
             handoff = eng.request_finished(creq, None, n, "pool")
         except pdx.Error as e:
