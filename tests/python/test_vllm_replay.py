@@ -7,8 +7,9 @@ third where a peer must be refused), torch CPU tensors as the KV caches:
   byte-exact, and P's blocks freed on D's done;
 * D-to-P reuse on a second turn (P reads D's offload pool);
 * an offload hit after the GPU cache forgot everything;
-* a peer with another hash seed, or another hash algorithm, refused with
-  the field named; a pinned setting vLLM does not have refused likewise;
+* a peer with another hash seed, hash algorithm, block size or cache
+  dtype refused at connect with the field and both values named; a
+  pinned setting vLLM does not have refused likewise;
 * the holder killed mid-load: the blocks reported as load errors, then
   recomputed, and never a hang;
 * layer-wise push and load, each layer in order, landing while the
@@ -157,6 +158,21 @@ def test_refused_peers_and_settings(spawn):
     assert "prefix_caching_hash_algo" in why, why
     assert "sha256_cbor" in why and "xxhash_cbor" in why, why
     stop(d)
+    # Another block size, another cache dtype: refused at connect, both
+    # values named, the request computed here.
+    for kw, field, values in (
+            ({"block_size": 32}, "block_size", ("32", "64")),
+            ({"kv_dtype": "fp8_e4m3"}, "cache_dtype",
+             ("fp8_e4m3", "fp8_ds_mla"))):
+        d = start(spawn, "kv_consumer", {}, engine_id="D3b", **kw)
+        call(d, "submit", "r", t, 2, kv)
+        rd = run(d, ["r"])["r"]
+        why = call(d, "refused", agent)
+        assert field in why and all(v in why for v in values), why
+        assert rd["computed"] == 700 + 1 and rd["output"] == \
+            vr.expected_output(t, 2)
+        assert call(d, "info")["stats"]["peers_refused"] == 1
+        stop(d)
     stop(p)
     # A setting the extra config pins that vLLM does not have.
     spec = dict(role="kv_consumer", seed="0", engine_id="D4")

@@ -30,14 +30,14 @@ from vllm_replay_model import (BLOCK, NUM_LAYERS, caches_spec, kv_rows,
                                next_token, token_keys)
 
 
-def vllm_block_hashes(seed, tokens, algo):
+def vllm_block_hashes(seed, tokens, algo, block=BLOCK):
     """vLLM's request.block_hashes (sha256_cbor), computed as vLLM does in
     kv_cache_utils, in plain Python (the test_connector.py recipe); empty
     for other algorithms (vLLM's own xxhash needs a module not here)."""
     if algo != "sha256_cbor":
         return []
     from test_connector import vllm_sha256_cbor
-    return vllm_sha256_cbor(seed, tokens, BLOCK)
+    return vllm_sha256_cbor(seed, tokens, block)
 
 
 class Recorder:
@@ -60,16 +60,16 @@ class MiniEngine:
     def __init__(self, role, extra, seed, algo="sha256_cbor", num_blocks=64,
                  budget=512, max_running=8, layer_time=0.0,
                  engine_id="engine0", policy="recompute",
-                 kv_dtype="fp8_ds_mla"):
+                 kv_dtype="fp8_ds_mla", block_size=BLOCK):
         from pdx.vllm import PdxConnector
         os.environ["PYTHONHASHSEED"] = seed
         self.seed, self.algo = seed, algo
-        self.B = BLOCK
+        self.B = block_size
         self.budget, self.max_running = budget, max_running
         self.layer_time = layer_time
         self.policy = policy
         self.cfg = VllmConfig(
-            cache_config=CacheConfig(BLOCK, kv_dtype, algo,
+            cache_config=CacheConfig(block_size, kv_dtype, algo,
                                      num_gpu_blocks=num_blocks),
             model_config=ModelConfig(hf_config=SimpleNamespace(
                 num_hidden_layers=NUM_LAYERS)),
@@ -79,7 +79,7 @@ class MiniEngine:
                 kv_connector_extra_config=dict(extra),
                 kv_load_failure_policy=policy))
         self.spec = caches_spec()
-        self.kv = {name: torch.zeros((num_blocks, BLOCK, bpt),
+        self.kv = {name: torch.zeros((num_blocks, block_size, bpt),
                                      dtype=torch.uint8)
                    for name, _, bpt in self.spec}
         self.np = {name: t.numpy() for name, t in self.kv.items()}
@@ -146,7 +146,8 @@ class MiniEngine:
     # -------------------------------------------------------- scheduler
     def add(self, vid, tokens, max_tokens, params=None):
         req = Request(vid, tokens, max_tokens, params,
-                      vllm_block_hashes(self.seed, tokens, self.algo))
+                      vllm_block_hashes(self.seed, tokens, self.algo,
+                                        self.B))
         self.requests[vid] = req
         self.waiting.append(req)
         self.sched.on_new_request(req)
