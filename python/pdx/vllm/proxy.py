@@ -34,7 +34,12 @@ def _post(base, path, body, headers, timeout):
     u = urllib.parse.urlsplit(base)
     conn = http.client.HTTPConnection(u.hostname, u.port or 80,
                                       timeout=timeout)
-    conn.request("POST", u.path.rstrip("/") + path, json.dumps(body),
+    # vLLM serves /v1/...; a base URL given with its /v1 (as vLLM's own
+    # proxies take it) is not doubled.
+    prefix = u.path.rstrip("/")
+    if prefix.endswith("/v1"):
+        prefix = prefix[:-3]
+    conn.request("POST", prefix + path, json.dumps(body),
                  dict(headers, **{"Content-Type": "application/json"}))
     return conn, conn.getresponse()
 
@@ -144,7 +149,7 @@ def make_handler(proxy):
                 return self._send(400, b'{"error": "not JSON"}')
             try:
                 status, data, stream = proxy.handle(
-                    self.path[len("/v1"):], body,
+                    self.path, body,
                     self.headers.get("Authorization"))
             except OSError as e:
                 return self._send(502, json.dumps(
