@@ -15,7 +15,9 @@ third where a peer must be refused), torch CPU tensors as the KV caches:
 * layer-wise push and load, each layer in order, landing while the
   prefill node still computes later layers;
 * preemption (a resumed request hits its own saved blocks), abort (of a
-  load on its way, of a prefill), lease expiry.
+  load on its way, of a prefill), lease expiry;
+* D aborting requests P holds blocks for: P frees them (reject or done),
+  not at the lease's end.
 
 Every call the replay makes goes through the connector's class as vLLM
 makes it; an AttributeError or NotImplementedError fails the test."""
@@ -309,6 +311,40 @@ def test_preemption_abort_lease(spawn):
     rf = run(d, ["f"], timeout=30.0)["f"]
     assert rf["status"] == "FINISHED_ABORTED" and rf["freed"]
     assert call(d, "info")["free_blocks"] == 64
+    stop(d)
+    stop(p)
+
+
+def test_d_abort_frees_p(spawn):
+    # D aborts two requests whose blocks P holds for it: one still waiting
+    # (never loaded: P is told to free at once), one whose load was
+    # scheduled (stopped; P freed on D's done or reject, whichever came
+    # first). P holds nothing afterwards, long before any lease ends.
+    p = start(spawn, "kv_producer", {"remote": {"lease_ms": 120000}},
+              engine_id="P9")
+    d = start(spawn, "kv_consumer", {}, engine_id="D9")
+    ta, tb = tokens(1200, 13), tokens(700, 14)
+    call(p, "submit", "a", ta, 1, dict(P_D))
+    call(p, "submit", "b", tb, 1, dict(P_D))
+    rp = run(p, ["a", "b"], freed=False)
+    assert call(p, "info")["held"] == 2
+    call(d, "submit", "a", ta, 4, rp["a"]["kv_transfer_params"])
+    call(d, "submit", "b", tb, 4, rp["b"]["kv_transfer_params"])
+    call(d, "abort", "b")
+    call(d, "steps", 1)  # a's load scheduled and started
+    call(d, "abort", "a")
+    rd = run(d, ["a", "b"], timeout=30.0)
+    assert rd["a"]["status"] == rd["b"]["status"] == "FINISHED_ABORTED"
+    assert rd["a"]["freed"] and rd["b"]["freed"]
+    assert call(d, "info")["free_blocks"] == 64
+    t0 = time.monotonic()
+    assert all(r["freed"] for r in run(p, ["a", "b"], timeout=30.0).values())
+    assert time.monotonic() - t0 < 60  # not the 120 s lease
+    st = call(p, "info")
+    assert st["held"] == 0 and st["free_blocks"] == 64, st
+    assert st["stats"]["freed_reject"] >= 1, st["stats"]
+    assert st["stats"]["freed_reject"] + st["stats"]["freed_done"] == 2
+    assert st["stats"]["freed_expired"] == 0
     stop(d)
     stop(p)
 
