@@ -215,6 +215,17 @@ def test_holder_killed_mid_load(spawn):
     assert rd["output"] == vr.expected_output(t, 3)
     assert call(d, "info")["stats"]["load_failures"] == 1
     stop(d)
+    # An unreachable P (dead before this D ever reached it): the handoff
+    # is not matched, the prompt computed here, within the load timeout.
+    d = start(spawn, "kv_consumer", {"load_timeout": 10}, engine_id="D5b")
+    call(d, "submit", "r5", t, 3, kv)
+    t0 = time.monotonic()
+    rd = run(d, ["r5"], timeout=60.0)["r5"]
+    assert time.monotonic() - t0 < 30  # never a hang
+    assert rd["computed"] >= 1200 and rd["mismatched"] == 0
+    assert rd["output"] == vr.expected_output(t, 3)
+    assert call(d, "info")["free_blocks"] == 64
+    stop(d)
 
 
 def test_holder_killed_mid_push(spawn):
