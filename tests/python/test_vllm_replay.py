@@ -135,7 +135,8 @@ def test_handoff_reuse_offload(spawn):
 
 
 def test_refused_peers_and_settings(spawn):
-    p = start(spawn, "kv_producer", {}, engine_id="P2")
+    # P as vLLM without the hybrid allocator drives it: request_finished.
+    p = start(spawn, "kv_producer", {}, engine_id="P2", hma=False)
     t = tokens(700, 4)
     call(p, "submit", "r", t, 1, dict(P_D))
     kv = run(p, ["r"], freed=False)["r"]["kv_transfer_params"]
@@ -175,7 +176,7 @@ def test_refused_peers_and_settings(spawn):
             vr.expected_output(t, 2)
         assert call(d, "info")["stats"]["peers_refused"] == 1
         stop(d)
-    stop(p)
+    assert "request_finished" in stop(p)
     # A setting the extra config pins that vLLM does not have.
     spec = dict(role="kv_consumer", seed="0", engine_id="D4")
     for extra, field, values in (

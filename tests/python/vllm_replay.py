@@ -60,11 +60,12 @@ class MiniEngine:
     def __init__(self, role, extra, seed, algo="sha256_cbor", num_blocks=64,
                  budget=512, max_running=8, layer_time=0.0,
                  engine_id="engine0", policy="recompute",
-                 kv_dtype="fp8_ds_mla", block_size=BLOCK):
+                 kv_dtype="fp8_ds_mla", block_size=BLOCK, hma=True):
         from pdx.vllm import PdxConnector
         os.environ["PYTHONHASHSEED"] = seed
         self.seed, self.algo = seed, algo
         self.B = block_size
+        self.hma = hma  # False: vLLM with the hybrid allocator disabled
         self.budget, self.max_running = budget, max_running
         self.layer_time = layer_time
         self.policy = policy
@@ -393,8 +394,13 @@ class MiniEngine:
         vid = req.request_id
         nb = -(-req.num_computed_tokens // self.B)
         ids = list(self.blocks.get(vid, ()))[:nb]
-        # SupportsHMA: request_finished_all_groups, one list per group.
-        cdelay, params = self.sched.request_finished_all_groups(req, (ids,))
+        # SupportsHMA: request_finished_all_groups, one list per group;
+        # with the hybrid allocator disabled vLLM calls request_finished.
+        if self.hma:
+            cdelay, params = self.sched.request_finished_all_groups(
+                req, (ids,))
+        else:
+            cdelay, params = self.sched.request_finished(req, ids)
         self.finished_req_ids.add(vid)
         n = req.num_prompt_tokens
         res = self.results[vid] = {
