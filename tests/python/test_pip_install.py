@@ -102,9 +102,7 @@ VLLM_CHECK = r'''
 import importlib, sys
 import pdx.vllm
 assert pdx.vllm.__file__.startswith(sys.prefix), pdx.vllm.__file__
-for m in ("_connector", "_scheduler", "_worker", "_settings", "_engine",
-          "proxy"):
-    importlib.import_module("pdx.vllm." + m)
+importlib.import_module("pdx.vllm.proxy")
 assert not pdx.vllm.VLLM_AVAILABLE  # no vLLM here
 try:
     pdx.vllm.PdxConnector(None, None)
