@@ -122,7 +122,7 @@ ext = Extension(
 
 setup(
     packages=["pdx", "pdx.nixl", "pdx._nixl_shim.nixl", "pdx._nixl_shim.nixl_cu12",
-              "pdx._nixl_shim.nixl_cu13"],
+              "pdx._nixl_shim.nixl_cu13", "pdx.vllm"],
     ext_modules=[ext],
     cmdclass={"build_ext": BuildWithLib},
     zip_safe=False,

@@ -9,20 +9,34 @@
 #include <pdx/mem.h>
 
 #include "kv_connector_int.h"
+#include "kv_devcopy_int.h"
 
 #define SAVE_QUEUE 4096
+
+/* A pool slot filled layer by layer (pdx_kv_save_layer): reserved at its
+ * block's first layer, published when `left` reaches 0. */
+typedef struct layer_slot {
+    struct layer_slot *next;
+    pdx_offload_key_t key;
+    pdx_offload_resv_t resv;
+    uint32_t left;
+    bool reserved; /* resv is live */
+} layer_slot_t;
 
 typedef struct save_rec {
     struct save_rec *next;
     char req[PDX_KV_REQ_ID_MAX];
     uint32_t pending;
     pdx_status_t status;
+    layer_slot_t *slots; /* blocks being saved layer by layer */
+    bool dropped;        /* pdx_kv_request_dropped: queued items skipped */
 } save_rec_t;
 
 typedef struct save_item {
     save_rec_t *rec;
     pdx_offload_key_t key;
     uint64_t block_id;
+    int32_t li; /* the layer index to copy; -1: the whole block */
 } save_item_t;
 
 typedef struct offload_child {
@@ -32,10 +46,12 @@ typedef struct offload_child {
     save_item_t *queue;
     size_t q_head, q_len;
     pdx_offload_key_t cur_key; /* the block the worker is copying */
+    save_rec_t *cur_rec;       /* and for which request */
     bool cur_busy;
     pthread_t worker;
     bool worker_running;
     bool stop;
+    kv_devcopy_t *dev; /* VRAM arenas: copies through the CUDA driver */
 } offload_child_t;
 
 static offload_child_t *offload_of(kv_child_t *ch)
@@ -49,6 +65,156 @@ static pdx_offload_key_t key_of(const pdx_block_hash_t *h)
     _Static_assert(sizeof(k) == sizeof(*h), "key and hash layouts agree");
     memcpy(&k, h, sizeof(k));
     return k;
+}
+
+/* Copies arena a's slice of block `id` into a pool slot at dst (from the
+ * device when the arenas are VRAM). */
+static pdx_status_t copy_arena(offload_child_t *oc, size_t a,
+                               unsigned char *dst, uint64_t id)
+{
+    pdx_kv_connector_h c = oc->base.conn;
+    const pdx_arena_t *ar = &c->arenas[a];
+    kv_devcopy_t *dev = oc->dev;
+    if (dev != NULL) {
+        return kv_devcopy_d2h(dev, dst + c->arena_off[a],
+                              ar->base + id * ar->stride,
+                              kv_arena_block_bytes(ar));
+    }
+    memcpy(dst + c->arena_off[a],
+           (const void *)(uintptr_t)(ar->base + id * ar->stride),
+           kv_arena_block_bytes(ar));
+    return PDX_OK;
+}
+
+/* The other way: a pool block's slice of arena a into block `id`. */
+static pdx_status_t copy_back(pdx_kv_connector_h c, kv_devcopy_t *dev,
+                              size_t a, const unsigned char *src, uint64_t id)
+{
+    const pdx_arena_t *ar = &c->arenas[a];
+    if (dev != NULL) {
+        return kv_devcopy_h2d(dev, ar->base + id * ar->stride,
+                              src + c->arena_off[a],
+                              kv_arena_block_bytes(ar));
+    }
+    memcpy((void *)(uintptr_t)(ar->base + id * ar->stride),
+           src + c->arena_off[a], kv_arena_block_bytes(ar));
+    return PDX_OK;
+}
+
+/* A whole block into a pool slot (no lock held). */
+static pdx_status_t save_whole(offload_child_t *oc, const save_item_t *it)
+{
+    pdx_kv_connector_h c = oc->base.conn;
+    pdx_offload_resv_t resv;
+    pdx_status_t st = pdx_offload_reserve(c->pool, &it->key,
+                                          PDX_OFFLOAD_RETAINED, &resv);
+    if (st == PDX_OK) {
+        for (size_t a = 0; a < c->narenas && st == PDX_OK; a++) {
+            st = copy_arena(oc, a, resv.dst, it->block_id);
+        }
+        if (st != PDX_OK) {
+            pdx_offload_abort(c->pool, &resv);
+            return st;
+        }
+        st = pdx_offload_commit(c->pool, &resv);
+        if (st == PDX_OK) {
+            kv_store_saved(c->store, &it->key); /* owner registry */
+        }
+    } else if (st == PDX_ERR_EXISTS) {
+        st = PDX_OK; /* already saved: a duplicate costs nothing */
+    }
+    return st;
+}
+
+static bool same_key(const pdx_offload_key_t *a, const pdx_offload_key_t *b);
+
+static void slots_abort(pdx_kv_connector_h c, save_rec_t *s)
+{
+    while (s->slots != NULL) {
+        layer_slot_t *sl = s->slots;
+        s->slots = sl->next;
+        if (sl->reserved) {
+            pdx_offload_abort(c->pool, &sl->resv);
+        }
+        free(sl);
+    }
+}
+
+static void rec_unlink_free(offload_child_t *oc, save_rec_t *s)
+{
+    for (save_rec_t **pp = &oc->saves; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == s) {
+            *pp = s->next;
+            break;
+        }
+    }
+    slots_abort(oc->base.conn, s);
+    free(s);
+}
+
+/* One layer of one block into its slot, reserved at the first of its
+ * layers; published after the last. Called and returns with c->lock held;
+ * the reservation and the copy run without it (one worker: nothing else
+ * touches the slot meanwhile but pdx_kv_request_dropped, which waits for
+ * the worker to leave this request). */
+static pdx_status_t save_layer_item(offload_child_t *oc, const save_item_t *it)
+{
+    pdx_kv_connector_h c = oc->base.conn;
+    layer_slot_t *sl = it->rec->slots;
+    while (sl != NULL && !same_key(&sl->key, &it->key)) {
+        sl = sl->next;
+    }
+    pdx_status_t st = PDX_OK;
+    if (sl == NULL) {
+        sl = calloc(1, sizeof(*sl));
+        if (sl == NULL) {
+            return PDX_ERR_NOMEM;
+        }
+        sl->key = it->key;
+        sl->left = c->nlayers;
+        sl->next = it->rec->slots;
+        it->rec->slots = sl;
+        pthread_mutex_unlock(&c->lock);
+        st = pdx_offload_reserve(c->pool, &it->key, PDX_OFFLOAD_RETAINED,
+                                 &sl->resv);
+        pthread_mutex_lock(&c->lock);
+        sl->reserved = st == PDX_OK;
+        if (st == PDX_ERR_EXISTS) {
+            st = PDX_OK; /* saved already, or being saved by another */
+        }
+    }
+    if (sl->reserved) {
+        pthread_mutex_unlock(&c->lock);
+        for (size_t a = 0; a < c->narenas && st == PDX_OK; a++) {
+            if (c->arena_li[a] == (uint32_t)it->li) {
+                st = copy_arena(oc, a, sl->resv.dst, it->block_id);
+            }
+        }
+        pthread_mutex_lock(&c->lock);
+        if (st != PDX_OK) {
+            /* The block is given up: published by no later layer. */
+            pdx_offload_abort(c->pool, &sl->resv);
+            sl->reserved = false;
+        }
+    }
+    if (--sl->left == 0) {
+        for (layer_slot_t **pp = &it->rec->slots; *pp; pp = &(*pp)->next) {
+            if (*pp == sl) {
+                *pp = sl->next;
+                break;
+            }
+        }
+        if (sl->reserved) {
+            pthread_mutex_unlock(&c->lock);
+            st = pdx_offload_commit(c->pool, &sl->resv);
+            if (st == PDX_OK) {
+                kv_store_saved(c->store, &sl->key);
+            }
+            pthread_mutex_lock(&c->lock);
+        }
+        free(sl);
+    }
+    return st;
 }
 
 /* Save worker: gathers each block's arena slices into a reserved pool slot
@@ -69,28 +235,18 @@ static void *save_main(void *arg)
         oc->q_head = (oc->q_head + 1) % SAVE_QUEUE;
         oc->q_len--;
         oc->cur_key = it.key;
+        oc->cur_rec = it.rec;
         oc->cur_busy = true;
-        pthread_mutex_unlock(&c->lock);
-        pdx_offload_resv_t resv;
-        pdx_status_t st = pdx_offload_reserve(c->pool, &it.key,
-                                              PDX_OFFLOAD_RETAINED, &resv);
-        if (st == PDX_OK) {
-            unsigned char *dst = resv.dst;
-            for (size_t a = 0; a < c->narenas; a++) {
-                const pdx_arena_t *ar = &c->arenas[a];
-                memcpy(dst + c->arena_off[a],
-                       (const void *)(uintptr_t)(ar->base +
-                                                 it.block_id * ar->stride),
-                       kv_arena_block_bytes(ar));
-            }
-            st = pdx_offload_commit(c->pool, &resv);
-            if (st == PDX_OK) {
-                kv_store_saved(c->store, &it.key); /* owner registry */
-            }
-        } else if (st == PDX_ERR_EXISTS) {
-            st = PDX_OK; /* already saved: a duplicate costs nothing */
+        pdx_status_t st = PDX_OK;
+        if (it.rec->dropped && it.li >= 0) {
+            /* a layer of a dropped request: skipped */
+        } else if (it.li >= 0) {
+            st = save_layer_item(oc, &it); /* unlocks while copying */
+        } else {
+            pthread_mutex_unlock(&c->lock);
+            st = save_whole(oc, &it);
+            pthread_mutex_lock(&c->lock);
         }
-        pthread_mutex_lock(&c->lock);
         if (st != PDX_OK && it.rec->status == PDX_OK) {
             pdx_warn("kv: save of a block of %s failed: %s", it.rec->req,
                      pdx_status_string(st));
@@ -98,6 +254,10 @@ static void *save_main(void *arg)
         }
         it.rec->pending--;
         oc->cur_busy = false;
+        oc->cur_rec = NULL;
+        if (it.rec->dropped && it.rec->pending == 0) {
+            rec_unlink_free(oc, it.rec);
+        }
         pthread_cond_broadcast(&oc->cv);
     }
     pthread_mutex_unlock(&c->lock);
@@ -188,22 +348,28 @@ static pdx_status_t offload_lookup(kv_child_t *ch, const pdx_kv_request_t *r,
 static pdx_status_t offload_load_prepare(kv_child_t *ch,
                                          const pdx_kv_request_t *r,
                                          const pdx_kv_match_t *m,
+                                         const kv_load_opts_t *o,
                                          const uint64_t *ids)
 {
     pdx_kv_connector_h c = ch->conn;
+    size_t first = o->first;
     size_t nb = m->blocks + (m->tail ? 1 : 0);
+    if (first >= nb) {
+        return PDX_OK; /* the engine has all of it */
+    }
     pdx_offload_key_t *keys = malloc((nb ? nb : 1) * sizeof(*keys));
     if (keys == NULL) {
         pdx_error("kv connector %s: load %s: out of memory for %zu keys",
                   c->cfg.agent_name, r->req_id, nb);
         return PDX_ERR_NOMEM;
     }
-    for (size_t b = 0; b < m->blocks; b++) {
-        keys[b] = key_of(&r->hashes[b]);
+    for (size_t b = first; b < m->blocks; b++) {
+        keys[b - first] = key_of(&r->hashes[b]);
     }
     if (m->tail) {
-        keys[m->blocks] = key_of(&r->tail_hash);
+        keys[m->blocks - first] = key_of(&r->tail_hash);
     }
+    nb -= first;
     pdx_offload_lease_h lease = NULL;
     size_t got = 0;
     pdx_status_t st = pdx_offload_lease(c->pool, keys, nb, &lease, &got);
@@ -215,103 +381,183 @@ static pdx_status_t offload_load_prepare(kv_child_t *ch,
         }
         return PDX_ERR_NOT_FOUND;
     }
-    for (size_t b = 0; b < nb; b++) {
+    kv_devcopy_t *dev = offload_of(ch)->dev;
+    for (size_t b = 0; b < nb && st == PDX_OK; b++) {
         const void *src;
         pdx_offload_lease_block(c->pool, lease, b, &src);
-        for (size_t a = 0; a < c->narenas; a++) {
-            const pdx_arena_t *ar = &c->arenas[a];
-            memcpy((void *)(uintptr_t)(ar->base + ids[b] * ar->stride),
-                   (const unsigned char *)src + c->arena_off[a],
-                   kv_arena_block_bytes(ar));
+        for (size_t a = 0; a < c->narenas && st == PDX_OK; a++) {
+            st = copy_back(c, dev, a, src, ids[b]);
         }
     }
     pdx_offload_release(c->pool, lease);
-    return PDX_OK;
+    return st;
 }
 
 static pdx_status_t offload_load(kv_child_t *ch, const pdx_kv_request_t *r,
-                                 const pdx_kv_match_t *m, const uint64_t *ids,
+                                 const pdx_kv_match_t *m,
+                                 const kv_load_opts_t *o, const uint64_t *ids,
                                  pdx_status_t prepared, kv_load_t *l)
 {
     if (m->source == PDX_KV_SOURCE_REMOTE) {
         /* A cross-node hit: a handoff from the owner's pool. */
-        return kv_remote_read(ch->conn, r, m, ids, l);
+        return kv_remote_read(ch->conn, r, m, o, ids, l);
     }
     l->status = prepared; /* copied by offload_load_prepare */
     return prepared;
+}
+
+/* The save record of req_id (made when missing; NULL out of memory). */
+static save_rec_t *save_rec(offload_child_t *oc, const char *req_id)
+{
+    for (save_rec_t *x = oc->saves; x != NULL; x = x->next) {
+        if (!x->dropped && strcmp(x->req, req_id) == 0) {
+            return x;
+        }
+    }
+    save_rec_t *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        pdx_error("kv connector %s: save %s: out of memory",
+                  oc->base.conn->cfg.agent_name, req_id);
+        return NULL;
+    }
+    snprintf(s->req, sizeof(s->req), "%s", req_id);
+    s->next = oc->saves;
+    oc->saves = s;
+    return s;
+}
+
+/* One item on the save queue: block `id` (layer index li, -1 for all of
+ * it) as `key`. False, with s->status set, when it cannot be. */
+static bool enqueue(offload_child_t *oc, save_rec_t *s, const char *req,
+                    const pdx_offload_key_t *key, uint64_t id, int32_t li)
+{
+    pdx_kv_connector_h c = oc->base.conn;
+    if (id >= c->arenas[0].num_blocks) {
+        /* Reported by pdx_kv_save_check, as a failed copy would be. */
+        pdx_error("kv connector %s: save %s: block id %llu out of range "
+                  "(%llu blocks)",
+                  c->cfg.agent_name, req, (unsigned long long)id,
+                  (unsigned long long)c->arenas[0].num_blocks);
+        s->status = PDX_ERR_INVALID;
+        return false;
+    }
+    /* Bounded queue: wait for the worker rather than drop a save. */
+    for (int guard = 0; oc->q_len == SAVE_QUEUE && guard < 100000; guard++) {
+        pthread_cond_wait(&oc->cv, &c->lock);
+    }
+    if (oc->q_len == SAVE_QUEUE) {
+        pdx_error("kv connector %s: save %s: the save queue stayed full "
+                  "(%d blocks)",
+                  c->cfg.agent_name, req, SAVE_QUEUE);
+        s->status = PDX_ERR_BUSY;
+        return false;
+    }
+    save_item_t *it = &oc->queue[(oc->q_head + oc->q_len) % SAVE_QUEUE];
+    it->rec = s;
+    it->block_id = id;
+    it->key = *key;
+    it->li = li;
+    s->pending++;
+    oc->q_len++;
+    return true;
 }
 
 static pdx_status_t offload_save(kv_child_t *ch, const pdx_kv_request_t *r,
                                  const uint64_t *ids)
 {
     offload_child_t *oc = offload_of(ch);
-    pdx_kv_connector_h c = ch->conn;
     if (ch->cfg->mode == PDX_KV_OFFLOAD_LOAD_ONLY) {
         return PDX_OK;
     }
     size_t n = r->nfull + (r->has_tail && ch->cfg->save_tail ? 1 : 0);
-    save_rec_t *s = NULL;
-    for (save_rec_t *x = oc->saves; x != NULL; x = x->next) {
-        if (strcmp(x->req, r->req_id) == 0) {
-            s = x;
-        }
-    }
+    save_rec_t *s = save_rec(oc, r->req_id);
     if (s == NULL) {
-        s = calloc(1, sizeof(*s));
-        if (s == NULL) {
-            pdx_error("kv connector %s: save %s: out of memory",
-                      c->cfg.agent_name, r->req_id);
-            return PDX_ERR_NOMEM;
-        }
-        snprintf(s->req, sizeof(s->req), "%s", r->req_id);
-        s->next = oc->saves;
-        oc->saves = s;
+        return PDX_ERR_NOMEM;
     }
     for (size_t i = 0; i < n; i++) {
-        uint64_t id = ids[i];
-        if (id >= c->arenas[0].num_blocks) {
-            /* Reported by pdx_kv_save_check, as a failed copy would be. */
-            pdx_error("kv connector %s: save %s: block id %llu out of range "
-                      "(%llu blocks)",
-                      c->cfg.agent_name, r->req_id, (unsigned long long)id,
-                      (unsigned long long)c->arenas[0].num_blocks);
-            s->status = PDX_ERR_INVALID;
+        pdx_offload_key_t k =
+            key_of(i < r->nfull ? &r->hashes[i] : &r->tail_hash);
+        if (!enqueue(oc, s, r->req_id, &k, ids[i], -1)) {
             break;
         }
-        /* Bounded queue: wait for the worker rather than drop a save. */
-        for (int guard = 0; oc->q_len == SAVE_QUEUE && guard < 100000;
-             guard++) {
-            pthread_cond_wait(&oc->cv, &c->lock);
-        }
-        if (oc->q_len == SAVE_QUEUE) {
-            pdx_error("kv connector %s: save %s: the save queue stayed full "
-                      "(%d blocks); %zu of %zu blocks queued",
-                      c->cfg.agent_name, r->req_id, SAVE_QUEUE, i, n);
-            s->status = PDX_ERR_BUSY;
-            break;
-        }
-        save_item_t *it = &oc->queue[(oc->q_head + oc->q_len) % SAVE_QUEUE];
-        it->rec = s;
-        it->block_id = id;
-        it->key = key_of(i < r->nfull ? &r->hashes[i] : &r->tail_hash);
-        s->pending++;
-        oc->q_len++;
     }
     pthread_cond_broadcast(&oc->cv);
     return PDX_OK;
+}
+
+/* Layer-wise: the blocks this step completed (a full block wholly below
+ * s->tokens; the partial tail on the last step), this layer of each. */
+static pdx_status_t offload_save_layer(kv_child_t *ch,
+                                       const pdx_kv_request_t *r,
+                                       const pdx_kv_layer_save_t *ls,
+                                       const uint64_t *ids)
+{
+    offload_child_t *oc = offload_of(ch);
+    pdx_kv_connector_h c = ch->conn;
+    if (ch->cfg->mode == PDX_KV_OFFLOAD_LOAD_ONLY) {
+        return PDX_OK;
+    }
+    int li = kv_layer_index(c, ls->layer);
+    save_rec_t *s = NULL;
+    for (size_t i = 0; i < ls->nblocks; i++) {
+        size_t b = ls->first_block + i;
+        const pdx_block_hash_t *h = NULL;
+        if (b < r->nfull && (b + 1) * (size_t)c->block_tokens <= ls->tokens) {
+            h = &r->hashes[b];
+        } else if (b == r->nfull && r->has_tail && ls->last &&
+                   ch->cfg->save_tail) {
+            h = &r->tail_hash;
+        }
+        if (h == NULL) {
+            continue;
+        }
+        if (s == NULL && (s = save_rec(oc, r->req_id)) == NULL) {
+            return PDX_ERR_NOMEM;
+        }
+        pdx_offload_key_t k = key_of(h);
+        if (!enqueue(oc, s, r->req_id, &k, ids[i], li)) {
+            break;
+        }
+    }
+    pthread_cond_broadcast(&oc->cv);
+    return PDX_OK;
+}
+
+/* The request is gone: its queued items are skipped, its slots given
+ * back once the worker is not copying for it. */
+static void offload_request_dropped(kv_child_t *ch, const char *req_id)
+{
+    offload_child_t *oc = offload_of(ch);
+    pdx_kv_connector_h c = ch->conn;
+    for (save_rec_t *s = oc->saves; s != NULL; s = s->next) {
+        if (s->dropped || strcmp(s->req, req_id) != 0) {
+            continue;
+        }
+        while (oc->cur_busy && oc->cur_rec == s) {
+            pthread_cond_wait(&oc->cv, &c->lock);
+        }
+        s->dropped = true;
+        if (s->pending == 0) {
+            rec_unlink_free(oc, s);
+        } else {
+            slots_abort(c, s);
+        }
+        return;
+    }
 }
 
 static pdx_status_t offload_save_check(kv_child_t *ch, const char *req_id)
 {
     offload_child_t *oc = offload_of(ch);
     save_rec_t **pp = &oc->saves;
-    while (*pp != NULL && strcmp((*pp)->req, req_id) != 0) {
+    while (*pp != NULL &&
+           ((*pp)->dropped || strcmp((*pp)->req, req_id) != 0)) {
         pp = &(*pp)->next;
     }
     pdx_status_t st = PDX_OK;
     if (*pp != NULL) {
         save_rec_t *s = *pp;
-        if (s->pending > 0) {
+        if (s->pending > 0 || s->slots != NULL) {
             st = PDX_INPROGRESS;
         } else {
             st = s->status;
@@ -336,10 +582,10 @@ static void wait_saved(offload_child_t *oc, const char *req,
     }
     for (;;) {
         save_rec_t *s = oc->saves;
-        while (s != NULL && strcmp(s->req, req) != 0) {
+        while (s != NULL && (s->dropped || strcmp(s->req, req) != 0)) {
             s = s->next;
         }
-        if (s == NULL || s->pending == 0) {
+        if (s == NULL || (s->pending == 0 && s->slots == NULL)) {
             return;
         }
         if (pthread_cond_timedwait(&oc->cv, &oc->base.conn->lock, &dl) !=
@@ -416,9 +662,11 @@ static void offload_destroy(kv_child_t *ch)
     while (oc->saves) {
         save_rec_t *s = oc->saves;
         oc->saves = s->next;
+        slots_abort(c, s);
         free(s);
     }
     free(oc->queue);
+    kv_devcopy_close(oc->dev);
     pthread_cond_destroy(&oc->cv);
     free(oc);
 }
@@ -431,6 +679,8 @@ static const kv_child_ops_t offload_ops = {
     .load_check = kv_remote_read_check, /* cross-node hits are READs */
     .save = offload_save,
     .save_check = offload_save_check,
+    .save_layer = offload_save_layer,
+    .request_dropped = offload_request_dropped,
     .request_finished = offload_request_finished,
     .destroy = offload_destroy,
 };
@@ -494,6 +744,28 @@ pdx_status_t kv_offload_child_create(pdx_kv_connector_h c,
     }
     oc->base = (kv_child_t){.ops = &offload_ops, .conn = c, .cfg = cfg};
     oc->queue = queue;
+    if (pdx_layout_mem_type(c->layout) == PDX_MEM_VRAM) {
+        /* Arena and pool copies through the driver: one device each. */
+        for (size_t a = 1; a < c->narenas; a++) {
+            if (c->arenas[a].dev_id != c->arenas[0].dev_id) {
+                pdx_error("kv connector %s: the offload tier takes VRAM "
+                          "arenas of one device (arena %s is on %u, %s on "
+                          "%u)",
+                          c->cfg.agent_name, c->arenas[a].name,
+                          c->arenas[a].dev_id, c->arenas[0].name,
+                          c->arenas[0].dev_id);
+                free(oc);
+                free(queue);
+                return PDX_ERR_INVALID;
+            }
+        }
+        st = kv_devcopy_open(c->arenas[0].dev_id, &oc->dev);
+        if (st != PDX_OK) {
+            free(oc);
+            free(queue);
+            return st;
+        }
+    }
     pthread_cond_init(&oc->cv, NULL);
     int rc = pthread_create(&oc->worker, NULL, save_main, oc);
     if (rc != 0) {

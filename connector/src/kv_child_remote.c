@@ -20,11 +20,14 @@ typedef struct held_handoff {
     char peer[PDX_NAME_MAX];
     uint64_t deadline_ns;
     pdx_offload_lease_h lease; /* FROM_POOL */
+    uint64_t *ids;             /* FROM_ARENA: its blocks, for a late push */
+    size_t nids;
 } held_handoff_t;
 
 typedef struct remote_child {
     kv_child_t base; /* first */
     held_handoff_t *held;
+    kv_push_t *pushes; /* kv_push.c: layer-wise pushes of this node */
 } remote_child_t;
 
 static remote_child_t *remote_of(kv_child_t *ch)
@@ -32,16 +35,13 @@ static remote_child_t *remote_of(kv_child_t *ch)
     return (remote_child_t *)ch;
 }
 
-/* Releases the blocks of h and reports the request freed. */
-static void free_held(pdx_kv_connector_h c, held_handoff_t *h,
-                      pdx_kv_free_reason_t why)
+/* Reports request `req` freed (pdx_kv_poll_freed). */
+static void report_freed(pdx_kv_connector_h c, const char *req,
+                         pdx_kv_free_reason_t why)
 {
-    if (h->lease != NULL) {
-        pdx_offload_release(c->pool, h->lease);
-    }
     kv_freed_t *f = calloc(1, sizeof(*f));
     if (f != NULL) {
-        snprintf(f->req, sizeof(f->req), "%s", h->req);
+        snprintf(f->req, sizeof(f->req), "%s", req);
         f->why = why;
         if (c->freed_tail) {
             c->freed_tail->next = f;
@@ -50,7 +50,32 @@ static void free_held(pdx_kv_connector_h c, held_handoff_t *h,
         }
         c->freed_tail = f;
     }
+}
+
+/* Releases the blocks of h, forgets its push and reports the request
+ * freed. */
+static void free_held(kv_child_t *ch, held_handoff_t *h,
+                      pdx_kv_free_reason_t why)
+{
+    pdx_kv_connector_h c = ch->conn;
+    if (h->lease != NULL) {
+        pdx_offload_release(c->pool, h->lease);
+    }
+    /* A reader that is done or gone wants no push any more. */
+    kv_push_forget(c, &remote_of(ch)->pushes, h->req,
+                   why != PDX_KV_FREED_DONE);
+    report_freed(c, h->req, why);
+    free(h->ids);
     free(h);
+}
+
+static held_handoff_t *find_held(remote_child_t *rc, const char *req)
+{
+    held_handoff_t *h = rc->held;
+    while (h != NULL && strcmp(h->req, req) != 0) {
+        h = h->next;
+    }
+    return h;
 }
 
 static size_t match_remote(kv_child_t *ch, const pdx_kv_request_t *r,
@@ -92,18 +117,137 @@ static pdx_status_t remote_lookup(kv_child_t *ch, const pdx_kv_request_t *r,
     return PDX_OK;
 }
 
+/* The descriptors of a READ of handoff h into the local blocks `ids`:
+ * blocks [first, nb) of the match, in the arenas of layer index `li` (all
+ * arenas when li < 0), contiguous runs merged as they are built: a
+ * 128K-token request is 101 pieces, not 200k descriptors to write and
+ * merge. Returns the count, or 0 with *st_p set for an id out of range. */
+static size_t read_descs(pdx_kv_connector_h c, const pdx_kv_request_t *r,
+                         const kv_handoff_t *h, const pdx_kv_match_t *m,
+                         size_t first, int li, const uint64_t *ids,
+                         pdx_desc_t *l, pdx_desc_t *rm, pdx_status_t *st_p)
+{
+    size_t nb = m->blocks + (m->tail ? 1 : 0), j = 0;
+    for (size_t a = 0; a < c->narenas; a++) {
+        const pdx_arena_t *ar = &c->arenas[a];
+        uint64_t bb = kv_arena_block_bytes(ar);
+        if (li >= 0 && c->arena_li[a] != (uint32_t)li) {
+            continue;
+        }
+        for (size_t b = first; b < nb; b++) {
+            bool tail = b == m->blocks;
+            uint64_t rid = tail ? h->tail_id : h->ids[b];
+            uint64_t id = ids[b - first];
+            if (id >= ar->num_blocks) {
+                pdx_error("kv: load %s: local block id %llu out of range",
+                          r->req_id, (unsigned long long)id);
+                *st_p = PDX_ERR_INVALID;
+                return 0;
+            }
+            uint64_t la = ar->base + id * ar->stride;
+            uint64_t ra = h->pool ? rid + c->arena_off[a]
+                                  : h->bases[a] + rid * h->strides[a];
+            if (j > 0 && b > first && l[j - 1].addr + l[j - 1].len == la &&
+                rm[j - 1].addr + rm[j - 1].len == ra) {
+                l[j - 1].len += bb;
+                rm[j - 1].len += bb;
+                continue;
+            }
+            l[j] = (pdx_desc_t){.addr = la, .len = bb, .dev_id = ar->dev_id};
+            rm[j] = (pdx_desc_t){
+                .addr = ra, .len = bb,
+                .dev_id = h->devs != NULL ? (uint32_t)h->devs[a] : 0};
+            j++;
+        }
+    }
+    *st_p = PDX_OK;
+    return j;
+}
+
+/* One READ of `j` descriptors from h->agent, posted; `note` rides on it
+ * (NULL: none). */
+static pdx_status_t post_read(pdx_kv_connector_h c, const kv_handoff_t *h,
+                              const char *req, pdx_desc_t *l, pdx_desc_t *rm,
+                              size_t j, const char *note, pdx_xfer_h *x_p)
+{
+    /* The holder's arenas are in its memory type (GPU memory on each
+     * arena's device where the handoff says so); its pool is host
+     * memory. */
+    pdx_desc_list_t ll = {pdx_layout_mem_type(c->layout), l, j};
+    pdx_desc_list_t rl = {h->pool ? PDX_MEM_DRAM : h->mem, rm, j};
+    pdx_status_t st =
+        pdx_xfer_create(c->agent, PDX_XFER_READ, &ll, &rl, h->agent, note,
+                        note ? strlen(note) : 0, x_p);
+    if (st != PDX_OK) {
+        pdx_error("kv connector %s: load %s: cannot prepare the read from "
+                  "%s: %s",
+                  c->cfg.agent_name, req, h->agent, pdx_status_string(st));
+        return st;
+    }
+    st = pdx_xfer_post(*x_p);
+    if (st < 0) {
+        pdx_error("kv connector %s: load %s: the read from %s did not start: "
+                  "%s",
+                  c->cfg.agent_name, req, h->agent, pdx_status_string(st));
+        pdx_xfer_release(*x_p);
+        *x_p = NULL;
+        return st;
+    }
+    return PDX_OK;
+}
+
+/* A layered READ: one transfer per layer that has descriptors. */
+static pdx_status_t read_layered(pdx_kv_connector_h c,
+                                 const pdx_kv_request_t *r,
+                                 const kv_handoff_t *h,
+                                 const pdx_kv_match_t *m, size_t first,
+                                 const uint64_t *ids, pdx_desc_t *l,
+                                 pdx_desc_t *rm, kv_load_t *rec)
+{
+    rec->lxfer = calloc(c->nlayers, sizeof(*rec->lxfer));
+    rec->layer_ok = calloc(c->nlayers, 1);
+    if (rec->lxfer == NULL || rec->layer_ok == NULL) {
+        pdx_error("kv connector %s: load %s: out of memory", c->cfg.agent_name,
+                  r->req_id);
+        return PDX_ERR_NOMEM;
+    }
+    for (uint32_t li = 0; li < c->nlayers; li++) {
+        pdx_status_t st;
+        size_t j = read_descs(c, r, h, m, first, (int)li, ids, l, rm, &st);
+        if (st != PDX_OK) {
+            return st;
+        }
+        if (j == 0) {
+            rec->layer_ok[li] = 1;
+            continue;
+        }
+        st = post_read(c, h, r->req_id, l, rm, j, NULL, &rec->lxfer[li]);
+        if (st != PDX_OK) {
+            return st; /* the posted ones go with the record */
+        }
+    }
+    return PDX_OK;
+}
+
 pdx_status_t kv_remote_read(pdx_kv_connector_h c, const pdx_kv_request_t *r,
-                            const pdx_kv_match_t *m, const uint64_t *ids,
-                            kv_load_t *rec)
+                            const pdx_kv_match_t *m, const kv_load_opts_t *o,
+                            const uint64_t *ids, kv_load_t *rec)
 {
     kv_handoff_t h;
     pdx_status_t st = kv_handoff_parse(r->params, c->narenas, &h);
     if (st != PDX_OK) {
         return st;
     }
+    size_t first = o ? o->first : 0;
     size_t nb = m->blocks + (m->tail ? 1 : 0);
-    size_t n = nb * c->narenas, j = 0;
+    size_t n = (nb > first ? nb - first : 1) * c->narenas;
     pdx_desc_t *l = NULL, *rm = NULL;
+    if (first >= nb) {
+        /* This node has all of it already: the holder may free now. */
+        rec->status = PDX_OK;
+        kv_msg_send(c->agent, h.agent, "done", h.req);
+        goto out;
+    }
     if (m->blocks > h.n || (m->tail && !h.has_tail)) {
         /* A match that is not this handoff's: never index past it. */
         pdx_error("kv connector %s: load %s: match of %zu blocks%s exceeds "
@@ -123,68 +267,26 @@ pdx_status_t kv_remote_read(pdx_kv_connector_h c, const pdx_kv_request_t *r,
         st = PDX_ERR_NOMEM;
         goto out;
     }
-    for (size_t a = 0; a < c->narenas; a++) {
-        const pdx_arena_t *ar = &c->arenas[a];
-        uint64_t bb = kv_arena_block_bytes(ar);
-        for (size_t b = 0; b < nb; b++) {
-            bool tail = b == m->blocks;
-            uint64_t rid = tail ? h.tail_id : h.ids[b];
-            if (ids[b] >= ar->num_blocks) {
-                pdx_error("kv: load %s: local block id %llu out of range",
-                          r->req_id, (unsigned long long)ids[b]);
-                st = PDX_ERR_INVALID;
-                goto out;
-            }
-            uint64_t la = ar->base + ids[b] * ar->stride;
-            uint64_t ra = h.pool ? rid + c->arena_off[a]
-                                 : h.bases[a] + rid * h.strides[a];
-            if (j > 0 && b > 0 && l[j - 1].addr + l[j - 1].len == la &&
-                rm[j - 1].addr + rm[j - 1].len == ra) {
-                /* Runs merged as they are built: a 128K-token request is
-                 * 101 pieces, not 200k descriptors to write and merge. */
-                l[j - 1].len += bb;
-                rm[j - 1].len += bb;
-                continue;
-            }
-            l[j] = (pdx_desc_t){.addr = la, .len = bb, .dev_id = ar->dev_id};
-            rm[j] = (pdx_desc_t){
-                .addr = ra, .len = bb,
-                .dev_id = h.devs != NULL ? (uint32_t)h.devs[a] : 0};
-            j++;
+    if (o != NULL && o->layered) {
+        st = read_layered(c, r, &h, m, first, ids, l, rm, rec);
+    } else {
+        size_t j = read_descs(c, r, &h, m, first, -1, ids, l, rm, &st);
+        char note[128];
+        kv_msg_format(note, sizeof(note), "done", h.req);
+        if (st == PDX_OK) {
+            st = post_read(c, &h, r->req_id, l, rm, j, note, &rec->xfer);
+        }
+        if (st == PDX_OK) {
+            pdx_debug("kv: load %s: %zu blocks from %s in %zu pieces",
+                      r->req_id, nb - first, h.agent,
+                      pdx_xfer_segments(rec->xfer));
         }
     }
-    /* The holder's arenas are in its memory type (GPU memory on each
-     * arena's device where the handoff says so); its pool is host
-     * memory. */
-    pdx_desc_list_t ll = {pdx_layout_mem_type(c->layout), l, j};
-    pdx_desc_list_t rl = {h.pool ? PDX_MEM_DRAM : h.mem, rm, j};
-    char note[128];
-    kv_msg_format(note, sizeof(note), "done", h.req);
-    st = pdx_xfer_create(c->agent, PDX_XFER_READ, &ll, &rl, h.agent, note,
-                         strlen(note), &rec->xfer);
-    if (st != PDX_OK) {
-        pdx_error("kv connector %s: load %s: cannot prepare the read of %zu "
-                  "blocks from %s: %s",
-                  c->cfg.agent_name, r->req_id, nb, h.agent,
-                  pdx_status_string(st));
-        goto out;
-    }
-    st = pdx_xfer_post(rec->xfer);
-    if (st >= 0) {
+    if (st == PDX_OK) {
         snprintf(rec->peer, sizeof(rec->peer), "%s", h.agent);
         snprintf(rec->peer_req, sizeof(rec->peer_req), "%s", h.req);
         rec->status = PDX_INPROGRESS;
         rec->last_hb_ns = pdx_now_ns();
-        pdx_debug("kv: load %s: %zu blocks from %s in %zu pieces", r->req_id,
-                  nb, h.agent, pdx_xfer_segments(rec->xfer));
-        st = PDX_OK;
-    } else {
-        pdx_error("kv connector %s: load %s: the read from %s did not start: "
-                  "%s",
-                  c->cfg.agent_name, r->req_id, h.agent,
-                  pdx_status_string(st));
-        pdx_xfer_release(rec->xfer);
-        rec->xfer = NULL;
     }
 out:
     free(l);
@@ -193,9 +295,51 @@ out:
     return st;
 }
 
+/* A layered READ's check: each layer marked as it lands; the first error
+ * stops the others; the holder told "done" once every layer landed. */
+static pdx_status_t layered_check(pdx_kv_connector_h c, kv_load_t *l)
+{
+    bool busy = false;
+    for (uint32_t i = 0; i < c->nlayers; i++) {
+        if (l->lxfer[i] == NULL) {
+            continue;
+        }
+        pdx_status_t st = pdx_xfer_check(l->lxfer[i]);
+        if (st == PDX_INPROGRESS) {
+            busy = true;
+            continue;
+        }
+        pdx_xfer_release(l->lxfer[i]);
+        l->lxfer[i] = NULL;
+        if (st == PDX_OK) {
+            l->layer_ok[i] = 1;
+        } else if (l->status == PDX_INPROGRESS) {
+            l->status = st; /* the rest asked to stop */
+            for (uint32_t k = 0; k < c->nlayers; k++) {
+                if (l->lxfer[k] != NULL) {
+                    pdx_xfer_abort(l->lxfer[k]);
+                }
+            }
+        }
+    }
+    if (busy) {
+        return PDX_INPROGRESS;
+    }
+    if (l->status == PDX_INPROGRESS) {
+        l->status = PDX_OK;
+        kv_msg_send(c->agent, l->peer, "done", l->peer_req);
+    }
+    return l->status;
+}
+
 pdx_status_t kv_remote_read_check(kv_child_t *ch, kv_load_t *l)
 {
-    (void)ch;
+    if (l->push) {
+        return kv_push_load_check(ch->conn, l);
+    }
+    if (l->lxfer != NULL) {
+        return layered_check(ch->conn, l);
+    }
     if (l->xfer != NULL) {
         l->status = pdx_xfer_check(l->xfer);
         if (l->status != PDX_INPROGRESS) {
@@ -207,11 +351,12 @@ pdx_status_t kv_remote_read_check(kv_child_t *ch, kv_load_t *l)
 }
 
 static pdx_status_t remote_load(kv_child_t *ch, const pdx_kv_request_t *r,
-                                const pdx_kv_match_t *m, const uint64_t *ids,
+                                const pdx_kv_match_t *m,
+                                const kv_load_opts_t *o, const uint64_t *ids,
                                 pdx_status_t prepared, kv_load_t *l)
 {
     (void)prepared;
-    return kv_remote_read(ch->conn, r, m, ids, l);
+    return kv_remote_read(ch->conn, r, m, o, ids, l);
 }
 
 /* The handoff parameters of a finished request: where its blocks are (the
@@ -308,8 +453,27 @@ static pdx_status_t remote_request_finished(kv_child_t *ch, kv_finish_t *f)
     h->deadline_ns = pdx_now_ns() + (uint64_t)ch->cfg->lease_ms * 1000000ull;
     h->next = rc->held;
     rc->held = h;
-    h = NULL;
     f->params = text;
+    if (f->from == PDX_KV_FROM_ARENA) {
+        /* A decode node that asked for a push gets the rest now, whole
+         * (or when its ask arrives: the ids are kept for it). */
+        h->nids = n + (r->has_tail ? 1 : 0);
+        h->ids = malloc(h->nids * sizeof(*h->ids));
+        if (h->ids != NULL) {
+            memcpy(h->ids, f->ids, h->nids * sizeof(*h->ids));
+        }
+        kv_push_finished(c, rc->pushes, r->req_id, f->ids, h->nids);
+    }
+    bool pushing;
+    kv_push_state_t ps = kv_push_state(rc->pushes, r->req_id, &pushing);
+    if (ps != KV_PUSH_NONE) {
+        /* Its push ended before: nobody reads these blocks any more. */
+        rc->held = h->next;
+        free_held(ch, h,
+                  ps == KV_PUSH_DONE ? PDX_KV_FREED_DONE
+                                     : PDX_KV_FREED_REJECT);
+    }
+    h = NULL;
 out:
     if (h != NULL) {
         if (h->lease) {
@@ -322,15 +486,28 @@ out:
 }
 
 static bool remote_on_message(kv_child_t *ch, const char *peer,
-                              const char *verb, const char *req)
+                              const char *verb, const char *req,
+                              const char *rest)
 {
     remote_child_t *rc = remote_of(ch);
+    bool reject = strcmp(verb, "reject") == 0;
+    if (!reject &&
+        kv_push_on_message(ch->conn, &rc->pushes, peer, verb, req, rest)) {
+        held_handoff_t *h = find_held(rc, req);
+        if (h != NULL && h->ids != NULL) {
+            /* Asked after the request finished here: pushed whole. */
+            kv_push_finished(ch->conn, rc->pushes, req, h->ids, h->nids);
+        }
+        return true;
+    }
     held_handoff_t **pp = &rc->held;
     while (*pp != NULL && strcmp((*pp)->req, req) != 0) {
         pp = &(*pp)->next;
     }
     if (*pp == NULL) {
-        return false;
+        /* A reject before the request finished here stops its push. */
+        return reject && kv_push_on_message(ch->conn, &rc->pushes, peer,
+                                            verb, req, rest);
     }
     held_handoff_t *h = *pp;
     snprintf(h->peer, sizeof(h->peer), "%s", peer); /* its reader */
@@ -340,24 +517,41 @@ static bool remote_on_message(kv_child_t *ch, const char *peer,
     } else if (strcmp(verb, "done") == 0 || strcmp(verb, "reject") == 0) {
         *pp = h->next;
         pdx_debug("kv: %s freed by %s (%s)", req, peer, verb);
-        free_held(ch->conn, h,
+        free_held(ch, h,
                   verb[0] == 'd' ? PDX_KV_FREED_DONE : PDX_KV_FREED_REJECT);
     }
     return true;
+}
+
+/* A push ended: the blocks it held for its reader are free. */
+static void on_push_end(void *arg, const char *req, kv_push_state_t how)
+{
+    kv_child_t *ch = arg;
+    remote_child_t *rc = remote_of(ch);
+    for (held_handoff_t **pp = &rc->held; *pp != NULL; pp = &(*pp)->next) {
+        if (strcmp((*pp)->req, req) == 0) {
+            held_handoff_t *h = *pp;
+            *pp = h->next;
+            free_held(ch, h,
+                      how == KV_PUSH_DONE ? PDX_KV_FREED_DONE
+                                          : PDX_KV_FREED_REJECT);
+            return;
+        }
+    }
 }
 
 static int remote_progress(kv_child_t *ch, uint64_t now, bool check_dead)
 {
     remote_child_t *rc = remote_of(ch);
     pdx_kv_connector_h c = ch->conn;
-    int events = 0;
+    int events = kv_push_progress(c, &rc->pushes, now, on_push_end, ch);
     for (held_handoff_t **pp = &rc->held; *pp != NULL;) {
         held_handoff_t *h = *pp;
         if (now > h->deadline_ns) {
             *pp = h->next;
             pdx_warn("kv: lease of %s expired (peer %s never read it or "
                      "died): freeing its blocks", h->req, h->peer);
-            free_held(c, h, PDX_KV_FREED_EXPIRED);
+            free_held(ch, h, PDX_KV_FREED_EXPIRED);
             events++;
         } else if (check_dead && h->peer[0] != '\0' &&
                    pdx_peer_state(c->agent, h->peer) ==
@@ -368,7 +562,7 @@ static int remote_progress(kv_child_t *ch, uint64_t now, bool check_dead)
             pdx_warn("kv: reader %s of %s is gone: freeing its blocks",
                      h->peer, h->req);
             kv_store_note_peer_gone(c->store);
-            free_held(c, h, PDX_KV_FREED_PEER_GONE);
+            free_held(ch, h, PDX_KV_FREED_PEER_GONE);
             events++;
         } else {
             pp = &h->next;
@@ -377,7 +571,8 @@ static int remote_progress(kv_child_t *ch, uint64_t now, bool check_dead)
     /* Heartbeats of this node's reads, so their holders keep the lease. */
     uint64_t period = (uint64_t)ch->cfg->heartbeat_ms * 1000000ull;
     for (kv_load_t *l = c->loads; l != NULL; l = l->next) {
-        if (l->xfer != NULL && now - l->last_hb_ns >= period) {
+        if (kv_load_busy(l, c->nlayers) && l->peer[0] != '\0' &&
+            now - l->last_hb_ns >= period) {
             kv_msg_send(c->agent, l->peer, "hb", l->peer_req);
             l->last_hb_ns = now;
         }
@@ -385,15 +580,30 @@ static int remote_progress(kv_child_t *ch, uint64_t now, bool check_dead)
     return events;
 }
 
+static pdx_status_t remote_save_layer(kv_child_t *ch,
+                                      const pdx_kv_request_t *r,
+                                      const pdx_kv_layer_save_t *s,
+                                      const uint64_t *ids)
+{
+    return kv_push_save_layer(ch->conn, &remote_of(ch)->pushes, r, s, ids);
+}
+
+static void remote_request_dropped(kv_child_t *ch, const char *req_id)
+{
+    kv_push_forget(ch->conn, &remote_of(ch)->pushes, req_id, true);
+}
+
 static void remote_destroy(kv_child_t *ch)
 {
     remote_child_t *rc = remote_of(ch);
+    kv_push_free_all(ch->conn, &rc->pushes);
     while (rc->held) {
         held_handoff_t *h = rc->held;
         rc->held = h->next;
         if (h->lease) {
             pdx_offload_release(ch->conn->pool, h->lease);
         }
+        free(h->ids);
         free(h);
     }
     free(rc);
@@ -406,6 +616,8 @@ static const kv_child_ops_t remote_ops = {
     .load_check = kv_remote_read_check,
     .request_finished = remote_request_finished,
     .on_message = remote_on_message,
+    .save_layer = remote_save_layer,
+    .request_dropped = remote_request_dropped,
     .progress = remote_progress,
     .destroy = remote_destroy,
 };

@@ -94,6 +94,40 @@ static pdx_status_t setup_children(pdx_kv_connector_h c)
 
 static void connector_destroy(pdx_kv_connector_h c);
 
+static int cmp_u32(const void *x, const void *y)
+{
+    uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* The layout's distinct layers, ascending, and each arena's among them:
+ * what layer-wise loads and saves go by. */
+static pdx_status_t setup_layers(pdx_kv_connector_h c)
+{
+    c->layers = calloc(c->narenas, sizeof(*c->layers));
+    c->arena_li = calloc(c->narenas, sizeof(*c->arena_li));
+    if (c->layers == NULL || c->arena_li == NULL) {
+        pdx_error("kv connector %s: out of memory for %zu arenas",
+                  c->cfg.agent_name, c->narenas);
+        return PDX_ERR_NOMEM;
+    }
+    for (size_t a = 0; a < c->narenas; a++) {
+        c->layers[a] = c->arenas[a].layer;
+    }
+    qsort(c->layers, c->narenas, sizeof(*c->layers), cmp_u32);
+    uint32_t n = 0;
+    for (size_t a = 0; a < c->narenas; a++) {
+        if (n == 0 || c->layers[n - 1] != c->layers[a]) {
+            c->layers[n++] = c->layers[a];
+        }
+    }
+    c->nlayers = n;
+    for (size_t a = 0; a < c->narenas; a++) {
+        c->arena_li[a] = (uint32_t)kv_layer_index(c, c->arenas[a].layer);
+    }
+    return PDX_OK;
+}
+
 static pdx_status_t connector_create(const pdx_kv_connector_params_t *params,
                                      pdx_kv_connector_h *conn_p)
 {
@@ -134,6 +168,9 @@ static pdx_status_t connector_create(const pdx_kv_connector_params_t *params,
         c->arena_off[a] = off;
         off += (uint64_t)c->arenas[a].bytes_per_token *
                c->arenas[a].block_tokens;
+    }
+    if ((st = setup_layers(c)) != PDX_OK) {
+        goto err;
     }
     pdx_hash_algo_t algo;
     st = pdx_hash_algo_from_string(c->cfg.hash_algo, &algo);
@@ -270,10 +307,7 @@ static void connector_destroy(pdx_kv_connector_h c)
     while (c->loads) {
         kv_load_t *l = c->loads;
         c->loads = l->next;
-        if (l->xfer) {
-            pdx_xfer_release(l->xfer);
-        }
-        free(l);
+        kv_load_free(c, l);
     }
     while (c->freed) {
         kv_freed_t *f = c->freed;
@@ -286,6 +320,8 @@ static void connector_destroy(pdx_kv_connector_h c)
     pdx_hasher_destroy(c->hasher);
     free(c->arenas);
     free(c->arena_off);
+    free(c->layers);
+    free(c->arena_li);
     pthread_mutex_destroy(&c->lock);
     pdx_handle_release(c);
 }

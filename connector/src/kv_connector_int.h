@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -37,7 +38,31 @@ typedef struct kv_load {
     size_t tokens;
     uint64_t last_hb_ns;
     bool aborted; /* pdx_kv_load_abort asked; ends PDX_ERR_CANCELED */
+    /* Layer by layer (kv_layer_*): layer_ok[i] once layer index i landed;
+     * NULL for a whole load. A layered READ has one transfer per layer
+     * (lxfer[i], NULL once final); a push (D asked the holder to write,
+     * kv_push.c) has none: the holder's messages set layer_ok, and it
+     * ends by `deadline_ns`. */
+    uint8_t *layer_ok;
+    pdx_xfer_h *lxfer;
+    bool push;
+    size_t push_end; /* push: a layer is in once written below this */
+    uint64_t deadline_ns;
 } kv_load_t;
+
+/* Is a transfer of l on its way (heartbeats keep the holder's lease)? */
+static inline bool kv_load_busy(const kv_load_t *l, uint32_t nlayers)
+{
+    if (l->xfer != NULL || (l->push && l->status == PDX_INPROGRESS)) {
+        return true;
+    }
+    for (uint32_t i = 0; l->lxfer != NULL && i < nlayers; i++) {
+        if (l->lxfer[i] != NULL) {
+            return true;
+        }
+    }
+    return false;
+}
 
 /* A request whose blocks were freed, until pdx_kv_poll_freed reports it. */
 typedef struct kv_freed {
@@ -71,6 +96,13 @@ typedef struct kv_finish {
     char *params; /* remote child: the handoff parameters, malloc'd */
 } kv_finish_t;
 
+/* How a load goes (pdx_kv_load_ex): from block `first` on, and one
+ * transfer per layer when `layered`. */
+typedef struct kv_load_opts {
+    size_t first;
+    bool layered;
+} kv_load_opts_t;
+
 /* One child of the MultiConnector. Every op is optional (NULL: the child
  * has no part in it) and, unless said otherwise, runs under c->lock. */
 typedef struct kv_child_ops {
@@ -83,13 +115,15 @@ typedef struct kv_child_ops {
      * that may take long (a copy) without stalling progress. */
     pdx_status_t (*load_prepare)(kv_child_t *ch, const pdx_kv_request_t *r,
                                  const pdx_kv_match_t *m,
+                                 const kv_load_opts_t *o,
                                  const uint64_t *ids);
     /* Start the load of match m into l; `prepared` is load_prepare's
      * status (PDX_OK without one). PDX_ERR_NOT_FOUND is recorded in l and
      * reported by pdx_kv_load_check; other errors drop l. */
     pdx_status_t (*load)(kv_child_t *ch, const pdx_kv_request_t *r,
-                         const pdx_kv_match_t *m, const uint64_t *ids,
-                         pdx_status_t prepared, kv_load_t *l);
+                         const pdx_kv_match_t *m, const kv_load_opts_t *o,
+                         const uint64_t *ids, pdx_status_t prepared,
+                         kv_load_t *l);
     /* The status of l now: PDX_INPROGRESS while bytes are on their way. */
     pdx_status_t (*load_check)(kv_child_t *ch, kv_load_t *l);
     pdx_status_t (*save)(kv_child_t *ch, const pdx_kv_request_t *r,
@@ -100,9 +134,16 @@ typedef struct kv_child_ops {
     /* Its part of the handoff parameters (kv_finish_t). */
     pdx_status_t (*request_finished)(kv_child_t *ch, kv_finish_t *f);
     /* A connector message (kv_handoff.h) `verb` about request `req` from
-     * `peer`: true when this child took it. */
+     * `peer`, with the text after them in `rest` ("" when none): true when
+     * this child took it. */
     bool (*on_message)(kv_child_t *ch, const char *peer, const char *verb,
-                       const char *req);
+                       const char *req, const char *rest);
+    /* Layer-wise save (pdx_kv_save_layer): its part of it. */
+    pdx_status_t (*save_layer)(kv_child_t *ch, const pdx_kv_request_t *r,
+                               const pdx_kv_layer_save_t *s,
+                               const uint64_t *ids);
+    /* pdx_kv_request_dropped: forget the request's layer-wise state. */
+    void (*request_dropped)(kv_child_t *ch, const char *req_id);
     /* Timers (leases, heartbeats); returns events. check_dead: whether the
      * readers of held blocks should be checked for death now. */
     int (*progress)(kv_child_t *ch, uint64_t now, bool check_dead);
@@ -127,6 +168,11 @@ struct pdx_kv_connector {
     uint64_t *arena_off; /* offset of each arena's slice in a pool block */
     uint64_t block_bytes;
     uint32_t block_tokens;
+    /* The layout's layers: nlayers distinct arena layer numbers in
+     * ascending order, and arena a's index among them, arena_li[a]. */
+    uint32_t nlayers;
+    uint32_t *layers;
+    uint32_t *arena_li;
     pdx_agent_h agent;
     pdx_hasher_h hasher;
     /* The config of the last child of each type (the schema allows one);
@@ -153,12 +199,87 @@ pdx_status_t kv_remote_create(pdx_kv_connector_h c,
                               kv_child_t **ch_p);
 size_t kv_remote_held(kv_child_t *ch);
 /* The READ of handoff parameters r->params into the local blocks `ids`
- * (the remote child's loads and the cross-node offload hits), and its
- * check: l->status now, the transfer released once final. */
+ * (the remote child's loads and the cross-node offload hits): blocks from
+ * o->first on, into ids[0...], one transfer per layer when o->layered.
+ * Its check: l->status now (a push's too), transfers released once
+ * final, the holder told "done" once a layered READ all landed. */
 pdx_status_t kv_remote_read(pdx_kv_connector_h c, const pdx_kv_request_t *r,
-                            const pdx_kv_match_t *m, const uint64_t *ids,
-                            kv_load_t *l);
+                            const pdx_kv_match_t *m, const kv_load_opts_t *o,
+                            const uint64_t *ids, kv_load_t *l);
 pdx_status_t kv_remote_read_check(kv_child_t *ch, kv_load_t *l);
+
+/* The index of layout layer `layer` in c->layers, or -1 when the layout
+ * has none. */
+static inline int kv_layer_index(pdx_kv_connector_h c, uint32_t layer)
+{
+    for (uint32_t i = 0; i < c->nlayers; i++) {
+        if (c->layers[i] == layer) {
+            return (int)i;
+        }
+    }
+    return -1;
+}
+
+/* A load record freed with its transfers (released: aborted if still in
+ * flight) and its layer marks. */
+static inline void kv_load_free(pdx_kv_connector_h c, kv_load_t *l)
+{
+    if (l->xfer != NULL) {
+        pdx_xfer_release(l->xfer);
+    }
+    for (uint32_t i = 0; l->lxfer != NULL && i < c->nlayers; i++) {
+        if (l->lxfer[i] != NULL) {
+            pdx_xfer_release(l->lxfer[i]);
+        }
+    }
+    free(l->lxfer);
+    free(l->layer_ok);
+    free(l);
+}
+
+/* kv_push.c: layer-wise pushes, the remote child's. A prefill node keeps
+ * one record per request it saved layer by layer or that a decode node
+ * asked for (`list`, the remote child's); a decode node's asks are load
+ * records (c->loads). */
+typedef struct kv_push kv_push_t;
+typedef enum kv_push_state {
+    KV_PUSH_NONE = 0,    /* no record, or one still going */
+    KV_PUSH_DONE = 1,    /* every layer of the last step written */
+    KV_PUSH_REFUSED = 2, /* the decode node rejected it, or it failed */
+} kv_push_state_t;
+/* Called when a push ends (each once), under c->lock. */
+typedef void (*kv_push_end_cb_t)(void *arg, const char *req,
+                                 kv_push_state_t how);
+pdx_status_t kv_push_expect(pdx_kv_connector_h c, const char *req_id,
+                            const pdx_kv_push_expect_t *e,
+                            const uint64_t *ids, kv_load_t *l);
+pdx_status_t kv_push_save_layer(pdx_kv_connector_h c, kv_push_t **list,
+                                const pdx_kv_request_t *r,
+                                const pdx_kv_layer_save_t *s,
+                                const uint64_t *ids);
+/* P: want/arena/reject about its records; D: lyr/pushed/nopush about its
+ * loads. True when taken. */
+bool kv_push_on_message(pdx_kv_connector_h c, kv_push_t **list,
+                        const char *peer, const char *verb, const char *req,
+                        const char *rest);
+/* Writes checked, ends reported through `cb`; D's asks timed out or
+ * their holder dead. Returns events. */
+int kv_push_progress(pdx_kv_connector_h c, kv_push_t **list, uint64_t now,
+                     kv_push_end_cb_t cb, void *arg);
+/* The state of req's record, and whether one exists. */
+kv_push_state_t kv_push_state(kv_push_t *list, const char *req,
+                              bool *exists_p);
+/* Drop req's record (a decode node that asked is told "nopush" when
+ * `tell`). */
+void kv_push_forget(pdx_kv_connector_h c, kv_push_t **list, const char *req,
+                    bool tell);
+void kv_push_free_all(pdx_kv_connector_h c, kv_push_t **list);
+/* P: the request finished here with these `n` blocks: what was not saved
+ * layer by layer is pushed whole now (the last step). */
+void kv_push_finished(pdx_kv_connector_h c, kv_push_t *list, const char *req,
+                      const uint64_t *ids, size_t n);
+/* The D side of a push: its layer check (l->push), in kv_push.c. */
+pdx_status_t kv_push_load_check(pdx_kv_connector_h c, kv_load_t *l);
 
 /* kv_child_offload.c: the offload child (the host pool, its save worker).
  * Creates c->pool and registers its slab with the agent. */

@@ -10,6 +10,7 @@
 
 #include <pdx/log.h>
 #include <pdx/notif.h>
+#include <pdx/xfer.h>
 
 #include "kv_call_int.h"
 
@@ -304,6 +305,53 @@ pdx_status_t kv_msg_send(pdx_agent_h agent, const char *peer,
     char note[128];
     kv_msg_format(note, sizeof(note), verb, req);
     return pdx_notif_send(agent, peer, note, strlen(note));
+}
+
+pdx_status_t kv_msg_send_rest(pdx_agent_h agent, const char *peer,
+                              const char *verb, const char *req,
+                              const char *rest)
+{
+    char note[PDX_NOTIF_MAX];
+    int n = snprintf(note, sizeof(note), KV_MSG_PREFIX "%s %s %s", verb, req,
+                     rest);
+    if (n < 0 || (size_t)n >= sizeof(note)) {
+        pdx_error("kv: a %s message about %s is too long (%d bytes)", verb,
+                  req, n);
+        return PDX_ERR_TOO_LARGE;
+    }
+    return pdx_notif_send(agent, peer, note, (size_t)n);
+}
+
+int kv_msg_parse_rest(const void *msg, size_t len, char *verb, char *req,
+                      char *rest, size_t rest_len)
+{
+    size_t pre = sizeof(KV_MSG_PREFIX) - 1;
+    if (len < pre || memcmp(msg, KV_MSG_PREFIX, pre) != 0) {
+        return -1;
+    }
+    const char *p = (const char *)msg + pre, *end = (const char *)msg + len;
+    const char *sp = memchr(p, ' ', (size_t)(end - p));
+    if (sp == NULL || sp == p || (size_t)(sp - p) >= 16) {
+        return 0;
+    }
+    memcpy(verb, p, (size_t)(sp - p));
+    verb[sp - p] = '\0';
+    p = sp + 1;
+    sp = memchr(p, ' ', (size_t)(end - p));
+    const char *req_end = sp ? sp : end;
+    if (req_end == p || (size_t)(req_end - p) >= PDX_KV_REQ_ID_MAX) {
+        return 0;
+    }
+    memcpy(req, p, (size_t)(req_end - p));
+    req[req_end - p] = '\0';
+    size_t n = sp ? (size_t)(end - sp - 1) : 0;
+    if (n >= rest_len || memchr(sp ? sp + 1 : end, '\0', n) != NULL ||
+        !kv_valid_req(req)) {
+        return 0;
+    }
+    memcpy(rest, sp ? sp + 1 : end, n);
+    rest[n] = '\0';
+    return 1;
 }
 
 int kv_msg_parse(const void *msg, size_t len, char *verb, char *req)

@@ -66,5 +66,14 @@ pdx_status_t kv_msg_send(pdx_agent_h agent, const char *peer,
 /* A message: 1 with verb[16] and req[PDX_KV_REQ_ID_MAX] set, 0 when it is
  * a connector message that does not parse, -1 when it is not one. */
 int kv_msg_parse(const void *msg, size_t len, char *verb, char *req);
+/* "pdxkv:<verb> <req> <rest>" sent to `peer` (at most PDX_NOTIF_MAX
+ * bytes: PDX_ERR_TOO_LARGE, logged, beyond). */
+pdx_status_t kv_msg_send_rest(pdx_agent_h agent, const char *peer,
+                              const char *verb, const char *req,
+                              const char *rest);
+/* As kv_msg_parse, for any message up to PDX_NOTIF_MAX bytes: the text
+ * after "<verb> <req> " is copied into rest[rest_len] ("" when none). */
+int kv_msg_parse_rest(const void *msg, size_t len, char *verb, char *req,
+                      char *rest, size_t rest_len);
 
 #endif

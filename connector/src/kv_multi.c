@@ -105,13 +105,14 @@ static kv_child_t *child_of_source(pdx_kv_connector_h c, pdx_kv_source_t s)
 }
 
 static pdx_status_t load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
-                         const pdx_kv_match_t *m, const uint64_t *ids)
+                         const pdx_kv_match_t *m, const kv_load_opts_t *o,
+                         const uint64_t *ids)
 {
     pdx_status_t st, prepared = PDX_OK;
     kv_child_t *ch = child_of_source(c, m->source);
     if (ch != NULL && ch->ops->load_prepare != NULL &&
         (m->blocks > 0 || m->tail)) {
-        prepared = ch->ops->load_prepare(ch, r, m, ids); /* no lock */
+        prepared = ch->ops->load_prepare(ch, r, m, o, ids); /* no lock */
     }
     pthread_mutex_lock(&c->lock);
     if (find_load(c, r->req_id) != NULL) {
@@ -149,7 +150,7 @@ static pdx_status_t load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
         st = PDX_OK;
     } else if (ch != NULL && ch->ops->load != NULL) {
         rec->child = ch;
-        st = ch->ops->load(ch, &r2, m, ids, prepared, rec);
+        st = ch->ops->load(ch, &r2, m, o, ids, prepared, rec);
     } else {
         pdx_error("kv connector %s: load %s: match source %d has no child "
                   "here to load from (remote needs req->params and a remote "
@@ -159,7 +160,7 @@ static pdx_status_t load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
     }
     free(xparams);
     if (st != PDX_OK && st != PDX_ERR_NOT_FOUND) {
-        free(rec);
+        kv_load_free(c, rec);
         pthread_mutex_unlock(&c->lock);
         return st;
     }
@@ -191,7 +192,51 @@ pdx_status_t pdx_kv_load(pdx_kv_connector_h c, const pdx_kv_request_t *r,
                   r->has_tail ? " and a tail" : "");
         PDX_LEAVE(PDX_ERR_INVALID);
     }
-    PDX_LEAVE(load(c, r, m, ids));
+    kv_load_opts_t o = {0};
+    PDX_LEAVE(load(c, r, m, &o, ids));
+}
+
+pdx_status_t pdx_kv_load_ex(pdx_kv_connector_h c, const pdx_kv_request_t *r,
+                            const pdx_kv_match_t *m,
+                            const pdx_kv_load_params_t *p,
+                            const uint64_t *ids)
+{
+    PDX_ENTER();
+    if (!KV_CONN_OK(c) || !req_arg_ok(c, __func__, r) ||
+        !PDX_ARG_OK(m, "match")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
+    }
+    kv_load_opts_t o = {0};
+    if (p != NULL && (p->field_mask & PDX_KV_LOAD_PARAM_FIRST_BLOCK)) {
+        o.first = p->first_block;
+    }
+    if (p != NULL && (p->field_mask & PDX_KV_LOAD_PARAM_FLAGS)) {
+        if (p->flags & ~PDX_KV_LOAD_F_LAYERED) {
+            pdx_call_fail(PDX_ERR_INVALID, "%s: unknown flags 0x%x",
+                          __func__, p->flags);
+            PDX_LEAVE(PDX_ERR_INVALID);
+        }
+        o.layered = (p->flags & PDX_KV_LOAD_F_LAYERED) != 0;
+    }
+    size_t nb = m->blocks + (m->tail ? 1 : 0);
+    if (o.first > nb) {
+        pdx_call_fail(PDX_ERR_INVALID,
+                      "%s: first block %zu is past the match's %zu blocks",
+                      __func__, o.first, nb);
+        PDX_LEAVE(PDX_ERR_INVALID);
+    }
+    if (nb > o.first && !PDX_ARG_OK(ids, "block_ids")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
+    }
+    if (m->blocks > r->nfull || (m->tail && !r->has_tail)) {
+        pdx_error("kv connector %s: load %s: match of %zu blocks%s exceeds "
+                  "the request's %zu blocks%s",
+                  c->cfg.agent_name, r->req_id, m->blocks,
+                  m->tail ? " and a tail" : "", r->nfull,
+                  r->has_tail ? " and a tail" : "");
+        PDX_LEAVE(PDX_ERR_INVALID);
+    }
+    PDX_LEAVE(load(c, r, m, &o, ids));
 }
 
 pdx_status_t pdx_kv_load_abort(pdx_kv_connector_h c, const char *req_id)
@@ -213,10 +258,18 @@ pdx_status_t pdx_kv_load_abort(pdx_kv_connector_h c, const char *req_id)
         PDX_LEAVE(PDX_ERR_NOT_FOUND);
     }
     l->aborted = true;
-    if (l->xfer != NULL) {
+    if (kv_load_busy(l, c->nlayers)) {
         /* Asked, not waited for: the peer may still be answering, and
-         * waiting here would hold every lock of this node meanwhile. */
-        pdx_xfer_abort(l->xfer);
+         * waiting here would hold every lock of this node meanwhile. A
+         * push ends when its holder says it stopped. */
+        if (l->xfer != NULL) {
+            pdx_xfer_abort(l->xfer);
+        }
+        for (uint32_t i = 0; l->lxfer != NULL && i < c->nlayers; i++) {
+            if (l->lxfer[i] != NULL) {
+                pdx_xfer_abort(l->lxfer[i]);
+            }
+        }
         if (l->peer[0] != '\0') {
             kv_msg_send(c->agent, l->peer, "reject", l->peer_req);
         }
@@ -253,7 +306,7 @@ static pdx_status_t load_check(pdx_kv_connector_h c, const char *req_id,
     if (l->aborted) {
         /* Final: no byte lands any more; the blocks are the caller's. The
          * load may have completed first (PDX_OK, data valid). */
-        free(l);
+        kv_load_free(c, l);
         pthread_mutex_unlock(&c->lock);
         if (st == PDX_OK) {
             *tokens_p = tokens;
@@ -279,7 +332,7 @@ static pdx_status_t load_check(pdx_kv_connector_h c, const char *req_id,
             tokens = 0;
         }
     }
-    free(l);
+    kv_load_free(c, l);
     pthread_mutex_unlock(&c->lock);
     if (st == PDX_OK) {
         *tokens_p = tokens;
@@ -436,8 +489,8 @@ static void on_notif(void *arg, const char *peer, const void *msg, size_t len)
     if (kv_store_on_note(c->store, peer, msg, len)) {
         return; /* cross-node offload messages */
     }
-    char verb[16], req[PDX_KV_REQ_ID_MAX];
-    int k = kv_msg_parse(msg, len, verb, req);
+    char verb[16], req[PDX_KV_REQ_ID_MAX], rest[PDX_NOTIF_MAX];
+    int k = kv_msg_parse_rest(msg, len, verb, req, rest, sizeof(rest));
     if (k < 0) {
         pdx_debug("kv: ignoring a %zu-byte message from %s", len, peer);
     }
@@ -447,7 +500,7 @@ static void on_notif(void *arg, const char *peer, const void *msg, size_t len)
     for (uint32_t i = 0; i < c->cfg.nchildren; i++) {
         kv_child_t *ch = c->order[i];
         if (ch != NULL && ch->ops->on_message != NULL &&
-            ch->ops->on_message(ch, peer, verb, req)) {
+            ch->ops->on_message(ch, peer, verb, req, rest)) {
             return;
         }
     }
@@ -547,5 +600,181 @@ pdx_status_t pdx_kv_store_stats(pdx_kv_connector_h c,
         PDX_LEAVE(PDX_ERR_NOT_FOUND);
     }
     kv_store_stats(c->store, stats_p);
+    PDX_LEAVE(PDX_OK);
+}
+
+/* ------------------------------------------------------------ layer-wise */
+
+pdx_status_t pdx_kv_load_layer_check(pdx_kv_connector_h c, const char *req_id,
+                                     uint32_t layer)
+{
+    PDX_ENTER();
+    if (!KV_CONN_OK(c) || !PDX_ARG_OK(req_id, "req_id")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
+    }
+    int li = kv_layer_index(c, layer);
+    pthread_mutex_lock(&c->lock);
+    kv_load_t *l = find_load(c, req_id);
+    if (l == NULL || li < 0) {
+        pthread_mutex_unlock(&c->lock);
+        pdx_error("kv connector %s: layer check: %s %.*s",
+                  c->cfg.agent_name,
+                  l == NULL ? "no load is known of request"
+                            : "the layout has no such layer, in request",
+                  PDX_KV_REQ_ID_MAX, req_id);
+        PDX_LEAVE(PDX_ERR_NOT_FOUND);
+    }
+    /* The child's check moves the load on (and never drops the record). */
+    pdx_status_t st = l->child != NULL && l->child->ops->load_check != NULL
+                          ? l->child->ops->load_check(l->child, l)
+                          : l->status;
+    if (l->layer_ok != NULL && l->layer_ok[li] && st != PDX_OK &&
+        st != PDX_INPROGRESS && !l->aborted) {
+        st = PDX_OK; /* that layer landed before the failure */
+    } else if (st == PDX_INPROGRESS && l->layer_ok != NULL &&
+               l->layer_ok[li]) {
+        st = PDX_OK;
+    } else if (st != PDX_OK && st != PDX_INPROGRESS) {
+        st = l->aborted ? PDX_ERR_CANCELED : st;
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (st != PDX_OK && st != PDX_INPROGRESS) {
+        pdx_error("kv connector %s: layer %u of %.*s will not land: %s",
+                  c->cfg.agent_name, layer, PDX_KV_REQ_ID_MAX, req_id,
+                  pdx_status_string(st));
+    }
+    PDX_LEAVE(st);
+}
+
+pdx_status_t pdx_kv_push_expect(pdx_kv_connector_h c, const char *req_id,
+                                const pdx_kv_push_expect_t *e,
+                                const uint64_t *ids)
+{
+    PDX_ENTER();
+    if (!KV_CONN_OK(c) || !PDX_ARG_OK(req_id, "req_id") ||
+        !PDX_ARG_OK(e, "e") || !PDX_ARG_OK(ids, "block_ids")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
+    }
+    uint64_t need = PDX_KV_PUSH_HOLDER | PDX_KV_PUSH_HOLDER_REQ |
+                    PDX_KV_PUSH_NBLOCKS;
+    if ((e->field_mask & need) != need || e->holder == NULL ||
+        e->holder_req == NULL || !kv_valid_req(req_id) ||
+        !kv_valid_req(e->holder_req) || e->nblocks == 0 ||
+        strnlen(e->holder, PDX_NAME_MAX) >= PDX_NAME_MAX) {
+        pdx_call_fail(PDX_ERR_INVALID,
+                      "%s: kv connector %s: needs req_id, e->holder, "
+                      "e->holder_req (1..%d printable characters) and "
+                      "e->nblocks > 0",
+                      __func__, c->cfg.agent_name, PDX_KV_REQ_ID_MAX - 1);
+        PDX_LEAVE(PDX_ERR_INVALID);
+    }
+    for (size_t i = 0; i < e->nblocks; i++) {
+        if (ids[i] >= pdx_layout_num_blocks(c->layout)) {
+            pdx_call_fail(PDX_ERR_INVALID,
+                          "%s: kv connector %s: block id %llu out of range",
+                          __func__, c->cfg.agent_name,
+                          (unsigned long long)ids[i]);
+            PDX_LEAVE(PDX_ERR_INVALID);
+        }
+    }
+    if (c->remote_child == NULL) {
+        pdx_error("kv connector %s: push of %s: no remote child",
+                  c->cfg.agent_name, req_id);
+        PDX_LEAVE(PDX_ERR_UNSUPPORTED);
+    }
+    pthread_mutex_lock(&c->lock);
+    if (find_load(c, req_id) != NULL) {
+        pthread_mutex_unlock(&c->lock);
+        pdx_error("kv: push of %s: already loading", req_id);
+        PDX_LEAVE(PDX_ERR_EXISTS);
+    }
+    kv_load_t *rec = calloc(1, sizeof(*rec));
+    pdx_status_t st = rec == NULL ? PDX_ERR_NOMEM : PDX_OK;
+    if (rec != NULL) {
+        snprintf(rec->req, sizeof(rec->req), "%s", req_id);
+        rec->child = c->remote_child;
+        rec->tokens = (e->field_mask & PDX_KV_PUSH_TOKENS) ? e->tokens : 0;
+        st = kv_push_expect(c, req_id, e, ids, rec);
+    }
+    if (st == PDX_OK) {
+        rec->next = c->loads;
+        c->loads = rec;
+    } else if (rec != NULL) {
+        kv_load_free(c, rec);
+    }
+    pthread_mutex_unlock(&c->lock);
+    PDX_LEAVE(st);
+}
+
+pdx_status_t pdx_kv_save_layer(pdx_kv_connector_h c,
+                               const pdx_kv_request_t *r,
+                               const pdx_kv_layer_save_t *s,
+                               const uint64_t *ids)
+{
+    PDX_ENTER();
+    if (!KV_CONN_OK(c) || !req_arg_ok(c, __func__, r) ||
+        !PDX_ARG_OK(s, "s")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
+    }
+    uint64_t need = PDX_KV_LAYER_SAVE_LAYER | PDX_KV_LAYER_SAVE_NBLOCKS |
+                    PDX_KV_LAYER_SAVE_TOKENS;
+    if ((s->field_mask & need) != need) {
+        pdx_call_fail(PDX_ERR_INVALID,
+                      "%s: s->field_mask lacks layer, nblocks or tokens",
+                      __func__);
+        PDX_LEAVE(PDX_ERR_INVALID);
+    }
+    if (s->nblocks > 0 && !PDX_ARG_OK(ids, "block_ids")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
+    }
+    pdx_kv_layer_save_t ls = *s;
+    if (!(s->field_mask & PDX_KV_LAYER_SAVE_FIRST_BLOCK)) {
+        ls.first_block = 0;
+    }
+    if (!(s->field_mask & PDX_KV_LAYER_SAVE_LAST)) {
+        ls.last = false;
+    }
+    if (kv_layer_index(c, ls.layer) < 0) {
+        pdx_call_fail(PDX_ERR_INVALID,
+                      "%s: kv connector %s: the layout has no layer %u",
+                      __func__, c->cfg.agent_name, ls.layer);
+        PDX_LEAVE(PDX_ERR_INVALID);
+    }
+    for (size_t i = 0; i < ls.nblocks; i++) {
+        if (ids[i] >= pdx_layout_num_blocks(c->layout)) {
+            pdx_call_fail(PDX_ERR_INVALID,
+                          "%s: kv connector %s: block id %llu out of range",
+                          __func__, c->cfg.agent_name,
+                          (unsigned long long)ids[i]);
+            PDX_LEAVE(PDX_ERR_INVALID);
+        }
+    }
+    pdx_status_t st = PDX_OK;
+    kv_child_t *kids[] = {c->offload_child, c->remote_child};
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < sizeof(kids) / sizeof(kids[0]); i++) {
+        if (kids[i] != NULL && kids[i]->ops->save_layer != NULL) {
+            pdx_status_t s2 = kids[i]->ops->save_layer(kids[i], r, &ls, ids);
+            st = st == PDX_OK ? s2 : st;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    PDX_LEAVE(st);
+}
+
+pdx_status_t pdx_kv_request_dropped(pdx_kv_connector_h c, const char *req_id)
+{
+    PDX_ENTER();
+    if (!KV_CONN_OK(c) || !PDX_ARG_OK(req_id, "req_id")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
+    }
+    kv_child_t *kids[] = {c->offload_child, c->remote_child};
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < sizeof(kids) / sizeof(kids[0]); i++) {
+        if (kids[i] != NULL && kids[i]->ops->request_dropped != NULL) {
+            kids[i]->ops->request_dropped(kids[i], req_id);
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
     PDX_LEAVE(PDX_OK);
 }

@@ -79,15 +79,19 @@ typedef struct pdx_kv_connector_params {
  * registration per arena, the hasher, the invariants, the offload pool
  * (registered too, so a peer can read blocks saved in it), the store
  * section's registry thread. Logs NONE_HASH and the layout fingerprint at
- * info level.
+ * info level. With VRAM arenas (of one device), the offload child copies
+ * between them and its host pool through the CUDA driver
+ * (PDX_CUDA_DRIVER_LIB, else libcuda.so.1), synchronously, the device's
+ * primary context made current for each copy.
  *
  * @param [in]  params  The config and the layout (required) and the
  *                      agent's params (default: progress thread on).
  * @param [out] conn_p  The connector; written only on success.
  * @return PDX_OK; PDX_ERR_INVALID (params missing or bad);
- *         PDX_ERR_CONFIG; or the error of the agent, a required backend,
- *         a registration, the pool or the store it could not set up
- *         (logged).
+ *         PDX_ERR_CONFIG; PDX_ERR_UNAVAILABLE (VRAM arenas and an offload
+ *         child, and no CUDA driver); or the error of the agent, a
+ *         required backend, a registration, the pool or the store it
+ *         could not set up (logged).
  * Owns: the config is copied; the layout and its memory are borrowed:
  *       the caller keeps both alive until the connector is destroyed;
  *       params->agent_params is read during the call only; *conn_p is the
@@ -291,6 +295,214 @@ PDX_API pdx_status_t pdx_kv_load_check(pdx_kv_connector_h conn,
  */
 PDX_API pdx_status_t pdx_kv_load_abort(pdx_kv_connector_h conn,
                                        const char *req_id);
+
+/* Options of pdx_kv_load_ex. Fields outside field_mask take their
+ * defaults. */
+enum pdx_kv_load_params_field {
+    PDX_KV_LOAD_PARAM_FIRST_BLOCK = 1u << 0, /* default 0 */
+    PDX_KV_LOAD_PARAM_FLAGS = 1u << 1,       /* default 0 */
+};
+
+/* One transfer per layer, each followed by pdx_kv_load_layer_check, so the
+ * engine may start layer L while later layers are still on their way. */
+#define PDX_KV_LOAD_F_LAYERED 1u
+
+typedef struct pdx_kv_load_params {
+    uint64_t field_mask;
+    /* Blocks [0, first_block) of the match are present on this node
+     * already (a local prefix hit): only blocks from first_block on are
+     * loaded, block_ids[0] receiving block first_block. */
+    size_t first_block;
+    uint32_t flags; /* PDX_KV_LOAD_F_* */
+} pdx_kv_load_params_t;
+
+/* pdx_kv_load with options: a first block (the engine's own prefix hit is
+ * not loaded again) and layer-wise transfers (PDX_KV_LOAD_F_LAYERED: one
+ * READ per layer of the layout, each reported by
+ * pdx_kv_load_layer_check; the done notification goes to the holder once
+ * every layer has landed). Offload loads copy every block before
+ * returning, layered or not. pdx_kv_load_check, pdx_kv_load_abort and the
+ * failure policy are as for pdx_kv_load.
+ *
+ * @param [in] conn       The connector.
+ * @param [in] req        The request, as given to pdx_kv_lookup.
+ * @param [in] match      What pdx_kv_lookup returned for it.
+ * @param [in] params     The options; NULL: all defaults (= pdx_kv_load).
+ * @param [in] block_ids  One id per block from params->first_block to
+ *                        match->blocks - 1, then one for the tail when
+ *                        match->tail; may be NULL when there are none.
+ * @return As pdx_kv_load; PDX_ERR_INVALID for a first_block past the
+ *         match, or unknown flags.
+ * Owns: the caller keeps `req`, `match`, `params` and `block_ids` (read
+ *       during the call only); the blocks are written until
+ *       pdx_kv_load_check reports an end.
+ * Blocks: as pdx_kv_load (a layered READ posts one transfer per layer).
+ * Threads: any thread.
+ */
+PDX_API pdx_status_t pdx_kv_load_ex(pdx_kv_connector_h conn,
+                                    const pdx_kv_request_t *req,
+                                    const pdx_kv_match_t *match,
+                                    const pdx_kv_load_params_t *params,
+                                    const uint64_t *block_ids);
+
+/* Has layer `layer` of a load landed? For a layered load (pdx_kv_load_ex
+ * with PDX_KV_LOAD_F_LAYERED, or pdx_kv_push_expect) each layer is
+ * reported as it lands; any other load reports every layer at once, when
+ * the whole load has. Unlike pdx_kv_load_check it never drops the load's
+ * record: keep calling pdx_kv_load_check for the end.
+ *
+ * @param [in] conn    The connector.
+ * @param [in] req_id  The request's id.
+ * @param [in] layer   An arena layer number of the layout (pdx_arena_t's
+ *                     `layer`).
+ * @return PDX_OK when that layer's bytes are in place; PDX_INPROGRESS
+ *         before; the load's error once it failed (whatever the failure
+ *         policy: the engine must not use the layer); PDX_ERR_CANCELED
+ *         after pdx_kv_load_abort; PDX_ERR_NOT_FOUND for a request with
+ *         no load, or a layer the layout does not have.
+ * Owns: the caller keeps `req_id`.
+ * Blocks: on the connector lock; a check of each READ in flight (as
+ *       pdx_xfer_check: never waits for another thread's backend call).
+ * Threads: any thread.
+ */
+PDX_API pdx_status_t pdx_kv_load_layer_check(pdx_kv_connector_h conn,
+                                             const char *req_id,
+                                             uint32_t layer);
+
+/* Required fields of pdx_kv_push_expect_t, and its optional ones. */
+enum pdx_kv_push_expect_field {
+    PDX_KV_PUSH_HOLDER = 1u << 0,      /* required */
+    PDX_KV_PUSH_HOLDER_REQ = 1u << 1,  /* required */
+    PDX_KV_PUSH_NBLOCKS = 1u << 2,     /* required */
+    PDX_KV_PUSH_FIRST_BLOCK = 1u << 3, /* default 0 */
+    PDX_KV_PUSH_TOKENS = 1u << 4,      /* default 0 */
+    PDX_KV_PUSH_TIMEOUT = 1u << 5,     /* default: the remote lease_ms */
+};
+
+/* A push this node asks a holder for. */
+typedef struct pdx_kv_push_expect {
+    uint64_t field_mask;
+    const char *holder;     /* the holder's agent name (a loaded peer) */
+    const char *holder_req; /* the holder's id of the request */
+    size_t first_block;     /* the first block of the request wanted */
+    size_t nblocks;         /* blocks wanted, into block_ids (>= 1) */
+    size_t tokens;          /* tokens they give; pdx_kv_load_check's */
+    uint32_t timeout_ms;    /* give up when not all landed by then */
+} pdx_kv_push_expect_t;
+
+/* Decode side of a layer-wise handoff: ask the holder (the prefill node,
+ * which may still be computing the request) to write blocks
+ * [first_block, first_block + nblocks) of its request into this node's
+ * `block_ids`, layer by layer as it saves them (pdx_kv_save_layer). The
+ * ask travels as connector messages (this node's arena table and the ids);
+ * the request's load record follows it: pdx_kv_load_layer_check reports
+ * each layer as its bytes land, pdx_kv_load_check the end: PDX_OK once
+ * the holder wrote every layer, else, under the failure policy, the
+ * holder's death (PDX_ERR_REMOTE_DISCONNECT), its refusal
+ * (PDX_ERR_NOT_FOUND: it does not know the request, or dropped it) or the
+ * timeout (PDX_ERR_TIMEOUT). Heartbeats keep the holder's lease on its
+ * blocks meanwhile; pdx_kv_load_abort tells it to stop (reject). Drive it
+ * with pdx_kv_progress.
+ *
+ * @param [in] conn       The connector (with a remote child).
+ * @param [in] req_id     This node's id of the request
+ *                        (1..PDX_KV_REQ_ID_MAX-1 printable characters).
+ * @param [in] e          The holder, its request, the blocks.
+ * @param [in] block_ids  e->nblocks ids of this node's blocks.
+ * @return PDX_OK (asked; a load record made); PDX_ERR_INVALID (a field
+ *         missing or out of range, an id past the arenas);
+ *         PDX_ERR_UNSUPPORTED (no remote child); PDX_ERR_EXISTS (a load
+ *         of req_id is known); PDX_ERR_NOT_FOUND (the holder is not a
+ *         loaded peer); the send's error (logged); PDX_ERR_NOMEM.
+ * Owns: the caller keeps `req_id`, `e`, its strings and `block_ids` (read
+ *       during the call only); the blocks are written until
+ *       pdx_kv_load_check reports an end.
+ * Blocks: on the connector lock; a few notification sends (never waits
+ *       for the peer).
+ * Threads: any thread.
+ */
+PDX_API pdx_status_t pdx_kv_push_expect(pdx_kv_connector_h conn,
+                                        const char *req_id,
+                                        const pdx_kv_push_expect_t *e,
+                                        const uint64_t *block_ids);
+
+/* Required fields of pdx_kv_layer_save_t, and its optional ones. */
+enum pdx_kv_layer_save_field {
+    PDX_KV_LAYER_SAVE_LAYER = 1u << 0,       /* required */
+    PDX_KV_LAYER_SAVE_NBLOCKS = 1u << 1,     /* required */
+    PDX_KV_LAYER_SAVE_TOKENS = 1u << 2,      /* required */
+    PDX_KV_LAYER_SAVE_FIRST_BLOCK = 1u << 3, /* default 0 */
+    PDX_KV_LAYER_SAVE_LAST = 1u << 4,        /* default false */
+};
+
+/* One layer of one step of a request, computed. */
+typedef struct pdx_kv_layer_save {
+    uint64_t field_mask;
+    uint32_t layer;     /* an arena layer number of the layout */
+    size_t first_block; /* block_ids[0] is this block of the request */
+    size_t nblocks;     /* the blocks this step wrote (the last may be
+                         * partial) */
+    /* Tokens of the request computed once this step ends: a block wholly
+     * below it is complete. */
+    size_t tokens;
+    /* The request's last step: nothing follows (prefill done). */
+    bool last;
+} pdx_kv_layer_save_t;
+
+/* Layer-wise save: layer s->layer of the blocks a step wrote is computed.
+ * The offload child copies that layer's slices of each block this step
+ * completed (a full block whose hash req names, and on the last step the
+ * partial tail) into a pool slot reserved at its first layer, and
+ * publishes the block once every layer of the layout has been given
+ * (pdx_kv_save_check follows them, as for pdx_kv_save). The remote child,
+ * when a decode node asked for this request (pdx_kv_push_expect on its
+ * side), writes the layer's slices of the blocks it asked for at once,
+ * while later layers still compute; a layer saved before the ask is
+ * written when it arrives. Once the last step's every layer is written,
+ * the decode node is told, and the request's held blocks (its handoff,
+ * pdx_kv_request_finished) are freed as PDX_KV_FREED_DONE. Give every
+ * layer of the layout for each step; a layer given twice in a step is
+ * copied and written twice.
+ *
+ * @param [in] conn       The connector.
+ * @param [in] req        The request (req_id; hashes name its full
+ *                        blocks, tail_hash its partial one).
+ * @param [in] s          The layer, the blocks and the progress.
+ * @param [in] block_ids  s->nblocks ids.
+ * @return PDX_OK (queued: copies run on the save worker, writes in the
+ *         background); PDX_ERR_INVALID (a field missing, a layer the
+ *         layout lacks, an id past the arenas); PDX_ERR_NOMEM; a write's
+ *         error (logged; the push is then given up and the decode node
+ *         told).
+ * Owns: the caller keeps `req`, `s` and `block_ids` (copied); the blocks
+ *       are read until pdx_kv_save_check says PDX_OK and, with a push,
+ *       until the request's blocks are reported freed.
+ * Blocks: on the connector lock; the posts of the writes (as
+ *       pdx_xfer_post); while the save queue is full, as pdx_kv_save.
+ * Threads: any thread.
+ */
+PDX_API pdx_status_t pdx_kv_save_layer(pdx_kv_connector_h conn,
+                                       const pdx_kv_request_t *req,
+                                       const pdx_kv_layer_save_t *s,
+                                       const uint64_t *block_ids);
+
+/* The request ended on this node without a handoff (aborted, preempted
+ * for good, failed): its layer-wise state goes: pool slots reserved for
+ * blocks whose layers are not all saved are given back, and a push is
+ * given up (a decode node that asked is told, and fails its load). Saves
+ * queued whole (pdx_kv_save) and held handoffs are left as they are.
+ * Harmless for a request the connector does not know.
+ *
+ * @param [in] conn    The connector.
+ * @param [in] req_id  The request's id.
+ * @return PDX_OK.
+ * Owns: the caller keeps `req_id`.
+ * Blocks: on the connector lock, until the save worker finished the copy
+ *       it is making for the request, if any; one notification send.
+ * Threads: any thread.
+ */
+PDX_API pdx_status_t pdx_kv_request_dropped(pdx_kv_connector_h conn,
+                                            const char *req_id);
 
 /* Save blocks of `req` to every child that saves (the offload pool unless
  * load_only). Asynchronous: the blocks must stay unchanged until

@@ -402,10 +402,20 @@ out:
     return rc;
 }
 
-static PyObject *KVConn_load(KVConnObject *c, PyObject *args)
+static PyObject *KVConn_load(KVConnObject *c, PyObject *args, PyObject *kw)
 {
+    static char *kwlist[] = {"req", "match", "block_ids", "first_block",
+                             "layered", NULL};
     PyObject *req, *match, *ids;
-    if (!PyArg_ParseTuple(args, "OOO", &req, &match, &ids)) {
+    Py_ssize_t first = 0;
+    int layered = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$np", kwlist, &req,
+                                     &match, &ids, &first, &layered)) {
+        return NULL;
+    }
+    if (first < 0) {
+        PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID),
+                        "load: first_block must be >= 0");
         return NULL;
     }
     pdx_kv_match_t m;
@@ -421,17 +431,23 @@ static PyObject *KVConn_load(KVConnObject *c, PyObject *args)
         return NULL;
     }
     PyObject *res = NULL;
-    if (n < m.blocks + (m.tail ? 1 : 0)) {
+    size_t want = m.blocks + (m.tail ? 1 : 0);
+    want = want > (size_t)first ? want - (size_t)first : 0;
+    if (n < want) {
         PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
-                     "load: %zu block ids for %zu blocks%s", n, m.blocks,
-                     m.tail ? " and a tail" : "");
+                     "load: %zu block ids for %zu blocks from block %zd", n,
+                     want, first);
         goto out;
     }
     if (conn_enter(c) < 0) {
         goto out;
     }
+    pdx_kv_load_params_t lp = {
+        .field_mask = PDX_KV_LOAD_PARAM_FIRST_BLOCK | PDX_KV_LOAD_PARAM_FLAGS,
+        .first_block = (size_t)first,
+        .flags = layered ? PDX_KV_LOAD_F_LAYERED : 0};
     PDXPY_CALL_DECL(call, "load");
-    PDXPY_CALL(&call, pdx_kv_load(c->h, &q.r, &m, v));
+    PDXPY_CALL(&call, pdx_kv_load_ex(c->h, &q.r, &m, &lp, n ? v : NULL));
     conn_leave(c);
     if (call.st < 0) {
         pdxpy_call_raise(&call);
@@ -628,6 +644,156 @@ out:
     return res;
 }
 
+static PyObject *KVConn_load_layer_check(KVConnObject *c, PyObject *args)
+{
+    const char *id;
+    unsigned int layer;
+    if (!PyArg_ParseTuple(args, "sI", &id, &layer) || conn_enter(c) < 0) {
+        return NULL;
+    }
+    PDXPY_CALL_DECL(call, "load_layer_check");
+    PDXPY_CALL(&call, pdx_kv_load_layer_check(c->h, id, layer));
+    conn_leave(c);
+    if (call.st < 0) {
+        return pdxpy_call_raise(&call);
+    }
+    return PyBool_FromLong(call.st == PDX_OK);
+}
+
+static PyObject *KVConn_push_expect(KVConnObject *c, PyObject *args,
+                                    PyObject *kw)
+{
+    static char *kwlist[] = {"req_id", "holder", "holder_req", "block_ids",
+                             "first_block", "tokens", "timeout", NULL};
+    const char *id, *holder, *hreq;
+    PyObject *ids, *timeout = Py_None;
+    Py_ssize_t first = 0, tokens = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sssO|$nnO", kwlist, &id,
+                                     &holder, &hreq, &ids, &first, &tokens,
+                                     &timeout)) {
+        return NULL;
+    }
+    pdx_kv_push_expect_t e = {
+        .field_mask = PDX_KV_PUSH_HOLDER | PDX_KV_PUSH_HOLDER_REQ |
+                      PDX_KV_PUSH_NBLOCKS | PDX_KV_PUSH_FIRST_BLOCK |
+                      PDX_KV_PUSH_TOKENS,
+        .holder = holder,
+        .holder_req = hreq,
+        .first_block = first > 0 ? (size_t)first : 0,
+        .tokens = tokens > 0 ? (size_t)tokens : 0};
+    if (timeout != Py_None) {
+        double t;
+        if (pdxpy_timeout_arg(timeout, "timeout", 0, &t) < 0) {
+            return NULL;
+        }
+        e.field_mask |= PDX_KV_PUSH_TIMEOUT;
+        e.timeout_ms = t * 1000.0 > (double)UINT32_MAX
+                           ? UINT32_MAX
+                           : (uint32_t)(t * 1000.0 + 0.5);
+    }
+    uint64_t stack[256];
+    void *v;
+    size_t n;
+    if (pdxpy_int_array(ids, 8, stack, 256, &v, &n) < 0) {
+        return NULL;
+    }
+    e.nblocks = n;
+    PyObject *res = NULL;
+    if (conn_enter(c) == 0) {
+        PDXPY_CALL_DECL(call, "push_expect");
+        PDXPY_CALL(&call, pdx_kv_push_expect(c->h, id, &e, v));
+        conn_leave(c);
+        res = call.st < 0 ? pdxpy_call_raise(&call) : Py_NewRef(Py_None);
+    }
+    if (v != stack) {
+        PyMem_Free(v);
+    }
+    return res;
+}
+
+static PyObject *KVConn_save_layer(KVConnObject *c, PyObject *args,
+                                   PyObject *kw)
+{
+    static char *kwlist[] = {"req", "layer", "block_ids", "tokens",
+                             "first_block", "last", NULL};
+    PyObject *req, *ids;
+    unsigned int layer;
+    Py_ssize_t tokens, first = 0;
+    int last = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OIOn|$np", kwlist, &req,
+                                     &layer, &ids, &tokens, &first, &last)) {
+        return NULL;
+    }
+    if (tokens < 0 || first < 0) {
+        PyErr_SetString(pdxpy_exc_for(PDX_ERR_INVALID),
+                        "save_layer: tokens and first_block must be >= 0");
+        return NULL;
+    }
+    kvreq_t q;
+    if (kvreq_parse(req, &q) < 0) {
+        return NULL;
+    }
+    uint64_t stack[256];
+    void *v;
+    size_t n;
+    if (pdxpy_int_array(ids, 8, stack, 256, &v, &n) < 0) {
+        kvreq_clear(&q);
+        return NULL;
+    }
+    pdx_kv_layer_save_t ls = {
+        .field_mask = PDX_KV_LAYER_SAVE_LAYER | PDX_KV_LAYER_SAVE_NBLOCKS |
+                      PDX_KV_LAYER_SAVE_TOKENS |
+                      PDX_KV_LAYER_SAVE_FIRST_BLOCK | PDX_KV_LAYER_SAVE_LAST,
+        .layer = layer,
+        .first_block = (size_t)first,
+        .nblocks = n,
+        .tokens = (size_t)tokens,
+        .last = last != 0};
+    PyObject *res = NULL;
+    if (conn_enter(c) == 0) {
+        PDXPY_CALL_DECL(call, "save_layer");
+        PDXPY_CALL(&call, pdx_kv_save_layer(c->h, &q.r, &ls, n ? v : NULL));
+        conn_leave(c);
+        res = call.st < 0 ? pdxpy_call_raise(&call) : Py_NewRef(Py_None);
+    }
+    kvreq_clear(&q);
+    if (v != stack) {
+        PyMem_Free(v);
+    }
+    return res;
+}
+
+static PyObject *KVConn_request_dropped(KVConnObject *c, PyObject *arg)
+{
+    const char *id = PyUnicode_AsUTF8(arg);
+    if (id == NULL || conn_enter(c) < 0) {
+        return NULL;
+    }
+    PDXPY_CALL_DECL(call, "request_dropped");
+    PDXPY_CALL(&call, pdx_kv_request_dropped(c->h, id));
+    conn_leave(c);
+    if (call.st < 0) {
+        return pdxpy_call_raise(&call);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *KVConn_set_invariant(KVConnObject *c, PyObject *args)
+{
+    const char *key, *value;
+    if (!PyArg_ParseTuple(args, "ss", &key, &value) || conn_enter(c) < 0) {
+        return NULL;
+    }
+    PDXPY_CALL_DECL(call, "set_invariant");
+    PDXPY_CALL(&call, pdx_agent_set_invariant(pdx_kv_connector_agent(c->h),
+                                              key, value));
+    conn_leave(c);
+    if (call.st < 0) {
+        return pdxpy_call_raise(&call);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *KVConn_progress(KVConnObject *c, PyObject *u)
 {
     if (conn_enter(c) < 0) {
@@ -669,7 +835,7 @@ static void on_freed(void *arg, const char *id, pdx_kv_free_reason_t why)
 
 static PyObject *KVConn_poll_freed(KVConnObject *c, PyObject *u)
 {
-    static const char *why[] = {"done", "reject", "expired"};
+    static const char *why[] = {"done", "reject", "expired", "peer_gone"};
     if (conn_enter(c) < 0) {
         return NULL;
     }
@@ -680,7 +846,7 @@ static PyObject *KVConn_poll_freed(KVConnObject *c, PyObject *u)
     for (size_t i = 0; l != NULL && i < f.n; i++) {
         PyObject *t =
             Py_BuildValue("(ss)", f.ids[i],
-                          why[f.why[i] >= 0 && f.why[i] <= 2 ? f.why[i] : 0]);
+                          why[f.why[i] >= 0 && f.why[i] <= 3 ? f.why[i] : 0]);
         if (t == NULL || PyList_Append(l, t) < 0) {
             Py_CLEAR(l);
         }
@@ -799,8 +965,29 @@ static PyMethodDef KVConn_methods[] = {
      "lookup(req) -> {'source', 'blocks', 'tail', 'tokens'}, or None while "
      "pending (ask again). req: a dict or object with req_id, hashes, "
      "prompt_tokens, tail_hash, tail_tokens, params."},
-    {"load", (PyCFunction)(void (*)(void))KVConn_load, METH_VARARGS,
-     "load(req, match, block_ids): start loading what lookup found."},
+    {"load", (PyCFunction)(void (*)(void))KVConn_load,
+     METH_VARARGS | METH_KEYWORDS,
+     "load(req, match, block_ids, *, first_block=0, layered=False): start "
+     "loading what lookup found, from block first_block on (block_ids[0] "
+     "receives it); layered: one transfer per layer (load_layer_check)."},
+    {"load_layer_check", (PyCFunction)(void (*)(void))KVConn_load_layer_check,
+     METH_VARARGS,
+     "load_layer_check(req_id, layer) -> True once that layer landed, False "
+     "before; raises once the load failed."},
+    {"push_expect", (PyCFunction)(void (*)(void))KVConn_push_expect,
+     METH_VARARGS | METH_KEYWORDS,
+     "push_expect(req_id, holder, holder_req, block_ids, *, first_block=0, "
+     "tokens=0, timeout=None): ask the holder to write its request's blocks "
+     "here layer by layer; then load_layer_check / load_check(req_id)."},
+    {"save_layer", (PyCFunction)(void (*)(void))KVConn_save_layer,
+     METH_VARARGS | METH_KEYWORDS,
+     "save_layer(req, layer, block_ids, tokens, *, first_block=0, "
+     "last=False): one layer of a step computed (offload, push)."},
+    {"request_dropped", (PyCFunction)(void (*)(void))KVConn_request_dropped,
+     METH_O, "request_dropped(req_id): forget its layer-wise state."},
+    {"set_invariant", (PyCFunction)(void (*)(void))KVConn_set_invariant,
+     METH_VARARGS,
+     "set_invariant(key, value): one more key peers must agree on."},
     {"load_check", (PyCFunction)(void (*)(void))KVConn_load_check, METH_O,
      "load_check(req_id) -> tokens loaded, or None in flight; raises on "
      "error (failure policy 'fail')."},

@@ -1,7 +1,8 @@
 /* Connector tests: a P and a D node (two agents over UCX shared memory)
  * hand off a GLM-5.2-shaped 8K-token request byte-exact; leases expire or
  * end on done/reject; invariant mismatches are refused with the field
- * named; the MultiConnector routes lookups to the first child that hits. */
+ * named; the MultiConnector routes lookups to the first child that hits;
+ * layer by layer: a push while P saves each layer, a layered READ. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -560,6 +561,244 @@ static void test_params_memory(void **state)
     }
 }
 
+/* Hashes of `nt` tokens of salt `salt` on node n: the full blocks, the
+ * tail; the request names them. */
+static void layer_request(node_t *n, uint64_t *tok, size_t nt, uint64_t salt,
+                          pdx_block_hash_t *hs, pdx_kv_request_t *r,
+                          const char *id)
+{
+    size_t nb;
+    int has_tail;
+    pdx_block_hash_t tail;
+    make_tokens(tok, nt, salt);
+    assert_int_equal(pdx_hasher_hash_blocks(pdx_kv_connector_hasher(n->conn),
+                                            tok, nt, NULL, hs, nt / 64, &nb,
+                                            &tail, &has_tail),
+                     PDX_OK);
+    *r = (pdx_kv_request_t){.req_id = id, .hashes = hs, .nfull = nb,
+                            .has_tail = has_tail != 0, .tail_hash = tail,
+                            .tail_tokens = (uint32_t)(nt % 64),
+                            .prompt_tokens = nt};
+}
+
+/* P saves a 1,000-token request (15 full blocks and a 40-token tail) layer
+ * by layer in two steps; D, which asked for it before P started, sees each
+ * layer land in order while P has later layers to go, then the end; the
+ * blocks are byte-exact; P's handoff made after the push is freed at once
+ * (done); P's pool holds the blocks, filled layer by layer. */
+static void test_layerwise_push(void **state)
+{
+    pdx_kv_config_t cp, cd;
+    base_config(&cp, "w-p", "w-d", "0");
+    base_config(&cd, "w-d", "w-p", "0");
+    node_t p, d;
+    node_glm(&p, &cp);
+    node_glm(&d, &cd);
+    assert_int_equal(connect_both(&p, &d), PDX_OK);
+    enum { NT = 1000, NB = 16 };
+    uint64_t tok[NT], pids[NB], dids[NB];
+    pdx_block_hash_t hs[NT / 64];
+    pdx_kv_request_t req;
+    layer_request(&p, tok, NT, 7, hs, &req, "p-push");
+    for (uint64_t i = 0; i < NB; i++) {
+        pids[i] = 3 + i;
+        dids[i] = 40 + 2 * i; /* not contiguous on D */
+        fill_block(&p, pids[i], 500 + i);
+    }
+    pdx_kv_push_expect_t e = {
+        .field_mask = PDX_KV_PUSH_HOLDER | PDX_KV_PUSH_HOLDER_REQ |
+                      PDX_KV_PUSH_NBLOCKS | PDX_KV_PUSH_TOKENS,
+        .holder = "w-p", .holder_req = "p-push", .nblocks = NB,
+        .tokens = NT - 1};
+    assert_int_equal(pdx_kv_push_expect(d.conn, "d-push", &e, dids), PDX_OK);
+    uint32_t layers[80];
+    size_t nl = 0;
+    for (size_t a = 0; a < pdx_layout_num_arenas(p.layout); a++) {
+        pdx_arena_t ar;
+        pdx_layout_get_arena(p.layout, a, &ar);
+        if (nl == 0 || layers[nl - 1] != ar.layer) {
+            layers[nl++] = ar.layer;
+        }
+    }
+    assert_int_equal(nl, 79);
+    /* Step 1: tokens [0, 600) (blocks 0..9, the last partial); step 2:
+     * [600, 1000) (blocks 9..15). */
+    size_t steps[2][3] = {{0, 10, 600}, {9, 7, 1000}};
+    for (int s = 0; s < 2; s++) {
+        for (size_t l = 0; l < nl; l++) {
+            pdx_kv_layer_save_t ls = {
+                .field_mask = PDX_KV_LAYER_SAVE_LAYER |
+                              PDX_KV_LAYER_SAVE_NBLOCKS |
+                              PDX_KV_LAYER_SAVE_TOKENS |
+                              PDX_KV_LAYER_SAVE_FIRST_BLOCK |
+                              PDX_KV_LAYER_SAVE_LAST,
+                .layer = layers[l], .first_block = steps[s][0],
+                .nblocks = steps[s][1], .tokens = steps[s][2],
+                .last = s == 1};
+            assert_int_equal(pdx_kv_save_layer(p.conn, &req, &ls,
+                                               pids + steps[s][0]),
+                             PDX_OK);
+            pdx_kv_progress(p.conn);
+            pdx_kv_progress(d.conn);
+            if (s == 1 && l == 2) {
+                /* Layer 0 of the last step lands while P computes on. */
+                pdx_status_t st = PDX_INPROGRESS;
+                PDX_POLL_UNTIL(st == PDX_INPROGRESS, 20000) {
+                    pdx_kv_progress(p.conn);
+                    pdx_kv_progress(d.conn);
+                    st = pdx_kv_load_layer_check(d.conn, "d-push",
+                                                 layers[0]);
+                }
+                assert_int_equal(st, PDX_OK);
+                assert_int_equal(pdx_kv_load_layer_check(d.conn, "d-push",
+                                                         layers[nl - 1]),
+                                 PDX_INPROGRESS);
+            }
+        }
+    }
+    size_t tokens = 0;
+    pdx_status_t st = PDX_INPROGRESS;
+    PDX_POLL_UNTIL(st == PDX_INPROGRESS, 30000) {
+        pdx_kv_progress(p.conn);
+        pdx_kv_progress(d.conn);
+        st = pdx_kv_load_check(d.conn, "d-push", &tokens);
+    }
+    assert_int_equal(st, PDX_OK);
+    assert_int_equal(tokens, NT - 1);
+    for (uint64_t i = 0; i < NB; i++) {
+        assert_true(same_block(&p, pids[i], &d, dids[i]));
+    }
+    char *params = NULL;
+    assert_int_equal(pdx_kv_request_finished(p.conn, &req, pids, NT,
+                                             PDX_KV_FROM_ARENA, &params),
+                     PDX_OK);
+    /* D may see the last write land before P reaps its completion: the
+     * handoff is freed (done) when P's push ends, at once or a pass later. */
+    kv_freed_t f = {0};
+    PDX_POLL_UNTIL(f.n == 0, 20000) {
+        pdx_kv_progress(p.conn);
+        pdx_kv_progress(d.conn);
+        pdx_kv_poll_freed(p.conn, kv_on_freed, &f);
+    }
+    assert_int_equal(f.n, 1);
+    assert_int_equal(f.why, PDX_KV_FREED_DONE);
+    assert_int_equal(pdx_kv_held_requests(p.conn), 0);
+    /* The pool: every block, each filled layer by layer. */
+    st = PDX_INPROGRESS;
+    PDX_POLL_UNTIL(st == PDX_INPROGRESS, 20000) {
+        st = pdx_kv_save_check(p.conn, "p-push");
+    }
+    assert_int_equal(st, PDX_OK);
+    pdx_kv_request_t again = req;
+    again.req_id = "p-again";
+    pdx_kv_match_t m;
+    assert_int_equal(pdx_kv_lookup(p.conn, &again, &m), PDX_OK);
+    assert_int_equal(m.source, PDX_KV_SOURCE_OFFLOAD);
+    assert_int_equal(m.blocks, 15);
+    assert_true(m.tail);
+    uint64_t back[NB];
+    for (uint64_t i = 0; i < NB; i++) {
+        back[i] = 100 + i;
+    }
+    pdx_kv_load_params_t lp = {.field_mask = PDX_KV_LOAD_PARAM_FIRST_BLOCK,
+                               .first_block = 2};
+    assert_int_equal(pdx_kv_load_ex(p.conn, &again, &m, &lp, back + 2),
+                     PDX_OK);
+    assert_int_equal(pdx_kv_load_check(p.conn, "p-again", &tokens), PDX_OK);
+    for (uint64_t i = 2; i < NB; i++) {
+        assert_true(same_block(&p, pids[i], &p, back[i]));
+    }
+    pdx_kv_free(params);
+    node_fini(&d);
+    node_fini(&p);
+}
+
+/* A layered READ from the second block on: each layer reported, the
+ * bytes exact, the holder freed (done) once every layer landed. A push
+ * whose holder drops the request ends NOT_FOUND under policy "fail". */
+static void test_layered_pull_and_dropped_push(void **state)
+{
+    pdx_kv_config_t cp, cd;
+    base_config(&cp, "y-p", "y-d", "0");
+    base_config(&cd, "y-d", "y-p", "0");
+    cd.children[0].failure_policy = PDX_KV_FAIL_FAIL;
+    node_t p, d;
+    node_glm(&p, &cp);
+    node_glm(&d, &cd);
+    assert_int_equal(connect_both(&p, &d), PDX_OK);
+    enum { NT = 700, NB = 11 };
+    uint64_t tok[NT], pids[NB], dids[NB];
+    pdx_block_hash_t hs[NT / 64];
+    pdx_kv_request_t req;
+    layer_request(&p, tok, NT, 9, hs, &req, "p-pull");
+    for (uint64_t i = 0; i < NB; i++) {
+        pids[i] = i;
+        dids[i] = 60 + i;
+        fill_block(&p, pids[i], 900 + i);
+    }
+    char *params = NULL;
+    assert_int_equal(pdx_kv_request_finished(p.conn, &req, pids, NT,
+                                             PDX_KV_FROM_ARENA, &params),
+                     PDX_OK);
+    pdx_kv_request_t dreq = req;
+    dreq.req_id = "d-pull";
+    dreq.params = params;
+    pdx_kv_match_t m;
+    assert_int_equal(pdx_kv_lookup(d.conn, &dreq, &m), PDX_OK);
+    assert_int_equal(m.blocks, 10);
+    assert_true(m.tail);
+    pdx_kv_load_params_t lp = {
+        .field_mask = PDX_KV_LOAD_PARAM_FIRST_BLOCK | PDX_KV_LOAD_PARAM_FLAGS,
+        .first_block = 1, .flags = PDX_KV_LOAD_F_LAYERED};
+    assert_int_equal(pdx_kv_load_ex(d.conn, &dreq, &m, &lp, dids + 1),
+                     PDX_OK);
+    pdx_status_t st = PDX_INPROGRESS;
+    PDX_POLL_UNTIL(st == PDX_INPROGRESS, 20000) {
+        st = pdx_kv_load_layer_check(d.conn, "d-pull", 40);
+    }
+    assert_int_equal(st, PDX_OK);
+    assert_int_equal(pdx_kv_load_layer_check(d.conn, "d-pull", 4000),
+                     PDX_ERR_NOT_FOUND);
+    size_t tokens = 0;
+    st = PDX_INPROGRESS;
+    PDX_POLL_UNTIL(st == PDX_INPROGRESS, 20000) {
+        st = pdx_kv_load_check(d.conn, "d-pull", &tokens);
+    }
+    assert_int_equal(st, PDX_OK);
+    for (uint64_t i = 1; i < NB; i++) {
+        assert_true(same_block(&p, pids[i], &d, dids[i]));
+    }
+    kv_freed_t f = {0};
+    for (int i = 0; i < 20000 && f.n == 0; i++) {
+        pdx_kv_progress(p.conn);
+        pdx_kv_poll_freed(p.conn, kv_on_freed, &f);
+    }
+    assert_int_equal(f.why, PDX_KV_FREED_DONE);
+
+    /* A push P gives up: D's load fails, named. */
+    pdx_kv_push_expect_t e = {
+        .field_mask = PDX_KV_PUSH_HOLDER | PDX_KV_PUSH_HOLDER_REQ |
+                      PDX_KV_PUSH_NBLOCKS,
+        .holder = "y-p", .holder_req = "p-gone", .nblocks = 2};
+    assert_int_equal(pdx_kv_push_expect(d.conn, "d-gone", &e, dids),
+                     PDX_OK);
+    for (int i = 0; i < 200; i++) {
+        pdx_kv_progress(d.conn);
+        pdx_kv_progress(p.conn);
+    }
+    assert_int_equal(pdx_kv_request_dropped(p.conn, "p-gone"), PDX_OK);
+    st = PDX_INPROGRESS;
+    PDX_POLL_UNTIL(st == PDX_INPROGRESS, 20000) {
+        pdx_kv_progress(p.conn);
+        pdx_kv_progress(d.conn);
+        st = pdx_kv_load_check(d.conn, "d-gone", &tokens);
+    }
+    assert_int_equal(st, PDX_ERR_NOT_FOUND);
+    pdx_kv_free(params);
+    node_fini(&d);
+    node_fini(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -569,6 +808,8 @@ int main(void)
         cmocka_unit_test(test_multi_routing),
         cmocka_unit_test(test_params_merge),
         cmocka_unit_test(test_params_memory),
+        cmocka_unit_test(test_layerwise_push),
+        cmocka_unit_test(test_layered_pull_and_dropped_push),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

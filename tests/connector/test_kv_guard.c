@@ -612,6 +612,43 @@ static void test_connector_null(void **state)
     REFUSED(pdx_kv_load_check(c, "req-7", NULL), "tokens_p is NULL");
     REFUSED(pdx_kv_load_abort(NULL, "req-7"), "conn is NULL");
     REFUSED(pdx_kv_load_abort(c, NULL), "req_id is NULL");
+    pdx_kv_load_params_t lp = {.field_mask = PDX_KV_LOAD_PARAM_FLAGS,
+                               .flags = PDX_KV_LOAD_F_LAYERED};
+    REFUSED(pdx_kv_load_ex(NULL, &req, &m, &lp, ids), "conn is NULL");
+    REFUSED(pdx_kv_load_ex(c, NULL, &m, &lp, ids), "req is NULL");
+    REFUSED(pdx_kv_load_ex(c, &req, NULL, &lp, ids), "match is NULL");
+    REFUSED(pdx_kv_load_ex(c, &req, &m, &lp, NULL), "block_ids is NULL");
+    lp.flags = 0x80;
+    REFUSED(pdx_kv_load_ex(c, &req, &m, &lp, ids), "unknown flags");
+    lp = (pdx_kv_load_params_t){.field_mask = PDX_KV_LOAD_PARAM_FIRST_BLOCK,
+                                .first_block = 9};
+    REFUSED(pdx_kv_load_ex(c, &req, &m, &lp, ids), "first block 9");
+    REFUSED(pdx_kv_load_layer_check(NULL, "req-7", 0), "conn is NULL");
+    REFUSED(pdx_kv_load_layer_check(c, NULL, 0), "req_id is NULL");
+    pdx_kv_push_expect_t pe = {
+        .field_mask = PDX_KV_PUSH_HOLDER | PDX_KV_PUSH_HOLDER_REQ |
+                      PDX_KV_PUSH_NBLOCKS,
+        .holder = "glm52-p-dp0", .holder_req = "p-7", .nblocks = 2};
+    REFUSED(pdx_kv_push_expect(NULL, "req-7", &pe, ids), "conn is NULL");
+    REFUSED(pdx_kv_push_expect(c, NULL, &pe, ids), "req_id is NULL");
+    REFUSED(pdx_kv_push_expect(c, "req-7", NULL, ids), "e is NULL");
+    REFUSED(pdx_kv_push_expect(c, "req-7", &pe, NULL), "block_ids is NULL");
+    pe.field_mask &= ~(uint64_t)PDX_KV_PUSH_HOLDER;
+    REFUSED(pdx_kv_push_expect(c, "req-7", &pe, ids), "e->holder");
+    pdx_kv_layer_save_t ls = {
+        .field_mask = PDX_KV_LAYER_SAVE_LAYER | PDX_KV_LAYER_SAVE_NBLOCKS |
+                      PDX_KV_LAYER_SAVE_TOKENS,
+        .layer = 0, .nblocks = 2, .tokens = 128};
+    REFUSED(pdx_kv_save_layer(NULL, &req, &ls, ids), "conn is NULL");
+    REFUSED(pdx_kv_save_layer(c, NULL, &ls, ids), "req is NULL");
+    REFUSED(pdx_kv_save_layer(c, &req, NULL, ids), "s is NULL");
+    REFUSED(pdx_kv_save_layer(c, &req, &ls, NULL), "block_ids is NULL");
+    ls.layer = 100000;
+    REFUSED(pdx_kv_save_layer(c, &req, &ls, ids), "no layer 100000");
+    ls.field_mask = PDX_KV_LAYER_SAVE_LAYER;
+    REFUSED(pdx_kv_save_layer(c, &req, &ls, ids), "lacks layer, nblocks");
+    REFUSED(pdx_kv_request_dropped(NULL, "req-7"), "conn is NULL");
+    REFUSED(pdx_kv_request_dropped(c, NULL), "req_id is NULL");
     REFUSED(pdx_kv_save(NULL, &req, ids), "conn is NULL");
     REFUSED(pdx_kv_save(c, NULL, ids), "req is NULL");
     REFUSED(pdx_kv_save(c, &req, NULL), "block_ids is NULL");
@@ -733,6 +770,19 @@ static void test_connector_dead(void **state)
     DEAD(pdx_kv_load(c, &req, &m, ids), "conn");
     DEAD(pdx_kv_load_check(c, "req-dead", &tokens), "conn");
     DEAD(pdx_kv_load_abort(c, "req-dead"), "conn");
+    DEAD(pdx_kv_load_ex(c, &req, &m, NULL, ids), "conn");
+    DEAD(pdx_kv_load_layer_check(c, "req-dead", 0), "conn");
+    pdx_kv_push_expect_t pe = {
+        .field_mask = PDX_KV_PUSH_HOLDER | PDX_KV_PUSH_HOLDER_REQ |
+                      PDX_KV_PUSH_NBLOCKS,
+        .holder = "glm52-p-dp0", .holder_req = "p-7", .nblocks = 2};
+    DEAD(pdx_kv_push_expect(c, "req-dead", &pe, ids), "conn");
+    pdx_kv_layer_save_t ls = {
+        .field_mask = PDX_KV_LAYER_SAVE_LAYER | PDX_KV_LAYER_SAVE_NBLOCKS |
+                      PDX_KV_LAYER_SAVE_TOKENS,
+        .nblocks = 2, .tokens = 128};
+    DEAD(pdx_kv_save_layer(c, &req, &ls, ids), "conn");
+    DEAD(pdx_kv_request_dropped(c, "req-dead"), "conn");
     DEAD(pdx_kv_save(c, &req, ids), "conn");
     DEAD(pdx_kv_save_check(c, "req-dead"), "conn");
     DEAD(pdx_kv_request_finished(c, &req, ids, 128, PDX_KV_FROM_ARENA,

@@ -4,7 +4,8 @@ tree (git clone of the checkout) into a fresh venv made with
 bundles libpdx.so, every backend module and the etcd store module, and
 the console commands pdx-info, pdx-validate and pdx-bench; the same pip
 command installs python/nixl_dist (pdx in NIXL's place: nixl, nixl_cu12,
-nixl_cu13, importlib.metadata.version("nixl")). From the
+nixl_cu13, importlib.metadata.version("nixl")) and pdx.vllm (vLLM's
+kv_connector_module_path; importable without vLLM). From the
 venv (outside any checkout, no PYTHONPATH or PDX_PLUGIN_PATH), an
 Agent(store={"type": "etcd", ...}) against a private etcd publishes and
 finds itself by name with the bundled store module, and the venv's
@@ -97,6 +98,21 @@ print("nixl-ok", v)
 '''
 
 
+VLLM_CHECK = r'''
+import importlib, sys
+import pdx.vllm
+assert pdx.vllm.__file__.startswith(sys.prefix), pdx.vllm.__file__
+importlib.import_module("pdx.vllm.proxy")
+assert not pdx.vllm.VLLM_AVAILABLE  # no vLLM here
+try:
+    pdx.vllm.PdxConnector(None, None)
+    raise SystemExit("PdxConnector built without vLLM")
+except ImportError as e:
+    assert "needs vLLM" in str(e), e
+print("vllm-ok")
+'''
+
+
 def test_pip_install_clean_clone(etcd):  # noqa: F811
     for tool in ("cmake",):
         if shutil.which(tool) is None:
@@ -152,6 +168,13 @@ def test_pip_install_clean_clone(etcd):  # noqa: F811
         assert "pip-ok" in out, out
         out = _run([py, "-c", NIXL_CHECK], tmp, env, timeout=120)
         assert "nixl-ok" in out, out
+        # vLLM's kv_connector_module_path "pdx.vllm": installed by the same
+        # command, importable without vLLM, its proxy runnable.
+        out = _run([py, "-c", VLLM_CHECK], tmp, env, timeout=60)
+        assert "vllm-ok" in out, out
+        out = _run([py, "-m", "pdx.vllm.proxy", "--help"], tmp, env,
+                   timeout=60)
+        assert "usage: python -m pdx.vllm.proxy" in out, out
         # The console commands: the bundled tools with the bundled library.
         info = _run([os.path.join(venv_dir, "bin", "pdx-info")], tmp, env,
                     timeout=60)
