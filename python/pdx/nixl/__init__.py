@@ -91,7 +91,10 @@ import struct  # noqa: F401
 import sys
 import threading  # noqa: F401
 
-import numpy as np  # noqa: F401
+try:
+    import numpy as np  # noqa: F401
+except ImportError:  # optional: pdx.nixl works without it (a plain venv)
+    pass
 
 from ._common import (  # noqa: F401
     BLK_SEG,

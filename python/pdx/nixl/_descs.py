@@ -1,10 +1,19 @@
 """pdx.nixl: descriptor lists (nixl_xfer_dlist, nixl_reg_dlist,
 nixl_remote_dlist), their checked byte format, and what a region argument
-can be (tensor, buffer, N x 3 array)."""
+can be (tensor, buffer, N x 3 array), and NIXL 1.5's strided rows.
 
+numpy is optional: without it (a plain venv) a list's rows are an
+array.array of 3N uint64 words and descriptors come as tuples; an N x 3 or
+N x 5 array argument means numpy is there, and is used as before."""
+
+import array
 import struct
+import sys
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:
+    np = None
 
 import pdx as _pdx
 from ._common import (  # noqa: F401
@@ -25,7 +34,10 @@ _SER_HDR = struct.Struct("<8sHBBQ")
 
 
 def _rows_array(rows):
-    """An N x 3 C-contiguous uint64 array from tuples or an array."""
+    """An N x 3 C-contiguous uint64 array from tuples or an array (without
+    numpy: an array.array of 3N words)."""
+    if np is None:
+        return _rows_words(rows)
     a = np.ascontiguousarray(np.asarray(rows, dtype=np.uint64))
     if a.size == 0:
         return np.zeros((0, 3), np.uint64)
@@ -34,6 +46,66 @@ def _rows_array(rows):
             "descriptors: (addr, len, device) rows expected, got shape %r"
             % (a.shape,))
     return a
+
+
+def _rows_words(rows):
+    """Without numpy: rows (addr, len, device) as an array.array('Q')."""
+    out = array.array("Q")
+    for r in rows:
+        r = tuple(r)
+        if len(r) != 3:
+            raise _pdx.InvalidArgument(
+                "descriptors: (addr, len, device) rows expected, got %r"
+                % (r,))
+        try:
+            out.extend(int(v) for v in r)
+        except OverflowError:
+            raise _pdx.InvalidArgument(
+                "descriptors: fields must be in 0..2**64-1, got %r" % (r,))
+    return out
+
+
+def _rows_count(rows):
+    return int(rows.shape[0]) if np is not None else len(rows) // 3
+
+
+def _rows_get(rows, i):
+    if np is not None:
+        r = rows[i]
+        return (int(r[0]), int(r[1]), int(r[2]))
+    n = len(rows) // 3
+    i = int(i)
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise IndexError("descriptor index out of range")
+    return tuple(rows[3 * i:3 * i + 3])
+
+
+def _rows_empty():
+    return np.zeros((0, 3), np.uint64) if np is not None else \
+        array.array("Q")
+
+
+def _rows_le_bytes(rows):
+    """Rows as little-endian uint64 words (the serialized form)."""
+    if np is not None:
+        return np.asarray(rows, dtype="<u8").reshape(-1, 3).tobytes() \
+            if len(rows) else b""
+    a = rows if isinstance(rows, array.array) else _rows_words(rows)
+    if sys.byteorder != "little":
+        a = array.array("Q", a)
+        a.byteswap()
+    return a.tobytes()
+
+
+def _rows_from_le_bytes(data, n, off):
+    """n rows of little-endian words at data[off:] as tuples."""
+    a = array.array("Q")
+    a.frombytes(bytes(data[off:off + 24 * n]))
+    if sys.byteorder != "little":
+        a.byteswap()
+    return [tuple(a[3 * i:3 * i + 3]) for i in range(n)]
 
 
 class nixl_xfer_dlist:
@@ -53,36 +125,48 @@ class nixl_xfer_dlist:
     def desclist(self):
         """The pdx.DescList of these rows (made once)."""
         if self._dl is None:
-            self._dl = _pdx.DescList(self._rows, self.mem_type)
+            rows = self._rows if np is not None else list(self)
+            self._dl = _pdx.DescList(rows, self.mem_type)
         return self._dl
 
     def descCount(self):
-        return int(self._rows.shape[0])
+        return _rows_count(self._rows)
 
     def isEmpty(self):
-        return self._rows.shape[0] == 0
+        return _rows_count(self._rows) == 0
 
     def getType(self):
         """NIXL's segment constant (DRAM_SEG, VRAM_SEG)."""
         return _SEG_OF[self.mem_type]
 
     def addDesc(self, desc):
-        self._rows = np.vstack([self._rows, _rows_array([tuple(desc[:3])])])
+        if np is None:
+            self._rows.extend(_rows_words([tuple(desc[:3])]))
+        else:
+            self._rows = np.vstack([self._rows,
+                                    _rows_array([tuple(desc[:3])])])
         self._dl = None
 
     def remDesc(self, index):
-        self._rows = np.delete(self._rows, int(index), axis=0)
+        if np is None:
+            i = _rows_count(self._rows)
+            i = int(index) + i if int(index) < 0 else int(index)
+            _rows_get(self._rows, i)  # IndexError when out of range
+            del self._rows[3 * i:3 * i + 3]
+        else:
+            self._rows = np.delete(self._rows, int(index), axis=0)
         self._dl = None
 
     def clear(self):
-        self._rows = np.zeros((0, 3), np.uint64)
+        self._rows = _rows_empty()
         self._dl = None
 
     def print(self):
         print(repr(self), list(self))
 
     def __getstate__(self):
-        return {"mem_type": self.mem_type, "rows": self._rows}
+        return {"mem_type": self.mem_type,
+                "rows": self._rows if np is not None else list(self)}
 
     def __setstate__(self, st):
         self.mem_type = st["mem_type"]
@@ -90,20 +174,27 @@ class nixl_xfer_dlist:
         self._dl = None
 
     def __len__(self):
-        return int(self._rows.shape[0])
+        return _rows_count(self._rows)
 
     def __getitem__(self, i):
-        r = self._rows[i]
-        return (int(r[0]), int(r[1]), int(r[2]))
+        return _rows_get(self._rows, i)
 
     def __iter__(self):
+        if np is None:
+            r = self._rows
+            for i in range(0, len(r), 3):
+                yield (r[i], r[i + 1], r[i + 2])
+            return
         for r in self._rows:
             yield (int(r[0]), int(r[1]), int(r[2]))
 
     def __eq__(self, other):
-        return (isinstance(other, nixl_xfer_dlist) and
-                self.mem_type == other.mem_type and
-                np.array_equal(self._rows, other._rows))
+        if not (isinstance(other, nixl_xfer_dlist) and
+                self.mem_type == other.mem_type):
+            return False
+        if np is None:
+            return self._rows == other._rows
+        return np.array_equal(self._rows, other._rows)
 
     __hash__ = object.__hash__
 
@@ -217,13 +308,11 @@ def serialize_descs(descs):
     if isinstance(descs, _pdx.DescList):
         descs = nixl_xfer_dlist(descs.mem_type, [tuple(d) for d in descs])
     if isinstance(descs, nixl_xfer_dlist):
-        rows = descs._rows.astype("<u8", copy=False)
         return _SER_HDR.pack(_SER_MAGIC, _SER_VERSION, _SER_XFER,
                              _SER_MT[descs.mem_type], len(descs)) + \
-            rows.tobytes()
+            _rows_le_bytes(descs._rows)
     if isinstance(descs, nixl_reg_dlist):
-        rows = np.array([r[:3] for r in descs.regions] or
-                        np.zeros((0, 3)), dtype="<u8")
+        rows = _rows_le_bytes([tuple(r[:3]) for r in descs.regions])
         metas = []
         for r in descs.regions:
             m = r[3] if len(r) > 3 else ""
@@ -231,7 +320,7 @@ def serialize_descs(descs):
             metas.append(struct.pack("<I", len(m)) + m)
         return _SER_HDR.pack(_SER_MAGIC, _SER_VERSION, _SER_REG,
                              _SER_MT[descs.mem_type], len(descs)) + \
-            rows.tobytes() + b"".join(metas)
+            rows + b"".join(metas)
     raise TypeError("get_serialized_descs: a descriptor list from "
                     "get_xfer_descs or get_reg_descs, not %s"
                     % type(descs).__name__)
@@ -267,12 +356,16 @@ def deserialize_descs(data):
     if len(data) < end:
         raise bad("deserialize_descs: %d descriptors need %d bytes, got %d"
                   % (n, end, len(data)))
-    rows = np.frombuffer(data, "<u8", 3 * n, off).reshape(n, 3)
     if kind == _SER_XFER:
         if len(data) != end:
             raise bad("deserialize_descs: %d bytes after the descriptors"
                       % (len(data) - end))
-        return nixl_xfer_dlist(_SER_MT_NAME[mt], rows.astype(np.uint64))
+        if np is not None:
+            rows = np.frombuffer(data, "<u8", 3 * n, off).reshape(n, 3)
+            return nixl_xfer_dlist(_SER_MT_NAME[mt], rows.astype(np.uint64))
+        return nixl_xfer_dlist(_SER_MT_NAME[mt],
+                               _rows_from_le_bytes(data, n, off))
+    rows = _rows_from_le_bytes(data, n, off)
     regions = []
     off = end
     for i in range(n):
@@ -307,7 +400,7 @@ def _non_contiguous(o):
     f = getattr(o, "is_contiguous", None)
     if callable(f):
         return not f()
-    if isinstance(o, np.ndarray):
+    if np is not None and isinstance(o, np.ndarray):
         return not (o.flags.c_contiguous or o.flags.f_contiguous)
     return False
 
@@ -327,4 +420,5 @@ def _is_buffer(o):
 
 
 def _nx3(o):
-    return isinstance(o, np.ndarray) and o.ndim == 2 and o.shape[1] == 3
+    return np is not None and isinstance(o, np.ndarray) and o.ndim == 2 \
+        and o.shape[1] == 3
