@@ -35,6 +35,7 @@ from ._common import (  # noqa: F401
 from ._descs import (  # noqa: F401
     _MEMS,
     _is_buffer,
+    _is_strided,
     _non_contiguous,
     _nx3,
     _rows_array,
@@ -43,6 +44,7 @@ from ._descs import (  # noqa: F401
     nixl_remote_dlist,
     nixl_xfer_dlist,
     serialize_descs,
+    strided_dlist,
 )
 from ._binding import (  # noqa: F401
     _binding_ctor,
@@ -538,7 +540,15 @@ class nixl_agent(_MetadataExchange):
 
     def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None,
                         is_sorted=False, backends=()):
-        descs = self.get_xfer_descs(xfer_list, mem_type, is_sorted)
+        if _is_strided(xfer_list):
+            # NIXL 1.5: N x 5 rows (addr, len, devId, stride, count); the
+            # handle is indexed by flattened block index.
+            if mem_type is None:
+                raise ValueError("Please specify a mem type for strided "
+                                 "descriptors")
+            descs = strided_dlist(_mem(self.nixl_mems, mem_type), xfer_list)
+        else:
+            descs = self.get_xfer_descs(xfer_list, mem_type, is_sorted)
         if descs is None:
             raise nixlInvalidParamError(
                 "prep_xfer_dlist: no descriptor list for this input")

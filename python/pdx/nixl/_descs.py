@@ -391,6 +391,85 @@ def deserialize_descs(data):
     return nixl_reg_dlist(_SER_MT_NAME[mt], regions)
 
 
+# -- NIXL 1.5's strided rows (prep_xfer_dlist) -------------------------------
+# A row (addr, len, devId, stride, count) is `count` blocks of `len` bytes
+# whose starts are `stride` bytes apart (stride == len: dense). NIXL keeps
+# the runs compressed; pdx lists the blocks (a prepared list merges
+# contiguous runs when a request is made), indexed as NIXL indexes its
+# handle: by flattened block index, run by run. At most _STRIDE_MAX_BLOCKS
+# blocks in one list.
+_STRIDE_MAX_BLOCKS = _SER_MAX_DESCS
+
+
+def _is_strided(o):
+    """An N x 5 array, or a non-empty list of 5-tuples."""
+    if np is not None and isinstance(o, np.ndarray):
+        return o.ndim == 2 and o.shape[1] == 5
+    return isinstance(o, (list, tuple)) and len(o) > 0 and \
+        all(isinstance(r, (tuple, list)) and len(r) == 5 for r in o)
+
+
+def _check_stride_run(i, a, n, d, st, c):
+    bad = _pdx.InvalidArgument
+    if c == 0 or n == 0 or st < n:
+        raise bad("prep_xfer_dlist: strided row %d (addr 0x%x, len %d, "
+                  "stride %d, count %d): count and len must be > 0 and "
+                  "stride >= len" % (i, a, n, st, c))
+    if a + (c - 1) * st + n > 1 << 64 or d >> 32:
+        raise bad("prep_xfer_dlist: strided row %d: its last block ends past "
+                  "2**64, or device %d above 2**32-1" % (i, d))
+
+
+def strided_dlist(mem_type, rows):
+    """The nixl_xfer_dlist of every block of strided rows (an N x 5 uint64
+    or int64 C-contiguous array, as NIXL 1.5 takes, or 5-tuples). Bad rows
+    raise nixlInvalidParamError naming the row; a wrong array ValueError,
+    as NIXL's binding."""
+    if np is not None and isinstance(rows, np.ndarray):
+        if rows.dtype not in (np.dtype(np.uint64), np.dtype(np.int64)):
+            raise ValueError("descs must be a Nx5 numpy array of uint64 or "
+                             "int64")
+        if not rows.flags.c_contiguous:
+            raise ValueError("descs must be a C-contiguous numpy array")
+        if rows.shape[0] == 0:
+            raise _pdx.InvalidArgument("prep_xfer_dlist: no strided rows")
+        r = rows.astype(np.uint64, copy=False)
+        if rows.dtype == np.int64 and (rows < 0).any():
+            raise _pdx.InvalidArgument("prep_xfer_dlist: strided rows with "
+                                       "negative fields")
+        total = 0
+        for i, row in enumerate(r.tolist()):
+            _check_stride_run(i, *row)
+            total += row[4]
+        if total > _STRIDE_MAX_BLOCKS:
+            raise _pdx.InvalidArgument(
+                "prep_xfer_dlist: strided rows describe %d blocks, at most "
+                "%d" % (total, _STRIDE_MAX_BLOCKS))
+        count = r[:, 4].astype(np.int64)  # each <= total: fits
+        run = np.repeat(np.arange(r.shape[0]), count)
+        first = np.repeat(np.cumsum(count) - count, count)
+        k = np.arange(total, dtype=np.uint64) - first.astype(np.uint64)
+        out = np.empty((total, 3), np.uint64)
+        out[:, 0] = r[run, 0] + k * r[run, 3]
+        out[:, 1] = r[run, 1]
+        out[:, 2] = r[run, 2]
+        return nixl_xfer_dlist(mem_type, out)
+    out, total = [], 0
+    for i, row in enumerate(rows):
+        a, n, d, st, c = (int(v) for v in row)
+        if min(a, n, d, st, c) < 0:
+            raise _pdx.InvalidArgument("prep_xfer_dlist: strided row %d "
+                                       "has a negative field" % i)
+        _check_stride_run(i, a, n, d, st, c)
+        total += c
+        if total > _STRIDE_MAX_BLOCKS:
+            raise _pdx.InvalidArgument(
+                "prep_xfer_dlist: strided rows describe more than %d "
+                "blocks" % _STRIDE_MAX_BLOCKS)
+        out.extend((a + k * st, n, d) for k in range(c))
+    return nixl_xfer_dlist(mem_type, out)
+
+
 def _is_tensorlike(o):
     return (hasattr(o, "data_ptr") and callable(o.data_ptr)) or \
         hasattr(o, "__cuda_array_interface__")
