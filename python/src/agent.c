@@ -912,6 +912,22 @@ static PyMethodDef Agent_methods[] = {
     {"stats_json", (PyCFunction)(void (*)(void))Agent_stats_json, METH_NOARGS,
      "stats_json() -> str: every counter as JSON (with a 'store' member "
      "when the agent has a store)."},
+    {"metrics_text", (PyCFunction)(void (*)(void))pdxpy_agent_metrics_text,
+     METH_NOARGS,
+     "metrics_text() -> str: the agent's metrics in Prometheus's text "
+     "format (requests, bytes, errors by class, latency histograms per "
+     "path; peers by state; docs/METRICS.md). The first call turns "
+     "request timing on. pdx.metrics.Collector serves it through "
+     "prometheus_client."},
+    {"serve_metrics", (PyCFunction)(void (*)(void))pdxpy_agent_serve_metrics,
+     METH_VARARGS | METH_KEYWORDS,
+     "serve_metrics(addr='127.0.0.1', port=0) -> port: serve "
+     "metrics_text() at http://addr:port/metrics (libmicrohttpd, its own "
+     "thread) until stop_metrics() or close(); port 0 picks a free one. "
+     "pdx.Exists if already served, pdx.IOFailure if it cannot listen, "
+     "pdx.Unsupported without libmicrohttpd."},
+    {"stop_metrics", (PyCFunction)(void (*)(void))pdxpy_agent_stop_metrics,
+     METH_NOARGS, "stop_metrics(): stop serve_metrics' endpoint."},
     {"publish", (PyCFunction)(void (*)(void))pdxpy_agent_publish, METH_NOARGS,
      "publish(): keep this agent's description in the store under "
      "<namespace>/agents/<name>, on its lease, again at every change. Call "
