@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "tool_version.h"
 
 static void usage(FILE *f)
 {
@@ -448,6 +449,9 @@ static void write_json(const char *path, const cJSON *root)
 
 int main(int argc, char **argv)
 {
+    if (pdx_tool_version(argc, argv, "pdx-bench")) {
+        return 0;
+    }
     bench_opts_t o;
     memset(&o, 0, sizeof(o));
     defaults(&o);
