@@ -6,7 +6,7 @@ PDX_DEPS=(cmake make gcc pkg-config libucx-dev ucx-utils libxxhash-dev
           libcjson-dev libcmocka-dev libssl-dev
           libcurl4-openssl-dev libnghttp2-dev etcd-server etcd-client iproute2
           python3-dev python3-numpy python3-pytest python3-pip python3-setuptools python3-venv
-          libmicrohttpd-dev prometheus python3-prometheus-client)
+          libmicrohttpd-dev prometheus python3-prometheus-client gnuplot-nox)
 if [ "${PDX_WITH_CHECK_TOOLS:-0}" = 1 ]; then
     PDX_DEPS+=(valgrind clang libclang-rt-14-dev python3-cbor2 python3-xxhash)
 fi
