@@ -222,3 +222,17 @@ def test_store_arguments(etcd):
     a.close()
     with pytest.raises(pdx.Closed):
         a.store_status()
+
+
+def test_store_tls_and_auth_options():
+    """The store dict takes the etcd module's TLS and auth options
+    (ca_file, cert_file, key_file, user, password_file: docs/MULTIHOST.md)
+    and hands them to the module, which checks them at create: a client
+    certificate without its key, a user without a password."""
+    base = {"endpoints": "http://127.0.0.1:1", "timeout_ms": 300}
+    with pytest.raises(pdx.ConfigError, match="cert_file and key_file"):
+        pdx.Agent("tls-opts", store=dict(base, cert_file="/nonexistent"))
+    with pytest.raises(pdx.ConfigError, match="user needs password"):
+        pdx.Agent("tls-opts", store=dict(base, user="pdx"))
+    with pytest.raises(pdx.InvalidArgument, match="unknown key 'bogus'"):
+        pdx.Agent("tls-opts", store=dict(base, bogus="1"))
