@@ -153,7 +153,7 @@ typedef struct lat_res {
 
 /* 15 rounds of at least 0.03 s per side: with 5, one round in a slow
  * phase of the VM (on tcp loopback it hits the floor's rounds as often
- * as pdx's: docs/BENCH.md) was a fifth of a median. */
+ * as pdx's: docs/BENCH-LOG.md) was a fifth of a median. */
 #define LAT_DEFAULT_ROUNDS 15
 #define LAT_MIN_ROUND_S 0.03
 #define LAT_MAX_ROUNDS 15

@@ -237,19 +237,21 @@ static void target_row(FILE *f, int *n, const char *mode, const char *name,
 }
 
 /* Targets: each one's value against its goal, from the run's "summary"
- * (pdx-bench now) or, for older JSON, each mode's "targets". */
+ * (pdx-bench now) or, for older JSON, each mode's "targets". 0 drawn, 1
+ * none in this run, -1 failed. */
 static int plot_targets(const cJSON *root, const char *dir)
 {
     char script[4096], path[4096];
     snprintf(path, sizeof(path), "%s/bench-targets.svg", dir);
     snprintf(script, sizeof(script), "%s.gp", path);
-    FILE *f = fopen(script, "w");
+    /* The rows first (a run without targets touches no file). */
+    char *rows = NULL;
+    size_t rows_len = 0;
+    FILE *f = open_memstream(&rows, &rows_len);
     if (f == NULL) {
-        say("# plot: %s: %s\n", script, strerror(errno));
         return -1;
     }
     int n = 0;
-    fprintf(f, "$d << EOD\n");
     const cJSON *t, *sum = jget(root, "summary");
     if (sum != NULL) {
         cJSON_ArrayForEach(t, sum)
@@ -272,6 +274,20 @@ static int plot_targets(const cJSON *root, const char *dir)
             }
         }
     }
+    fclose(f);
+    if (n == 0) { /* a run without targets (one mode's JSON of old) */
+        free(rows);
+        return 1;
+    }
+    f = fopen(script, "w");
+    if (f == NULL) {
+        say("# plot: %s: %s\n", script, strerror(errno));
+        free(rows);
+        return -1;
+    }
+    fprintf(f, "$d << EOD\n");
+    fwrite(rows, 1, rows_len, f);
+    free(rows);
     fprintf(f, "EOD\n");
     fprintf(f,
             "set terminal svg size 1250,%d dynamic noenhanced font "
@@ -345,7 +361,11 @@ int bench_plot(const char *json_path, const char *dir)
         if (part == NULL) {
             continue;
         }
-        if (kinds[i].fn(part, dir) == 0) {
+        int r = kinds[i].fn(part, dir);
+        if (r == 1) {
+            continue; /* nothing of that kind in this run */
+        }
+        if (r == 0) {
             made++;
             say("plot: %s/bench-%s.svg\n", dir, kinds[i].key);
         } else {
