@@ -288,3 +288,22 @@ def test_binding_agent(prog_thread, monkeypatch):
     assert src_agent.invalidateRemoteMD("bind-dst") == b.NIXL_SUCCESS
     src_agent.close()
     dst_agent.close()
+
+
+def test_unknown_operation_is_named_an_operation():
+    """initialize_xfer / make_prepped_xfer with an operation NIXL does not
+    have: a KeyError, as NIXL, that calls it an operation (it said 'mem
+    type' once)."""
+    from pdx.nixl import nixl_agent, nixl_agent_config
+    a = nixl_agent("op-name", nixl_agent_config(backends=["UCX"]))
+    try:
+        for call in (lambda: a.initialize_xfer("COPY", [(1, 2, 0)],
+                                               [(1, 2, 0)], "op-name"),
+                     lambda: a.make_prepped_xfer("COPY", None, [], None,
+                                                 [])):
+            with pytest.raises(KeyError) as e:
+                call()
+            assert "operation 'COPY'" in str(e.value) and \
+                "mem type" not in str(e.value)
+    finally:
+        a.close()

@@ -18,6 +18,7 @@ from ._common import (  # noqa: F401
     _env_flag,
     _log,
     _mem,
+    _op,
     _name,
     _notif_bytes,
     nixlBackendError,
@@ -599,7 +600,7 @@ class nixl_agent(_MetadataExchange):
 
     def _make_prepped(self, operation, local_xfer_side, local_indices,
                       remote_xfer_side, remote_indices, notif_msg):
-        _mem(self.nixl_ops, operation)  # KeyError for others, as NIXL
+        _op(self.nixl_ops, operation)  # KeyError for others, as NIXL
         notif = _notif_bytes(notif_msg, "make_prepped_xfer") \
             if notif_msg else None
         if isinstance(remote_xfer_side, FileDlist) or \
@@ -625,7 +626,7 @@ class nixl_agent(_MetadataExchange):
 
     def _initialize(self, operation, local_descs, remote_descs,
                     remote_agent, notif_msg):
-        _mem(self.nixl_ops, operation)
+        _op(self.nixl_ops, operation)
         notif = _notif_bytes(notif_msg, "initialize_xfer") \
             if notif_msg else None
         local = self.get_xfer_descs(local_descs)
@@ -649,7 +650,7 @@ class nixl_agent(_MetadataExchange):
         return h
 
     def _file_xfer(self, operation, local, remote, remote_agent, notif):
-        op = _mem(self.nixl_ops, operation)
+        op = _op(self.nixl_ops, operation)
         x = make_file_xfer(self, op, local, remote, _name(remote_agent),
                            notif)
 
