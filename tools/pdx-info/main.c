@@ -358,7 +358,9 @@ int main(int argc, char **argv)
             printf("  in use: %s\n", d);
         }
         pdx_status_t ms = pdx_metrics_start(a, NULL, NULL);
-        metrics = ms == PDX_OK ? "agents serve Prometheus metrics over HTTP "
+        /* EXISTS: PDX_METRICS_LISTEN started it at create already. */
+        metrics = ms == PDX_OK || ms == PDX_ERR_EXISTS
+                      ? "agents serve Prometheus metrics over HTTP "
                                  "on request (pdx_metrics_start, "
                                  "PDX_METRICS_LISTEN=[ADDR:]PORT)"
                   : ms == PDX_ERR_UNSUPPORTED
