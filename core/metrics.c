@@ -22,10 +22,10 @@
 
 /* Error class labels, by -status (metrics_int.h's PDX_ERR_CLASSES). */
 static const char *const g_err_class[PDX_ERR_CLASSES] = {
-    "other",   "invalid",   "nomem",        "not_found",    "unsupported",
-    "backend", "remote_disconnect", "stale", "mismatch",    "corrupt",
-    "version", "too_large", "timeout",      "busy",         "exists",
-    "unavailable", "canceled", "io",        "config",       "no_space",
+    "other",       "invalid",           "nomem",   "not_found", "unsupported",
+    "backend",     "remote_disconnect", "stale",   "mismatch",  "corrupt",
+    "version",     "too_large",         "timeout", "busy",      "exists",
+    "unavailable", "canceled",          "io",      "config",    "no_space",
     "policy"};
 
 /* A label value: backslash, double quote and newline escaped. */
@@ -48,8 +48,7 @@ static void label(FILE *f, const char *s)
 static void family(FILE *f, const char *name, const char *type,
                    const char *help)
 {
-    fprintf(f, "# HELP pdx_%s %s\n# TYPE pdx_%s %s\n", name, help, name,
-            type);
+    fprintf(f, "# HELP pdx_%s %s\n# TYPE pdx_%s %s\n", name, help, name, type);
 }
 
 /* `pdx_<name>{agent="...",path="..."<extra>} ` (path when non-NULL). */
@@ -92,8 +91,8 @@ static void histogram(FILE *f, pdx_agent_h agent, const char *name,
             cum += h->bucket[i];
             sample(f, bucket, agent->name, be->name);
             if (i < PDX_HIST_BOUNDS) {
-                fprintf(f, ",le=\"%g\"} %" PRIu64 "\n",
-                        (double)bounds[i] / 1e9, cum);
+                fprintf(f, ",le=\"%g\"} %" PRIu64 "\n", (double)bounds[i] / 1e9,
+                        cum);
             } else {
                 fprintf(f, ",le=\"+Inf\"} %" PRIu64 "\n", cum);
             }

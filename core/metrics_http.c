@@ -85,8 +85,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     while (n > 0 && line[n - 1] == '\n') {
         line[--n] = '\0';
     }
-    pdx_debug("agent %s: metrics endpoint %s:%u: %s", h->agent->name,
-              h->addr, h->port, line);
+    pdx_debug("agent %s: metrics endpoint %s:%u: %s", h->agent->name, h->addr,
+              h->port, line);
 }
 
 /* A numeric address and a port as a sockaddr; false when not numeric. */
@@ -143,8 +143,8 @@ pdx_status_t pdxi_metrics_start(pdx_agent_h agent,
     if (agent->metrics_http != NULL) {
         pthread_mutex_unlock(&agent->lock);
         free(h);
-        pdx_error("agent %s: metrics: already served on port %u",
-                  agent->name, agent->metrics_http->port);
+        pdx_error("agent %s: metrics: already served on port %u", agent->name,
+                  agent->metrics_http->port);
         return PDX_ERR_EXISTS;
     }
     agent->metrics_http = h; /* taken: a concurrent start sees EXISTS */
@@ -156,8 +156,8 @@ pdx_status_t pdxi_metrics_start(pdx_agent_h agent,
     h->daemon = MHD_start_daemon(
         flags, port, NULL, NULL, answer, h, MHD_OPTION_SOCK_ADDR,
         (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, 16u,
-        MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_EXTERNAL_LOGGER,
-        mhd_log, h, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+        h, MHD_OPTION_END);
     if (h->daemon == NULL) {
         int e = errno;
         pdx_error("agent %s: metrics: cannot listen on %s port %u: %s",
@@ -249,10 +249,10 @@ void pdx_metrics_from_env(pdx_agent_h agent)
                  agent->name, env);
         return;
     }
-    pdx_metrics_params_t p = {
-        .field_mask = PDX_METRICS_PARAM_ADDR | PDX_METRICS_PARAM_PORT,
-        .addr = addr,
-        .port = (uint16_t)port};
+    pdx_metrics_params_t p = {.field_mask = PDX_METRICS_PARAM_ADDR |
+                                            PDX_METRICS_PARAM_PORT,
+                              .addr = addr,
+                              .port = (uint16_t)port};
     if (pdxi_metrics_start(agent, &p, NULL) != PDX_OK) {
         pdx_warn("agent %s: PDX_METRICS_LISTEN=%s: no metrics endpoint "
                  "(the line before says why)",

@@ -14,12 +14,13 @@
  * more bucket, +Inf, after them): 1 us to 10 s. */
 #define PDX_HIST_BOUNDS 22
 #define PDX_HIST_BOUNDS_NS                                                     \
-    {1000ull,       2500ull,       5000ull,       10000ull,                    \
-     25000ull,      50000ull,      100000ull,     250000ull,                   \
-     500000ull,     1000000ull,    2500000ull,    5000000ull,                  \
-     10000000ull,   25000000ull,   50000000ull,   100000000ull,                \
-     250000000ull,  500000000ull,  1000000000ull, 2500000000ull,               \
-     5000000000ull, 10000000000ull}
+    {                                                                          \
+        1000ull, 2500ull, 5000ull, 10000ull, 25000ull, 50000ull, 100000ull,    \
+            250000ull, 500000ull, 1000000ull, 2500000ull, 5000000ull,          \
+            10000000ull, 25000000ull, 50000000ull, 100000000ull, 250000000ull, \
+            500000000ull, 1000000000ull, 2500000000ull, 5000000000ull,         \
+            10000000000ull                                                     \
+    }
 
 typedef struct pdx_hist {
     uint64_t count;

@@ -27,23 +27,21 @@ PyObject *pdxpy_agent_serve_metrics(AgentObject *self, PyObject *args,
     static char *kwlist[] = {"addr", "port", NULL};
     const char *addr = "127.0.0.1";
     int port = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si", kwlist, &addr,
-                                     &port)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|si", kwlist, &addr, &port)) {
         return NULL;
     }
     if (port < 0 || port > 65535) {
         return PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
-                            "serve_metrics: port %d is not in 0..65535",
-                            port);
+                            "serve_metrics: port %d is not in 0..65535", port);
     }
     if (pdxpy_require(PDXPY_HAS(metrics_start), "pdx_metrics_start") < 0 ||
         pdxpy_agent_enter(self) < 0) {
         return NULL;
     }
-    pdx_metrics_params_t p = {
-        .field_mask = PDX_METRICS_PARAM_ADDR | PDX_METRICS_PARAM_PORT,
-        .addr = addr,
-        .port = (uint16_t)port};
+    pdx_metrics_params_t p = {.field_mask = PDX_METRICS_PARAM_ADDR |
+                                            PDX_METRICS_PARAM_PORT,
+                              .addr = addr,
+                              .port = (uint16_t)port};
     uint16_t bound = 0;
     PDXPY_CALL_DECL(call, "serve_metrics");
     PDXPY_CALL(&call, pdx_plugin_v1.metrics_start(self->h, &p, &bound));

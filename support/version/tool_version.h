@@ -24,8 +24,7 @@ static inline int pdx_tool_version(int argc, char **argv, const char *tool)
         }
         if (strcmp(argv[i], "--version") == 0) {
             printf("%s %s (libpdx.so %s, plugin ABI %u)\n", tool,
-                   PDX_TOOL_VERSION, pdx_version(),
-                   pdx_plugin_v1.abi_version);
+                   PDX_TOOL_VERSION, pdx_version(), pdx_plugin_v1.abi_version);
             return 1;
         }
     }

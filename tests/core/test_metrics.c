@@ -38,13 +38,13 @@ typedef struct side {
 static void side_init(side_t *s, const char *name)
 {
     assert_int_equal(pdx_agent_create(name, NULL, &s->agent), PDX_OK);
-    assert_int_equal(pdx_backend_create_with_ops(s->agent, &mock_backend_ops,
-                                                 NULL, 0, NULL),
-                     PDX_OK);
+    assert_int_equal(
+        pdx_backend_create_with_ops(s->agent, &mock_backend_ops, NULL, 0, NULL),
+        PDX_OK);
     s->mem = calloc(1, MB);
     assert_non_null(s->mem);
-    assert_int_equal(pdx_mem_register(s->agent, PDX_MEM_DRAM,
-                                      (uintptr_t)s->mem, MB, 0, 0, &s->reg),
+    assert_int_equal(pdx_mem_register(s->agent, PDX_MEM_DRAM, (uintptr_t)s->mem,
+                                      MB, 0, 0, &s->reg),
                      PDX_OK);
 }
 
@@ -74,8 +74,7 @@ static pdx_status_t write_one(side_t *a, size_t len)
     pdx_desc_t r = {0, len, 0, 0};
     pdx_peer_info_t info;
     pdx_region_info_t reg;
-    assert_int_equal(pdx_peer_info(a->agent, a->peer, &info, &reg, 1),
-                     PDX_OK);
+    assert_int_equal(pdx_peer_info(a->agent, a->peer, &info, &reg, 1), PDX_OK);
     r.addr = reg.addr;
     pdx_desc_list_t ll = {PDX_MEM_DRAM, &l, 1}, rl = {PDX_MEM_DRAM, &r, 1};
     pdx_xfer_h x;
@@ -83,7 +82,10 @@ static pdx_status_t write_one(side_t *a, size_t len)
                                      a->peer, NULL, 0, &x),
                      PDX_OK);
     pdx_status_t st = pdx_xfer_post(x);
-    PDX_POLL_UNTIL(st == PDX_INPROGRESS, 30000) { st = pdx_xfer_check(x); }
+    PDX_POLL_UNTIL(st == PDX_INPROGRESS, 30000)
+    {
+        st = pdx_xfer_check(x);
+    }
     pdx_xfer_release(x);
     return st;
 }
@@ -128,8 +130,7 @@ static void test_text(void **state)
                             "\"met-a\",path=\"mock\"}") == 5);
     assert_true(value_of(t, "pdx_completion_duration_seconds_bucket{agent="
                             "\"met-a\",path=\"mock\",le=\"10\"}") == 5);
-    assert_true(value_of(t, "pdx_peers{agent=\"met-a\",state=\"alive\"}") ==
-                1);
+    assert_true(value_of(t, "pdx_peers{agent=\"met-a\",state=\"alive\"}") == 1);
     assert_true(value_of(t, "pdx_registered_regions{agent=\"met-a\"}") == 1);
     assert_non_null(strstr(t, "# TYPE pdx_completion_duration_seconds "
                               "histogram\n"));
@@ -139,8 +140,7 @@ static void test_text(void **state)
     assert_int_equal(pdx_metrics_text(a.agent, &t), PDX_OK);
     assert_true(value_of(t, "pdx_peers{agent=\"met-a\",state=\"unloaded\"}") ==
                 1);
-    assert_true(value_of(t, "pdx_peers{agent=\"met-a\",state=\"alive\"}") ==
-                0);
+    assert_true(value_of(t, "pdx_peers{agent=\"met-a\",state=\"alive\"}") == 0);
     pdx_blob_free(t);
     side_fini(&a);
     side_fini(&b);
@@ -161,8 +161,8 @@ static int http_get(uint16_t port, const char *path, char *buf, size_t len)
         return -1;
     }
     char req[256];
-    int n = snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: x\r\n\r\n",
-                     path);
+    int n =
+        snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: x\r\n\r\n", path);
     assert_int_equal(write(fd, req, (size_t)n), n);
     size_t got = 0;
     ssize_t r;
@@ -273,8 +273,8 @@ static void test_env_and_log_lines(void **state)
     fclose(f);
     unlink(path);
     char want[64];
-    snprintf(want, sizeof(want), " pdx error pid=%d agent=met-env: ",
-             (int)getpid());
+    snprintf(want, sizeof(want),
+             " pdx error pid=%d agent=met-env: ", (int)getpid());
     int y, mo, d, h, mi, s, ms;
     assert_int_equal(sscanf(line, "%4d-%2d-%2dT%2d:%2d:%2d.%3dZ", &y, &mo, &d,
                             &h, &mi, &s, &ms),
