@@ -25,6 +25,7 @@ import tempfile
 
 import pytest
 
+from conftest import missing_dep
 from test_store import etcd  # noqa: F401  (the private etcd fixture)
 
 SRC = os.environ.get("PDX_SOURCE_DIR",
@@ -132,12 +133,12 @@ print("nixl-ok", v)
 def test_pip_install_clean_clone(etcd):  # noqa: F811
     for tool in ("cmake",):
         if shutil.which(tool) is None:
-            pytest.skip("%s not installed" % tool)
+            missing_dep("%s not installed" % tool)
     try:
         import venv  # noqa: F401
         import ensurepip  # noqa: F401
     except ImportError:
-        pytest.skip("python3-venv not installed (venv/ensurepip missing)")
+        missing_dep("python3-venv not installed (venv/ensurepip missing)")
     tmp = tempfile.mkdtemp(prefix="pdx-pip-")
     env = _clean_env()
     try:

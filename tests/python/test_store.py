@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import pdx
+from conftest import missing_dep
 
 ETCD = os.environ.get("PDX_ETCD", "/usr/bin/etcd")
 SIZE = 1 << 20
@@ -42,7 +43,7 @@ def _healthy(url):
 def etcd():
     """URL of a private etcd, stopped and removed after the module."""
     if not os.access(ETCD, os.X_OK):
-        pytest.skip("%s not installed (Debian package etcd-server; "
+        missing_dep("%s not installed (Debian package etcd-server; "
                     "scripts/deps.sh installs it)" % ETCD)
     tmp = tempfile.mkdtemp(prefix="pdx-etcd-py-")
     proc = None

@@ -3,7 +3,8 @@
 # whether the figures mean anything, a table of every mode's targets),
 # then the details; each of pdx's warnings said once; under 30 s unless
 # pdx-bench itself found the machine too loaded (then it must say so);
-# and `pdx-bench plot` makes the SVGs from its JSON.
+# and `pdx-bench plot` makes the SVGs from its JSON (checked where gnuplot
+# is installed; required under scripts/test.sh: PDX_TEST_REQUIRE_DEPS).
 set(out ${WORK}/bench-quick.txt)
 set(json ${WORK}/bench-quick.json)
 file(MAKE_DIRECTORY ${WORK})
@@ -51,6 +52,10 @@ endif()
 execute_process(COMMAND ${BENCH} plot ${json} --out ${WORK}
   RESULT_VARIABLE prc OUTPUT_VARIABLE pout ERROR_VARIABLE perr)
 find_program(GNUPLOT gnuplot)
+if(NOT GNUPLOT AND "$ENV{PDX_TEST_REQUIRE_DEPS}" STREQUAL "1")
+  message(FATAL_ERROR "gnuplot not installed (Debian: gnuplot-nox), but "
+                      "PDX_TEST_REQUIRE_DEPS=1 (scripts/deps.sh installs it)")
+endif()
 if(GNUPLOT)
   foreach(svg transfer latency handoff targets)
     if(NOT prc EQUAL 0 OR NOT EXISTS ${WORK}/bench-${svg}.svg)
