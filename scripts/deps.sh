@@ -23,4 +23,14 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null \
         || { $SUDO apt-get update >/dev/null && \
              $SUDO apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; }
+    # The tests run prometheus's binary on loopback ports of their own;
+    # Debian's package also starts a system server on :9090 where systemd
+    # runs. One this script just installed is stopped and disabled, not
+    # left listening on every interface.
+    if [[ " ${missing[*]} " == *" prometheus "* ]] && command -v systemctl \
+           >/dev/null && systemctl is-enabled --quiet prometheus 2>/dev/null; then
+        if $SUDO systemctl disable --now prometheus >/dev/null 2>&1; then
+            echo "deps: stopped and disabled the prometheus service just installed (the tests need only its binary)"
+        fi
+    fi
 fi
