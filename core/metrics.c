@@ -167,12 +167,11 @@ static void errors_by_class(FILE *f, pdx_agent_h agent)
            "Posts that ended in an error or were refused (peer gone, "
            "stale), by class (the pdx status: remote_disconnect, timeout, "
            "stale, ...).");
+    /* Every class from the start, at 0: a series born at 1 hides the
+     * first error from rate() and increase(). */
     for (uint32_t b = 0; b < agent->nbackends; b++) {
         const struct pdx_backend *be = agent->backends[b];
         for (int c = 0; c < PDX_ERR_CLASSES; c++) {
-            if (be->metrics.errors[c] == 0) {
-                continue;
-            }
             sample(f, "errors_total", agent->name, be->name);
             fprintf(f, ",class=\"%s\"} %" PRIu64 "\n", g_err_class[c],
                     be->metrics.errors[c]);

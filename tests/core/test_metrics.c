@@ -106,6 +106,11 @@ static void test_text(void **state)
                             "}") == 1);
     assert_true(value_of(t, "pdx_post_duration_seconds_count{agent=\"met-a\","
                             "path=\"mock\"}") == 0);
+    /* Every error class is there before its first error, at 0. */
+    assert_true(value_of(t, "pdx_errors_total{agent=\"met-a\",path=\"mock\","
+                            "class=\"backend\"}") == 0);
+    assert_true(value_of(t, "pdx_errors_total{agent=\"met-a\",path=\"mock\","
+                            "class=\"remote_disconnect\"}") == 0);
     pdx_blob_free(t);
     /* Timed from the first text on. */
     for (int i = 0; i < 5; i++) {
@@ -122,6 +127,8 @@ static void test_text(void **state)
                 4096 + 5 * 8192);
     assert_true(value_of(t, "pdx_errors_total{agent=\"met-a\",path=\"mock\","
                             "class=\"backend\"}") == 1);
+    assert_true(value_of(t, "pdx_errors_total{agent=\"met-a\",path=\"mock\","
+                            "class=\"timeout\"}") == 0);
     assert_true(value_of(t, "pdx_post_duration_seconds_count{agent=\"met-a\","
                             "path=\"mock\"}") == 6);
     assert_true(value_of(t, "pdx_post_duration_seconds_bucket{agent=\"met-a\","

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 import json
@@ -36,6 +37,37 @@ import pdx
 import pdx.metrics
 
 from conftest import missing_dep
+
+
+def _metrics_md_queries():
+    """The PromQL lines of docs/METRICS.md's block after "Queries:"."""
+    src = os.environ.get("PDX_SOURCE_DIR", os.path.dirname(os.path.dirname(
+        os.path.dirname(os.path.abspath(__file__)))))
+    with open(os.path.join(src, "docs", "METRICS.md")) as f:
+        doc = f.read()
+    m = re.search(r"^Queries:\n\n```\n(.*?)^```", doc, re.S | re.M)
+    assert m, "docs/METRICS.md has no Queries block"
+    qs = [l.split("#")[0].strip() for l in m.group(1).splitlines()]
+    return [q for q in qs if q]
+
+
+def _query_ok(web, q):
+    """(True, None) when Prometheus accepts q; (False, its error) when it
+    answers with an error; a connection that fails is tried again, a
+    bounded number of times."""
+    url = "http://127.0.0.1:%d/api/v1/query?%s" % (
+        web, urllib.parse.urlencode({"query": q}))
+    why = None
+    for _ in range(10):
+        try:
+            _, _, body = http_get(url, timeout=5)
+            return json.loads(body).get("status") == "success", body
+        except urllib.error.HTTPError as e:
+            return False, e.read().decode(errors="replace")
+        except OSError as e:
+            why = e
+            time.sleep(0.5)
+    return False, why
 
 
 @pytest.fixture
@@ -218,6 +250,14 @@ def test_prometheus_scrapes_agent(tmp_path, need_http):
                               'pdx_completion_duration_seconds_bucket{'
                               'agent="prom-d",path="cma"})')
             assert res and 0 < float(res[0]["value"][1]) < 10, res
+            # docs/METRICS.md's queries as written: PromQL this server
+            # accepts, over families the agent serves.
+            text = d.metrics_text()
+            for q in _metrics_md_queries():
+                for name in re.findall(r"\b(pdx_[a-z_]+)", q):
+                    assert "\n" + name + "{" in text, (name, q)
+                ok, why = _query_ok(web, q)
+                assert ok, (q, why)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
