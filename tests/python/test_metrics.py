@@ -39,12 +39,16 @@ import pdx.metrics
 from conftest import missing_dep
 
 
-def _metrics_md_queries():
-    """The PromQL lines of docs/METRICS.md's block after "Queries:"."""
+def _doc(name):
     src = os.environ.get("PDX_SOURCE_DIR", os.path.dirname(os.path.dirname(
         os.path.dirname(os.path.abspath(__file__)))))
-    with open(os.path.join(src, "docs", "METRICS.md")) as f:
-        doc = f.read()
+    with open(os.path.join(src, "docs", name)) as f:
+        return f.read()
+
+
+def _metrics_md_queries():
+    """The PromQL lines of docs/METRICS.md's block after "Queries:"."""
+    doc = _doc("METRICS.md")
     m = re.search(r"^Queries:\n\n```\n(.*?)^```", doc, re.S | re.M)
     assert m, "docs/METRICS.md has no Queries block"
     qs = [l.split("#")[0].strip() for l in m.group(1).splitlines()]
@@ -175,6 +179,15 @@ def test_metrics_text_per_path_and_promtool(spawn, tmp_path):
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            timeout=60)
         assert r.returncode == 0, r.stdout.decode()
+    # docs/METRICS.md's scrape config, as written, is one promtool accepts.
+    m = re.search(r"^```yaml\n(.*?)^```", _doc("METRICS.md"), re.S | re.M)
+    assert m, "docs/METRICS.md has no scrape config"
+    cfg = tmp_path / "scrape.yml"
+    cfg.write_text(m.group(1))
+    r = subprocess.run([promtool, "check", "config", str(cfg)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout.decode()
 
 
 def _prometheus(tmp_path, target_port):
