@@ -14,6 +14,7 @@
 #include "backend_int.h"
 #include "discovery_int.h"
 #include "loader_int.h"
+#include "metrics_int.h"
 #include "mem_int.h"
 #include "peer_load_int.h"
 #include "peer_death_int.h"
@@ -167,6 +168,7 @@ pdx_status_t pdxi_agent_create(const char *name,
         pdxi_agent_destroy(a);
         return st;
     }
+    pdx_metrics_from_env(a); /* PDX_METRICS_LISTEN: the HTTP endpoint */
     *agent_p = a;
     return PDX_OK;
 
@@ -194,6 +196,7 @@ void pdxi_agent_destroy(pdx_agent_h a)
     /* Agents of this process that loaded this one fail their requests to
      * it at their next liveness pass instead of waiting for a timeout. */
     pdx_peer_announce_destroyed(a->instance);
+    (void)pdxi_metrics_stop(a); /* no scrape after this (none: NOT_FOUND) */
     pdx_store_agent_fini(a); /* discovery.c: no store event after this */
     if (a->thread_running) {
         __atomic_store_n(&a->stop, 1, __ATOMIC_RELEASE);

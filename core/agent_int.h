@@ -154,6 +154,11 @@ struct pdx_agent {
     /* stats_json.c's pdxi_stats_json, set by agent create: the stats
      * socket (below the progress thread that serves it) answers with it. */
     pdx_status_t (*stats_json)(pdx_agent_h agent, char **json_p);
+    /* Metrics (metrics.c, metrics_http.c): requests timed for the latency
+     * histograms (on from the first scrape or endpoint), and the HTTP
+     * endpoint, NULL while none. */
+    bool metrics_timed;
+    struct pdx_metrics_http *metrics_http;
     /* Region-removal notices (ctl.c): deregistrations waiting for
      * loaded peers' acknowledgements, and removals told by peers whose
      * acknowledgement waits for our requests on the region to end. */

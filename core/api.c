@@ -3,15 +3,28 @@
  * otherwise be dereferenced (PDX_ERR_INVALID, with a line naming the
  * argument that becomes pdx_last_error()) and runs the implementation
  * (pdxi_*, api_int.h) inside the per-call error capture. */
+#include <string.h>
+
 #include "api_int.h"
 #include "call_int.h"
+#include "metrics_int.h"
 #include "xfer_int.h"
 
-#define AGENT_OK(a) PDX_HANDLE_OK((a), PDX_MAGIC_AGENT, "agent")
+/* A live agent's name goes on the call's log lines (agent=<name>). */
+static inline bool log_agent(pdx_agent_h agent)
+{
+    pdx_log_call_agent(agent->name);
+    return true;
+}
+
+#define AGENT_OK(a)                                                            \
+    (PDX_HANDLE_OK((a), PDX_MAGIC_AGENT, "agent") && log_agent(a))
 /* A request is refused with its agent (inherited across fork()). */
 #define XFER_OK(x)                                                             \
     (pdx_handle_check((x), PDX_MAGIC_XFER, __func__, "xfer") &&              \
-     pdx_handle_check((x)->agent, PDX_MAGIC_AGENT, __func__, "xfer's agent"))
+     pdx_handle_check((x)->agent, PDX_MAGIC_AGENT, __func__,                 \
+                      "xfer's agent") &&                                      \
+     log_agent((x)->agent))
 #define DLIST_OK(d, what) pdx_handle_check((d), PDX_MAGIC_DLIST, __func__, what)
 /* Release and destroy: a handle inherited across fork() is left alone
  * quietly (a child's exit runs finalisers). */
@@ -39,6 +52,7 @@ pdx_status_t pdx_agent_create(const char *name,
     if (!PDX_ARG_OK(agent_p, "agent_p")) {
         PDX_LEAVE(PDX_ERR_INVALID);
     }
+    pdx_log_call_agent(name);
     PDX_LEAVE(pdxi_agent_create(name, params, agent_p));
 }
 
@@ -51,6 +65,9 @@ void pdx_agent_destroy(pdx_agent_h agent)
     if (!AGENT_REL_OK(agent)) {
         PDX_LEAVE_VOID(PDX_ERR_INVALID);
     }
+    char name[PDX_NAME_MAX]; /* the call's log lines outlive the agent */
+    memcpy(name, agent->name, sizeof(name));
+    pdx_log_call_agent(name);
     pdxi_agent_destroy(agent);
     PDX_LEAVE_VOID(PDX_OK);
 }
@@ -460,6 +477,40 @@ pdx_status_t pdx_stats_json(pdx_agent_h agent, char **json_p)
         PDX_LEAVE(PDX_ERR_INVALID);
     }
     PDX_LEAVE(pdxi_stats_json(agent, json_p));
+}
+
+pdx_status_t pdx_metrics_text(pdx_agent_h agent, char **text_p)
+{
+    PDX_ENTER();
+    if (!AGENT_OK(agent) || !PDX_ARG_OK(text_p, "text_p")) {
+        PDX_LEAVE(PDX_ERR_INVALID);
+    }
+    PDX_LEAVE(pdxi_metrics_text(agent, text_p));
+}
+
+pdx_status_t pdx_metrics_start(pdx_agent_h agent,
+                               const pdx_metrics_params_t *params,
+                               uint16_t *port_p)
+{
+    PDX_ENTER();
+    if (!AGENT_OK(agent)) {
+        PDX_LEAVE(PDX_ERR_INVALID);
+    }
+    PDX_LEAVE(pdxi_metrics_start(agent, params, port_p));
+}
+
+pdx_status_t pdx_metrics_stop(pdx_agent_h agent)
+{
+    PDX_ENTER();
+    if (!AGENT_OK(agent)) {
+        PDX_LEAVE(PDX_ERR_INVALID);
+    }
+    pdx_status_t st = pdxi_metrics_stop(agent);
+    if (st == PDX_ERR_NOT_FOUND) {
+        pdx_error("agent %s: metrics: no HTTP endpoint to stop",
+                  agent->name);
+    }
+    PDX_LEAVE(st);
 }
 
 /* ---- discovery and the block-owner registry (pdx/store.h) ---- */

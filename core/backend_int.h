@@ -10,6 +10,7 @@
 #include <pdx/stats.h>
 
 #include "agent_int.h"
+#include "metrics_int.h"
 
 struct pdx_backend {
     uint32_t magic; /* PDX_MAGIC_BACKEND */
@@ -20,6 +21,7 @@ struct pdx_backend {
     uint32_t index;
     char name[PDX_BLOB_BACKEND_NAME_MAX];
     pdx_stats_t stats;
+    pdx_be_metrics_t metrics; /* histograms, errors by status */
     /* atomic: moves each time a caller's pdx_xfer_check progressed this
      * backend itself; while it moves, the progress thread leaves this
      * backend to the callers (progress.c) */

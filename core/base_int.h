@@ -37,8 +37,24 @@ static inline bool pdx_region_holds(const pdx_region_t *r, uint64_t addr,
 
 /* log.c hands every error and warning line to this hook before level
  * filtering; call.c installs pdx_call_capture at load (so that log.c never
- * calls up into call.c). NULL: nothing captures. */
-typedef void (*pdx_log_capture_cb_t)(pdx_log_level_t level, const char *line);
+ * calls up into call.c). NULL: nothing captures. The hook returns nonzero
+ * when the line was logged inside a public call (it may become that
+ * call's pdx_last_error() text): with pdx_log_set_quiet_failures, such a
+ * line is held until the call ends (pdx_log_call_end). */
+typedef int (*pdx_log_capture_cb_t)(pdx_log_level_t level, const char *line);
 void pdx_log_set_capture(pdx_log_capture_cb_t cb);
+
+/* The end of an outermost public call on this thread (call.c): lines held
+ * for it are dropped when it failed (`failed`: they are its
+ * pdx_last_error() text) and written otherwise; the agent named for the
+ * call's lines is forgotten. */
+void pdx_log_call_end(int failed);
+
+/* The agent this thread's lines name (`agent=<name>`): for the current
+ * public call (set by the entry checks of api.c, forgotten at the call's
+ * end), or for the thread's life (an agent's progress thread). `name` is
+ * borrowed: it must outlive the call or the thread. */
+void pdx_log_call_agent(const char *name);
+void pdx_log_thread_agent(const char *name);
 
 #endif

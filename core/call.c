@@ -57,8 +57,11 @@ static void call_finish(call_tls_t *t, const char *fn, pdx_status_t st)
 pdx_status_t pdx_call_leave(const char *fn, pdx_status_t st)
 {
     call_tls_t *t = &g_call;
-    if (--t->depth == 0 && st < 0) {
-        call_finish(t, fn, st);
+    if (--t->depth == 0) {
+        if (st < 0) {
+            call_finish(t, fn, st);
+        }
+        pdx_log_call_end(st < 0);
     }
     if (t->depth < 0) {
         t->depth = 0; /* a leave without an enter: never go negative */
@@ -75,15 +78,15 @@ int pdx_call_leave_int(const char *fn, int n)
     return n;
 }
 
-void pdx_call_capture(pdx_log_level_t level, const char *line)
+int pdx_call_capture(pdx_log_level_t level, const char *line)
 {
     call_tls_t *t = &g_call;
     if (t->depth <= 0 || level > PDX_LOG_WARN) {
-        return;
+        return 0;
     }
     size_t room = sizeof(t->pending) - 1 - t->pending_len;
     if (room < 4) {
-        return;
+        return 1;
     }
     if (t->pending_len > 0) {
         /* Several lines of one call: the first is usually the cause, the
@@ -96,6 +99,7 @@ void pdx_call_capture(pdx_log_level_t level, const char *line)
     memcpy(t->pending + t->pending_len, line, n);
     t->pending_len += n;
     t->pending[t->pending_len] = '\0';
+    return 1;
 }
 
 pdx_status_t pdx_call_fail(pdx_status_t st, const char *fmt, ...)
@@ -123,6 +127,11 @@ int pdx_call_suspend(void)
 {
     int d = g_call.depth;
     g_call.depth = 0;
+    /* The callback's own calls end as outermost calls: lines held so far
+     * are written now rather than judged by them. */
+    if (d > 0) {
+        pdx_log_call_end(0);
+    }
     return d;
 }
 

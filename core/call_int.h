@@ -30,8 +30,9 @@ pdx_status_t pdx_call_fail(pdx_status_t st, const char *fmt, ...)
  * caller polls (a request that failed earlier, already logged once). */
 void pdx_call_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Called by pdx_log for every error/warn line, before level filtering
- * (through the hook of base.h that call.c installs at load). */
-void pdx_call_capture(pdx_log_level_t level, const char *line);
+ * (through the hook of base.h that call.c installs at load); nonzero when
+ * the line was logged inside a public call. */
+int pdx_call_capture(pdx_log_level_t level, const char *line);
 /* Around user callbacks run inside a call (notification and freed
  * callbacks): the callback's own pdx calls are outermost calls again. */
 int pdx_call_suspend(void);

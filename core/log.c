@@ -12,6 +12,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <xxhash.h>
 
@@ -29,17 +30,27 @@ void pdx_log_set_capture(pdx_log_capture_cb_t cb)
     atomic_store(&g_capture, cb);
 }
 
-static int level_from_env(void)
+static const char *const g_level_names[] = {"error", "warn", "info",
+                                             "debug", "trace"};
+
+/* PDX_LOG_LEVEL's level; *bad_p set when it is set to something else
+ * (reported once, by the caller, after the level is settled). */
+static int level_from_env(int *bad_p)
 {
-    static const char *names[] = {"error", "warn", "info", "debug", "trace"};
     const char *env = getenv("PDX_LOG_LEVEL");
-    if (env != NULL) {
-        for (int i = 0; i < 5; i++) {
-            if (strcasecmp(env, names[i]) == 0) {
-                return i;
-            }
+    *bad_p = 0;
+    if (env == NULL || *env == '\0') {
+        return PDX_LOG_WARN;
+    }
+    for (int i = 0; i < 5; i++) {
+        if (strcasecmp(env, g_level_names[i]) == 0) {
+            return i;
         }
     }
+    if (strcasecmp(env, "warning") == 0) {
+        return PDX_LOG_WARN;
+    }
+    *bad_p = 1;
     return PDX_LOG_WARN;
 }
 
@@ -47,12 +58,24 @@ pdx_log_level_t pdx_log_get_level(void)
 {
     int l = atomic_load_explicit(&g_level, memory_order_relaxed);
     if (l < 0) {
-        int expected = -1;
-        l = level_from_env();
-        atomic_compare_exchange_strong(&g_level, &expected, l);
+        int expected = -1, bad = 0;
+        l = level_from_env(&bad);
+        if (atomic_compare_exchange_strong(&g_level, &expected, l) && bad) {
+            pdx_log(PDX_LOG_WARN,
+                    "PDX_LOG_LEVEL=%s is not a level (error, warn, info, "
+                    "debug or trace): logging at warn",
+                    getenv("PDX_LOG_LEVEL"));
+        }
         l = atomic_load(&g_level);
     }
     return (pdx_log_level_t)l;
+}
+
+/* A bad PDX_LOG_LEVEL is said when the library loads, not at the first
+ * line that happens to be logged (maybe never). */
+__attribute__((constructor)) static void log_init(void)
+{
+    (void)pdx_log_get_level();
 }
 
 void pdx_log_set_level(pdx_log_level_t level)
@@ -134,10 +157,90 @@ static int rep_admit(const char *line, uint32_t *dropped_p)
     return show;
 }
 
+/* ---- line prefixes, agents, lines held for a call -------------------- */
+
+static _Atomic int g_quiet_failures;
+static __thread const char *g_call_agent;
+static __thread const char *g_thread_agent;
+
+void pdx_log_call_agent(const char *name) { g_call_agent = name; }
+
+void pdx_log_thread_agent(const char *name) { g_thread_agent = name; }
+
+void pdx_log_set_quiet_failures(int quiet)
+{
+    atomic_store(&g_quiet_failures, quiet != 0);
+}
+
+/* "2026-05-04T22:15:29.123Z pdx error pid=1234 agent=glm52-p-dp0: " */
+static void line_prefix(char *buf, size_t len, pdx_log_level_t level)
+{
+    struct timespec ts;
+    struct tm tm;
+    char when[32] = "";
+    clock_gettime(CLOCK_REALTIME, &ts);
+    time_t secs = ts.tv_sec;
+    if (gmtime_r(&secs, &tm) != NULL) {
+        strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+    }
+    const char *agent = g_call_agent != NULL ? g_call_agent : g_thread_agent;
+    snprintf(buf, len, "%s.%03ldZ pdx %s pid=%d agent=%s: ", when,
+             ts.tv_nsec / 1000000L, g_level_names[level], (int)getpid(),
+             agent != NULL && agent[0] != '\0' ? agent : "-");
+}
+
+static void emit(pdx_log_level_t level, const char *prefix, const char *line)
+{
+    log_sink_t *s = atomic_load(&g_sink);
+    if (s != NULL) {
+        s->cb(s->arg, level, line);
+    } else {
+        fprintf(stderr, "%s%s\n", prefix, line);
+    }
+}
+
+/* Lines held while a public call runs (pdx_log_set_quiet_failures): each
+ * a level byte, the prefix and the line, NUL-terminated. What does not
+ * fit is written at once. */
+#define HELD_MAX 4096
+static __thread char g_held[HELD_MAX];
+static __thread size_t g_held_len;
+
+static int hold(pdx_log_level_t level, const char *prefix, const char *line)
+{
+    size_t pl = strlen(prefix), ll = strlen(line);
+    if (g_held_len + 2 + pl + ll + 1 > HELD_MAX) {
+        return 0;
+    }
+    char *p = g_held + g_held_len;
+    p[0] = (char)('0' + (int)level);
+    memcpy(p + 1, prefix, pl);
+    p[1 + pl] = '\0';
+    memcpy(p + 2 + pl, line, ll + 1);
+    g_held_len += 2 + pl + ll + 1;
+    return 1;
+}
+
+void pdx_log_call_end(int failed)
+{
+    g_call_agent = NULL;
+    size_t off = 0;
+    while (!failed && off < g_held_len) {
+        const char *prefix = g_held + off + 1;
+        const char *line = prefix + strlen(prefix) + 1;
+        emit((pdx_log_level_t)(g_held[off] - '0'), prefix, line);
+        off = (size_t)(line - g_held) + strlen(line) + 1;
+    }
+    g_held_len = 0;
+}
+
 void pdx_log(pdx_log_level_t level, const char *fmt, ...)
 {
-    static const char *tags[] = {"error", "warn", "info", "debug", "trace"};
-    int shown = (int)level <= (int)pdx_log_get_level();
+    if ((unsigned)level > PDX_LOG_TRACE) {
+        level = PDX_LOG_TRACE;
+    }
+    pdx_log_level_t cur = pdx_log_get_level();
+    int shown = (int)level <= (int)cur;
     if (!shown && level > PDX_LOG_WARN) {
         return;
     }
@@ -149,9 +252,7 @@ void pdx_log(pdx_log_level_t level, const char *fmt, ...)
     /* Error and warning lines of a call also become its pdx_last_error()
      * text, whatever the log level. */
     pdx_log_capture_cb_t capture = atomic_load(&g_capture);
-    if (capture != NULL) {
-        capture(level, line);
-    }
+    int in_call = capture != NULL ? capture(level, line) : 0;
     if (!shown) {
         return;
     }
@@ -165,10 +266,15 @@ void pdx_log(pdx_log_level_t level, const char *fmt, ...)
                  " (%u identical lines left out in the last %llu s)", dropped,
                  (unsigned long long)(g_rep_window_ns / 1000000000ull));
     }
-    log_sink_t *s = atomic_load(&g_sink);
-    if (s != NULL) {
-        s->cb(s->arg, level, line);
-    } else {
-        fprintf(stderr, "pdx %s: %s\n", tags[level], line);
+    char prefix[192];
+    line_prefix(prefix, sizeof(prefix), level);
+    /* A binding that raises every failure with its pdx_last_error() text
+     * asked not to see those lines twice: held until the call ends,
+     * written only if it succeeds. Level info and above asks for them. */
+    if (in_call && level <= PDX_LOG_WARN && cur < PDX_LOG_INFO &&
+        atomic_load_explicit(&g_quiet_failures, memory_order_relaxed) &&
+        hold(level, prefix, line)) {
+        return;
     }
+    emit(level, prefix, line);
 }

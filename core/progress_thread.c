@@ -411,6 +411,7 @@ void *pdx_progress_main(void *arg)
 {
     pdx_agent_h agent = arg;
     thread_state_t t = {.waited = true, .nap_ms = PROGRESS_NAP_MIN_MS};
+    pdx_log_thread_agent(agent->name);
     while (!__atomic_load_n(&agent->stop, __ATOMIC_ACQUIRE)) {
         uint64_t polls;
         uint64_t polled = callers_polled(agent, &t, &polls);

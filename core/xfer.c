@@ -458,10 +458,13 @@ pdx_status_t pdxi_xfer_telemetry(pdx_xfer_h x, pdx_xfer_telemetry_t *t)
     t->segments = x->niov;
     t->bytes = x->bytes;
     t->posts = x->nposts;
-    t->start_time_ns = x->start_rt_ns;
-    t->post_duration_ns = x->post_dur_ns;
-    if (x->counted && x->done_ns >= x->post_ns && x->post_ns != 0) {
-        t->xfer_duration_ns = x->done_ns - x->post_ns;
+    /* Times only with telemetry (the metrics' timing is theirs). */
+    if (agent->params.flags & PDX_AGENT_F_TELEMETRY) {
+        t->start_time_ns = x->start_rt_ns;
+        t->post_duration_ns = x->post_dur_ns;
+        if (x->counted && x->done_ns >= x->post_ns && x->post_ns != 0) {
+            t->xfer_duration_ns = x->done_ns - x->post_ns;
+        }
     }
     pthread_mutex_unlock(&agent->lock);
     return PDX_OK;
@@ -624,14 +627,18 @@ static pdx_status_t xfer_post_locked(pdx_agent_h agent, struct pdx_xfer *x)
     struct pdx_backend *b = agent->backends[x->bindex];
     int carries = !!(b->ops->caps & PDX_BACKEND_CAP_NOTIF);
     bool tele = (agent->params.flags & PDX_AGENT_F_TELEMETRY) != 0;
+    bool timed = tele || agent->metrics_timed;
     uint64_t t0 = 0;
     if (tele) {
         struct timespec rt;
         clock_gettime(CLOCK_REALTIME, &rt);
         x->start_rt_ns = (uint64_t)rt.tv_sec * 1000000000ull +
                          (uint64_t)rt.tv_nsec;
+    }
+    if (timed) {
         t0 = pdx_now_ns();
     }
+    x->timed = timed;
     x->posted = true;
     x->counted = false;
     x->aborting = false;
@@ -660,12 +667,13 @@ static pdx_status_t xfer_post_locked(pdx_agent_h agent, struct pdx_xfer *x)
     /* The timeout clock starts when the request is in flight (a request
      * done inside post needs none), on the coarse clock: the timeout may
      * end up to a tick late, never early. */
-    x->post_ns = tele                    ? pdx_now_ns()
+    x->post_ns = timed                   ? pdx_now_ns()
                  : st == PDX_INPROGRESS ? pdx_now_after_ns()
                                         : 0;
-    if (tele) {
+    if (timed) {
         x->post_dur_ns = x->post_ns - t0;
         x->post_ns = t0;
+        pdx_hist_add(&b->metrics.post, x->post_dur_ns);
     }
     if (st == PDX_OK) {
         x->breq = NULL;
@@ -738,7 +746,13 @@ pdx_status_t pdxi_xfer_post(pdx_xfer_h x)
     /* Ended (peer failed, timed out) but still being stopped: one more
      * look first (the lock is dropped in it, so before the peer lookup). */
     xfer_progress_own(agent, x);
+    uint64_t nposts = x->nposts;
     st = xfer_post_locked(agent, x);
+    if (st < 0 && x->nposts == nposts && x->bindex >= 0) {
+        /* Refused before its backend saw it (peer gone, stale): an error
+         * of its path for the metrics, not a post for the counters. */
+        pdx_be_metrics_error(&agent->backends[x->bindex]->metrics, st);
+    }
     /* Callbacks the post made (a peer error) now that x is consistent
      * (none are queued when it returned before the backend's post). */
     pdx_progress_run_deferred_locked(agent);

@@ -19,11 +19,17 @@ void pdx_xfer_end_locked(pdx_agent_h agent, struct pdx_xfer *x,
         return;
     }
     x->counted = true;
-    if (agent->params.flags & PDX_AGENT_F_TELEMETRY) {
+    struct pdx_backend *be = x->bindex >= 0 ? agent->backends[x->bindex]
+                                            : NULL;
+    if (x->timed || (agent->params.flags & PDX_AGENT_F_TELEMETRY)) {
         x->done_ns = pdx_now_ns();
     }
-    pdx_stats_t *bs = x->bindex >= 0 ? &agent->backends[x->bindex]->stats
-                                     : NULL;
+    if (be != NULL && st == PDX_OK && x->timed && x->done_ns >= x->post_ns) {
+        pdx_hist_add(&be->metrics.done, x->done_ns - x->post_ns);
+    } else if (be != NULL && st < 0 && st != PDX_ERR_CANCELED) {
+        pdx_be_metrics_error(&be->metrics, st);
+    }
+    pdx_stats_t *bs = be != NULL ? &be->stats : NULL;
     pdx_stats_t *ps = x->pstats != NULL ? &x->pstats->s : NULL;
     for (int i = 0; i < 2; i++) {
         pdx_stats_t *s = i == 0 ? bs : ps;

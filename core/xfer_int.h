@@ -46,6 +46,7 @@ struct pdx_xfer {
     bool stale;    /* a peer region it uses went away: never posted again */
     bool counted;  /* this post's end is in the counters */
     bool fallback; /* see pdx_path_policy_t */
+    bool timed;    /* post_ns is this post's start, for the histograms */
     uint8_t slow;  /* bits 1 << PDX_PATH_*: the slower paths it takes */
     uint8_t paths; /* 1: a fast piece, 2: a backend-fallback piece */
     uint64_t post_ns;

@@ -81,4 +81,8 @@ const pdx_plugin_v1_t pdx_plugin_v1 = {
     .store_owners_get = pdx_store_owners_get,
     .store_owners_longest = pdx_store_owners_longest,
     .kv_store_stats = pdx_kv_store_stats,
+    .metrics_text = pdx_metrics_text,
+    .metrics_start = pdx_metrics_start,
+    .metrics_stop = pdx_metrics_stop,
+    .log_set_quiet_failures = pdx_log_set_quiet_failures,
 };

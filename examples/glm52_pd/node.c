@@ -24,13 +24,21 @@
 #include <pdx/mem.h>
 
 #include "node.h"
+#include "tool_version.h"
 
-static void usage(void)
+static void usage(FILE *f)
 {
-    fprintf(stderr,
+    fprintf(f,
             "usage: glm52-pd-node --config FILE --fd N [--job-timeout S]\n"
             "  One P or D node of the GLM-5.2 P/D example (role from the\n"
-            "  config), driven over fd N by pdx-validate.\n");
+            "  config), driven over fd N by pdx-validate (which starts it;\n"
+            "  run pdx-validate, not this).\n"
+            "  -c, --config FILE     the node's JSON config (configs/: its\n"
+            "                        agent, backends, arenas, store)\n"
+            "  -f, --fd N            the socket pdx-validate drives it over\n"
+            "  -t, --job-timeout S   one request's bound (default 120)\n"
+            "  --version             the node's and libpdx.so's versions\n"
+            "  -h, --help            this text\n");
 }
 
 static int hello_error(node_t *nd, const char *fmt, ...)
@@ -73,12 +81,12 @@ static int parse_args(int argc, char **argv, const char **config_p, int *fd_p,
             *job_timeout_s_p = atof(optarg);
             break;
         default:
-            usage();
+            usage(c == 'h' ? stdout : stderr);
             return c == 'h' ? 0 : 2;
         }
     }
     if (*config_p == NULL || *fd_p < 0) {
-        usage();
+        usage(stderr);
         return 2;
     }
     return -1;
@@ -275,6 +283,9 @@ static int node_teardown(node_t *nd)
 
 int main(int argc, char **argv)
 {
+    if (pdx_tool_version(argc, argv, "glm52-pd-node")) {
+        return 0;
+    }
     const char *config = NULL;
     int fd = -1;
     double job_timeout_s = 120;

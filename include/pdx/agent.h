@@ -11,7 +11,7 @@
  * waiting; a hung peer's (timed out, aborted) are stopped in the
  * background by progress. A backend's progress call and a post run
  * WITHOUT the agent lock (one UCX progress call over sm or tcp can copy
- * megabytes; docs/BENCH.md has what that took): other calls that need a
+ * megabytes; docs/BENCH-LOG.md has what that took): other calls that need a
  * backend wait for that one call at most (their contracts say "on the
  * agent lock"); pdx_peer_state, pdx_notif_poll, the stats reads and
  * pdx_xfer_check never wait for it. What runs under the lock is
@@ -22,7 +22,7 @@
  * with or without a progress thread; pdx_notif_poll progresses every
  * backend only without a progress thread (the thread does, woken by
  * their events). Transfers to other peers carry on meanwhile;
- * tests/system/faults/stall.c checks the bound, and docs/BENCH.md ("Figures
+ * tests/system/faults/stall.c checks the bound, and docs/BENCH-LOG.md ("Figures
  * from the public headers") has what it measured.
  *
  * Handles: every function refuses a NULL handle with PDX_ERR_INVALID (a
@@ -113,7 +113,7 @@ typedef enum pdx_path_policy {
  * within 1 ms (a peer's stream of small requests) make it poll without
  * system calls until 1 ms after the last, so the next one is served at UCX's
  * own latency rather than a wake-up's; a lone message (a keepalive) does
- * not. (What an idle agent and a wake-up cost: docs/BENCH.md.) While a
+ * not. (What an idle agent and a wake-up cost: docs/BENCH-LOG.md.) While a
  * caller polls pdx_xfer_check, the caller progresses the request's backend
  * itself and the thread keeps out of that backend: it naps on the pidfds,
  * the stats socket and the wake fd, 1 ms at a time, doubling up to 8 ms

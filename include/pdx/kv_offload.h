@@ -104,7 +104,7 @@ enum {
     /* Fault the whole slab in at creation: creation takes time in
      * proportion to the budget (the kernel zeroes every page), and in
      * exchange the first save into a slot runs at copy bandwidth instead of
-     * page-fault speed (docs/BENCH.md has the ratio). On by default, like
+     * page-fault speed (docs/BENCH-LOG.md has the ratio). On by default, like
      * pinning host buffers at startup. */
     PDX_OFFLOAD_FLAG_PREFAULT = 1u << 2,
 };

@@ -1,5 +1,8 @@
 /* pdx logging: level from PDX_LOG_LEVEL (error|warn|info|debug|trace,
- * default warn) or set here, and an optional sink callback.
+ * default warn; any other value is reported once, at load) or set here,
+ * and an optional sink callback. The default sink writes one line per
+ * message to stderr: "<UTC time, ms> pdx <level> pid=<pid> agent=<name>:
+ * <message>" (agent=- where no agent is at hand).
  *
  * The log sink is process-wide on purpose (like UCX's and NCCL's): log lines
  * come from backends and the connector that have no agent at hand. It is the
@@ -62,6 +65,23 @@ PDX_API void pdx_log_set_level(pdx_log_level_t level);
  * Threads: any thread.
  */
 PDX_API pdx_log_level_t pdx_log_get_level(void);
+
+/* Lines of calls that fail, for bindings that raise every failure with
+ * its pdx_last_error() text (the Python package does): with `quiet`
+ * nonzero, error and warning lines logged on a thread inside a public call
+ * are held until that call returns, then dropped if it failed (the caller
+ * has them as pdx_last_error()) and written if it succeeded. At level
+ * info or above they are written at once, as without. Lines of other
+ * threads (the progress thread) are never held. Default 0: written at
+ * once.
+ *
+ * @param [in] quiet  Nonzero to hold them, 0 to write them at once.
+ * Owns: nothing.
+ * Blocks: no.
+ * Threads: any thread; it takes effect for lines started after it
+ *       returns.
+ */
+PDX_API void pdx_log_set_quiet_failures(int quiet);
 
 /* Log a line through the current sink (used by backends and tools too).
  * Identical error and warning lines are rate-limited: at most 5 per 10 s

@@ -14,6 +14,7 @@
 #include <pdx/kv_offload.h>
 #include <pdx/log.h>
 #include <pdx/mem.h>
+#include <pdx/metrics.h>
 #include <pdx/notif.h>
 #include <pdx/peer.h>
 #include <pdx/plugin.h>

@@ -18,6 +18,7 @@
 #include <pdx/kv_connector.h>
 #include <pdx/log.h>
 #include <pdx/mem.h>
+#include <pdx/metrics.h>
 #include <pdx/notif.h>
 #include <pdx/peer.h>
 #include <pdx/stats.h>
@@ -155,6 +156,13 @@ typedef struct pdx_plugin_v1 {
                                          size_t, char *, size_t *);
     pdx_status_t (*kv_store_stats)(pdx_kv_connector_h,
                                    pdx_kv_store_stats_t *);
+    /* Appended for metrics and quiet logging (pdx/metrics.h,
+     * pdx/log.h). */
+    pdx_status_t (*metrics_text)(pdx_agent_h, char **);
+    pdx_status_t (*metrics_start)(pdx_agent_h, const pdx_metrics_params_t *,
+                                  uint16_t *);
+    pdx_status_t (*metrics_stop)(pdx_agent_h);
+    void (*log_set_quiet_failures)(int);
 } pdx_plugin_v1_t;
 
 _Static_assert(offsetof(pdx_plugin_v1_t, abi_version) == 0, "abi first");

@@ -146,7 +146,7 @@ def main():
     # Private memory, as a CPU tensor: page-aligned like torch's large
     # tensors (numpy's own arrays start 16 bytes into a page, and glibc's
     # memcpy on AMD EPYC (rep movsb) runs ~10x slower when source and
-    # destination are not 64-byte aligned to each other: see BENCH.md).
+    # destination are not 64-byte aligned to each other: see docs/BENCH-LOG.md).
     raw = np.zeros(region + 4096, np.uint8)
     start = (-raw.ctypes.data) % 4096
     local = raw[start:start + region]

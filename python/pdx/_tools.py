@@ -31,3 +31,7 @@ def pdx_validate():
 
 def pdx_bench():
     _run("pdx-bench")
+
+
+def pdx_hash():
+    _run("pdx-hash")

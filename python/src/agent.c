@@ -59,14 +59,24 @@ static int parse_backend_opts(PyObject *opts, backend_spec_t *b)
 /* Agent(store={...}): the PDX_AGENT_PARAM_STORE fields, with the key names
  * of the config's `store` section. Strings are copied here: they must live
  * until pdx_agent_create returns. */
+#define STORE_NOPTS 5 /* the etcd store's TLS and auth options */
+
 typedef struct store_spec {
     char type[32];
     char endpoints[512];
     char ns[128];
+    char optval[STORE_NOPTS][256];
+    pdx_option_t opts[STORE_NOPTS];
+    size_t nopts;
 } store_spec_t;
 
 #define STORE_KEYS                                                             \
-    "type, endpoints, namespace, lease_ttl_ms, timeout_ms, max_txn_ops"
+    "type, endpoints, namespace, lease_ttl_ms, timeout_ms, max_txn_ops, "      \
+    "ca_file, cert_file, key_file, user, password_file"
+
+/* The store module's own options (pdx/store.h: TLS and etcd auth). */
+static const char *const g_store_opt_keys[STORE_NOPTS] = {
+    "ca_file", "cert_file", "key_file", "user", "password_file"};
 
 static int store_str(PyObject *v, const char *key, char *buf, size_t len)
 {
@@ -137,6 +147,25 @@ static int store_endpoints(PyObject *v, store_spec_t *sp)
     return 0;
 }
 
+/* One of the store module's options (ca_file, ...): 0 taken, 1 not one
+ * of them, -1 a bad value. */
+static int store_opt(PyObject *v, const char *key, store_spec_t *sp)
+{
+    for (size_t i = 0; i < STORE_NOPTS; i++) {
+        if (strcmp(key, g_store_opt_keys[i]) != 0) {
+            continue;
+        }
+        size_t n = sp->nopts;
+        if (store_str(v, key, sp->optval[n], sizeof(sp->optval[n])) < 0) {
+            return -1;
+        }
+        sp->opts[n] = (pdx_option_t){g_store_opt_keys[i], sp->optval[n]};
+        sp->nopts++;
+        return 0;
+    }
+    return 1;
+}
+
 static int parse_store(PyObject *o, store_spec_t *sp, pdx_agent_params_t *ap)
 {
     if (!PyDict_Check(o)) {
@@ -149,6 +178,7 @@ static int parse_store(PyObject *o, store_spec_t *sp, pdx_agent_params_t *ap)
     if (pdxpy_require(PDXPY_HAS(agent_publish), "pdx_agent_publish") < 0) {
         return -1;
     }
+    memset(sp, 0, sizeof(*sp));
     snprintf(sp->type, sizeof(sp->type), "etcd");
     snprintf(sp->ns, sizeof(sp->ns), "pdx");
     PyObject *k, *v;
@@ -174,6 +204,8 @@ static int parse_store(PyObject *o, store_spec_t *sp, pdx_agent_params_t *ap)
             rc = store_u32(v, key, &ap->store_timeout_ms);
         } else if (!strcmp(key, "max_txn_ops")) {
             rc = store_u32(v, key, &ap->store_max_txn_ops);
+        } else if ((rc = store_opt(v, key, sp)) != 1) {
+            /* 0 taken, -1 a bad value */
         } else {
             PyErr_Format(pdxpy_exc_for(PDX_ERR_INVALID),
                          "store: unknown key %R (known: " STORE_KEYS ")", k);
@@ -190,6 +222,11 @@ static int parse_store(PyObject *o, store_spec_t *sp, pdx_agent_params_t *ap)
         return -1;
     }
     ap->field_mask |= PDX_AGENT_PARAM_STORE;
+    if (sp->nopts > 0) {
+        ap->field_mask |= PDX_AGENT_PARAM_STORE_OPTS;
+        ap->store_opts = sp->opts;
+        ap->store_nopts = sp->nopts;
+    }
     ap->store = sp->type;
     ap->store_endpoints = sp->endpoints;
     ap->store_namespace = sp->ns;
@@ -915,6 +952,22 @@ static PyMethodDef Agent_methods[] = {
     {"stats_json", (PyCFunction)(void (*)(void))Agent_stats_json, METH_NOARGS,
      "stats_json() -> str: every counter as JSON (with a 'store' member "
      "when the agent has a store)."},
+    {"metrics_text", (PyCFunction)(void (*)(void))pdxpy_agent_metrics_text,
+     METH_NOARGS,
+     "metrics_text() -> str: the agent's metrics in Prometheus's text "
+     "format (requests, bytes, errors by class, latency histograms per "
+     "path; peers by state; docs/METRICS.md). The first call turns "
+     "request timing on. pdx.metrics.Collector serves it through "
+     "prometheus_client."},
+    {"serve_metrics", (PyCFunction)(void (*)(void))pdxpy_agent_serve_metrics,
+     METH_VARARGS | METH_KEYWORDS,
+     "serve_metrics(addr='127.0.0.1', port=0) -> port: serve "
+     "metrics_text() at http://addr:port/metrics (libmicrohttpd, its own "
+     "thread) until stop_metrics() or close(); port 0 picks a free one. "
+     "pdx.Exists if already served, pdx.IOFailure if it cannot listen, "
+     "pdx.Unsupported without libmicrohttpd."},
+    {"stop_metrics", (PyCFunction)(void (*)(void))pdxpy_agent_stop_metrics,
+     METH_NOARGS, "stop_metrics(): stop serve_metrics' endpoint."},
     {"publish", (PyCFunction)(void (*)(void))pdxpy_agent_publish, METH_NOARGS,
      "publish(): keep this agent's description in the store under "
      "<namespace>/agents/<name>, on its lease, again at every change. Call "

@@ -174,6 +174,12 @@ PyMODINIT_FUNC PyInit__pdx(void)
         add_type(m, &pdxpy_KVConnectorType, "KVConnector") < 0) {
         goto fail;
     }
+    /* Every failure raises with pdx_last_error()'s text: its log lines
+     * are not written a second time (PDX_LOG_LEVEL=info and above still
+     * writes them; pdx/log.h). */
+    if (PDXPY_HAS(log_set_quiet_failures)) {
+        pdx_plugin_v1.log_set_quiet_failures(1);
+    }
     PyModule_AddIntConstant(m, "DRAM", PDX_MEM_DRAM);
     PyModule_AddIntConstant(m, "VRAM", PDX_MEM_VRAM);
     PyModule_AddIntConstant(m, "READ", PDX_XFER_READ);
@@ -186,7 +192,8 @@ PyMODINIT_FUNC PyInit__pdx(void)
                 PDXPY_HAS(store_status) && PDXPY_HAS(store_describe);
     int stats = PDXPY_HAS(stats_backend) && PDXPY_HAS(stats_peer);
     PyObject *have = Py_BuildValue(
-        "{s:O,s:O,s:O,s:O,s:O}", "peer_info",
+        "{s:O,s:O,s:O,s:O,s:O,s:O}", "metrics",
+        PDXPY_HAS(metrics_start) ? Py_True : Py_False, "peer_info",
         PDXPY_HAS(peer_info) ? Py_True : Py_False, "xfer_telemetry",
         PDXPY_HAS(xfer_telemetry) ? Py_True : Py_False, "stats",
         stats ? Py_True : Py_False, "stats_json",

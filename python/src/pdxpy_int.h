@@ -32,7 +32,7 @@
  *   memreg.c, layout.c
  *   dlist.c, kvconnector.c
  *   xfer.c
- *   agent_store.c, bench.c
+ *   agent_store.c, agent_metrics.c, bench.c
  *   agent.c       the Agent type, with its children's methods
  *   module.c      module functions and init */
 
@@ -251,6 +251,10 @@ PyObject *pdxpy_agent_fetch_peer(AgentObject *self, PyObject *args,
                                  PyObject *kw);
 PyObject *pdxpy_agent_store_status(AgentObject *self, PyObject *unused);
 PyObject *pdxpy_agent_bench(AgentObject *self, PyObject *args);
+PyObject *pdxpy_agent_metrics_text(AgentObject *self, PyObject *unused);
+PyObject *pdxpy_agent_serve_metrics(AgentObject *self, PyObject *args,
+                                    PyObject *kw);
+PyObject *pdxpy_agent_stop_metrics(AgentObject *self, PyObject *unused);
 
 /* ---- the connector's types across files (kvconfig.c, hasher.c, layout.c,
  * kvconnector.c) */

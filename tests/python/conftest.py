@@ -14,6 +14,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 TEST_TIMEOUT = float(os.environ.get("PDX_PY_TEST_TIMEOUT", "240"))
 
 
+def missing_dep(what):
+    """A test needs a Debian package that scripts/deps.sh installs and it
+    is absent: a skip saying so, except where the run promised every
+    dependency (scripts/test.sh sets PDX_TEST_REQUIRE_DEPS=1 after
+    deps.sh), where a skip would hide that the test did not run: a
+    failure."""
+    if os.environ.get("PDX_TEST_REQUIRE_DEPS") == "1":
+        pytest.fail("%s, but PDX_TEST_REQUIRE_DEPS=1 (scripts/deps.sh "
+                    "installs it)" % what, pytrace=False)
+    pytest.skip(what)
+
+
 @pytest.fixture(autouse=True)
 def _hard_timeout():
     faulthandler.dump_traceback_later(TEST_TIMEOUT, exit=True)

@@ -147,8 +147,12 @@ def test_vllm_sequence(spawn, use_shim, monkeypatch):
     w.close()
 
 
-def test_nixl_conventions():
-    """Return conventions and descriptor forms vLLM relies on."""
+def test_nixl_conventions(capfd):
+    """Return conventions and descriptor forms vLLM relies on. Errors
+    raised to Python (a stale peer's transfer, a corrupt blob) and a
+    second deregistration (documented as fine) print no C-level "pdx
+    error" line at the default log level: the exception is the report
+    (at info the line is there)."""
     from pdx.nixl import nixl_agent, nixl_agent_config
     a = nixl_agent("conv-a", nixl_agent_config(backends=["UCX"]))
     b = nixl_agent("conv-b", None)
@@ -208,6 +212,8 @@ def test_nixl_conventions():
             a.transfer(h)
         assert h.status == -7 and h.error  # PDX_ERR_STALE, with its text
         a.release_xfer_handle(h)
+        with pytest.raises(pdx.Corrupt):  # logged at info, raised here
+            a.add_remote_agent(b"garbage")
         a.deregister_memory(ra)
         b.deregister_memory(rb)
         b.deregister_memory(rb)
@@ -215,6 +221,9 @@ def test_nixl_conventions():
     finally:
         a.close()
         b.close()
+    err = capfd.readouterr().err
+    if os.environ.get("PDX_LOG_LEVEL", "warn") in ("warn", "error"):
+        assert "pdx error" not in err, err
 
 
 @pytest.mark.parametrize("prog_thread", [False, True])
@@ -288,3 +297,22 @@ def test_binding_agent(prog_thread, monkeypatch):
     assert src_agent.invalidateRemoteMD("bind-dst") == b.NIXL_SUCCESS
     src_agent.close()
     dst_agent.close()
+
+
+def test_unknown_operation_is_named_an_operation():
+    """initialize_xfer / make_prepped_xfer with an operation NIXL does not
+    have: a KeyError, as NIXL, that calls it an operation (it said 'mem
+    type' once)."""
+    from pdx.nixl import nixl_agent, nixl_agent_config
+    a = nixl_agent("op-name", nixl_agent_config(backends=["UCX"]))
+    try:
+        for call in (lambda: a.initialize_xfer("COPY", [(1, 2, 0)],
+                                               [(1, 2, 0)], "op-name"),
+                     lambda: a.make_prepped_xfer("COPY", None, [], None,
+                                                 [])):
+            with pytest.raises(KeyError) as e:
+                call()
+            assert "operation 'COPY'" in str(e.value) and \
+                "mem type" not in str(e.value)
+    finally:
+        a.close()

@@ -1,19 +1,22 @@
-"""pip install of the pdx package from a clean clone of the committed
-tree (git clone of the checkout) into a fresh venv made with
-`python3 -m venv --system-site-packages`, no package index: the install
-bundles libpdx.so, every backend module and the etcd store module, and
-the console commands pdx-info, pdx-validate and pdx-bench; the same pip
-command installs python/nixl_dist (pdx in NIXL's place: nixl, nixl_cu12,
-nixl_cu13, importlib.metadata.version("nixl")) and pdx.vllm (vLLM's
-kv_connector_module_path; importable without vLLM). From the
-venv (outside any checkout, no PYTHONPATH or PDX_PLUGIN_PATH), an
-Agent(store={"type": "etcd", ...}) against a private etcd publishes and
-finds itself by name with the bundled store module, and the venv's
-pdx-info runs the bundled tool. setup.py builds libpdx.so and the tools
-with CMake in the clone (nothing of this build tree is used).
-(Without git, or outside a git checkout, the tree is copied without its
-build outputs.) Skipped, with the reason, without cmake, etcd or the venv
-module."""
+"""The README's install, exactly: from a clean clone of the committed tree
+(git clone of the checkout), a plain venv (`python3 -m venv`, no
+--system-site-packages: no numpy, no setuptools build step) and the one
+documented command `pip install ./python ./python/nixl_dist` (pdx in
+NIXL's place), with no package index (none is reachable here, and the
+command needs none: the build backend is in the tree, standard library
+and CMake only). The install bundles libpdx.so, every backend module and
+the etcd store module, and the console commands pdx-info, pdx-hash,
+pdx-validate and pdx-bench. From the venv (outside any checkout, no
+PYTHONPATH or PDX_PLUGIN_PATH): numpy is absent, `import pdx` and
+`import nixl` (and nixl_cu12, nixl_cu13) give pdx, a nixl_agent moves
+bytes between two agents, an Agent(store={"type": "etcd", ...}) against a
+private etcd publishes and finds itself by name with the bundled store
+module, every console command answers --version, and pdx.vllm (vLLM's
+kv_connector_module_path) imports without vLLM. The backend builds
+libpdx.so, the tools and the extension with CMake in the clone's
+build-pip (nothing of this build tree is used). (Without git, or outside
+a git checkout, the tree is copied without its build outputs.) Skipped,
+with the reason, without cmake, etcd or the venv module."""
 import glob
 import os
 import shutil
@@ -23,6 +26,7 @@ import tempfile
 
 import pytest
 
+from conftest import missing_dep
 from test_store import etcd  # noqa: F401  (the private etcd fixture)
 
 SRC = os.environ.get("PDX_SOURCE_DIR",
@@ -76,8 +80,15 @@ print("pip-ok", pkg)
 
 
 NIXL_CHECK = r'''
-import importlib, importlib.metadata, os, sys
+import importlib, importlib.metadata, os, sys, time
+try:
+    import numpy
+    raise SystemExit("numpy importable: not a plain venv")
+except ImportError:
+    pass
+import nixl  # first, as a stack does: it brings pdx
 import pdx, pdx.nixl
+assert nixl.nixl_agent is pdx.nixl.nixl_agent
 v = importlib.metadata.version("nixl")
 assert tuple(int(x) for x in v.split(".")[:2]) >= (1, 4), v
 for name in ("nixl", "nixl_cu12", "nixl_cu13"):
@@ -91,9 +102,31 @@ importlib.import_module("nixl._utils")
 importlib.import_module("nixl.logging")
 from nixl._api import nixl_agent, nixl_agent_config
 a = nixl_agent("pip-nixl", nixl_agent_config(backends=["UCX"]))
+b = nixl_agent("pip-nixl-d", nixl_agent_config(backends=["UCX"]))
 assert "UCX" in a.get_plugin_list()
-buf = bytearray(4096)
-a.register_memory(a.get_reg_descs([(pdx.addr_of(buf), 4096, 0, "")], "DRAM"))
+src = pdx.mem_alloc(1 << 16)
+memoryview(src)[:] = bytes(range(256)) * 256
+dst = bytearray(1 << 16)
+a.register_memory(a.get_reg_descs([(src.addr, 1 << 16, 0, "")], "DRAM"))
+b.register_memory(b.get_reg_descs([(pdx.addr_of(dst), 1 << 16, 0, "")],
+                                  "DRAM"))
+peer = b.add_remote_agent(a.get_agent_metadata())
+loc = b.prep_xfer_dlist("NIXL_INIT_AGENT", [(pdx.addr_of(dst) + i * 4096,
+                                             4096, 0) for i in range(16)],
+                        "DRAM")
+rem = b.prep_xfer_dlist(peer, [(src.addr + i * 4096, 4096, 0)
+                               for i in range(16)], "DRAM")
+h = b.make_prepped_xfer("READ", loc, list(range(16)), rem,
+                        list(range(15, -1, -1)), b"pip")
+b.transfer(h)
+end = time.monotonic() + 30
+while b.check_xfer_state(h) == "PROC" and time.monotonic() < end:
+    time.sleep(0.001)
+assert b.check_xfer_state(h) == "DONE"
+for i in range(16):
+    assert dst[i * 4096:(i + 1) * 4096] == \
+        bytes(memoryview(src)[(15 - i) * 4096:(16 - i) * 4096]), i
+assert "numpy" not in sys.modules
 print("nixl-ok", v)
 '''
 
@@ -116,12 +149,12 @@ print("vllm-ok")
 def test_pip_install_clean_clone(etcd):  # noqa: F811
     for tool in ("cmake",):
         if shutil.which(tool) is None:
-            pytest.skip("%s not installed" % tool)
+            missing_dep("%s not installed" % tool)
     try:
         import venv  # noqa: F401
         import ensurepip  # noqa: F401
     except ImportError:
-        pytest.skip("python3-venv not installed (venv/ensurepip missing)")
+        missing_dep("python3-venv not installed (venv/ensurepip missing)")
     tmp = tempfile.mkdtemp(prefix="pdx-pip-")
     env = _clean_env()
     try:
@@ -140,15 +173,12 @@ def test_pip_install_clean_clone(etcd):  # noqa: F811
                                 "build*", ".venv*", "*.egg-info",
                                 "__pycache__"))
         venv_dir = os.path.join(tmp, "venv")
-        _run([sys.executable, "-m", "venv", "--system-site-packages",
-              venv_dir], tmp, env)
+        _run([sys.executable, "-m", "venv", venv_dir], tmp, env)
         pip = os.path.join(venv_dir, "bin", "pip")
         env["PDX_BUILD_JOBS"] = "2"
-        # The documented one command: pdx and the 'nixl' distribution
-        # (pdx in NIXL's place).
-        _run([pip, "install", "-q", "--no-build-isolation", "--no-index",
-              os.path.join(clone, "python"),
-              os.path.join(clone, "python", "nixl_dist")], tmp, env)
+        # The documented one command, as written (run in the clone): pdx
+        # and the 'nixl' distribution (pdx in NIXL's place).
+        _run([pip, "install", "./python", "./python/nixl_dist"], clone, env)
         py = os.path.join(venv_dir, "bin", "python")
         site = _run([py, "-c", "import os, pdx; "
                      "print(os.path.dirname(pdx.__file__))"], tmp,
@@ -180,11 +210,14 @@ def test_pip_install_clean_clone(etcd):  # noqa: F811
                     timeout=60)
         print(info)
         assert "ucx: available" in info and "cma: available" in info, info
-        for tool in ("pdx-bench", "pdx-validate"):
-            p = subprocess.run([os.path.join(venv_dir, "bin", tool),
-                                "--help"], cwd=tmp, env=env, timeout=60,
-                               stdout=subprocess.PIPE,
+        for tool in ("pdx-info", "pdx-hash", "pdx-bench", "pdx-validate"):
+            exe = os.path.join(venv_dir, "bin", tool)
+            out = _run([exe, "--version"], tmp, env, timeout=60)
+            assert out.startswith(tool + " "), (tool, out)
+            p = subprocess.run([exe, "--help"], cwd=tmp, env=env,
+                               timeout=60, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT)
-            assert b"usage: " + tool.encode() in p.stdout, (tool, p.stdout)
+            assert p.returncode == 0 and b"usage: " + tool.encode() in \
+                p.stdout, (tool, p.returncode, p.stdout)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

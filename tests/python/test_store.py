@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import pdx
+from conftest import missing_dep
 
 ETCD = os.environ.get("PDX_ETCD", "/usr/bin/etcd")
 SIZE = 1 << 20
@@ -42,7 +43,7 @@ def _healthy(url):
 def etcd():
     """URL of a private etcd, stopped and removed after the module."""
     if not os.access(ETCD, os.X_OK):
-        pytest.skip("%s not installed (Debian package etcd-server; "
+        missing_dep("%s not installed (Debian package etcd-server; "
                     "scripts/deps.sh installs it)" % ETCD)
     tmp = tempfile.mkdtemp(prefix="pdx-etcd-py-")
     proc = None
@@ -222,3 +223,17 @@ def test_store_arguments(etcd):
     a.close()
     with pytest.raises(pdx.Closed):
         a.store_status()
+
+
+def test_store_tls_and_auth_options():
+    """The store dict takes the etcd module's TLS and auth options
+    (ca_file, cert_file, key_file, user, password_file: docs/MULTIHOST.md)
+    and hands them to the module, which checks them at create: a client
+    certificate without its key, a user without a password."""
+    base = {"endpoints": "http://127.0.0.1:1", "timeout_ms": 300}
+    with pytest.raises(pdx.ConfigError, match="cert_file and key_file"):
+        pdx.Agent("tls-opts", store=dict(base, cert_file="/nonexistent"))
+    with pytest.raises(pdx.ConfigError, match="user needs password"):
+        pdx.Agent("tls-opts", store=dict(base, user="pdx"))
+    with pytest.raises(pdx.InvalidArgument, match="unknown key 'bogus'"):
+        pdx.Agent("tls-opts", store=dict(base, bogus="1"))

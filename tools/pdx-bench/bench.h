@@ -62,6 +62,9 @@ typedef struct bench_opts {
     /* target process */
     int target_fd;
     const char *target_kind;
+    /* plot */
+    const char *plot_in;
+    const char *out_dir;
 } bench_opts_t;
 
 /* Set by latency --netns: targets start in host 1 of this lab. */
@@ -154,6 +157,26 @@ double gbps(uint64_t bytes, uint64_t ns); /* 1e9 bytes per second */
 cJSON *jnum(cJSON *obj, const char *key, double v);
 cJSON *jstr(cJSON *obj, const char *key, const char *v);
 
+/* The summary (printed first with --quick, last otherwise): every mode's
+ * targets, registered as it prints them; the machine's load before and
+ * after; pdx's warnings, each once. */
+void bench_target(const char *mode, const char *name, int have, double v,
+                  double goal, int lower, const char *where);
+typedef struct bench_load {
+    long ncpu;
+    double load1; /* /proc/loadavg */
+    double share; /* of two cores, what two busy threads got (0..1) */
+    int loaded;   /* too loaded for the figures to mean anything */
+} bench_load_t;
+void bench_load_probe(bench_load_t *l);
+/* pdx's log lines through pdx-bench: each warning once (hold: kept for
+ * the summary, else also written at once). */
+void bench_log_install(int hold, const char *mode);
+void bench_summary_json(cJSON *root);
+void bench_summary(FILE *f, const char *mode, int quick,
+                   const bench_load_t *before, const bench_load_t *after,
+                   double wall_s);
+
 /* The method line every mode prints in its header. */
 void print_machine_header(cJSON *root);
 
@@ -171,6 +194,8 @@ int mode_vram(const bench_opts_t *o, cJSON *root);
  * with the reason), and an allocation there (dies on failure). */
 int bench_cu_open(char *why, size_t len);
 uint64_t bench_vram_alloc(uint64_t len);
+/* pdx-bench plot RESULT.json: SVGs into `dir` (plot.c); exit code. */
+int bench_plot(const char *json_path, const char *dir);
 
 /* Targets (the other process). */
 int target_transfer(const bench_opts_t *o);

@@ -34,7 +34,12 @@
 
 #include "bench.h"
 
-#define LAT_REGION (64ull << 20)
+/* Each side's region: 64 MiB, 8 MiB with --quick (its rows are small;
+ * every round maps and prefaults one per side). */
+static uint64_t lat_region(const bench_opts_t *o)
+{
+    return o->quick ? (8ull << 20) : (64ull << 20);
+}
 
 #define UCS_CHECK(call)                                                        \
     do {                                                                       \
@@ -49,6 +54,7 @@ typedef struct ucp_side {
     ucp_worker_h worker;
     ucp_mem_h memh;
     uint8_t *mem;
+    uint64_t region;
 } ucp_side_t;
 
 /* Does a UCX transport list name shared memory (sm, posix, sysv, mm)? */
@@ -60,7 +66,8 @@ static int tls_has_mm(const char *tls)
 
 /* errmode: the context's shared memory transports may serve endpoints
  * with peer error handling (both sides need it, as pdx's backend sets). */
-static void ucp_side_init(ucp_side_t *u, const char *tls, int errmode)
+static void ucp_side_init(ucp_side_t *u, const char *tls, int errmode,
+                          uint64_t region)
 {
     ucp_config_t *cfg;
     UCS_CHECK(ucp_config_read(NULL, NULL, &cfg));
@@ -75,13 +82,14 @@ static void ucp_side_init(ucp_side_t *u, const char *tls, int errmode)
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                               .thread_mode = UCS_THREAD_MODE_SINGLE};
     UCS_CHECK(ucp_worker_create(u->ctx, &wp, &u->worker));
-    u->mem = big_alloc(LAT_REGION);
-    memset(u->mem, 0x5a, LAT_REGION);
+    u->region = region;
+    u->mem = big_alloc(region);
+    memset(u->mem, 0x5a, region);
     ucp_mem_map_params_t mp = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
                       UCP_MEM_MAP_PARAM_FIELD_LENGTH,
         .address = u->mem,
-        .length = LAT_REGION};
+        .length = region};
     UCS_CHECK(ucp_mem_map(u->ctx, &mp, &u->memh));
 }
 
@@ -90,7 +98,7 @@ static void ucp_side_fini(ucp_side_t *u)
     ucp_mem_unmap(u->ctx, u->memh);
     ucp_worker_destroy(u->worker);
     ucp_cleanup(u->ctx);
-    big_free(u->mem, LAT_REGION);
+    big_free(u->mem, u->region);
 }
 
 /* The raw target (errmode: as the floor with peer error handling's):
@@ -101,7 +109,7 @@ int target_ucp(const bench_opts_t *o, int errmode)
 {
     int fd = o->target_fd;
     ucp_side_t u;
-    ucp_side_init(&u, o->tls, errmode);
+    ucp_side_init(&u, o->tls, errmode, lat_region(o));
     ucp_address_t *addr;
     size_t alen;
     UCS_CHECK(ucp_worker_get_address(u.worker, &addr, &alen));
@@ -113,7 +121,7 @@ int target_ucp(const bench_opts_t *o, int errmode)
     ctl_send(fd, rkey, (uint32_t)rlen);
     ucp_rkey_buffer_release(rkey);
     ctl_sendf(fd, "region %llx %llu", (unsigned long long)(uintptr_t)u.mem,
-              (unsigned long long)LAT_REGION);
+              (unsigned long long)u.region);
     for (unsigned n = 0;; n++) {
         if (ucp_worker_progress(u.worker) == 0 && (n & 4095) == 0) {
             struct pollfd pfd = {.fd = fd, .events = POLLIN};
@@ -144,10 +152,14 @@ typedef struct lat_res {
 
 /* 15 rounds of at least 0.03 s per side: with 5, one round in a slow
  * phase of the VM (on tcp loopback it hits the floor's rounds as often
- * as pdx's: docs/BENCH.md) was a fifth of a median. */
+ * as pdx's: docs/BENCH-LOG.md) was a fifth of a median. */
 #define LAT_DEFAULT_ROUNDS 15
 #define LAT_MIN_ROUND_S 0.03
 #define LAT_MAX_ROUNDS 15
+/* --quick: two rows, 3 rounds of the floor with pdx's error handling and
+ * of pdx (the bare and gets floors left out): a figure in seconds, not a
+ * measurement to quote. */
+#define LAT_QUICK_ROUNDS 3
 
 static int cmp_dbl(const void *a, const void *b)
 {
@@ -221,9 +233,11 @@ static void run_ucp(const bench_opts_t *o, const lat_case_t *c, int errmode,
                     int gets, lat_res_t *r)
 {
     int fd;
-    int pid = spawn_target(o, errmode ? "ucp-err" : "ucp", NULL, &fd);
+    static const char *const quick[] = {"--quick", NULL};
+    int pid = spawn_target(o, errmode ? "ucp-err" : "ucp",
+                           o->quick ? quick : NULL, &fd);
     ucp_side_t u;
-    ucp_side_init(&u, o->tls, errmode);
+    ucp_side_init(&u, o->tls, errmode, lat_region(o));
     uint32_t alen, rlen;
     char *addr = ctl_recv(fd, &alen), *rk = ctl_recv(fd, &rlen);
     char *m = ctl_recv(fd, NULL);
@@ -258,7 +272,7 @@ static void run_ucp(const bench_opts_t *o, const lat_case_t *c, int errmode,
         if (t0 > end && v.n >= 20) {
             break;
         }
-        uint64_t off = (it * span) % (LAT_REGION - span + 1);
+        uint64_t off = (it * span) % (u.region - span + 1);
         for (uint32_t j = 0; j < c->batch; j++) {
             uint64_t o2 = off + (uint64_t)j * c->size;
             ucs_status_ptr_t sp =
@@ -308,7 +322,11 @@ static void run_pdx(const bench_opts_t *o, const lat_case_t *c,
                     lat_res_t *r)
 {
     int fd;
-    int pid = spawn_target(o, "transfer", NULL, &fd);
+    const uint64_t region = lat_region(o);
+    char ws[32];
+    snprintf(ws, sizeof(ws), "%llu", (unsigned long long)region);
+    const char *const extra[] = {"--ws", ws, NULL}; /* its region */
+    int pid = spawn_target(o, "transfer", extra, &fd);
     pdx_agent_params_t ap = {.field_mask = PDX_AGENT_PARAM_FLAGS |
                                            PDX_AGENT_PARAM_XFER_TIMEOUT,
                              .flags = PDX_AGENT_F_PROGRESS_THREAD,
@@ -320,24 +338,24 @@ static void run_pdx(const bench_opts_t *o, const lat_case_t *c,
     CHECK(pdx_agent_create("bench-lat", &ap, &a));
     pdx_option_t opt = {"tls", o->tls};
     CHECK(pdx_backend_create(a, "ucx", &opt, 1, NULL));
-    uint8_t *mem = big_alloc(LAT_REGION);
-    memset(mem, 0xa5, LAT_REGION);
+    uint8_t *mem = big_alloc(region);
+    memset(mem, 0xa5, region);
     pdx_mem_reg_h reg;
-    CHECK(pdx_mem_register(a, PDX_MEM_DRAM, (uintptr_t)mem, LAT_REGION, 0, 0,
+    CHECK(pdx_mem_register(a, PDX_MEM_DRAM, (uintptr_t)mem, region, 0, 0,
                            &reg));
     char peer[PDX_NAME_MAX];
     exchange_blobs(a, fd, peer);
     char *m = ctl_recv(fd, NULL);
     unsigned long long base = 0, len = 0;
     if (m == NULL || sscanf(m, "region %llx %llu", &base, &len) != 2 ||
-        len < LAT_REGION) {
+        len < region) {
         die("latency: the pdx target did not start (or its region is "
-            "under %llu bytes: --ws)", (unsigned long long)LAT_REGION);
+            "under %llu bytes: --ws)", (unsigned long long)region);
     }
     free(m);
     /* Prepared lists over the region in `size` slots; a request = `batch`
      * consecutive slots, moving along the region. */
-    uint64_t nslots = LAT_REGION / c->size;
+    uint64_t nslots = region / c->size;
     pdx_desc_t *ld = calloc(nslots, sizeof(*ld)), *rd = calloc(nslots, sizeof(*rd));
     uint32_t *idx = calloc(c->batch, sizeof(*idx));
     if (ld == NULL || rd == NULL || idx == NULL) {
@@ -398,7 +416,120 @@ static void run_pdx(const bench_opts_t *o, const lat_case_t *c,
     reap_target(pid, 10000);
     close(fd);
     pdx_agent_destroy(a);
-    big_free(mem, LAT_REGION);
+    big_free(mem, region);
+}
+
+/* The worst ratios over the rows (the mode's two targets). */
+typedef struct lat_worst {
+    double x50, xbw;
+    char where50[48], wherebw[48];
+} lat_worst_t;
+
+/* Is row `c` run? Not when it exceeds half the region; --quick: READ 8448
+ * and WRITE 64 KiB at batch 1; PDX_BENCH_LAT_ROW=OP:SIZE:BATCH[,...]:
+ * those rows only (to profile one, or a sequence). */
+static int lat_row_wanted(const bench_opts_t *o, const lat_case_t *c)
+{
+    if (c->size * c->batch > lat_region(o) / 2) {
+        return 0;
+    }
+    if (o->quick && (c->batch != 1 || c->size == 1048576 ||
+                     (c->write != (c->size == 65536)))) {
+        return 0;
+    }
+    const char *only = getenv("PDX_BENCH_LAT_ROW");
+    char want[64], list[512];
+    snprintf(want, sizeof(want), ",%s:%llu:%u,", c->write ? "WRITE" : "READ",
+             (unsigned long long)c->size, c->batch);
+    snprintf(list, sizeof(list), ",%s,", only != NULL ? only : "");
+    return only == NULL || strstr(list, want) != NULL;
+}
+
+static void lat_row_json(cJSON *rows, const lat_case_t *c,
+                         const lat_res_t *ru, const lat_res_t *rp,
+                         const lat_res_t *rb, const lat_res_t *rg)
+{
+    cJSON *row = cJSON_CreateObject();
+    jstr(row, "op", c->write ? "WRITE" : "READ");
+    jnum(row, "size", (double)c->size);
+    jnum(row, "batch", c->batch);
+    jnum(row, "ucp_p50_us", ru->p50_us);
+    jnum(row, "ucp_p99_us", ru->p99_us);
+    jnum(row, "ucp_gbps", ru->gbps);
+    jnum(row, "pdx_p50_us", rp->p50_us);
+    jnum(row, "pdx_p99_us", rp->p99_us);
+    jnum(row, "pdx_gbps", rp->gbps);
+    jnum(row, "p50_ratio", ru->p50_us > 0 ? rp->p50_us / ru->p50_us : 0);
+    jnum(row, "gbps_ratio", ru->gbps > 0 ? rp->gbps / ru->gbps : 0);
+    jnum(row, "bare_p50_us", rb->p50_us);
+    jnum(row, "bare_p99_us", rb->p99_us);
+    jnum(row, "bare_gbps", rb->gbps);
+    jnum(row, "gbps_ratio_bare", rb->gbps > 0 ? rp->gbps / rb->gbps : 0);
+    if (!c->write) {
+        jnum(row, "gets_p50_us", rg->p50_us);
+        jnum(row, "gets_p99_us", rg->p99_us);
+        jnum(row, "gets_gbps", rg->gbps);
+        jnum(row, "gbps_ratio_gets", rg->gbps > 0 ? rp->gbps / rg->gbps : 0);
+    }
+    cJSON_AddItemToArray(rows, row);
+}
+
+/* One row: interleaved rounds (UCP, pdx, UCP, pdx, ...), the median of
+ * each figure kept (the VM's speed drifts by tens of percent within
+ * seconds, and a row measured in one block per side compared two
+ * machines); printed, into `rows`, and into the worst ratios. */
+static void lat_row(const bench_opts_t *o, const bench_opts_t *oo,
+                    const lat_case_t *c, int rounds, cJSON *rows,
+                    lat_worst_t *worst)
+{
+    lat_res_t rb = {0}, ru = {0}, rp = {0}, rg = {0};
+    lat_res_t rbs[LAT_MAX_ROUNDS], rus[LAT_MAX_ROUNDS], rps[LAT_MAX_ROUNDS],
+        rgs[LAT_MAX_ROUNDS];
+    int floors = !o->quick; /* bare and gets */
+    for (int k = 0; k < rounds; k++) {
+        if (floors) {
+            run_ucp(oo, c, 0, 0, &rbs[k]);
+        }
+        run_ucp(oo, c, 1, 0, &rus[k]);
+        if (floors && !c->write) {
+            run_ucp(oo, c, 1, 1, &rgs[k]);
+        }
+        run_pdx(oo, c, &rps[k]);
+    }
+    if (floors) {
+        lat_median(rbs, rounds, &rb);
+    }
+    lat_median(rus, rounds, &ru);
+    lat_median(rps, rounds, &rp);
+    if (floors && !c->write) {
+        lat_median(rgs, rounds, &rg);
+    }
+    double x50 = ru.p50_us > 0 ? rp.p50_us / ru.p50_us : 0;
+    double xbw = ru.gbps > 0 ? rp.gbps / ru.gbps : 0;
+    double xbare = rb.gbps > 0 ? rp.gbps / rb.gbps : 0;
+    double xgets = rg.gbps > 0 ? rp.gbps / rg.gbps : 0;
+    const char *op = c->write ? "WRITE" : "READ";
+    if (c->batch == 1 && x50 > worst->x50) {
+        worst->x50 = x50;
+        snprintf(worst->where50, sizeof(worst->where50), "%s %llu", op,
+                 (unsigned long long)c->size);
+    }
+    if (xbw < worst->xbw) {
+        worst->xbw = xbw;
+        snprintf(worst->wherebw, sizeof(worst->wherebw), "%s %llu batch %u",
+                 op, (unsigned long long)c->size, c->batch);
+    }
+    char gcols[64] = "| -";
+    if (floors && !c->write) {
+        snprintf(gcols, sizeof(gcols), "| %8.1f %7.2f %7.2f", rg.p50_us,
+                 rg.gbps, xgets);
+    }
+    say("%-5s %8llu %5u | %9.1f %9.1f %7.2f | %9.1f %9.1f %7.2f | %7.2f "
+        "%7.2f | %8.1f %7.2f %7.2f %s\n",
+        op, (unsigned long long)c->size, c->batch, ru.p50_us, ru.p99_us,
+        ru.gbps, rp.p50_us, rp.p99_us, rp.gbps, x50, xbw, rb.p50_us, rb.gbps,
+        xbare, gcols);
+    lat_row_json(rows, c, &ru, &rp, &rb, &rg);
 }
 
 int mode_latency(const bench_opts_t *o, cJSON *root)
@@ -406,8 +537,8 @@ int mode_latency(const bench_opts_t *o, cJSON *root)
     /* UCX alone on both pdx sides (no cma), private memory. */
     setenv("PDX_BENCH_PATH", "ucx", 1);
     bench_opts_t oo = *o;
-    if (oo.ws_bytes < LAT_REGION) {
-        oo.ws_bytes = LAT_REGION; /* the pdx target's region */
+    if (oo.ws_bytes < lat_region(o)) {
+        oo.ws_bytes = lat_region(o); /* the pdx target's region */
     }
     const char *where = "one host";
     if (o->netns) {
@@ -423,6 +554,9 @@ int mode_latency(const bench_opts_t *o, cJSON *root)
         where = "two network namespaces (veth, tcp/eth0)";
     }
     int rounds = o->reps > 1 ? o->reps : LAT_DEFAULT_ROUNDS;
+    if (o->quick && o->reps <= 1) {
+        rounds = LAT_QUICK_ROUNDS;
+    }
     rounds = rounds > LAT_MAX_ROUNDS ? LAT_MAX_ROUNDS : rounds;
     oo.case_s = o->case_s / rounds;
     if (!o->quick && oo.case_s < LAT_MIN_ROUND_S) {
@@ -448,87 +582,22 @@ int mode_latency(const bench_opts_t *o, cJSON *root)
         "pdx p99", "GB/s", "p50 x", "GB/s x", "bare p50", "GB/s",
         "bare x", "gets p50", "GB/s", "gets x");
     cJSON *rows = cJSON_AddArrayToObject(root, "rows");
+    lat_worst_t worst = {.x50 = 0, .xbw = 1e9};
     for (int w = 0; w < 2; w++) {
         for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
             for (size_t bi = 0; bi < 2; bi++) {
                 lat_case_t c = {w, sizes[si], batches[bi]};
-                if (c.size * c.batch > LAT_REGION / 2) {
-                    continue;
+                if (lat_row_wanted(o, &c)) {
+                    lat_row(o, &oo, &c, rounds, rows, &worst);
                 }
-                /* PDX_BENCH_LAT_ROW=OP:SIZE:BATCH[,OP:SIZE:BATCH...] runs
-                 * those rows only (to profile one, or a sequence). */
-                const char *only = getenv("PDX_BENCH_LAT_ROW");
-                char want[64], list[512];
-                snprintf(want, sizeof(want), ",%s:%llu:%u,",
-                         w ? "WRITE" : "READ", (unsigned long long)c.size,
-                         c.batch);
-                snprintf(list, sizeof(list), ",%s,", only != NULL ? only : "");
-                if (only != NULL && strstr(list, want) == NULL) {
-                    continue;
-                }
-                /* Interleaved rounds (UCP, pdx, UCP, pdx, ...), the
-                 * median of each figure kept: the VM's speed drifts by
-                 * tens of percent within seconds, and a row measured in
-                 * one block per side compared two machines. */
-                lat_res_t rb = {0}, ru = {0}, rp = {0}, rg = {0};
-                lat_res_t rbs[LAT_MAX_ROUNDS], rus[LAT_MAX_ROUNDS],
-                    rps[LAT_MAX_ROUNDS], rgs[LAT_MAX_ROUNDS];
-                for (int k = 0; k < rounds; k++) {
-                    run_ucp(&oo, &c, 0, 0, &rbs[k]);
-                    run_ucp(&oo, &c, 1, 0, &rus[k]);
-                    if (!c.write) {
-                        run_ucp(&oo, &c, 1, 1, &rgs[k]);
-                    }
-                    run_pdx(&oo, &c, &rps[k]);
-                }
-                lat_median(rbs, rounds, &rb);
-                lat_median(rus, rounds, &ru);
-                lat_median(rps, rounds, &rp);
-                if (!c.write) {
-                    lat_median(rgs, rounds, &rg);
-                }
-                double x50 = ru.p50_us > 0 ? rp.p50_us / ru.p50_us : 0;
-                double xbw = ru.gbps > 0 ? rp.gbps / ru.gbps : 0;
-                double xbare = rb.gbps > 0 ? rp.gbps / rb.gbps : 0;
-                double xgets = rg.gbps > 0 ? rp.gbps / rg.gbps : 0;
-                char gcols[64] = "| -";
-                if (!c.write) {
-                    snprintf(gcols, sizeof(gcols), "| %8.1f %7.2f %7.2f",
-                             rg.p50_us, rg.gbps, xgets);
-                }
-                say("%-5s %8llu %5u | %9.1f %9.1f %7.2f | %9.1f %9.1f %7.2f "
-                    "| %7.2f %7.2f | %8.1f %7.2f %7.2f %s\n",
-                    w ? "WRITE" : "READ", (unsigned long long)c.size,
-                    c.batch, ru.p50_us, ru.p99_us, ru.gbps, rp.p50_us,
-                    rp.p99_us, rp.gbps, x50, xbw, rb.p50_us, rb.gbps, xbare,
-                    gcols);
-                cJSON *row = cJSON_CreateObject();
-                jstr(row, "op", w ? "WRITE" : "READ");
-                jnum(row, "size", (double)c.size);
-                jnum(row, "batch", c.batch);
-                jnum(row, "ucp_p50_us", ru.p50_us);
-                jnum(row, "ucp_p99_us", ru.p99_us);
-                jnum(row, "ucp_gbps", ru.gbps);
-                jnum(row, "pdx_p50_us", rp.p50_us);
-                jnum(row, "pdx_p99_us", rp.p99_us);
-                jnum(row, "pdx_gbps", rp.gbps);
-                jnum(row, "p50_ratio", x50);
-                jnum(row, "gbps_ratio", xbw);
-                jnum(row, "bare_p50_us", rb.p50_us);
-                jnum(row, "bare_p99_us", rb.p99_us);
-                jnum(row, "bare_gbps", rb.gbps);
-                jnum(row, "gbps_ratio_bare", xbare);
-                if (!c.write) {
-                    jnum(row, "gets_p50_us", rg.p50_us);
-                    jnum(row, "gets_p99_us", rg.p99_us);
-                    jnum(row, "gets_gbps", rg.gbps);
-                    jnum(row, "gbps_ratio_gets", xgets);
-                }
-                cJSON_AddItemToArray(rows, row);
             }
         }
     }
     say("# targets (issue 19): pdx p50 <= 1.3x UCP at batch 1, GB/s >= 0.9x "
         "at every row (against the floor with pdx's error handling)\n");
+    bench_target("latency", "pdx p50 <= 1.3 x raw UCP, batch 1 (worst row)",
+                 worst.where50[0] != '\0', worst.x50, 1.3, 1, worst.where50);
+    bench_target("latency", "pdx GB/s >= 0.9 x raw UCP (worst row)",
+                 worst.wherebw[0] != '\0', worst.xbw, 0.9, 0, worst.wherebw);
     return 0;
 }

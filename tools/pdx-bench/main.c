@@ -10,12 +10,21 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "tool_version.h"
 
 static void usage(FILE *f)
 {
     fprintf(
         f,
         "usage: pdx-bench MODE [options]\n"
+        "       pdx-bench --quick            every mode, small, in under 30 "
+        "s on\n"
+        "                                    2 idle cores: the summary first\n"
+        "       pdx-bench plot RESULT.json [--out DIR]\n"
+        "Measures pdx against what a deployment would otherwise use, on "
+        "this machine\nin this run; prints a summary of every target "
+        "(value, goal, verdict) and\nsays when the machine is too loaded "
+        "for the figures to mean anything.\n"
         "modes:\n"
         "  idle       CPU and wake-ups of an idle agent (0 and 8 peers)\n"
         "  latency    one request at a time, pdx's ucx backend vs a raw UCP "
@@ -31,9 +40,15 @@ static void usage(FILE *f)
         "  vram       GPU memory staged over UCX vs host memory over the "
         "same UCX (shared memory, then TCP between namespaces; needs a "
         "CUDA driver: PDX_CUDA_DRIVER_LIB)\n"
-        "  all        every mode above, in that order\n"
+        "  all        every mode above, in that order (the default with "
+        "--quick)\n"
+        "  plot       SVG plots of a --json result (transfer, latency, "
+        "handoff,\n"
+        "             targets) into --out DIR (default .), with gnuplot\n"
         "options:\n"
-        "  --quick            smoke run (seconds, not minutes)\n"
+        "  --quick            every mode small (seconds, not minutes); the "
+        "summary\n"
+        "                     of ratios first, then the details\n"
         "  --json[=FILE]      JSON results to FILE, or to stdout (text "
         "then goes to stderr)\n"
         "  --plot FILE.svg    bandwidth vs size with the peers' curves "
@@ -73,7 +88,14 @@ static void usage(FILE *f)
         "  --index-blocks N   offload: blocks indexed for lookups (default "
         "1M)\n"
         "  --pool-blocks N    offload: GLM-5.2 blocks in the pool (default "
-        "256)\n");
+        "256)\n"
+        "  --out DIR          plot: where the SVGs go (default .)\n"
+        "  --version          pdx-bench's and libpdx.so's versions\n"
+        "  -h, --help         this text\n"
+        "pdx's warnings are said once each (and listed in the summary). "
+        "Exit 0 ok,\n1 a correctness check failed (hashes differ, bytes "
+        "wrong), 2 usage or setup\nerror; a target NOT MET is a finding, "
+        "not an exit status.\n");
 }
 
 static uint64_t parse_size(const char *s)
@@ -175,12 +197,15 @@ static void quick_defaults(bench_opts_t *o, const int *set)
         o->big_descs = 10000;
     }
     if (!set[5]) {
-        o->tokens[0] = 8192;
+        o->tokens[0] = 4096;
         o->ntokens = 1;
     }
     if (!set[6]) {
         o->index_blocks = 1u << 16;
-        o->pool_blocks = 32;
+        o->pool_blocks = 16;
+    }
+    if (!set[7]) {
+        o->side_mem = 512ull << 20;
     }
     o->inflight = o->inflight > 4 ? 4 : o->inflight;
     if (o->reps == 0) {
@@ -312,6 +337,7 @@ static int parse_valued(bench_opts_t *o, int set[8], const char *a,
     } else if (strcmp(a, "--side-mem") == 0) {
         need_value(a, v);
         o->side_mem = parse_size(v);
+        set[7] = 1;
     } else if (strcmp(a, "--python") == 0) {
         need_value(a, v);
         o->python = v;
@@ -335,6 +361,9 @@ static int parse_valued(bench_opts_t *o, int set[8], const char *a,
     } else if (strcmp(a, "--target") == 0) {
         need_value(a, v);
         o->target_kind = v;
+    } else if (strcmp(a, "--out") == 0) {
+        need_value(a, v);
+        o->out_dir = v;
     } else if (strcmp(a, "--fd") == 0) {
         need_value(a, v);
         o->target_fd = (int)parse_size(v);
@@ -364,6 +393,8 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, int set[8])
             die("unknown option %s", a);
         } else if (o->mode == NULL) {
             o->mode = a;
+        } else if (strcmp(o->mode, "plot") == 0 && o->plot_in == NULL) {
+            o->plot_in = a;
         } else {
             usage(stderr);
             die("unexpected argument %s", a);
@@ -376,6 +407,9 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, int set[8])
 static int run_target(const bench_opts_t *o)
 {
     out_txt = stderr;
+    /* The initiator's agents say what both sides would: a target's
+     * warnings would repeat them once per target started. */
+    pdx_log_set_level(PDX_LOG_ERROR);
     if (strcmp(o->target_kind, "transfer") == 0) {
         return target_transfer(o);
     }
@@ -415,6 +449,8 @@ static int run_modes(const bench_opts_t *o, cJSON *root)
             continue;
         }
         found = 1;
+        /* Teardowns mute it: again at each mode. */
+        bench_log_install(o->quick, modes[i].name);
         cJSON *m = cJSON_AddObjectToObject(root, modes[i].name);
         bench_opts_t mo = *o;
         if (all && strcmp(modes[i].name, "transfer") != 0) {
@@ -438,6 +474,22 @@ static int run_modes(const bench_opts_t *o, cJSON *root)
     return rc;
 }
 
+/* --quick's details while the modes run (printed after the summary). */
+static FILE *g_held;
+static char *g_details;
+static size_t g_dlen;
+
+static void flush_held(void)
+{
+    if (g_held != NULL) {
+        fclose(g_held);
+        g_held = NULL;
+        fprintf(stderr, "pdx-bench: stopped before its summary; the details "
+                        "so far:\n");
+        fwrite(g_details, 1, g_dlen, stderr);
+    }
+}
+
 /* The JSON document to --json's file, or to stdout. */
 static void write_json(const char *path, const cJSON *root)
 {
@@ -455,6 +507,9 @@ static void write_json(const char *path, const cJSON *root)
 
 int main(int argc, char **argv)
 {
+    if (pdx_tool_version(argc, argv, "pdx-bench")) {
+        return 0;
+    }
     bench_opts_t o;
     memset(&o, 0, sizeof(o));
     defaults(&o);
@@ -481,24 +536,66 @@ int main(int argc, char **argv)
     if (o.target_kind != NULL) {
         return run_target(&o);
     }
+    if (o.mode == NULL && o.quick) {
+        o.mode = "all";
+    }
     if (o.mode == NULL) {
         usage(stderr);
         return 2;
     }
-    if (o.json_path != NULL && strcmp(o.json_path, "-") == 0) {
-        out_txt = stderr;
+    if (strcmp(o.mode, "plot") == 0) {
+        return bench_plot(o.plot_in, o.out_dir != NULL ? o.out_dir : ".");
     }
+    FILE *final_txt = stdout;
+    if (o.json_path != NULL && strcmp(o.json_path, "-") == 0) {
+        final_txt = stderr;
+    }
+    out_txt = final_txt;
     pdx_log_set_level(PDX_LOG_WARN);
+    bench_log_install(o.quick, o.mode);
 
     cJSON *root = cJSON_CreateObject();
     jstr(root, "tool", "pdx-bench");
     jstr(root, "mode", o.mode);
     cJSON_AddBoolToObject(root, "quick", o.quick);
+    bench_load_t before, after;
+    bench_load_probe(&before);
+    /* --quick: the details are held and printed after the summary. */
+    if (o.quick) {
+        g_held = open_memstream(&g_details, &g_dlen);
+        if (g_held != NULL) {
+            out_txt = g_held;
+            atexit(flush_held); /* die() on the way: the details still */
+        }
+    }
     uint64_t t0 = pdx_now_ns();
     rc = run_modes(&o, root);
-    jnum(root, "wall_s", secs(pdx_now_ns() - t0));
-    say("# %s done in %.1f s%s\n", o.mode, secs(pdx_now_ns() - t0),
+    double wall = secs(pdx_now_ns() - t0);
+    say("# %s done in %.1f s%s\n", o.mode, wall,
         rc ? " (a check FAILED)" : "");
+    bench_load_probe(&after);
+    jnum(root, "wall_s", wall);
+    cJSON *jl = cJSON_AddObjectToObject(root, "load");
+    jnum(jl, "cpus", (double)before.ncpu);
+    jnum(jl, "load1_before", before.load1);
+    jnum(jl, "load1_after", after.load1);
+    jnum(jl, "probe_share_before", before.share);
+    jnum(jl, "probe_share_after", after.share);
+    cJSON_AddBoolToObject(jl, "too_loaded", before.loaded || after.loaded);
+    bench_summary_json(root);
+    if (g_held != NULL) {
+        fclose(g_held);
+        g_held = NULL;
+        out_txt = final_txt;
+        bench_summary(final_txt, o.mode, 1, &before, &after, wall);
+        fprintf(final_txt, "\ndetails\n\n");
+        fwrite(g_details, 1, g_dlen, final_txt);
+        free(g_details);
+    } else {
+        fprintf(final_txt, "\n");
+        bench_summary(final_txt, o.mode, o.quick, &before, &after, wall);
+    }
+    fflush(final_txt);
     if (o.json_path != NULL) {
         write_json(o.json_path, root);
     }

@@ -363,6 +363,9 @@ int mode_offload(const bench_opts_t *o, cJSON *root)
     for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
         int met = t[i].lower ? t[i].v <= t[i].goal : t[i].v >= t[i].goal;
         int full = o->index_blocks >= (1u << 20);
+        bench_target("offload", t[i].name, 1, t[i].v, t[i].goal, t[i].lower,
+                     (i >= 2 && !full) ? "fewer than 1M blocks: --quick"
+                                       : "");
         say("  %-62s %8.2f  %s%s\n", t[i].name, t[i].v, met ? "MET" : "NOT MET",
             (i >= 2 && !full) ? " (fewer than 1M blocks: --quick)" : "");
         cJSON *j = cJSON_CreateObject();

@@ -966,6 +966,8 @@ static void report_targets(const xrun_t *x, const cJSON *jbig, cJSON *jt)
     for (int i = 0; i < 4; i++) {
         cJSON *j = cJSON_CreateObject();
         jstr(j, "target", t[i].name);
+        bench_target("transfer", t[i].name, t[i].have, t[i].v, t[i].goal,
+                     t[i].lower_better, t[i].where);
         if (!t[i].have) {
             say("  %-62s n/a\n", t[i].name);
             jstr(j, "status", "n/a");
@@ -1006,7 +1008,7 @@ static void transfer_teardown(xctx_t *c)
         trc = reap_target(c->target_pid, 1);
     }
     pdx_agent_destroy(c->agent);
-    big_free(c->local, c->region);
+    bench_mem_free(c->local, c->region); /* pdx_mem_free: unshared */
     big_free(c->scratch, c->region);
     close(c->fd);
     if (trc != 0) {

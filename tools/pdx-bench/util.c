@@ -3,11 +3,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -513,4 +515,257 @@ void print_machine_header(cJSON *root)
     jstr(m, "kernel", u.release);
     jnum(m, "loadavg_1m", load[0]);
     jstr(m, "pdx_version", pdx_version());
+}
+
+/* ---- the summary: targets, load, warnings ------------------------------ */
+
+typedef struct bench_target_row {
+    char mode[16];
+    char name[96];
+    char where[48];
+    double v, goal;
+    int lower, have;
+} bench_target_row_t;
+
+#define BENCH_MAX_TARGETS 24
+static bench_target_row_t g_targets[BENCH_MAX_TARGETS];
+static int g_ntargets;
+
+void bench_target(const char *mode, const char *name, int have, double v,
+                  double goal, int lower, const char *where)
+{
+    if (g_ntargets == BENCH_MAX_TARGETS) {
+        return;
+    }
+    bench_target_row_t *t = &g_targets[g_ntargets++];
+    snprintf(t->mode, sizeof(t->mode), "%s", mode);
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    snprintf(t->where, sizeof(t->where), "%s", where ? where : "");
+    t->have = have;
+    t->v = v;
+    t->goal = goal;
+    t->lower = lower;
+}
+
+/* One thread's share of a core over `ms`: its CPU time over wall time. */
+static void *probe_thread(void *arg)
+{
+    double *share = arg;
+    struct rusage r0, r1;
+    getrusage(RUSAGE_THREAD, &r0);
+    uint64_t t0 = pdx_now_ns(), t1;
+    volatile uint64_t x = 0;
+    do {
+        for (int i = 0; i < 100000; i++) {
+            x += (uint64_t)i * 2654435761u;
+        }
+        t1 = pdx_now_ns();
+    } while (t1 - t0 < 150000000ull);
+    getrusage(RUSAGE_THREAD, &r1);
+    double cpu = (double)(r1.ru_utime.tv_sec - r0.ru_utime.tv_sec) +
+                 (double)(r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) +
+                 ((double)(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec) +
+                  (double)(r1.ru_stime.tv_usec - r0.ru_stime.tv_usec)) /
+                     1e6;
+    *share = cpu / secs(t1 - t0);
+    return NULL;
+}
+
+void bench_load_probe(bench_load_t *l)
+{
+    memset(l, 0, sizeof(*l));
+    l->ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f != NULL) {
+        if (fscanf(f, "%lf", &l->load1) != 1) {
+            l->load1 = 0;
+        }
+        fclose(f);
+    }
+    /* Two busy threads (what a run needs: initiator and target), 150 ms:
+     * how much of two cores this process gets now. */
+    pthread_t th[2];
+    double share[2] = {0, 0};
+    int n = l->ncpu >= 2 ? 2 : 1;
+    for (int i = 0; i < n; i++) {
+        if (pthread_create(&th[i], NULL, probe_thread, &share[i]) != 0) {
+            share[i] = 1;
+            n = i;
+            break;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        pthread_join(th[i], NULL);
+    }
+    l->share = n == 2 ? (share[0] + share[1]) / 2 : share[0];
+    /* Too loaded: the probe's threads got under 80% of their cores, or
+     * other work already keeps more than half the cores busy. */
+    l->loaded = l->share < 0.80 || l->load1 > 0.5 * (double)l->ncpu;
+}
+
+/* pdx's warnings, each once: the first of a kind (its text with numbers
+ * and addresses made '#') is kept, the rest counted. */
+#define BENCH_MAX_WARNINGS 16
+static char g_warn[BENCH_MAX_WARNINGS][320];
+static uint64_t g_warn_key[BENCH_MAX_WARNINGS];
+static int g_nwarn;
+static uint64_t g_warn_repeats;
+static int g_warn_hold;
+static const char *g_warn_mode = "";
+static pthread_mutex_t g_warn_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t warn_key(const char *msg)
+{
+    uint64_t h = 1469598103934665603ull;
+    int in_num = 0;
+    for (const char *p = msg; *p; p++) {
+        int digit = (*p >= '0' && *p <= '9') ||
+                    (in_num && ((*p >= 'a' && *p <= 'f') || *p == 'x'));
+        if (digit && in_num) {
+            continue;
+        }
+        in_num = digit;
+        h = (h ^ (unsigned char)(digit ? '#' : *p)) * 1099511628211ull;
+    }
+    return h;
+}
+
+/* Warnings a mode causes on purpose, and why: said as expected, so a
+ * reader of the summary does not take them for a fault of the machine. */
+static const struct {
+    const char *mode, *text, *why;
+} g_expected[] = {
+    {"latency", "the cma backend is not created",
+     "expected: latency measures UCX alone, against a raw UCP loop"},
+};
+
+static const char *expected_why(const char *msg)
+{
+    for (size_t i = 0; i < sizeof(g_expected) / sizeof(g_expected[0]); i++) {
+        if (strcmp(g_warn_mode, g_expected[i].mode) == 0 &&
+            strstr(msg, g_expected[i].text) != NULL) {
+            return g_expected[i].why;
+        }
+    }
+    return NULL;
+}
+
+static void bench_log(void *arg, pdx_log_level_t level, const char *msg)
+{
+    (void)arg;
+    if (level > PDX_LOG_WARN) {
+        fprintf(stderr, "pdx: %s\n", msg);
+        return;
+    }
+    uint64_t k = warn_key(msg);
+    pthread_mutex_lock(&g_warn_lock);
+    for (int i = 0; i < g_nwarn; i++) {
+        if (g_warn_key[i] == k) {
+            g_warn_repeats++;
+            pthread_mutex_unlock(&g_warn_lock);
+            return;
+        }
+    }
+    int hold = g_warn_hold;
+    const char *why = expected_why(msg);
+    if (g_nwarn < BENCH_MAX_WARNINGS) {
+        g_warn_key[g_nwarn] = k;
+        snprintf(g_warn[g_nwarn++], sizeof(g_warn[0]),
+                 "%s (%s, pid %d): %s%s%s%s",
+                 level == PDX_LOG_ERROR ? "error" : "warning", g_warn_mode,
+                 (int)getpid(), msg, why ? " [" : "", why ? why : "",
+                 why ? "]" : "");
+    }
+    pthread_mutex_unlock(&g_warn_lock);
+    if (!hold) {
+        fprintf(stderr, "pdx-bench: pdx %s: %s (said once)%s%s%s\n",
+                level == PDX_LOG_ERROR ? "error" : "warning", msg,
+                why ? " [" : "", why ? why : "", why ? "]" : "");
+    }
+}
+
+void bench_log_install(int hold, const char *mode)
+{
+    g_warn_hold = hold;
+    g_warn_mode = mode;
+    pdx_log_set_handler(bench_log, NULL);
+}
+
+static const char *verdict(const bench_target_row_t *t, int loaded)
+{
+    if (!t->have) {
+        return "n/a";
+    }
+    int met = t->lower ? t->v <= t->goal : t->v >= t->goal;
+    if (met) {
+        return "MET";
+    }
+    return loaded ? "NOT MET (machine loaded: not a finding)" : "NOT MET";
+}
+
+void bench_summary_json(cJSON *root)
+{
+    cJSON *a = cJSON_AddArrayToObject(root, "summary");
+    for (int i = 0; i < g_ntargets; i++) {
+        const bench_target_row_t *t = &g_targets[i];
+        cJSON *j = cJSON_CreateObject();
+        jstr(j, "mode", t->mode);
+        jstr(j, "name", t->name);
+        cJSON_AddBoolToObject(j, "have", t->have);
+        jnum(j, "value", t->v);
+        jnum(j, "goal", t->goal);
+        cJSON_AddBoolToObject(j, "lower_is_better", t->lower);
+        jstr(j, "where", t->where);
+        cJSON_AddItemToArray(a, j);
+    }
+}
+
+void bench_summary(FILE *f, const char *mode, int quick,
+                   const bench_load_t *before, const bench_load_t *after,
+                   double wall_s)
+{
+    int loaded = before->loaded || after->loaded;
+    double share = before->share < after->share ? before->share
+                                                 : after->share;
+    fprintf(f,
+            "pdx-bench %s%s: %.1f s; %ld cpus, 1-min load %.1f before, "
+            "%.1f after; two busy threads got %.0f%% of their cores "
+            "(worst probe)\n",
+            mode, quick ? " --quick" : "", wall_s, before->ncpu,
+            before->load1, after->load1, 100 * share);
+    if (loaded) {
+        fprintf(f,
+                "MACHINE TOO LOADED: other work took the cores pdx-bench "
+                "needs (probe under 80%%, or load over half the cpus), so "
+                "the figures below are noise, not pdx; rerun on an idle "
+                "machine before reading them\n");
+    } else {
+        fprintf(f, "machine quiet enough: the ratios below are this run's "
+                   "(pdx / what it is compared with, same run)%s\n",
+                quick ? "; --quick measures little of each: confirm a "
+                        "figure with the mode alone"
+                      : "");
+    }
+    fprintf(f, "\n%-9s %-62s %9s %9s  %s\n", "mode", "target", "value",
+            "goal", "verdict");
+    for (int i = 0; i < g_ntargets; i++) {
+        const bench_target_row_t *t = &g_targets[i];
+        char v[16] = "-", g[16];
+        if (t->have) {
+            snprintf(v, sizeof(v), "%.2f", t->v);
+        }
+        snprintf(g, sizeof(g), "%s%.2f", t->lower ? "<=" : ">=", t->goal);
+        fprintf(f, "%-9s %-62s %9s %9s  %s%s%s%s\n", t->mode, t->name, v, g,
+                verdict(t, loaded), t->where[0] ? " (" : "", t->where,
+                t->where[0] ? ")" : "");
+    }
+    pthread_mutex_lock(&g_warn_lock);
+    if (g_nwarn > 0) {
+        fprintf(f, "\npdx's warnings, each once (%llu repeats left out):\n",
+                (unsigned long long)g_warn_repeats);
+        for (int i = 0; i < g_nwarn; i++) {
+            fprintf(f, "  %s\n", g_warn[i]);
+        }
+    }
+    pthread_mutex_unlock(&g_warn_lock);
 }

@@ -12,6 +12,8 @@
 
 #include <pdx/kv_hash.h>
 
+#include "tool_version.h"
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: pdx-hash --algo xxhash_cbor|sha256_cbor --seed S "
@@ -21,7 +23,18 @@ static void usage(FILE *f) {
             "prints\n"
             "'none <hex>', 'block <i> <hex>' per full block and, with "
             "--tail,\n"
-            "'tail <hex>' when the partial tail has a key.\n");
+            "'tail <hex>' when the partial tail has a key.\n"
+            "  --algo A          xxhash_cbor (vLLM's default) or sha256_cbor\n"
+            "  --seed S          the seed vLLM's NONE_HASH comes from "
+            "(PYTHONHASHSEED)\n"
+            "  --block-size N    tokens per block\n"
+            "  --tail            also the partial tail block's key "
+            "(PegaFlow's)\n"
+            "  --lora NAME       extra key: the LoRA adapter's name\n"
+            "  --salt S          extra key: the request's cache salt\n"
+            "  --version         pdx-hash's and libpdx.so's versions\n"
+            "  -h, --help        this text\n"
+            "Exit 0 ok, 1 internal error, 2 bad usage or input.\n");
 }
 
 /* Reports bad usage or input; returns the exit status for it. */
@@ -79,6 +92,9 @@ static char *read_all(FILE *f, size_t *len_p) {
 }
 
 int main(int argc, char **argv) {
+    if (pdx_tool_version(argc, argv, "pdx-hash")) {
+        return 0;
+    }
     static const struct option opts[] = {
         {"algo", required_argument, NULL, 'a'},
         {"seed", required_argument, NULL, 's'},

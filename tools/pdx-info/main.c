@@ -1,11 +1,14 @@
-/* pdx-info: version and ABI, backends found (caps, or why unavailable),
- * the paths GPU memory can take (cuda_ipc on this host, UCX natively or
- * staged across hosts), with --blob FILE a metadata blob decoded or its defect named, and with
- * --stats [PID] the counters of running agents (each agent answers on an
- * abstract unix socket "pdx-stats.<pid>.<agent>" of its network namespace). */
+/* pdx-info: version and ABI, backends and store modules found (caps, or
+ * why unavailable), the paths GPU memory can take (cuda_ipc on this host,
+ * UCX natively or staged across hosts), the metrics endpoint, with --blob
+ * FILE a metadata blob decoded or its defect named, and with --stats [PID]
+ * the counters of running agents (each agent answers on an abstract unix
+ * socket "pdx-stats.<pid>.<agent>" of its network namespace). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stddef.h>
@@ -20,6 +23,9 @@
 
 #include <pdx/backend.h>
 #include <pdx/pdx.h>
+#include <pdx/store.h>
+
+#include "tool_version.h"
 
 static const char *known[] = {"ucx", "cuda_ipc", "cma"};
 
@@ -291,8 +297,129 @@ static int show_stats(int pid)
     return 0;
 }
 
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: pdx-info [--blob FILE | --stats [PID] | --version | "
+            "--help]\n"
+            "Without options: libpdx.so's version and ABI, the backends "
+            "(ucx, cma,\n"
+            "cuda_ipc: capabilities, or why one cannot run here) and store "
+            "modules\n"
+            "(etcd) found, the UCX transports in use, whether same-host "
+            "peers can\n"
+            "map pdx_mem_alloc memory, and whether agents can serve "
+            "metrics over HTTP.\n"
+            "  --blob FILE    decode a metadata blob (pdx_agent_describe's "
+            "bytes), or\n"
+            "                 name what is wrong with it (exit 1)\n"
+            "  --stats [PID]  counters, peers and paths of the running agents "
+            "(of that\n"
+            "                 process) in this network namespace (same uid "
+            "or root;\n"
+            "                 PDX_STATS_SOCKET=0 turns an agent's answer "
+            "off)\n"
+            "  --version      pdx-info's and libpdx.so's versions\n"
+            "  -h, --help     this text\n"
+            "Modules are found in PDX_PLUGIN_PATH (colon-separated), then in "
+            "<dir of\n"
+            "libpdx.so>/pdx/; PDX_LOG_LEVEL=error|warn|info|debug|trace.\n");
+}
+
+/* The directories libpdx.so loads modules from, in its order. */
+static int module_dirs(char dirs[][4096], int max)
+{
+    int n = 0;
+    const char *env = getenv("PDX_PLUGIN_PATH");
+    while (env != NULL && *env != '\0' && n < max - 1) {
+        const char *end = strchr(env, ':');
+        size_t len = end != NULL ? (size_t)(end - env) : strlen(env);
+        if (len > 0 && len < 4096) {
+            memcpy(dirs[n], env, len);
+            dirs[n++][len] = '\0';
+        }
+        env = end != NULL ? end + 1 : "";
+    }
+    Dl_info info;
+    if (dladdr((void *)&pdx_version, &info) != 0 && info.dli_fname != NULL) {
+        snprintf(dirs[n], 4096, "%s", info.dli_fname);
+        char *slash = strrchr(dirs[n], '/');
+        if (slash != NULL) {
+            snprintf(slash, 4096 - (size_t)(slash - dirs[n]), "/pdx");
+            n++;
+        }
+    }
+    return n;
+}
+
+/* Store modules (libpdx_store_<name>.so) where libpdx.so looks, each
+ * loaded and its table checked as the loader does. */
+static void store_lines(void)
+{
+    char dirs[8][4096];
+    int nd = module_dirs(dirs, 8);
+    char seen[16][64];
+    int nseen = 0;
+    printf("stores:\n");
+    for (int d = 0; d < nd; d++) {
+        DIR *dir = opendir(dirs[d]);
+        struct dirent *e;
+        while (dir != NULL && (e = readdir(dir)) != NULL) {
+            char name[64];
+            if (sscanf(e->d_name, "libpdx_store_%63[a-z0-9_].so", name) != 1 ||
+                strlen(e->d_name) != strlen(name) + strlen("libpdx_store_.so")) {
+                continue;
+            }
+            int dup = 0;
+            for (int i = 0; i < nseen; i++) {
+                dup |= strcmp(seen[i], name) == 0;
+            }
+            if (dup || nseen == 16) {
+                continue;
+            }
+            snprintf(seen[nseen++], sizeof(seen[0]), "%s", name);
+            char path[4200];
+            snprintf(path, sizeof(path), "%s/%s", dirs[d], e->d_name);
+            void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            const pdx_store_ops_t *ops =
+                h != NULL ? dlsym(h, PDX_STORE_SYMBOL) : NULL;
+            if (h == NULL) {
+                printf("  %s: unavailable: %s\n", name, dlerror());
+            } else if (ops == NULL ||
+                       ops->abi_version != PDX_STORE_ABI_VERSION) {
+                printf("  %s: unavailable: %s (store ABI %u expected)\n",
+                       name, ops == NULL ? "no " PDX_STORE_SYMBOL " table"
+                                         : "another store ABI",
+                       PDX_STORE_ABI_VERSION);
+            } else {
+                printf("  %s: available (%s; agents use it with a store "
+                       "section or PDX_AGENT_PARAM_STORE)\n",
+                       name, path);
+            }
+            if (h != NULL) {
+                dlclose(h);
+            }
+        }
+        if (dir != NULL) {
+            closedir(dir);
+        }
+    }
+    if (nseen == 0) {
+        printf("  none found (libpdx_store_<name>.so in PDX_PLUGIN_PATH or "
+               "<dir of libpdx.so>/pdx)\n");
+    }
+}
+
 int main(int argc, char **argv)
 {
+    if (pdx_tool_version(argc, argv, "pdx-info")) {
+        return 0;
+    }
+    if (argc == 2 &&
+        (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        usage(stdout);
+        return 0;
+    }
     if (argc == 3 && strcmp(argv[1], "--blob") == 0) {
         return show_blob(argv[2]);
     }
@@ -300,7 +427,7 @@ int main(int argc, char **argv)
         return show_stats(argc == 3 ? atoi(argv[2]) : 0);
     }
     if (argc != 1) {
-        fprintf(stderr, "usage: pdx-info [--blob FILE | --stats [PID]]\n");
+        usage(stderr);
         return 2;
     }
     printf("pdx %s, plugin ABI %u (table %u bytes), backend ABI %u\n",
@@ -323,6 +450,7 @@ int main(int argc, char **argv)
     /* The transports UCX picks with pdx's defaults. */
     pdx_log_set_level(PDX_LOG_ERROR);
     pdx_agent_h a;
+    const char *metrics = "unknown (no agent could be made)";
     if (pdx_agent_create("pdx-info", NULL, &a) == PDX_OK) {
         pdx_backend_h be;
         if (pdx_backend_create(a, "ucx", NULL, 0, &be) == PDX_OK) {
@@ -330,9 +458,22 @@ int main(int argc, char **argv)
             pdx_backend_describe(be, d, sizeof(d));
             printf("  in use: %s\n", d);
         }
+        pdx_status_t ms = pdx_metrics_start(a, NULL, NULL);
+        /* EXISTS: PDX_METRICS_LISTEN started it at create already. */
+        metrics = ms == PDX_OK || ms == PDX_ERR_EXISTS
+                      ? "agents serve Prometheus metrics over HTTP "
+                                 "on request (pdx_metrics_start, "
+                                 "PDX_METRICS_LISTEN=[ADDR:]PORT)"
+                  : ms == PDX_ERR_UNSUPPORTED
+                      ? "no HTTP endpoint (libpdx.so built without "
+                        "libmicrohttpd); pdx_metrics_text works"
+                      : "the HTTP endpoint could not listen on loopback "
+                        "here";
         pdx_agent_destroy(a);
     }
     vram_lines();
+    store_lines();
+    printf("metrics: %s\n", metrics);
     shm_line();
     return 0;
 }

@@ -47,6 +47,7 @@
 
 #include "pd_model.h"
 #include "pd_wire.h"
+#include "tool_version.h"
 #include "validate.h"
 
 /* ---- sessions ---- */
@@ -1040,6 +1041,9 @@ static void cleanup(void)
 
 int main(int argc, char **argv)
 {
+    if (pdx_tool_version(argc, argv, "pdx-validate")) {
+        return 0;
+    }
     opts_t o;
     int rc = parse_args(argc, argv, &o);
     if (rc >= 0) {

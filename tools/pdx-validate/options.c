@@ -72,7 +72,17 @@ static void usage(FILE *f)
         "clock;\n"
         "                      printed, so a run can be repeated)\n"
         "  --abort-rate P      fraction of sessions cancelled, 0..1 (soak "
-        "only)\n");
+        "only)\n"
+        "  --multi-node        two P and two D \"hosts\" (network and pid\n"
+        "                      namespaces, one private etcd; needs root and\n"
+        "                      etcd): sessions routed across hosts, each\n"
+        "                      peer's path and the D-to-P reuse across hosts\n"
+        "                      reported. Takes --sessions, --turns, --prompts,\n"
+        "                      --decode, --user-tokens, --shared-prefix,\n"
+        "                      --node, --p-config, --d-config\n"
+        "                      (pdx-validate --multi-node --help)\n"
+        "  --version           pdx-validate's and libpdx.so's versions\n"
+        "  -h, --help          this text\n");
 }
 
 /* --multi-node's one line of usage, on stdout for --help and a bad option

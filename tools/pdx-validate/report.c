@@ -48,6 +48,8 @@ void agg_add(agg_t *a, const turn_rec_t *r)
     if (r->p_ms_lookup > a->lookup_ms_max) {
         a->lookup_ms_max = r->p_ms_lookup;
     }
+    a->load_ms += pd_json_num(r->p_phases, "load", 0) +
+                  pd_json_num(r->d_phases, "load", 0);
 }
 
 static cJSON *agg_json(const agg_t *a)
@@ -67,6 +69,47 @@ static cJSON *agg_json(const agg_t *a)
     cJSON_AddNumberToObject(j, "ms_avg", a->n ? a->ms_sum / a->n : 0);
     cJSON_AddNumberToObject(j, "ms_max", a->ms_max);
     return j;
+}
+
+/* Which path moved the bytes (each node's agent: bytes and requests per
+ * backend, the transport to its peer) and how fast (bytes loaded over the
+ * time of the nodes' load phases). */
+static void print_paths_and_speed(const run_t *run)
+{
+    const agg_t *t = &run->tot;
+    if (t->load_ms > 0) {
+        printf("  speed: %.1f MiB loaded in %.1f ms of load phases (P and "
+               "D): %.2f GB/s\n",
+               (double)t->bytes / 1048576.0, t->load_ms,
+               (double)t->bytes / (t->load_ms * 1e6));
+    }
+    node_t *ns[2] = {&g_p, &g_d};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *as =
+            cJSON_GetObjectItemCaseSensitive(ns[i]->stats, "agent_stats");
+        const cJSON *b;
+        printf("  path %s %s:", ns[i]->tag, ns[i]->agent);
+        cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(as, "backends"))
+        {
+            printf(" %s %.1f MiB in %zu requests;",
+                   pd_json_str(b, "name") ? pd_json_str(b, "name") : "?",
+                   pd_json_num(b, "bytes", 0) / 1048576.0, jnum(b, "requests"));
+        }
+        const cJSON *p;
+        cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(as, "peers"))
+        {
+            const cJSON *paths = cJSON_GetObjectItemCaseSensitive(p, "paths");
+            const cJSON *pb;
+            printf(" to %s:", pd_json_str(p, "name") ? pd_json_str(p, "name")
+                                                     : "?");
+            cJSON_ArrayForEach(pb, paths)
+            {
+                const char *tr = pd_json_str(pb, "transport");
+                printf(" %s %s", pb->string, tr && *tr ? tr : "-");
+            }
+        }
+        printf("\n");
+    }
 }
 
 static void print_row(const char *label, const agg_t *a)
@@ -413,8 +456,14 @@ void report_text(run_t *run, bool pass, const cJSON *soak)
                jnum(of, "saves"), jnum(of, "dup_saves"), jnum(of, "hits"),
                jnum(of, "evictions"), jnum(of, "no_space"));
     }
-    printf("  P lookup latency at most %.0f ms (pending included: "
-           "wait_for_full_prefix)\n",
+    printf("  (handoffs freed: done = the peer loaded them and said so; "
+           "rejected = handed off and never\n"
+           "  read, freed at once: each session's last handoff, which no "
+           "later turn needs, or a\n"
+           "  cancelled one; expired = the lease ran out)\n");
+    print_paths_and_speed(run);
+    printf("  P lookup: longest pdx_kv_lookup %.2f ms (a lookup kept "
+           "pending by wait_for_full_prefix included)\n",
            run->tot.lookup_ms_max);
     printf("  wall %.1f s (node start and connect %.1f s)\n\n",
            run->wall_ms / 1e3, run->startup_ms / 1e3);

@@ -143,6 +143,7 @@ typedef struct agg {
     uint64_t prompt, from_d, local, recomputed, tail_hits, to_d, bytes,
         verified, diff, generated, p_tail_hits;
     double ms_sum, ms_max, lookup_ms_max;
+    double load_ms; /* time in the nodes' load phase, P and D */
 } agg_t;
 
 /* Loads aborted in flight: time from pdx_kv_load_abort to the final state

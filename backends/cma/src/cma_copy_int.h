@@ -3,7 +3,7 @@
  * that the unit test runs the very code the module runs.
  *
  * Why not memcpy alone (measured on this project's AMD EPYC (Zen 5) VM,
- * glibc 2.36, ERMS and FSRM; docs/BENCH.md, "cma: mutually misaligned
+ * glibc 2.36, ERMS and FSRM; docs/BENCH-LOG.md, "cma: mutually misaligned
  * buffers"): from 2112 B up to 512 KiB glibc copies with `rep movsb`, and
  * there `rep movsb` runs at 0.6-2.8 GB/s instead of 16-60 when the
  * destination is 1 to 31 bytes past the source modulo 64, and up to 4x

@@ -1,10 +1,20 @@
-"""'nixl_cu13' backed by pdx (the pdx 'nixl' distribution): the package
-pdx._nixl_shim.nixl under this name; its submodules (_api, _bindings,
-_utils, logging) load from that folder."""
+"""'nixl_cu13' (the name NIXL's CUDA 13 wheel installs; TensorRT-LLM tries
+it first) backed by pdx: the same API as 'nixl'; its _api, _bindings,
+_utils and logging modules are found in the 'nixl' folder beside it."""
 import os as _os
 
-import pdx.nixl as _pdx_nixl
-from pdx._nixl_shim.nixl import *  # noqa: F401,F403
-from pdx._nixl_shim.nixl import __all__  # noqa: F401
+from pdx.nixl import (  # noqa: F401
+    DEFAULT_COMM_PORT, nixl_agent, nixl_agent_config, nixl_backend_handle,
+    nixl_prepped_dlist_handle, nixl_thread_sync_t, nixl_xfer_handle,
+)
 
-__path__ = [_os.path.join(_pdx_nixl.SHIM_PATH, "nixl")]
+__all__ = [
+    "DEFAULT_COMM_PORT", "nixl_agent", "nixl_agent_config",
+    "nixl_backend_handle", "nixl_prepped_dlist_handle",
+    "nixl_thread_sync_t", "nixl_xfer_handle",
+]
+
+__path__ = [_os.path.join(_os.path.dirname(_os.path.dirname(
+    _os.path.abspath(__file__))), "nixl")]
+
+from . import _api, _bindings  # noqa: F401,E402

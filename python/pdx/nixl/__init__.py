@@ -4,11 +4,20 @@ with the calls vLLM's NixlConnector (and SGLang's, Dynamo's) makes on
 
 Use it in place of NIXL without changing the stack's code:
 
+* ``pip install ./python ./python/nixl_dist`` (one command, any venv, no
+  package index): the modules ``nixl``, ``nixl_cu12`` and ``nixl_cu13``
+  give this module as ``nixl._api`` and ``nixl._bindings``, and
+  ``importlib.metadata.version("nixl")`` answers; or
 * put ``pdx.nixl.SHIM_PATH`` (``<build>/python/pdx/_nixl_shim``, or the
-  same folder of an installed pdx) first on PYTHONPATH: its ``nixl``
-  package re-exports this module as ``nixl._api`` and ``nixl._bindings``;
-  or
+  same folder of an installed pdx: the same modules) first on
+  ``sys.path``/PYTHONPATH; or
 * call ``pdx.nixl.install()`` before the stack imports ``nixl``.
+
+numpy is optional (NIXL requires it): without it descriptors are tuples.
+``prep_xfer_dlist`` also takes NIXL 1.5's strided rows, an N x 5 array of
+(addr, len, devId, stride, count) with a mem type, indexed by flattened
+block. A failure raises its NIXL class with pdx's text, and pdx does not
+print it a second time (PDX_LOG_LEVEL=info does).
 
 Where pdx behaves differently from NIXL:
 
@@ -91,7 +100,10 @@ import struct  # noqa: F401
 import sys
 import threading  # noqa: F401
 
-import numpy as np  # noqa: F401
+try:
+    import numpy as np  # noqa: F401
+except ImportError:  # optional: pdx.nixl works without it (a plain venv)
+    pass
 
 from ._common import (  # noqa: F401
     BLK_SEG,

@@ -20,6 +20,7 @@ from ._common import (  # noqa: F401
     _env_flag,
     _log,
     _mem,
+    _op,
     _name,
     _notif_bytes,
     nixlBackendError,
@@ -37,6 +38,7 @@ from ._common import (  # noqa: F401
 from ._descs import (  # noqa: F401
     _MEMS,
     _is_buffer,
+    _is_strided,
     _non_contiguous,
     _nx3,
     _rows_array,
@@ -45,6 +47,7 @@ from ._descs import (  # noqa: F401
     nixl_remote_dlist,
     nixl_xfer_dlist,
     serialize_descs,
+    strided_dlist,
 )
 from ._binding import (  # noqa: F401
     _binding_ctor,
@@ -562,7 +565,15 @@ class nixl_agent(_MetadataExchange):
 
     def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None,
                         is_sorted=False, backends=()):
-        descs = self.get_xfer_descs(xfer_list, mem_type, is_sorted)
+        if _is_strided(xfer_list):
+            # NIXL 1.5: N x 5 rows (addr, len, devId, stride, count); the
+            # handle is indexed by flattened block index.
+            if mem_type is None:
+                raise ValueError("Please specify a mem type for strided "
+                                 "descriptors")
+            descs = strided_dlist(_mem(self.nixl_mems, mem_type), xfer_list)
+        else:
+            descs = self.get_xfer_descs(xfer_list, mem_type, is_sorted)
         if descs is None:
             raise nixlInvalidParamError(
                 "prep_xfer_dlist: no descriptor list for this input")
@@ -613,7 +624,7 @@ class nixl_agent(_MetadataExchange):
 
     def _make_prepped(self, operation, local_xfer_side, local_indices,
                       remote_xfer_side, remote_indices, notif_msg):
-        _mem(self.nixl_ops, operation)  # KeyError for others, as NIXL
+        _op(self.nixl_ops, operation)  # KeyError for others, as NIXL
         notif = _notif_bytes(notif_msg, "make_prepped_xfer") \
             if notif_msg else None
         if isinstance(remote_xfer_side, FileDlist) or \
@@ -639,7 +650,7 @@ class nixl_agent(_MetadataExchange):
 
     def _initialize(self, operation, local_descs, remote_descs,
                     remote_agent, notif_msg):
-        _mem(self.nixl_ops, operation)
+        _op(self.nixl_ops, operation)
         notif = _notif_bytes(notif_msg, "initialize_xfer") \
             if notif_msg else None
         local = self.get_xfer_descs(local_descs)
@@ -663,7 +674,7 @@ class nixl_agent(_MetadataExchange):
         return h
 
     def _file_xfer(self, operation, local, remote, remote_agent, notif):
-        op = _mem(self.nixl_ops, operation)
+        op = _op(self.nixl_ops, operation)
         x = make_file_xfer(self, op, local, remote, _name(remote_agent),
                            notif)
 

@@ -222,6 +222,15 @@ def _env_flag(name):
     return None
 
 
+def _op(ops, operation):
+    """NIXL's operation lookup: an unknown one is a KeyError, as in NIXL,
+    naming it as an operation."""
+    if operation not in ops:
+        raise KeyError("operation %r: one of %s" % (operation,
+                                                    ", ".join(ops)))
+    return ops[operation]
+
+
 def _mem(mems, mem_type):
     """NIXL's mem type lookup: an unknown name is a KeyError, as in NIXL."""
     if mem_type not in mems:

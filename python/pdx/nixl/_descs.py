@@ -1,10 +1,19 @@
 """pdx.nixl: descriptor lists (nixl_xfer_dlist, nixl_reg_dlist,
 nixl_remote_dlist), their checked byte format, and what a region argument
-can be (tensor, buffer, N x 3 array)."""
+can be (tensor, buffer, N x 3 array), and NIXL 1.5's strided rows.
 
+numpy is optional: without it (a plain venv) a list's rows are an
+array.array of 3N uint64 words and descriptors come as tuples; an N x 3 or
+N x 5 array argument means numpy is there, and is used as before."""
+
+import array
 import struct
+import sys
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:
+    np = None
 
 import pdx as _pdx
 from ._common import (  # noqa: F401
@@ -26,14 +35,16 @@ _SER_HDR = struct.Struct("<8sHBBQ")
 
 def _rows_array(rows):
     """An N x 3 C-contiguous uint64 array from tuples or an array of
-    integers: floats (which a cast would truncate: 1.9 became 1), negative
-    numbers and non-numbers are refused, naming the first bad row."""
-    if not isinstance(rows, np.ndarray):
+    integers (without numpy: an array.array of 3N words): floats (which a
+    cast would truncate: 1.9 became 1), negative numbers and non-numbers
+    are refused, naming the first bad row."""
+    ints = (int,) if np is None else (int, np.integer)
+    if np is None or not isinstance(rows, np.ndarray):
         rows = list(rows)
         for i, r in enumerate(rows):
             try:
                 ok = len(r) == 3 and all(
-                    isinstance(v, (int, np.integer)) and
+                    isinstance(v, ints) and
                     not isinstance(v, bool) and v >= 0 for v in r)
             except TypeError:
                 ok = False
@@ -48,6 +59,8 @@ def _rows_array(rows):
             "descriptors: an array of %s (addr, len, device) %s: integers "
             "expected" % (rows.dtype, "rows" if bad else
                           "rows with a negative value"))
+    if np is None:
+        return _rows_words(rows)
     a = np.ascontiguousarray(np.asarray(rows, dtype=np.uint64))
     if a.size == 0:
         return np.zeros((0, 3), np.uint64)
@@ -56,6 +69,66 @@ def _rows_array(rows):
             "descriptors: (addr, len, device) rows expected, got shape %r"
             % (a.shape,))
     return a
+
+
+def _rows_words(rows):
+    """Without numpy: rows (addr, len, device) as an array.array('Q')."""
+    out = array.array("Q")
+    for r in rows:
+        r = tuple(r)
+        if len(r) != 3:
+            raise _pdx.InvalidArgument(
+                "descriptors: (addr, len, device) rows expected, got %r"
+                % (r,))
+        try:
+            out.extend(int(v) for v in r)
+        except OverflowError:
+            raise _pdx.InvalidArgument(
+                "descriptors: fields must be in 0..2**64-1, got %r" % (r,))
+    return out
+
+
+def _rows_count(rows):
+    return int(rows.shape[0]) if np is not None else len(rows) // 3
+
+
+def _rows_get(rows, i):
+    if np is not None:
+        r = rows[i]
+        return (int(r[0]), int(r[1]), int(r[2]))
+    n = len(rows) // 3
+    i = int(i)
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise IndexError("descriptor index out of range")
+    return tuple(rows[3 * i:3 * i + 3])
+
+
+def _rows_empty():
+    return np.zeros((0, 3), np.uint64) if np is not None else \
+        array.array("Q")
+
+
+def _rows_le_bytes(rows):
+    """Rows as little-endian uint64 words (the serialized form)."""
+    if np is not None:
+        return np.asarray(rows, dtype="<u8").reshape(-1, 3).tobytes() \
+            if len(rows) else b""
+    a = rows if isinstance(rows, array.array) else _rows_words(rows)
+    if sys.byteorder != "little":
+        a = array.array("Q", a)
+        a.byteswap()
+    return a.tobytes()
+
+
+def _rows_from_le_bytes(data, n, off):
+    """n rows of little-endian words at data[off:] as tuples."""
+    a = array.array("Q")
+    a.frombytes(bytes(data[off:off + 24 * n]))
+    if sys.byteorder != "little":
+        a.byteswap()
+    return [tuple(a[3 * i:3 * i + 3]) for i in range(n)]
 
 
 class nixl_xfer_dlist:
@@ -75,36 +148,48 @@ class nixl_xfer_dlist:
     def desclist(self):
         """The pdx.DescList of these rows (made once)."""
         if self._dl is None:
-            self._dl = _pdx.DescList(self._rows, self.mem_type)
+            rows = self._rows if np is not None else list(self)
+            self._dl = _pdx.DescList(rows, self.mem_type)
         return self._dl
 
     def descCount(self):
-        return int(self._rows.shape[0])
+        return _rows_count(self._rows)
 
     def isEmpty(self):
-        return self._rows.shape[0] == 0
+        return _rows_count(self._rows) == 0
 
     def getType(self):
         """NIXL's segment constant (DRAM_SEG, VRAM_SEG)."""
         return _SEG_OF[self.mem_type]
 
     def addDesc(self, desc):
-        self._rows = np.vstack([self._rows, _rows_array([tuple(desc[:3])])])
+        if np is None:
+            self._rows.extend(_rows_words([tuple(desc[:3])]))
+        else:
+            self._rows = np.vstack([self._rows,
+                                    _rows_array([tuple(desc[:3])])])
         self._dl = None
 
     def remDesc(self, index):
-        self._rows = np.delete(self._rows, int(index), axis=0)
+        if np is None:
+            i = _rows_count(self._rows)
+            i = int(index) + i if int(index) < 0 else int(index)
+            _rows_get(self._rows, i)  # IndexError when out of range
+            del self._rows[3 * i:3 * i + 3]
+        else:
+            self._rows = np.delete(self._rows, int(index), axis=0)
         self._dl = None
 
     def clear(self):
-        self._rows = np.zeros((0, 3), np.uint64)
+        self._rows = _rows_empty()
         self._dl = None
 
     def print(self):
         print(repr(self), list(self))
 
     def __getstate__(self):
-        return {"mem_type": self.mem_type, "rows": self._rows}
+        return {"mem_type": self.mem_type,
+                "rows": self._rows if np is not None else list(self)}
 
     def __setstate__(self, st):
         self.mem_type = st["mem_type"]
@@ -112,20 +197,27 @@ class nixl_xfer_dlist:
         self._dl = None
 
     def __len__(self):
-        return int(self._rows.shape[0])
+        return _rows_count(self._rows)
 
     def __getitem__(self, i):
-        r = self._rows[i]
-        return (int(r[0]), int(r[1]), int(r[2]))
+        return _rows_get(self._rows, i)
 
     def __iter__(self):
+        if np is None:
+            r = self._rows
+            for i in range(0, len(r), 3):
+                yield (r[i], r[i + 1], r[i + 2])
+            return
         for r in self._rows:
             yield (int(r[0]), int(r[1]), int(r[2]))
 
     def __eq__(self, other):
-        return (isinstance(other, nixl_xfer_dlist) and
-                self.mem_type == other.mem_type and
-                np.array_equal(self._rows, other._rows))
+        if not (isinstance(other, nixl_xfer_dlist) and
+                self.mem_type == other.mem_type):
+            return False
+        if np is None:
+            return self._rows == other._rows
+        return np.array_equal(self._rows, other._rows)
 
     __hash__ = object.__hash__
 
@@ -239,13 +331,11 @@ def serialize_descs(descs):
     if isinstance(descs, _pdx.DescList):
         descs = nixl_xfer_dlist(descs.mem_type, [tuple(d) for d in descs])
     if isinstance(descs, nixl_xfer_dlist):
-        rows = descs._rows.astype("<u8", copy=False)
         return _SER_HDR.pack(_SER_MAGIC, _SER_VERSION, _SER_XFER,
                              _SER_MT[descs.mem_type], len(descs)) + \
-            rows.tobytes()
+            _rows_le_bytes(descs._rows)
     if isinstance(descs, nixl_reg_dlist):
-        rows = np.array([r[:3] for r in descs.regions] or
-                        np.zeros((0, 3)), dtype="<u8")
+        rows = _rows_le_bytes([tuple(r[:3]) for r in descs.regions])
         metas = []
         for r in descs.regions:
             m = r[3] if len(r) > 3 else ""
@@ -253,7 +343,7 @@ def serialize_descs(descs):
             metas.append(struct.pack("<I", len(m)) + m)
         return _SER_HDR.pack(_SER_MAGIC, _SER_VERSION, _SER_REG,
                              _SER_MT[descs.mem_type], len(descs)) + \
-            rows.tobytes() + b"".join(metas)
+            rows + b"".join(metas)
     raise TypeError("get_serialized_descs: a descriptor list from "
                     "get_xfer_descs or get_reg_descs, not %s"
                     % type(descs).__name__)
@@ -289,12 +379,16 @@ def deserialize_descs(data):
     if len(data) < end:
         raise bad("deserialize_descs: %d descriptors need %d bytes, got %d"
                   % (n, end, len(data)))
-    rows = np.frombuffer(data, "<u8", 3 * n, off).reshape(n, 3)
     if kind == _SER_XFER:
         if len(data) != end:
             raise bad("deserialize_descs: %d bytes after the descriptors"
                       % (len(data) - end))
-        return nixl_xfer_dlist(_SER_MT_NAME[mt], rows.astype(np.uint64))
+        if np is not None:
+            rows = np.frombuffer(data, "<u8", 3 * n, off).reshape(n, 3)
+            return nixl_xfer_dlist(_SER_MT_NAME[mt], rows.astype(np.uint64))
+        return nixl_xfer_dlist(_SER_MT_NAME[mt],
+                               _rows_from_le_bytes(data, n, off))
+    rows = _rows_from_le_bytes(data, n, off)
     regions = []
     off = end
     for i in range(n):
@@ -320,6 +414,85 @@ def deserialize_descs(data):
     return nixl_reg_dlist(_SER_MT_NAME[mt], regions)
 
 
+# -- NIXL 1.5's strided rows (prep_xfer_dlist) -------------------------------
+# A row (addr, len, devId, stride, count) is `count` blocks of `len` bytes
+# whose starts are `stride` bytes apart (stride == len: dense). NIXL keeps
+# the runs compressed; pdx lists the blocks (a prepared list merges
+# contiguous runs when a request is made), indexed as NIXL indexes its
+# handle: by flattened block index, run by run. At most _STRIDE_MAX_BLOCKS
+# blocks in one list.
+_STRIDE_MAX_BLOCKS = _SER_MAX_DESCS
+
+
+def _is_strided(o):
+    """An N x 5 array, or a non-empty list of 5-tuples."""
+    if np is not None and isinstance(o, np.ndarray):
+        return o.ndim == 2 and o.shape[1] == 5
+    return isinstance(o, (list, tuple)) and len(o) > 0 and \
+        all(isinstance(r, (tuple, list)) and len(r) == 5 for r in o)
+
+
+def _check_stride_run(i, a, n, d, st, c):
+    bad = _pdx.InvalidArgument
+    if c == 0 or n == 0 or st < n:
+        raise bad("prep_xfer_dlist: strided row %d (addr 0x%x, len %d, "
+                  "stride %d, count %d): count and len must be > 0 and "
+                  "stride >= len" % (i, a, n, st, c))
+    if a + (c - 1) * st + n > 1 << 64 or d >> 32:
+        raise bad("prep_xfer_dlist: strided row %d: its last block ends past "
+                  "2**64, or device %d above 2**32-1" % (i, d))
+
+
+def strided_dlist(mem_type, rows):
+    """The nixl_xfer_dlist of every block of strided rows (an N x 5 uint64
+    or int64 C-contiguous array, as NIXL 1.5 takes, or 5-tuples). Bad rows
+    raise nixlInvalidParamError naming the row; a wrong array ValueError,
+    as NIXL's binding."""
+    if np is not None and isinstance(rows, np.ndarray):
+        if rows.dtype not in (np.dtype(np.uint64), np.dtype(np.int64)):
+            raise ValueError("descs must be a Nx5 numpy array of uint64 or "
+                             "int64")
+        if not rows.flags.c_contiguous:
+            raise ValueError("descs must be a C-contiguous numpy array")
+        if rows.shape[0] == 0:
+            raise _pdx.InvalidArgument("prep_xfer_dlist: no strided rows")
+        r = rows.astype(np.uint64, copy=False)
+        if rows.dtype == np.int64 and (rows < 0).any():
+            raise _pdx.InvalidArgument("prep_xfer_dlist: strided rows with "
+                                       "negative fields")
+        total = 0
+        for i, row in enumerate(r.tolist()):
+            _check_stride_run(i, *row)
+            total += row[4]
+        if total > _STRIDE_MAX_BLOCKS:
+            raise _pdx.InvalidArgument(
+                "prep_xfer_dlist: strided rows describe %d blocks, at most "
+                "%d" % (total, _STRIDE_MAX_BLOCKS))
+        count = r[:, 4].astype(np.int64)  # each <= total: fits
+        run = np.repeat(np.arange(r.shape[0]), count)
+        first = np.repeat(np.cumsum(count) - count, count)
+        k = np.arange(total, dtype=np.uint64) - first.astype(np.uint64)
+        out = np.empty((total, 3), np.uint64)
+        out[:, 0] = r[run, 0] + k * r[run, 3]
+        out[:, 1] = r[run, 1]
+        out[:, 2] = r[run, 2]
+        return nixl_xfer_dlist(mem_type, out)
+    out, total = [], 0
+    for i, row in enumerate(rows):
+        a, n, d, st, c = (int(v) for v in row)
+        if min(a, n, d, st, c) < 0:
+            raise _pdx.InvalidArgument("prep_xfer_dlist: strided row %d "
+                                       "has a negative field" % i)
+        _check_stride_run(i, a, n, d, st, c)
+        total += c
+        if total > _STRIDE_MAX_BLOCKS:
+            raise _pdx.InvalidArgument(
+                "prep_xfer_dlist: strided rows describe more than %d "
+                "blocks" % _STRIDE_MAX_BLOCKS)
+        out.extend((a + k * st, n, d) for k in range(c))
+    return nixl_xfer_dlist(mem_type, out)
+
+
 def _is_tensorlike(o):
     return (hasattr(o, "data_ptr") and callable(o.data_ptr)) or \
         hasattr(o, "__cuda_array_interface__")
@@ -329,7 +502,7 @@ def _non_contiguous(o):
     f = getattr(o, "is_contiguous", None)
     if callable(f):
         return not f()
-    if isinstance(o, np.ndarray):
+    if np is not None and isinstance(o, np.ndarray):
         return not (o.flags.c_contiguous or o.flags.f_contiguous)
     return False
 
@@ -349,4 +522,5 @@ def _is_buffer(o):
 
 
 def _nx3(o):
-    return isinstance(o, np.ndarray) and o.ndim == 2 and o.shape[1] == 3
+    return np is not None and isinstance(o, np.ndarray) and o.ndim == 2 \
+        and o.shape[1] == 3

@@ -12,8 +12,6 @@ import struct
 import threading
 import time
 
-import numpy as np
-
 import pdx as _pdx
 from ._common import (  # noqa: F401
     DEFAULT_COMM_PORT,
@@ -29,6 +27,8 @@ from ._common import (  # noqa: F401
 )
 from . import _etcd
 from ._descs import (  # noqa: F401
+    _rows_from_le_bytes,
+    _rows_le_bytes,
     nixl_reg_dlist,
 )
 
@@ -509,7 +509,7 @@ class _MetadataExchange:
                 raise nixlInvalidParamError(
                     "partial metadata: %d regions (at most %d) do not fit "
                     "%d bytes" % (n, _PMD_MAX_ROWS, len(md)))
-            rows = np.frombuffer(md, "<u8", 3 * n, off).reshape(n, 3)
+            rows = _rows_from_le_bytes(md, n, off)
             md = md[off + 24 * n:]
         name, _ = _blob_ident(md)
         if expect is not None and name != expect:
@@ -623,9 +623,9 @@ class _MetadataExchange:
             regions = [r[:3] for r in descs.regions]
         else:
             regions = list(self.get_xfer_descs(descs, "DRAM") or [])
-        rows = np.array(regions or np.zeros((0, 3)), dtype="<u8")
         return _PMD_MAGIC + struct.pack("<I", len(regions)) + \
-            rows.tobytes() + self.get_agent_metadata()
+            _rows_le_bytes([tuple(r[:3]) for r in regions]) + \
+            self.get_agent_metadata()
 
     def send_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
         """To the listener at ip_addr:port (it loads it), or, without
