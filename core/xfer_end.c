@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend_int.h"
+#include "path_int.h"
 #include "xfer_int.h"
 
 /* The end of a post: record it once in the backend's and peer's counters. */
@@ -21,6 +22,15 @@ void pdx_xfer_end_locked(pdx_agent_h agent, struct pdx_xfer *x,
     x->counted = true;
     if (agent->params.flags & PDX_AGENT_F_TELEMETRY) {
         x->done_ns = pdx_now_ns();
+    }
+    if (x->cls >= 0) {
+        /* The cost class learns what this post cost. */
+        pdx_peer_t *p = pdx_xfer_peer(agent, x);
+        if (p != NULL && p->epoch == x->peer_epoch) {
+            pdx_path_end(p, x->cls, x->cls_key, x->bindex, x->cost_t0,
+                         x->cost_div, st == PDX_OK);
+        }
+        x->cost_t0 = 0;
     }
     pdx_stats_t *bs = x->bindex >= 0 ? &agent->backends[x->bindex]->stats
                                      : NULL;
