@@ -29,9 +29,9 @@ struct pdx_mem_reg;
  * PDX_PATH_SAMPLE_EVERY posts, the other probed by a run every
  * PDX_PATH_PROBE_EVERY posts; a switch needs the other 10% cheaper. */
 #define PDX_PATH_SAMPLES 8
-#define PDX_PATH_CAL_MIN 4
-#define PDX_PATH_RUN 8
-#define PDX_PATH_RUN_SKIP 2
+#define PDX_PATH_CAL_MIN 3
+#define PDX_PATH_RUN 4
+#define PDX_PATH_RUN_SKIP 1
 #define PDX_PATH_SAMPLE_EVERY 16
 #define PDX_PATH_PROBE_EVERY 1024
 #define PDX_PATH_CLASSES 64

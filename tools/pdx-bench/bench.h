@@ -54,8 +54,10 @@ typedef struct bench_opts {
     uint32_t ho_alias;  /* target: mappings per physical block */
     uint64_t ho_period; /* target: block b holds pattern b % period (0: per
                          * physical block) */
-    /* hash */
+    /* hash, nixl */
     const char *python;
+    /* nixl: a NIXL install prefix (NULL: pdx's shim stands in) */
+    const char *nixl;
     /* offload */
     uint64_t index_blocks;
     uint64_t pool_blocks;
@@ -159,6 +161,7 @@ int mode_hash(const bench_opts_t *o, cJSON *root);
 int mode_offload(const bench_opts_t *o, cJSON *root);
 int mode_idle(const bench_opts_t *o, cJSON *root);
 int mode_latency(const bench_opts_t *o, cJSON *root);
+int mode_nixl(const bench_opts_t *o, cJSON *root);
 
 /* Targets (the other process). */
 int target_transfer(const bench_opts_t *o);
