@@ -153,9 +153,10 @@ void pdx_path_class(pdx_peer_t *peer, pdx_xfer_op_t op, uint64_t bytes,
     }
     if (c->key == 0) {
         *c = (pdx_path_class_t){.key = key, .b = {(int8_t)lo, (int8_t)hi},
-                                .chosen = -1, .run_k = -1};
+                                .chosen = -1, .run_k = -1,
+                                .first = pick->b == hi};
     }
-    int k = c->chosen >= 0 ? c->chosen : c->n[0] > c->n[1];
+    int k = c->chosen >= 0 ? c->chosen : c->first;
     pick->b = c->b[k];
     pick->alt = c->b[1 - k];
     pick->cls = (int)(c - peer->cost->c);
@@ -172,6 +173,33 @@ static pdx_path_class_t *path_class_get(pdx_peer_t *peer, int cls,
     return &peer->cost->c[cls];
 }
 
+static uint32_t median(const uint32_t *v, unsigned n)
+{
+    uint32_t s[PDX_PATH_SAMPLES];
+    memcpy(s, v, n * sizeof(*s));
+    for (unsigned i = 1; i < n; i++) {
+        for (unsigned j = i; j > 0 && s[j - 1] > s[j]; j--) {
+            uint32_t t = s[j];
+            s[j] = s[j - 1];
+            s[j - 1] = t;
+        }
+    }
+    return n == 0 ? UINT32_MAX : s[n / 2];
+}
+
+/* Is a probe of the other backend due? Every PDX_PATH_PROBE_EVERY posts,
+ * stretched by how much dearer it measured (at most 1000x), so that its
+ * runs cost a fraction of a percent of the class's time. */
+static bool probe_due(const pdx_path_class_t *c)
+{
+    int k = c->chosen;
+    uint64_t mine = median(c->ns[k], c->n[k]);
+    uint64_t other = median(c->ns[1 - k], c->n[1 - k]);
+    uint64_t ratio = mine > 0 && other > mine ? other / mine : 1;
+    ratio = ratio > 1000 ? 1000 : ratio;
+    return c->posts - c->last_probe >= PDX_PATH_PROBE_EVERY * ratio;
+}
+
 int pdx_path_post(pdx_peer_t *peer, int cls, uint32_t key, uint64_t *t0_p,
                   uint32_t *div_p)
 {
@@ -182,12 +210,14 @@ int pdx_path_post(pdx_peer_t *peer, int cls, uint32_t key, uint64_t *t0_p,
     }
     uint64_t n = ++c->posts;
     if (c->run_left == 0) {
-        /* A new run: calibrating, on the one with fewer samples; decided,
-         * a probe of the other now and then. */
+        /* A new run: calibrating, the one with fewer samples (the fixed
+         * rules' choice first); decided, a probe of the other now and
+         * then. */
         if (c->chosen < 0) {
-            c->run_k = c->n[0] > c->n[1];
-        } else if (n % PDX_PATH_PROBE_EVERY == 0) {
+            c->run_k = c->n[0] == c->n[1] ? c->first : c->n[0] > c->n[1];
+        } else if (probe_due(c)) {
             c->run_k = (int8_t)(1 - c->chosen);
+            c->last_probe = n;
         } else {
             c->run_k = -1;
         }
@@ -216,18 +246,34 @@ int pdx_path_post(pdx_peer_t *peer, int cls, uint32_t key, uint64_t *t0_p,
     return c->b[k];
 }
 
-static uint32_t median(const uint32_t *v, unsigned n)
+/* A new sample of b[k]: decide (both measured), switch (the other 10%
+ * cheaper), or cut a run short that is plainly the dearer path (its
+ * sample over twice the other's median): a loser costs two posts. */
+static void path_decide(pdx_path_class_t *c, int k, uint32_t ns)
 {
-    uint32_t s[PDX_PATH_SAMPLES];
-    memcpy(s, v, n * sizeof(*s));
-    for (unsigned i = 1; i < n; i++) {
-        for (unsigned j = i; j > 0 && s[j - 1] > s[j]; j--) {
-            uint32_t t = s[j];
-            s[j] = s[j - 1];
-            s[j - 1] = t;
-        }
+    uint32_t other = median(c->ns[1 - k], c->n[1 - k]);
+    bool loser = c->n[1 - k] >= PDX_PATH_CAL_MIN && ns / 2 > other;
+    if (loser && c->run_k == k) {
+        c->run_left = 0;
     }
-    return n == 0 ? UINT32_MAX : s[n / 2];
+    if (c->chosen < 0) {
+        if (loser) {
+            c->chosen = (int8_t)(1 - k);
+        } else if (c->n[0] >= PDX_PATH_CAL_MIN &&
+                   c->n[1] >= PDX_PATH_CAL_MIN) {
+            c->chosen = median(c->ns[1], c->n[1]) <
+                        median(c->ns[0], c->n[0]);
+        }
+        return;
+    }
+    if (c->n[0] == 0 || c->n[1] == 0) {
+        return;
+    }
+    uint64_t m0 = median(c->ns[0], c->n[0]), m1 = median(c->ns[1], c->n[1]);
+    if (c->chosen == 0 ? m1 * 10 < m0 * 9 : m0 * 10 < m1 * 9) {
+        c->chosen = (int8_t)(1 - c->chosen); /* the other 10% cheaper */
+        c->switches++;
+    }
 }
 
 void pdx_path_end(pdx_peer_t *peer, int cls, uint32_t key, int b,
@@ -245,21 +291,13 @@ void pdx_path_end(pdx_peer_t *peer, int cls, uint32_t key, int b,
         return;
     }
     uint64_t ns = (pdx_now_ns() - t0) / (div ? div : 1);
-    c->ns[k][c->next[k]] = ns > UINT32_MAX ? UINT32_MAX : (uint32_t)ns;
+    uint32_t v = ns > UINT32_MAX ? UINT32_MAX : (uint32_t)ns;
+    c->ns[k][c->next[k]] = v;
     c->next[k] = (uint8_t)((c->next[k] + 1) % PDX_PATH_SAMPLES);
     if (c->n[k] < PDX_PATH_SAMPLES) {
         c->n[k]++;
     }
-    if (c->n[0] < PDX_PATH_CAL_MIN || c->n[1] < PDX_PATH_CAL_MIN) {
-        return;
-    }
-    uint64_t m0 = median(c->ns[0], c->n[0]), m1 = median(c->ns[1], c->n[1]);
-    if (c->chosen < 0) {
-        c->chosen = m1 < m0;
-    } else if ((c->chosen == 0 ? m1 * 10 < m0 * 9 : m0 * 10 < m1 * 9)) {
-        c->chosen = 1 - c->chosen; /* the other is 10% cheaper now */
-        c->switches++;
-    }
+    path_decide(c, k, v);
 }
 
 /* A backend's name in the cost report: cma's fallback says so. */
@@ -283,7 +321,7 @@ void pdx_path_cost_why(pdx_agent_h agent, const pdx_peer_t *peer, int cls,
     const char *sz = size_class_name[(key >> 2) & 7u];
     const char *many = (key & (1u << 5)) ? ", many descriptors" : "";
     if (c->chosen < 0) {
-        snprintf(buf, len, "calibrating: %s and %s alternate for %s %ss%s",
+        snprintf(buf, len, "calibrating: %s and %s take turns for %s %ss%s",
                  cost_name(agent, c->b[0]), cost_name(agent, c->b[1]), sz,
                  what, many);
         return;

@@ -24,10 +24,12 @@ struct pdx_mem_reg;
  * runs of consecutive posts, the first PDX_PATH_RUN_SKIP of a run not
  * counted: what a path costs depends on its state (a peer's progress
  * thread polling through a stream, or asleep), and a run measures it as
- * a stream of the class would use it. Calibration: one run on each, the
- * cheaper (lower median) then carries the class, sampled every
- * PDX_PATH_SAMPLE_EVERY posts, the other probed by a run every
- * PDX_PATH_PROBE_EVERY posts; a switch needs the other 10% cheaper. */
+ * a stream of the class would use it. Calibration: a run on the fixed
+ * rules' choice, then one on the other, cut short when its first sample
+ * is over twice the first's median; the cheaper (lower median) then
+ * carries the class, sampled every PDX_PATH_SAMPLE_EVERY posts, the other
+ * probed by a run every PDX_PATH_PROBE_EVERY posts times how much dearer
+ * it was (at most 1000x); a switch needs the other 10% cheaper. */
 #define PDX_PATH_SAMPLES 8
 #define PDX_PATH_CAL_MIN 3
 #define PDX_PATH_RUN 4
@@ -40,6 +42,7 @@ typedef struct pdx_path_class {
     uint32_t key;      /* 0: a free slot */
     int8_t b[2];       /* the two backends */
     int8_t chosen;     /* 0 or 1 (index into b), -1 while calibrating */
+    int8_t first;      /* the fixed rules' choice: calibrated first */
     int8_t run_k;      /* the run in progress: on b[run_k] */
     uint8_t run_left;  /* posts left in it (0: none) */
     uint8_t run_skip;  /* its first posts, not measured */
@@ -48,6 +51,7 @@ typedef struct pdx_path_class {
     uint32_t inflight[2];
     uint32_t ns[2][PDX_PATH_SAMPLES];
     uint64_t posts;
+    uint64_t last_probe; /* posts when the last probe began */
     uint32_t switches;
 } pdx_path_class_t;
 

@@ -32,8 +32,10 @@ release). Columns (host memory on both sides):
             (cma's memcpy into the peer's mapping)
 
 Rounds interleave every column for every row (turns of a few thousand
-cycles); medians of all samples are reported, and GB/s as bytes over the
-mean cycle. NIXL's agents live only during their own turns (its progress
+cycles, after untimed warm-up cycles: at least 12 in a column's first
+round, where first use happens: UCX endpoints, pdx's calibration of two
+competing paths); medians of all samples are reported, and GB/s as bytes
+over the mean cycle. NIXL's agents live only during their own turns (its progress
 thread spins a core, which would tax the other columns); pdx's stay.
 Every READ row's bytes are checked against the target's pattern."""
 import argparse
@@ -79,23 +81,25 @@ def nixl_env(prefix):
 
 
 def import_nixl(pyroot):
-    """The `nixl._api` module of the NIXL build (or pdx.nixl for the
-    shim): a folder with a `nixl` link to nixl_cu12 when needed."""
+    """The `_api` module of the NIXL build (or pdx.nixl for the shim),
+    imported under the package's own folder name (nixl_cu12): a `nixl`
+    module in this process would be taken by pdx.nixl for its own
+    bindings (pdx.nixl serves stacks that import `nixl`)."""
     if pyroot is None:
         import pdx.nixl as api
         return api
     root, name = pyroot
-    if name != "nixl":
+    if name == "nixl":
         link_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"),
                                 "pdx-nixl-side-%d" % os.getuid())
         os.makedirs(link_dir, exist_ok=True)
-        link = os.path.join(link_dir, "nixl")
+        link = os.path.join(link_dir, "nixl_real")
         if not os.path.islink(link):
             os.symlink(os.path.join(root, name), link)
-        root = link_dir
+        root, name = link_dir, "nixl_real"
     sys.path.insert(0, root)
-    import nixl._api as api
-    return api
+    import importlib
+    return importlib.import_module(name + "._api")
 
 
 def lib_of(cfg, nixl_api):
@@ -170,14 +174,25 @@ def target_main(conn, prefix, nixl_threads):
     conn.send(True)
 
 
+def ask(conn, proc, msg, timeout=120):
+    """Send `msg` to the target and return its answer (bounded: a dead
+    or silent target ends the run)."""
+    conn.send(msg)
+    end = time.monotonic() + timeout
+    while not conn.poll(0.5):
+        if not proc.is_alive() or time.monotonic() > end:
+            raise RuntimeError("the target process %s (answering %r)" % (
+                "died" if not proc.is_alive() else "did not answer", msg))
+    return conn.recv()
+
+
 class Side:
     """The initiator's agent, memory and prepared lists of one column."""
 
-    def __init__(self, cfg, api, conn, threads):
+    def __init__(self, cfg, api, conn, proc, threads):
         import numpy as np
         self.cfg = cfg
-        conn.send(("open", cfg))
-        meta, self.raddr = conn.recv()
+        meta, self.raddr = ask(conn, proc, ("open", cfg))
         self.keep, self.view, self.addr = alloc(cfg)
         self.w = make_agent(cfg, "side-d-%s-%d" % (cfg, time.monotonic_ns()),
                             lib_of(cfg, api), threads)
@@ -199,7 +214,7 @@ class Side:
                 self.peer, self.w.get_xfer_descs(rows_r, "DRAM"))
             self.lists[size] = (lh, rh)
 
-    def close(self, conn):
+    def close(self, conn, proc):
         for lh, rh in self.lists.values():
             self.w.release_dlist_handle(lh)
             self.w.release_dlist_handle(rh)
@@ -208,8 +223,7 @@ class Side:
         if hasattr(self.w, "close"):
             self.w.close()
         self.w = None
-        conn.send(("close", self.cfg))
-        conn.recv()
+        ask(conn, proc, ("close", self.cfg))
 
     def cycles(self, op, size, batch, iters):
         """`iters` cycles; per cycle (make, post, wait, checks, release,
@@ -383,11 +397,16 @@ def main():
             for cfg in configs:
                 side = sides.get(cfg)
                 if side is None:
-                    side = Side(cfg, api, conn,
+                    side = Side(cfg, api, conn, proc,
                                 cfg != "nixl" or args.nixl_threads == "on")
                 for op, size, batch in rows:
                     n = iters_for(size, batch, args.quick)
-                    side.cycles(op, size, batch, max(1, n // 20))  # warm
+                    # Warm-up, untimed: first use (UCX endpoints, NIXL's
+                    # and pdx's; pdx's calibration of competing paths, a
+                    # few posts) in the first round, then a few cycles.
+                    side.cycles(op, size, batch,
+                                max(12, n // 10) if rnd == 0 or
+                                cfg == "nixl" else max(1, n // 20))
                     got = side.cycles(op, size, batch, n)
                     samples.setdefault((op, size, batch), {}) \
                         .setdefault(cfg, []).extend(got)
@@ -397,14 +416,17 @@ def main():
                         paths.setdefault(row_name(op, size, batch), {})[
                             cfg] = side.path(op, size, batch)
                 if cfg == "nixl" or rnd == rounds - 1:
-                    side.close(conn)
+                    side.close(conn, proc)
                     sides.pop(cfg, None)
                 else:
                     sides[cfg] = side
     finally:
-        conn.send(("quit", None))
-        conn.poll(30) and conn.recv()
+        if proc.is_alive():
+            conn.send(("quit", None))
+            conn.poll(30) and conn.recv()
         proc.join(30)
+        if proc.is_alive():
+            proc.kill()
     res = {"nixl": args.nixl, "nixl_is_shim": pyroot is None,
            "rounds": rounds, "wall_s": round(time.monotonic() - t_start, 1),
            "rows": {}, "paths": paths}
