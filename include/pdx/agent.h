@@ -87,7 +87,11 @@ enum pdx_agent_params_field {
  * memory not moved by cuda_ipc. Requests to peers on other hosts are never
  * fallbacks. Fallbacks are counted (pdx_stats_peer, pdx_stats_backend),
  * reported per request (pdx_xfer_telemetry) and logged once per peer as a
- * warning with the reason. */
+ * warning with the reason. Host memory of a same-host peer that cma cannot
+ * map has two fallbacks, process_vm_readv/writev and UCX: each class of
+ * requests (op, size, one or many descriptors) takes the one that measured
+ * cheaper on this peer (a few posts of each at first use, then a probe now
+ * and then), unless a backend is pinned (path_backend below). */
 typedef enum pdx_path_policy {
     /* Fallbacks are allowed (the default). */
     PDX_PATH_POLICY_ANY = 0,

@@ -418,6 +418,11 @@ static void test_cost_choice(void **state)
         assert_string_equal(t.backend, slow_cma ? "ucx" : "cma");
         assert_true(t.fallback);
         assert_non_null(strstr(t.fallback_why, "not shared memory"));
+        /* The path report has it too (pdx-info --stats). */
+        char *js = NULL;
+        assert_int_equal(pdx_stats_json(d, &js), PDX_OK);
+        assert_non_null(strstr(js, "\"path_costs\": [{\"choice\": \"cost: "));
+        pdx_blob_free(js);
         /* The shared region keeps the fast path: no class, no cost. */
         if (!slow_cma) {
             assert_int_equal(read_once(d, dst, shared, 65536, &t), PDX_OK);
