@@ -173,18 +173,22 @@ static pdx_path_class_t *path_class_get(pdx_peer_t *peer, int cls,
     return &peer->cost->c[cls];
 }
 
-static uint32_t median(const uint32_t *v, unsigned n)
+/* What b[k] costs: the mean of its samples without the largest (one
+ * preemption of this thread is not the path's), so that a path with a
+ * low median but a long tail (a peer's progress thread woken late) costs
+ * what it costs a stream of requests. UINT32_MAX without samples. */
+static uint32_t path_cost(const pdx_path_class_t *c, int k)
 {
-    uint32_t s[PDX_PATH_SAMPLES];
-    memcpy(s, v, n * sizeof(*s));
-    for (unsigned i = 1; i < n; i++) {
-        for (unsigned j = i; j > 0 && s[j - 1] > s[j]; j--) {
-            uint32_t t = s[j];
-            s[j] = s[j - 1];
-            s[j - 1] = t;
-        }
+    unsigned n = c->n[k];
+    if (n == 0) {
+        return UINT32_MAX;
     }
-    return n == 0 ? UINT32_MAX : s[n / 2];
+    uint64_t sum = 0, max = 0;
+    for (unsigned i = 0; i < n; i++) {
+        sum += c->ns[k][i];
+        max = c->ns[k][i] > max ? c->ns[k][i] : max;
+    }
+    return n <= 2 ? (uint32_t)(sum / n) : (uint32_t)((sum - max) / (n - 1));
 }
 
 /* Is a probe of the other backend due? Every PDX_PATH_PROBE_EVERY posts,
@@ -193,8 +197,7 @@ static uint32_t median(const uint32_t *v, unsigned n)
 static bool probe_due(const pdx_path_class_t *c)
 {
     int k = c->chosen;
-    uint64_t mine = median(c->ns[k], c->n[k]);
-    uint64_t other = median(c->ns[1 - k], c->n[1 - k]);
+    uint64_t mine = path_cost(c, k), other = path_cost(c, 1 - k);
     uint64_t ratio = mine > 0 && other > mine ? other / mine : 1;
     ratio = ratio > 1000 ? 1000 : ratio;
     return c->posts - c->last_probe >= PDX_PATH_PROBE_EVERY * ratio;
@@ -246,13 +249,13 @@ int pdx_path_post(pdx_peer_t *peer, int cls, uint32_t key, uint64_t *t0_p,
     return c->b[k];
 }
 
-/* A new sample of b[k]: decide (both measured), switch (the other 10%
- * cheaper), or cut a run short that is plainly the dearer path (its
- * sample over twice the other's median): a loser costs two posts. */
+/* A new sample `ns` of b[k]: decide (both measured), switch (the other
+ * 10% cheaper), or cut a run short that is plainly the dearer path (a
+ * sample over four times the other's cost). */
 static void path_decide(pdx_path_class_t *c, int k, uint32_t ns)
 {
-    uint32_t other = median(c->ns[1 - k], c->n[1 - k]);
-    bool loser = c->n[1 - k] >= PDX_PATH_CAL_MIN && ns / 2 > other;
+    uint64_t other = path_cost(c, 1 - k);
+    bool loser = c->n[1 - k] >= PDX_PATH_CAL_MIN && ns / 4 > other;
     if (loser && c->run_k == k) {
         c->run_left = 0;
     }
@@ -261,15 +264,14 @@ static void path_decide(pdx_path_class_t *c, int k, uint32_t ns)
             c->chosen = (int8_t)(1 - k);
         } else if (c->n[0] >= PDX_PATH_CAL_MIN &&
                    c->n[1] >= PDX_PATH_CAL_MIN) {
-            c->chosen = median(c->ns[1], c->n[1]) <
-                        median(c->ns[0], c->n[0]);
+            c->chosen = path_cost(c, 1) < path_cost(c, 0);
         }
         return;
     }
     if (c->n[0] == 0 || c->n[1] == 0) {
         return;
     }
-    uint64_t m0 = median(c->ns[0], c->n[0]), m1 = median(c->ns[1], c->n[1]);
+    uint64_t m0 = path_cost(c, 0), m1 = path_cost(c, 1);
     if (c->chosen == 0 ? m1 * 10 < m0 * 9 : m0 * 10 < m1 * 9) {
         c->chosen = (int8_t)(1 - c->chosen); /* the other 10% cheaper */
         c->switches++;
@@ -328,10 +330,10 @@ void pdx_path_cost_why(pdx_agent_h agent, const pdx_peer_t *peer, int cls,
     }
     int k = c->chosen;
     snprintf(buf, len, "cost: %s %.1f us < %s %.1f us per %s %s%s "
-             "(medians of %u, %u)", cost_name(agent, c->b[k]),
-             median(c->ns[k], c->n[k]) / 1e3, cost_name(agent, c->b[1 - k]),
-             median(c->ns[1 - k], c->n[1 - k]) / 1e3, sz, what, many,
-             c->n[k], c->n[1 - k]);
+             "(%u, %u samples)", cost_name(agent, c->b[k]),
+             path_cost(c, k) / 1e3, cost_name(agent, c->b[1 - k]),
+             path_cost(c, 1 - k) / 1e3, sz, what, many, c->n[k],
+             c->n[1 - k]);
 }
 
 void pdx_path_cost_free(pdx_peer_t *p)

@@ -20,20 +20,21 @@ struct pdx_mem_reg;
 /* Cost classes: per peer, for each (op, size class, one or many
  * descriptors, the two competing backends) the last PDX_PATH_SAMPLES
  * measured costs of each backend (post to the end pdx saw, divided by the
- * requests of the class in flight on it then). A backend is measured in
- * runs of consecutive posts, the first PDX_PATH_RUN_SKIP of a run not
- * counted: what a path costs depends on its state (a peer's progress
- * thread polling through a stream, or asleep), and a run measures it as
- * a stream of the class would use it. Calibration: a run on the fixed
- * rules' choice, then one on the other, cut short when its first sample
- * is over twice the first's median; the cheaper (lower median) then
- * carries the class, sampled every PDX_PATH_SAMPLE_EVERY posts, the other
- * probed by a run every PDX_PATH_PROBE_EVERY posts times how much dearer
- * it was (at most 1000x); a switch needs the other 10% cheaper. */
+ * requests of the class in flight on it then); a backend's cost is their
+ * mean without the largest. A backend is measured in runs of consecutive
+ * posts, the first PDX_PATH_RUN_SKIP of a run not counted: what a path
+ * costs depends on its state (a peer's progress thread polling through a
+ * stream, or asleep), and a run measures it as a stream of the class
+ * would use it. Calibration: a run on the fixed rules' choice, then one
+ * on the other, cut short once a sample is over four times the first's
+ * cost; the cheaper then carries the class, sampled every
+ * PDX_PATH_SAMPLE_EVERY posts, the other probed by a run every
+ * PDX_PATH_PROBE_EVERY posts times how much dearer it was (at most
+ * 1000x); a switch needs the other 10% cheaper. */
 #define PDX_PATH_SAMPLES 8
 #define PDX_PATH_CAL_MIN 3
-#define PDX_PATH_RUN 4
-#define PDX_PATH_RUN_SKIP 1
+#define PDX_PATH_RUN 8
+#define PDX_PATH_RUN_SKIP 2
 #define PDX_PATH_SAMPLE_EVERY 16
 #define PDX_PATH_PROBE_EVERY 1024
 #define PDX_PATH_CLASSES 64
@@ -96,8 +97,8 @@ int pdx_path_post(pdx_peer_t *peer, int cls, uint32_t key, uint64_t *t0_p,
 void pdx_path_end(pdx_peer_t *peer, int cls, uint32_t key, int b,
                   uint64_t t0, uint32_t div, bool ok);
 /* The cost choice of class `cls` in words, for the path report ("cost:
- * cma (process_vm) 1.2 us < ucx 2.5 us per 8-16 KiB read, medians of 8
- * and 8"); "" when the class is gone. */
+ * cma (process_vm) 1.2 us < ucx 2.5 us per up to 16 KiB read (8, 6
+ * samples)"); "" when the class is gone. */
 void pdx_path_cost_why(pdx_agent_h agent, const pdx_peer_t *peer, int cls,
                        uint32_t key, char *buf, size_t len);
 /* Free a peer's cost classes (its destruction, a reconnection). */

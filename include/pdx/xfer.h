@@ -187,7 +187,7 @@ typedef struct pdx_xfer_telemetry {
     bool fallback;       /* see pdx_path_policy_t */
     /* Why the fast path was not taken, or ""; where two paths competed,
      * the measured costs first ("cost: cma (process_vm) 3.1 us < ucx
-     * 9.8 us per up to 16 KiB read (medians of 8, 3); ..."). */
+     * 9.8 us per up to 16 KiB read (8, 6 samples); ..."). */
     char fallback_why[160];
     pdx_status_t status; /* as pdx_xfer_check last reported */
     uint64_t descs;      /* descriptors the request was made from */
