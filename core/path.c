@@ -193,13 +193,17 @@ static uint32_t path_cost(const pdx_path_class_t *c, int k)
 
 /* Is a probe of the other backend due? Every PDX_PATH_PROBE_EVERY posts,
  * stretched by how much dearer it measured (at most 1000x), so that its
- * runs cost a fraction of a percent of the class's time. */
+ * runs cost a fraction of a percent of the class's time; at most
+ * PDX_PATH_PROBE_FEW x while it has fewer than PDX_PATH_CAL_MIN samples
+ * (a run cut short on one sample: one preemption of that post must not
+ * hide a path for a million posts). */
 static bool probe_due(const pdx_path_class_t *c)
 {
     int k = c->chosen;
     uint64_t mine = path_cost(c, k), other = path_cost(c, 1 - k);
     uint64_t ratio = mine > 0 && other > mine ? other / mine : 1;
-    ratio = ratio > 1000 ? 1000 : ratio;
+    uint64_t cap = c->n[1 - k] < PDX_PATH_CAL_MIN ? PDX_PATH_PROBE_FEW : 1000;
+    ratio = ratio > cap ? cap : ratio;
     return c->posts - c->last_probe >= PDX_PATH_PROBE_EVERY * ratio;
 }
 

@@ -30,13 +30,15 @@ struct pdx_mem_reg;
  * cost; the cheaper then carries the class, sampled every
  * PDX_PATH_SAMPLE_EVERY posts, the other probed by a run every
  * PDX_PATH_PROBE_EVERY posts times how much dearer it was (at most
- * 1000x); a switch needs the other 10% cheaper. */
+ * 1000x; at most PDX_PATH_PROBE_FEW x while it has fewer than
+ * PDX_PATH_CAL_MIN samples); a switch needs the other 10% cheaper. */
 #define PDX_PATH_SAMPLES 8
 #define PDX_PATH_CAL_MIN 3
 #define PDX_PATH_RUN 8
 #define PDX_PATH_RUN_SKIP 2
 #define PDX_PATH_SAMPLE_EVERY 16
 #define PDX_PATH_PROBE_EVERY 1024
+#define PDX_PATH_PROBE_FEW 16
 #define PDX_PATH_CLASSES 64
 
 typedef struct pdx_path_class {
