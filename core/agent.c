@@ -38,6 +38,20 @@ static int valid_agent_name(const char *name)
     return 1;
 }
 
+/* The pinned backend: the path_backend param, else $PDX_PATH_BACKEND. */
+static void agent_pin(pdx_agent_h a, const pdx_agent_params_t *params)
+{
+    const char *pin =
+        params != NULL && (params->field_mask & PDX_AGENT_PARAM_PATH_BACKEND)
+            ? params->path_backend
+            : getenv("PDX_PATH_BACKEND");
+    if (pin != NULL && pin[0] != '\0') {
+        snprintf(a->path_backend, sizeof(a->path_backend), "%s", pin);
+        pdx_info("agent %s: every request takes backend %s where it "
+                 "reaches (path_backend)", a->name, a->path_backend);
+    }
+}
+
 pdx_status_t pdxi_agent_create(const char *name,
                               const pdx_agent_params_t *params,
                               pdx_agent_h *agent_p)
@@ -75,6 +89,7 @@ pdx_status_t pdxi_agent_create(const char *name,
             a->params.path_policy = params->path_policy;
         }
     }
+    agent_pin(a, params);
     if (getrandom(&a->instance, sizeof(a->instance), 0) !=
         sizeof(a->instance)) {
         a->instance = pdx_now_ns() ^ ((uint64_t)getpid() << 32);

@@ -90,6 +90,9 @@ struct pdx_agent {
     pdx_deferred_t *defer_head, *defer_tail; /* owner of be_busy only */
     pthread_mutex_t delivery; /* serialises notification callbacks */
     pdx_agent_params_t params;
+    /* The backend every request takes where it reaches (path.c): the
+     * path_backend param, else $PDX_PATH_BACKEND; "" for the choice. */
+    char path_backend[16];
     pdx_ckey_t ckey; /* cluster key (sign.h); immutable after create */
     uint64_t instance;
     uint32_t generation;

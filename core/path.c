@@ -1,7 +1,10 @@
-/* Path choice: which backend carries a request (cuda_ipc, cma, UCX), and
- * the path report of a peer (each backend's transport, the regions that
- * take a backend's fallback, why a same-host peer misses the fast path). */
+/* Path choice: which backend carries a request (cuda_ipc, cma, UCX): by
+ * fixed rules where one path is the floor, by measured cost where two
+ * compete (cost classes, calibrated on the requests themselves); and the
+ * path report of a peer (each backend's transport, the regions that take
+ * a backend's fallback, why a same-host peer misses the fast path). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend_int.h"
@@ -34,18 +37,43 @@ static bool path_staged(pdx_agent_h agent, const pdx_peer_t *p, int b,
     return false;
 }
 
+/* The agent's pinned backend (path_backend), if it carries this pair. */
+static int path_pinned(pdx_agent_h agent, const pdx_peer_t *peer,
+                       pdx_xfer_op_t op, const struct pdx_mem_reg *lreg,
+                       const pdx_peer_region_t *rreg)
+{
+    for (uint32_t b = 0; b < agent->nbackends; b++) {
+        const pdx_backend_ops_t *ops = agent->backends[b]->ops;
+        if (strcmp(agent->backends[b]->name, agent->path_backend) == 0) {
+            return peer->bpeer[b] != NULL && lreg->md[b] != NULL &&
+                           rreg->rmd[b] != NULL && (ops->caps & op_cap(op))
+                       ? (int)b
+                       : -1;
+        }
+    }
+    return -1;
+}
+
 /* Pick the backend for a request: one that reaches the peer, holds both
  * regions and does the op. VRAM on either side: the same-host GPU path
  * (cuda_ipc) first, then one that carries GPU memory natively (UCX built
- * with CUDA), then one that stages it through host memory; host-only
- * transfers prefer a same-host host-memory backend (cma: one kernel copy),
- * then message-capable ones (UCX). */
-int pdx_path_choose(pdx_agent_h agent, pdx_peer_t *peer, pdx_xfer_op_t op,
-                    struct pdx_mem_reg *lreg, pdx_peer_region_t *rreg)
+ * with CUDA), then one that stages it through host memory. Host memory:
+ * a same-host host-memory backend (cma) where it maps the peer region
+ * (one memcpy by this thread: nothing is cheaper), else message-capable
+ * ones (UCX); a same-host peer's region cma cannot map is carried by
+ * process_vm_readv/writev or UCX, whichever costs less (pick->alt). */
+void pdx_path_choose(pdx_agent_h agent, pdx_peer_t *peer, pdx_xfer_op_t op,
+                     struct pdx_mem_reg *lreg, pdx_peer_region_t *rreg,
+                     pdx_path_pick_t *pick)
 {
+    *pick = (pdx_path_pick_t){.b = -1, .alt = -1, .cls = -1};
+    if (agent->path_backend[0] != '\0' &&
+        (pick->b = path_pinned(agent, peer, op, lreg, rreg)) >= 0) {
+        return;
+    }
     int vram = lreg->region.mem_type == PDX_MEM_VRAM ||
                rreg->region.mem_type == PDX_MEM_VRAM;
-    int best = -1, best_score = -1;
+    int best = -1, best_score = -1, pvm = -1, msg = -1;
     for (uint32_t b = 0; b < agent->nbackends; b++) {
         const pdx_backend_ops_t *ops = agent->backends[b]->ops;
         if (peer->bpeer[b] == NULL || lreg->md[b] == NULL ||
@@ -63,13 +91,259 @@ int pdx_path_choose(pdx_agent_h agent, pdx_peer_t *peer, pdx_xfer_op_t op,
                                                                     : 1;
         } else {
             score = same_host_dram ? 2 : !!(ops->caps & PDX_BACKEND_CAP_NOTIF);
+            if (same_host_dram && rreg->slow[b] && pvm < 0) {
+                pvm = (int)b;
+            } else if (!same_host && score == 1 && msg < 0) {
+                msg = (int)b;
+            }
         }
         if (score > best_score) {
             best = (int)b;
             best_score = score;
         }
     }
-    return best;
+    pick->b = best;
+    if (best == pvm && msg >= 0 && peer->same_host) {
+        pick->alt = msg;
+    }
+}
+
+/* ---- cost classes ---- */
+
+static const char *const size_class_name[] = {
+    "up to 16 KiB", "16-64 KiB", "64-256 KiB", "256 KiB-1 MiB",
+    "1-4 MiB", "4-16 MiB", "16 MiB and more"};
+
+static unsigned size_class(uint64_t bytes)
+{
+    unsigned c = 0;
+    for (uint64_t lim = 16384; c < 6 && bytes >= lim; lim <<= 2) {
+        c++;
+    }
+    return c;
+}
+
+void pdx_path_class(pdx_peer_t *peer, pdx_xfer_op_t op, uint64_t bytes,
+                    size_t ndescs, pdx_path_pick_t *pick)
+{
+    /* The class names its two backends in a fixed order (lower index
+     * first), whichever the pick had first. */
+    int lo = pick->b < pick->alt ? pick->b : pick->alt;
+    int hi = pick->b < pick->alt ? pick->alt : pick->b;
+    uint32_t key = 1u | (op == PDX_XFER_WRITE ? 2u : 0u) |
+                   (size_class(bytes) << 2) | (ndescs > 1 ? 1u << 5 : 0u) |
+                   ((uint32_t)lo << 6) | ((uint32_t)hi << 14);
+    if (peer->cost == NULL &&
+        (peer->cost = calloc(1, sizeof(*peer->cost))) == NULL) {
+        pick->alt = -1;
+        return;
+    }
+    uint32_t h = (key * 2654435761u) >> 26; /* 6 bits: PDX_PATH_CLASSES */
+    pdx_path_class_t *c = NULL;
+    for (uint32_t i = 0; i < PDX_PATH_CLASSES; i++) {
+        pdx_path_class_t *t = &peer->cost->c[(h + i) % PDX_PATH_CLASSES];
+        if (t->key == key || t->key == 0) {
+            c = t;
+            break;
+        }
+    }
+    if (c == NULL) {
+        pick->alt = -1; /* every slot taken: the fixed choice */
+        return;
+    }
+    if (c->key == 0) {
+        *c = (pdx_path_class_t){.key = key, .b = {(int8_t)lo, (int8_t)hi},
+                                .chosen = -1, .run_k = -1,
+                                .first = pick->b == hi};
+    }
+    int k = c->chosen >= 0 ? c->chosen : c->first;
+    pick->b = c->b[k];
+    pick->alt = c->b[1 - k];
+    pick->cls = (int)(c - peer->cost->c);
+    pick->key = key;
+}
+
+static pdx_path_class_t *path_class_get(pdx_peer_t *peer, int cls,
+                                        uint32_t key)
+{
+    if (peer->cost == NULL || cls < 0 || cls >= PDX_PATH_CLASSES ||
+        peer->cost->c[cls].key != key) {
+        return NULL;
+    }
+    return &peer->cost->c[cls];
+}
+
+/* What b[k] costs: the mean of its samples without the largest (one
+ * preemption of this thread is not the path's), so that a path with a
+ * low median but a long tail (a peer's progress thread woken late) costs
+ * what it costs a stream of requests. UINT32_MAX without samples. */
+static uint32_t path_cost(const pdx_path_class_t *c, int k)
+{
+    unsigned n = c->n[k];
+    if (n == 0) {
+        return UINT32_MAX;
+    }
+    uint64_t sum = 0, max = 0;
+    for (unsigned i = 0; i < n; i++) {
+        sum += c->ns[k][i];
+        max = c->ns[k][i] > max ? c->ns[k][i] : max;
+    }
+    return n <= 2 ? (uint32_t)(sum / n) : (uint32_t)((sum - max) / (n - 1));
+}
+
+/* Is a probe of the other backend due? Every PDX_PATH_PROBE_EVERY posts,
+ * stretched by how much dearer it measured (at most 1000x), so that its
+ * runs cost a fraction of a percent of the class's time; at most
+ * PDX_PATH_PROBE_FEW x while it has fewer than PDX_PATH_CAL_MIN samples
+ * (a run cut short on one sample: one preemption of that post must not
+ * hide a path for a million posts). */
+static bool probe_due(const pdx_path_class_t *c)
+{
+    int k = c->chosen;
+    uint64_t mine = path_cost(c, k), other = path_cost(c, 1 - k);
+    uint64_t ratio = mine > 0 && other > mine ? other / mine : 1;
+    uint64_t cap = c->n[1 - k] < PDX_PATH_CAL_MIN ? PDX_PATH_PROBE_FEW : 1000;
+    ratio = ratio > cap ? cap : ratio;
+    return c->posts - c->last_probe >= PDX_PATH_PROBE_EVERY * ratio;
+}
+
+int pdx_path_post(pdx_peer_t *peer, int cls, uint32_t key, uint64_t *t0_p,
+                  uint32_t *div_p)
+{
+    pdx_path_class_t *c = path_class_get(peer, cls, key);
+    *t0_p = 0;
+    if (c == NULL) {
+        return -1;
+    }
+    uint64_t n = ++c->posts;
+    if (c->run_left == 0) {
+        /* A new run: calibrating, the one with fewer samples (the fixed
+         * rules' choice first); decided, a probe of the other now and
+         * then. */
+        if (c->chosen < 0) {
+            c->run_k = c->n[0] == c->n[1] ? c->first : c->n[0] > c->n[1];
+        } else if (probe_due(c)) {
+            c->run_k = (int8_t)(1 - c->chosen);
+            c->last_probe = n;
+        } else {
+            c->run_k = -1;
+        }
+        if (c->run_k >= 0) {
+            c->run_left = PDX_PATH_RUN;
+            c->run_skip = PDX_PATH_RUN_SKIP;
+        }
+    }
+    int k;
+    bool measure;
+    if (c->run_left > 0) {
+        k = c->run_k;
+        c->run_left--;
+        measure = c->run_skip == 0;
+        if (c->run_skip > 0) {
+            c->run_skip--;
+        }
+    } else {
+        k = c->chosen;
+        measure = n % PDX_PATH_SAMPLE_EVERY == 0;
+    }
+    *div_p = ++c->inflight[k];
+    if (measure) {
+        *t0_p = pdx_now_ns();
+    }
+    return c->b[k];
+}
+
+/* A new sample `ns` of b[k]: decide (both measured), switch (the other
+ * 10% cheaper), or cut a run short that is plainly the dearer path (a
+ * sample over four times the other's cost). */
+static void path_decide(pdx_path_class_t *c, int k, uint32_t ns)
+{
+    uint64_t other = path_cost(c, 1 - k);
+    bool loser = c->n[1 - k] >= PDX_PATH_CAL_MIN && ns / 4 > other;
+    if (loser && c->run_k == k) {
+        c->run_left = 0;
+    }
+    if (c->chosen < 0) {
+        if (loser) {
+            c->chosen = (int8_t)(1 - k);
+        } else if (c->n[0] >= PDX_PATH_CAL_MIN &&
+                   c->n[1] >= PDX_PATH_CAL_MIN) {
+            c->chosen = path_cost(c, 1) < path_cost(c, 0);
+        }
+        return;
+    }
+    if (c->n[0] == 0 || c->n[1] == 0) {
+        return;
+    }
+    uint64_t m0 = path_cost(c, 0), m1 = path_cost(c, 1);
+    if (c->chosen == 0 ? m1 * 10 < m0 * 9 : m0 * 10 < m1 * 9) {
+        c->chosen = (int8_t)(1 - c->chosen); /* the other 10% cheaper */
+        c->switches++;
+    }
+}
+
+void pdx_path_end(pdx_peer_t *peer, int cls, uint32_t key, int b,
+                  uint64_t t0, uint32_t div, bool ok)
+{
+    pdx_path_class_t *c = path_class_get(peer, cls, key);
+    if (c == NULL || (b != c->b[0] && b != c->b[1])) {
+        return;
+    }
+    int k = b == c->b[1];
+    if (c->inflight[k] > 0) {
+        c->inflight[k]--;
+    }
+    if (t0 == 0 || !ok) {
+        return;
+    }
+    uint64_t ns = (pdx_now_ns() - t0) / (div ? div : 1);
+    uint32_t v = ns > UINT32_MAX ? UINT32_MAX : (uint32_t)ns;
+    c->ns[k][c->next[k]] = v;
+    c->next[k] = (uint8_t)((c->next[k] + 1) % PDX_PATH_SAMPLES);
+    if (c->n[k] < PDX_PATH_SAMPLES) {
+        c->n[k]++;
+    }
+    path_decide(c, k, v);
+}
+
+/* A backend's name in the cost report: cma's fallback says so. */
+static const char *cost_name(pdx_agent_h agent, int b)
+{
+    uint64_t caps = agent->backends[b]->ops->caps;
+    return (caps & PDX_BACKEND_CAP_SAME_HOST) && !(caps & PDX_BACKEND_CAP_VRAM)
+               ? "cma (process_vm)"
+               : agent->backends[b]->name;
+}
+
+void pdx_path_cost_why(pdx_agent_h agent, const pdx_peer_t *peer, int cls,
+                       uint32_t key, char *buf, size_t len)
+{
+    pdx_path_class_t *c = path_class_get((pdx_peer_t *)peer, cls, key);
+    if (c == NULL) {
+        buf[0] = '\0';
+        return;
+    }
+    const char *what = (key & 2u) ? "write" : "read";
+    const char *sz = size_class_name[(key >> 2) & 7u];
+    const char *many = (key & (1u << 5)) ? ", many descriptors" : "";
+    if (c->chosen < 0) {
+        snprintf(buf, len, "calibrating: %s and %s take turns for %s %ss%s",
+                 cost_name(agent, c->b[0]), cost_name(agent, c->b[1]), sz,
+                 what, many);
+        return;
+    }
+    int k = c->chosen;
+    snprintf(buf, len, "cost: %s %.1f us < %s %.1f us per %s %s%s "
+             "(%u, %u samples)", cost_name(agent, c->b[k]),
+             path_cost(c, k) / 1e3, cost_name(agent, c->b[1 - k]),
+             path_cost(c, 1 - k) / 1e3, sz, what, many, c->n[k],
+             c->n[1 - k]);
+}
+
+void pdx_path_cost_free(pdx_peer_t *p)
+{
+    free(p->cost);
+    p->cost = NULL;
 }
 
 int pdx_path_fallback(pdx_agent_h agent, const pdx_peer_t *p, int b,
@@ -152,6 +426,7 @@ void pdx_path_transport(pdx_agent_h agent, pdx_peer_t *p, uint32_t k)
 void pdx_path_peer(pdx_agent_h agent, pdx_peer_t *p, const pdx_blob_t *b)
 {
     int cma = -1, cipc = -1;
+    pdx_path_cost_free(p); /* new connections: measured afresh */
     for (uint32_t k = 0; k < agent->nbackends; k++) {
         struct pdx_backend *be = agent->backends[k];
         uint64_t caps = be->ops->caps;

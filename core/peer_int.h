@@ -8,6 +8,7 @@
 #include "agent_int.h"
 
 struct pdx_stats_entry;
+struct pdx_path_cost;
 
 typedef struct pdx_peer_region {
     pdx_region_t region;
@@ -50,6 +51,8 @@ typedef struct pdx_peer {
     char slow_why[PDX_MAX_BACKENDS][PDX_WHY_MAX];
     char dram_why[PDX_WHY_MAX];
     char vram_why[PDX_WHY_MAX];
+    /* Measured costs of competing paths (path.c), NULL until needed. */
+    struct pdx_path_cost *cost;
     void *bpeer[PDX_MAX_BACKENDS];
     /* hash of the blob's backend names and connection infos: a reload of
      * the same instance with the same hash keeps the connections */

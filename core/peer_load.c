@@ -50,6 +50,7 @@ void pdx_peer_destroy_locked(pdx_agent_h agent, pdx_peer_t *peer)
         *pp = peer->next;
     }
     free(peer->regions);
+    pdx_path_cost_free(peer);
     free(peer);
 }
 

@@ -31,6 +31,28 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* The peer's cost classes (path.c): which of two paths carries each, and
+ * what each measured. */
+static void json_costs(FILE *f, pdx_agent_h agent, const pdx_peer_t *p)
+{
+    fputs(", \"path_costs\": [", f);
+    bool first = true;
+    for (int i = 0; p->cost != NULL && i < PDX_PATH_CLASSES; i++) {
+        const pdx_path_class_t *c = &p->cost->c[i];
+        if (c->key == 0) {
+            continue;
+        }
+        char why[PDX_WHY_MAX];
+        pdx_path_cost_why(agent, p, i, c->key, why, sizeof(why));
+        fputs(first ? "{\"choice\": " : ", {\"choice\": ", f);
+        first = false;
+        json_str(f, why);
+        fprintf(f, ", \"posts\": %llu, \"switches\": %u}",
+                (unsigned long long)c->posts, c->switches);
+    }
+    fputc(']', f);
+}
+
 static void json_stats(FILE *f, const pdx_stats_t *s)
 {
     fprintf(f,
@@ -143,10 +165,12 @@ pdx_status_t pdxi_stats_json(pdx_agent_h agent, char **json_p)
     fprintf(f, ", \"pid\": %d, \"generation\": %u, \"host\": ", (int)getpid(),
             agent->generation);
     json_str(f, agent->host_id);
-    fprintf(f, ", \"path_policy\": \"%s\", \"backends\": [",
+    fprintf(f, ", \"path_policy\": \"%s\", \"path_backend\": ",
             agent->params.path_policy == PDX_PATH_POLICY_SAME_HOST_FAST
                 ? "same_host_fast"
                 : "any");
+    json_str(f, agent->path_backend);
+    fputs(", \"backends\": [", f);
     for (uint32_t b = 0; b < agent->nbackends; b++) {
         struct pdx_backend *be = agent->backends[b];
         char desc[256] = "";
@@ -198,6 +222,7 @@ pdx_status_t pdxi_stats_json(pdx_agent_h agent, char **json_p)
             json_str(f, p->dram_why);
             fputs(", \"vram_fallback_why\": ", f);
             json_str(f, p->vram_why);
+            json_costs(f, agent, p);
         }
         fputs(", ", f);
         json_stats(f, &e->s);

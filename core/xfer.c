@@ -60,6 +60,8 @@ static struct pdx_xfer *xfer_new(pdx_agent_h agent, pdx_xfer_op_t op,
     x->agent = agent;
     x->op = op;
     x->bindex = -1;
+    x->alt = -1;
+    x->cls = -1;
     x->status = PDX_OK;
     /* Not snprintf: it cost a third of a one-descriptor make. */
     size_t nl = strnlen(peer->name, sizeof(x->peer_name) - 1);
@@ -92,6 +94,25 @@ static struct pdx_xfer *xfer_new(pdx_agent_h agent, pdx_xfer_op_t op,
     return x;
 }
 
+/* Free an iov array of `x` unless it is one of its inline ones. */
+static void iov_free(struct pdx_xfer *x, pdx_backend_iov_t *v)
+{
+    if (v != x->iov_inline && v != x->iov_alt_inline) {
+        free(v);
+    }
+}
+
+/* The request keeps its backend: no cost class, no second iov. */
+static void xfer_drop_alt(struct pdx_xfer *x)
+{
+    if (x->iov_alt != NULL) {
+        iov_free(x, x->iov_alt);
+    }
+    x->iov_alt = NULL;
+    x->alt = -1;
+    x->cls = -1;
+}
+
 /* Agent's lock held (the request goes to the agent's cache, tagged dead). */
 static void xfer_free(struct pdx_xfer *x)
 {
@@ -104,9 +125,10 @@ static void xfer_free(struct pdx_xfer *x)
     if (x->regs != x->regs_inline) {
         free(x->regs);
     }
-    if (x->iov != x->iov_inline) {
-        free(x->iov);
+    if (x->iov != NULL) {
+        iov_free(x, x->iov);
     }
+    xfer_drop_alt(x);
     free(x->notif);
     x->regs = NULL;
     x->iov = NULL;
@@ -135,8 +157,15 @@ static void xfer_note_path(pdx_agent_h agent, struct pdx_xfer *x,
                            const pdx_peer_region_t *rreg)
 {
     const char *why = NULL;
-    x->paths |= rreg->slow[x->bindex] ? 2 : 1;
-    int slow = pdx_path_fallback(agent, p, x->bindex, lreg, rreg, &why);
+    /* With a cost class, the fallback as the same-host backend sees it
+     * (both of the class's paths are fallbacks, for the same reason). */
+    int b = x->bindex;
+    if (x->alt >= 0 && (agent->backends[x->alt]->ops->caps &
+                        PDX_BACKEND_CAP_SAME_HOST)) {
+        b = x->alt;
+    }
+    x->paths |= rreg->slow[b] ? 2 : 1;
+    int slow = pdx_path_fallback(agent, p, b, lreg, rreg, &why);
     if (slow != PDX_PATH_FAST && !(x->slow & (1u << slow))) {
         if (!x->fallback) {
             snprintf(x->why, sizeof(x->why), "%s%s",
@@ -203,10 +232,11 @@ static void xfer_unlink(pdx_agent_h agent, struct pdx_xfer *x)
 }
 
 /* Append one pair, merging with the last piece when both sides continue it
- * in the same regions. */
+ * in the same regions; the same piece with the other backend's keys to
+ * iov_alt (merged alike: keys are per region on every backend). */
 static inline void iov_append(struct pdx_xfer *x, uint64_t laddr,
                               uint64_t raddr, uint64_t len, void *lmd,
-                              void *rmd)
+                              void *rmd, void *almd, void *armd)
 {
     if (x->niov > 0) {
         pdx_backend_iov_t *last = &x->iov[x->niov - 1];
@@ -214,14 +244,95 @@ static inline void iov_append(struct pdx_xfer *x, uint64_t laddr,
             last->local_addr + last->len == laddr &&
             last->remote_addr + last->len == raddr) {
             last->len += len;
+            if (x->iov_alt != NULL) {
+                x->iov_alt[x->niov - 1].len += len;
+            }
             return;
         }
+    }
+    if (x->iov_alt != NULL) {
+        x->iov_alt[x->niov] = (pdx_backend_iov_t){.local_addr = laddr,
+                                                  .remote_addr = raddr,
+                                                  .len = len,
+                                                  .local_md = almd,
+                                                  .remote_md = armd};
     }
     x->iov[x->niov++] = (pdx_backend_iov_t){.local_addr = laddr,
                                             .remote_addr = raddr,
                                             .len = len,
                                             .local_md = lmd,
                                             .remote_md = rmd};
+}
+
+/* The backend of a new request, from its first pair: path.c's choice;
+ * with a cost class (two backends compete), the request's size (a pass
+ * over its `n` lengths, only then) picks the class and a second iov is
+ * kept for the other backend. */
+static pdx_status_t xfer_bind(pdx_agent_h agent, struct pdx_xfer *x,
+                              pdx_peer_t *p, struct pdx_mem_reg *lreg,
+                              pdx_peer_region_t *rreg, size_t n,
+                              uint64_t (*len_of)(const void *, size_t),
+                              const void *arg, const char *what)
+{
+    pdx_path_pick_t pk;
+    pdx_path_choose(agent, p, x->op, lreg, rreg, &pk);
+    if (pk.b < 0) {
+        pdx_error("agent %s: %s: no backend reaches peer %s for this "
+                  "memory", agent->name, what, p->name);
+        return PDX_ERR_UNSUPPORTED;
+    }
+    if (pk.alt >= 0) {
+        uint64_t total = 0;
+        for (size_t i = 0; i < n; i++) {
+            total += len_of(arg, i);
+        }
+        pdx_path_class(p, x->op, total, n, &pk);
+    }
+    x->bindex = pk.b;
+    if (pk.alt >= 0 && pk.cls >= 0) {
+        x->iov_alt = n <= PDX_XFER_INLINE_IOV
+                         ? x->iov_alt_inline
+                         : malloc(n * sizeof(*x->iov_alt));
+        if (x->iov_alt != NULL) {
+            x->alt = pk.alt;
+            x->cls = pk.cls;
+            x->cls_key = pk.key;
+        }
+    }
+    return PDX_OK;
+}
+
+static uint64_t desc_len(const void *arg, size_t i)
+{
+    return ((const pdx_desc_t *)arg)[i].len;
+}
+
+typedef struct make_lens {
+    const pdx_dlist_entry_t *le;
+    const uint32_t *idx;
+    size_t count;
+} make_lens_t;
+
+static uint64_t make_len(const void *arg, size_t i)
+{
+    const make_lens_t *m = arg;
+    return m->idx[i] < m->count ? m->le[m->idx[i]].len : 0;
+}
+
+/* The other backend's keys for a pair; where it lacks one, the request
+ * keeps its backend (no cost class). */
+static void alt_keys(struct pdx_xfer *x, struct pdx_mem_reg *lreg,
+                     pdx_peer_region_t *rreg, void **almd, void **armd)
+{
+    *almd = *armd = NULL;
+    if (x->alt < 0) {
+        return;
+    }
+    *almd = lreg->md[x->alt];
+    *armd = rreg->rmd[x->alt];
+    if (*almd == NULL || *armd == NULL) {
+        xfer_drop_alt(x);
+    }
 }
 
 static pdx_status_t check_notif(pdx_agent_h agent, const void *notif,
@@ -335,16 +446,14 @@ pdx_status_t pdxi_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
             st = PDX_ERR_INVALID;
             goto err;
         }
-        if (x->bindex < 0) {
-            x->bindex = pdx_path_choose(agent, p, op, lreg, rreg);
-            if (x->bindex < 0) {
-                pdx_error("agent %s: xfer create: no backend reaches peer %s "
-                          "for this memory", agent->name, peer);
-                st = PDX_ERR_UNSUPPORTED;
-                goto err;
-            }
+        if (x->bindex < 0 &&
+            (st = xfer_bind(agent, x, p, lreg, rreg, local->count, desc_len,
+                            local->descs, "xfer create")) != PDX_OK) {
+            goto err;
         }
         void *lmd = lreg->md[x->bindex], *rmd = rreg->rmd[x->bindex];
+        void *almd, *armd;
+        alt_keys(x, lreg, rreg, &almd, &armd);
         if (lmd == NULL || rmd == NULL) {
             pdx_error("agent %s: xfer create: descriptor %zu is not reachable "
                       "by backend %s like the rest", agent->name, i,
@@ -358,7 +467,7 @@ pdx_status_t pdxi_xfer_create(pdx_agent_h agent, pdx_xfer_op_t op,
             last_r = rreg;
         }
         x->bytes += l->len;
-        iov_append(x, l->addr, r->addr, l->len, lmd, rmd);
+        iov_append(x, l->addr, r->addr, l->len, lmd, rmd, almd, armd);
     }
     x->ndescs = local->count;
     if ((st = xfer_policy(agent, x, "xfer create")) != PDX_OK) {
@@ -453,6 +562,16 @@ pdx_status_t pdxi_xfer_telemetry(pdx_xfer_h x, pdx_xfer_telemetry_t *t)
     }
     t->fallback = x->fallback;
     snprintf(t->fallback_why, sizeof(t->fallback_why), "%s", x->why);
+    pdx_peer_t *cp = x->cls >= 0 ? pdx_peer_find(agent, x->peer_name) : NULL;
+    if (cp != NULL && cp->epoch == x->peer_epoch) {
+        /* Which of two paths, and why: the measured costs first. */
+        char cost[PDX_WHY_MAX];
+        pdx_path_cost_why(agent, cp, x->cls, x->cls_key, cost, sizeof(cost));
+        if (cost[0] != '\0') {
+            snprintf(t->fallback_why, sizeof(t->fallback_why), "%s; %s",
+                     cost, x->why);
+        }
+    }
     t->status = x->status;
     t->descs = x->ndescs;
     t->segments = x->niov;
@@ -508,8 +627,9 @@ pdx_status_t pdxi_xfer_make(pdx_agent_h agent, pdx_xfer_op_t op,
         goto out;
     }
     const pdx_dlist_entry_t *le = local->entries, *re = remote->entries;
+    make_lens_t lens = {le, local_idx, local->count};
     void *lreg_last = NULL, *rreg_last = NULL;
-    void *lmd = NULL, *rmd = NULL;
+    void *lmd = NULL, *rmd = NULL, *almd = NULL, *armd = NULL;
     for (size_t i = 0; i < n; i++) {
         uint32_t li = local_idx[i], ri = remote_idx[i];
         if (li >= local->count || ri >= remote->count ||
@@ -535,17 +655,14 @@ pdx_status_t pdxi_xfer_make(pdx_agent_h agent, pdx_xfer_op_t op,
                 st = PDX_ERR_INVALID;
                 goto err;
             }
-            if (x->bindex < 0) {
-                x->bindex = pdx_path_choose(agent, p, op, lr, rr);
-                if (x->bindex < 0) {
-                    pdx_error("agent %s: xfer make: no backend reaches peer "
-                              "%s for this memory", agent->name, p->name);
-                    st = PDX_ERR_UNSUPPORTED;
-                    goto err;
-                }
+            if (x->bindex < 0 &&
+                (st = xfer_bind(agent, x, p, lr, rr, n, make_len, &lens,
+                                "xfer make")) != PDX_OK) {
+                goto err;
             }
             lmd = lr->md[x->bindex];
             rmd = rr->rmd[x->bindex];
+            alt_keys(x, lr, rr, &almd, &armd);
             if (lmd == NULL || rmd == NULL) {
                 pdx_error("agent %s: xfer make: pair %zu is not reachable by "
                           "backend %s like the rest", agent->name, i,
@@ -558,7 +675,8 @@ pdx_status_t pdxi_xfer_make(pdx_agent_h agent, pdx_xfer_op_t op,
             rreg_last = rr;
         }
         x->bytes += le[li].len;
-        iov_append(x, le[li].addr, re[ri].addr, le[li].len, lmd, rmd);
+        iov_append(x, le[li].addr, re[ri].addr, le[li].len, lmd, rmd, almd,
+                   armd);
     }
     x->ndescs = n;
     if ((st = xfer_policy(agent, x, "xfer make")) != PDX_OK) {
@@ -572,6 +690,11 @@ pdx_status_t pdxi_xfer_make(pdx_agent_h agent, pdx_xfer_op_t op,
         void *shrunk = realloc(x->iov, x->niov * sizeof(*x->iov));
         if (shrunk != NULL) {
             x->iov = shrunk;
+        }
+        if (x->iov_alt != NULL && x->iov_alt != x->iov_alt_inline &&
+            (shrunk = realloc(x->iov_alt, x->niov * sizeof(*x->iov))) !=
+                NULL) {
+            x->iov_alt = shrunk;
         }
     }
     xfer_link(agent, x);
@@ -624,6 +747,21 @@ static pdx_status_t xfer_post_locked(pdx_agent_h agent, struct pdx_xfer *x)
         return st;
     }
 
+    if (x->cls >= 0) {
+        /* Two backends compete: this post takes the one the cost class
+         * says (calibrating: each in turn), measured now and then. */
+        int want = pdx_path_post(p, x->cls, x->cls_key, &x->cost_t0,
+                                 &x->cost_div);
+        if (want < 0) {
+            xfer_drop_alt(x);
+        } else if (want != x->bindex) {
+            pdx_backend_iov_t *v = x->iov;
+            x->iov = x->iov_alt;
+            x->iov_alt = v;
+            x->alt = x->bindex;
+            x->bindex = want;
+        }
+    }
     struct pdx_backend *b = agent->backends[x->bindex];
     int carries = !!(b->ops->caps & PDX_BACKEND_CAP_NOTIF);
     bool tele = (agent->params.flags & PDX_AGENT_F_TELEMETRY) != 0;

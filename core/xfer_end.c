@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend_int.h"
+#include "path_int.h"
 #include "xfer_int.h"
 
 /* The end of a post: record it once in the backend's and peer's counters. */
@@ -28,6 +29,15 @@ void pdx_xfer_end_locked(pdx_agent_h agent, struct pdx_xfer *x,
         pdx_hist_add(&be->metrics.done, x->done_ns - x->post_ns);
     } else if (be != NULL && st < 0 && st != PDX_ERR_CANCELED) {
         pdx_be_metrics_error(&be->metrics, st);
+    }
+    if (x->cls >= 0) {
+        /* The cost class learns what this post cost. */
+        pdx_peer_t *p = pdx_xfer_peer(agent, x);
+        if (p != NULL && p->epoch == x->peer_epoch) {
+            pdx_path_end(p, x->cls, x->cls_key, x->bindex, x->cost_t0,
+                         x->cost_div, st == PDX_OK);
+        }
+        x->cost_t0 = 0;
     }
     pdx_stats_t *bs = be != NULL ? &be->stats : NULL;
     pdx_stats_t *ps = x->pstats != NULL ? &x->pstats->s : NULL;

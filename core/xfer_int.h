@@ -55,11 +55,21 @@ struct pdx_xfer {
     uint64_t post_dur_ns;
     uint64_t bytes, ndescs, nposts;
     struct pdx_stats_entry *pstats;
+    /* A cost class (path.c): two backends compete for this request; each
+     * post takes the one the class says, swapping `iov` with `iov_alt`
+     * (the same pieces with the other backend's keys). */
+    int alt;            /* the other backend, or -1 */
+    int cls;            /* the class, or -1 */
+    uint32_t cls_key;
+    uint32_t cost_div;  /* requests of the class in flight at this post */
+    uint64_t cost_t0;   /* this post is measured from here (0: not) */
+    pdx_backend_iov_t *iov_alt;
     char why[PDX_WHY_MAX]; /* fallback reason */
     struct pdx_xfer *prev, *next; /* agent's list of live requests */
     /* Storage for small requests (no malloc per request): `iov` and
      * `regs` point here when they fit. */
     pdx_backend_iov_t iov_inline[PDX_XFER_INLINE_IOV];
+    pdx_backend_iov_t iov_alt_inline[PDX_XFER_INLINE_IOV];
     struct pdx_mem_reg *regs_inline[PDX_XFER_INLINE_REGS];
 };
 

@@ -74,6 +74,7 @@ enum pdx_agent_params_field {
     PDX_AGENT_PARAM_STORE = 1u << 4, /* the store_* fields */
     PDX_AGENT_PARAM_CLUSTER_KEY = 1u << 5, /* the cluster_key* fields */
     PDX_AGENT_PARAM_STORE_OPTS = 1u << 6,  /* store_opts, store_nopts */
+    PDX_AGENT_PARAM_PATH_BACKEND = 1u << 7, /* path_backend */
 };
 
 /* Which transfer paths an agent accepts (PDX_AGENT_PARAM_PATH_POLICY).
@@ -86,7 +87,11 @@ enum pdx_agent_params_field {
  * memory not moved by cuda_ipc. Requests to peers on other hosts are never
  * fallbacks. Fallbacks are counted (pdx_stats_peer, pdx_stats_backend),
  * reported per request (pdx_xfer_telemetry) and logged once per peer as a
- * warning with the reason. */
+ * warning with the reason. Host memory of a same-host peer that cma cannot
+ * map has two fallbacks, process_vm_readv/writev and UCX: each class of
+ * requests (op, size, one or many descriptors) takes the one that measured
+ * cheaper on this peer (a few posts of each at first use, then a probe now
+ * and then), unless a backend is pinned (path_backend below). */
 typedef enum pdx_path_policy {
     /* Fallbacks are allowed (the default). */
     PDX_PATH_POLICY_ANY = 0,
@@ -192,6 +197,13 @@ typedef struct pdx_agent_params {
      * read during pdx_agent_create (the module copies what it keeps). */
     const pdx_option_t *store_opts;
     size_t store_nopts;
+    /* Pin a backend (PDX_AGENT_PARAM_PATH_BACKEND): every request takes
+     * the backend of this name ("ucx", "cma", ...) where it reaches the
+     * peer and both regions and does the op, whatever it costs; others go
+     * by the usual choice. Without the bit, $PDX_PATH_BACKEND in the
+     * environment, if set. NULL or "": no pin. Copied at create. The path
+     * policy still applies: a pinned fallback it forbids is refused. */
+    const char *path_backend;
 } pdx_agent_params_t;
 
 /* Create an agent: its event fds, the stats socket, the progress thread

@@ -54,7 +54,8 @@ PDX_API pdx_status_t pdx_stats_peer(pdx_agent_h agent, const char *peer,
                                     pdx_stats_t *stats_p);
 
 /* Every counter of the agent, its peers (state, host, path of each
- * backend, last fallback reason) and backends as one JSON object, with a
+ * backend, last fallback reason, the measured costs behind each choice
+ * between two paths: "path_costs") and backends as one JSON object, with a
  * "store" member when the agent has a store (reachable or unreachable
  * since when, lease, published generation, agents known, owner registry
  * calls; pdx/store.h). What `pdx-info --stats` prints for a running agent.

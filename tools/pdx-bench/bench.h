@@ -54,8 +54,10 @@ typedef struct bench_opts {
     uint32_t ho_alias;  /* target: mappings per physical block */
     uint64_t ho_period; /* target: block b holds pattern b % period (0: per
                          * physical block) */
-    /* hash */
+    /* hash, nixl */
     const char *python;
+    /* nixl: a NIXL install prefix (NULL: pdx's shim stands in) */
+    const char *nixl;
     /* offload */
     uint64_t index_blocks;
     uint64_t pool_blocks;
@@ -196,6 +198,7 @@ int bench_cu_open(char *why, size_t len);
 uint64_t bench_vram_alloc(uint64_t len);
 /* pdx-bench plot RESULT.json: SVGs into `dir` (plot.c); exit code. */
 int bench_plot(const char *json_path, const char *dir);
+int mode_nixl(const bench_opts_t *o, cJSON *root);
 
 /* Targets (the other process). */
 int target_transfer(const bench_opts_t *o);

@@ -5,8 +5,11 @@
  * caller allocated (two copies through shm queues, the target's progress
  * thread doing one). Here the initiator's kernel copies straight between
  * the two address spaces; the target does nothing and may even be stopped.
- * Copies run on one worker thread per instance, so post never blocks; the
- * agent sends the request's notification (this backend carries none).
+ * A small request (`pvm_inline_max`, default 256 KiB) is copied inside
+ * post, many pieces per system call; a larger one is split into chunks
+ * whose two lanes one worker thread per instance and the thread in
+ * xfer_check share, so post never blocks for long. The agent sends the
+ * request's notification (this backend carries none).
  *
  * Shared memory (pdx_mem_alloc / pdx_mem_share): a region registered with
  * PDX_REGION_F_SHARED has its fd number, inode and file offset in its key.
@@ -42,20 +45,21 @@ pdx_status_t cma_create(const pdx_backend_host_t *host,
                         void **be_p)
 {
     uint64_t inline_max = CMA_INLINE_MAX_DEFAULT;
+    uint64_t pvm_inline_max = CMA_PVM_INLINE_MAX_DEFAULT;
     for (size_t i = 0; i < nopts; i++) {
         const char *k = opts[i].key ? opts[i].key : "(null)";
         const char *v = opts[i].value ? opts[i].value : "";
-        uint64_t x;
-        if (strcmp(k, "inline_max") == 0 &&
-            pdx_opt_uint(v, 0, UINT64_MAX, &x) == 0) {
-            inline_max = x;
+        uint64_t *dst = strcmp(k, "inline_max") == 0       ? &inline_max
+                        : strcmp(k, "pvm_inline_max") == 0 ? &pvm_inline_max
+                                                           : NULL;
+        if (dst != NULL && pdx_opt_uint(v, 0, UINT64_MAX, dst) == 0) {
             continue;
         }
-        if (strcmp(k, "inline_max") == 0) {
-            pdx_error("cma: option inline_max='%s' is not a byte count", v);
+        if (dst != NULL) {
+            pdx_error("cma: option %s='%s' is not a byte count", k, v);
         } else {
             pdx_error("cma: unknown option '%s' (this backend takes "
-                      "inline_max)", k);
+                      "inline_max and pvm_inline_max)", k);
         }
         return PDX_ERR_CONFIG;
     }
@@ -72,6 +76,7 @@ pdx_status_t cma_create(const pdx_backend_host_t *host,
              host->host_id ? host->host_id : "");
     be->inline_max = inline_max;
     be->rev_fd = -1;
+    be->pvm_inline_max = pvm_inline_max;
     pthread_mutex_init(&be->lock, NULL);
     pthread_cond_init(&be->cv, NULL);
     if (pthread_create(&be->worker, NULL, cma_worker_main, be) != 0) {

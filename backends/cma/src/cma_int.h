@@ -42,6 +42,9 @@
  * peers map read-only. */
 #define CMA_REV_SLOTS 65536u
 #define CMA_INLINE_MAX_DEFAULT (1u << 20)
+/* process_vm requests up to this many bytes are copied inside post. */
+#define CMA_PVM_INLINE_MAX_DEFAULT (256u << 10)
+#define CMA_PVM_BATCH 256 /* iovecs on the stack per system call */
 #define CMA_COPY_CHUNK (1u << 20) /* unit of work; abort seen between */
 
 typedef struct cma_chunk {
@@ -50,22 +53,27 @@ typedef struct cma_chunk {
 } cma_chunk_t;
 
 typedef struct cma_req {
-    struct cma_req *next;
+    struct cma_req *next; /* in the worker's queue */
     pid_t pid;
     pdx_xfer_op_t op;
     pdx_backend_iov_t *iov;
     size_t n, cap;
-    _Atomic int state; /* 0 queued/running, 1 done */
-    _Atomic int abort;
-    pdx_status_t status;
-    /* Every remote_md is mapped: memcpy, no system call, in chunks that
-     * the worker and xfer_check callers claim (the caller spinning on
-     * check copies instead of competing with the worker for the CPU). */
+    /* Every remote_md is mapped: memcpy, no system call; else every piece
+     * goes by process_vm_readv/writev (iovec batches). Either way in
+     * chunks of two lanes that the worker and xfer_check callers claim
+     * (the caller spinning on check copies instead of competing with the
+     * worker for the CPU). */
     bool mapped;
     cma_chunk_t *chunks;
     size_t nchunks;
     _Atomic size_t next_chunk[2], chunks_done; /* per lane; both lanes */
+    _Atomic int abort;
     _Atomic int canceled;
+    _Atomic int err; /* the first process_vm error (pdx_status_t), or 0 */
+    /* Under the instance's lock: in the worker's queue, being worked by
+     * the worker, released by the caller while the worker still had it
+     * (the worker frees it then). */
+    bool queued, in_worker, released;
 } cma_req_t;
 
 typedef struct cma_be {
@@ -80,6 +88,7 @@ typedef struct cma_be {
      * a plain counter, cheaper than a locked add on every small request. */
     uint64_t bytes_inline;
     uint64_t inline_max; /* mapped requests up to this are copied in post */
+    uint64_t pvm_inline_max; /* process_vm requests up to this, too */
     /* The largest iov array of a finished request, reused by the next post:
      * a fresh multi-MiB malloc page-faults on first touch, which cost more
      * than the copy for 100k-piece requests. Under `lock`. */
@@ -156,9 +165,12 @@ uint64_t cma_get_le(const uint8_t *p, unsigned n);
 pdx_status_t cma_errno_status(int e);
 pdx_status_t cma_copy_mapped(cma_be_t *be, const pdx_backend_iov_t *iov,
                              size_t n, pdx_xfer_op_t op, uint64_t total);
+pdx_status_t cma_copy_pvm(cma_be_t *be, pid_t pid, pdx_xfer_op_t op,
+                          const pdx_backend_iov_t *iov, size_t n);
 pdx_status_t cma_plan_chunks(cma_req_t *r);
-bool cma_help_mapped(cma_be_t *be, cma_req_t *r, int lane, size_t max);
-bool cma_mapped_done(cma_req_t *r);
+bool cma_help(cma_be_t *be, cma_req_t *r, int lane, size_t max);
+bool cma_req_done(cma_req_t *r);
+void cma_req_free(cma_be_t *be, cma_req_t *r);
 void *cma_worker_main(void *arg);
 pdx_status_t cma_query(char *why, size_t len);
 pdx_status_t cma_create(const pdx_backend_host_t *host,

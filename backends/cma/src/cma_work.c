@@ -1,6 +1,7 @@
-/* cma: the copy engine: process_vm_readv/writev in batches, memcpy into
- * and out of mapped shared regions in chunks of two lanes, and the worker
- * thread that runs posted requests. */
+/* cma: the copy engine: process_vm_readv/writev in iovec batches, memcpy
+ * into and out of mapped shared regions, small requests inline (in post),
+ * large ones in chunks of two lanes shared by the worker thread and the
+ * thread in xfer_check. */
 #include "cma_int.h"
 
 /* Keep the bigger of a finished request's array and the spare. Lock held. */
@@ -15,8 +16,6 @@ void cma_iov_recycle(cma_be_t *be, pdx_backend_iov_t *iov, size_t cap)
     }
 }
 
-/* One request: batches of up to CMA_IOV_BATCH pieces, partial copies
- * resumed, the abort flag checked between system calls. */
 /* Remote address of a piece in this process (mapped regions only). */
 static uint8_t *mapped_addr(const pdx_backend_iov_t *v)
 {
@@ -105,7 +104,89 @@ static void lane_range(uint64_t len, int lane, uint64_t *lo, uint64_t *hi)
     *hi = lane == 0 ? h : len;
 }
 
-/* Copy lane `lane`'s part of chunk `c`; returns the bytes copied. */
+/* One process_vm_readv/writev of k iovec pairs (equal lengths pairwise),
+ * partial copies resumed. The arrays are consumed. */
+static pdx_status_t pvm_batch(cma_be_t *be, pid_t pid, pdx_xfer_op_t op,
+                              struct iovec *lv, struct iovec *rv, size_t k)
+{
+    size_t first = 0;
+    while (first < k) {
+        size_t want = 0;
+        for (size_t j = first; j < k; j++) {
+            want += lv[j].iov_len;
+        }
+        ssize_t got = op == PDX_XFER_WRITE
+                          ? process_vm_writev(pid, lv + first, k - first,
+                                              rv + first, k - first, 0)
+                          : process_vm_readv(pid, lv + first, k - first,
+                                             rv + first, k - first, 0);
+        if (got < 0) {
+            int e = errno;
+            pdx_error("cma: %s of pid %d failed: %s",
+                      op == PDX_XFER_WRITE ? "process_vm_writev"
+                                           : "process_vm_readv",
+                      (int)pid, strerror(e));
+            return cma_errno_status(e);
+        }
+        if (got == 0 && want > 0) {
+            pdx_error("cma: pid %d: no progress copying %zu bytes", (int)pid,
+                      want);
+            return PDX_ERR_IO;
+        }
+        atomic_fetch_add_explicit(&be->bytes, (uint64_t)got,
+                                  memory_order_relaxed);
+        /* Advance over whole pairs, then into a partial one. */
+        uint64_t left = (uint64_t)got;
+        while (first < k && left >= lv[first].iov_len) {
+            left -= lv[first].iov_len;
+            first++;
+        }
+        if (first < k && left > 0) {
+            lv[first].iov_base = (uint8_t *)lv[first].iov_base + left;
+            rv[first].iov_base = (uint8_t *)rv[first].iov_base + left;
+            lv[first].iov_len -= left;
+            rv[first].iov_len -= left;
+        }
+    }
+    return PDX_OK;
+}
+
+/* Bytes [off, off + len) of piece `v` into the next iovec pair of lv/rv;
+ * a full batch is copied first. */
+static pdx_status_t pvm_add(cma_be_t *be, pid_t pid, pdx_xfer_op_t op,
+                            struct iovec *lv, struct iovec *rv, size_t *k,
+                            const pdx_backend_iov_t *v, uint64_t off,
+                            uint64_t len)
+{
+    pdx_status_t st = PDX_OK;
+    if (len == 0) {
+        return PDX_OK;
+    }
+    if (*k == CMA_PVM_BATCH) {
+        st = pvm_batch(be, pid, op, lv, rv, *k);
+        *k = 0;
+    }
+    lv[*k] = (struct iovec){(void *)(uintptr_t)(v->local_addr + off), len};
+    rv[*k] = (struct iovec){(void *)(uintptr_t)(v->remote_addr + off), len};
+    (*k)++;
+    return st;
+}
+
+/* A small request by process_vm_readv/writev, inline in post: every piece
+ * whole, CMA_PVM_BATCH pieces per system call. */
+pdx_status_t cma_copy_pvm(cma_be_t *be, pid_t pid, pdx_xfer_op_t op,
+                          const pdx_backend_iov_t *iov, size_t n)
+{
+    struct iovec lv[CMA_PVM_BATCH], rv[CMA_PVM_BATCH];
+    size_t k = 0;
+    pdx_status_t st = PDX_OK;
+    for (size_t i = 0; i < n && st == PDX_OK; i++) {
+        st = pvm_add(be, pid, op, lv, rv, &k, &iov[i], 0, iov[i].len);
+    }
+    return st == PDX_OK && k > 0 ? pvm_batch(be, pid, op, lv, rv, k) : st;
+}
+
+/* Copy lane `lane`'s part of chunk `c` by memcpy; returns the bytes. */
 static uint64_t copy_chunk_lane(const cma_req_t *r, const cma_chunk_t *c,
                                 int lane)
 {
@@ -123,13 +204,39 @@ static uint64_t copy_chunk_lane(const cma_req_t *r, const cma_chunk_t *c,
     return bytes;
 }
 
-/* Claim and copy up to `max` half-chunks of a mapped request. Every chunk
- * has two lanes (the first and second half of each of its pieces): the
- * caller in xfer_check works lane 0, the worker lane 1, and either takes
- * the other's when its own is done. Two threads then never write the same
+/* The same by process_vm_readv/writev: the lane's half of every piece of
+ * the chunk, CMA_PVM_BATCH halves per system call. */
+static pdx_status_t pvm_chunk_lane(cma_be_t *be, const cma_req_t *r,
+                                   const cma_chunk_t *c, int lane)
+{
+    struct iovec lv[CMA_PVM_BATCH], rv[CMA_PVM_BATCH];
+    size_t k = 0;
+    uint64_t lo, hi;
+    pdx_status_t st = PDX_OK;
+    if (c->len > 0) {
+        lane_range(c->len, lane, &lo, &hi);
+        st = pvm_add(be, r->pid, r->op, lv, rv, &k, &r->iov[c->piece],
+                     c->off + lo, hi - lo);
+    } else {
+        for (size_t j = c->piece; j < c->piece + c->npieces && st == PDX_OK;
+             j++) {
+            lane_range(r->iov[j].len, lane, &lo, &hi);
+            st = pvm_add(be, r->pid, r->op, lv, rv, &k, &r->iov[j], lo,
+                         hi - lo);
+        }
+    }
+    return st == PDX_OK && k > 0 ? pvm_batch(be, r->pid, r->op, lv, rv, k)
+                                 : st;
+}
+
+/* Claim and copy up to `max` half-chunks of a request. Every chunk has two
+ * lanes (the first and second half of each of its pieces): the caller in
+ * xfer_check works lane 0, the worker lane 1, and either takes the
+ * other's when its own is done. Two threads then never write the same
  * cache lines, even when every descriptor names one buffer. After an
- * abort, claimed parts are skipped. Returns true if anything was claimed. */
-bool cma_help_mapped(cma_be_t *be, cma_req_t *r, int lane, size_t max)
+ * abort or a process_vm error, claimed parts are skipped. Returns true if
+ * anything was claimed. */
+bool cma_help(cma_be_t *be, cma_req_t *r, int lane, size_t max)
 {
     bool any = false;
     for (size_t done = 0; done < max; done++) {
@@ -145,10 +252,18 @@ bool cma_help_mapped(cma_be_t *be, cma_req_t *r, int lane, size_t max)
         any = true;
         if (atomic_load_explicit(&r->abort, memory_order_relaxed)) {
             atomic_store(&r->canceled, 1);
-        } else {
+        } else if (atomic_load_explicit(&r->err, memory_order_relaxed)) {
+            /* skipped: the request has failed */
+        } else if (r->mapped) {
             atomic_fetch_add_explicit(&be->bytes_mapped,
                                       copy_chunk_lane(r, &r->chunks[i], l),
                                       memory_order_relaxed);
+        } else {
+            pdx_status_t st = pvm_chunk_lane(be, r, &r->chunks[i], l);
+            int zero = 0;
+            if (st != PDX_OK) {
+                atomic_compare_exchange_strong(&r->err, &zero, (int)st);
+            }
         }
         /* release: the copy is visible to whoever sees the count */
         atomic_fetch_add_explicit(&r->chunks_done, 1, memory_order_release);
@@ -156,69 +271,24 @@ bool cma_help_mapped(cma_be_t *be, cma_req_t *r, int lane, size_t max)
     return any;
 }
 
-bool cma_mapped_done(cma_req_t *r)
+bool cma_req_done(cma_req_t *r)
 {
     return atomic_load_explicit(&r->chunks_done, memory_order_acquire) ==
            2 * r->nchunks;
 }
 
-static pdx_status_t run_req(cma_be_t *be, cma_req_t *r)
+/* Free a request nobody works on any more. Lock held. */
+void cma_req_free(cma_be_t *be, cma_req_t *r)
 {
-    if (r->mapped) {
-        cma_help_mapped(be, r, 1, SIZE_MAX);
-        return PDX_OK; /* completion is counted per chunk */
-    }
-    struct iovec lv[CMA_IOV_BATCH], rv[CMA_IOV_BATCH];
-    size_t i = 0;
-    uint64_t done_in_piece = 0;
-    while (i < r->n) {
-        if (atomic_load(&r->abort)) {
-            return PDX_ERR_CANCELED;
-        }
-        size_t k = 0, want = 0;
-        for (size_t j = i; j < r->n && k < CMA_IOV_BATCH; j++, k++) {
-            uint64_t skip = j == i ? done_in_piece : 0;
-            lv[k].iov_base = (void *)(uintptr_t)(r->iov[j].local_addr + skip);
-            lv[k].iov_len = r->iov[j].len - skip;
-            rv[k].iov_base = (void *)(uintptr_t)(r->iov[j].remote_addr + skip);
-            rv[k].iov_len = r->iov[j].len - skip;
-            want += lv[k].iov_len;
-        }
-        ssize_t got = r->op == PDX_XFER_WRITE
-                          ? process_vm_writev(r->pid, lv, k, rv, k, 0)
-                          : process_vm_readv(r->pid, lv, k, rv, k, 0);
-        if (got < 0) {
-            int e = errno;
-            pdx_error("cma: %s of pid %d failed: %s",
-                      r->op == PDX_XFER_WRITE ? "process_vm_writev"
-                                              : "process_vm_readv",
-                      (int)r->pid, strerror(e));
-            return cma_errno_status(e);
-        }
-        if (got == 0 && want > 0) {
-            pdx_error("cma: pid %d: no progress copying %zu bytes", (int)r->pid,
-                      want);
-            return PDX_ERR_IO;
-        }
-        atomic_fetch_add(&be->bytes, (uint64_t)got);
-        /* Advance over whole pieces, then into a partial one. */
-        uint64_t left = (uint64_t)got;
-        while (i < r->n && left > 0) {
-            uint64_t rest = r->iov[i].len - done_in_piece;
-            if (left >= rest) {
-                left -= rest;
-                i++;
-                done_in_piece = 0;
-            } else {
-                done_in_piece += left;
-                left = 0;
-            }
-        }
-    }
-    /* Bytes of a region its owner gave up meanwhile: not OK. */
-    return cma_rev_ok(r->iov, r->n) ? PDX_OK : PDX_ERR_STALE;
+    cma_iov_recycle(be, r->iov, r->cap);
+    free(r->chunks);
+    free(r);
 }
 
+/* The worker: takes the oldest queued request off the queue and works
+ * lane 1 of it (then lane 0's leftovers) until every chunk is claimed.
+ * A request released meanwhile (every chunk claimed, nothing left to
+ * land) is freed here. */
 void *cma_worker_main(void *arg)
 {
     cma_be_t *be = arg;
@@ -231,16 +301,20 @@ void *cma_worker_main(void *arg)
             break;
         }
         cma_req_t *r = be->head;
-        pthread_mutex_unlock(&be->lock);
-        pdx_status_t st = run_req(be, r);
-        pthread_mutex_lock(&be->lock);
         be->head = r->next;
         if (be->head == NULL) {
             be->tail = NULL;
         }
-        r->status = st;
-        atomic_store(&r->state, 1);
-        pthread_cond_broadcast(&be->cv);
+        r->next = NULL;
+        r->queued = false;
+        r->in_worker = true;
+        pthread_mutex_unlock(&be->lock);
+        cma_help(be, r, 1, SIZE_MAX);
+        pthread_mutex_lock(&be->lock);
+        r->in_worker = false;
+        if (r->released) {
+            cma_req_free(be, r);
+        }
     }
     pthread_mutex_unlock(&be->lock);
     return NULL;

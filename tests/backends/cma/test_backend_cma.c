@@ -1,8 +1,10 @@
 /* cma backend, through its ops table, with this process as its own peer:
  * shared-memory regions are mapped and copied with memcpy (inline, or in
  * two-lane chunks by the worker and the checking thread), regions whose
- * key cannot be mapped fall back to process_vm_readv/writev, corrupt keys
- * are refused, and an abort of a chunked request ends it. Also cma_copy
+ * key cannot be mapped fall back to process_vm_readv/writev (inline in
+ * post with many pieces per call, or in the same chunks and lanes), a
+ * fault fails a request cleanly, corrupt keys are refused, and an abort
+ * of a chunked request ends it. Also cma_copy
  * (cma_copy.h) on its own: every variant byte-exact at every length up to
  * 300 and some large ones, every relative misalignment and destination
  * offset, nothing written outside the destination. */
@@ -54,9 +56,18 @@ static pdx_backend_host_t g_host = {.agent_name = "t",
                                     .notif_recv = host_notif,
                                     .peer_error = host_err};
 
+/* An instance; `inline_max` is inline_max's value, or "key=value" for
+ * another option (NULL: the defaults). */
 static void *make_be(const char *inline_max)
 {
     pdx_option_t opt = {"inline_max", inline_max};
+    char key[32];
+    const char *eq = inline_max ? strchr(inline_max, '=') : NULL;
+    if (eq != NULL) {
+        snprintf(key, sizeof(key), "%.*s", (int)(eq - inline_max),
+                 inline_max);
+        opt = (pdx_option_t){key, eq + 1};
+    }
     void *be = NULL;
     assert_int_equal(ops->create(&g_host, inline_max ? &opt : NULL,
                                  inline_max ? 1 : 0, &be),
@@ -298,6 +309,103 @@ static void test_private(void **state)
     mix_case(0, NULL, NULL, 11, 0);
 }
 
+/* process_vm requests: every one in post (no thread), or every one in
+ * chunks and lanes (worker and caller). */
+static void test_private_inline(void **state)
+{
+    (void)state;
+    mix_case(0, "pvm_inline_max=1073741824", NULL, 12, 0);
+}
+
+static void test_private_chunked(void **state)
+{
+    (void)state;
+    mix_case(0, "pvm_inline_max=0", NULL, 13, 0);
+}
+
+/* A small process_vm request is done when post returns: PDX_OK, no
+ * request to check or release, the bytes there; many pieces go in one
+ * call (a 300-piece request); a larger one is in flight after post, and
+ * the caller's checks copy part of it (lane 0) while the worker takes
+ * the rest. */
+static void test_private_post_inline(void **state)
+{
+    (void)state;
+    pair_t p;
+    assert_int_equal(pair_init(&p, 0, NULL, NULL), PDX_OK);
+    enum { N = 300 };
+    pdx_backend_iov_t iov[N];
+    for (int i = 0; i < N; i++) {
+        iov[i] = (pdx_backend_iov_t){
+            .local_addr = (uintptr_t)p.loc + (uint64_t)i * 1000,
+            .remote_addr = (uintptr_t)p.tgt + (uint64_t)i * 1000 + 1,
+            .len = 777, .local_md = p.lmd, .remote_md = p.rmd};
+    }
+    for (uint64_t o = 0; o < 2 * MB; o++) {
+        p.tgt[o] = pat(o, 5);
+    }
+    memset(p.loc, 0, 2 * MB);
+    void *req = NULL;
+    unsigned long long map, vm0, vm1;
+    moved(p.be, &map, &vm0);
+    assert_int_equal(ops->xfer_post(p.be, p.peer, PDX_XFER_READ, iov, N, NULL,
+                                    0, &req),
+                     PDX_OK);
+    assert_null(req);
+    moved(p.be, &map, &vm1);
+    assert_int_equal(vm1 - vm0, (unsigned long long)N * 777);
+    for (int i = 0; i < N; i++) {
+        for (int b = 0; b < 777; b++) {
+            if (p.loc[i * 1000 + b] != pat((uint64_t)i * 1000 + 1 + b, 5)) {
+                fail_msg("piece %d byte %d differs", i, b);
+            }
+        }
+        assert_int_equal(p.loc[i * 1000 + 777], 0);
+    }
+    /* 1 MiB + 1: over the 256 KiB default, so queued. */
+    pdx_backend_iov_t big = {.local_addr = (uintptr_t)p.loc,
+                             .remote_addr = (uintptr_t)p.tgt,
+                             .len = MB + 1,
+                             .local_md = p.lmd,
+                             .remote_md = p.rmd};
+    memset(p.loc, 0, 2 * MB);
+    assert_int_equal(ops->xfer_post(p.be, p.peer, PDX_XFER_READ, &big, 1,
+                                    NULL, 0, &req),
+                     PDX_INPROGRESS);
+    assert_int_equal(wait_req(&p, req, PDX_INPROGRESS), PDX_OK);
+    ops->xfer_release(p.be, req);
+    for (uint64_t o = 0; o < MB + 1; o++) {
+        if (p.loc[o] != pat(o, 5)) {
+            fail_msg("big READ: byte %llu differs", (unsigned long long)o);
+        }
+    }
+    assert_int_equal(p.loc[MB + 1], 0);
+    pair_fini(&p);
+}
+
+/* A process_vm request into a range the peer has not mapped fails with
+ * the errno's status, inline or chunked, and later requests still work. */
+static void test_private_fault(void **state)
+{
+    (void)state;
+    const char *opts[] = {NULL, "pvm_inline_max=0"};
+    for (int k = 0; k < 2; k++) {
+        pair_t p;
+        assert_int_equal(pair_init(&p, 0, opts[k], NULL), PDX_OK);
+        pdx_backend_iov_t iov[2] = {
+            {.local_addr = (uintptr_t)p.loc, .remote_addr = (uintptr_t)p.tgt,
+             .len = 4096, .local_md = p.lmd, .remote_md = p.rmd},
+            {.local_addr = (uintptr_t)p.loc + 8192, .remote_addr = 4096,
+             .len = 4096, .local_md = p.lmd, .remote_md = p.rmd}};
+        pdx_status_t st = run(&p, PDX_XFER_READ, iov, 2);
+        printf("  unmapped remote range (%s): %s\n",
+               k ? "chunked" : "inline", pdx_status_string(st));
+        assert_true(st < 0);
+        assert_int_equal(run(&p, PDX_XFER_READ, iov, 1), PDX_OK);
+        pair_fini(&p);
+    }
+}
+
 static void put64(uint8_t *p, uint64_t v)
 {
     for (int i = 0; i < 8; i++) {
@@ -361,11 +469,12 @@ static void test_corrupt_keys_refused(void **state)
 
 /* Abort a large chunked request right after post: it ends (canceled, or
  * done if it won the race) and release returns with nothing in flight. */
-static void test_abort_chunked(void **state)
+static void abort_chunked(int shared)
 {
-    (void)state;
     pair_t p;
-    assert_int_equal(pair_init(&p, 1, "0", NULL), PDX_OK);
+    assert_int_equal(pair_init(&p, shared, shared ? "0" : "pvm_inline_max=0",
+                               NULL),
+                     PDX_OK);
     pdx_backend_iov_t iov[20];
     for (int i = 0; i < 20; i++) {
         iov[i] = (pdx_backend_iov_t){.local_addr = (uintptr_t)p.loc + i * MB,
@@ -392,9 +501,17 @@ static void test_abort_chunked(void **state)
                                     0, &req),
                      PDX_INPROGRESS);
     ops->xfer_release(p.be, req);
-    printf("  %d of 20 aborted requests ended canceled\n", canceled);
+    printf("  %s: %d of 20 aborted requests ended canceled\n",
+           shared ? "memcpy" : "process_vm", canceled);
     assert_true(canceled > 0);
     pair_fini(&p);
+}
+
+static void test_abort_chunked(void **state)
+{
+    (void)state;
+    abort_chunked(1);
+    abort_chunked(0);
 }
 
 static void test_options(void **state)
@@ -402,7 +519,8 @@ static void test_options(void **state)
     (void)state;
     void *be = NULL;
     pdx_option_t bad[] = {{"inline_max", "-1"}, {"inline_max", "12x"},
-                      {"inline_max", ""}, {"speed", "1"}};
+                      {"inline_max", ""}, {"speed", "1"},
+                      {"pvm_inline_max", "x"}, {"pvm_inline_max", "-2"}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         assert_int_equal(ops->create(&g_host, &bad[i], 1, &be), PDX_ERR_CONFIG);
     }
@@ -550,6 +668,10 @@ int main(void)
         cmocka_unit_test(test_shared_chunked),
         cmocka_unit_test(test_shared_inline),
         cmocka_unit_test(test_private),
+        cmocka_unit_test(test_private_inline),
+        cmocka_unit_test(test_private_chunked),
+        cmocka_unit_test(test_private_post_inline),
+        cmocka_unit_test(test_private_fault),
         cmocka_unit_test(test_unmappable_keys_fall_back),
         cmocka_unit_test(test_corrupt_keys_refused),
         cmocka_unit_test(test_abort_chunked),
