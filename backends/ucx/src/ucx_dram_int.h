@@ -30,16 +30,19 @@
  * DSVC_MAX_BYTES, DSVC_CLIENT_BYTES of it to one requester (its answers
  * wait beyond: one that stopped reading holds no more), requesters'
  * endpoints up to DSVC_MAX_CLIENTS (the least recently used idle one
- * goes), each closed after DSVC_IDLE_NS unused; a same-host requester's
- * process is looked at every DSVC_PID_CHECK_NS while answers to it are
- * in flight. */
+ * goes); a same-host requester's process is looked at every
+ * DSVC_PID_CHECK_NS (in progress passes). An idle
+ * requester's endpoint is kept, not closed after a while: UCX pairs it
+ * with the requester's own endpoint to us (both made between the same two
+ * workers), so closing it reset the requester's connection to us (its
+ * keepalive found our side gone): a peer that reads us through cma and
+ * only now and then through ucx lost us every 10 s. */
 #define DSVC_MAX_CHUNK (16ull << 20)
 #define DSVC_MAX_ANSWERS 65536u
 #define DSVC_MAX_BYTES (128ull << 20)
 #define DSVC_CLIENT_BYTES (8ull << 20)
 #define DSVC_PID_CHECK_NS 100000000ull
 #define DSVC_MAX_CLIENTS 1024u
-#define DSVC_IDLE_NS 10000000000ull
 /* Bounce buffers of DRAM_CHUNK kept for the next answers. */
 #define DSVC_SPARE_MAX 16u
 

@@ -507,9 +507,11 @@ static int dsvc_send_queued(ucx_be_t *be)
     return n;
 }
 
-/* Requesters that failed, exited (same host: their pid), or idle for
- * DSVC_IDLE_NS are closed: a failed or exited one at once (what UCX still
- * holds for it ends), an idle one once nothing is in flight to it. */
+/* Requesters that failed or exited (same host: their pid, looked at
+ * whether or not answers are in flight) are closed at once (what UCX
+ * still holds for it ends); live idle ones are kept (see
+ * DSVC_MAX_CLIENTS); one on another host that went is found by UCX (its
+ * endpoint fails). */
 static int dsvc_reap_clients(ucx_be_t *be, uint64_t now)
 {
     struct ucx_dram_state *ds = be->dram;
@@ -518,14 +520,14 @@ static int dsvc_reap_clients(ucx_be_t *be, uint64_t now)
     while (l != &ds->clients) {
         ucx_link_t *next = l->next;
         ucx_dclient_t *c = UCX_CONTAINER(l, ucx_dclient_t, link);
-        if (!c->failed && c->users > 0 && c->pid > 0 && kill(c->pid, 0) != 0 &&
+        if (!c->failed && c->pid > 0 && kill(c->pid, 0) != 0 &&
             errno == ESRCH) {
             pdx_debug("ucx: a served requester (pid %d) exited with %u "
                       "answers in flight to it", (int)c->pid, c->users);
             c->failed = 1;
             be->lost++;
         }
-        if (c->failed || (c->users == 0 && now - c->used_ns > DSVC_IDLE_NS)) {
+        if (c->failed) {
             dclient_close(be, c);
             n++;
         }
