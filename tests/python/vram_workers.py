@@ -139,7 +139,11 @@ def agent_stats(kv, name, timeout=5.0):
             break
         data += chunk
     s.close()
-    return json.loads(data)
+    # "pdx-stats <bytes>\n", then the JSON (core/stats_sock.c).
+    head, _, body = data.partition(b"\n")
+    assert head.startswith(b"pdx-stats ") and \
+        int(head.split()[1]) == len(body), head
+    return json.loads(body)
 
 
 def _vram_arenas(cfg):

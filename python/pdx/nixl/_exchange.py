@@ -213,6 +213,8 @@ def _blob_ident(md):
         md = md[len(_PMD_MAGIC) + 4 + 24 * min(n, _LF_MAX):]
     try:
         text = _pdx.blob_describe(md)
+    except _pdx.Corrupt:
+        raise  # as loading it would: nixlInvalidParamError is for the rest
     except Exception as e:
         raise nixlInvalidParamError("metadata does not parse: %s" % e) \
             from None
