@@ -94,6 +94,8 @@ def test_handoff_reuse_offload(spawn):
     kv = rp["kv_transfer_params"]
     assert kv["do_remote_prefill"] and kv["pdx"]["tail"]["tokens"] == 48
     assert len(kv["pdx"]["hashes"]) == 18
+    # P's blocks are held for D: vLLM must keep stepping P to free them.
+    assert call(p, "pending") is True
     call(d, "submit", "r1", t1, 8, kv)
     rd = run(d, ["r1"])["r1"]
     # Byte-exact: every KV byte of the 1,199 loaded tokens is P's, and D
@@ -106,6 +108,7 @@ def test_handoff_reuse_offload(spawn):
     pi = call(p, "info")
     assert pi["held"] == 0 and pi["stats"]["freed_done"] == 1
     assert pi["free_blocks"] == 64
+    assert call(p, "pending") is False
 
     # D-to-P reuse: the next turn's prefill reads the conversation from
     # D's pool (its handoff came back with D's answer).

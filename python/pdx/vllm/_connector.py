@@ -170,7 +170,9 @@ class PdxConnector(*_Bases):
         return None
 
     def has_pending_push_work(self):
-        return False
+        # True while a finished request's blocks wait for get_finished (a
+        # handoff held for D, a push, a save): vLLM keeps stepping.
+        return self._sched is not None and self._sched.has_pending_work()
 
     def set_xfer_handshake_metadata(self, metadata):
         self._handshake = dict(metadata or {})
