@@ -73,8 +73,9 @@ else:
     PdxKVConnectorStats = None
 
 _PROM_KEYS = ("loads", "load_failures", "tokens_loaded", "pushes_asked",
-              "layer_saves", "saves", "peers_refused", "freed_done",
-              "freed_reject", "freed_expired", "freed_peer_gone",
+              "layer_saves", "saves", "peers_refused", "peers_unreachable",
+              "freed_done", "freed_reject", "freed_expired",
+              "freed_peer_gone",
               "offload_hits", "offload_misses", "offload_saves")
 
 if _PromBase is not None:
