@@ -367,6 +367,8 @@ def test_d_abort_frees_p(spawn):
     assert st["stats"]["freed_reject"] >= 1, st["stats"]
     assert st["stats"]["freed_reject"] + st["stats"]["freed_done"] == 2
     assert st["stats"]["freed_expired"] == 0
+    # Nothing left for vLLM to keep stepping for, on either side.
+    assert call(p, "pending") is False and call(d, "pending") is False
     stop(d)
     stop(p)
 
