@@ -383,8 +383,10 @@ static void test_lease_expiry_and_reject(void **state)
     node_fini(&p);
 }
 
+/* Refused at connect, the log naming `field` and both values (`a` and
+ * `b`, where the test knows them, else only that there are two). */
 static void expect_refused(pdx_kv_config_t *cd, pdx_layout_h dl,
-                           const char *field)
+                           const char *field, const char *a, const char *b)
 {
     /* Small nodes: only the invariants matter here. */
     pdx_kv_config_t cp;
@@ -403,6 +405,12 @@ static void expect_refused(pdx_kv_config_t *cd, pdx_layout_h dl,
     assert_int_equal(connect_both(&p, &d), PDX_ERR_MISMATCH);
     pdx_log_set_handler(NULL, NULL);
     assert_non_null(strstr(g_last_error, field));
+    assert_non_null(strstr(g_last_error, "local "));
+    assert_non_null(strstr(g_last_error, ", remote "));
+    if (a != NULL) {
+        assert_non_null(strstr(g_last_error, a));
+        assert_non_null(strstr(g_last_error, b));
+    }
     node_fini(&d);
     node_fini(&p);
 }
@@ -411,13 +419,13 @@ static void test_mismatch_refused(void **state)
 {
     pdx_kv_config_t cd;
     base_config(&cd, "m-d", "m-p", "42"); /* another seed */
-    expect_refused(&cd, NULL, "none_hash");
+    expect_refused(&cd, NULL, "none_hash", NULL, NULL);
     base_config(&cd, "m-d", "m-p", "0");
     snprintf(cd.hash_algo, sizeof(cd.hash_algo), "sha256_cbor");
-    expect_refused(&cd, NULL, "hash_algo");
+    expect_refused(&cd, NULL, "hash_algo", "sha256_cbor", "xxhash_cbor");
     base_config(&cd, "m-d", "m-p", "0");
     snprintf(cd.kv_dtype, sizeof(cd.kv_dtype), "bf16");
-    expect_refused(&cd, NULL, "kv_dtype");
+    expect_refused(&cd, NULL, "kv_dtype", "bf16", "fp8_ds_mla");
     /* Another layout: one MLA arena of 640 B/token. */
     base_config(&cd, "m-d", "m-p", "0");
     pdx_layout_h l;
@@ -426,13 +434,13 @@ static void test_mismatch_refused(void **state)
                      .bytes_per_token = 640, .block_tokens = 64,
                      .num_blocks = 8};
     assert_int_equal(pdx_layout_add_arena(l, &a, NULL), PDX_OK);
-    expect_refused(&cd, l, "layout_fingerprint");
+    expect_refused(&cd, l, "layout_fingerprint", NULL, NULL);
     /* Another block size. */
     base_config(&cd, "m-d", "m-p", "0");
     assert_int_equal(pdx_layout_create(32, &l), PDX_OK);
     a.block_tokens = 32;
     assert_int_equal(pdx_layout_add_arena(l, &a, NULL), PDX_OK);
-    expect_refused(&cd, l, "block_size");
+    expect_refused(&cd, l, "block_size", "32", "64");
 }
 
 static void test_multi_routing(void **state)

@@ -94,6 +94,8 @@ def test_handoff_reuse_offload(spawn):
     kv = rp["kv_transfer_params"]
     assert kv["do_remote_prefill"] and kv["pdx"]["tail"]["tokens"] == 48
     assert len(kv["pdx"]["hashes"]) == 18
+    # P's blocks are held for D: vLLM must keep stepping P to free them.
+    assert call(p, "pending") is True
     call(d, "submit", "r1", t1, 8, kv)
     rd = run(d, ["r1"])["r1"]
     # Byte-exact: every KV byte of the 1,199 loaded tokens is P's, and D
@@ -106,6 +108,7 @@ def test_handoff_reuse_offload(spawn):
     pi = call(p, "info")
     assert pi["held"] == 0 and pi["stats"]["freed_done"] == 1
     assert pi["free_blocks"] == 64
+    assert call(p, "pending") is False
 
     # D-to-P reuse: the next turn's prefill reads the conversation from
     # D's pool (its handoff came back with D's answer).
@@ -217,15 +220,22 @@ def test_holder_killed_mid_load(spawn):
     assert call(d, "info")["stats"]["load_failures"] == 1
     stop(d)
     # An unreachable P (dead before this D ever reached it): the handoff
-    # is not matched, the prompt computed here, within the load timeout.
+    # is not matched, the prompt computed here, within the load timeout;
+    # a second request naming the same P does not try it again (each try
+    # can stall the scheduler up to rpc_timeout).
     d = start(spawn, "kv_consumer", {"load_timeout": 10}, engine_id="D5b")
     call(d, "submit", "r5", t, 3, kv)
+    call(d, "submit", "r5b", t, 2, kv)
     t0 = time.monotonic()
-    rd = run(d, ["r5"], timeout=60.0)["r5"]
+    res = run(d, ["r5", "r5b"], timeout=60.0)
     assert time.monotonic() - t0 < 30  # never a hang
-    assert rd["computed"] >= 1200 and rd["mismatched"] == 0
-    assert rd["output"] == vr.expected_output(t, 3)
-    assert call(d, "info")["free_blocks"] == 64
+    for vid, n in (("r5", 3), ("r5b", 2)):
+        assert res[vid]["computed"] >= 1200, res[vid]
+        assert res[vid]["mismatched"] == 0
+        assert res[vid]["output"] == vr.expected_output(t, n)
+    di = call(d, "info")
+    assert di["free_blocks"] == 64
+    assert di["stats"]["peers_unreachable"] == 1, di["stats"]
     stop(d)
 
 
@@ -357,6 +367,8 @@ def test_d_abort_frees_p(spawn):
     assert st["stats"]["freed_reject"] >= 1, st["stats"]
     assert st["stats"]["freed_reject"] + st["stats"]["freed_done"] == 2
     assert st["stats"]["freed_expired"] == 0
+    # Nothing left for vLLM to keep stepping for, on either side.
+    assert call(p, "pending") is False and call(d, "pending") is False
     stop(d)
     stop(p)
 

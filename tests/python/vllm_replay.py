@@ -488,6 +488,15 @@ class MiniEngine:
                        for v in until)
             if done:
                 return {v: self.results[v] for v in until}
+            # vLLM's engine goes idle when its scheduler has no requests
+            # (Scheduler.has_requests): nothing running or waiting, none
+            # just finished, no pending connector work. Idle, it would
+            # never call get_finished again.
+            assert self.running or self.waiting or self.finished_req_ids \
+                or self.sched.has_pending_push_work(), \
+                "replay: the engine would go idle with %s not done" % (
+                    [v for v in until if v not in self.results or
+                     not self.results[v]["freed"]],)
             if time.monotonic() > deadline:
                 raise TimeoutError("replay: %s not done in %.0f s: %s"
                                    % (until, timeout, {

@@ -50,6 +50,8 @@ def engine_proc(conn, spec):
         elif op == "evict":
             eng.evict()
             conn.send("ok")
+        elif op == "pending":
+            conn.send(eng.sched.has_pending_push_work())
         elif op == "info":
             conn.send(eng.info())
         elif op == "timing":

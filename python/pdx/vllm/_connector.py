@@ -73,8 +73,9 @@ else:
     PdxKVConnectorStats = None
 
 _PROM_KEYS = ("loads", "load_failures", "tokens_loaded", "pushes_asked",
-              "layer_saves", "saves", "peers_refused", "freed_done",
-              "freed_reject", "freed_expired", "freed_peer_gone",
+              "layer_saves", "saves", "peers_refused", "peers_unreachable",
+              "freed_done", "freed_reject", "freed_expired",
+              "freed_peer_gone",
               "offload_hits", "offload_misses", "offload_saves")
 
 if _PromBase is not None:
@@ -170,7 +171,9 @@ class PdxConnector(*_Bases):
         return None
 
     def has_pending_push_work(self):
-        return False
+        # True while a finished request's blocks wait for get_finished (a
+        # handoff held for D, a push, a save): vLLM keeps stepping.
+        return self._sched is not None and self._sched.has_pending_work()
 
     def set_xfer_handshake_metadata(self, metadata):
         self._handshake = dict(metadata or {})

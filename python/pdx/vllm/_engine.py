@@ -177,7 +177,12 @@ class Engine:
         self._lock = threading.RLock()
         self._peers = {}     # agent name -> side channel it came from
         self._refused = {}   # agent name -> why
+        # agent name -> when to try again: a peer whose side channel could
+        # not be reached is not tried again, for every request of every
+        # step, each a stall of up to rpc_timeout in the scheduler.
+        self._unreachable = {}
         self.rpc_timeout = float(extra.get("rpc_timeout", 5.0))
+        self.retry_unreachable = float(extra.get("retry_unreachable", 30.0))
         host = extra.get("side_channel_host") or "127.0.0.1"
         port = int(extra.get("side_channel_port", 0)) + (
             s["dp_rank"] if extra.get("side_channel_port") else 0)
@@ -186,8 +191,9 @@ class Engine:
         # Counts since vLLM last took them (stats), and since the start.
         self.stats = dict.fromkeys(
             ("loads", "load_failures", "tokens_loaded", "pushes_asked",
-             "saves", "layer_saves", "peers_refused", "freed_done",
-             "freed_reject", "freed_expired", "freed_peer_gone"), 0)
+             "saves", "layer_saves", "peers_refused", "peers_unreachable",
+             "freed_done", "freed_reject", "freed_expired",
+             "freed_peer_gone"), 0)
         self.totals = dict(self.stats)
         with _REGISTRY_LOCK:
             _REGISTRY[registry_key(s)] = self
@@ -219,6 +225,8 @@ class Engine:
                 return True
             if agent in self._refused:
                 return False
+            if time.monotonic() < self._unreachable.get(agent, 0.0):
+                return False
         if not addr:
             log.error("pdx.vllm: no side channel for peer %s in the "
                       "kv_transfer_params", agent)
@@ -227,7 +235,12 @@ class Engine:
             blob = exchange_blobs(addr, self.conn.describe(),
                                   self.rpc_timeout)
         except (OSError, pdx.Error) as e:
-            log.error("pdx.vllm: peer %s at %s: %s", agent, addr, e)
+            log.error("pdx.vllm: peer %s at %s: %s (not tried again for "
+                      "%.0f s)", agent, addr, e, self.retry_unreachable)
+            with self._lock:
+                self._unreachable[agent] = time.monotonic() + \
+                    self.retry_unreachable
+            self.count("peers_unreachable")
             return False
         name = self._accept(blob, addr)
         if name is not None and name != agent:

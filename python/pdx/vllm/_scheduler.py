@@ -86,6 +86,12 @@ class SchedulerSide:
         self.reqs = {}
         self._loads, self._rejects, self._aborts = [], [], []
         self._drops, self._waits = [], {}
+        # Requests whose blocks vLLM frees only when get_finished reports
+        # them (held for D, pushed, or still being saved): vLLM's engine
+        # keeps stepping while there are any (has_pending_push_work), or
+        # it would go idle and never ask.
+        self._sending = set()
+        self._recv_aborted = set()  # aborted loads not yet reported over
         self._engine = None
         self._warned = set()
 
@@ -322,6 +328,7 @@ class SchedulerSide:
             # Aborted while its load is on its way: stopped; vLLM frees the
             # blocks once get_finished reports the load over.
             self._aborts.append(r.cid)
+            self._recv_aborted.add(vid)
             return False, None
         # A load of this step's forward (layer by layer) may still write
         # its blocks: they wait for it to be over.
@@ -354,6 +361,7 @@ class SchedulerSide:
         # get_finished says so; a finished one's layer state goes then.
         self._waits[vid] = {"cid": r.cid, "freed": False,
                             "saves": eng.offload, "drop": done}
+        self._sending.add(vid)
         return True, out
 
     def _hand_off(self, r, request, ids):
@@ -366,6 +374,7 @@ class SchedulerSide:
         handoff = eng.request_finished(creq, ids[:nb], n, "arena")
         self._waits[r.vid] = {"cid": r.cid, "freed": True, "saves": True,
                               "drop": False}
+        self._sending.add(r.vid)
         return True, {
             "do_remote_prefill": True, "do_remote_decode": False,
             "remote_engine_id": self.s["engine_id"],
@@ -389,7 +398,14 @@ class SchedulerSide:
         return {"do_remote_prefill": False, "do_remote_decode": False,
                 "pdx": handoff, "pdx_side_channel": eng.side.addr}
 
+    def has_pending_work(self):
+        return bool(self._sending or self._recv_aborted)
+
     def update_connector_output(self, output):
+        self._sending.difference_update(
+            getattr(output, "finished_sending", None) or ())
+        self._recv_aborted.difference_update(
+            getattr(output, "finished_recving", None) or ())
         for vid in getattr(output, "finished_recving", None) or ():
             r = self.reqs.get(vid)
             if r is not None:

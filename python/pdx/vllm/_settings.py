@@ -24,7 +24,7 @@ EXTRA_KEYS = {
     "side_channel_host", "side_channel_port", "layerwise", "load_mode",
     "push", "pdx_config", "hash_algo", "hash_seed", "block_size",
     "kv_dtype", "kv_layout", "cluster_key_file", "rpc_timeout",
-    "load_timeout", "kv_events", "reuse",
+    "retry_unreachable", "load_timeout", "reuse",
 }
 
 
