@@ -6,7 +6,8 @@
  * that follows the holder's writes layer by layer.
  *
  * Messages (kv_handoff.h's "pdxkv:<verb> <req> <rest>"):
- *   D -> P  arena <preq> <dreq> <narenas> <off> <memtype> <hex b:s,...>
+ *   D -> P  arena <preq> <dreq> <narenas> <off> <memtype> <hex b:s[:d],...>
+ *           (d: the arena's device where memtype is GPU memory)
  *           want <preq> <dreq> <first> <n> <off> <id,id,...>
  *           reject <preq>            (an abort: stop, then say nopush)
  *   P -> D  lyr <dreq> <layer> <end> [last]
@@ -34,7 +35,7 @@
 
 /* Ids and arenas per message: well under PDX_NOTIF_MAX. */
 #define IDS_PER_MSG 256
-#define ARENAS_PER_MSG 96
+#define ARENAS_PER_MSG 80
 
 struct kv_push {
     struct kv_push *next;
@@ -54,6 +55,7 @@ struct kv_push {
     uint64_t *dids;
     size_t dids_got;
     uint64_t *dbases, *dstrides;
+    uint64_t *ddevs; /* each arena's device on D (GPU memory), else 0 */
     size_t darenas_got;
     pdx_mem_type_t dmem;
     bool asked, ready;
@@ -91,6 +93,7 @@ static void push_free(pdx_kv_connector_h c, kv_push_t *p)
     free(p->dids);
     free(p->dbases);
     free(p->dstrides);
+    free(p->ddevs);
     free(p->x);
     free(p->x_end);
     free(p);
@@ -214,7 +217,8 @@ static pdx_status_t post_layer(pdx_kv_connector_h c, kv_push_t *p, uint32_t li)
                 continue;
             }
             l[j] = (pdx_desc_t){.addr = la, .len = bb, .dev_id = ar->dev_id};
-            r[j] = (pdx_desc_t){.addr = ra, .len = bb};
+            r[j] = (pdx_desc_t){.addr = ra, .len = bb,
+                                .dev_id = (uint32_t)p->ddevs[a]};
             j++;
         }
     }
@@ -328,8 +332,11 @@ void kv_push_finished(pdx_kv_connector_h c, kv_push_t *list, const char *req,
 }
 
 /* "a:b,c:d,..." of hex pairs, or "1,2,3" of decimals, into out[off...]. */
+/* Decimal ids, or hex pairs "base:stride" each with an optional ":device"
+ * (into c; 0 where absent; a device past PDX_KV_MAX_DEVICE refused). */
+#define PDX_KV_MAX_DEVICE 1023
 static bool parse_list(const char *s, bool pairs, uint64_t *a, uint64_t *b,
-                       size_t off, size_t cap, size_t *count_p)
+                       uint64_t *c, size_t off, size_t cap, size_t *count_p)
 {
     size_t k = 0;
     while (*s != '\0') {
@@ -351,6 +358,14 @@ static bool parse_list(const char *s, bool pairs, uint64_t *a, uint64_t *b,
                 return false;
             }
             s = end;
+            c[off + k] = 0;
+            if (*s == ':') {
+                c[off + k] = strtoull(s + 1, &end, 16);
+                if (end == s + 1 || c[off + k] > PDX_KV_MAX_DEVICE) {
+                    return false;
+                }
+                s = end;
+            }
         }
         k++;
         if (*s == ',') {
@@ -413,13 +428,15 @@ static void on_arena(pdx_kv_connector_h c, kv_push_t **list, const char *peer,
     if (p->dbases == NULL) {
         p->dbases = calloc(na, sizeof(*p->dbases));
         p->dstrides = calloc(na, sizeof(*p->dstrides));
-        if (p->dbases == NULL || p->dstrides == NULL) {
+        p->ddevs = calloc(na, sizeof(*p->ddevs));
+        if (p->dbases == NULL || p->dstrides == NULL || p->ddevs == NULL) {
             push_fail(c, p, "out of memory");
             return;
         }
     }
     size_t k;
-    if (!parse_list(rest + used, true, p->dbases, p->dstrides, off, na, &k)) {
+    if (!parse_list(rest + used, true, p->dbases, p->dstrides, p->ddevs, off,
+                    na, &k)) {
         push_fail(c, p, "a malformed arena table");
         return;
     }
@@ -458,7 +475,7 @@ static void on_want(pdx_kv_connector_h c, kv_push_t **list, const char *peer,
         return;
     }
     size_t k;
-    if (!parse_list(rest + used, false, p->dids, NULL, off, n, &k)) {
+    if (!parse_list(rest + used, false, p->dids, NULL, NULL, off, n, &k)) {
         push_fail(c, p, "a malformed ask");
         return;
     }
@@ -691,6 +708,11 @@ static pdx_status_t send_ask(pdx_kv_connector_h c, const char *req_id,
             n += snprintf(rest + n, sizeof(rest) - (size_t)n,
                           "%s%" PRIx64 ":%" PRIx64, a > a0 ? "," : "",
                           c->arenas[a].base, c->arenas[a].stride);
+            if (mem == PDX_MEM_VRAM) {
+                /* The holder writes into GPU memory on this device. */
+                n += snprintf(rest + n, sizeof(rest) - (size_t)n, ":%x",
+                              (unsigned)c->arenas[a].dev_id);
+            }
         }
         st =
             kv_msg_send_rest(c->agent, e->holder, "arena", e->holder_req, rest);
