@@ -5,6 +5,7 @@
  * libraries alternately, per stage. Without --nixl, pdx's own NIXL shim
  * stands in for NIXL's column (the mode's plumbing only). */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -100,13 +101,38 @@ int mode_nixl(const bench_opts_t *o, cJSON *root)
     }
     argv[k] = NULL;
     fflush(out_txt);
-    int pid = spawn_cmd(argv, env, fileno(out_txt), -1);
+    /* The text goes where ours goes; --quick holds ours in memory (no
+     * fd): the child's then goes through a file, copied in after. */
+    int tfd = fileno(out_txt);
+    char tpath[64] = "";
+    if (tfd < 0) {
+        snprintf(tpath, sizeof(tpath), "/tmp/pdx-bench-nixl-%d.txt",
+                 (int)getpid());
+        tfd = open(tpath, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (tfd < 0) {
+            die("nixl: %s: %s", tpath, strerror(errno));
+        }
+    }
+    int pid = spawn_cmd(argv, env, tfd, -1);
     if (pid < 0) {
         die("nixl: cannot start %s: %s", o->python, strerror(errno));
     }
     int status;
     uint64_t limit_s = o->quick ? 600 : 7200;
-    if (!wait_child(pid, pdx_now_ns() + limit_s * 1000000000ull, &status)) {
+    int done = wait_child(pid, pdx_now_ns() + limit_s * 1000000000ull,
+                          &status);
+    if (tpath[0] != '\0') {
+        char buf[4096];
+        ssize_t got;
+        lseek(tfd, 0, SEEK_SET);
+        while ((got = read(tfd, buf, sizeof(buf))) > 0) {
+            fwrite(buf, 1, (size_t)got, out_txt);
+        }
+        fflush(out_txt);
+        close(tfd);
+        unlink(tpath);
+    }
+    if (!done) {
         say("# nixl: the side-by-side run took over %llu s: killed\n",
             (unsigned long long)limit_s);
         return 1;
