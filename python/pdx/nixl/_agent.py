@@ -4,7 +4,12 @@ registration, descriptor lists, transfers, notifications)."""
 import os
 import threading
 
-import numpy as np
+try:
+    import numpy as np
+    _INTS = (int, np.integer)
+except ImportError:  # pdx.nixl works without numpy
+    np = None
+    _INTS = (int,)
 
 import pdx as _pdx
 from ._common import (  # noqa: F401
@@ -278,7 +283,7 @@ class nixl_agent(_MetadataExchange):
         for d in descs:
             if isinstance(d, (tuple, list)):
                 if len(d) == 4 and not all(
-                        isinstance(v, (int, np.integer)) and
+                        isinstance(v, _INTS) and
                         not isinstance(v, bool) and v >= 0
                         for v in d[:3]):
                     raise nixlInvalidParamError(
@@ -293,7 +298,7 @@ class nixl_agent(_MetadataExchange):
                                "tuples needed for registration, got %r "
                                "(descriptor %d)", d, len(regions))
                     return None
-                if not all(isinstance(v, (int, np.integer)) and
+                if not all(isinstance(v, _INTS) and
                            not isinstance(v, bool) and v >= 0
                            for v in d[:3]):
                     raise nixlInvalidParamError(
