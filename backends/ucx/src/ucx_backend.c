@@ -754,6 +754,9 @@ void ucx_destroy(void *bev)
         ucx_list_del(l);
         ucx_peer_free(UCX_CONTAINER(l, ucx_peer_t, link));
     }
+    /* Served requests still point at their request records (released in
+     * flight: orphans): they go first. */
+    ucx_dram_fini(be);
     ucx_req_list_free(&be->orphan_reqs);
     ucx_req_list_free(&be->req_cache);
     ucx_send_list_free(&be->orphan_sends);
@@ -763,7 +766,6 @@ void ucx_destroy(void *bev)
         free(UCX_CONTAINER(l, ucx_inmsg_t, link));
     }
     ucx_stage_fini(be);
-    ucx_dram_fini(be);
     ucx_vram_fini(be);
     ucp_cleanup(be->ctx);
     free(be);
