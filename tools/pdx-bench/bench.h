@@ -169,8 +169,22 @@ typedef struct bench_load {
     double load1; /* /proc/loadavg */
     double share; /* of two cores, what two busy threads got (0..1) */
     int loaded;   /* too loaded for the figures to mean anything */
+    double busy_s; /* CPU seconds all cpus spent busy since boot (/proc/stat,
+                      steal included: a hypervisor's neighbours), -1 unknown */
+    double own_s;  /* CPU seconds of pdx-bench and its reaped children */
 } bench_load_t;
+/* Cores other work kept busy between two probes, on average (pdx-bench's
+ * own processes not counted); -1 when /proc/stat cannot tell. */
+double bench_load_others(const bench_load_t *before,
+                         const bench_load_t *after, double wall_s);
 void bench_load_probe(bench_load_t *l);
+/* Too loaded for the figures to mean anything: before the run, the probe
+ * or the load average said so; during it, other work kept more than a
+ * quarter of the cpus busy (pdx-bench's own processes are not other work:
+ * the load average after a run counts them, so it is not used); after it,
+ * the probe got under 80%. */
+int bench_too_loaded(const bench_load_t *before, const bench_load_t *after,
+                     double wall_s);
 /* pdx's log lines through pdx-bench: each warning once (hold: kept for
  * the summary, else also written at once). */
 void bench_log_install(int hold, const char *mode);

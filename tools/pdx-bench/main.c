@@ -590,7 +590,9 @@ int main(int argc, char **argv)
     jnum(jl, "load1_after", after.load1);
     jnum(jl, "probe_share_before", before.share);
     jnum(jl, "probe_share_after", after.share);
-    cJSON_AddBoolToObject(jl, "too_loaded", before.loaded || after.loaded);
+    jnum(jl, "other_cpus_during", bench_load_others(&before, &after, wall));
+    cJSON_AddBoolToObject(jl, "too_loaded",
+                          bench_too_loaded(&before, &after, wall));
     bench_summary_json(root);
     if (g_held != NULL) {
         fclose(g_held);

@@ -572,9 +572,55 @@ static void *probe_thread(void *arg)
     return NULL;
 }
 
+/* Busy CPU seconds of all cpus since boot: the "cpu" line of /proc/stat
+ * less idle and iowait (steal counts: the hypervisor gave the time to
+ * someone else). -1 if it cannot be read. */
+static double stat_busy_s(void)
+{
+    FILE *f = fopen("/proc/stat", "r");
+    if (f == NULL) {
+        return -1;
+    }
+    unsigned long long v[8] = {0};
+    int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0],
+                   &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]);
+    fclose(f);
+    long hz = sysconf(_SC_CLK_TCK);
+    if (n < 5 || hz <= 0) {
+        return -1;
+    }
+    /* user nice system idle iowait irq softirq steal */
+    unsigned long long busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
+    return (double)busy / (double)hz;
+}
+
+static double rusage_s(int who)
+{
+    struct rusage r;
+    if (getrusage(who, &r) != 0) {
+        return 0;
+    }
+    return (double)r.ru_utime.tv_sec + (double)r.ru_stime.tv_sec +
+           ((double)r.ru_utime.tv_usec + (double)r.ru_stime.tv_usec) / 1e6;
+}
+
+double bench_load_others(const bench_load_t *before,
+                         const bench_load_t *after, double wall_s)
+{
+    if (before->busy_s < 0 || after->busy_s < 0 || wall_s <= 0) {
+        return -1;
+    }
+    double others = (after->busy_s - before->busy_s) -
+                    (after->own_s - before->own_s);
+    /* Ticks against microseconds: a little either way is rounding. */
+    return others > 0 ? others / wall_s : 0;
+}
+
 void bench_load_probe(bench_load_t *l)
 {
     memset(l, 0, sizeof(*l));
+    l->busy_s = stat_busy_s();
+    l->own_s = rusage_s(RUSAGE_SELF) + rusage_s(RUSAGE_CHILDREN);
     l->ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     FILE *f = fopen("/proc/loadavg", "r");
     if (f != NULL) {
@@ -599,6 +645,12 @@ void bench_load_probe(bench_load_t *l)
         pthread_join(th[i], NULL);
     }
     l->share = n == 2 ? (share[0] + share[1]) / 2 : share[0];
+    /* The probe's own 150 ms of two threads: not other work either. */
+    l->own_s = rusage_s(RUSAGE_SELF) + rusage_s(RUSAGE_CHILDREN);
+    double busy = stat_busy_s();
+    if (l->busy_s >= 0 && busy >= 0) {
+        l->busy_s = busy;
+    }
     /* Too loaded: the probe's threads got under 80% of their cores, or
      * other work already keeps more than half the cores busy. */
     l->loaded = l->share < 0.80 || l->load1 > 0.5 * (double)l->ncpu;
@@ -721,25 +773,37 @@ void bench_summary_json(cJSON *root)
     }
 }
 
+int bench_too_loaded(const bench_load_t *before, const bench_load_t *after,
+                     double wall_s)
+{
+    double others = bench_load_others(before, after, wall_s);
+    return before->loaded || after->share < 0.80 ||
+           others > 0.25 * (double)before->ncpu;
+}
+
 void bench_summary(FILE *f, const char *mode, int quick,
                    const bench_load_t *before, const bench_load_t *after,
                    double wall_s)
 {
-    int loaded = before->loaded || after->loaded;
+    int loaded = bench_too_loaded(before, after, wall_s);
+    double others = bench_load_others(before, after, wall_s);
     double share = before->share < after->share ? before->share
                                                  : after->share;
     fprintf(f,
             "pdx-bench %s%s: %.1f s; %ld cpus, 1-min load %.1f before, "
-            "%.1f after; two busy threads got %.0f%% of their cores "
-            "(worst probe)\n",
+            "%.1f after (pdx-bench's own included); other work during "
+            "the run: %s%.2f cpus; two busy threads got %.0f%% of their "
+            "cores (worst probe)\n",
             mode, quick ? " --quick" : "", wall_s, before->ncpu,
-            before->load1, after->load1, 100 * share);
+            before->load1, after->load1, others < 0 ? "unknown " : "",
+            others < 0 ? 0.0 : others, 100 * share);
     if (loaded) {
         fprintf(f,
                 "MACHINE TOO LOADED: other work took the cores pdx-bench "
-                "needs (probe under 80%%, or load over half the cpus), so "
-                "the figures below are noise, not pdx; rerun on an idle "
-                "machine before reading them\n");
+                "needs (a probe under 80%%, a load over half the cpus "
+                "before the run, or other work over a quarter of them "
+                "during it), so the figures below are noise, not pdx; "
+                "rerun on an idle machine before reading them\n");
     } else {
         fprintf(f, "machine quiet enough: the ratios below are this run's "
                    "(pdx / what it is compared with, same run)%s\n",
