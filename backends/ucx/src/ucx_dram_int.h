@@ -12,6 +12,7 @@
 #ifndef PDX_UCX_DRAM_INT_H
 #define PDX_UCX_DRAM_INT_H
 
+#include "ucx_idtab_int.h"
 #include "ucx_int.h"
 
 #define DHDR_MAGIC 0x44584450u /* "PDXD" */
@@ -178,7 +179,7 @@ typedef struct ucx_dreq {
     ucx_req_t *req;         /* NULL once detached (an answer is dropped);
                                its peer is the request's */
     ucp_worker_h worker;    /* the worker its sends are on */
-    uint64_t id;            /* its key in dram->tab (0: not in it) */
+    uint64_t id;            /* its key in dram->ids (0: not in it) */
     pdx_xfer_op_t op;
     ucx_stage_done_cb_t done;
     int ended;              /* `done` was called */
@@ -232,10 +233,7 @@ typedef struct ucx_dans {
 } ucx_dans_t;
 
 struct ucx_dram_state {
-    /* This instance's requests, by id: id = index | (random << 32). */
-    ucx_dreq_t **tab;
-    uint32_t tab_cap;
-    uint32_t *tab_free, ntab_free;
+    ucx_idtab_t ids;        /* this instance's requests, by id */
     ucx_link_t live;        /* every dreq not freed */
     /* The service. */
     ucx_link_t answers;     /* queued, oldest first */

@@ -5,6 +5,7 @@
 #ifndef PDX_UCX_STAGE_INT_H
 #define PDX_UCX_STAGE_INT_H
 
+#include "ucx_idtab_int.h"
 #include "ucx_int.h"
 
 #define SHDR_MAGIC 0x53584450u /* "PDXS" */
@@ -128,10 +129,7 @@ struct ucx_stage_state {
     /* Work a progress call can do now (a slot back while something waits
      * for one, a service request to move on or free): arm says busy. */
     int kick;
-    /* Remote jobs by id: rid = index | (random << 32). */
-    ucx_job_t **tab;
-    uint32_t tab_cap;
-    uint32_t *tab_free, ntab_free;
+    ucx_idtab_t ids;         /* remote jobs, by rid */
 };
 
 static inline void ucx_put_le(unsigned char *p, uint64_t v, int n)
