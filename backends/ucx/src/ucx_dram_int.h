@@ -12,6 +12,7 @@
 #ifndef PDX_UCX_DRAM_INT_H
 #define PDX_UCX_DRAM_INT_H
 
+#include "ucx_client_int.h"
 #include "ucx_idtab_int.h"
 #include "ucx_int.h"
 
@@ -201,27 +202,11 @@ typedef struct ucx_dreq {
     unsigned char *hdrs;    /* DRAM_WINDOW headers */
 } ucx_dreq_t;
 
-/* A requester of the service: an endpoint of ours to its address. */
-typedef struct ucx_dclient {
-    ucx_link_t link;        /* dram->clients (most recently used first),
-                               or dram->closing */
-    ucx_be_t *be;
-    ucp_ep_h ep;
-    int failed;
-    int closing, closed;    /* its close started, ended */
-    uint32_t users;         /* answers in flight to it */
-    uint64_t bytes;         /* their data */
-    uint64_t used_ns;
-    pid_t pid;              /* a same-host requester's, else 0 */
-    size_t addr_len;
-    unsigned char addr[];
-} ucx_dclient_t;
-
 /* An answer to be sent from progress. */
 typedef struct ucx_dans {
     ucx_link_t link;        /* dram->answers, then dram->sending */
     ucx_be_t *be;
-    ucx_dclient_t *client;  /* held while its send is in flight */
+    ucx_client_t *client;   /* held while its send is in flight */
     dhdr_t h;               /* the request (addr: see below) */
     unsigned char *bounce;  /* READ: the data copied out of the region */
     uint64_t bytes;         /* bounce bytes counted in dram->bytes */
@@ -240,9 +225,7 @@ struct ucx_dram_state {
     uint32_t nanswers;
     ucx_link_t sending;     /* sent, UCX holds them */
     uint64_t bytes;         /* bounce bytes of answers in flight */
-    ucx_link_t clients;
-    uint32_t nclients;
-    ucx_link_t closing;
+    ucx_clients_t clients;  /* requesters' endpoints */
     int blocked;            /* every queued answer waits for bytes */
     uint64_t pidns;         /* ours (0: unknown) */
     ucp_datatype_t dt;      /* ucx_dsvc_dt's */
@@ -267,8 +250,8 @@ static inline struct ucx_dram_state *ucx_dram_state(ucx_be_t *be)
             ucx_list_init(&be->dram->live);
             ucx_list_init(&be->dram->answers);
             ucx_list_init(&be->dram->sending);
-            ucx_list_init(&be->dram->clients);
-            ucx_list_init(&be->dram->closing);
+            ucx_clients_init(&be->dram->clients, be, DSVC_MAX_CLIENTS,
+                             "served", 1, NULL);
             be->dram->pidns = ucx_dsvc_pidns();
         }
     }
