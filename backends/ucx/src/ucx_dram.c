@@ -9,63 +9,7 @@
  * (ucx_dsvc.c). Below ucx_request.c. */
 #include "ucx_dram_int.h"
 
-#include <sys/random.h>
 #include <unistd.h>
-
-/* ---- the ids of live requests -------------------------------------------- */
-
-static pdx_status_t tab_add(struct ucx_dram_state *ds, ucx_dreq_t *q)
-{
-    if (ds->ntab_free == 0) {
-        uint32_t cap = ds->tab_cap ? ds->tab_cap * 2 : 64;
-        ucx_dreq_t **t = realloc(ds->tab, cap * sizeof(*t));
-        if (t == NULL) {
-            return PDX_ERR_NOMEM;
-        }
-        ds->tab = t;
-        uint32_t *f = realloc(ds->tab_free, cap * sizeof(*f));
-        if (f == NULL) {
-            return PDX_ERR_NOMEM;
-        }
-        ds->tab_free = f;
-        for (uint32_t i = cap; i > ds->tab_cap; i--) {
-            ds->tab[i - 1] = NULL;
-            ds->tab_free[ds->ntab_free++] = i - 1;
-        }
-        ds->tab_cap = cap;
-    }
-    uint32_t idx = ds->tab_free[--ds->ntab_free];
-    uint32_t salt = 0;
-    if (getrandom(&salt, sizeof(salt), GRND_NONBLOCK) != sizeof(salt)) {
-        salt = (uint32_t)pdx_now_ns();
-    }
-    q->id = ((uint64_t)(salt | 1u) << 32) | idx;
-    ds->tab[idx] = q;
-    return PDX_OK;
-}
-
-static void tab_del(struct ucx_dram_state *ds, ucx_dreq_t *q)
-{
-    if (q->id == 0) {
-        return;
-    }
-    uint32_t idx = (uint32_t)q->id;
-    if (idx < ds->tab_cap && ds->tab[idx] == q) {
-        ds->tab[idx] = NULL;
-        ds->tab_free[ds->ntab_free++] = idx;
-    }
-    q->id = 0;
-}
-
-static ucx_dreq_t *tab_find(struct ucx_dram_state *ds, uint64_t id)
-{
-    uint32_t idx = (uint32_t)id;
-    if (ds == NULL || idx >= ds->tab_cap || ds->tab[idx] == NULL ||
-        ds->tab[idx]->id != id) {
-        return NULL;
-    }
-    return ds->tab[idx];
-}
 
 /* ---- requests ------------------------------------------------------------ */
 
@@ -82,7 +26,7 @@ static void dreq_end(ucx_dreq_t *q, pdx_status_t st)
         return;
     }
     q->ended = 1;
-    tab_del(q->be->dram, q);
+    ucx_idtab_del(&q->be->dram->ids, q, &q->id);
     if (q->req != NULL) {
         q->done(q->req, st);
     }
@@ -249,7 +193,8 @@ pdx_status_t ucx_dram_post(ucx_be_t *be, ucx_req_t *r,
     }
     q->pieces = malloc(n * sizeof(*q->pieces));
     q->hdrs = malloc(DRAM_WINDOW * hdr_len);
-    if (q->pieces == NULL || q->hdrs == NULL || tab_add(ds, q) != PDX_OK) {
+    if (q->pieces == NULL || q->hdrs == NULL ||
+        ucx_idtab_add(&ds->ids, q, &q->id) != PDX_OK) {
         free(q->pieces);
         free(q->hdrs);
         free(q);
@@ -289,7 +234,7 @@ pdx_status_t ucx_dram_post(ucx_be_t *be, ucx_req_t *r,
         /* Nothing went out: the post fails with nothing in flight. */
         pdx_status_t st = q->status;
         r->dreq = NULL;
-        tab_del(ds, q);
+        ucx_idtab_del(&ds->ids, q, &q->id);
         dreq_dealloc(q);
         return st;
     }
@@ -324,7 +269,7 @@ void ucx_dram_free(ucx_req_t *r)
     r->dreq = NULL;
     q->req = NULL;
     if (q->be->dram != NULL) {
-        tab_del(q->be->dram, q);
+        ucx_idtab_del(&q->be->dram->ids, q, &q->id);
     }
     if (q->ucx_pending > 0) {
         return; /* its sends' callbacks free it */
@@ -376,8 +321,7 @@ void ucx_dram_fini(ucx_be_t *be)
         free(q->pieces);
         free(q);
     }
-    free(ds->tab);
-    free(ds->tab_free);
+    ucx_idtab_fini(&ds->ids);
     free(ds);
     be->dram = NULL;
 }
@@ -387,7 +331,8 @@ void ucx_dram_fini(ucx_be_t *be)
 ucs_status_t ucx_dram_answer(ucx_be_t *be, const dhdr_t *h, void *data,
                              size_t length, int rndv)
 {
-    ucx_dreq_t *q = tab_find(be->dram, h->id);
+    ucx_dreq_t *q =
+        be->dram != NULL ? ucx_idtab_find(&be->dram->ids, h->id) : NULL;
     ucx_djob_t *j = q != NULL && h->job < DRAM_WINDOW ? &q->job[h->job] : NULL;
     ucx_peer_t *peer = q != NULL && q->req != NULL ? q->req->peer : NULL;
     int want = peer != NULL && !q->ended &&

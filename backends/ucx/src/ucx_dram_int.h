@@ -12,6 +12,8 @@
 #ifndef PDX_UCX_DRAM_INT_H
 #define PDX_UCX_DRAM_INT_H
 
+#include "ucx_client_int.h"
+#include "ucx_idtab_int.h"
 #include "ucx_int.h"
 
 #define DHDR_MAGIC 0x44584450u /* "PDXD" */
@@ -178,7 +180,7 @@ typedef struct ucx_dreq {
     ucx_req_t *req;         /* NULL once detached (an answer is dropped);
                                its peer is the request's */
     ucp_worker_h worker;    /* the worker its sends are on */
-    uint64_t id;            /* its key in dram->tab (0: not in it) */
+    uint64_t id;            /* its key in dram->ids (0: not in it) */
     pdx_xfer_op_t op;
     ucx_stage_done_cb_t done;
     int ended;              /* `done` was called */
@@ -200,27 +202,11 @@ typedef struct ucx_dreq {
     unsigned char *hdrs;    /* DRAM_WINDOW headers */
 } ucx_dreq_t;
 
-/* A requester of the service: an endpoint of ours to its address. */
-typedef struct ucx_dclient {
-    ucx_link_t link;        /* dram->clients (most recently used first),
-                               or dram->closing */
-    ucx_be_t *be;
-    ucp_ep_h ep;
-    int failed;
-    int closing, closed;    /* its close started, ended */
-    uint32_t users;         /* answers in flight to it */
-    uint64_t bytes;         /* their data */
-    uint64_t used_ns;
-    pid_t pid;              /* a same-host requester's, else 0 */
-    size_t addr_len;
-    unsigned char addr[];
-} ucx_dclient_t;
-
 /* An answer to be sent from progress. */
 typedef struct ucx_dans {
     ucx_link_t link;        /* dram->answers, then dram->sending */
     ucx_be_t *be;
-    ucx_dclient_t *client;  /* held while its send is in flight */
+    ucx_client_t *client;   /* held while its send is in flight */
     dhdr_t h;               /* the request (addr: see below) */
     unsigned char *bounce;  /* READ: the data copied out of the region */
     uint64_t bytes;         /* bounce bytes counted in dram->bytes */
@@ -232,19 +218,14 @@ typedef struct ucx_dans {
 } ucx_dans_t;
 
 struct ucx_dram_state {
-    /* This instance's requests, by id: id = index | (random << 32). */
-    ucx_dreq_t **tab;
-    uint32_t tab_cap;
-    uint32_t *tab_free, ntab_free;
+    ucx_idtab_t ids;        /* this instance's requests, by id */
     ucx_link_t live;        /* every dreq not freed */
     /* The service. */
     ucx_link_t answers;     /* queued, oldest first */
     uint32_t nanswers;
     ucx_link_t sending;     /* sent, UCX holds them */
     uint64_t bytes;         /* bounce bytes of answers in flight */
-    ucx_link_t clients;
-    uint32_t nclients;
-    ucx_link_t closing;
+    ucx_clients_t clients;  /* requesters' endpoints */
     int blocked;            /* every queued answer waits for bytes */
     uint64_t pidns;         /* ours (0: unknown) */
     ucp_datatype_t dt;      /* ucx_dsvc_dt's */
@@ -269,8 +250,8 @@ static inline struct ucx_dram_state *ucx_dram_state(ucx_be_t *be)
             ucx_list_init(&be->dram->live);
             ucx_list_init(&be->dram->answers);
             ucx_list_init(&be->dram->sending);
-            ucx_list_init(&be->dram->clients);
-            ucx_list_init(&be->dram->closing);
+            ucx_clients_init(&be->dram->clients, be, DSVC_MAX_CLIENTS,
+                             "served", 1, NULL);
             be->dram->pidns = ucx_dsvc_pidns();
         }
     }

@@ -6,10 +6,10 @@
  * copied out (checked again) when its answer is sent. Answers go from
  * progress, never from inside a UCX callback, to the requester's worker
  * address (in its request: a peer we never loaded is served too), on an
- * endpoint of ours with an error handler, one per requester, closed once
- * idle or failed: what UCX sends on its own endpoints for a requester
- * that died is dropped there, never fatal. Driven by this instance's
- * progress. */
+ * endpoint of ours with an error handler, one per requester
+ * (ucx_client.c), closed once failed or exited: what UCX sends on its own
+ * endpoints for a requester that died is dropped there, never fatal.
+ * Driven by this instance's progress. */
 #include "ucx_dram_int.h"
 
 #include <signal.h>
@@ -201,150 +201,19 @@ ucs_status_t ucx_dsvc_request(ucx_be_t *be, const dhdr_t *h, void *data,
 
 /* ---- the requesters' endpoints ------------------------------------------- */
 
-static void dclient_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
-{
-    ucx_dclient_t *c = arg;
-    (void)ep;
-    if (!c->failed) {
-        pdx_debug("ucx: a served requester's endpoint failed: %s",
-                  ucs_status_string(status));
-        /* A worker with a failed tcp endpoint is left to the process's
-         * exit at destroy (ucx_destroy). */
-        c->be->lost++;
-    }
-    c->failed = 1;
-}
-
-static void dclient_maybe_free(ucx_dclient_t *c)
-{
-    if (c->closed && c->users == 0) {
-        ucx_list_del(&c->link);
-        free(c);
-    }
-}
-
-static void dclient_closed_cb(void *request, ucs_status_t status,
-                              void *user_data)
-{
-    ucx_dclient_t *c = user_data;
-    (void)status;
-    ucp_request_free(request);
-    c->closed = 1;
-    dclient_maybe_free(c);
-}
-
-/* Close `c` without waiting: forced (a requester that went needs no
- * flush, one that lives reconnects), which ends the answers UCX still
- * holds for it; freed once the close and they ended. */
-static void dclient_close(ucx_be_t *be, ucx_dclient_t *c)
+/* The endpoint to the requester of `a` (ucx_client_get; a failed one is
+ * returned, its answers dropped), given its pid where it runs in our pid
+ * namespace. Never from inside a UCX callback. */
+static ucx_client_t *dclient_get(ucx_be_t *be, const ucx_dans_t *a)
 {
     struct ucx_dram_state *ds = be->dram;
-    ucx_list_del(&c->link);
-    ds->nclients--;
-    c->closing = 1;
-    ucx_list_push(&ds->closing, &c->link);
-    ucp_request_param_t p = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
-                        UCP_OP_ATTR_FIELD_USER_DATA,
-        .flags = UCP_EP_CLOSE_FLAG_FORCE,
-        .cb.send = dclient_closed_cb,
-        .user_data = c,
-    };
-    ucs_status_ptr_t sp = ucp_ep_close_nbx(c->ep, &p);
-    c->ep = NULL;
-    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
-        c->closed = 1;
-        dclient_maybe_free(c);
-    }
-}
-
-static void dclient_front(struct ucx_dram_state *ds, ucx_dclient_t *c)
-{
-    ucx_list_del(&c->link);
-    c->link.next = ds->clients.next;
-    c->link.prev = &ds->clients;
-    ds->clients.next->prev = &c->link;
-    ds->clients.next = &c->link;
-}
-
-/* The endpoint to the requester of `a` (its address validated before UCX
- * sees it), made once and kept, most recently used first. NULL, logged,
- * when it cannot be made. Never from inside a UCX callback. */
-static ucx_dclient_t *dclient_get(ucx_be_t *be, const ucx_dans_t *a)
-{
-    struct ucx_dram_state *ds = be->dram;
-    for (ucx_link_t *l = ds->clients.next; l != &ds->clients; l = l->next) {
-        ucx_dclient_t *c = UCX_CONTAINER(l, ucx_dclient_t, link);
-        if (c->addr_len == a->h.addr_len &&
-            memcmp(c->addr, a->addr, c->addr_len) == 0) {
-            if (!c->failed) {
-                dclient_front(ds, c);
-            }
-            return c; /* a failed one's answers are dropped */
-        }
-    }
-    ucx_vaddr_t va;
-    char why[256];
-    if (ucx_validate_address(&be->vlocal, a->addr, a->h.addr_len, &va, why,
-                             sizeof(why)) != PDX_OK) {
-        pdx_warn("ucx: served request from %s: its address is not one UCX "
-                 "may use (%s): not answered", a->h.name, why);
-        return NULL;
-    }
-    if (ds->nclients >= DSVC_MAX_CLIENTS) {
-        for (ucx_link_t *l = ds->clients.prev; l != &ds->clients;
-             l = l->prev) {
-            ucx_dclient_t *c = UCX_CONTAINER(l, ucx_dclient_t, link);
-            if (c->users == 0) {
-                dclient_close(be, c);
-                break;
-            }
-        }
-        if (ds->nclients >= DSVC_MAX_CLIENTS) {
-            pdx_warn("ucx: served request from %s: %u requesters busy: not "
-                     "answered", a->h.name, ds->nclients);
-            return NULL;
-        }
-    }
-    if (ucx_fd_room(UCX_FDS_CLIENT, "answering a served request") !=
-        PDX_OK) {
-        return NULL; /* logged; the request times out at its sender */
-    }
-    ucx_dclient_t *c = calloc(1, sizeof(*c) + a->h.addr_len);
-    if (c == NULL) {
-        return NULL;
-    }
-    c->be = be;
-    c->addr_len = a->h.addr_len;
-    memcpy(c->addr, a->addr, c->addr_len);
-    /* On this host (the same shared-memory device, UCX's system id) and
-     * in our pid namespace: its pid says when it exited. */
-    const ucx_vaddr_t *me = &be->self;
-    if (va.has_mm && me->has_mm && va.mm_dev_len == me->mm_dev_len &&
-        va.mm_dev_len > 0 && memcmp(va.mm_dev, me->mm_dev, va.mm_dev_len) == 0 &&
-        ds->pidns != 0 && a->h.pidns == ds->pidns && a->h.pid > 1 &&
+    pid_t pid = 0;
+    if (ds->pidns != 0 && a->h.pidns == ds->pidns && a->h.pid > 1 &&
         a->h.pid < (uint32_t)INT32_MAX) {
-        c->pid = (pid_t)a->h.pid;
+        pid = (pid_t)a->h.pid;
     }
-    ucp_ep_params_t ep = {
-        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .address = (const ucp_address_t *)c->addr,
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = dclient_err_cb, .arg = c},
-    };
-    ucs_status_t s = ucp_ep_create(be->worker, &ep, &c->ep);
-    if (s != UCS_OK) {
-        pdx_warn("ucx: served request from %s: no endpoint to it: %s",
-                 a->h.name, ucs_status_string(s));
-        free(c);
-        return NULL;
-    }
-    ucx_list_init(&c->link);
-    dclient_front(ds, c);
-    ds->nclients++;
-    return c;
+    return ucx_client_get(&ds->clients, a->addr, a->h.addr_len, NULL, pid,
+                          a->h.name);
 }
 
 /* ---- answers -------------------------------------------------------------- */
@@ -361,15 +230,13 @@ static void dans_free(ucx_be_t *be, ucx_dans_t *a)
         ds->bytes -= a->bytes;
         ds->blocked = 0;
     }
-    ucx_dclient_t *c = a->client;
+    ucx_client_t *c = a->client;
     uint64_t bytes = a->sent_bytes;
     ucx_list_del(&a->link);
     free(a);
     if (c != NULL) {
-        c->users--;
         c->bytes -= bytes;
-        c->used_ns = pdx_now_ns();
-        dclient_maybe_free(c);
+        ucx_client_done(c);
     }
 }
 
@@ -416,7 +283,7 @@ static pdx_status_t dans_fill(ucx_be_t *be, ucx_dans_t *a)
 
 /* Send answer `a` (off the queue) on the endpoint of client `c`: freed by
  * the send's callback, or now. */
-static void dans_send(ucx_be_t *be, ucx_dans_t *a, ucx_dclient_t *c)
+static void dans_send(ucx_be_t *be, ucx_dans_t *a, ucx_client_t *c)
 {
     struct ucx_dram_state *ds = be->dram;
     a->client = c;
@@ -484,7 +351,7 @@ static int dsvc_send_queued(ucx_be_t *be)
     while (l != &ds->answers) {
         ucx_link_t *next = l->next;
         ucx_dans_t *a = UCX_CONTAINER(l, ucx_dans_t, link);
-        ucx_dclient_t *c = dclient_get(be, a);
+        ucx_client_t *c = dclient_get(be, a);
         if (c != NULL && !c->failed && !c->closing &&
             a->h.op == DOP_READ && a->h.status == PDX_OK &&
             ((ds->bytes > 0 && ds->bytes + a->h.len > DSVC_MAX_BYTES) ||
@@ -516,19 +383,18 @@ static int dsvc_reap_clients(ucx_be_t *be, uint64_t now)
 {
     struct ucx_dram_state *ds = be->dram;
     int n = 0;
-    ucx_link_t *l = ds->clients.next;
-    while (l != &ds->clients) {
+    ucx_link_t *l = ds->clients.live.next;
+    while (l != &ds->clients.live) {
         ucx_link_t *next = l->next;
-        ucx_dclient_t *c = UCX_CONTAINER(l, ucx_dclient_t, link);
+        ucx_client_t *c = UCX_CONTAINER(l, ucx_client_t, link);
         if (!c->failed && c->pid > 0 && kill(c->pid, 0) != 0 &&
             errno == ESRCH) {
             pdx_debug("ucx: a served requester (pid %d) exited with %u "
                       "answers in flight to it", (int)c->pid, c->users);
-            c->failed = 1;
-            be->lost++;
+            ucx_client_retire(c, NULL);
         }
         if (c->failed) {
-            dclient_close(be, c);
+            ucx_client_close(c);
             n++;
         }
         l = next;
@@ -558,14 +424,14 @@ void ucx_dsvc_describe(const ucx_be_t *be, char *buf, size_t len)
 {
     const struct ucx_dram_state *ds = be->dram;
     unsigned closing = 0;
-    for (const ucx_link_t *l = ds->closing.next;
-         l != &ds->closing && closing < 1000000; l = l->next) {
+    for (const ucx_link_t *l = ds->clients.closing.next;
+         l != &ds->clients.closing && closing < 1000000; l = l->next) {
         closing++;
     }
     snprintf(buf, len, "served host memory: %" PRIu64 " chunks served, %"
              PRIu64 " refused, %" PRIu64 " dropped; %u requesters (%u "
              "closing), %u answers queued, %" PRIu64 " bytes in flight",
-             ds->served, ds->refused, ds->dropped, ds->nclients, closing,
+             ds->served, ds->refused, ds->dropped, ds->clients.n, closing,
              ds->nanswers, ds->bytes);
 }
 
@@ -585,15 +451,7 @@ void ucx_dsvc_fini(ucx_be_t *be)
         ucx_dans_t *a = UCX_CONTAINER(ds->answers.next, ucx_dans_t, link);
         dans_free(be, a);
     }
-    ucx_link_t *heads[2] = {&ds->clients, &ds->closing};
-    for (int i = 0; i < 2; i++) {
-        while (!ucx_list_empty(heads[i])) {
-            ucx_link_t *l = heads[i]->next;
-            ucx_list_del(l);
-            free(UCX_CONTAINER(l, ucx_dclient_t, link));
-        }
-    }
-    ds->nclients = 0;
+    ucx_clients_drop(&ds->clients);
     while (ds->nspare > 0) {
         free(ds->spare[--ds->nspare]);
     }

@@ -21,64 +21,6 @@
  * so a peer it never loaded is served too. */
 #include "ucx_stage_int.h"
 
-#include <sys/random.h>
-
-/* ---- job ids --------------------------------------------------------- */
-
-static int rid_add(struct ucx_stage_state *st, ucx_job_t *j)
-{
-    if (st->ntab_free == 0) {
-        uint32_t cap = st->tab_cap ? st->tab_cap * 2 : 256;
-        ucx_job_t **t = realloc(st->tab, cap * sizeof(*t));
-        uint32_t *f = realloc(st->tab_free, cap * sizeof(*f));
-        if (t != NULL) {
-            st->tab = t;
-        }
-        if (f != NULL) {
-            st->tab_free = f;
-        }
-        if (t == NULL || f == NULL) {
-            return -1;
-        }
-        for (uint32_t i = cap; i > st->tab_cap; i--) {
-            st->tab[i - 1] = NULL;
-            st->tab_free[st->ntab_free++] = i - 1;
-        }
-        st->tab_cap = cap;
-    }
-    uint32_t idx = st->tab_free[--st->ntab_free];
-    uint32_t salt = 0;
-    if (getrandom(&salt, sizeof(salt), GRND_NONBLOCK) != sizeof(salt)) {
-        salt = (uint32_t)pdx_now_ns();
-    }
-    j->rid = (uint64_t)idx | ((uint64_t)(salt | 1u) << 32);
-    st->tab[idx] = j;
-    return 0;
-}
-
-static void rid_del(struct ucx_stage_state *st, ucx_job_t *j)
-{
-    if (j->rid == 0) {
-        return;
-    }
-    uint32_t idx = (uint32_t)j->rid;
-    if (idx < st->tab_cap && st->tab[idx] == j) {
-        st->tab[idx] = NULL;
-        st->tab_free[st->ntab_free++] = idx;
-    }
-    j->rid = 0;
-}
-
-static ucx_job_t *rid_find(struct ucx_stage_state *st, uint64_t rid)
-{
-    uint32_t idx = (uint32_t)rid;
-    if (st == NULL || idx >= st->tab_cap || st->tab[idx] == NULL ||
-        st->tab[idx]->rid != rid) {
-        return NULL;
-    }
-    return st->tab[idx];
-}
-
 /* ---- which pieces stage ---------------------------------------------- */
 
 static int piece_kind(const pdx_backend_iov_t *v, int *lstaged)
@@ -421,7 +363,8 @@ static void job_start(ucx_be_t *be, ucx_job_t *j)
         j->table_len = (size_t)j->nseg * SEG_LEN;
         j->table = malloc(j->table_len);
         j->hdr = malloc(SHDR_LEN + UCX_MAX_NAME + s->wctx->addr_len);
-        if (j->table == NULL || j->hdr == NULL || rid_add(be->st, j) != 0) {
+        if (j->table == NULL || j->hdr == NULL ||
+            ucx_idtab_add(&be->st->ids, j, &j->rid) != PDX_OK) {
             job_fail(j, PDX_ERR_NOMEM);
             return;
         }
@@ -450,7 +393,7 @@ static void job_release(ucx_be_t *be, ucx_job_t *j)
 {
     ucx_vram_slot_put(be, j->slot);
     j->slot = UINT32_MAX;
-    rid_del(be->st, j);
+    ucx_idtab_del(&be->st->ids, j, &j->rid);
     free(j->table);
     j->table = NULL;
     free(j->hdr);
@@ -778,7 +721,8 @@ static ucs_status_t on_sd(ucx_be_t *be, ucx_job_t *j, const shdr_t *h,
 static ucs_status_t on_answer(ucx_be_t *be, const shdr_t *h, void *data,
                               size_t length, int rndv)
 {
-    ucx_job_t *j = rid_find(be->st, h->rid);
+    ucx_job_t *j =
+        be->st != NULL ? ucx_idtab_find(&be->st->ids, h->rid) : NULL;
     int read = h->op == OP_SD;
     if (j == NULL || j->kind != KIND_REMOTE || j->phase != PH_PEER ||
         (j->sreq->req->op == PDX_XFER_READ) != read ||
@@ -1016,8 +960,7 @@ void ucx_stage_fini(ucx_be_t *be)
         ucx_list_del(&j->link);
         j->ended = 1;
     }
-    free(st->tab);
-    free(st->tab_free);
+    ucx_idtab_fini(&st->ids);
     free(st);
     be->st = NULL;
 }

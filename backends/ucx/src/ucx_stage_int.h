@@ -5,6 +5,8 @@
 #ifndef PDX_UCX_STAGE_INT_H
 #define PDX_UCX_STAGE_INT_H
 
+#include "ucx_client_int.h"
+#include "ucx_idtab_int.h"
 #include "ucx_int.h"
 
 #define SHDR_MAGIC 0x53584450u /* "PDXS" */
@@ -90,7 +92,7 @@ typedef struct ucx_svc {
     ucx_link_t link;         /* st->svc_wait, then st->svc_active */
     ucx_be_t *be;
     uint8_t op, phase;
-    struct ucx_client *client; /* where the answer went (held) */
+    ucx_client_t *client;    /* where the answer went (held) */
     ucp_worker_h worker;     /* the worker it arrived on */
     const void *via;         /* the connection it came over (identity) */
     uint64_t rid;
@@ -121,17 +123,12 @@ struct ucx_stage_state {
     ucx_link_t svc_wait;     /* service requests waiting for a slot */
     ucx_link_t svc_active;
     uint32_t nsvc;
-    ucx_link_t clients;      /* requesters' endpoints (ucx_client_t) */
-    uint32_t nclients;
-    ucx_link_t closing;      /* clients whose endpoint close is running */
+    ucx_clients_t clients;   /* requesters' endpoints */
     uint32_t copies;         /* device copies in flight */
     /* Work a progress call can do now (a slot back while something waits
      * for one, a service request to move on or free): arm says busy. */
     int kick;
-    /* Remote jobs by id: rid = index | (random << 32). */
-    ucx_job_t **tab;
-    uint32_t tab_cap;
-    uint32_t *tab_free, ntab_free;
+    ucx_idtab_t ids;         /* remote jobs, by rid */
 };
 
 static inline void ucx_put_le(unsigned char *p, uint64_t v, int n)
@@ -159,8 +156,8 @@ static inline struct ucx_stage_state *ucx_stage_state(ucx_be_t *be)
             ucx_list_init(&be->st->jobs);
             ucx_list_init(&be->st->svc_wait);
             ucx_list_init(&be->st->svc_active);
-            ucx_list_init(&be->st->clients);
-            ucx_list_init(&be->st->closing);
+            ucx_clients_init(&be->st->clients, be, SVC_MAX_CLIENTS,
+                             "staged", 0, &be->st->kick);
         }
     }
     return be->st;
@@ -236,22 +233,6 @@ static inline pdx_status_t ucx_peer_status(pdx_status_t st)
 {
     return st <= 0 && st > -100 ? st : PDX_ERR_BACKEND;
 }
-
-
-/* A requester of the service: an endpoint of ours to its address. */
-typedef struct ucx_client {
-    ucx_link_t link;         /* st->clients (most recently used first), or
-                                st->closing */
-    ucx_be_t *be;
-    ucp_ep_h ep;
-    const void *via;         /* the requester's connection when it was made
-                                (identity: a new one retires this one) */
-    int failed;              /* its endpoint failed: answers are dropped */
-    int closing;
-    uint32_t users;          /* answers in flight to it */
-    size_t addr_len;
-    unsigned char addr[];
-} ucx_client_t;
 
 /* ucx_svc.c: the service. request: a peer's SW or SR arrived on worker
  * `w` (the header parsed; `data`, `length` and `rndv` as UCX gave them);

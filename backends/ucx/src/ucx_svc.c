@@ -10,156 +10,6 @@
  * by this instance's progress, never by a wait. */
 #include "ucx_stage_int.h"
 
-/* ---- the requesters' endpoints ------------------------------------------ */
-
-/* `c` takes no more answers: closed by the next progress once unused. */
-static void client_retire(ucx_client_t *c, const char *why)
-{
-    if (!c->failed) {
-        if (why != NULL) {
-            pdx_debug("ucx: a staged requester's endpoint %s", why);
-        }
-        /* Like a peer's failure: a worker with a failed tcp endpoint is
-         * left to the process's exit at destroy (ucx_destroy). */
-        c->be->lost++;
-    }
-    c->failed = 1;
-    c->be->st->kick = 1;
-}
-
-static void client_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
-{
-    ucx_client_t *c = arg;
-    (void)ep;
-    if (!c->failed) {
-        pdx_debug("ucx: a staged requester's endpoint failed: %s",
-                  ucs_status_string(status));
-    }
-    client_retire(c, NULL);
-}
-
-static void client_closed_cb(void *request, ucs_status_t status,
-                             void *user_data)
-{
-    ucx_client_t *c = user_data;
-    (void)status;
-    ucp_request_free(request);
-    ucx_list_del(&c->link);
-    free(c);
-}
-
-/* Close `c` (unused) without waiting: freed when the close ends. */
-static void client_close(ucx_be_t *be, ucx_client_t *c)
-{
-    struct ucx_stage_state *st = be->st;
-    ucx_list_del(&c->link);
-    st->nclients--;
-    c->closing = 1;
-    ucx_list_push(&st->closing, &c->link);
-    ucp_request_param_t p = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
-                        UCP_OP_ATTR_FIELD_USER_DATA,
-        .flags = UCP_EP_CLOSE_FLAG_FORCE,
-        .cb.send = client_closed_cb,
-        .user_data = c,
-    };
-    ucs_status_ptr_t sp = ucp_ep_close_nbx(c->ep, &p);
-    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
-        ucx_list_del(&c->link);
-        free(c);
-    }
-}
-
-/* The endpoint to the requester at `addr` (validated before UCX sees it),
- * made once and kept (most recently used first; the least recently used
- * idle one closed past SVC_MAX_CLIENTS). NULL, logged, when it cannot be
- * made. Never from inside a UCX callback.
- *
- * A requester that closed its endpoint to us and made a new one (it
- * unloaded this agent and loaded it again: vLLM's TTL eviction and new
- * handshake) sends over a new connection. Ours to it may be the far end of
- * the old one (UCX pairs two workers' endpoints to each other), which is
- * dead even if no error has come yet: answers there would be lost and the
- * requester would wait for ever. The connection a request came over (its
- * reply endpoint, compared, never used) tells: one other than our
- * endpoint's retires it and a new one is made. */
-static ucx_client_t *client_get(ucx_be_t *be, const ucx_svc_t *v)
-{
-    struct ucx_stage_state *st = be->st;
-    for (ucx_link_t *l = st->clients.next; l != &st->clients; l = l->next) {
-        ucx_client_t *c = UCX_CONTAINER(l, ucx_client_t, link);
-        if (!c->failed && c->addr_len == v->addr_len &&
-            memcmp(c->addr, v->addr, v->addr_len) == 0 && v->via != NULL &&
-            c->via != NULL && c->via != v->via) {
-            client_retire(c, "is of a connection the requester replaced");
-            continue;
-        }
-        if (!c->failed && c->addr_len == v->addr_len &&
-            memcmp(c->addr, v->addr, v->addr_len) == 0) {
-            ucx_list_del(&c->link);
-            ucx_list_init(&c->link);
-            c->link.next = st->clients.next; /* to the front */
-            c->link.prev = &st->clients;
-            st->clients.next->prev = &c->link;
-            st->clients.next = &c->link;
-            return c;
-        }
-    }
-    ucx_vaddr_t va;
-    char why[256];
-    if (ucx_validate_address(&be->vlocal, v->addr, v->addr_len, &va, why,
-                             sizeof(why)) != PDX_OK) {
-        pdx_warn("ucx: staged request from %s: its address is not one UCX "
-                 "may use (%s): not answered", v->peer, why);
-        return NULL;
-    }
-    if (st->nclients >= SVC_MAX_CLIENTS) {
-        for (ucx_link_t *l = st->clients.prev; l != &st->clients;
-             l = l->prev) {
-            ucx_client_t *c = UCX_CONTAINER(l, ucx_client_t, link);
-            if (c->users == 0) {
-                client_close(be, c);
-                break;
-            }
-        }
-        if (st->nclients >= SVC_MAX_CLIENTS) {
-            pdx_warn("ucx: staged request from %s: %u requesters busy: not "
-                     "answered", v->peer, st->nclients);
-            return NULL;
-        }
-    }
-    ucx_client_t *c = calloc(1, sizeof(*c) + v->addr_len);
-    if (c == NULL) {
-        return NULL;
-    }
-    c->be = be;
-    c->via = v->via;
-    c->addr_len = v->addr_len;
-    memcpy(c->addr, v->addr, v->addr_len);
-    ucp_ep_params_t ep = {
-        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .address = (const ucp_address_t *)c->addr,
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = client_err_cb, .arg = c},
-    };
-    ucs_status_t s = ucp_ep_create(be->worker, &ep, &c->ep);
-    if (s != UCS_OK) {
-        pdx_warn("ucx: staged request from %s: no endpoint to it: %s",
-                 v->peer, ucs_status_string(s));
-        free(c);
-        return NULL;
-    }
-    ucx_list_init(&c->link);
-    c->link.next = st->clients.next;
-    c->link.prev = &st->clients;
-    st->clients.next->prev = &c->link;
-    st->clients.next = &c->link;
-    st->nclients++;
-    return c;
-}
-
 /* ---- service requests ---------------------------------------------------- */
 
 static void svc_free(ucx_be_t *be, ucx_svc_t *v)
@@ -181,7 +31,7 @@ static void svc_free(ucx_be_t *be, ucx_svc_t *v)
         be->st->kick = 1;
     }
     if (v->client != NULL) {
-        v->client->users--;
+        ucx_client_done(v->client);
     }
     ucx_list_del(&v->link);
     be->st->nsvc--;
@@ -218,7 +68,9 @@ static void svc_answer(ucx_be_t *be, ucx_svc_t *v)
     int sd = v->op == OP_SR;
     int data = sd && v->status == PDX_OK;
     v->phase = PH_END;
-    ucx_client_t *c = client_get(be, v);
+    ucx_client_t *c =
+        ucx_client_get(&be->st->clients, v->addr, v->addr_len, v->via, 0,
+                       v->peer);
     if (c == NULL || c->failed) {
         return;
     }
@@ -429,7 +281,7 @@ ucs_status_t ucx_svc_request(ucx_be_t *be, ucp_worker_h w, const shdr_t *h,
     v->rid = h->rid;
     v->worker = w;
     /* The connection it came over (requests are sent with a reply
-     * endpoint): an identity only, never used (client_get). */
+     * endpoint): an identity only, never used (ucx_client_get). */
     v->via = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) &&
                      w == be->worker
                  ? (const void *)param->reply_ep
@@ -533,12 +385,12 @@ int ucx_svc_progress(ucx_be_t *be)
         n++;
     }
     /* Requesters whose endpoint failed, once nothing goes to them. */
-    l = st->clients.next;
-    while (l != &st->clients) {
+    l = st->clients.live.next;
+    while (l != &st->clients.live) {
         ucx_client_t *c = UCX_CONTAINER(l, ucx_client_t, link);
         l = l->next;
         if (c->failed && c->users == 0) {
-            client_close(be, c);
+            ucx_client_close(c);
         }
     }
     return n;
@@ -615,19 +467,7 @@ void ucx_svc_worker_gone(ucx_be_t *be, ucp_worker_h w)
     }
     if (w == be->worker) {
         /* The clients' endpoints went with the main worker. */
-        while (!ucx_list_empty(&st->clients)) {
-            ucx_client_t *c = UCX_CONTAINER(st->clients.next, ucx_client_t,
-                                            link);
-            ucx_list_del(&c->link);
-            st->nclients--;
-            free(c);
-        }
-        while (!ucx_list_empty(&st->closing)) {
-            ucx_client_t *c = UCX_CONTAINER(st->closing.next, ucx_client_t,
-                                            link);
-            ucx_list_del(&c->link);
-            free(c);
-        }
+        ucx_clients_drop(&st->clients);
     }
 }
 
