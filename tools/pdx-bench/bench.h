@@ -172,17 +172,18 @@ typedef struct bench_load {
     double busy_s; /* CPU seconds all cpus spent busy since boot (/proc/stat,
                       steal included: a hypervisor's neighbours), -1 unknown */
     double own_s;  /* CPU seconds of pdx-bench and its reaped children */
+    double others; /* cpus other work kept busy during the probe, or -1 */
 } bench_load_t;
 /* Cores other work kept busy between two probes, on average (pdx-bench's
  * own processes not counted); -1 when /proc/stat cannot tell. */
 double bench_load_others(const bench_load_t *before,
                          const bench_load_t *after, double wall_s);
 void bench_load_probe(bench_load_t *l);
-/* Too loaded for the figures to mean anything: before the run, the probe
- * or the load average said so; during it, other work kept more than a
- * quarter of the cpus busy (pdx-bench's own processes are not other work:
- * the load average after a run counts them, so it is not used); after it,
- * the probe got under 80%. */
+/* Too loaded for the figures to mean anything: a probe (before or after
+ * the run) got under 80% of two cores, or other work kept more than a
+ * quarter of the cpus busy during a probe or the run (pdx-bench's own
+ * processes are not other work; the load average, which counts them and
+ * whatever ran in the last minute, is printed, not judged). */
 int bench_too_loaded(const bench_load_t *before, const bench_load_t *after,
                      double wall_s);
 /* pdx's log lines through pdx-bench: each warning once (hold: kept for

@@ -621,6 +621,7 @@ void bench_load_probe(bench_load_t *l)
     memset(l, 0, sizeof(*l));
     l->busy_s = stat_busy_s();
     l->own_s = rusage_s(RUSAGE_SELF) + rusage_s(RUSAGE_CHILDREN);
+    uint64_t t0 = pdx_now_ns();
     l->ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     FILE *f = fopen("/proc/loadavg", "r");
     if (f != NULL) {
@@ -645,15 +646,20 @@ void bench_load_probe(bench_load_t *l)
         pthread_join(th[i], NULL);
     }
     l->share = n == 2 ? (share[0] + share[1]) / 2 : share[0];
-    /* The probe's own 150 ms of two threads: not other work either. */
+    /* Other work while the probe ran: all cpus' busy time less this
+     * process's and its children's (the probe's own two threads too). */
+    bench_load_t start = *l;
     l->own_s = rusage_s(RUSAGE_SELF) + rusage_s(RUSAGE_CHILDREN);
     double busy = stat_busy_s();
     if (l->busy_s >= 0 && busy >= 0) {
         l->busy_s = busy;
     }
+    l->others = bench_load_others(&start, l, secs(pdx_now_ns() - t0));
     /* Too loaded: the probe's threads got under 80% of their cores, or
-     * other work already keeps more than half the cores busy. */
-    l->loaded = l->share < 0.80 || l->load1 > 0.5 * (double)l->ncpu;
+     * other work kept more than a quarter of the cpus busy meanwhile.
+     * Not the 1-minute load: it counts what ran up to a minute ago (a
+     * pdx-bench run just before this one). */
+    l->loaded = l->share < 0.80 || l->others > 0.25 * (double)l->ncpu;
 }
 
 /* pdx's warnings, each once: the first of a kind (its text with numbers
@@ -777,7 +783,7 @@ int bench_too_loaded(const bench_load_t *before, const bench_load_t *after,
                      double wall_s)
 {
     double others = bench_load_others(before, after, wall_s);
-    return before->loaded || after->share < 0.80 ||
+    return before->loaded || after->loaded ||
            others > 0.25 * (double)before->ncpu;
 }
 
@@ -800,9 +806,9 @@ void bench_summary(FILE *f, const char *mode, int quick,
     if (loaded) {
         fprintf(f,
                 "MACHINE TOO LOADED: other work took the cores pdx-bench "
-                "needs (a probe under 80%%, a load over half the cpus "
-                "before the run, or other work over a quarter of them "
-                "during it), so the figures below are noise, not pdx; "
+                "needs (a probe under 80%%, or other work over a quarter "
+                "of the cpus while a probe or the run ran), so the "
+                "figures below are noise, not pdx; "
                 "rerun on an idle machine before reading them\n");
     } else {
         fprintf(f, "machine quiet enough: the ratios below are this run's "
