@@ -619,8 +619,10 @@ double bench_load_others(const bench_load_t *before,
 void bench_load_probe(bench_load_t *l)
 {
     memset(l, 0, sizeof(*l));
-    l->busy_s = stat_busy_s();
-    l->own_s = rusage_s(RUSAGE_SELF) + rusage_s(RUSAGE_CHILDREN);
+    /* Where the probe starts, for the other work while it runs. */
+    bench_load_t start = {.busy_s = stat_busy_s(),
+                          .own_s = rusage_s(RUSAGE_SELF) +
+                                   rusage_s(RUSAGE_CHILDREN)};
     uint64_t t0 = pdx_now_ns();
     l->ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     FILE *f = fopen("/proc/loadavg", "r");
@@ -648,12 +650,8 @@ void bench_load_probe(bench_load_t *l)
     l->share = n == 2 ? (share[0] + share[1]) / 2 : share[0];
     /* Other work while the probe ran: all cpus' busy time less this
      * process's and its children's (the probe's own two threads too). */
-    bench_load_t start = *l;
     l->own_s = rusage_s(RUSAGE_SELF) + rusage_s(RUSAGE_CHILDREN);
-    double busy = stat_busy_s();
-    if (l->busy_s >= 0 && busy >= 0) {
-        l->busy_s = busy;
-    }
+    l->busy_s = stat_busy_s();
     l->others = bench_load_others(&start, l, secs(pdx_now_ns() - t0));
     /* Too loaded: the probe's threads got under 80% of their cores, or
      * other work kept more than a quarter of the cpus busy meanwhile.
