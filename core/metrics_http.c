@@ -2,8 +2,13 @@
  * pdx_metrics_start (or PDX_METRICS_LISTEN at agent create), serving
  * GET /metrics with pdx_metrics_text's text from libmicrohttpd's own
  * thread, stopped by pdx_metrics_stop or the agent's destroy. HTTP is
- * libmicrohttpd's; pdx only answers. */
+ * libmicrohttpd's; pdx only answers.
+ *
+ * libmicrohttpd is loaded with dlopen at the first start, not linked:
+ * linked, it brought gnutls, p11-kit and their constructors into every
+ * program that loads libpdx.so, metrics or not. */
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -25,6 +30,65 @@ typedef int pdx_mhd_result_t;
 typedef enum MHD_Result pdx_mhd_result_t;
 #endif
 
+#ifndef PDX_MHD_SONAME
+#define PDX_MHD_SONAME "libmicrohttpd.so.12"
+#endif
+
+/* libmicrohttpd's functions pdx calls, loaded once (mhd_load). */
+static struct {
+    __typeof__(&MHD_start_daemon) start_daemon;
+    __typeof__(&MHD_stop_daemon) stop_daemon;
+    __typeof__(&MHD_get_daemon_info) get_daemon_info;
+    __typeof__(&MHD_create_response_from_buffer) create_response_from_buffer;
+    __typeof__(&MHD_add_response_header) add_response_header;
+    __typeof__(&MHD_queue_response) queue_response;
+    __typeof__(&MHD_destroy_response) destroy_response;
+} g_mhd;
+static pthread_once_t g_mhd_once = PTHREAD_ONCE_INIT;
+static char g_mhd_err[256]; /* why it did not load; "" when it did */
+
+static void mhd_load_once(void)
+{
+    void *h = dlopen(PDX_MHD_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        const char *e = dlerror();
+        snprintf(g_mhd_err, sizeof(g_mhd_err), "%s", e != NULL ? e : "?");
+        return;
+    }
+    struct {
+        const char *name;
+        void **slot;
+    } syms[] = {
+        {"MHD_start_daemon", (void **)&g_mhd.start_daemon},
+        {"MHD_stop_daemon", (void **)&g_mhd.stop_daemon},
+        {"MHD_get_daemon_info", (void **)&g_mhd.get_daemon_info},
+        {"MHD_create_response_from_buffer",
+         (void **)&g_mhd.create_response_from_buffer},
+        {"MHD_add_response_header", (void **)&g_mhd.add_response_header},
+        {"MHD_queue_response", (void **)&g_mhd.queue_response},
+        {"MHD_destroy_response", (void **)&g_mhd.destroy_response},
+    };
+    for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
+        *syms[i].slot = dlsym(h, syms[i].name);
+        if (*syms[i].slot == NULL) {
+            snprintf(g_mhd_err, sizeof(g_mhd_err), "%s has no %s",
+                     PDX_MHD_SONAME, syms[i].name);
+            memset(&g_mhd, 0, sizeof(g_mhd));
+            dlclose(h);
+            return;
+        }
+    }
+    /* Kept loaded for the process's life: daemons may run until exit. */
+}
+
+/* libmicrohttpd, loaded at the first call (thread-safe): true when its
+ * functions are in g_mhd. */
+static bool mhd_load(void)
+{
+    pthread_once(&g_mhd_once, mhd_load_once);
+    return g_mhd.start_daemon != NULL;
+}
+
 struct pdx_metrics_http {
     struct MHD_Daemon *daemon;
     pdx_agent_h agent;
@@ -35,7 +99,7 @@ struct pdx_metrics_http {
 static pdx_mhd_result_t reply(struct MHD_Connection *c, unsigned code,
                               char *body, size_t len, bool owned)
 {
-    struct MHD_Response *r = MHD_create_response_from_buffer(
+    struct MHD_Response *r = g_mhd.create_response_from_buffer(
         len, body, owned ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
     if (r == NULL) {
         if (owned) {
@@ -43,12 +107,12 @@ static pdx_mhd_result_t reply(struct MHD_Connection *c, unsigned code,
         }
         return MHD_NO;
     }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+    g_mhd.add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
                             code == MHD_HTTP_OK
                                 ? "text/plain; version=0.0.4; charset=utf-8"
                                 : "text/plain; charset=utf-8");
-    pdx_mhd_result_t ret = MHD_queue_response(c, code, r);
-    MHD_destroy_response(r);
+    pdx_mhd_result_t ret = g_mhd.queue_response(c, code, r);
+    g_mhd.destroy_response(r);
     return ret;
 }
 
@@ -126,6 +190,13 @@ pdx_status_t pdxi_metrics_start(pdx_agent_h agent,
     }
     struct sockaddr_storage ss;
     bool v6 = false;
+    if (!mhd_load()) {
+        pdx_error("agent %s: metrics: libmicrohttpd cannot be loaded (%s; "
+                  "Debian: libmicrohttpd12): no HTTP endpoint; "
+                  "pdx_metrics_text gives the same text",
+                  agent->name, g_mhd_err);
+        return PDX_ERR_UNSUPPORTED;
+    }
     if (!sock_addr(addr, port, &ss, &v6)) {
         pdx_error("agent %s: metrics: listen address '%s' is not a numeric "
                   "IPv4 or IPv6 address",
@@ -153,7 +224,7 @@ pdx_status_t pdxi_metrics_start(pdx_agent_h agent,
     unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG |
                      (v6 ? MHD_USE_IPv6 : 0);
     errno = 0;
-    h->daemon = MHD_start_daemon(
+    h->daemon = g_mhd.start_daemon(
         flags, port, NULL, NULL, answer, h, MHD_OPTION_SOCK_ADDR,
         (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, 16u,
         MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
@@ -170,7 +241,7 @@ pdx_status_t pdxi_metrics_start(pdx_agent_h agent,
         return PDX_ERR_IO;
     }
     const union MHD_DaemonInfo *di =
-        MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
+        g_mhd.get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
     if (di != NULL && di->port != 0) {
         h->port = di->port;
     }
@@ -192,7 +263,7 @@ pdx_status_t pdxi_metrics_stop(pdx_agent_h agent)
         return PDX_ERR_NOT_FOUND;
     }
     /* Without the agent lock: a scrape in progress takes it to finish. */
-    MHD_stop_daemon(h->daemon);
+    g_mhd.stop_daemon(h->daemon);
     free(h);
     return PDX_OK;
 }

@@ -37,7 +37,8 @@ def test_c_snippets_compile_and_run():
     # example links the sanitizer runtime itself, so ASan starts from its
     # .preinit_array before any library constructor. Preloaded instead,
     # ASan initialises lazily inside the first call it intercepts: that is
-    # p11-kit's constructor (libpdx -> libmicrohttpd -> gnutls -> p11-kit)
+    # p11-kit's constructor (libpdx linked libmicrohttpd -> gnutls ->
+    # p11-kit; it loads it with dlopen now, only for a metrics endpoint)
     # holding glibc's locale lock in newlocale(), where ASan's dlerror()
     # unlocks it once too often, and the program hangs in exit().
     san = os.environ.get("PDX_DOCS_SAN_FLAGS", "").split()
