@@ -182,10 +182,8 @@ ucx_client_t *ucx_client_get(ucx_clients_t *cs, const void *addr,
     memcpy(c->addr, addr, addr_len);
     /* On this host (the same shared-memory device, UCX's system id): its
      * pid says when it exited. */
-    const ucx_vaddr_t *me = &be->self;
-    if (pid > 0 && va.has_mm && me->has_mm &&
-        va.mm_dev_len == me->mm_dev_len && va.mm_dev_len > 0 &&
-        memcmp(va.mm_dev, me->mm_dev, va.mm_dev_len) == 0) {
+    c->shm = ucx_vaddr_same_host(&va, &be->self);
+    if (pid > 0 && c->shm) {
         c->pid = pid;
     }
     ucp_ep_params_t ep = {

@@ -40,6 +40,7 @@ typedef struct ucx_client {
     uint32_t users;        /* answers in flight to it (ucx_client_done) */
     uint64_t bytes;        /* served: their data */
     pid_t pid;             /* served: a same-host requester's, else 0 */
+    int shm;               /* on this host, over UCX shared memory */
     size_t addr_len;
     unsigned char addr[];
 } ucx_client_t;

@@ -58,6 +58,16 @@ static void dreq_maybe_end(ucx_dreq_t *q)
 static void dram_send_cb(void *request, ucs_status_t status,
                          void *user_data);
 
+/* A WRITE's data is read from the application's memory only while its
+ * request is live: once aborted or released, what UCX still sends of it
+ * is zeros (the target's range is undefined after an aborted WRITE
+ * anyway). */
+static int job_src_live(const ucx_dsrc_t *s)
+{
+    const ucx_dreq_t *q = s->arg;
+    return q->req != NULL && !q->aborted;
+}
+
 /* Send job `k` of `q` (its chunk set). PDX_OK (sent or queued by UCX) or
  * the error. */
 static pdx_status_t job_send(ucx_dreq_t *q, uint32_t k)
@@ -67,19 +77,22 @@ static pdx_status_t job_send(ucx_dreq_t *q, uint32_t k)
     if (peer == NULL || peer->ep == NULL) {
         return PDX_ERR_REMOTE_DISCONNECT;
     }
+    int write = q->op == PDX_XFER_WRITE;
     ucp_request_param_t rp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                         UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
-        .flags = UCP_AM_SEND_FLAG_EAGER,
+        .flags = write && j->len > DRAM_EAGER_MAX && !q->shm
+                     ? UCP_AM_SEND_FLAG_RNDV
+                     : UCP_AM_SEND_FLAG_EAGER,
         .cb.send = dram_send_cb,
         .user_data = q,
     };
-    int write = q->op == PDX_XFER_WRITE;
     if (write) {
         rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
         rp.datatype = q->be->dram->dt;
-        j->src.p = (const unsigned char *)(uintptr_t)j->laddr;
-        j->src.len = j->len;
+        j->src = (ucx_dsrc_t){
+            .p = (const unsigned char *)(uintptr_t)j->laddr,
+            .len = j->len, .live = job_src_live, .arg = q};
     }
     ucs_status_ptr_t sp = ucp_am_send_nbx(
         peer->ep, UCX_AM_ID_DRAM, j->hdr, q->hdr_len,
@@ -150,23 +163,51 @@ static void dreq_dealloc(ucx_dreq_t *q)
     free(q);
 }
 
+/* UCX let go of one of q's sends or receives: the last one frees a
+ * detached q, or a released request whose end waited for it. */
+static void dreq_unpend(ucx_dreq_t *q)
+{
+    q->ucx_pending--;
+    if (q->ucx_pending > 0) {
+        return;
+    }
+    if (q->req == NULL) {
+        dreq_dealloc(q); /* detached */
+    } else {
+        q->unbusy(q->req); /* may free q */
+    }
+}
+
 static void dram_send_cb(void *request, ucs_status_t status, void *user_data)
 {
     ucx_dreq_t *q = user_data;
     ucp_request_free(request);
-    q->ucx_pending--;
     if (status != UCS_OK && status != UCS_ERR_CANCELED) {
         pdx_debug("ucx: a served request's send failed: %s",
                   ucs_status_string(status));
     }
-    if (q->req == NULL && q->ucx_pending == 0) {
-        dreq_dealloc(q); /* detached: the last send frees it */
+    if (status != UCS_OK && q->req != NULL && !q->ended) {
+        /* Not delivered: its answer never comes, nor (the endpoint
+         * failed) any other of the window's. A rendezvous send can fail
+         * this way after its post returned, and before the request is
+         * among its peer's (a failure then finishes nothing). */
+        const ucx_peer_t *peer = q->req->peer;
+        dreq_fail(q, peer == NULL || peer->ep_status != UCS_OK
+                         ? PDX_ERR_REMOTE_DISCONNECT
+                         : ucx_status(status));
+        q->inflight = 0;
+        for (uint32_t k = 0; k < DRAM_WINDOW; k++) {
+            q->job[k].seq = 0;
+        }
+        dreq_maybe_end(q);
     }
+    dreq_unpend(q);
 }
 
 pdx_status_t ucx_dram_post(ucx_be_t *be, ucx_req_t *r,
                            const pdx_backend_iov_t *iov, size_t n,
-                           ucx_stage_done_cb_t done)
+                           ucx_stage_done_cb_t done,
+                           void (*unbusy)(ucx_req_t *r))
 {
     struct ucx_dram_state *ds = ucx_dram_state(be);
     ucx_peer_t *peer = r->peer;
@@ -205,9 +246,11 @@ pdx_status_t ucx_dram_post(ucx_be_t *be, ucx_req_t *r,
     q->worker = peer->worker;
     q->op = r->op;
     q->done = done;
+    q->unbusy = unbusy;
     q->npieces = n;
     q->hdr_len = hdr_len;
     q->chunk = be->max_chunk < DRAM_CHUNK ? be->max_chunk : DRAM_CHUNK;
+    q->shm = ucx_vaddr_same_host(&peer->vaddr, &be->self);
     for (size_t i = 0; i < n; i++) {
         const ucx_rmd_t *rmd = iov[i].remote_md;
         q->pieces[i].laddr = iov[i].local_addr;
@@ -218,6 +261,7 @@ pdx_status_t ucx_dram_post(ucx_be_t *be, ucx_req_t *r,
     }
     /* Every job's header: the fixed fields now, the rest per chunk. */
     dhdr_t d = {.op = r->op == PDX_XFER_WRITE ? DOP_WRITE : DOP_READ,
+                .status = DREQ_RNDV_ANSWERS,
                 .id = q->id, .pid = (uint32_t)getpid(), .pidns = ds->pidns,
                 .addr = wc->addr,
                 .addr_len = wc->addr_len};
@@ -328,8 +372,79 @@ void ucx_dram_fini(ucx_be_t *be)
 
 /* ---- answers ------------------------------------------------------------- */
 
-ucs_status_t ucx_dram_answer(ucx_be_t *be, const dhdr_t *h, void *data,
-                             size_t length, int rndv)
+/* Job k of q answered (its data in, or not): the window moves on. */
+static void job_answered(ucx_dreq_t *q, ucx_djob_t *j, pdx_status_t st)
+{
+    if (st != PDX_OK) {
+        dreq_fail(q, st);
+    } else {
+        q->left -= j->len;
+        q->be->gets_done++; /* progress, for a drain */
+    }
+    j->seq = 0;
+    q->inflight--;
+    dreq_pump(q);
+}
+
+/* A fragment of a rendezvous answer: into the job's memory while the job
+ * still waits for it (an aborted or released READ takes no more). */
+static void job_put(ucx_dsrc_t *s, size_t off, const void *src, size_t n)
+{
+    ucx_dreq_t *q = s->arg;
+    ucx_djob_t *j = &q->job[s->k];
+    if (q->req == NULL || q->ended || q->aborted || j->seq != s->seq ||
+        off > j->len || n > j->len - off) {
+        return;
+    }
+    memcpy((unsigned char *)(uintptr_t)j->laddr + off, src, n);
+}
+
+static void job_recv_cb(void *request, ucs_status_t status, size_t length,
+                        void *user_data)
+{
+    ucx_dsrc_t *s = user_data;
+    ucx_dreq_t *q = s->arg;
+    ucx_djob_t *j = &q->job[s->k];
+    (void)length;
+    ucp_request_free(request);
+    if (q->req != NULL && !q->ended && j->seq == s->seq) {
+        job_answered(q, j, status == UCS_OK ? PDX_OK
+                           : q->req->peer != NULL &&
+                                     q->req->peer->ep_status != UCS_OK
+                               ? PDX_ERR_REMOTE_DISCONNECT
+                               : ucx_status(status));
+    }
+    dreq_unpend(q);
+}
+
+/* Receive a rendezvous answer's data for job k of q (through job_put). */
+static ucs_status_t job_receive(ucx_dreq_t *q, ucp_worker_h w, uint32_t k,
+                                void *data)
+{
+    ucx_djob_t *j = &q->job[k];
+    j->src = (ucx_dsrc_t){.len = j->len, .put = job_put, .arg = q, .k = k,
+                          .seq = j->seq};
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                        UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_DATATYPE,
+        .cb.recv_am = job_recv_cb,
+        .user_data = &j->src,
+        .datatype = q->be->dram->dt,
+    };
+    ucs_status_ptr_t sp = ucp_am_recv_data_nbx(w, data, &j->src, j->len, &rp);
+    if (UCS_PTR_IS_ERR(sp)) {
+        job_answered(q, j, ucx_status(UCS_PTR_STATUS(sp)));
+    } else if (sp == NULL) {
+        job_answered(q, j, PDX_OK);
+    } else {
+        q->ucx_pending++;
+    }
+    return UCS_INPROGRESS;
+}
+
+ucs_status_t ucx_dram_answer(ucx_be_t *be, ucp_worker_h w, const dhdr_t *h,
+                             void *data, size_t length, int rndv)
 {
     ucx_dreq_t *q =
         be->dram != NULL ? ucx_idtab_find(&be->dram->ids, h->id) : NULL;
@@ -345,11 +460,13 @@ ucs_status_t ucx_dram_answer(ucx_be_t *be, const dhdr_t *h, void *data,
     }
     pdx_status_t st = ucx_dram_peer_status(h->status);
     if (st == PDX_OK && h->op == DOP_DATA &&
-        (rndv || length != j->len || h->len != j->len)) {
+        (length != j->len || h->len != j->len)) {
         pdx_warn("ucx: peer %s: a served READ answered %zu bytes for a "
-                 "chunk of %" PRIu64 "%s", peer->name, length, j->len,
-                 rndv ? " (rendezvous, never sent by pdx)" : "");
+                 "chunk of %" PRIu64, peer->name, length, j->len);
         st = PDX_ERR_CORRUPT;
+    }
+    if (st == PDX_OK && h->op == DOP_DATA && rndv) {
+        return job_receive(q, w, h->job, data);
     }
     if (st == PDX_OK && h->op == DOP_DATA && length > 0) {
         memcpy((void *)(uintptr_t)j->laddr, data, length);
@@ -361,14 +478,8 @@ ucs_status_t ucx_dram_answer(ucx_be_t *be, const dhdr_t *h, void *data,
                 j->len, pdx_status_string(st),
                 st == PDX_ERR_STALE ? " (the region is no longer registered "
                                       "there)" : "");
-        dreq_fail(q, st);
-    } else {
-        q->left -= j->len;
-        be->gets_done++; /* progress, for a drain */
     }
-    j->seq = 0;
-    q->inflight--;
-    dreq_pump(q);
+    job_answered(q, j, st);
     return UCS_OK;
 }
 
@@ -386,12 +497,14 @@ static ucs_status_t dram_am_cb(void *arg, const void *header,
                  header_length);
         return UCS_OK;
     }
-    /* pdx sends these eagerly; a rendezvous one is refused (returning
+    /* Data above DRAM_EAGER_MAX comes by rendezvous (a WRITE's, a READ's
+     * answer): received through the served datatype's unpack, never into
+     * memory directly; anything else sent so is refused (returning
      * UCS_OK without receiving it: UCX drops it and tells its sender). */
     if (h.op == DOP_READ || h.op == DOP_WRITE) {
-        return ucx_dsvc_request(be, &h, data, length, rndv);
+        return ucx_dsvc_request(be, wc->worker, &h, data, length, rndv);
     }
-    return ucx_dram_answer(be, &h, data, length, rndv);
+    return ucx_dram_answer(be, wc->worker, &h, data, length, rndv);
 }
 
 pdx_status_t ucx_dram_set_handler(ucx_be_t *be, ucx_wctx_t *wc)

@@ -26,6 +26,22 @@
  * max_chunk if smaller), DRAM_WINDOW of them in flight per request. */
 #define DRAM_CHUNK (1ull << 20)
 #define DRAM_WINDOW 8u
+/* A chunk's data (a WRITE's, a READ's answer) of at most DRAM_EAGER_MAX
+ * bytes goes eagerly (with its header: UCX copies it into a buffer of
+ * its own on the receiver, then pdx copies it where it goes); a larger
+ * one by rendezvous (the header first, the data on the receiver's word,
+ * unpacked by pdx straight where it goes: one copy a side). A requester
+ * says it takes rendezvous answers (DREQ_RNDV_ANSWERS in a request's
+ * status field, unused in requests before): an older one is answered
+ * eagerly. Not between processes of one host over UCX shared memory:
+ * there a rendezvous makes the receiver write to the sender's receive
+ * FIFO (its word to go) while data flows, and a requester killed in the
+ * middle of that write leaves the target's FIFO blocked (the oneway test
+ * saw it in 1 of 2 runs of 250 kills: the target's main worker stuck for
+ * seconds, a new requester's READ timing out); eager, the requester
+ * writes to it only when it posts. */
+#define DRAM_EAGER_MAX (64ull << 10)
+#define DREQ_RNDV_ANSWERS 1
 /* What the service takes: one chunk of at most this, a queue of answers
  * of at most DSVC_MAX_ANSWERS (more are dropped: their requests time
  * out), READ data copied out of regions for answers in flight up to
@@ -33,7 +49,8 @@
  * wait beyond: one that stopped reading holds no more), requesters'
  * endpoints up to DSVC_MAX_CLIENTS (the least recently used idle one
  * goes); a same-host requester's process is looked at every
- * DSVC_PID_CHECK_NS (in progress passes). An idle
+ * DSVC_PID_CHECK_NS (in progress passes; DSVC_PID_CHECK_STUCK_NS while
+ * the main worker cannot sleep). An idle
  * requester's endpoint is kept, not closed after a while: UCX pairs it
  * with the requester's own endpoint to us (both made between the same two
  * workers), so closing it reset the requester's connection to us (its
@@ -44,6 +61,7 @@
 #define DSVC_MAX_BYTES (128ull << 20)
 #define DSVC_CLIENT_BYTES (8ull << 20)
 #define DSVC_PID_CHECK_NS 100000000ull
+#define DSVC_PID_CHECK_STUCK_NS 1000000ull
 #define DSVC_MAX_CLIENTS 1024u
 /* Bounce buffers of DRAM_CHUNK kept for the next answers. */
 #define DSVC_SPARE_MAX 16u
@@ -161,16 +179,26 @@ static inline int ucx_dhdr_parse(const void *header, size_t len, dhdr_t *d)
  * UCX 1.13's tcp completes twice, and aborts on, when the peer goes in
  * the middle of it). What the send's buffer points to, kept until the
  * send's end. */
-typedef struct ucx_dsrc {
-    const unsigned char *p;
+typedef struct ucx_dsrc ucx_dsrc_t;
+struct ucx_dsrc {
+    const unsigned char *p; /* a send's bytes (NULL: zeros) */
     size_t len;
-} ucx_dsrc_t;
+    /* A send: when set and it says no, zeros go instead of p's bytes (a
+     * WRITE's request was aborted or released: its buffer is no longer
+     * pdx's to read). */
+    int (*live)(const ucx_dsrc_t *s);
+    /* A receive: each fragment, at `off` of `len` (UCX unpacks into
+     * this; nothing is received into memory directly). */
+    void (*put)(ucx_dsrc_t *s, size_t off, const void *src, size_t n);
+    void *arg;              /* the request (requester) or answer (service) */
+    uint32_t k, seq;        /* requester: the job and its seq */
+};
 
 /* One chunk of a request in flight (a slot of its window). */
 typedef struct ucx_djob {
     uint32_t seq;        /* 0: free */
     uint64_t laddr, len;
-    ucx_dsrc_t src;      /* a WRITE's data */
+    ucx_dsrc_t src;      /* a WRITE's data; a READ's rendezvous answer */
     unsigned char *hdr;  /* its header (the request's hdr_len bytes) */
 } ucx_djob_t;
 
@@ -183,9 +211,14 @@ typedef struct ucx_dreq {
     uint64_t id;            /* its key in dram->ids (0: not in it) */
     pdx_xfer_op_t op;
     ucx_stage_done_cb_t done;
+    void (*unbusy)(ucx_req_t *r); /* UCX let go of its last send or
+                                     receive (a released request is
+                                     freed then) */
     int ended;              /* `done` was called */
     int posting;            /* inside post: `done` is not called */
     int aborted;
+    int shm;                /* its peer is on this host, over UCX shared
+                               memory: its data goes eagerly */
     pdx_status_t status;    /* the first failure */
     uint64_t chunk;
     size_t npieces, piece;  /* the cursor: piece and offset in it */
@@ -193,7 +226,7 @@ typedef struct ucx_dreq {
     uint64_t left;          /* bytes not yet answered */
     uint32_t seq;
     uint32_t inflight;      /* jobs sent, not answered */
-    uint32_t ucx_pending;   /* sends UCX still holds */
+    uint32_t ucx_pending;   /* sends and receives UCX still holds */
     size_t hdr_len;
     ucx_djob_t job[DRAM_WINDOW];
     struct {
@@ -208,11 +241,20 @@ typedef struct ucx_dans {
     ucx_be_t *be;
     ucx_client_t *client;   /* held while its send is in flight */
     dhdr_t h;               /* the request (addr: see below) */
-    unsigned char *bounce;  /* READ: the data copied out of the region */
-    uint64_t bytes;         /* bounce bytes counted in dram->bytes */
+    unsigned char *bounce;  /* READ: the data copied out of the region
+                               (eager answers, or a rendezvous answer's
+                               region deregistered while it is sent) */
+    uint64_t bytes;         /* READ data bytes counted in dram->bytes */
     uint64_t sent_bytes;    /* ... and in its client's, while UCX holds it */
-    ucx_dsrc_t src;         /* the bounce, for ucx_dsvc_dt */
+    ucx_dsrc_t src;         /* READ: the bounce or the region, for
+                               ucx_dsvc_dt; WRITE: where a rendezvous
+                               request's data is unpacked */
     int spare;              /* the bounce is a spare (DRAM_CHUNK bytes) */
+    int rndv_ok;            /* READ: its requester takes a rendezvous
+                               answer */
+    int rndv;               /* READ: answered by rendezvous, from the
+                               region; WRITE: its data came so */
+    uint64_t gen;           /* dram->gen when its region was last checked */
     unsigned char hdr[DHDR_LEN];
     unsigned char addr[];   /* the requester's address (h.addr_len) */
 } ucx_dans_t;
@@ -224,7 +266,10 @@ struct ucx_dram_state {
     ucx_link_t answers;     /* queued, oldest first */
     uint32_t nanswers;
     ucx_link_t sending;     /* sent, UCX holds them */
-    uint64_t bytes;         /* bounce bytes of answers in flight */
+    ucx_link_t receiving;   /* WRITEs whose rendezvous data is arriving */
+    uint32_t nreceiving;
+    uint64_t gen;           /* bumped at each DRAM region's deregistration */
+    uint64_t bytes;         /* READ data of answers in flight */
     ucx_clients_t clients;  /* requesters' endpoints */
     int blocked;            /* every queued answer waits for bytes */
     uint64_t pidns;         /* ours (0: unknown) */
@@ -250,6 +295,7 @@ static inline struct ucx_dram_state *ucx_dram_state(ucx_be_t *be)
             ucx_list_init(&be->dram->live);
             ucx_list_init(&be->dram->answers);
             ucx_list_init(&be->dram->sending);
+            ucx_list_init(&be->dram->receiving);
             ucx_clients_init(&be->dram->clients, be, DSVC_MAX_CLIENTS,
                              "served", 1, NULL);
             be->dram->pidns = ucx_dsvc_pidns();
@@ -269,13 +315,16 @@ static inline pdx_status_t ucx_dram_peer_status(pdx_status_t st)
  * it. */
 pdx_status_t ucx_dsvc_dt(ucx_be_t *be, ucp_datatype_t *dt_p);
 
-/* ucx_dram.c: an answer to one of this instance's requests. */
-ucs_status_t ucx_dram_answer(ucx_be_t *be, const dhdr_t *h, void *data,
-                             size_t length, int rndv);
-/* ucx_dsvc.c: a peer's request arrived (the header parsed; `data`,
- * `length` and `rndv` as UCX gave them): checked, a WRITE's data copied
- * in, its answer queued for progress. What the AM callback returns. */
-ucs_status_t ucx_dsvc_request(ucx_be_t *be, const dhdr_t *h, void *data,
-                              size_t length, int rndv);
+/* ucx_dram.c: an answer to one of this instance's requests, on worker
+ * `w` (a rendezvous one's data is received there). */
+ucs_status_t ucx_dram_answer(ucx_be_t *be, ucp_worker_h w, const dhdr_t *h,
+                             void *data, size_t length, int rndv);
+/* ucx_dsvc.c: a peer's request arrived on worker `w` (the header parsed;
+ * `data`, `length` and `rndv` as UCX gave them): checked, a WRITE's data
+ * copied in (eager) or its receive started (rendezvous), its answer
+ * queued for progress once the data is in. What the AM callback
+ * returns. */
+ucs_status_t ucx_dsvc_request(ucx_be_t *be, ucp_worker_h w, const dhdr_t *h,
+                              void *data, size_t length, int rndv);
 
 #endif

@@ -35,9 +35,8 @@ static void *dt_start_pack(void *context, const void *buffer, size_t count)
 static void *dt_start_unpack(void *context, void *buffer, size_t count)
 {
     (void)context;
-    (void)buffer;
     (void)count;
-    return NULL; /* never received into */
+    return buffer; /* the ucx_dsrc_t: its put places each fragment */
 }
 
 static size_t dt_packed_size(void *state)
@@ -53,18 +52,26 @@ static size_t dt_pack(void *state, size_t offset, void *dest,
     if (n > max_length) {
         n = max_length;
     }
-    memcpy(dest, s->p + offset, n);
+    if (s->p == NULL || (s->live != NULL && !s->live(s))) {
+        memset(dest, 0, n);
+    } else {
+        memcpy(dest, s->p + offset, n);
+    }
     return n;
 }
 
 static ucs_status_t dt_unpack(void *state, size_t offset, const void *src,
                               size_t length)
 {
-    (void)state;
-    (void)offset;
-    (void)src;
-    (void)length;
-    return UCS_ERR_UNSUPPORTED;
+    ucx_dsrc_t *s = state;
+    if (s == NULL || s->put == NULL) {
+        return UCS_ERR_UNSUPPORTED;
+    }
+    if (offset > s->len || length > s->len - offset) {
+        return UCS_ERR_MESSAGE_TRUNCATED;
+    }
+    s->put(s, offset, src, length);
+    return UCS_OK;
 }
 
 static void dt_finish(void *state)
@@ -144,11 +151,94 @@ static void dsvc_refused(ucx_be_t *be, const dhdr_t *h, pdx_status_t st,
 
 /* ---- requests ------------------------------------------------------------- */
 
-ucs_status_t ucx_dsvc_request(ucx_be_t *be, const dhdr_t *h, void *data,
-                              size_t length, int rndv)
+/* A rendezvous WRITE's fragment: into its region, checked again when a
+ * DRAM region was deregistered since the last check (a region that went
+ * takes no more bytes; the answer says why). */
+static void dsvc_put(ucx_dsrc_t *s, size_t off, const void *src, size_t n)
+{
+    ucx_dans_t *a = s->arg;
+    ucx_be_t *be = a->be;
+    struct ucx_dram_state *ds = be->dram;
+    if (a->h.status != PDX_OK) {
+        return;
+    }
+    if (a->gen != ds->gen) {
+        ucx_md_t *md = NULL;
+        pdx_status_t st = dsvc_region(be, a->h.token, a->h.raddr, a->h.len,
+                                      &md);
+        if (st == PDX_OK && md->readonly) {
+            st = PDX_ERR_POLICY;
+        }
+        if (st != PDX_OK) {
+            a->h.status = st;
+            dsvc_refused(be, &a->h, st, "its region was deregistered while "
+                                        "its data arrived");
+            return;
+        }
+        a->gen = ds->gen;
+    }
+    memcpy((unsigned char *)(uintptr_t)a->h.raddr + off, src, n);
+}
+
+/* A rendezvous WRITE's data is in (or failed): its answer is queued. */
+static void dsvc_recv_end(ucx_dans_t *a, ucs_status_t status)
+{
+    struct ucx_dram_state *ds = a->be->dram;
+    ucx_list_del(&a->link);
+    ds->nreceiving--;
+    if (status != UCS_OK && a->h.status == PDX_OK) {
+        a->h.status = ucx_status(status);
+    }
+    if (a->h.status == PDX_OK) {
+        ds->served++;
+    }
+    ucx_list_push(&ds->answers, &a->link);
+    ds->nanswers++;
+}
+
+static void dsvc_recv_cb(void *request, ucs_status_t status, size_t length,
+                         void *user_data)
+{
+    (void)length;
+    ucp_request_free(request);
+    dsvc_recv_end(user_data, status);
+}
+
+/* Receive a checked rendezvous WRITE's data (UCX unpacks it into its
+ * region through dsvc_put); its answer is queued when it is in. What the
+ * AM callback returns. */
+static ucs_status_t dsvc_receive(ucx_be_t *be, ucp_worker_h w, ucx_dans_t *a,
+                                 void *data, ucp_datatype_t dt)
+{
+    struct ucx_dram_state *ds = be->dram;
+    a->rndv = 1;
+    a->gen = ds->gen;
+    a->src = (ucx_dsrc_t){.len = a->h.len, .put = dsvc_put, .arg = a};
+    ucx_list_push(&ds->receiving, &a->link);
+    ds->nreceiving++;
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                        UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_DATATYPE,
+        .cb.recv_am = dsvc_recv_cb,
+        .user_data = a,
+        .datatype = dt,
+    };
+    ucs_status_ptr_t sp = ucp_am_recv_data_nbx(w, data, &a->src, a->h.len,
+                                               &rp);
+    if (UCS_PTR_IS_ERR(sp)) {
+        dsvc_recv_end(a, UCS_PTR_STATUS(sp));
+    } else if (sp == NULL) {
+        dsvc_recv_end(a, UCS_OK);
+    }
+    return UCS_INPROGRESS;
+}
+
+ucs_status_t ucx_dsvc_request(ucx_be_t *be, ucp_worker_h w, const dhdr_t *h,
+                              void *data, size_t length, int rndv)
 {
     struct ucx_dram_state *ds = ucx_dram_state(be);
-    if (ds == NULL || ds->nanswers >= DSVC_MAX_ANSWERS) {
+    if (ds == NULL || ds->nanswers + ds->nreceiving >= DSVC_MAX_ANSWERS) {
         if (ds != NULL && ds->dropped++ % 1024 == 0) {
             pdx_warn("ucx: %u served requests wait for their answers: "
                      "dropping %s's (it times out)", ds->nanswers, h->name);
@@ -164,10 +254,14 @@ ucs_status_t ucx_dsvc_request(ucx_be_t *be, const dhdr_t *h, void *data,
     a->h = *h;
     memcpy(a->addr, h->addr, h->addr_len);
     a->h.addr = a->addr;
+    /* A request's status field carries what its sender takes. */
+    a->rndv_ok = h->op == DOP_READ && (h->status & DREQ_RNDV_ANSWERS) != 0;
+    a->h.status = PDX_OK;
     pdx_status_t st = PDX_OK;
     const char *why = NULL;
     ucx_md_t *md = NULL;
-    if (rndv) {
+    ucp_datatype_t dt = 0;
+    if (rndv && (h->op != DOP_WRITE || ucx_dsvc_dt(be, &dt) != PDX_OK)) {
         st = PDX_ERR_UNSUPPORTED;
         why = "sent by rendezvous";
     } else if (h->len == 0 || h->len > DSVC_MAX_CHUNK) {
@@ -187,6 +281,8 @@ ucs_status_t ucx_dsvc_request(ucx_be_t *be, const dhdr_t *h, void *data,
     }
     if (st != PDX_OK) {
         dsvc_refused(be, h, st, why);
+    } else if (h->op == DOP_WRITE && rndv) {
+        return dsvc_receive(be, w, a, data, dt);
     } else if (h->op == DOP_WRITE) {
         /* Checked just now, and no op (a deregistration) runs while this
          * callback does. */
@@ -227,6 +323,8 @@ static void dans_free(ucx_be_t *be, ucx_dans_t *a)
         } else {
             free(a->bounce);
         }
+    }
+    if (a->bytes > 0) {
         ds->bytes -= a->bytes;
         ds->blocked = 0;
     }
@@ -251,8 +349,11 @@ static void dans_sent_cb(void *request, ucs_status_t status, void *user_data)
     dans_free(a->be, a);
 }
 
-/* A READ's data, copied out of its region under a check made now: the
- * bounce buffer (a spare when the chunk fits one). */
+/* A READ's data under a check made now: sent by rendezvous straight
+ * from its region (to a requester that takes it, above
+ * DRAM_EAGER_MAX; ucx_dsvc_region_gone copies it out should the region
+ * go first), else copied out into a bounce buffer (a spare when the
+ * chunk fits one). */
 static pdx_status_t dans_fill(ucx_be_t *be, ucx_dans_t *a)
 {
     struct ucx_dram_state *ds = be->dram;
@@ -261,6 +362,13 @@ static pdx_status_t dans_fill(ucx_be_t *be, ucx_dans_t *a)
     if (st != PDX_OK) {
         dsvc_refused(be, &a->h, st, "its region was deregistered since");
         return st;
+    }
+    if (a->rndv_ok && a->h.len > DRAM_EAGER_MAX && !a->client->shm) {
+        a->rndv = 1;
+        a->bytes = a->h.len;
+        ds->bytes += a->bytes;
+        ds->served++;
+        return PDX_OK;
     }
     if (a->h.len <= DRAM_CHUNK && ds->nspare > 0) {
         a->bounce = ds->spare[--ds->nspare];
@@ -300,14 +408,17 @@ static void dans_send(ucx_be_t *be, ucx_dans_t *a, ucx_client_t *c)
     ucp_request_param_t rp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                         UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
-        .flags = UCP_AM_SEND_FLAG_EAGER,
+        .flags = data && a->rndv ? UCP_AM_SEND_FLAG_RNDV
+                                 : UCP_AM_SEND_FLAG_EAGER,
         .cb.send = dans_sent_cb,
         .user_data = a,
     };
     if (data && ucx_dsvc_dt(be, &rp.datatype) == PDX_OK) {
         rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
-        a->src.p = a->bounce;
-        a->src.len = a->h.len;
+        a->src = (ucx_dsrc_t){
+            .p = a->rndv ? (const unsigned char *)(uintptr_t)a->h.raddr
+                         : a->bounce,
+            .len = a->h.len};
     } else if (data) {
         a->h.status = PDX_ERR_NOMEM;
         data = 0;
@@ -331,6 +442,55 @@ static void dans_send(ucx_be_t *be, ucx_dans_t *a, ucx_client_t *c)
         a->sent_bytes = a->bytes;
         c->bytes += a->bytes;
     }
+}
+
+void ucx_dsvc_region_gone(ucx_be_t *be, const ucx_md_t *md)
+{
+    struct ucx_dram_state *ds = be->dram;
+    if (ds == NULL) {
+        return;
+    }
+    /* Rendezvous WRITEs arriving into it look again (dsvc_put). */
+    ds->gen++;
+    /* READ answers UCX still sends from it: their bytes as they are now,
+     * copied out, so UCX never reads the region after this. */
+    for (ucx_link_t *l = ds->sending.next; l != &ds->sending; l = l->next) {
+        ucx_dans_t *a = UCX_CONTAINER(l, ucx_dans_t, link);
+        uintptr_t p = (uintptr_t)a->src.p;
+        if (!a->rndv || a->bounce != NULL || a->h.op != DOP_READ ||
+            p < md->addr || p - md->addr >= md->len) {
+            continue;
+        }
+        a->bounce = malloc(a->h.len);
+        a->spare = 0;
+        if (a->bounce != NULL) {
+            memcpy(a->bounce, a->src.p, a->h.len);
+        } else {
+            pdx_error("ucx: out of memory copying a served READ's %" PRIu64
+                      " bytes out of a region being deregistered: %s gets "
+                      "zeros", a->h.len, a->h.name);
+        }
+        a->src.p = a->bounce;
+    }
+}
+
+int ucx_dsvc_quiesce(ucx_be_t *be)
+{
+    struct ucx_dram_state *ds = be->dram;
+    if (ds == NULL) {
+        return 0;
+    }
+    ucx_link_t *l = ds->clients.live.next;
+    while (l != &ds->clients.live) {
+        ucx_link_t *next = l->next;
+        ucx_client_t *c = UCX_CONTAINER(l, ucx_client_t, link);
+        if (c->users > 0) {
+            ucx_client_close(c);
+        }
+        l = next;
+    }
+    return !ucx_list_empty(&ds->clients.closing) ||
+           !ucx_list_empty(&ds->sending);
 }
 
 int ucx_dsvc_pending(const ucx_be_t *be)
@@ -412,8 +572,13 @@ int ucx_dsvc_progress(ucx_be_t *be)
     if (!ucx_list_empty(&ds->answers) && !ds->blocked) {
         n += dsvc_send_queued(be);
     }
+    /* A main worker that cannot sleep may wait on sends to a requester
+     * that died (its FIFO full for good): looked at every pass then, so
+     * its close frees the worker at once rather than at the next check. */
     uint64_t now = pdx_now_ns();
-    if (now - ds->idle_check_ns >= DSVC_PID_CHECK_NS) {
+    uint64_t every = be->main_ws.stuck_since_ns != 0 ? DSVC_PID_CHECK_STUCK_NS
+                                                     : DSVC_PID_CHECK_NS;
+    if (now - ds->idle_check_ns >= every) {
         ds->idle_check_ns = now;
         n += dsvc_reap_clients(be, now);
     }
@@ -449,6 +614,11 @@ void ucx_dsvc_fini(ucx_be_t *be)
     }
     while (!ucx_list_empty(&ds->answers)) {
         ucx_dans_t *a = UCX_CONTAINER(ds->answers.next, ucx_dans_t, link);
+        dans_free(be, a);
+    }
+    while (!ucx_list_empty(&ds->receiving)) {
+        ucx_dans_t *a = UCX_CONTAINER(ds->receiving.next, ucx_dans_t, link);
+        ds->nreceiving--;
         dans_free(be, a);
     }
     ucx_clients_drop(&ds->clients);

@@ -396,6 +396,9 @@ pdx_status_t ucx_req_send_notif(ucx_req_t *r);
 /* A staged request's data stage ended (ucx_stage.c) with `st`: the
  * notification next, or its end; freed if released. */
 void ucx_req_stage_done(ucx_req_t *r, pdx_status_t st);
+/* A released request that UCX no longer holds (ucx_req_busy says no) is
+ * freed; else nothing. */
+void ucx_req_maybe_free(ucx_req_t *r);
 void ucx_flush_cb(void *request, ucs_status_t status, void *user_data);
 void ucx_get_cb(void *request, ucs_status_t status, void *user_data);
 
@@ -571,11 +574,14 @@ void ucx_stage_fini(ucx_be_t *be);
  * The protocol: ucx_dram_int.h; why: docs/SECURITY.md, "UCX's own
  * exposure". */
 /* Start `r`'s chunks (its pieces were checked); `done` is called once
- * with the data stage's end. PDX_INPROGRESS, or an error with nothing in
+ * with the data stage's end, `unbusy` each time UCX lets go of the last
+ * send or receive it held for `r` (ucx_req_busy turned false: a released
+ * `r` is freed then). PDX_INPROGRESS, or an error with nothing in
  * flight. */
 pdx_status_t ucx_dram_post(ucx_be_t *be, ucx_req_t *r,
                            const pdx_backend_iov_t *iov, size_t n,
-                           ucx_stage_done_cb_t done);
+                           ucx_stage_done_cb_t done,
+                           void (*unbusy)(ucx_req_t *r));
 /* Stop `r` (aborted or released): a READ ends at once (no byte of it
  * lands after this), a WRITE once its chunks were answered. */
 void ucx_dram_abort(ucx_req_t *r);
@@ -595,5 +601,15 @@ int ucx_dsvc_pending(const ucx_be_t *be);
 /* One line on the service for describe. */
 void ucx_dsvc_describe(const ucx_be_t *be, char *buf, size_t len);
 void ucx_dsvc_fini(ucx_be_t *be);
+/* A DRAM region of ours is being deregistered (it is off be->dregs):
+ * served answers UCX still sends from it are copied out first, and
+ * WRITE data still arriving for it is dropped (its answer says so). */
+void ucx_dsvc_region_gone(ucx_be_t *be, const ucx_md_t *md);
+/* Destroy: the endpoints of requesters with answers in flight are forced
+ * closed (a rendezvous answer waits for its requester's word, which may
+ * never come, and UCX 1.13 asserts destroying a worker that holds one).
+ * Nonzero while closes or answers are still under way (progress ends
+ * them). */
+int ucx_dsvc_quiesce(ucx_be_t *be);
 
 #endif

@@ -123,6 +123,7 @@ void ucx_mem_deregister(void *bev, void *mdv)
     /* No served request finds it from now on (requests and answers are
      * checked against be->dregs when they touch memory). */
     ucx_list_del(&md->vlink);
+    ucx_dsvc_region_gone(be, md);
     ucs_status_t s = ucp_mem_unmap(be->ctx, md->memh);
     if (s != UCS_OK) {
         pdx_error("ucx: deregistering 0x%" PRIx64 " +%" PRIu64 " failed: %s",

@@ -232,10 +232,7 @@ pdx_status_t ucx_worker_open(ucx_be_t *be, const char *name,
  * id): then UCX reaches it over shared memory. */
 static int ucx_peer_wants_worker(const ucx_be_t *be, const ucx_peer_t *peer)
 {
-    const ucx_vaddr_t *a = &peer->vaddr, *me = &be->self;
-    return be->peer_workers && me->has_mm && a->has_mm &&
-           a->mm_dev_len == me->mm_dev_len && a->mm_dev_len > 0 &&
-           memcmp(a->mm_dev, me->mm_dev, a->mm_dev_len) == 0;
+    return be->peer_workers && ucx_vaddr_same_host(&peer->vaddr, &be->self);
 }
 
 /* Free every notification record on a list: UCX will not call back for

@@ -61,7 +61,7 @@ static void ucx_req_fail(ucx_req_t *r, ucs_status_t status, const char *what)
     ucx_req_finish(r, r->aborted ? PDX_ERR_CANCELED : ucx_status(status));
 }
 
-static void ucx_req_maybe_free(ucx_req_t *r)
+void ucx_req_maybe_free(ucx_req_t *r)
 {
     if (r->released && !ucx_req_busy(r)) {
         ucx_list_del(&r->link);

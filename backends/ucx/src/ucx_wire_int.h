@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <pdx/types.h>
 
@@ -48,6 +49,16 @@ typedef struct ucx_vaddr {
     uint8_t mm_dev_len;
     uint8_t mm_dev[16];
 } ucx_vaddr_t;
+
+/* Are two validated addresses of one host over UCX shared memory (both
+ * have an mm transport, with the same device address)? */
+static inline int ucx_vaddr_same_host(const ucx_vaddr_t *a,
+                                      const ucx_vaddr_t *b)
+{
+    return a->has_mm && b->has_mm && a->mm_dev_len == b->mm_dev_len &&
+           a->mm_dev_len > 0 &&
+           memcmp(a->mm_dev, b->mm_dev, a->mm_dev_len) == 0;
+}
 
 /* Fill `local` from UCT (components, their mds and transports).
  * PDX_ERR_UNSUPPORTED with `why` when UCX runs in unified mode (addresses

@@ -242,7 +242,8 @@ pdx_status_t ucx_xfer_post(void *bev, void *peerv, pdx_xfer_op_t op,
     if (ucx_dram_wanted(be, peer, iov, n)) {
         /* Host memory the peer serves: requests its service checks
          * (ucx_dram.c), not RMA that UCX would emulate on its CPU. */
-        st = ucx_dram_post(be, r, iov, n, ucx_req_stage_done);
+        st = ucx_dram_post(be, r, iov, n, ucx_req_stage_done,
+                           ucx_req_maybe_free);
         if (st != PDX_INPROGRESS) {
             ucx_req_put(be, r);
             return st;
