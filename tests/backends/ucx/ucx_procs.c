@@ -280,6 +280,203 @@ void test_peer_death_shm(void **state)
     peer_death("posix,sysv,self");
 }
 
+/* ---- a hostile sender of served requests --------------------------------
+ * A raw UCP worker (no pdx) sends the child's served-memory service
+ * requests made by hand, some by rendezvous, over tcp: each is refused
+ * with the status that names what is wrong, answered on the sender's
+ * address; a stranger's rendezvous "answer" is dropped; and the child
+ * still serves a pdx peer its region, unchanged (no refused WRITE touched
+ * it). The wire: backends/ucx/src/ucx_dram_int.h (its AM id 0x5f). */
+
+#define H_AM_ID 0x5f
+#define H_NREQ 4
+
+typedef struct hostile {
+    ucp_context_h ctx;
+    ucp_worker_h w;
+    ucp_ep_h ep;
+    ucp_address_t *addr;
+    size_t addr_len;
+    int32_t status[H_NREQ + 1]; /* by seq; 1 until answered */
+    int answers, strays;
+} hostile_t;
+
+static void h_put(unsigned char *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++) {
+        p[i] = (unsigned char)(v >> (8 * i));
+    }
+}
+
+static uint64_t h_get(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+static ucs_status_t h_answer_cb(void *arg, const void *header,
+                                size_t header_length, void *data,
+                                size_t length,
+                                const ucp_am_recv_param_t *param)
+{
+    hostile_t *h = arg;
+    const unsigned char *p = header;
+    (void)data, (void)length, (void)param;
+    uint32_t seq = header_length >= 64 ? (uint32_t)h_get(p + 24, 4) : 0;
+    /* An answer: DATA (3) to a READ, ACK (4) to a WRITE. */
+    if (header_length == 64 && h_get(p, 4) == 0x44584450u &&
+        (p[5] == 3 || p[5] == 4) &&
+        seq >= 1 && seq <= H_NREQ && h->status[seq] == 1) {
+        h->status[seq] = (int32_t)(uint32_t)h_get(p + 12, 4);
+        h->answers++;
+    } else {
+        h->strays++;
+    }
+    return UCS_OK;
+}
+
+static void h_send(hostile_t *h, int op, uint32_t seq, uint64_t token,
+                   uint64_t raddr, uint64_t len, void *data, size_t dlen,
+                   int rndv)
+{
+    static const char name[] = "hostile";
+    unsigned char *hdr = calloc(1, 64 + sizeof(name) - 1 + h->addr_len);
+    assert_non_null(hdr);
+    h_put(hdr, 0x44584450u, 4);
+    hdr[4] = 1;
+    hdr[5] = (unsigned char)op;
+    h_put(hdr + 6, sizeof(name) - 1, 2);
+    h_put(hdr + 8, op <= 2 ? h->addr_len : 0, 2);
+    h_put(hdr + 16, 0x5eed + seq, 8);
+    h_put(hdr + 24, seq, 4);
+    h_put(hdr + 32, token, 8);
+    h_put(hdr + 40, raddr, 8);
+    h_put(hdr + 48, len, 8);
+    size_t hlen = 64;
+    if (op <= 2) {
+        memcpy(hdr + 64, name, sizeof(name) - 1);
+        memcpy(hdr + 64 + sizeof(name) - 1, h->addr, h->addr_len);
+        hlen += sizeof(name) - 1 + h->addr_len;
+    }
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = rndv ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER};
+    ucs_status_ptr_t sp = ucp_am_send_nbx(h->ep, H_AM_ID, hdr, hlen, data,
+                                          dlen, &rp);
+    assert_false(UCS_PTR_IS_ERR(sp));
+    uint64_t deadline = pdx_now_ns() + DEADLINE_NS;
+    while (sp != NULL && ucp_request_check_status(sp) == UCS_INPROGRESS &&
+           pdx_now_ns() < deadline) {
+        ucp_worker_progress(h->w);
+    }
+    if (sp != NULL) {
+        assert_int_not_equal(ucp_request_check_status(sp), UCS_INPROGRESS);
+        ucp_request_free(sp);
+    }
+    free(hdr);
+}
+
+static void hostile_open(hostile_t *h, const child_t *c)
+{
+    memset(h, 0, sizeof(*h));
+    for (int i = 0; i <= H_NREQ; i++) {
+        h->status[i] = 1;
+    }
+    ucp_config_t *cfg;
+    assert_int_equal(ucp_config_read(NULL, NULL, &cfg), UCS_OK);
+    assert_int_equal(ucp_config_modify(cfg, "TLS", "tcp"), UCS_OK);
+    ucp_params_t prm = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                        .features = UCP_FEATURE_AM};
+    assert_int_equal(ucp_init(&prm, cfg, &h->ctx), UCS_OK);
+    ucp_config_release(cfg);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    assert_int_equal(ucp_worker_create(h->ctx, &wp, &h->w), UCS_OK);
+    assert_int_equal(ucp_worker_get_address(h->w, &h->addr, &h->addr_len),
+                     UCS_OK);
+    ucp_am_handler_param_t ap = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                      UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                      UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        .id = H_AM_ID, .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = h_answer_cb, .arg = h};
+    assert_int_equal(ucp_worker_set_am_recv_handler(h->w, &ap), UCS_OK);
+    ucp_ep_params_t epp = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+        .address = c->conn, .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+    assert_int_equal(ucp_ep_create(h->w, &epp, &h->ep), UCS_OK);
+}
+
+static void hostile_close(hostile_t *h)
+{
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t sp = ucp_ep_close_nbx(h->ep, &cp);
+    uint64_t deadline = pdx_now_ns() + DEADLINE_NS;
+    while (sp != NULL && !UCS_PTR_IS_ERR(sp) &&
+           ucp_request_check_status(sp) == UCS_INPROGRESS &&
+           pdx_now_ns() < deadline) {
+        ucp_worker_progress(h->w);
+    }
+    if (sp != NULL && !UCS_PTR_IS_ERR(sp)) {
+        ucp_request_free(sp);
+    }
+    ucp_worker_release_address(h->w, h->addr);
+    ucp_worker_destroy(h->w);
+    ucp_cleanup(h->ctx);
+}
+
+void test_hostile_served(void **state)
+{
+    (void)state;
+    child_t c;
+    child_start(&c, "tcp");
+    hostile_t h;
+    hostile_open(&h, &c);
+    const size_t big = 128u << 10;
+    unsigned char *junk = malloc(big);
+    assert_non_null(junk);
+    memset(junk, 0xa5, big);
+    uint64_t at = c.region.addr;
+    /* 1: a READ sent by rendezvous (a READ carries no data). */
+    h_send(&h, 1, 1, 0, at, big, junk, big, 1);
+    /* 2: a rendezvous WRITE naming a token no region has. */
+    h_send(&h, 2, 2, 0x1234, at, big, junk, big, 1);
+    /* 3: a rendezvous WRITE whose data is not the length it names. */
+    h_send(&h, 2, 3, 0x1234, at, big, junk, big / 2, 1);
+    /* 4: a WRITE of nothing. */
+    h_send(&h, 2, 4, 0x1234, at, 0, NULL, 0, 0);
+    /* A stranger's rendezvous DATA answer, for no request: dropped. */
+    h_send(&h, 3, 1, 0, 0, big, junk, big, 1);
+    uint64_t deadline = pdx_now_ns() + DEADLINE_NS;
+    while (h.answers < H_NREQ && pdx_now_ns() < deadline) {
+        ucp_worker_progress(h.w);
+        usleep(100);
+    }
+    printf("[ ucx hostile served ] answers %d of %d, %d strays: %d %d %d %d\n",
+           h.answers, H_NREQ, h.strays, h.status[1], h.status[2],
+           h.status[3], h.status[4]);
+    assert_int_equal(h.status[1], PDX_ERR_UNSUPPORTED);
+    assert_int_equal(h.status[2], PDX_ERR_STALE);
+    assert_int_equal(h.status[3], PDX_ERR_CORRUPT);
+    assert_int_equal(h.status[4], PDX_ERR_TOO_LARGE);
+    assert_int_equal(h.strays, 0);
+    hostile_close(&h);
+    free(junk);
+    /* The child lives and serves its region as it was. */
+    parent_t p;
+    parent_setup(&p, &c, "tcp");
+    assert_int_equal(parent_xfer(&p, &c, PDX_XFER_READ, DEADLINE_NS), PDX_OK);
+    assert_true(check_pattern(p.mem, 8u << 20, 77, 0));
+    parent_teardown(&p);
+    child_reap(&c);
+}
+
 /* A READ aborted while its peer is stopped must end in bounded time, every
  * check returning at once (the backend never waits for the peer); release
  * never waits.

@@ -144,5 +144,6 @@ void test_release_stalled_read(void **state);
 void test_release_stalled_read_served(void **state);
 void test_stuck_fifo_own_worker(void **state);
 void test_stuck_fifo_one_worker(void **state);
+void test_hostile_served(void **state);
 
 #endif
