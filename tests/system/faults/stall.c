@@ -18,7 +18,7 @@
  * Prints p50, p99 and max of the other thread's calls.
  *
  * stall --mode kill|stop [--path ucx|ucx-tcp|shm] [--p1-write]
- *       [--peer-workers auto|off]
+ *       [--peer-workers auto|off] [--piece-kib N]
  * (--p1-write: P1's requests are WRITEs, whose flush a stopped peer never
  * acknowledges: they must end too, and the peer be given up on.
  * --peer-workers: the ucx backend's option. With off, every reply comes
@@ -47,7 +47,10 @@
 #include <pdx/pdx.h>
 
 #define REGION (16u << 20)
-#define PIECE (64u << 10)
+/* A piece (--piece-kib; 64 KiB by default): each goes as one chunk; over
+ * tcp one above 64 KiB goes by rendezvous. */
+static uint32_t g_piece = 64u << 10;
+#define PIECE g_piece
 /* One READ: 16 x 64 KiB = 1 MiB. With 4 MiB READs (64 pieces) and a
  * 1.5 s request timeout, the healthy peer's longest READ took up to 546
  * ms beside ctest -j2 and pdx-bench on 2 cores, and once passed the
@@ -865,6 +868,12 @@ int main(int argc, char **argv)
             g_stop = strcmp(argv[++i], "stop") == 0;
         } else if (strcmp(argv[i], "--p1-write") == 0) {
             g_p1_write = 1;
+        } else if (strcmp(argv[i], "--piece-kib") == 0 && i + 1 < argc) {
+            long kib = atol(argv[++i]);
+            if (kib < 4 || kib > 256) {
+                die("--piece-kib 4..256");
+            }
+            g_piece = (uint32_t)kib << 10;
         } else if (strcmp(argv[i], "--peer-workers") == 0 && i + 1 < argc) {
             g_peer_workers = argv[++i];
         }
