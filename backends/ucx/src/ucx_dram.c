@@ -39,6 +39,30 @@ static void dreq_fail(ucx_dreq_t *q, pdx_status_t st)
     }
 }
 
+/* UCX's status for one of q's sends or receives, as pdx says it: any
+ * failure once its peer's endpoint failed (or the peer is gone) is a
+ * disconnect. */
+static pdx_status_t dreq_ucx_status(const ucx_dreq_t *q, ucs_status_t s)
+{
+    const ucx_peer_t *peer = q->req != NULL ? q->req->peer : NULL;
+    if (s == UCS_OK) {
+        return PDX_OK;
+    }
+    return peer == NULL || peer->ep_status != UCS_OK
+               ? PDX_ERR_REMOTE_DISCONNECT
+               : ucx_status(s);
+}
+
+/* No chunk of q's window waits for its answer any more: late ones (and a
+ * rendezvous answer's fragments) are dropped. */
+static void dreq_forget_window(ucx_dreq_t *q)
+{
+    q->inflight = 0;
+    for (uint32_t k = 0; k < DRAM_WINDOW; k++) {
+        q->job[k].seq = 0;
+    }
+}
+
 /* Has every chunk sent been answered (or can no answer come)? Then the
  * data stage ends: with the first failure, CANCELED when aborted. */
 static void dreq_maybe_end(ucx_dreq_t *q)
@@ -103,8 +127,7 @@ static pdx_status_t job_send(ucx_dreq_t *q, uint32_t k)
                 "sending a served %s of %" PRIu64 " bytes failed: %s",
                 peer->name, write ? "WRITE" : "READ", j->len,
                 ucs_status_string(s));
-        return peer->ep_status != UCS_OK ? PDX_ERR_REMOTE_DISCONNECT
-                                         : ucx_status(s);
+        return dreq_ucx_status(q, s);
     }
     if (sp != NULL) {
         q->ucx_pending++;
@@ -191,14 +214,8 @@ static void dram_send_cb(void *request, ucs_status_t status, void *user_data)
          * failed) any other of the window's. A rendezvous send can fail
          * this way after its post returned, and before the request is
          * among its peer's (a failure then finishes nothing). */
-        const ucx_peer_t *peer = q->req->peer;
-        dreq_fail(q, peer == NULL || peer->ep_status != UCS_OK
-                         ? PDX_ERR_REMOTE_DISCONNECT
-                         : ucx_status(status));
-        q->inflight = 0;
-        for (uint32_t k = 0; k < DRAM_WINDOW; k++) {
-            q->job[k].seq = 0;
-        }
+        dreq_fail(q, dreq_ucx_status(q, status));
+        dreq_forget_window(q);
         dreq_maybe_end(q);
     }
     dreq_unpend(q);
@@ -296,10 +313,7 @@ void ucx_dram_abort(ucx_req_t *r)
     if (q->op == PDX_XFER_READ) {
         /* Its answers land only while it waits for them: from now on
          * they are dropped. */
-        q->inflight = 0;
-        for (uint32_t k = 0; k < DRAM_WINDOW; k++) {
-            q->job[k].seq = 0;
-        }
+        dreq_forget_window(q);
     }
     dreq_maybe_end(q);
 }
@@ -408,11 +422,7 @@ static void job_recv_cb(void *request, ucs_status_t status, size_t length,
     (void)length;
     ucp_request_free(request);
     if (q->req != NULL && !q->ended && j->seq == s->seq) {
-        job_answered(q, j, status == UCS_OK ? PDX_OK
-                           : q->req->peer != NULL &&
-                                     q->req->peer->ep_status != UCS_OK
-                               ? PDX_ERR_REMOTE_DISCONNECT
-                               : ucx_status(status));
+        job_answered(q, j, dreq_ucx_status(q, status));
     }
     dreq_unpend(q);
 }

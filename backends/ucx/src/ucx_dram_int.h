@@ -253,7 +253,7 @@ typedef struct ucx_dans {
     int rndv_ok;            /* READ: its requester takes a rendezvous
                                answer */
     int rndv;               /* READ: answered by rendezvous, from the
-                               region; WRITE: its data came so */
+                               region */
     uint64_t gen;           /* dram->gen when its region was last checked */
     unsigned char hdr[DHDR_LEN];
     unsigned char addr[];   /* the requester's address (h.addr_len) */

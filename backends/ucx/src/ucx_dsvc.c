@@ -211,7 +211,6 @@ static ucs_status_t dsvc_receive(ucx_be_t *be, ucp_worker_h w, ucx_dans_t *a,
                                  void *data, ucp_datatype_t dt)
 {
     struct ucx_dram_state *ds = be->dram;
-    a->rndv = 1;
     a->gen = ds->gen;
     a->src = (ucx_dsrc_t){.len = a->h.len, .put = dsvc_put, .arg = a};
     ucx_list_push(&ds->receiving, &a->link);
@@ -363,26 +362,22 @@ static pdx_status_t dans_fill(ucx_be_t *be, ucx_dans_t *a)
         dsvc_refused(be, &a->h, st, "its region was deregistered since");
         return st;
     }
-    if (a->rndv_ok && a->h.len > DRAM_EAGER_MAX && !a->client->shm) {
-        a->rndv = 1;
-        a->bytes = a->h.len;
-        ds->bytes += a->bytes;
-        ds->served++;
-        return PDX_OK;
+    a->rndv = a->rndv_ok && a->h.len > DRAM_EAGER_MAX && !a->client->shm;
+    if (!a->rndv) {
+        if (a->h.len <= DRAM_CHUNK && ds->nspare > 0) {
+            a->bounce = ds->spare[--ds->nspare];
+            a->spare = 1;
+        } else if (a->h.len <= DRAM_CHUNK) {
+            a->bounce = malloc(DRAM_CHUNK);
+            a->spare = 1;
+        } else {
+            a->bounce = malloc(a->h.len);
+        }
+        if (a->bounce == NULL) {
+            return PDX_ERR_NOMEM;
+        }
+        memcpy(a->bounce, (const void *)(uintptr_t)a->h.raddr, a->h.len);
     }
-    if (a->h.len <= DRAM_CHUNK && ds->nspare > 0) {
-        a->bounce = ds->spare[--ds->nspare];
-        a->spare = 1;
-    } else if (a->h.len <= DRAM_CHUNK) {
-        a->bounce = malloc(DRAM_CHUNK);
-        a->spare = 1;
-    } else {
-        a->bounce = malloc(a->h.len);
-    }
-    if (a->bounce == NULL) {
-        return PDX_ERR_NOMEM;
-    }
-    memcpy(a->bounce, (const void *)(uintptr_t)a->h.raddr, a->h.len);
     a->bytes = a->h.len;
     ds->bytes += a->bytes;
     ds->served++;

@@ -5,6 +5,8 @@
 #include "ctl.h"
 #include "ucx_test.h"
 
+#include "ucx_dram_int.h"
+
 /* Child side of the process tests: export a region over tcp, progress, and
  * _exit() when told (or when the parent goes away). */
 int peer_child_main(int wfd, int rfd, const char *tls)
@@ -286,9 +288,9 @@ void test_peer_death_shm(void **state)
  * with the status that names what is wrong, answered on the sender's
  * address; a stranger's rendezvous "answer" is dropped; and the child
  * still serves a pdx peer its region, unchanged (no refused WRITE touched
- * it). The wire: backends/ucx/src/ucx_dram_int.h (its AM id 0x5f). */
+ * it). The wire is the backend's own (ucx_dram_int.h: its header writer
+ * and parser). */
 
-#define H_AM_ID 0x5f
 #define H_NREQ 4
 
 typedef struct hostile {
@@ -301,36 +303,19 @@ typedef struct hostile {
     int answers, strays;
 } hostile_t;
 
-static void h_put(unsigned char *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++) {
-        p[i] = (unsigned char)(v >> (8 * i));
-    }
-}
-
-static uint64_t h_get(const unsigned char *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--) {
-        v = (v << 8) | p[i];
-    }
-    return v;
-}
-
 static ucs_status_t h_answer_cb(void *arg, const void *header,
                                 size_t header_length, void *data,
                                 size_t length,
                                 const ucp_am_recv_param_t *param)
 {
     hostile_t *h = arg;
-    const unsigned char *p = header;
+    dhdr_t d;
     (void)data, (void)length, (void)param;
-    uint32_t seq = header_length >= 64 ? (uint32_t)h_get(p + 24, 4) : 0;
-    /* An answer: DATA (3) to a READ, ACK (4) to a WRITE. */
-    if (header_length == 64 && h_get(p, 4) == 0x44584450u &&
-        (p[5] == 3 || p[5] == 4) &&
-        seq >= 1 && seq <= H_NREQ && h->status[seq] == 1) {
-        h->status[seq] = (int32_t)(uint32_t)h_get(p + 12, 4);
+    /* An answer: DATA to a READ, ACK to a WRITE. */
+    if (ucx_dhdr_parse(header, header_length, &d) == 0 &&
+        (d.op == DOP_DATA || d.op == DOP_ACK) && d.seq >= 1 &&
+        d.seq <= H_NREQ && h->status[d.seq] == 1) {
+        h->status[d.seq] = (int32_t)d.status;
         h->answers++;
     } else {
         h->strays++;
@@ -343,29 +328,20 @@ static void h_send(hostile_t *h, int op, uint32_t seq, uint64_t token,
                    int rndv)
 {
     static const char name[] = "hostile";
-    unsigned char *hdr = calloc(1, 64 + sizeof(name) - 1 + h->addr_len);
+    int request = op == DOP_READ || op == DOP_WRITE;
+    dhdr_t d = {.op = op, .seq = seq, .id = 0x5eed + seq, .token = token,
+                .raddr = raddr, .len = len,
+                .addr = request ? (const unsigned char *)h->addr : NULL,
+                .addr_len = request ? h->addr_len : 0};
+    unsigned char *hdr = malloc(DHDR_LEN + sizeof(name) - 1 + h->addr_len);
     assert_non_null(hdr);
-    h_put(hdr, 0x44584450u, 4);
-    hdr[4] = 1;
-    hdr[5] = (unsigned char)op;
-    h_put(hdr + 6, sizeof(name) - 1, 2);
-    h_put(hdr + 8, op <= 2 ? h->addr_len : 0, 2);
-    h_put(hdr + 16, 0x5eed + seq, 8);
-    h_put(hdr + 24, seq, 4);
-    h_put(hdr + 32, token, 8);
-    h_put(hdr + 40, raddr, 8);
-    h_put(hdr + 48, len, 8);
-    size_t hlen = 64;
-    if (op <= 2) {
-        memcpy(hdr + 64, name, sizeof(name) - 1);
-        memcpy(hdr + 64 + sizeof(name) - 1, h->addr, h->addr_len);
-        hlen += sizeof(name) - 1 + h->addr_len;
-    }
+    size_t hlen = ucx_dhdr_make(hdr, &d, request ? name : NULL,
+                                request ? sizeof(name) - 1 : 0);
     ucp_request_param_t rp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
         .flags = rndv ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER};
-    ucs_status_ptr_t sp = ucp_am_send_nbx(h->ep, H_AM_ID, hdr, hlen, data,
-                                          dlen, &rp);
+    ucs_status_ptr_t sp = ucp_am_send_nbx(h->ep, UCX_AM_ID_DRAM, hdr, hlen,
+                                          data, dlen, &rp);
     assert_false(UCS_PTR_IS_ERR(sp));
     uint64_t deadline = pdx_now_ns() + DEADLINE_NS;
     while (sp != NULL && ucp_request_check_status(sp) == UCS_INPROGRESS &&
@@ -402,7 +378,7 @@ static void hostile_open(hostile_t *h, const child_t *c)
                       UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                       UCP_AM_HANDLER_PARAM_FIELD_CB |
                       UCP_AM_HANDLER_PARAM_FIELD_ARG,
-        .id = H_AM_ID, .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .id = UCX_AM_ID_DRAM, .flags = UCP_AM_FLAG_WHOLE_MSG,
         .cb = h_answer_cb, .arg = h};
     assert_int_equal(ucp_worker_set_am_recv_handler(h->w, &ap), UCS_OK);
     ucp_ep_params_t epp = {
@@ -444,15 +420,15 @@ void test_hostile_served(void **state)
     memset(junk, 0xa5, big);
     uint64_t at = c.region.addr;
     /* 1: a READ sent by rendezvous (a READ carries no data). */
-    h_send(&h, 1, 1, 0, at, big, junk, big, 1);
+    h_send(&h, DOP_READ, 1, 0, at, big, junk, big, 1);
     /* 2: a rendezvous WRITE naming a token no region has. */
-    h_send(&h, 2, 2, 0x1234, at, big, junk, big, 1);
+    h_send(&h, DOP_WRITE, 2, 0x1234, at, big, junk, big, 1);
     /* 3: a rendezvous WRITE whose data is not the length it names. */
-    h_send(&h, 2, 3, 0x1234, at, big, junk, big / 2, 1);
+    h_send(&h, DOP_WRITE, 3, 0x1234, at, big, junk, big / 2, 1);
     /* 4: a WRITE of nothing. */
-    h_send(&h, 2, 4, 0x1234, at, 0, NULL, 0, 0);
+    h_send(&h, DOP_WRITE, 4, 0x1234, at, 0, NULL, 0, 0);
     /* A stranger's rendezvous DATA answer, for no request: dropped. */
-    h_send(&h, 3, 1, 0, 0, big, junk, big, 1);
+    h_send(&h, DOP_DATA, 1, 0, 0, big, junk, big, 1);
     uint64_t deadline = pdx_now_ns() + DEADLINE_NS;
     while (h.answers < H_NREQ && pdx_now_ns() < deadline) {
         ucp_worker_progress(h.w);
