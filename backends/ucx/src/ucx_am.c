@@ -8,6 +8,7 @@ static void ucx_am_rndv_cb(void *request, ucs_status_t status, size_t length,
 {
     ucx_inmsg_t *m = user_data;
     ucp_request_free(request);
+    m->be->rx_rndv--;
     if (status != UCS_OK) {
         pdx_error("ucx: notification from %s: rendezvous receive of %zu "
                   "bytes failed: %s", m->peer, m->len,
@@ -76,6 +77,8 @@ ucs_status_t ucx_am_recv_cb(void *arg, const void *header,
         m->ready = 1;
     } else if (sp == NULL) {
         m->ready = 1;
+    } else {
+        be->rx_rndv++;
     }
     return UCS_INPROGRESS;
 }

@@ -444,6 +444,28 @@ static pdx_status_t ucx_config_make(ucx_be_t *be, ucp_config_t *cfg)
             return st;
         }
     }
+    /* UCX 1.13's tcp handles the events of one epoll_wait (up to MAX_POLL,
+     * 16) one after the other, and one may end an endpoint whose event is
+     * still in the batch: the process aborts (tcp_iface.c:307, "Assertion
+     * ep->conn_state != UCT_TCP_EP_CONN_STATE_CLOSED"; a freed endpoint's
+     * memory without assertions). Seen in a served owner when a requester
+     * was killed: the requester's "ready" (a rendezvous READ answer's) and
+     * the reset of the owner's own connection to it came in one batch, and
+     * UCX sent the answer's data on that connection from the first event
+     * (oneway tcp READ, 1,000 kills beside two busy loops: 2 of 6 runs
+     * aborted, 0 of 8 with one event a wait). One event a wait leaves no
+     * stale one; pdx calls progress again while it finds events. The key
+     * is MAX_POLL (no transport prefix): a UCX built with CUDA has it for
+     * cuda_copy and cuda_ipc too, completions handled per progress call,
+     * which pdx's loop repeats the same way. An explicit UCX_TCP_MAX_POLL
+     * is left as it is. */
+    if (ucx_tls_has_tcp(be->tls[0] ? be->tls : getenv("UCX_TLS")) &&
+        getenv("UCX_TCP_MAX_POLL") == NULL) {
+        st = ucx_config_set(cfg, "MAX_POLL", "1");
+        if (st != PDX_OK) {
+            return st;
+        }
+    }
     /* Keepalive is how UCX notices a dead peer with no traffic in flight
      * where nothing else tells it: over RDMA, a remote host that vanished.
      * On one host pdx has the peer's pidfd, and over TCP the kernel's RST
@@ -748,6 +770,20 @@ void ucx_destroy(void *bev)
      * one instance per such destroy (it is mostly the process's exit),
      * never an abort. Still open: a remote that connected to us, was never
      * loaded here, and died in wireup (UCX can then abort on destroy). */
+    /* A rendezvous receive still in flight (a peer stopped between its
+     * "ready to send" and its data) sits on one of UCX's endpoints, and
+     * UCX 1.13 asserts destroying a worker that holds one (ucp_ep.c:437).
+     * The endpoints we know are closed by now (forced closes purge their
+     * receives): what remains came over one UCX made for the peer's own
+     * connection, which we cannot close. The worker is left, as below. */
+    if (be->rx_rndv > 0) {
+        pdx_warn("ucx: destroy: %u rendezvous receives still wait for their "
+                 "data (a peer stopped in the middle of a transfer?): the UCX "
+                 "worker is left to the process's exit (UCX 1.13 asserts "
+                 "destroying it)", be->rx_rndv);
+        ucx_keep_leaked(be);
+        return;
+    }
     if ((be->forced > 0 || be->lost > 0) &&
         ucx_tls_has_tcp(be->tls[0] ? be->tls : getenv("UCX_TLS"))) {
         ucx_keep_leaked(be);

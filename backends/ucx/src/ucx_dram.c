@@ -421,6 +421,7 @@ static void job_recv_cb(void *request, ucs_status_t status, size_t length,
     ucx_djob_t *j = &q->job[s->k];
     (void)length;
     ucp_request_free(request);
+    q->be->rx_rndv--;
     if (q->req != NULL && !q->ended && j->seq == s->seq) {
         job_answered(q, j, dreq_ucx_status(q, status));
     }
@@ -449,6 +450,7 @@ static ucs_status_t job_receive(ucx_dreq_t *q, ucp_worker_h w, uint32_t k,
         job_answered(q, j, PDX_OK);
     } else {
         q->ucx_pending++;
+        q->be->rx_rndv++;
     }
     return UCS_INPROGRESS;
 }

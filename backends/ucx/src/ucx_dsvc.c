@@ -199,9 +199,11 @@ static void dsvc_recv_end(ucx_dans_t *a, ucs_status_t status)
 static void dsvc_recv_cb(void *request, ucs_status_t status, size_t length,
                          void *user_data)
 {
+    ucx_dans_t *a = user_data;
     (void)length;
     ucp_request_free(request);
-    dsvc_recv_end(user_data, status);
+    a->be->rx_rndv--;
+    dsvc_recv_end(a, status);
 }
 
 /* Receive a checked rendezvous WRITE's data (UCX unpacks it into its
@@ -229,6 +231,8 @@ static ucs_status_t dsvc_receive(ucx_be_t *be, ucp_worker_h w, ucx_dans_t *a,
         dsvc_recv_end(a, UCS_PTR_STATUS(sp));
     } else if (sp == NULL) {
         dsvc_recv_end(a, UCS_OK);
+    } else {
+        be->rx_rndv++;
     }
     return UCS_INPROGRESS;
 }
@@ -479,9 +483,7 @@ int ucx_dsvc_quiesce(ucx_be_t *be)
     while (l != &ds->clients.live) {
         ucx_link_t *next = l->next;
         ucx_client_t *c = UCX_CONTAINER(l, ucx_client_t, link);
-        if (c->users > 0) {
-            ucx_client_close(c);
-        }
+        ucx_client_close(c);
         l = next;
     }
     return !ucx_list_empty(&ds->clients.closing) ||

@@ -334,6 +334,12 @@ struct ucx_be {
     int errors_hint;     /* a peer's error_pending may be set: scan */
     int stalled_hint;    /* a peer's stage_stalled may be set: scan */
     unsigned lost;       /* peers that failed, timed out or died */
+    /* Rendezvous receives (ucp_am_recv_data_nbx) UCX still holds: each
+     * sits on one of UCX's endpoints until its data is in, and UCX 1.13
+     * asserts destroying a worker that holds one (ucp_ep.c:437,
+     * "ucs_hlist_is_empty(...proto_reqs)"). Raised where a receive is
+     * left in flight, lowered first thing in its callback. */
+    unsigned rx_rndv;
     ucx_be_t *leaked_next; /* g_leaked: a worker UCX could not destroy */
 
     /* GPU memory (ucx_vram.c, ucx_stage.c). */
@@ -605,11 +611,13 @@ void ucx_dsvc_fini(ucx_be_t *be);
  * served answers UCX still sends from it are copied out first, and
  * WRITE data still arriving for it is dropped (its answer says so). */
 void ucx_dsvc_region_gone(ucx_be_t *be, const ucx_md_t *md);
-/* Destroy: the endpoints of requesters with answers in flight are forced
- * closed (a rendezvous answer waits for its requester's word, which may
- * never come, and UCX 1.13 asserts destroying a worker that holds one).
- * Nonzero while closes or answers are still under way (progress ends
- * them). */
+/* Destroy: every requester's endpoint is forced closed. A rendezvous
+ * answer in flight on it waits for its requester's word, and a WRITE's
+ * rendezvous data may still be coming over it (UCX makes our endpoint to
+ * a requester the far end of the requester's to us when it can): either
+ * may never come (a stopped requester), and UCX 1.13 asserts destroying a
+ * worker that holds one; a forced close ends them. Nonzero while closes
+ * or answers are still under way (progress ends them). */
 int ucx_dsvc_quiesce(ucx_be_t *be);
 
 #endif

@@ -629,6 +629,7 @@ static void sd_recv_cb(void *request, ucs_status_t status, size_t length,
     ucx_job_t *j = user_data;
     ucp_request_free(request);
     j->ucx_pending--;
+    j->sreq->req->be->rx_rndv--;
     if (status != UCS_OK) {
         job_fail(j, ucx_status(status));
     } else if (length != j->bytes) {
@@ -712,6 +713,7 @@ static ucs_status_t on_sd(ucx_be_t *be, ucx_job_t *j, const shdr_t *h,
         job_fail(j, ucx_status(UCS_PTR_STATUS(sp)));
     } else if (sp != NULL) {
         j->ucx_pending++;
+        be->rx_rndv++;
     }
     job_advance(be, j);
     return UCS_INPROGRESS;

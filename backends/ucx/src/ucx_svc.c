@@ -187,6 +187,7 @@ static void svc_recv_cb(void *request, ucs_status_t status, size_t length,
     ucx_svc_t *v = user_data;
     ucp_request_free(request);
     v->ucx_pending--;
+    v->be->rx_rndv--;
     v->desc = NULL;
     if (status != UCS_OK) {
         svc_end(v, ucx_status(status));
@@ -225,6 +226,7 @@ static void svc_start(ucx_be_t *be, ucx_svc_t *v)
         svc_sw_landed(be, v);
     } else {
         v->ucx_pending++;
+        be->rx_rndv++;
     }
 }
 

@@ -4,7 +4,7 @@
  * what UCX tells it. Loopback only.
  *
  *   oneway --tls tcp|sm --cycles N [--op read|write]
- *          [--rma auto|served|native] [--idle]
+ *          [--rma auto|served|native] [--idle] [--stop-destroy]
  *
  * This process is the target T: a 16 MiB DRAM region over UCX, served by
  * its progress thread. N times, a child (this program again, exec'd)
@@ -16,6 +16,14 @@
  * T's region byte-exact. --rma native: UCX's emulated RMA, as before
  * served host memory (the target aborted at the first kills over tcp);
  * --idle: killed after the warm-up, with nothing in flight.
+ *
+ * --stop-destroy: the other way round, N times: the child posts its
+ * request and is stopped (SIGSTOP) 0-1.5 ms later, and T deregisters its
+ * region and destroys its agent with the child's request in the middle
+ * (over tcp a 16 MiB READ's answers and WRITE's data go by rendezvous:
+ * T waits for the stopped child's word, or the child for T's). T's
+ * destroy must end within DESTROY_BOUND_MS, without a UCX assertion (the
+ * process would abort), and T's fds must not grow over the cycles.
  *
  * Bounded: every wait has a deadline; the test has a ctest timeout. */
 #include <errno.h>
@@ -41,6 +49,11 @@ static const char *g_tls = "tcp";
 static const char *g_rma = "auto";
 static int g_write;
 static int g_idle; /* --idle: killed after the warm-up, nothing in flight */
+static int g_stop_destroy; /* --stop-destroy: T goes, the child stopped */
+/* T's deregistration and destroy with a stopped child's request in the
+ * middle: UCX's force close of an endpoint ends its operations at once;
+ * a destroy that waited on the stopped child would wait for ever. */
+#define DESTROY_BOUND_MS 5000
 
 static uint64_t word(uint64_t i)
 {
@@ -281,6 +294,68 @@ static int target_main(long n)
     return fails ? 1 : 0;
 }
 
+/* --stop-destroy: n cycles of a new T (agent, region) that goes while its
+ * child, stopped, has a request in the middle. */
+static int stop_destroy_main(long n)
+{
+    int fails = 0;
+    long fds0 = -1;
+    uint64_t worst = 0;
+    uint64_t *mem = region();
+    for (uint64_t i = 0; i < LEN / 8; i++) {
+        mem[i] = word(i);
+    }
+    for (long i = 0; i < n; i++) {
+        pdx_backend_h ucx;
+        pdx_agent_h a = ucx_agent("oneway-t", &ucx);
+        pdx_mem_reg_h reg;
+        CHECK(pdx_mem_register(a, PDX_MEM_DRAM, (uintptr_t)mem, LEN, 0, 0,
+                               &reg));
+        int fd;
+        pid_t pid = spawn_child(&fd);
+        ctl_send_blob(a, fd);
+        ctl_send_addrs(fd, (uintptr_t)mem, 0);
+        expect(fd, "warm", i);
+        send_msg(fd, "go", 2);
+        expect(fd, "posted", i);
+        usleep((useconds_t)(i % 6) * 300); /* 0-1.5 ms into the request */
+        kill(pid, SIGSTOP);
+        uint64_t t0 = pdx_now_ms();
+        CHECK(pdx_mem_deregister(a, reg));
+        pdx_agent_destroy(a);
+        uint64_t took = pdx_now_ms() - t0;
+        worst = took > worst ? took : worst;
+        if (took > DESTROY_BOUND_MS) {
+            fprintf(stderr, "FAIL: cycle %ld: T's deregister and destroy "
+                    "took %" PRIu64 " ms with a stopped child's request in "
+                    "the middle\n", i, took);
+            fails++;
+        }
+        kill(pid, SIGKILL);
+        kill(pid, SIGCONT);
+        waitpid(pid, NULL, 0);
+        close(fd);
+        if (i == 1) {
+            fds0 = proc_count_fds();
+        }
+    }
+    long fds1 = proc_count_fds();
+    /* Each cycle's agent, worker and sockets are gone with it: the fds
+     * after the second cycle are those after the last (a few of UCX's
+     * own, made once per process, allowed). */
+    if (n > 2 && fds1 > fds0 + 4) {
+        fprintf(stderr, "FAIL: fds grew from %ld to %ld over %ld cycles\n",
+                fds0, fds1, n - 2);
+        fails++;
+    }
+    free(mem);
+    printf("oneway %s %s --stop-destroy: %ld cycles, slowest deregister and "
+           "destroy %" PRIu64 " ms, fds %ld -> %ld, %s\n", g_tls,
+           g_write ? "write" : "read", n, worst, fds0, fds1,
+           fails ? "FAILED" : "ok");
+    return fails ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     long cycles = 100;
@@ -297,11 +372,14 @@ int main(int argc, char **argv)
             g_rma = argv[++i];
         } else if (strcmp(argv[i], "--idle") == 0) {
             g_idle = 1;
+        } else if (strcmp(argv[i], "--stop-destroy") == 0) {
+            g_stop_destroy = 1;
         } else if (strcmp(argv[i], "--child") == 0 && i + 1 < argc) {
             child_fd = atoi(argv[++i]);
         } else {
             die("usage: %s [--tls tcp|sm] [--cycles N] [--op read|write] "
-                "[--rma auto|served|native] [--idle]", argv[0]);
+                "[--rma auto|served|native] [--idle] [--stop-destroy]",
+                argv[0]);
         }
     }
     signal(SIGPIPE, SIG_IGN);
@@ -309,5 +387,5 @@ int main(int argc, char **argv)
     if (child_fd >= 0) {
         return child_main(child_fd);
     }
-    return target_main(cycles);
+    return g_stop_destroy ? stop_destroy_main(cycles) : target_main(cycles);
 }
