@@ -169,6 +169,22 @@ static void expect(int fd, const char *what, long cycle)
     free(m);
 }
 
+/* A child of T's agent `a` and region `mem`, wired up ("warm"); with
+ * `go`, its request posted too. Its pid; its control socket in *fd_p. */
+static pid_t child_ready(pdx_agent_h a, const uint64_t *mem, long cycle,
+                         int go, int *fd_p)
+{
+    pid_t pid = spawn_child(fd_p);
+    ctl_send_blob(a, *fd_p);
+    ctl_send_addrs(*fd_p, (uintptr_t)mem, 0);
+    expect(*fd_p, "warm", cycle);
+    if (go) {
+        send_msg(*fd_p, "go", 2);
+        expect(*fd_p, "posted", cycle);
+    }
+    return pid;
+}
+
 /* Wait (bounded) until T holds no socket in CLOSE-WAIT: the last
  * initiators' deaths take a moment to be seen. Their number left. */
 static long close_wait_settle(uint64_t ms)
@@ -204,12 +220,7 @@ static int target_main(long n)
     int fails = 0;
     for (long i = 0; i < n; i++) {
         int fd;
-        pid_t pid = spawn_child(&fd);
-        ctl_send_blob(a, fd);
-        ctl_send_addrs(fd, (uintptr_t)mem, 0);
-        expect(fd, "warm", i);
-        send_msg(fd, "go", 2);
-        expect(fd, "posted", i);
+        pid_t pid = child_ready(a, mem, i, 1, &fd);
         usleep((useconds_t)(i % 7) * 300); /* 0-1.8 ms into the request */
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
@@ -272,10 +283,7 @@ static int target_main(long n)
     }
     /* T still serves: a last child reads the whole region. */
     int fd;
-    pid_t pid = spawn_child(&fd);
-    ctl_send_blob(a, fd);
-    ctl_send_addrs(fd, (uintptr_t)mem, 0);
-    expect(fd, "warm", n);
+    pid_t pid = child_ready(a, mem, n, 0, &fd);
     send_msg(fd, "check", 5);
     char *res = recv_msg(fd, NULL);
     if (res == NULL || strcmp(res, "ok") != 0) {
@@ -312,12 +320,7 @@ static int stop_destroy_main(long n)
         CHECK(pdx_mem_register(a, PDX_MEM_DRAM, (uintptr_t)mem, LEN, 0, 0,
                                &reg));
         int fd;
-        pid_t pid = spawn_child(&fd);
-        ctl_send_blob(a, fd);
-        ctl_send_addrs(fd, (uintptr_t)mem, 0);
-        expect(fd, "warm", i);
-        send_msg(fd, "go", 2);
-        expect(fd, "posted", i);
+        pid_t pid = child_ready(a, mem, i, 1, &fd);
         usleep((useconds_t)(i % 6) * 300); /* 0-1.5 ms into the request */
         kill(pid, SIGSTOP);
         uint64_t t0 = pdx_now_ms();
