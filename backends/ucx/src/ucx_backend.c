@@ -332,6 +332,12 @@ static int ucx_tls_has_tcp(const char *tls)
     return 0;
 }
 
+/* May this instance's UCX use tcp (its `tls` option, else UCX_TLS)? */
+static int ucx_be_has_tcp(const ucx_be_t *be)
+{
+    return ucx_tls_has_tcp(be->tls[0] ? be->tls : getenv("UCX_TLS"));
+}
+
 /* Does a UCX_TLS value select a shared-memory (mm) transport? Unset, "all"
  * and exclusion lists ("^tcp") may. */
 static int ucx_tls_has_mm(const char *tls)
@@ -437,8 +443,7 @@ static pdx_status_t ucx_config_make(ucx_be_t *be, ucp_config_t *cfg)
      * at UCX's 8 KiB, served host memory moved 0.75-0.8 GB/s over a veth
      * pair against 1.8-2.8 at 64 KiB (pdx-bench vram, 1 and 16 MiB
      * pieces). An explicit UCX_TCP_TX_SEG_SIZE is left as it is. */
-    if (ucx_tls_has_tcp(be->tls[0] ? be->tls : getenv("UCX_TLS")) &&
-        getenv("UCX_TCP_TX_SEG_SIZE") == NULL) {
+    if (ucx_be_has_tcp(be) && getenv("UCX_TCP_TX_SEG_SIZE") == NULL) {
         st = ucx_config_set(cfg, "TX_SEG_SIZE", "65536");
         if (st != PDX_OK) {
             return st;
@@ -453,14 +458,14 @@ static pdx_status_t ucx_config_make(ucx_be_t *be, ucp_config_t *cfg)
      * the reset of the owner's own connection to it came in one batch, and
      * UCX sent the answer's data on that connection from the first event
      * (oneway tcp READ, 1,000 kills beside two busy loops: 2 of 6 runs
-     * aborted, 0 of 8 with one event a wait). One event a wait leaves no
+     * aborted; 0 of 8 with UCX_TCP_MAX_POLL=1, 0 of 6 with this). One
+     * event a wait leaves no
      * stale one; pdx calls progress again while it finds events. The key
      * is MAX_POLL (no transport prefix): a UCX built with CUDA has it for
      * cuda_copy and cuda_ipc too, completions handled per progress call,
      * which pdx's loop repeats the same way. An explicit UCX_TCP_MAX_POLL
      * is left as it is. */
-    if (ucx_tls_has_tcp(be->tls[0] ? be->tls : getenv("UCX_TLS")) &&
-        getenv("UCX_TCP_MAX_POLL") == NULL) {
+    if (ucx_be_has_tcp(be) && getenv("UCX_TCP_MAX_POLL") == NULL) {
         st = ucx_config_set(cfg, "MAX_POLL", "1");
         if (st != PDX_OK) {
             return st;
@@ -615,7 +620,7 @@ pdx_status_t ucx_create(const pdx_backend_host_t *host,
          * every interface and wires up a reply endpoint at the peer).
          * Without tcp (shared memory or RDMA alone) whether UCX reaches a
          * peer decides at load whether the agent uses another backend. */
-        be->lazy = ucx_tls_has_tcp(be->tls[0] ? be->tls : getenv("UCX_TLS"));
+        be->lazy = ucx_be_has_tcp(be);
     }
     /* Out of fds, UCX fails (or aborts) naming another cause. */
     st = ucx_fd_room(UCX_FDS_INSTANCE, "create");
@@ -757,6 +762,20 @@ void ucx_destroy(void *bev)
     for (int idle = 0; idle < 1024 && pdx_before(deadline);) {
         idle = ucx_progress_all_once(be) == 0 ? idle + 1 : 0;
     }
+    /* A rendezvous receive still in flight (a peer stopped between its
+     * "ready to send" and its data) sits on one of UCX's endpoints, and
+     * UCX 1.13 asserts destroying a worker that holds one (ucp_ep.c:437).
+     * The endpoints we know are closed by now (forced closes purge their
+     * receives): what remains came over one UCX made for the peer's own
+     * connection, which we cannot close. The worker is left, as for a wireup reply below. */
+    if (be->rx_rndv > 0) {
+        pdx_warn("ucx: destroy: %u rendezvous receives still wait for their "
+                 "data (a peer stopped in the middle of a transfer?): the UCX "
+                 "worker is left to the process's exit (UCX 1.13 asserts "
+                 "destroying it)", be->rx_rndv);
+        ucx_keep_leaked(be);
+        return;
+    }
     /* UCX 1.13 over tcp: a wireup reply queued to a peer that died cannot
      * go, and ucp_worker_destroy asserts purging it ("got REP message" in
      * uct_tcp_ep_pending_purge; fixed upstream by openucx/ucx#8175, not in
@@ -770,22 +789,7 @@ void ucx_destroy(void *bev)
      * one instance per such destroy (it is mostly the process's exit),
      * never an abort. Still open: a remote that connected to us, was never
      * loaded here, and died in wireup (UCX can then abort on destroy). */
-    /* A rendezvous receive still in flight (a peer stopped between its
-     * "ready to send" and its data) sits on one of UCX's endpoints, and
-     * UCX 1.13 asserts destroying a worker that holds one (ucp_ep.c:437).
-     * The endpoints we know are closed by now (forced closes purge their
-     * receives): what remains came over one UCX made for the peer's own
-     * connection, which we cannot close. The worker is left, as below. */
-    if (be->rx_rndv > 0) {
-        pdx_warn("ucx: destroy: %u rendezvous receives still wait for their "
-                 "data (a peer stopped in the middle of a transfer?): the UCX "
-                 "worker is left to the process's exit (UCX 1.13 asserts "
-                 "destroying it)", be->rx_rndv);
-        ucx_keep_leaked(be);
-        return;
-    }
-    if ((be->forced > 0 || be->lost > 0) &&
-        ucx_tls_has_tcp(be->tls[0] ? be->tls : getenv("UCX_TLS"))) {
+    if ((be->forced > 0 || be->lost > 0) && ucx_be_has_tcp(be)) {
         ucx_keep_leaked(be);
         pdx_debug("ucx: destroy: a peer failed and tcp may hold a wireup "
                   "reply to it: the UCX worker is left to the process's "
