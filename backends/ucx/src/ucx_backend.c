@@ -769,9 +769,11 @@ void ucx_destroy(void *bev)
             peer->close_req = NULL;
         }
     }
-    /* Served answers in flight: forced out (ucx_dsvc_quiesce), bounded. */
+    /* Served and staged answers in flight: forced out (ucx_dsvc_quiesce,
+     * ucx_svc_quiesce), bounded. */
     deadline = pdx_after_ns(UCX_FORCE_REAP_NS);
-    while (ucx_dsvc_quiesce(be) && pdx_before(deadline)) {
+    while ((ucx_dsvc_quiesce(be) | ucx_svc_quiesce(be)) &&
+           pdx_before(deadline)) {
         ucx_progress_all_once(be);
     }
     /* Wireup messages still queued (a reply to a peer's connection request)

@@ -152,6 +152,11 @@ ucx_client_t *ucx_client_get(ucx_clients_t *cs, const void *addr,
                              const char *who)
 {
     ucx_be_t *be = cs->be;
+    if (cs->shut) {
+        pdx_debug("ucx: %s request from %s: the instance is going: not "
+                  "answered", cs->what, who);
+        return NULL;
+    }
     ucx_client_t *c = client_find(cs, addr, addr_len, via);
     if (c != NULL) {
         return c;
@@ -218,4 +223,13 @@ void ucx_clients_drop(ucx_clients_t *cs)
         }
     }
     cs->n = 0;
+}
+
+int ucx_clients_shut(ucx_clients_t *cs)
+{
+    cs->shut = 1;
+    while (!ucx_list_empty(&cs->live)) {
+        ucx_client_close(UCX_CONTAINER(cs->live.next, ucx_client_t, link));
+    }
+    return !ucx_list_empty(&cs->closing);
 }

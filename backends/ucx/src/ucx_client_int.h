@@ -25,6 +25,7 @@ typedef struct ucx_clients {
     int keep_failed;
     int *kick;             /* set when one fails (progress closes it), or
                               NULL */
+    int shut;              /* the instance is going: no new endpoint */
 } ucx_clients_t;
 
 /* A requester of the service: an endpoint of ours to its address. */
@@ -72,5 +73,12 @@ void ucx_client_done(ucx_client_t *c);
 /* Free every requester without closing its endpoint: the worker they were
  * on is gone, and with it what UCX held for them. */
 void ucx_clients_drop(ucx_clients_t *cs);
+/* The instance is going: every requester's endpoint is forced closed (its
+ * sends and receives end with errors, through their callbacks), and no
+ * new one is made (ucx_client_get returns NULL: an answer that comes to
+ * be sent after this is dropped; a new endpoint would wire up to a
+ * requester that may be stopped, and UCX 1.13 asserts destroying a worker
+ * with its wireup still queued). Nonzero while closes are under way. */
+int ucx_clients_shut(ucx_clients_t *cs);
 
 #endif

@@ -479,15 +479,7 @@ int ucx_dsvc_quiesce(ucx_be_t *be)
     if (ds == NULL) {
         return 0;
     }
-    ucx_link_t *l = ds->clients.live.next;
-    while (l != &ds->clients.live) {
-        ucx_link_t *next = l->next;
-        ucx_client_t *c = UCX_CONTAINER(l, ucx_client_t, link);
-        ucx_client_close(c);
-        l = next;
-    }
-    return !ucx_list_empty(&ds->clients.closing) ||
-           !ucx_list_empty(&ds->sending);
+    return ucx_clients_shut(&ds->clients) | !ucx_list_empty(&ds->sending);
 }
 
 int ucx_dsvc_pending(const ucx_be_t *be)

@@ -619,5 +619,11 @@ void ucx_dsvc_region_gone(ucx_be_t *be, const ucx_md_t *md);
  * worker that holds one; a forced close ends them. Nonzero while closes
  * or answers are still under way (progress ends them). */
 int ucx_dsvc_quiesce(ucx_be_t *be);
+/* Destroy, the same for the staged service (ucx_svc.c): every requester's
+ * endpoint forced closed (a staged READ's rendezvous answer waits for its
+ * requester's word, a WRITE's data may be coming over it; a stopped
+ * requester gives neither), no new one made. Nonzero while closes, sends
+ * or receives are under way. */
+int ucx_svc_quiesce(ucx_be_t *be);
 
 #endif

@@ -473,6 +473,20 @@ void ucx_svc_worker_gone(ucx_be_t *be, ucp_worker_h w)
     }
 }
 
+int ucx_svc_quiesce(ucx_be_t *be)
+{
+    struct ucx_stage_state *st = be->st;
+    if (st == NULL) {
+        return 0;
+    }
+    int busy = ucx_clients_shut(&st->clients);
+    for (ucx_link_t *l = st->svc_active.next; !busy && l != &st->svc_active;
+         l = l->next) {
+        busy = UCX_CONTAINER(l, ucx_svc_t, link)->ucx_pending > 0;
+    }
+    return busy;
+}
+
 void ucx_svc_fini(ucx_be_t *be)
 {
     ucx_svc_worker_gone(be, be->worker);
