@@ -460,11 +460,10 @@ static pdx_status_t ucx_config_make(ucx_be_t *be, ucp_config_t *cfg)
      * (oneway tcp READ, 1,000 kills beside two busy loops: 2 of 6 runs
      * aborted; 0 of 8 with UCX_TCP_MAX_POLL=1, 0 of 6 with this). One
      * event a wait leaves no stale one; pdx calls progress again while it
-     * finds events. The key
-     * is MAX_POLL (no transport prefix): a UCX built with CUDA has it for
-     * cuda_copy and cuda_ipc too, completions handled per progress call,
-     * which pdx's loop repeats the same way. An explicit UCX_TCP_MAX_POLL
-     * is left as it is. */
+     * finds events. The key is MAX_POLL (no transport prefix): a UCX built
+     * with CUDA has it for cuda_copy and cuda_ipc too, completions handled
+     * per progress call, which pdx's loop repeats the same way. An
+     * explicit UCX_TCP_MAX_POLL is left as it is. */
     if (ucx_be_has_tcp(be) && getenv("UCX_TCP_MAX_POLL") == NULL) {
         st = ucx_config_set(cfg, "MAX_POLL", "1");
         if (st != PDX_OK) {
@@ -478,13 +477,14 @@ static pdx_status_t ucx_config_make(ucx_be_t *be, ucp_config_t *cfg)
      * returns the error with the endpoint and its socket left on the
      * interface until the worker goes (still so in UCX 1.22). UCX makes
      * such an endpoint itself when a peer's wireup message comes after the
-     * peer died: test_vram --cycles, 1,000 requesters' owners killed
-     * mid-READ beside two busy loops, grew one socket (TCP CLOSE, blocking,
-     * an ephemeral port, "connect(...) failed: Connection refused") in 3 of
-     * 3 runs. With a non-blocking connect the refusal comes as an event and
-     * ends the endpoint through UCX's error path (0 of 4 runs grew; UCX
-     * prints "connection establishment ... was unsuccessful" for it). An
-     * explicit UCX_TCP_CONN_NB is left as it is. */
+     * peer died: test_vram --cycles (1,000 peers killed in the middle of
+     * a staged READ, beside two busy loops) kept one such socket (TCP
+     * CLOSE, blocking, an ephemeral port; "connect(...) failed: Connection
+     * refused") in 5 of 5 runs. With a non-blocking connect the refusal
+     * comes as an event and ends the endpoint through UCX's error path (0
+     * of 7 runs kept one; UCX prints "connection establishment ... was
+     * unsuccessful" for it). An explicit UCX_TCP_CONN_NB is left as it
+     * is. */
     if (ucx_be_has_tcp(be) && getenv("UCX_TCP_CONN_NB") == NULL) {
         st = ucx_config_set(cfg, "CONN_NB", "y");
         if (st != PDX_OK) {
