@@ -789,7 +789,8 @@ void ucx_destroy(void *bev)
      * UCX 1.13 asserts destroying a worker that holds one (ucp_ep.c:437).
      * The endpoints we know are closed by now (forced closes purge their
      * receives): what remains came over one UCX made for the peer's own
-     * connection, which we cannot close. The worker is left, as for a wireup reply below. */
+     * connection, which we cannot close. The worker is left, as for a
+     * wireup reply below. */
     if (be->rx_rndv > 0) {
         pdx_warn("ucx: destroy: %u rendezvous receives still wait for their "
                  "data (a peer stopped in the middle of a transfer?): the UCX "

@@ -100,27 +100,6 @@ static pdx_agent_h ucx_agent(const char *name, pdx_backend_h *be_p)
     return a;
 }
 
-/* A READ of `len` bytes of T's region at `raddr` into `laddr` (the
- * child's host memory), T's side of the type g_vram says; run, released. */
-static pdx_status_t child_read(pdx_agent_h a, const char *peer,
-                               uint64_t laddr, uint64_t raddr, uint64_t len,
-                               uint64_t limit_ms)
-{
-    pdx_desc_t l = {.addr = laddr, .len = len};
-    pdx_desc_t r = {.addr = raddr, .len = len};
-    pdx_desc_list_t ll = {PDX_MEM_DRAM, &l, 1},
-                    rl = {g_vram ? PDX_MEM_VRAM : PDX_MEM_DRAM, &r, 1};
-    pdx_xfer_h x;
-    pdx_status_t st =
-        pdx_xfer_create(a, PDX_XFER_READ, &ll, &rl, peer, NULL, 0, &x);
-    if (st != PDX_OK) {
-        return st;
-    }
-    st = ctl_xfer_run(x, limit_ms);
-    pdx_xfer_release(x);
-    return st;
-}
-
 static int child_main(int fd)
 {
     /* Gone with T: a T that aborts must not leave a stopped child holding
@@ -140,7 +119,9 @@ static int child_main(int fd)
     ctl_load_peer(a, fd, peer, "the target");
     uint64_t raddr, unused;
     ctl_recv_addrs(fd, "the target", &raddr, &unused);
-    pdx_status_t st = child_read(a, peer, (uintptr_t)mem, raddr, 4096, 10000);
+    pdx_status_t st =
+        ctl_read_from(a, peer, (uintptr_t)mem,
+                      g_vram ? PDX_MEM_VRAM : PDX_MEM_DRAM, raddr, 4096, 10000);
     if (st != PDX_OK) {
         die("warm-up READ: %s (%s)", pdx_status_string(st),
             pdx_last_error());
