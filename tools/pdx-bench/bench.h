@@ -27,6 +27,7 @@ typedef struct bench_opts {
     const char *self_path; /* this executable, for the target process */
     /* transfer */
     char tls[32]; /* "sm" (default) or "tcp" */
+    int tls_given; /* --tls was on the command line (vram: that one only) */
     /* latency: the target in another network + pid namespace (UCX TCP
      * over a veth pair, another host as pdx sees it) */
     int netns;

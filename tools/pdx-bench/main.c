@@ -55,7 +55,7 @@ static void usage(FILE *f)
         "then goes to stderr)\n"
         "  --plot FILE.svg    bandwidth vs size with the peers' curves "
         "(gnuplot)\n"
-        "  --tls sm|tcp       UCX transports (default sm)\n"
+        "  --tls sm|tcp       UCX transports (default sm; vram: both unless given)\n"
         "  --netns            latency: the target in another network and pid namespace\n"
         "                     (UCX TCP over a veth pair: another host; needs root)\n"
         "  --path shm|cma|ucx how pdx moves same-host data: shm = cma "
@@ -266,6 +266,7 @@ static int parse_valued(bench_opts_t *o, int set[8], const char *a,
             die("--tls: 'sm' or 'tcp'");
         }
         snprintf(o->tls, sizeof(o->tls), "%s", v);
+        o->tls_given = 1;
     } else if (strcmp(a, "--sizes") == 0) {
         need_value(a, v);
         o->nsizes = parse_list(v, o->sizes, BENCH_MAX_LIST);

@@ -118,8 +118,26 @@ static void side_open(vr_side_t *s, const char *name, const char *tls,
                              .flags = PDX_AGENT_F_PROGRESS_THREAD,
                              .xfer_timeout_ms = 600000};
     CHECK(pdx_agent_create(name, &ap, &s->a));
-    pdx_option_t opts[2] = {{"tls", tls}, {"vram", "staged"}};
-    CHECK(pdx_backend_create(s->a, "ucx", opts, 2, NULL));
+    /* PDX_BENCH_UCX_OPTS="k=v,k=v": more ucx backend options on both
+     * sides (stage_chunk, stage_window, ...), for trying the pipeline's
+     * settings; the defaults are what is measured otherwise. */
+    pdx_option_t opts[10] = {{"tls", tls}, {"vram", "staged"}};
+    size_t nopt = 2;
+    char extra[256] = "";
+    if (getenv("PDX_BENCH_UCX_OPTS") != NULL) {
+        snprintf(extra, sizeof(extra), "%s", getenv("PDX_BENCH_UCX_OPTS"));
+    }
+    char *save = NULL;
+    for (char *kv = strtok_r(extra, ",", &save); kv != NULL && nopt < 10;
+         kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        if (eq == NULL) {
+            die("PDX_BENCH_UCX_OPTS: '%s' is not key=value", kv);
+        }
+        *eq = '\0';
+        opts[nopt++] = (pdx_option_t){kv, eq + 1};
+    }
+    CHECK(pdx_backend_create(s->a, "ucx", opts, nopt, NULL));
     s->len = len;
     s->dram = big_alloc(len);
     memset(s->dram, 0x5a, len);
@@ -390,8 +408,14 @@ int mode_vram(const bench_opts_t *o, cJSON *root)
         getenv("PDX_CUDA_DRIVER_LIB") ? getenv("PDX_CUDA_DRIVER_LIB")
                                       : "libcuda.so.1");
     cJSON *rows = cJSON_AddArrayToObject(root, "rows");
-    snprintf(oo.tls, sizeof(oo.tls), "sm");
-    int rc = rows_of(&oo, "shared memory (tls sm), one host", rows);
+    int rc = 0;
+    if (!o->tls_given || strcmp(o->tls, "sm") == 0) {
+        snprintf(oo.tls, sizeof(oo.tls), "sm");
+        rc = rows_of(&oo, "shared memory (tls sm), one host", rows);
+    }
+    if (o->tls_given && strcmp(o->tls, "tcp") != 0) {
+        return 0;
+    }
     /* Another host: both sides in network namespaces, UCX over TCP. */
     if (bench_lab_enter(why, sizeof(why)) != 0) {
         say("# vram over TCP between namespaces: skipped: %s\n", why);
