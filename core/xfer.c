@@ -881,6 +881,7 @@ pdx_status_t pdxi_xfer_post(pdx_xfer_h x)
         st = PDX_ERR_BUSY;
         goto out;
     }
+    __atomic_store_n(&x->settled, 0, __ATOMIC_RELAXED);
     /* Ended (peer failed, timed out) but still being stopped: one more
      * look first (the lock is dropped in it, so before the peer lookup). */
     xfer_progress_own(agent, x);
@@ -894,6 +895,7 @@ pdx_status_t pdxi_xfer_post(pdx_xfer_h x)
     /* Callbacks the post made (a peer error) now that x is consistent
      * (none are queued when it returned before the backend's post). */
     pdx_progress_run_deferred_locked(agent);
+    pdx_xfer_settle_locked(x);
 out:
     pthread_mutex_unlock(&agent->lock);
     return st;
@@ -919,6 +921,7 @@ pdx_status_t pdxi_xfer_check(pdx_xfer_h x)
         }
     }
     pdx_status_t st = x->status;
+    pdx_xfer_settle_locked(x);
     if (st < 0) {
         /* Said once in the log when it happened; here for the caller. */
         pdx_peer_t *p = pdx_peer_find(agent, x->peer_name);

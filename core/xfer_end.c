@@ -15,6 +15,7 @@
 void pdx_xfer_end_locked(pdx_agent_h agent, struct pdx_xfer *x,
                          pdx_status_t st)
 {
+    __atomic_store_n(&x->settled, 0, __ATOMIC_RELAXED);
     x->status = st;
     if (st == PDX_INPROGRESS || x->counted || !x->posted) {
         return;

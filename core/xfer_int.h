@@ -49,6 +49,12 @@ struct pdx_xfer {
     bool timed;    /* post_ns is this post's start, for the histograms */
     uint8_t slow;  /* bits 1 << PDX_PATH_*: the slower paths it takes */
     uint8_t paths; /* 1: a fast piece, 2: a backend-fallback piece */
+    /* 1 while the last post ended PDX_OK and no backend request is held:
+     * pdx_xfer_check answers PDX_OK without the agent lock. Set under the
+     * lock (pdx_xfer_settle_locked), cleared by every change of status
+     * (pdx_xfer_end_locked) and by a post; read and written with
+     * __atomic only. */
+    uint8_t settled;
     uint64_t post_ns;
     uint64_t done_ns;      /* when pdx saw the end of the last post */
     uint64_t start_rt_ns;  /* CLOCK_REALTIME at the last post */
@@ -113,6 +119,19 @@ static inline pdx_peer_t *pdx_xfer_peer(pdx_agent_h agent, struct pdx_xfer *x)
     x->pcache = pdx_peer_find(agent, x->peer_name);
     x->pcache_gen = agent->peer_del_gen;
     return x->pcache;
+}
+/* Lock held: mark `x` settled when its last post ended PDX_OK and it
+ * holds no backend request (see pdx_xfer.settled). */
+static inline void pdx_xfer_settle_locked(struct pdx_xfer *x)
+{
+    if (x->status == PDX_OK && x->breq == NULL && x->posted) {
+        __atomic_store_n(&x->settled, 1, __ATOMIC_RELEASE);
+    }
+}
+/* pdx_xfer_check's answer without the lock: true when `x` is settled. */
+static inline bool pdx_xfer_settled(const struct pdx_xfer *x)
+{
+    return __atomic_load_n(&x->settled, __ATOMIC_ACQUIRE) != 0;
 }
 /* End requests in flight longer than the agent's xfer timeout. */
 void pdx_xfer_timeouts_locked(pdx_agent_h agent, uint64_t now);

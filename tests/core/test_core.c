@@ -480,6 +480,10 @@ static void test_stale_peer(void **state)
     pdx_blob_free(blob);
     assert_true(pdx_xfer_post(x) >= PDX_OK);
     assert_int_equal(wait_xfer(x, &b), PDX_OK);
+    /* Settled (its post ended OK, nothing held): answered without the
+     * agent lock, the same every time. */
+    assert_int_equal(pdx_xfer_check(x), PDX_OK);
+    assert_int_equal(pdx_xfer_check(x), PDX_OK);
     /* The peer adds a region (new generation): handles on the regions it
      * kept keep working. */
     unsigned char *more = malloc(4096);
@@ -509,7 +513,11 @@ static void test_stale_peer(void **state)
     assert_int_equal(pdx_agent_describe(b.agent, &blob, &len), PDX_OK);
     assert_int_equal(pdx_peer_load(a.agent, blob, len, NULL), PDX_OK);
     pdx_blob_free(blob);
+    /* Its last post had landed: that stays PDX_OK; the next post is
+     * refused, and then that is what check says. */
+    assert_int_equal(pdx_xfer_check(x), PDX_OK);
     assert_int_equal(pdx_xfer_post(x), PDX_ERR_STALE);
+    assert_int_equal(pdx_xfer_check(x), PDX_ERR_STALE);
     assert_int_equal(pdx_xfer_make(a.agent, PDX_XFER_WRITE, lp, &zero, rp,
                                    &zero, 1, NULL, 0, &y), PDX_ERR_STALE);
     pdx_xfer_release(x);
