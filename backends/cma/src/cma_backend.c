@@ -23,6 +23,11 @@
  * memcpy, except for pieces not 64-byte aligned to each other, where
  * glibc's memcpy is ~10x slow on AMD EPYC.
  *
+ * Once a peer's shared region is mapped, the worker fills this process's
+ * page tables for it ahead of the first copies, a step at a time when it
+ * has no copy to do (cma_work.c, "page tables ... filled ahead"); option
+ * `populate` (1, the default, or 0).
+ *
  * This file: the instance (options, create, destroy, conn info) and the
  * ops with nothing to do (notifications, progress, event fd). */
 #include "cma_int.h"
@@ -46,20 +51,25 @@ pdx_status_t cma_create(const pdx_backend_host_t *host,
 {
     uint64_t inline_max = CMA_INLINE_MAX_DEFAULT;
     uint64_t pvm_inline_max = CMA_PVM_INLINE_MAX_DEFAULT;
+    uint64_t populate = 1;
     for (size_t i = 0; i < nopts; i++) {
         const char *k = opts[i].key ? opts[i].key : "(null)";
         const char *v = opts[i].value ? opts[i].value : "";
+        bool flag = strcmp(k, "populate") == 0;
         uint64_t *dst = strcmp(k, "inline_max") == 0       ? &inline_max
                         : strcmp(k, "pvm_inline_max") == 0 ? &pvm_inline_max
+                        : flag                             ? &populate
                                                            : NULL;
-        if (dst != NULL && pdx_opt_uint(v, 0, UINT64_MAX, dst) == 0) {
+        if (dst != NULL &&
+            pdx_opt_uint(v, 0, flag ? 1 : UINT64_MAX, dst) == 0) {
             continue;
         }
         if (dst != NULL) {
-            pdx_error("cma: option %s='%s' is not a byte count", k, v);
+            pdx_error("cma: option %s='%s' is not %s", k, v,
+                      flag ? "0 or 1" : "a byte count");
         } else {
             pdx_error("cma: unknown option '%s' (this backend takes "
-                      "inline_max and pvm_inline_max)", k);
+                      "inline_max, pvm_inline_max and populate)", k);
         }
         return PDX_ERR_CONFIG;
     }
@@ -77,9 +87,12 @@ pdx_status_t cma_create(const pdx_backend_host_t *host,
     be->inline_max = inline_max;
     be->rev_fd = -1;
     be->pvm_inline_max = pvm_inline_max;
+    be->populate = populate != 0;
     pthread_mutex_init(&be->lock, NULL);
     pthread_cond_init(&be->cv, NULL);
+    pthread_cond_init(&be->warm_cv, NULL);
     if (pthread_create(&be->worker, NULL, cma_worker_main, be) != 0) {
+        pthread_cond_destroy(&be->warm_cv);
         pthread_cond_destroy(&be->cv);
         pthread_mutex_destroy(&be->lock);
         free(be);
@@ -98,6 +111,7 @@ void cma_destroy(void *bev)
     pthread_cond_broadcast(&be->cv);
     pthread_mutex_unlock(&be->lock);
     pthread_join(be->worker, NULL);
+    pthread_cond_destroy(&be->warm_cv);
     pthread_cond_destroy(&be->cv);
     pthread_mutex_destroy(&be->lock);
     free(be->spare);
@@ -136,10 +150,22 @@ pdx_status_t cma_arm(void *bev) { return PDX_ERR_UNSUPPORTED; }
 void cma_describe(void *bev, char *buf, size_t len)
 {
     cma_be_t *be = bev;
+    unsigned waiting = 0;
+    pthread_mutex_lock(&be->lock);
+    for (const cma_region_t *m = be->warm_head; m != NULL; m = m->warm_next) {
+        waiting++;
+    }
+    bool on = be->populate, unsupported = be->warm_unsupported;
+    pthread_mutex_unlock(&be->lock);
+    char w[48];
+    snprintf(w, sizeof(w), "%u regions waiting", waiting);
     snprintf(buf, len,
              "same host: %llu bytes by memcpy into/out of peers' shared "
-             "memory, %llu by process_vm_readv/writev",
+             "memory, %llu by process_vm_readv/writev; %llu bytes of "
+             "peers' mapped memory populated ahead (%s)",
              (unsigned long long)(atomic_load(&be->bytes_mapped) +
                                   be->bytes_inline),
-             (unsigned long long)atomic_load(&be->bytes));
+             (unsigned long long)atomic_load(&be->bytes),
+             (unsigned long long)atomic_load(&be->bytes_warmed),
+             on ? w : unsupported ? "unsupported by this kernel" : "off");
 }

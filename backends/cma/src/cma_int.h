@@ -46,6 +46,9 @@
 #define CMA_PVM_INLINE_MAX_DEFAULT (256u << 10)
 #define CMA_PVM_BATCH 256 /* iovecs on the stack per system call */
 #define CMA_COPY_CHUNK (1u << 20) /* unit of work; abort seen between */
+/* A mapped peer region's page tables are filled ahead (cma_warm_step) in
+ * steps of this many bytes, by the worker when it has no copy to do. */
+#define CMA_WARM_STEP (16u << 20)
 
 typedef struct cma_chunk {
     size_t piece, npieces; /* whole pieces [piece, +npieces) if len == 0 */
@@ -101,6 +104,15 @@ typedef struct cma_be {
     _Atomic uint64_t *rev;
     uint32_t rev_next;            /* slots never used start here */
     uint32_t *rev_free, nrev_free; /* slots given back */
+    /* Peers' mapped regions whose page tables the worker fills ahead
+     * (option `populate`, default on), oldest first; `warming` is the one
+     * it is in now, without the lock (an unload waits for that step).
+     * Under `lock`. */
+    bool populate, warm_unsupported;
+    struct cma_region *warm_head, *warm_tail, *warming;
+    pthread_cond_t warm_cv; /* a step ended (unloads wait on it) */
+    _Atomic uint64_t bytes_warmed;
+    unsigned char warm_vec[CMA_WARM_STEP / 4096]; /* mincore's, worker's */
 } cma_be_t;
 
 typedef struct cma_peer {
@@ -131,6 +143,11 @@ typedef struct cma_region {
     uint32_t rev_slot;
     uint64_t rev_token;
     const _Atomic uint64_t *rev_word;
+    /* Remote, mapped: in the instance's warm queue, and how far the
+     * worker got (under the instance's lock). */
+    struct cma_region *warm_next;
+    bool warm_queued;
+    size_t warm_off;
 } cma_region_t;
 
 /* ---- functions shared between the files ---- */
@@ -172,6 +189,11 @@ bool cma_help(cma_be_t *be, cma_req_t *r, int lane, size_t max);
 bool cma_req_done(cma_req_t *r);
 void cma_req_free(cma_be_t *be, cma_req_t *r);
 void *cma_worker_main(void *arg);
+/* A peer's region just mapped (m->map): queued for the worker to fill its
+ * page tables ahead. Its unload: out of the queue, after the worker's
+ * step in it (if any) ended. */
+void cma_warm_add(cma_be_t *be, cma_region_t *m);
+void cma_warm_remove(cma_be_t *be, cma_region_t *m);
 pdx_status_t cma_query(char *why, size_t len);
 pdx_status_t cma_create(const pdx_backend_host_t *host,
                         const pdx_option_t *opts, size_t nopts,

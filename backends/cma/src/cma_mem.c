@@ -137,6 +137,8 @@ pdx_status_t cma_rmem_load(void *bev, void *peer,
         snprintf(m->why, sizeof(m->why), "shared memory of pid %d not "
                  "mappable here (%s): process_vm_readv/writev",
                  (int)((cma_peer_t *)peer)->pid, why);
+    } else if (base == CMA_KEY_SHARED) {
+        cma_warm_add(bev, m);
     } else if (base == CMA_KEY_PLAIN) {
         snprintf(m->why, sizeof(m->why), "not shared memory on the peer "
                  "(not from pdx_mem_alloc or pdx_mem_share): "
@@ -150,6 +152,7 @@ void cma_rmem_unload(void *bev, void *rmdv)
 {
     cma_region_t *m = rmdv;
     if (m->map != NULL) {
+        cma_warm_remove(bev, m);
         munmap(m->map, m->map_len);
     }
     free(m);

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -124,6 +125,10 @@ typedef struct pair {
 
 typedef void (*key_edit_t)(uint8_t *key, size_t *len);
 
+/* Bytes of a shared target region the target writes before its key is
+ * loaded (the pages its memfd has then; test_populate). */
+static size_t g_touch_before_load;
+
 static pdx_status_t pair_init(pair_t *p, int shared, const char *inline_max,
                               key_edit_t edit)
 {
@@ -153,6 +158,9 @@ static pdx_status_t pair_init(pair_t *p, int shared, const char *inline_max,
     pdx_region_t peer_r = tr;
     peer_r.flags = 0;
     peer_r.shm_fd = -1;
+    if (shared && g_touch_before_load > 0) {
+        memset(p->tgt, 0x11, g_touch_before_load);
+    }
     return ops->rmem_load(p->be, p->peer, &peer_r, kb, key_len, &p->rmd);
 }
 
@@ -514,13 +522,120 @@ static void test_abort_chunked(void **state)
     abort_chunked(0);
 }
 
+/* What describe says of filling mapped regions ahead: bytes populated,
+ * regions waiting; -1 when off, -2 when the kernel cannot. */
+static int warm_state(void *be, unsigned long long *bytes)
+{
+    char d[512];
+    ops->describe(be, d, sizeof(d));
+    const char *s = strstr(d, "; ");
+    unsigned waiting = 0;
+    char how[64] = "";
+    assert_non_null(s);
+    if (sscanf(s, "; %llu bytes of peers' mapped memory populated ahead "
+                  "(%u regions waiting)", bytes, &waiting) == 2) {
+        return (int)waiting;
+    }
+    assert_int_equal(sscanf(s, "; %llu bytes of peers' mapped memory "
+                               "populated ahead (%63[^)])", bytes, how), 2);
+    return strcmp(how, "off") == 0 ? -1 : -2;
+}
+
+/* This process's other mapping of the target's memfd (the initiator's),
+ * found in /proc/self/maps by inode: its start, or NULL. */
+static uint8_t *peer_mapping(const pair_t *p)
+{
+    struct stat sb;
+    assert_int_equal(fstat(p->tgt_fd, &sb), 0);
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[512];
+    uint8_t *found = NULL;
+    while (found == NULL && fgets(line, sizeof(line), f) != NULL) {
+        unsigned long a, b, ino;
+        if (sscanf(line, "%lx-%lx %*s %*s %*s %lu", &a, &b, &ino) == 3 &&
+            ino == (unsigned long)sb.st_ino && (uint8_t *)a != p->tgt) {
+            found = (uint8_t *)a;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* Pages of [p, p + len) with a page table entry here (pagemap bit 63). */
+static size_t present_pages(const uint8_t *p, size_t len)
+{
+    int fd = open("/proc/self/pagemap", O_RDONLY);
+    assert_true(fd >= 0);
+    size_t n = 0;
+    for (size_t off = 0; off < len; off += 4096) {
+        uint64_t e = 0;
+        off_t at = (off_t)(((uintptr_t)p + off) / 4096 * 8);
+        assert_int_equal(pread(fd, &e, 8, at), 8);
+        n += (e >> 63) & 1;
+    }
+    close(fd);
+    return n;
+}
+
+/* Once a peer's shared region is mapped, the worker fills its page
+ * tables ahead of any copy: every page the target's memfd has is present
+ * in this process's mapping, and none is added (the half the target never
+ * wrote stays unallocated); populate=0 leaves the mapping to fault in; an
+ * unload while the worker is at it waits for its step. */
+static void test_populate(void **state)
+{
+    (void)state;
+    pair_t p;
+    unsigned long long bytes = 0;
+    g_touch_before_load = LEN / 2;
+    assert_int_equal(pair_init(&p, 1, NULL, NULL), PDX_OK);
+    uint64_t end = pdx_now_ms() + 20000;
+    int w;
+    while ((w = warm_state(p.be, &bytes)) > 0 && pdx_now_ms() < end) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    if (w == -2) {
+        printf("populate: this kernel has no MADV_POPULATE_READ: skipped\n");
+    } else {
+        assert_int_equal(w, 0);
+        assert_int_equal(bytes, LEN / 2);
+        uint8_t *m = peer_mapping(&p);
+        assert_non_null(m);
+        assert_int_equal(present_pages(m, LEN / 2), LEN / 2 / 4096);
+        assert_int_equal(present_pages(m + LEN / 2, LEN / 2), 0);
+        struct stat sb;
+        assert_int_equal(fstat(p.tgt_fd, &sb), 0);
+        assert_int_equal((uint64_t)sb.st_blocks * 512, LEN / 2);
+    }
+    pair_fini(&p);
+
+    g_touch_before_load = LEN;
+    assert_int_equal(pair_init(&p, 1, "populate=0", NULL), PDX_OK);
+    assert_int_equal(warm_state(p.be, &bytes), -1);
+    assert_int_equal(bytes, 0);
+    uint8_t *m = peer_mapping(&p);
+    assert_non_null(m);
+    assert_int_equal(present_pages(m, LEN), 0);
+    pair_fini(&p);
+
+    /* Unloaded at once, the worker maybe in a step of it. */
+    for (int i = 0; i < 20; i++) {
+        assert_int_equal(pair_init(&p, 1, NULL, NULL), PDX_OK);
+        pair_fini(&p);
+    }
+    g_touch_before_load = 0;
+}
+
 static void test_options(void **state)
 {
     (void)state;
     void *be = NULL;
     pdx_option_t bad[] = {{"inline_max", "-1"}, {"inline_max", "12x"},
                       {"inline_max", ""}, {"speed", "1"},
-                      {"pvm_inline_max", "x"}, {"pvm_inline_max", "-2"}};
+                      {"pvm_inline_max", "x"}, {"pvm_inline_max", "-2"},
+                      {"populate", "2"}, {"populate", "yes"}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         assert_int_equal(ops->create(&g_host, &bad[i], 1, &be), PDX_ERR_CONFIG);
     }
@@ -676,6 +791,7 @@ int main(void)
         cmocka_unit_test(test_corrupt_keys_refused),
         cmocka_unit_test(test_abort_chunked),
         cmocka_unit_test(test_options),
+        cmocka_unit_test(test_populate),
     };
     rc |= cmocka_run_group_tests(tests, NULL, NULL);
     dlclose(h);
