@@ -334,9 +334,9 @@ static int rows_of(const bench_opts_t *o, const char *where, cJSON *rows)
     run_open(&R, o);
     int shortfall = 0;
     char path[256] = "";
-    say("%-5s %9s %5s | %9s %8s | %9s %8s | %6s %6s | %s\n", "op", "size",
-        "batch", "DRAM p50", "GB/s", "VRAM p50", "GB/s", "GB/s x", "p50 x",
-        where);
+    say("%-5s %9s %5s | %9s %8s | %9s %8s | %6s %6s | %-16s | %s\n", "op",
+        "size", "batch", "DRAM p50", "GB/s", "VRAM p50", "GB/s", "GB/s x",
+        "p50 x", "paired (min-max)", where);
     for (int w = 0; w < 2; w++) {
         if (!(o->ops & (1 << w))) {
             continue;
@@ -354,6 +354,16 @@ static int rows_of(const bench_opts_t *o, const char *where, cJSON *rows)
                 }
                 med(d, rounds, &dm);
                 med(v, rounds, &vm);
+                /* Each round's VRAM against the DRAM round just before
+                 * it: the spread within this run (this VM's TCP moves
+                 * 2x between runs). Said, not judged. */
+                double pr[VR_ROUNDS_MAX], plo = 0, phi = 0;
+                for (int k = 0; k < rounds; k++) {
+                    pr[k] = d[k].gbps > 0 ? v[k].gbps / d[k].gbps : 0;
+                    plo = k == 0 || pr[k] < plo ? pr[k] : plo;
+                    phi = k == 0 || pr[k] > phi ? pr[k] : phi;
+                }
+                double pmed = median_of(pr, (size_t)rounds);
                 if (path[0] == '\0') {
                     snprintf(path, sizeof(path), "%s (%s)", vm.transport,
                              vm.why);
@@ -363,10 +373,13 @@ static int rows_of(const bench_opts_t *o, const char *where, cJSON *rows)
                 int target = c.size >= 1048576;
                 int low = target && xg < 0.8;
                 shortfall |= low;
+                char pcol[32];
+                snprintf(pcol, sizeof(pcol), "%.2f (%.2f-%.2f)", pmed, plo,
+                         phi);
                 say("%-5s %9llu %5u | %9.1f %8.2f | %9.1f %8.2f | %6.2f "
-                    "%6.2f |%s\n",
+                    "%6.2f | %-16s |%s\n",
                     w ? "WRITE" : "READ", (unsigned long long)c.size, c.batch,
-                    dm.p50_us, dm.gbps, vm.p50_us, vm.gbps, xg, xp,
+                    dm.p50_us, dm.gbps, vm.p50_us, vm.gbps, xg, xp, pcol,
                     low ? " < 0.8x" : "");
                 cJSON *row = cJSON_CreateObject();
                 jstr(row, "transport", where);
@@ -379,6 +392,9 @@ static int rows_of(const bench_opts_t *o, const char *where, cJSON *rows)
                 jnum(row, "vram_gbps", vm.gbps);
                 jnum(row, "gbps_ratio", xg);
                 jnum(row, "p50_ratio", xp);
+                jnum(row, "paired_gbps_ratio_median", pmed);
+                jnum(row, "paired_gbps_ratio_min", plo);
+                jnum(row, "paired_gbps_ratio_max", phi);
                 jstr(row, "vram_path", vm.transport);
                 jstr(row, "vram_why", vm.why);
                 cJSON_AddItemToArray(rows, row);
@@ -409,7 +425,9 @@ int mode_vram(const bench_opts_t *o, cJSON *root)
         "memory, over the same UCX (ucx backend only, vram=staged, progress "
         "threads on); one prepared request at a time, posted and polled; "
         "%d interleaved rounds (DRAM, VRAM, ...) of %.2f s after a warm-up, "
-        "medians; %llu MiB per side and kind; driver %s\n",
+        "medians (paired: each round's VRAM GB/s over the DRAM round "
+        "before it, median and range); %llu MiB per side and kind; "
+        "driver %s\n",
         oo.reps, oo.case_s, (unsigned long long)(oo.ws_bytes >> 20),
         getenv("PDX_CUDA_DRIVER_LIB") ? getenv("PDX_CUDA_DRIVER_LIB")
                                       : "libcuda.so.1");
