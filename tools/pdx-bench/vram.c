@@ -357,13 +357,13 @@ static int rows_of(const bench_opts_t *o, const char *where, cJSON *rows)
                 /* Each round's VRAM against the DRAM round just before
                  * it: the spread within this run (this VM's TCP moves
                  * 2x between runs). Said, not judged. */
-                double pr[VR_ROUNDS_MAX], plo = 0, phi = 0;
+                double pr[VR_ROUNDS_MAX];
                 for (int k = 0; k < rounds; k++) {
                     pr[k] = d[k].gbps > 0 ? v[k].gbps / d[k].gbps : 0;
-                    plo = k == 0 || pr[k] < plo ? pr[k] : plo;
-                    phi = k == 0 || pr[k] > phi ? pr[k] : phi;
                 }
+                /* median_of sorts pr: its ends are the range. */
                 double pmed = median_of(pr, (size_t)rounds);
+                double plo = pr[0], phi = pr[rounds - 1];
                 if (path[0] == '\0') {
                     snprintf(path, sizeof(path), "%s (%s)", vm.transport,
                              vm.why);
