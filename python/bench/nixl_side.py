@@ -271,6 +271,18 @@ class Side:
         return {k: t.get(k) for k in ("backend", "transport",
                                       "fallback_why")}
 
+    def settle(self, op, size, batch, most=64):
+        """Untimed cycles until pdx's path choice for this row is made: a
+        calibration takes two runs of 8 posts (core/path_int.h), more
+        than the warm-up when a row's cycles are few (6 a round at 64
+        MiB), and its runs on the dearer path are first use, not the
+        steady state a stack sees. Bounded; a no-op for NIXL and for
+        rows with one path."""
+        for _ in range(most):
+            p = self.path(op, size, batch)
+            if p is None or "calibrating" not in str(p.get("fallback_why")):
+                return
+
     def verify_read(self, size, batch):
         want = pattern(self.cfg)
         for i in range(batch):
@@ -407,6 +419,8 @@ def main():
                     side.cycles(op, size, batch,
                                 max(12, n // 10) if rnd == 0 or
                                 cfg == "nixl" else max(1, n // 20))
+                    if rnd == 0:
+                        side.settle(op, size, batch)
                     got = side.cycles(op, size, batch, n)
                     samples.setdefault((op, size, batch), {}) \
                         .setdefault(cfg, []).extend(got)
