@@ -32,16 +32,30 @@
  * ops with nothing to do (notifications, progress, event fd). */
 #include "cma_int.h"
 
-pdx_status_t cma_query(char *why, size_t len)
+/* Does process_vm_readv work in this process at all (a seccomp filter,
+ * as container runtimes install without CAP_SYS_PTRACE, refuses it, and
+ * a kernel without CONFIG_CROSS_MEMORY_ATTACH lacks it)? */
+static bool pvm_self(char *why, size_t len)
 {
     char src[8] = "pdx-cma", dst[8] = {0};
     struct iovec l = {dst, sizeof(dst)}, r = {src, sizeof(src)};
     if (process_vm_readv(getpid(), &l, 1, &r, 1, 0) != (ssize_t)sizeof(dst) ||
         memcmp(src, dst, sizeof(dst)) != 0) {
-        snprintf(why, len, "process_vm_readv not permitted here: %s",
-                 strerror(errno));
-        return PDX_ERR_UNAVAILABLE;
+        snprintf(why, len, "process_vm_readv/writev are refused in this "
+                 "process (%s)", strerror(errno));
+        return false;
     }
+    return true;
+}
+
+/* Always available: copying into and out of a peer's shared memory needs
+ * only its fd and mmap. Where process_vm_readv/writev are refused (here,
+ * or for a peer), cma declines the regions it cannot map, and the agent
+ * carries them by another backend (cma_pvm_allowed). */
+pdx_status_t cma_query(char *why, size_t len)
+{
+    (void)why;
+    (void)len;
     return PDX_OK;
 }
 
@@ -73,14 +87,14 @@ pdx_status_t cma_create(const pdx_backend_host_t *host,
         }
         return PDX_ERR_CONFIG;
     }
-    char why[128];
-    if (cma_query(why, sizeof(why)) != PDX_OK) {
-        pdx_error("cma: %s", why);
-        return PDX_ERR_UNAVAILABLE;
-    }
     cma_be_t *be = calloc(1, sizeof(*be));
     if (be == NULL) {
         return PDX_ERR_NOMEM;
+    }
+    if (!pvm_self(be->pvm_why, sizeof(be->pvm_why))) {
+        be->pvm_refused = true;
+        pdx_info("cma: %s: peers' shared memory only (memcpy); their "
+                 "other host memory goes by other backends", be->pvm_why);
     }
     snprintf(be->host_id, sizeof(be->host_id), "%s",
              host->host_id ? host->host_id : "");
@@ -162,10 +176,13 @@ void cma_describe(void *bev, char *buf, size_t len)
     snprintf(buf, len,
              "same host: %llu bytes by memcpy into/out of peers' shared "
              "memory, %llu by process_vm_readv/writev; %llu bytes of "
-             "peers' mapped memory populated ahead (%s)",
+             "peers' mapped memory populated ahead (%s)%s",
              (unsigned long long)(atomic_load(&be->bytes_mapped) +
                                   be->bytes_inline),
              (unsigned long long)atomic_load(&be->bytes),
              (unsigned long long)atomic_load(&be->bytes_warmed),
-             on ? w : unsupported ? "unsupported by this kernel" : "off");
+             on ? w : unsupported ? "unsupported by this kernel" : "off",
+             be->pvm_refused ? "; process_vm_readv/writev refused here: "
+                               "peers' shared memory only"
+                             : "");
 }

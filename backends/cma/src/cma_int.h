@@ -113,6 +113,10 @@ typedef struct cma_be {
     pthread_cond_t warm_cv; /* a step ended (unloads wait on it) */
     _Atomic uint64_t bytes_warmed;
     unsigned char warm_vec[CMA_WARM_STEP / 4096]; /* mincore's, worker's */
+    /* process_vm_readv/writev refused in this process (at create): every
+     * peer is as one that refuses them (cma_pvm_allowed). */
+    bool pvm_refused;
+    char pvm_why[96];
 } cma_be_t;
 
 typedef struct cma_peer {
@@ -123,6 +127,11 @@ typedef struct cma_peer {
     const _Atomic uint64_t *rev;
     uint64_t rev_ino;
     bool rev_failed;
+    /* May this process read its memory with process_vm_readv/writev? 0
+     * not asked yet, 1 yes, -1 refused (pvm_why says how): asked once, at
+     * the first key of a region that is not mapped (cma_pvm_allowed). */
+    int pvm;
+    char pvm_why[200];
 } cma_peer_t;
 
 typedef struct cma_region {
@@ -175,6 +184,9 @@ void cma_rev_fini(cma_be_t *be);
 /* cma_fd.c: a copy of the peer's fd `fd` (pidfd_getfd, else
  * /proc/<pid>/fd/<fd>), or -1 with `why` set. */
 int cma_peer_fd(cma_peer_t *p, int fd, char *why, size_t why_len);
+/* Whether process_vm_readv/writev may reach peer `p`, by reading one
+ * byte at `addr` (the start of a region it published) the first time. */
+bool cma_pvm_allowed(cma_be_t *be, cma_peer_t *p, uint64_t addr);
 
 void cma_iov_recycle(cma_be_t *be, pdx_backend_iov_t *iov, size_t cap);
 void cma_put_le(uint8_t *p, uint64_t v, unsigned n);

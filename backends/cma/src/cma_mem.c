@@ -128,7 +128,14 @@ pdx_status_t cma_rmem_load(void *bev, void *peer,
     if (base != len) {
         cma_rev_load(peer, m, k + base);
     }
-    if (base == CMA_KEY_SHARED && !map_shared(peer, m, k, why, sizeof(why))) {
+    bool mapped = base == CMA_KEY_SHARED &&
+                  map_shared(peer, m, k, why, sizeof(why));
+    if (!mapped && !cma_pvm_allowed(bev, peer, r->addr)) {
+        /* Neither a mapping nor process_vm_*: another backend's region. */
+        free(m);
+        return PDX_ERR_UNSUPPORTED;
+    }
+    if (base == CMA_KEY_SHARED && !mapped) {
         /* The agent warns once per peer with this reason (path report). */
         pdx_info("cma: shared region 0x%llx+%llu of pid %d not mapped (%s): "
                  "process_vm_readv/writev instead",

@@ -36,6 +36,50 @@ pdx_status_t cma_peer_connect(void *bev, const char *name,
     return PDX_OK;
 }
 
+/* Reading a peer's memory with process_vm_readv/writev needs the right
+ * to ptrace it (PTRACE_MODE_ATTACH_REALCREDS) and a kernel and seccomp
+ * filter that allow the call. Two services on one host under different
+ * users, in different containers or user namespaces, under
+ * kernel.yama.ptrace_scope 1 (not parent and child) or with a
+ * non-dumpable peer are refused with EPERM at every copy: a region cma
+ * cannot map is then not cma's to carry, and its key is declined
+ * (PDX_ERR_UNSUPPORTED), so that the agent takes another backend for it
+ * instead of failing every request. Only a refusal counts: EFAULT or a
+ * short read means the permission was granted (it is checked first). */
+bool cma_pvm_allowed(cma_be_t *be, cma_peer_t *p, uint64_t addr)
+{
+    if (p->pvm != 0) {
+        return p->pvm > 0;
+    }
+    if (be->pvm_refused) {
+        p->pvm = -1;
+        snprintf(p->pvm_why, sizeof(p->pvm_why), "%s: regions outside "
+                 "shared memory cma maps are not cma's", be->pvm_why);
+        return false;
+    }
+    uint8_t byte;
+    struct iovec l = {&byte, 1};
+    struct iovec r = {(void *)(uintptr_t)addr, 1};
+    ssize_t n = process_vm_readv(p->pid, &l, 1, &r, 1, 0);
+    int e = errno;
+    if (n >= 0 || (e != EPERM && e != EACCES && e != ENOSYS)) {
+        if (n >= 0 || e != ESRCH) {
+            p->pvm = 1; /* ESRCH: gone, or not yet: asked again */
+        }
+        return true;
+    }
+    p->pvm = -1;
+    snprintf(p->pvm_why, sizeof(p->pvm_why),
+             "pid %d's memory is not readable here (process_vm_readv: "
+             "%s%s)", (int)p->pid, strerror(e),
+             e == ENOSYS ? ""
+                         : ": other user or namespace, yama ptrace_scope, "
+                           "non-dumpable");
+    pdx_info("cma: %s: regions outside shared memory cma maps are not "
+             "cma's", p->pvm_why);
+    return false;
+}
+
 void cma_peer_disconnect(void *bev, void *peerv)
 {
     cma_peer_t *p = peerv;
@@ -51,6 +95,12 @@ pdx_status_t cma_path(void *bev, void *peer, void *rmdv,
                       size_t wlen)
 {
     const cma_region_t *m = rmdv;
+    const cma_peer_t *p = peer;
+    if (m == NULL && p != NULL && p->pvm < 0) {
+        snprintf(transport, tlen, "memcpy");
+        snprintf(why, wlen, "%s", p->pvm_why);
+        return PDX_ERR_UNAVAILABLE;
+    }
     if (m == NULL) {
         snprintf(transport, tlen, "memcpy|process_vm");
         return PDX_OK;
