@@ -477,8 +477,13 @@ pdx_status_t ucx_peer_ep(ucx_be_t *be, ucx_peer_t *peer)
             peer->worker = be->worker;
         }
         pdx_error("ucx: connecting to peer %s (%zu-byte address)%s failed: "
-                  "%s%s", peer->name, peer->addr_len,
+                  "%s%s%s", peer->name, peer->addr_len,
                   first_use ? " at its first use" : "", ucs_status_string(s),
+                  s == UCS_ERR_SHMEM_SEGMENT
+                      ? " (UCX's shared memory with a process of another "
+                        "user or user namespace, or a non-dumpable one: give "
+                        "both agents the ucx option tls=tcp)"
+                      : "",
                   first_use ? "; requests to it fail until it is unloaded"
                            : "");
         /* No common transport: decline, so the agent can pick another
