@@ -444,14 +444,15 @@ void pdx_path_peer(pdx_agent_h agent, pdx_peer_t *p, const pdx_blob_t *b)
         if (PDX_BE_HAS(be->ops, path)) {
             /* A same-host host-memory backend may say why it cannot reach
              * some of the peer's host memory (cma without the right to
-             * read the peer's memory): the report's reason. */
+             * read the peer's memory): the report's reason, in its name. */
             if (be->ops->path(be->be, p->bpeer[k], NULL, p->transport[k],
                               sizeof(p->transport[k]), why,
                               sizeof(why)) != PDX_OK &&
                 why[0] != '\0' && p->same_host &&
                 (caps & PDX_BACKEND_CAP_SAME_HOST) &&
                 !(caps & PDX_BACKEND_CAP_VRAM)) {
-                snprintf(p->dram_why, sizeof(p->dram_why), "cma: %s", why);
+                snprintf(p->dram_why, sizeof(p->dram_why), "%s: %s",
+                         be->name, why);
             }
             for (size_t i = 0; i < p->nregions; i++) {
                 pdx_path_region(agent, p, p->regions[i], k);
