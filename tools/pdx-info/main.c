@@ -18,6 +18,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -55,7 +56,21 @@ static void shm_line(void)
         got = open(path, O_RDWR | O_CLOEXEC);
         printf("shared memory: pidfd_getfd refused (%s); %s\n", strerror(e),
                got >= 0 ? "peers map it through /proc/<pid>/fd instead"
-                        : "peers cannot map it: process_vm_readv/writev");
+                        : "peers cannot map it: process_vm_readv/writev, "
+                          "else UCX");
+    }
+    /* Other host memory of a same-host peer: process_vm_readv/writev,
+     * where this process may call them at all (cma declines a peer's
+     * regions it may not read, and UCX carries them). */
+    char src[8] = "pdx-pvm", dst[8] = {0};
+    struct iovec lv = {dst, sizeof(dst)}, rv = {src, sizeof(src)};
+    if (process_vm_readv(getpid(), &lv, 1, &rv, 1, 0) == (ssize_t)sizeof(dst)) {
+        printf("process_vm_readv: works here (same-host peers' other host "
+               "memory, where the peer lets this process read it)\n");
+    } else {
+        printf("process_vm_readv: refused here (%s): same-host peers' host "
+               "memory outside shared memory goes over UCX\n",
+               strerror(errno));
     }
     if (got >= 0) {
         close(got);
