@@ -19,7 +19,9 @@
  * option, default 1 MiB), above that in 1 MiB chunks of two lanes that the
  * worker and the thread in xfer_check share (see help_mapped). If the
  * mapping cannot be made the region falls back to process_vm_readv/writev
- * (logged at info). Every copy of the mapped path is cma_copy (cma_copy.h):
+ * (logged at info), where this process may read the peer's memory; where
+ * it may not, cma declines the region and the agent takes another backend
+ * for it (cma_peer.c, cma_pvm_allowed). Every copy of the mapped path is cma_copy (cma_copy.h):
  * memcpy, except for pieces not 64-byte aligned to each other, where
  * glibc's memcpy is ~10x slow on AMD EPYC.
  *
