@@ -64,7 +64,8 @@ static void shm_line(void)
      * regions it may not read, and UCX carries them). */
     char src[8] = "pdx-pvm", dst[8] = {0};
     struct iovec lv = {dst, sizeof(dst)}, rv = {src, sizeof(src)};
-    if (process_vm_readv(getpid(), &lv, 1, &rv, 1, 0) == (ssize_t)sizeof(dst)) {
+    ssize_t n = process_vm_readv(getpid(), &lv, 1, &rv, 1, 0);
+    if (n == (ssize_t)sizeof(dst)) {
         printf("process_vm_readv: works here (same-host peers' other host "
                "memory, where the peer lets this process read it)\n");
     } else {

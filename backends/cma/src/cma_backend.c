@@ -21,7 +21,8 @@
  * mapping cannot be made the region falls back to process_vm_readv/writev
  * (logged at info), where this process may read the peer's memory; where
  * it may not, cma declines the region and the agent takes another backend
- * for it (cma_peer.c, cma_pvm_allowed). Every copy of the mapped path is cma_copy (cma_copy.h):
+ * for it (cma_peer.c, cma_pvm_allowed). Every copy of the mapped path is
+ * cma_copy (cma_copy.h):
  * memcpy, except for pieces not 64-byte aligned to each other, where
  * glibc's memcpy is ~10x slow on AMD EPYC.
  *

@@ -51,10 +51,9 @@ bool cma_pvm_allowed(cma_be_t *be, cma_peer_t *p, uint64_t addr)
     if (p->pvm != 0) {
         return p->pvm > 0;
     }
-    if (be->pvm_refused) {
+    if (be->pvm_refused) { /* said at create */
         p->pvm = -1;
-        snprintf(p->pvm_why, sizeof(p->pvm_why), "%s: regions outside "
-                 "shared memory cma maps are not cma's", be->pvm_why);
+        snprintf(p->pvm_why, sizeof(p->pvm_why), "%s", be->pvm_why);
         return false;
     }
     uint8_t byte;

@@ -139,7 +139,8 @@ static int refuse_cross_memory(void)
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_writev, 2, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_pidfd_getfd, 1, 0),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K,
+                 SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
     };
     struct sock_fprog prog = {.len = sizeof(f) / sizeof(f[0]), .filter = f};
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
@@ -186,9 +187,9 @@ static void xfer(pdx_agent_h a, pdx_xfer_op_t op, const char *peer,
     pdx_xfer_telemetry_t t;
     CHECK(pdx_xfer_telemetry(x, &t));
     snprintf(be, 16, "%s", t.backend);
-    printf("  %s %8llu B at +%-6llu: %s %s%s%s\n",
+    printf("  %s %8llu B at 0x%llx: %s %s%s%s\n",
            op == PDX_XFER_READ ? "READ " : "WRITE", (unsigned long long)len,
-           (unsigned long long)(raddr & (REGION - 1)), t.backend,
+           (unsigned long long)raddr, t.backend,
            t.transport, t.fallback_why[0] ? ": " : "", t.fallback_why);
     pdx_xfer_release(x);
 }
