@@ -174,29 +174,39 @@ static pdx_path_class_t *path_class_get(pdx_peer_t *peer, int cls,
 }
 
 /* What b[k] costs: the mean of its samples without the largest (one
- * preemption of this thread is not the path's), so that a path with a
- * low median but a long tail (a peer's progress thread woken late) costs
- * what it costs a stream of requests. UINT32_MAX without samples. */
+ * preemption of this thread is not the path's), from five samples on
+ * without the two largest (a path cut short on two outliers, then probed
+ * again), so that a path with a low median but a long tail (a peer's
+ * progress thread woken late) costs what it costs a stream of requests.
+ * UINT32_MAX without samples. */
 static uint32_t path_cost(const pdx_path_class_t *c, int k)
 {
     unsigned n = c->n[k];
     if (n == 0) {
         return UINT32_MAX;
     }
-    uint64_t sum = 0, max = 0;
+    uint64_t sum = 0, max = 0, max2 = 0;
     for (unsigned i = 0; i < n; i++) {
-        sum += c->ns[k][i];
-        max = c->ns[k][i] > max ? c->ns[k][i] : max;
+        uint64_t v = c->ns[k][i];
+        sum += v;
+        if (v > max) {
+            max2 = max;
+            max = v;
+        } else if (v > max2) {
+            max2 = v;
+        }
     }
-    return n <= 2 ? (uint32_t)(sum / n) : (uint32_t)((sum - max) / (n - 1));
+    return n <= 2   ? (uint32_t)(sum / n)
+           : n <= 4 ? (uint32_t)((sum - max) / (n - 1))
+                    : (uint32_t)((sum - max - max2) / (n - 2));
 }
 
 /* Is a probe of the other backend due? Every PDX_PATH_PROBE_EVERY posts,
  * stretched by how much dearer it measured (at most 1000x), so that its
  * runs cost a fraction of a percent of the class's time; at most
  * PDX_PATH_PROBE_FEW x while it has fewer than PDX_PATH_CAL_MIN samples
- * (a run cut short on one sample: one preemption of that post must not
- * hide a path for a million posts). */
+ * (a run cut short: a slow spell of its peer must not hide a path for
+ * a million posts). */
 static bool probe_due(const pdx_path_class_t *c)
 {
     int k = c->chosen;
@@ -231,6 +241,7 @@ int pdx_path_post(pdx_peer_t *peer, int cls, uint32_t key, uint64_t *t0_p,
         if (c->run_k >= 0) {
             c->run_left = PDX_PATH_RUN;
             c->run_skip = PDX_PATH_RUN_SKIP;
+            c->run_n = 0;
         }
     }
     int k;
@@ -253,14 +264,29 @@ int pdx_path_post(pdx_peer_t *peer, int cls, uint32_t key, uint64_t *t0_p,
     return c->b[k];
 }
 
-/* A new sample `ns` of b[k]: decide (both measured), switch (the other
- * 10% cheaper), or cut a run short that is plainly the dearer path (a
- * sample over four times the other's cost). */
+/* A new sample `ns` of b[k] (already stored): decide (both measured
+ * over a whole run), switch (the other 10% cheaper), or cut a run short
+ * that is plainly the dearer path (from its fourth sample, two in a row
+ * over four times the other's cost). A run's first samples are often a
+ * cold start's, not the path's: a peer's first served requests over UCX
+ * make the owner's endpoint to it, and a run starts with the peer's
+ * progress thread asleep; two such samples of a 64 KiB READ, 11-15x the
+ * steady 5.4 us, cut ucx out of its class, where it was the cheaper by a
+ * quarter (BENCH-LOG, session 24). */
 static void path_decide(pdx_path_class_t *c, int k, uint32_t ns)
 {
     uint64_t other = path_cost(c, 1 - k);
-    bool loser = c->n[1 - k] >= PDX_PATH_CAL_MIN && ns / 4 > other;
-    if (loser && c->run_k == k) {
+    bool in_run = c->run_k == k;
+    if (in_run && c->run_n < UINT8_MAX) {
+        c->run_n++;
+    }
+    /* the run's sample before this one (run_n >= 2) */
+    uint32_t prev =
+        c->ns[k][(c->next[k] + PDX_PATH_SAMPLES - 2) % PDX_PATH_SAMPLES];
+    bool loser = in_run && c->run_n >= 4 &&
+                 c->n[1 - k] >= PDX_PATH_CAL_MIN && ns / 4 > other &&
+                 prev / 4 > other;
+    if (loser) {
         c->run_left = 0;
     }
     if (c->chosen < 0) {

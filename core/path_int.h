@@ -21,21 +21,23 @@ struct pdx_mem_reg;
  * descriptors, the two competing backends) the last PDX_PATH_SAMPLES
  * measured costs of each backend (post to the end pdx saw, divided by the
  * requests of the class in flight on it then); a backend's cost is their
- * mean without the largest. A backend is measured in runs of consecutive
- * posts, the first PDX_PATH_RUN_SKIP of a run not counted: what a path
+ * mean without the largest (the two largest from five samples on). A
+ * backend is measured in runs of consecutive posts, the first
+ * PDX_PATH_RUN_SKIP of a run not counted: what a path
  * costs depends on its state (a peer's progress thread polling through a
  * stream, or asleep), and a run measures it as a stream of the class
  * would use it. Calibration: a run on the fixed rules' choice, then one
- * on the other, cut short once a sample is over four times the first's
- * cost; the cheaper then carries the class, sampled every
+ * on the other, cut short once, from its fourth sample, two in a row are
+ * over four times the first's cost; the cheaper then carries the class
+ * (a run cut short is dearer), sampled every
  * PDX_PATH_SAMPLE_EVERY posts, the other probed by a run every
  * PDX_PATH_PROBE_EVERY posts times how much dearer it was (at most
  * 1000x; at most PDX_PATH_PROBE_FEW x while it has fewer than
  * PDX_PATH_CAL_MIN samples); a switch needs the other 10% cheaper. */
 #define PDX_PATH_SAMPLES 8
-#define PDX_PATH_CAL_MIN 3
-#define PDX_PATH_RUN 8
-#define PDX_PATH_RUN_SKIP 2
+#define PDX_PATH_CAL_MIN 8 /* a whole run's samples */
+#define PDX_PATH_RUN 16
+#define PDX_PATH_RUN_SKIP 8
 #define PDX_PATH_SAMPLE_EVERY 16
 #define PDX_PATH_PROBE_EVERY 1024
 #define PDX_PATH_PROBE_FEW 16
@@ -49,6 +51,7 @@ typedef struct pdx_path_class {
     int8_t run_k;      /* the run in progress: on b[run_k] */
     uint8_t run_left;  /* posts left in it (0: none) */
     uint8_t run_skip;  /* its first posts, not measured */
+    uint8_t run_n;     /* its samples so far */
     uint8_t n[2];      /* samples so far (at most PDX_PATH_SAMPLES) */
     uint8_t next[2];   /* ring positions */
     uint32_t inflight[2];

@@ -3,9 +3,12 @@
  * of milliseconds, so that this thread's own time is noise), no agent:
  *   - calibration settles on the cheaper backend, the fixed rules' choice
  *     or the other;
- *   - a run on a plainly dearer backend is cut short on its first sample;
- *   - a backend that lost on one outlier sample is probed again within
- *     PDX_PATH_PROBE_FEW x PDX_PATH_PROBE_EVERY posts and takes the class;
+ *   - a run on a plainly dearer backend is cut short on its fourth sample;
+ *   - one or two outlier samples (a cold start's) do not lose a backend
+ *     the class;
+ *   - a backend that lost while its peer was slow is probed again within
+ *     PDX_PATH_PROBE_FEW x PDX_PATH_PROBE_EVERY posts and takes the class
+ *     once cheaper;
  *   - the chosen backend growing dearer hands the class to the other. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,7 +25,8 @@
 
 typedef struct costs {
     uint32_t ns[2];    /* what a measured post of each backend costs */
-    uint32_t first[2]; /* if not 0: its first measured post instead */
+    uint32_t first[2]; /* if not 0: its first nfirst measured posts' */
+    unsigned nfirst;   /* (1 if 0) */
     unsigned posts[2]; /* posts that each backend took */
     unsigned measured[2];
 } costs_t;
@@ -48,7 +52,8 @@ static void one(pdx_peer_t *p, const pdx_path_pick_t *pk, costs_t *c)
     assert_int_equal(div, 1);
     c->posts[b]++;
     if (t0 != 0) {
-        t0 -= c->measured[b]++ == 0 && c->first[b] ? c->first[b] : c->ns[b];
+        unsigned nf = c->nfirst ? c->nfirst : 1;
+        t0 -= c->measured[b]++ < nf && c->first[b] ? c->first[b] : c->ns[b];
     }
     pdx_path_end(p, pk->cls, pk->key, b, t0, div, true);
 }
@@ -105,24 +110,44 @@ static void test_loser_cut_short(void **state)
     costs_t c = {.ns = {100 * MS, 1000 * MS}};
     calibrate(&p, &pk, &c);
     assert_int_equal(cls_of(&p, &pk)->chosen, 0);
-    /* A run on the dearer: its unmeasured posts and one sample. */
-    assert_int_equal(c.posts[1], PDX_PATH_RUN_SKIP + 1);
-    assert_int_equal(cls_of(&p, &pk)->n[1], 1);
+    /* A run on the dearer: its unmeasured posts and four samples. */
+    assert_int_equal(c.posts[1], PDX_PATH_RUN_SKIP + 4);
+    assert_int_equal(cls_of(&p, &pk)->n[1], 4);
     assert_int_equal(cls_of(&p, &pk)->n[0], PDX_PATH_RUN - PDX_PATH_RUN_SKIP);
     pdx_path_cost_free(&p);
 }
 
-static void test_outlier_probed_again(void **state)
+static void test_outliers_kept(void **state)
+{
+    (void)state;
+    for (unsigned nfirst = 1; nfirst <= 2; nfirst++) {
+        pdx_peer_t p = {0};
+        pdx_path_pick_t pk = pick_of(&p);
+        /* Backend 1 is the cheaper, but its first samples (a cold start)
+         * are 40 times backend 0's cost: its run goes on, and it takes
+         * the class. */
+        costs_t c = {.ns = {100 * MS, 50 * MS}, .first = {0, 4000 * MS},
+                     .nfirst = nfirst};
+        calibrate(&p, &pk, &c);
+        assert_int_equal(cls_of(&p, &pk)->chosen, 1);
+        assert_int_equal(cls_of(&p, &pk)->switches, 0);
+        assert_int_equal(pick_of(&p).b, 1);
+        pdx_path_cost_free(&p);
+    }
+}
+
+static void test_dearer_probed_again(void **state)
 {
     (void)state;
     pdx_peer_t p = {0};
     pdx_path_pick_t pk = pick_of(&p);
-    /* Backend 1 is the cheaper, but its first sample (one preempted
-     * post) is 40 times backend 0's cost. */
-    costs_t c = {.ns = {100 * MS, 50 * MS}, .first = {0, 4000 * MS}};
+    /* Backend 1 is ten times dearer while calibrating (its peer was
+     * slow), then the cheaper. */
+    costs_t c = {.ns = {100 * MS, 1000 * MS}};
     calibrate(&p, &pk, &c);
     assert_int_equal(cls_of(&p, &pk)->chosen, 0);
-    assert_int_equal(cls_of(&p, &pk)->n[1], 1);
+    assert_int_equal(cls_of(&p, &pk)->n[1], 4);
+    c.ns[1] = 50 * MS;
     unsigned bound = PDX_PATH_PROBE_EVERY * PDX_PATH_PROBE_FEW + 64, i;
     for (i = 0; i < bound && cls_of(&p, &pk)->chosen == 0; i++) {
         one(&p, &pk, &c);
@@ -158,7 +183,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cheaper_wins),
         cmocka_unit_test(test_loser_cut_short),
-        cmocka_unit_test(test_outlier_probed_again),
+        cmocka_unit_test(test_outliers_kept),
+        cmocka_unit_test(test_dearer_probed_again),
         cmocka_unit_test(test_chosen_grows_dearer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

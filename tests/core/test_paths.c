@@ -362,18 +362,21 @@ static pdx_agent_h cost_agent(const char *name, bool slow_cma)
 }
 
 /* READs of 64 KiB from P's private memory until the class has settled
- * (bounded: 64 requests), every byte checked; the last telemetry out. */
+ * (two calibration runs of PDX_PATH_RUN posts, then posts on the chosen
+ * one; bounded: 96 requests), every byte checked; the last telemetry
+ * out. */
 static void settle(pdx_agent_h d, unsigned char *dst, const unsigned char *src,
                    pdx_xfer_telemetry_t *t)
 {
     int i;
-    for (i = 0; i < 64; i++) {
+    for (i = 0; i < 96; i++) {
         size_t off = (size_t)(i % 16) * 65536;
         memset(dst + off, 0, 65536);
         assert_int_equal(read_once(d, dst + off, src + off, 65536, t),
                          PDX_OK);
         assert_memory_equal(dst + off, src + off, 65536);
-        if (i >= 24 && strncmp(t->fallback_why, "cost: ", 6) == 0) {
+        if (i >= 40 /* 2 x PDX_PATH_RUN (16), and 8 */ &&
+            strncmp(t->fallback_why, "cost: ", 6) == 0) {
             break;
         }
     }

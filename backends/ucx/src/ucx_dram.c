@@ -92,6 +92,80 @@ static int job_src_live(const ucx_dsrc_t *s)
     return q->req != NULL && !q->aborted;
 }
 
+static void dram_piece_cb(void *request, ucs_status_t status,
+                          void *user_data)
+{
+    ucx_dsrc_t *s = user_data;
+    ucx_dreq_t *q = s->arg;
+    q->job[s->k].wpending--;
+    dram_send_cb(request, status, q);
+}
+
+/* A WRITE's job `k` in pieces (DREQ_WRITE_PIECES): the request without
+ * its data, then the data, DRAM_FRAG_DATA bytes a message, each packed
+ * from the caller's memory by UCX (zeros once the request is aborted or
+ * released). */
+static pdx_status_t job_send_pieces(ucx_dreq_t *q, ucx_peer_t *peer,
+                                    uint32_t k)
+{
+    ucx_djob_t *j = &q->job[k];
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                        UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_AM_SEND_FLAG_EAGER,
+        .cb.send = dram_send_cb,
+        .user_data = q,
+    };
+    ucs_status_ptr_t sp = ucp_am_send_nbx(peer->ep, UCX_AM_ID_DRAM, j->hdr,
+                                          q->hdr_len, NULL, 0, &rp);
+    uint64_t token = ucx_dget(j->hdr + 32, 8);
+    uint32_t pid = (uint32_t)ucx_dget(j->hdr + 28, 4);
+    uint32_t i = 0;
+    for (uint64_t off = 0; !UCS_PTR_IS_ERR(sp) && off < j->len;
+         off += DRAM_FRAG_DATA, i++) {
+        if (sp != NULL) {
+            q->ucx_pending++;
+        }
+        uint64_t n = j->len - off < DRAM_FRAG_DATA ? j->len - off
+                                                    : DRAM_FRAG_DATA;
+        unsigned char *h = j->whdr + (size_t)i * DHDR_LEN;
+        dhdr_t d = {.op = DOP_WPIECE, .job = k, .seq = j->seq, .id = q->id,
+                    .pid = pid, .token = token, .raddr = off, .len = n};
+        ucx_dhdr_make(h, &d, NULL, 0);
+        j->wsrc[i] = (ucx_dsrc_t){
+            .p = (const unsigned char *)(uintptr_t)j->laddr + off,
+            .len = n, .live = job_src_live, .arg = q, .k = k,
+            .seq = j->seq};
+        ucp_request_param_t pp = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                            UCP_OP_ATTR_FIELD_USER_DATA |
+                            UCP_OP_ATTR_FIELD_FLAGS |
+                            UCP_OP_ATTR_FIELD_DATATYPE,
+            .flags = UCP_AM_SEND_FLAG_EAGER,
+            .cb.send = dram_piece_cb,
+            .user_data = &j->wsrc[i],
+            .datatype = q->be->dram->dt,
+        };
+        sp = ucp_am_send_nbx(peer->ep, UCX_AM_ID_DRAM, h, DHDR_LEN,
+                             &j->wsrc[i], n, &pp);
+        if (sp != NULL && !UCS_PTR_IS_ERR(sp)) {
+            j->wpending++;
+        }
+    }
+    if (UCS_PTR_IS_ERR(sp)) {
+        ucs_status_t s = UCS_PTR_STATUS(sp);
+        pdx_log(ucx_op_log_level(s, peer->ep_status), "ucx: peer %s: "
+                "sending a served WRITE of %" PRIu64 " bytes failed: %s",
+                peer->name, j->len, ucs_status_string(s));
+        return dreq_ucx_status(q, s);
+    }
+    if (sp != NULL) {
+        q->ucx_pending++;
+    }
+    q->be->dram->wpiece_chunks++;
+    return PDX_OK;
+}
+
 /* Send job `k` of `q` (its chunk set). PDX_OK (sent or queued by UCX) or
  * the error. */
 static pdx_status_t job_send(ucx_dreq_t *q, uint32_t k)
@@ -102,6 +176,9 @@ static pdx_status_t job_send(ucx_dreq_t *q, uint32_t k)
         return PDX_ERR_REMOTE_DISCONNECT;
     }
     int write = q->op == PDX_XFER_WRITE;
+    if (write && q->wpieces && j->len >= DRAM_WPIECES_MIN) {
+        return job_send_pieces(q, peer, k);
+    }
     ucp_request_param_t rp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                         UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
@@ -141,7 +218,8 @@ static void dreq_pump(ucx_dreq_t *q)
     while (!q->aborted && q->status == PDX_OK && q->inflight < DRAM_WINDOW &&
            q->piece < q->npieces) {
         uint32_t k = 0;
-        while (k < DRAM_WINDOW && q->job[k].seq != 0) {
+        while (k < DRAM_WINDOW &&
+               (q->job[k].seq != 0 || q->job[k].wpending != 0)) {
             k++;
         }
         if (k == DRAM_WINDOW) {
@@ -156,8 +234,16 @@ static void dreq_pump(ucx_dreq_t *q)
         j->seq = ++q->seq == 0 ? ++q->seq : q->seq;
         j->laddr = q->pieces[q->piece].laddr + q->off;
         j->len = len;
-        /* The header's variable fields: job, seq, token, range. */
+        j->got = 0;
+        /* The header's variable fields: job, what it takes, seq, token,
+         * range. */
         ucx_dput(j->hdr + 10, k, 2);
+        ucx_dput(j->hdr + 12,
+                 DREQ_RNDV_ANSWERS | DREQ_FRAG_ANSWERS |
+                     (q->wpieces && len >= DRAM_WPIECES_MIN
+                          ? DREQ_WRITE_PIECES
+                          : 0),
+                 4);
         ucx_dput(j->hdr + 24, j->seq, 4);
         ucx_dput(j->hdr + 32, q->pieces[q->piece].token, 8);
         ucx_dput(j->hdr + 40, q->pieces[q->piece].raddr + q->off, 8);
@@ -181,6 +267,8 @@ static void dreq_pump(ucx_dreq_t *q)
 static void dreq_dealloc(ucx_dreq_t *q)
 {
     ucx_list_del(&q->link);
+    free(q->wsrcs);
+    free(q->whdrs);
     free(q->hdrs);
     free(q->pieces);
     free(q);
@@ -268,6 +356,22 @@ pdx_status_t ucx_dram_post(ucx_be_t *be, ucx_req_t *r,
     q->hdr_len = hdr_len;
     q->chunk = be->max_chunk < DRAM_CHUNK ? be->max_chunk : DRAM_CHUNK;
     q->shm = ucx_vaddr_same_host(&peer->vaddr, &be->self);
+    int big = 0; /* a piece whose chunks go in pieces */
+    for (size_t i = 0; i < n && !big; i++) {
+        big = iov[i].len >= DRAM_WPIECES_MIN;
+    }
+    if (r->op == PDX_XFER_WRITE && q->shm && peer->dsvc_wpieces && big &&
+        q->chunk >= DRAM_WPIECES_MIN) {
+        q->wper = (uint32_t)((q->chunk + DRAM_FRAG_DATA - 1) /
+                             DRAM_FRAG_DATA);
+        q->wsrcs = malloc((size_t)DRAM_WINDOW * q->wper * sizeof(*q->wsrcs));
+        q->whdrs = malloc((size_t)DRAM_WINDOW * q->wper * DHDR_LEN);
+        q->wpieces = q->wsrcs != NULL && q->whdrs != NULL;
+        for (uint32_t k = 0; q->wpieces && k < DRAM_WINDOW; k++) {
+            q->job[k].wsrc = q->wsrcs + (size_t)k * q->wper;
+            q->job[k].whdr = q->whdrs + (size_t)k * q->wper * DHDR_LEN;
+        }
+    }
     for (size_t i = 0; i < n; i++) {
         const ucx_rmd_t *rmd = iov[i].remote_md;
         q->pieces[i].laddr = iov[i].local_addr;
@@ -278,7 +382,7 @@ pdx_status_t ucx_dram_post(ucx_be_t *be, ucx_req_t *r,
     }
     /* Every job's header: the fixed fields now, the rest per chunk. */
     dhdr_t d = {.op = r->op == PDX_XFER_WRITE ? DOP_WRITE : DOP_READ,
-                .status = DREQ_RNDV_ANSWERS,
+                .status = DREQ_RNDV_ANSWERS | DREQ_FRAG_ANSWERS,
                 .id = q->id, .pid = (uint32_t)getpid(), .pidns = ds->pidns,
                 .addr = wc->addr,
                 .addr_len = wc->addr_len};
@@ -375,6 +479,8 @@ void ucx_dram_fini(ucx_be_t *be)
         if (q->req != NULL) {
             q->req->dreq = NULL;
         }
+        free(q->wsrcs);
+        free(q->whdrs);
         free(q->hdrs);
         free(q->pieces);
         free(q);
@@ -462,15 +568,47 @@ ucs_status_t ucx_dram_answer(ucx_be_t *be, ucp_worker_h w, const dhdr_t *h,
         be->dram != NULL ? ucx_idtab_find(&be->dram->ids, h->id) : NULL;
     ucx_djob_t *j = q != NULL && h->job < DRAM_WINDOW ? &q->job[h->job] : NULL;
     ucx_peer_t *peer = q != NULL && q->req != NULL ? q->req->peer : NULL;
+    if (peer != NULL && (h->token & DSVC_FEAT_WRITE_PIECES)) {
+        peer->dsvc_wpieces = 1; /* its WRITEs go in pieces from now on */
+    }
     int want = peer != NULL && !q->ended &&
-               (q->op == PDX_XFER_READ ? DOP_DATA : DOP_ACK) == h->op;
-    if (j == NULL || !want || j->seq == 0 || j->seq != h->seq) {
-        /* A released or ended request's (or a stranger's): dropped. */
+               (q->op == PDX_XFER_READ
+                    ? h->op == DOP_DATA || h->op == DOP_FRAG
+                    : h->op == DOP_ACK);
+    if (j == NULL || !want || j->seq == 0 || j->seq != h->seq ||
+        (h->op == DOP_FRAG && rndv)) {
+        /* A released or ended request's (or a stranger's, or a piece sent
+         * by rendezvous, which we never ask for): dropped. */
         pdx_debug("ucx: dropping a served answer for a request that waits "
                   "for none");
         return UCS_OK;
     }
     pdx_status_t st = ucx_dram_peer_status(h->status);
+    if (h->op == DOP_FRAG) {
+        /* A piece of the chunk: at its offset, inside the chunk. */
+        if (st == PDX_OK && (length == 0 || h->len != length ||
+                             h->raddr > j->len ||
+                             length > j->len - h->raddr ||
+                             length > j->len - j->got)) {
+            pdx_warn("ucx: peer %s: a served READ's piece of %zu bytes at "
+                     "%" PRIu64 " does not fit its chunk of %" PRIu64
+                     " (%" PRIu64 " in)", peer->name, length, h->raddr,
+                     j->len, j->got);
+            st = PDX_ERR_CORRUPT;
+        }
+        if (st != PDX_OK) {
+            job_answered(q, j, st);
+            return UCS_OK;
+        }
+        memcpy((unsigned char *)(uintptr_t)j->laddr + h->raddr, data,
+               length);
+        j->got += length;
+        if (j->got == j->len) {
+            q->be->dram->frag_chunks++;
+            job_answered(q, j, PDX_OK);
+        }
+        return UCS_OK;
+    }
     if (st == PDX_OK && h->op == DOP_DATA &&
         (length != j->len || h->len != j->len)) {
         pdx_warn("ucx: peer %s: a served READ answered %zu bytes for a "
@@ -515,6 +653,9 @@ static ucs_status_t dram_am_cb(void *arg, const void *header,
      * UCS_OK without receiving it: UCX drops it and tells its sender). */
     if (h.op == DOP_READ || h.op == DOP_WRITE) {
         return ucx_dsvc_request(be, wc->worker, &h, data, length, rndv);
+    }
+    if (h.op == DOP_WPIECE) {
+        return ucx_dsvc_piece(be, &h, data, length, rndv);
     }
     return ucx_dram_answer(be, wc->worker, &h, data, length, rndv);
 }

@@ -42,6 +42,38 @@
  * writes to it only when it posts. */
 #define DRAM_EAGER_MAX (64ull << 10)
 #define DREQ_RNDV_ANSWERS 1
+/* Between processes of one host over UCX shared memory, a READ's answer
+ * larger than DRAM_FRAG_DATA goes as pieces (DOP_FRAG) of at most that
+ * many bytes, each one message that fits a shared-memory segment of UCX
+ * (UCX_MM_SEG_SIZE, 8256 bytes by default, less UCX's and pdx's
+ * headers): the owner copies each straight from its region into UCX's
+ * FIFO and the requester each out of it to where it goes, two copies in
+ * all and pipelined over both processes. As one eager message it took
+ * four (the owner's copy out under the check, UCX's into the FIFO,
+ * UCX's reassembly on the requester, pdx's copy where it goes): a 1 MiB
+ * READ of numpy memory took 2.2x NIXL's time, whose UCX emulates the
+ * get in two (BENCH-LOG, session 24). A requester says it takes them
+ * (DREQ_FRAG_ANSWERS in a request's status field); an older one is
+ * answered in one message. */
+#define DRAM_FRAG_DATA 8128u
+#define DREQ_FRAG_ANSWERS 2
+/* The same for a WRITE's data, from the requester: the request goes
+ * without data (DREQ_WRITE_PIECES in its status field), then the data in
+ * pieces (DOP_WPIECE), each naming the request (its id, job, seq and
+ * sender's pid) and the region's token, which the owner copies into the
+ * region as it comes (checked against the request, and the region again
+ * when one was deregistered meanwhile); the ACK goes once every byte is
+ * in. A requester sends them only to an owner that said in an answer it
+ * takes them (DSVC_FEAT_WRITE_PIECES in its answers' token field); a
+ * request whose pieces stop coming for DSVC_PIECES_IDLE_NS is dropped
+ * (its requester died or was stopped: its request times out). */
+#define DREQ_WRITE_PIECES 4
+/* ... for chunks of at least this: 64 KiB WRITEs, 64 in a request, took a
+ * quarter longer in pieces (UCX's own fragments of one message cost less
+ * per byte there), 1 MiB ones a fifth less (BENCH-LOG, session 24). */
+#define DRAM_WPIECES_MIN (256ull << 10)
+#define DSVC_FEAT_WRITE_PIECES 1
+#define DSVC_PIECES_IDLE_NS 10000000000ull
 /* What the service takes: one chunk of at most this, a queue of answers
  * of at most DSVC_MAX_ANSWERS (more are dropped: their requests time
  * out), READ data copied out of regions for answers in flight up to
@@ -66,7 +98,14 @@
 /* Bounce buffers of DRAM_CHUNK kept for the next answers. */
 #define DSVC_SPARE_MAX 16u
 
-enum { DOP_READ = 1, DOP_WRITE = 2, DOP_DATA = 3, DOP_ACK = 4 };
+enum {
+    DOP_READ = 1,
+    DOP_WRITE = 2,
+    DOP_DATA = 3,
+    DOP_ACK = 4,
+    DOP_FRAG = 5,
+    DOP_WPIECE = 6
+};
 
 /* Little endian, DHDR_LEN bytes, then (requests) the sender's name and
  * worker address:
@@ -74,8 +113,12 @@ enum { DOP_READ = 1, DOP_WRITE = 2, DOP_DATA = 3, DOP_ACK = 4 };
  *  10 u16 job   12 i32 status  16 u64 request id  24 u32 seq  28 u32 pid
  *  32 u64 token 40 u64 remote address  48 u64 length
  *  56 u64 the sender's pid namespace (the inode of /proc/self/ns/pid)
- * A READ carries no data, its answer (DATA) `length` bytes; a WRITE
- * `length` bytes, its answer (ACK) none. An answer repeats the request's
+ * A READ carries no data, its answer (DATA) `length` bytes, or (FRAG)
+ * pieces, each `length` bytes at offset `remote address` of the chunk; a
+ * WRITE `length` bytes (or none, then WPIECEs: `length` bytes at offset
+ * `remote address`, with the request's id, job, seq, pid and token), its
+ * answer (ACK) none. Answers say in their token field what the service
+ * takes (DSVC_FEAT_*). An answer repeats the request's
  * id, job and seq, and says its status. A request names its sender's pid
  * and pid namespace: a requester on this host (its address says so) in
  * our pid namespace that exited is given up at once, not after UCX's
@@ -143,7 +186,7 @@ static inline int ucx_dhdr_parse(const void *header, size_t len, dhdr_t *d)
     if (header == NULL || len < DHDR_LEN ||
         len > DHDR_LEN + UCX_MAX_NAME + DRAM_MAX_ADDR ||
         ucx_dget(p, 4) != DHDR_MAGIC || p[4] != DHDR_VERSION ||
-        p[5] < DOP_READ || p[5] > DOP_ACK) {
+        p[5] < DOP_READ || p[5] > DOP_WPIECE) {
         return -1;
     }
     size_t nlen = (size_t)ucx_dget(p + 6, 2);
@@ -198,6 +241,10 @@ struct ucx_dsrc {
 typedef struct ucx_djob {
     uint32_t seq;        /* 0: free */
     uint64_t laddr, len;
+    uint64_t got;        /* a READ's bytes in from answer pieces */
+    ucx_dsrc_t *wsrc;    /* a WRITE in pieces: each piece's bytes */
+    unsigned char *whdr; /* ... and header (DHDR_LEN each) */
+    uint32_t wpending;   /* ... pieces UCX still holds (the slot waits) */
     ucx_dsrc_t src;      /* a WRITE's data; a READ's rendezvous answer */
     unsigned char *hdr;  /* its header (the request's hdr_len bytes) */
 } ucx_djob_t;
@@ -219,6 +266,10 @@ typedef struct ucx_dreq {
     int aborted;
     int shm;                /* its peer is on this host, over UCX shared
                                memory: its data goes eagerly */
+    int wpieces;            /* a WRITE whose chunks go in pieces */
+    uint32_t wper;          /* ... at most this many a chunk */
+    ucx_dsrc_t *wsrcs;      /* ... DRAM_WINDOW x wper of them */
+    unsigned char *whdrs;
     pdx_status_t status;    /* the first failure */
     uint64_t chunk;
     size_t npieces, piece;  /* the cursor: piece and offset in it */
@@ -254,6 +305,15 @@ typedef struct ucx_dans {
                                answer */
     int rndv;               /* READ: answered by rendezvous, from the
                                region */
+    int wpieces;            /* WRITE: its data comes in pieces */
+    uint64_t got;           /* ... bytes of it in */
+    uint64_t last_ns;       /* ... when the last came */
+    int frag_ok;            /* READ: its requester takes answer pieces */
+    int frag;               /* READ: answered in pieces, from the region */
+    int frags_posted;       /* ... every piece handed to UCX */
+    uint32_t frag_pending;  /* ... pieces UCX still holds */
+    ucx_dsrc_t *fsrc;       /* ... each piece's bytes */
+    unsigned char *fhdr;    /* ... and header (DHDR_LEN each) */
     uint64_t gen;           /* dram->gen when its region was last checked */
     unsigned char hdr[DHDR_LEN];
     unsigned char addr[];   /* the requester's address (h.addr_len) */
@@ -278,6 +338,8 @@ struct ucx_dram_state {
     void *spare[DSVC_SPARE_MAX];
     uint32_t nspare;
     uint64_t served, refused, dropped; /* counts, for describe */
+    uint64_t frag_chunks, wpiece_chunks; /* this instance's chunks moved in
+                                            pieces (READ answers, WRITEs) */
     uint64_t idle_check_ns;
     uint64_t refused_log_ns; /* refusals are logged once a second */
     unsigned refused_quiet;
@@ -326,5 +388,9 @@ ucs_status_t ucx_dram_answer(ucx_be_t *be, ucp_worker_h w, const dhdr_t *h,
  * returns. */
 ucs_status_t ucx_dsvc_request(ucx_be_t *be, ucp_worker_h w, const dhdr_t *h,
                               void *data, size_t length, int rndv);
+/* ucx_dsvc.c: a piece of a WRITE's data (DOP_WPIECE; `data`, `length`
+ * and `rndv` as UCX gave them). What the AM callback returns. */
+ucs_status_t ucx_dsvc_piece(ucx_be_t *be, const dhdr_t *h, const void *data,
+                            size_t length, int rndv);
 
 #endif

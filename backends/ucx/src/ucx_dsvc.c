@@ -259,6 +259,7 @@ ucs_status_t ucx_dsvc_request(ucx_be_t *be, ucp_worker_h w, const dhdr_t *h,
     a->h.addr = a->addr;
     /* A request's status field carries what its sender takes. */
     a->rndv_ok = h->op == DOP_READ && (h->status & DREQ_RNDV_ANSWERS) != 0;
+    a->frag_ok = h->op == DOP_READ && (h->status & DREQ_FRAG_ANSWERS) != 0;
     a->h.status = PDX_OK;
     pdx_status_t st = PDX_OK;
     const char *why = NULL;
@@ -270,7 +271,8 @@ ucs_status_t ucx_dsvc_request(ucx_be_t *be, ucp_worker_h w, const dhdr_t *h,
     } else if (h->len == 0 || h->len > DSVC_MAX_CHUNK) {
         st = PDX_ERR_TOO_LARGE;
         why = "a chunk of 1 B to 16 MiB expected";
-    } else if (h->op == DOP_WRITE && length != h->len) {
+    } else if (h->op == DOP_WRITE &&
+               length != ((h->status & DREQ_WRITE_PIECES) ? 0 : h->len)) {
         st = PDX_ERR_CORRUPT;
         why = "its data is not the length it names";
     } else if ((st = dsvc_region(be, h->token, h->raddr, h->len, &md)) !=
@@ -286,6 +288,14 @@ ucs_status_t ucx_dsvc_request(ucx_be_t *be, ucp_worker_h w, const dhdr_t *h,
         dsvc_refused(be, h, st, why);
     } else if (h->op == DOP_WRITE && rndv) {
         return dsvc_receive(be, w, a, data, dt);
+    } else if (h->op == DOP_WRITE && (h->status & DREQ_WRITE_PIECES)) {
+        /* Its data comes in pieces (ucx_dsvc_piece). */
+        a->wpieces = 1;
+        a->gen = ds->gen;
+        a->last_ns = pdx_now_ns();
+        ucx_list_push(&ds->receiving, &a->link);
+        ds->nreceiving++;
+        return UCS_OK;
     } else if (h->op == DOP_WRITE) {
         /* Checked just now, and no op (a deregistration) runs while this
          * callback does. */
@@ -296,6 +306,94 @@ ucs_status_t ucx_dsvc_request(ucx_be_t *be, ucp_worker_h w, const dhdr_t *h,
     ucx_list_push(&ds->answers, &a->link);
     ds->nanswers++;
     return UCS_OK;
+}
+
+static void dans_free(ucx_be_t *be, ucx_dans_t *a);
+
+ucs_status_t ucx_dsvc_piece(ucx_be_t *be, const dhdr_t *h, const void *data,
+                            size_t length, int rndv)
+{
+    struct ucx_dram_state *ds = be->dram;
+    ucx_dans_t *a = NULL;
+    if (ds != NULL && !rndv) {
+        for (ucx_link_t *l = ds->receiving.next; l != &ds->receiving;
+             l = l->next) {
+            ucx_dans_t *e = UCX_CONTAINER(l, ucx_dans_t, link);
+            if (e->wpieces && e->h.id == h->id && e->h.job == h->job &&
+                e->h.seq == h->seq && e->h.pid == h->pid &&
+                e->h.token == h->token) {
+                a = e;
+                break;
+            }
+        }
+    }
+    if (a == NULL) {
+        /* A stranger's, a dropped request's, or sent by rendezvous. */
+        pdx_debug("ucx: dropping a served WRITE's piece that no request "
+                  "waits for");
+        return UCS_OK;
+    }
+    a->last_ns = pdx_now_ns();
+    if (length == 0 || h->len != length || h->raddr > a->h.len ||
+        length > a->h.len - h->raddr || length > a->h.len - a->got) {
+        if (a->h.status == PDX_OK) {
+            a->h.status = PDX_ERR_CORRUPT;
+            dsvc_refused(be, &a->h, PDX_ERR_CORRUPT,
+                         "a piece of its data does not fit it");
+        }
+        a->wpieces = 0;
+        dsvc_recv_end(a, UCS_OK); /* answered now; later pieces dropped */
+        return UCS_OK;
+    }
+    if (a->h.status == PDX_OK && a->gen != ds->gen) {
+        ucx_md_t *md = NULL;
+        pdx_status_t st = dsvc_region(be, a->h.token, a->h.raddr, a->h.len,
+                                      &md);
+        if (st == PDX_OK && md->readonly) {
+            st = PDX_ERR_POLICY;
+        }
+        if (st != PDX_OK) {
+            a->h.status = st;
+            dsvc_refused(be, &a->h, st, "its region was deregistered while "
+                                        "its data arrived");
+        }
+        a->gen = ds->gen;
+    }
+    if (a->h.status == PDX_OK) {
+        /* Checked at the request and again since any deregistration; no
+         * op (a deregistration) runs while this callback does. */
+        memcpy((unsigned char *)(uintptr_t)a->h.raddr + h->raddr, data,
+               length);
+    }
+    a->got += length;
+    if (a->got == a->h.len) {
+        a->wpieces = 0;
+        dsvc_recv_end(a, UCS_OK); /* its ACK queued */
+    }
+    return UCS_OK;
+}
+
+/* WRITEs in pieces whose pieces stopped coming (their requester died or
+ * was stopped): dropped, unanswered (the request times out there). */
+static int dsvc_drop_idle_pieces(ucx_be_t *be, uint64_t now)
+{
+    struct ucx_dram_state *ds = be->dram;
+    int n = 0;
+    ucx_link_t *l = ds->receiving.next;
+    while (l != &ds->receiving) {
+        ucx_link_t *next = l->next;
+        ucx_dans_t *a = UCX_CONTAINER(l, ucx_dans_t, link);
+        if (a->wpieces && now - a->last_ns > DSVC_PIECES_IDLE_NS) {
+            pdx_debug("ucx: dropping %s's served WRITE: no piece of its "
+                      "data for %llu s", a->h.name,
+                      DSVC_PIECES_IDLE_NS / 1000000000ull);
+            ds->nreceiving--;
+            dans_free(be, a);
+            n++;
+        }
+        l = next;
+    }
+    return n;
 }
 
 /* ---- the requesters' endpoints ------------------------------------------- */
@@ -327,6 +425,8 @@ static void dans_free(ucx_be_t *be, ucx_dans_t *a)
             free(a->bounce);
         }
     }
+    free(a->fsrc);
+    free(a->fhdr);
     if (a->bytes > 0) {
         ds->bytes -= a->bytes;
         ds->blocked = 0;
@@ -367,7 +467,15 @@ static pdx_status_t dans_fill(ucx_be_t *be, ucx_dans_t *a)
         return st;
     }
     a->rndv = a->rndv_ok && a->h.len > DRAM_EAGER_MAX && !a->client->shm;
-    if (!a->rndv) {
+    a->frag = a->frag_ok && a->h.len > DRAM_FRAG_DATA && a->client->shm;
+    if (a->frag) {
+        uint64_t nf = (a->h.len + DRAM_FRAG_DATA - 1) / DRAM_FRAG_DATA;
+        a->fsrc = malloc(nf * sizeof(*a->fsrc));
+        a->fhdr = malloc(nf * DHDR_LEN);
+        if (a->fsrc == NULL || a->fhdr == NULL) {
+            return PDX_ERR_NOMEM;
+        }
+    } else if (!a->rndv) {
         if (a->h.len <= DRAM_CHUNK && ds->nspare > 0) {
             a->bounce = ds->spare[--ds->nspare];
             a->spare = 1;
@@ -388,6 +496,72 @@ static pdx_status_t dans_fill(ucx_be_t *be, ucx_dans_t *a)
     return PDX_OK;
 }
 
+static void dans_frag_cb(void *request, ucs_status_t status, void *user_data)
+{
+    ucx_dans_t *a = user_data;
+    ucp_request_free(request);
+    if (status != UCS_OK) {
+        pdx_debug("ucx: a piece of an answer to %s's served READ was not "
+                  "delivered: %s", a->h.name, ucs_status_string(status));
+    }
+    if (--a->frag_pending == 0 && a->frags_posted) {
+        dans_free(a->be, a);
+    }
+}
+
+/* A READ's answer in pieces (DRAM_FRAG_DATA), each packed by UCX straight
+ * from the region (ucx_dsvc_region_gone copies what is left out should
+ * the region go first). A piece UCX refuses ends the sending: the
+ * requester's job then waits for pieces that never come, until its
+ * endpoint fails (UCX refuses for a failed one) or its request times out,
+ * as for an answer not delivered. Freed by the last piece's callback, or
+ * now. */
+static void dans_send_frags(ucx_be_t *be, ucx_dans_t *a, ucx_client_t *c,
+                            ucp_datatype_t dt)
+{
+    uint64_t len = a->h.len;
+    uint32_t k = 0;
+    for (uint64_t off = 0; off < len; off += DRAM_FRAG_DATA, k++) {
+        uint64_t n = len - off < DRAM_FRAG_DATA ? len - off : DRAM_FRAG_DATA;
+        unsigned char *hdr = a->fhdr + (size_t)k * DHDR_LEN;
+        dhdr_t d = {.op = DOP_FRAG, .job = a->h.job, .seq = a->h.seq,
+                    .status = PDX_OK, .id = a->h.id,
+                    .token = DSVC_FEAT_WRITE_PIECES, .raddr = off,
+                    .len = n};
+        ucx_dhdr_make(hdr, &d, NULL, 0);
+        a->fsrc[k] = (ucx_dsrc_t){
+            .p = (const unsigned char *)(uintptr_t)a->h.raddr + off,
+            .len = n};
+        ucp_request_param_t rp = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                            UCP_OP_ATTR_FIELD_USER_DATA |
+                            UCP_OP_ATTR_FIELD_FLAGS |
+                            UCP_OP_ATTR_FIELD_DATATYPE,
+            .flags = UCP_AM_SEND_FLAG_EAGER,
+            .cb.send = dans_frag_cb,
+            .user_data = a,
+            .datatype = dt,
+        };
+        ucs_status_ptr_t sp = ucp_am_send_nbx(c->ep, UCX_AM_ID_DRAM, hdr,
+                                              DHDR_LEN, &a->fsrc[k], n, &rp);
+        if (UCS_PTR_IS_ERR(sp)) {
+            pdx_debug("ucx: answering %s's served READ failed: %s",
+                      a->h.name, ucs_status_string(UCS_PTR_STATUS(sp)));
+            break;
+        }
+        if (sp != NULL) {
+            a->frag_pending++;
+        }
+    }
+    a->frags_posted = 1;
+    if (a->frag_pending == 0) {
+        dans_free(be, a);
+    } else {
+        a->sent_bytes = a->bytes;
+        c->bytes += a->bytes;
+    }
+}
+
 /* Send answer `a` (off the queue) on the endpoint of client `c`: freed by
  * the send's callback, or now. */
 static void dans_send(ucx_be_t *be, ucx_dans_t *a, ucx_client_t *c)
@@ -402,6 +576,7 @@ static void dans_send(ucx_be_t *be, ucx_dans_t *a, ucx_client_t *c)
     int data = read && a->h.status == PDX_OK;
     dhdr_t d = {.op = read ? DOP_DATA : DOP_ACK, .job = a->h.job,
                 .seq = a->h.seq, .status = a->h.status, .id = a->h.id,
+                .token = DSVC_FEAT_WRITE_PIECES,
                 .len = data ? a->h.len : 0};
     ucx_dhdr_make(a->hdr, &d, NULL, 0);
     ucp_request_param_t rp = {
@@ -427,6 +602,10 @@ static void dans_send(ucx_be_t *be, ucx_dans_t *a, ucx_client_t *c)
                       NULL, 0);
     }
     ucx_list_push(&ds->sending, &a->link);
+    if (data && a->frag) {
+        dans_send_frags(be, a, c, rp.datatype);
+        return;
+    }
     ucs_status_ptr_t sp = ucp_am_send_nbx(c->ep, UCX_AM_ID_DRAM, a->hdr,
                                           DHDR_LEN, data ? (void *)&a->src
                                                          : NULL,
@@ -455,9 +634,28 @@ void ucx_dsvc_region_gone(ucx_be_t *be, const ucx_md_t *md)
      * copied out, so UCX never reads the region after this. */
     for (ucx_link_t *l = ds->sending.next; l != &ds->sending; l = l->next) {
         ucx_dans_t *a = UCX_CONTAINER(l, ucx_dans_t, link);
-        uintptr_t p = (uintptr_t)a->src.p;
-        if (!a->rndv || a->bounce != NULL || a->h.op != DOP_READ ||
-            p < md->addr || p - md->addr >= md->len) {
+        uintptr_t p = a->frag ? (uintptr_t)a->h.raddr : (uintptr_t)a->src.p;
+        if (!(a->rndv || a->frag) || a->bounce != NULL ||
+            a->h.op != DOP_READ || p < md->addr || p - md->addr >= md->len) {
+            continue;
+        }
+        if (a->frag) {
+            /* Every piece's bytes from the copy (those UCX packed already
+             * are no longer read). */
+            a->bounce = malloc(a->h.len);
+            a->spare = 0;
+            const unsigned char *from = (const unsigned char *)p;
+            if (a->bounce != NULL) {
+                memcpy(a->bounce, from, a->h.len);
+            } else {
+                pdx_error("ucx: out of memory copying a served READ's %"
+                          PRIu64 " bytes out of a region being "
+                          "deregistered: %s gets zeros", a->h.len, a->h.name);
+            }
+            for (uint64_t off = 0, k = 0; off < a->h.len;
+                 off += DRAM_FRAG_DATA, k++) {
+                a->fsrc[k].p = a->bounce != NULL ? a->bounce + off : NULL;
+            }
             continue;
         }
         a->bounce = malloc(a->h.len);
@@ -570,6 +768,7 @@ int ucx_dsvc_progress(ucx_be_t *be)
     if (now - ds->idle_check_ns >= every) {
         ds->idle_check_ns = now;
         n += dsvc_reap_clients(be, now);
+        n += dsvc_drop_idle_pieces(be, now);
     }
     return n;
 }
@@ -584,9 +783,11 @@ void ucx_dsvc_describe(const ucx_be_t *be, char *buf, size_t len)
     }
     snprintf(buf, len, "served host memory: %" PRIu64 " chunks served, %"
              PRIu64 " refused, %" PRIu64 " dropped; %u requesters (%u "
-             "closing), %u answers queued, %" PRIu64 " bytes in flight",
+             "closing), %u answers queued, %" PRIu64 " bytes in flight; "
+             "chunks moved here in pieces: %" PRIu64 " READ, %" PRIu64
+             " WRITE",
              ds->served, ds->refused, ds->dropped, ds->clients.n, closing,
-             ds->nanswers, ds->bytes);
+             ds->nanswers, ds->bytes, ds->frag_chunks, ds->wpiece_chunks);
 }
 
 void ucx_dsvc_fini(ucx_be_t *be)

@@ -179,6 +179,8 @@ typedef struct ucx_peer {
     int stage_stalled;
     /* Its host memory is served (ucx_dram.c): -1 not known yet. */
     int served;
+    /* Its service takes a WRITE's data in pieces (said in its answers). */
+    int dsvc_wpieces;
 } ucx_peer_t;
 
 /* How this instance carries GPU memory (ucx_vram.c): not at all, staged

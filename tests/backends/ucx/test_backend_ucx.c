@@ -81,6 +81,9 @@ int main(int argc, char **argv)
             cmocka_unit_test_teardown(test_stuck_fifo_one_worker,
                                       child_teardown),
             cmocka_unit_test_teardown(test_hostile_served, child_teardown),
+            cmocka_unit_test_teardown(test_hostile_pieces, child_teardown),
+            cmocka_unit_test_teardown(test_served_pieces_shm,
+                                      child_teardown),
         };
         return cmocka_run_group_tests_name("backend_ucx_misc", tests, NULL,
                                            NULL);

@@ -270,6 +270,37 @@ static void peer_death(const char *tls)
     free(c.key);
 }
 
+/* Over shared memory a served READ's answers and (once the owner said it
+ * takes them) a WRITE's 1 MiB chunks go in pieces: byte-exact both ways,
+ * and the requester's describe counts them. */
+void test_served_pieces_shm(void **state)
+{
+    (void)state;
+    const char *tls = "posix,sysv,self";
+    child_t c;
+    parent_t p;
+    child_start(&c, tls);
+    parent_setup(&p, &c, tls);
+    assert_int_equal(parent_xfer(&p, &c, PDX_XFER_READ, DEADLINE_NS), PDX_OK);
+    assert_true(check_pattern(p.mem, 8u << 20, 77, 0));
+    long reads = describe_count(p.be, "chunks moved here in pieces: ");
+    assert_int_equal(reads, 8); /* eight 1 MiB chunks, each in pieces */
+    /* Its answers said it takes WRITEs in pieces: a WRITE of another
+     * pattern, read back. */
+    fill_pattern(p.mem, 8u << 20, 99);
+    assert_int_equal(parent_xfer(&p, &c, PDX_XFER_WRITE, DEADLINE_NS),
+                     PDX_OK);
+    memset(p.mem, 0, 8u << 20);
+    assert_int_equal(parent_xfer(&p, &c, PDX_XFER_READ, DEADLINE_NS), PDX_OK);
+    assert_true(check_pattern(p.mem, 8u << 20, 99, 0));
+    long writes = describe_count(p.be, " READ, ");
+    printf("[ ucx served pieces ] chunks in pieces: %ld READ, %ld WRITE\n",
+           describe_count(p.be, "chunks moved here in pieces: "), writes);
+    assert_int_equal(writes, 8);
+    parent_teardown(&p);
+    child_reap(&c);
+}
+
 void test_peer_death_tcp(void **state)
 {
     (void)state;
@@ -323,14 +354,14 @@ static ucs_status_t h_answer_cb(void *arg, const void *header,
     return UCS_OK;
 }
 
-static void h_send(hostile_t *h, int op, uint32_t seq, uint64_t token,
-                   uint64_t raddr, uint64_t len, void *data, size_t dlen,
-                   int rndv)
+static void h_send_flags(hostile_t *h, int op, uint32_t seq, uint64_t token,
+                         uint64_t raddr, uint64_t len, void *data,
+                         size_t dlen, int rndv, int32_t flags)
 {
     static const char name[] = "hostile";
     int request = op == DOP_READ || op == DOP_WRITE;
     dhdr_t d = {.op = op, .seq = seq, .id = 0x5eed + seq, .token = token,
-                .raddr = raddr, .len = len,
+                .raddr = raddr, .len = len, .status = flags,
                 .addr = request ? (const unsigned char *)h->addr : NULL,
                 .addr_len = request ? h->addr_len : 0};
     unsigned char *hdr = malloc(DHDR_LEN + sizeof(name) - 1 + h->addr_len);
@@ -353,6 +384,13 @@ static void h_send(hostile_t *h, int op, uint32_t seq, uint64_t token,
         ucp_request_free(sp);
     }
     free(hdr);
+}
+
+static void h_send(hostile_t *h, int op, uint32_t seq, uint64_t token,
+                   uint64_t raddr, uint64_t len, void *data, size_t dlen,
+                   int rndv)
+{
+    h_send_flags(h, op, seq, token, raddr, len, data, dlen, rndv, 0);
 }
 
 static void hostile_open(hostile_t *h, const child_t *c)
@@ -449,6 +487,65 @@ void test_hostile_served(void **state)
     parent_setup(&p, &c, "tcp");
     assert_int_equal(parent_xfer(&p, &c, PDX_XFER_READ, DEADLINE_NS), PDX_OK);
     assert_true(check_pattern(p.mem, 8u << 20, 77, 0));
+    parent_teardown(&p);
+    child_reap(&c);
+}
+
+/* A WRITE whose data comes in pieces (DREQ_WRITE_PIECES, DOP_WPIECE),
+ * from a raw UCP sender that knows the region's token: a piece that
+ * overruns its request ends it CORRUPT; pieces for no request, or sent
+ * by rendezvous, are dropped; the right pieces land, in any order, and
+ * the ACK comes once every byte is in; nothing outside the request's
+ * range changes. */
+void test_hostile_pieces(void **state)
+{
+    (void)state;
+    child_t c;
+    child_start(&c, "tcp");
+    parent_t p;
+    parent_setup(&p, &c, "tcp");
+    uint64_t token = ((const ucx_rmd_t *)p.rmd)->token;
+    hostile_t h;
+    hostile_open(&h, &c);
+    const uint64_t len = 16384, at = c.region.addr + (1u << 20);
+    unsigned char *data = malloc(len);
+    assert_non_null(data);
+    for (uint64_t i = 0; i < len; i++) {
+        data[i] = (unsigned char)(i * 31 + 7);
+    }
+    /* 1: a piece past its request's end. */
+    h_send_flags(&h, DOP_WRITE, 1, token, at, len, NULL, 0, 0,
+                 DREQ_WRITE_PIECES);
+    h_send(&h, DOP_WPIECE, 1, token, len - 100, 1000, data, 1000, 0);
+    /* 2: its second half first; a piece for no request (seq 3), one with
+     * another token, one by rendezvous: dropped; then the first half. */
+    h_send_flags(&h, DOP_WRITE, 2, token, at, len, NULL, 0, 0,
+                 DREQ_WRITE_PIECES);
+    h_send(&h, DOP_WPIECE, 2, token, len / 2, len / 2, data + len / 2,
+           len / 2, 0);
+    h_send(&h, DOP_WPIECE, 3, token, 0, len / 2, data, len / 2, 0);
+    h_send(&h, DOP_WPIECE, 2, token ^ 1, 0, len / 2, data, len / 2, 0);
+    h_send(&h, DOP_WPIECE, 2, token, 0, len / 2, data, len / 2, 1);
+    h_send(&h, DOP_WPIECE, 2, token, 0, len / 2, data, len / 2, 0);
+    uint64_t deadline = pdx_now_ns() + DEADLINE_NS;
+    while (h.answers < 2 && pdx_now_ns() < deadline) {
+        ucp_worker_progress(h.w);
+        usleep(100);
+    }
+    printf("[ ucx hostile pieces ] answers %d, %d strays: %d %d\n",
+           h.answers, h.strays, h.status[1], h.status[2]);
+    assert_int_equal(h.status[1], PDX_ERR_CORRUPT);
+    assert_int_equal(h.status[2], PDX_OK);
+    assert_int_equal(h.status[3], 1); /* never answered */
+    assert_int_equal(h.strays, 0);
+    hostile_close(&h);
+    /* The second request's bytes are there, the rest as it was. */
+    assert_int_equal(parent_xfer(&p, &c, PDX_XFER_READ, DEADLINE_NS), PDX_OK);
+    assert_memory_equal(p.mem + (1u << 20), data, len);
+    assert_true(check_pattern(p.mem, 1u << 20, 77, 0));
+    assert_true(check_pattern(p.mem + (1u << 20) + len,
+                              (7u << 20) - len, 77, (1u << 20) + len));
+    free(data);
     parent_teardown(&p);
     child_reap(&c);
 }

@@ -145,5 +145,7 @@ void test_release_stalled_read_served(void **state);
 void test_stuck_fifo_own_worker(void **state);
 void test_stuck_fifo_one_worker(void **state);
 void test_hostile_served(void **state);
+void test_hostile_pieces(void **state);
+void test_served_pieces_shm(void **state);
 
 #endif
