@@ -271,9 +271,9 @@ class Side:
         return {k: t.get(k) for k in ("backend", "transport",
                                       "fallback_why")}
 
-    def settle(self, op, size, batch, most=64):
+    def settle(self, op, size, batch, most=96):
         """Untimed cycles until pdx's path choice for this row is made: a
-        calibration takes two runs of 8 posts (core/path_int.h), more
+        calibration takes two runs of 16 posts (core/path_int.h), more
         than the warm-up when a row's cycles are few (6 a round at 64
         MiB), and its runs on the dearer path are first use, not the
         steady state a stack sees. Bounded; a no-op for NIXL and for
