@@ -65,8 +65,8 @@
  * when one was deregistered meanwhile); the ACK goes once every byte is
  * in. A requester sends them only to an owner that said in an answer it
  * takes them (DSVC_FEAT_WRITE_PIECES in its answers' token field); a
- * request whose pieces stop coming for DSVC_PIECES_IDLE_NS is dropped
- * (its requester died or was stopped: its request times out). */
+ * request whose pieces stop coming for DSVC_PIECES_IDLE_NS is answered
+ * PDX_ERR_TIMEOUT (its requester died or was stopped). */
 #define DREQ_WRITE_PIECES 4
 /* ... for chunks of at least this: 64 KiB WRITEs, 64 in a request, took a
  * quarter longer in pieces (UCX's own fragments of one message cost less

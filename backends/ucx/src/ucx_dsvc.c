@@ -308,8 +308,6 @@ ucs_status_t ucx_dsvc_request(ucx_be_t *be, ucp_worker_h w, const dhdr_t *h,
     return UCS_OK;
 }
 
-static void dans_free(ucx_be_t *be, ucx_dans_t *a);
-
 ucs_status_t ucx_dsvc_piece(ucx_be_t *be, const dhdr_t *h, const void *data,
                             size_t length, int rndv)
 {
@@ -374,7 +372,8 @@ ucs_status_t ucx_dsvc_piece(ucx_be_t *be, const dhdr_t *h, const void *data,
 }
 
 /* WRITEs in pieces whose pieces stopped coming (their requester died or
- * was stopped): dropped, unanswered (the request times out there). */
+ * was stopped): answered PDX_ERR_TIMEOUT (dropped at the send if the
+ * requester is gone); later pieces find no request. */
 static int dsvc_drop_idle_pieces(ucx_be_t *be, uint64_t now)
 {
     struct ucx_dram_state *ds = be->dram;
@@ -384,11 +383,15 @@ static int dsvc_drop_idle_pieces(ucx_be_t *be, uint64_t now)
         ucx_link_t *next = l->next;
         ucx_dans_t *a = UCX_CONTAINER(l, ucx_dans_t, link);
         if (a->wpieces && now - a->last_ns > DSVC_PIECES_IDLE_NS) {
-            pdx_debug("ucx: dropping %s's served WRITE: no piece of its "
-                      "data for %llu s", a->h.name,
-                      DSVC_PIECES_IDLE_NS / 1000000000ull);
-            ds->nreceiving--;
-            dans_free(be, a);
+            pdx_info("ucx: %s's served WRITE of %" PRIu64 " bytes got no "
+                     "piece of its data for %llu s: answered timeout",
+                     a->h.name, a->h.len,
+                     DSVC_PIECES_IDLE_NS / 1000000000ull);
+            a->wpieces = 0;
+            if (a->h.status == PDX_OK) {
+                a->h.status = PDX_ERR_TIMEOUT;
+            }
+            dsvc_recv_end(a, UCS_OK);
             n++;
         }
         l = next;

@@ -495,8 +495,8 @@ void test_hostile_served(void **state)
  * from a raw UCP sender that knows the region's token: a piece that
  * overruns its request ends it CORRUPT; pieces for no request, or sent
  * by rendezvous, are dropped; the right pieces land, in any order, and
- * the ACK comes once every byte is in; nothing outside the request's
- * range changes. */
+ * the ACK comes once every byte is in; a request whose pieces stop is
+ * answered TIMEOUT; nothing outside the requests' ranges changes. */
 void test_hostile_pieces(void **state)
 {
     (void)state;
@@ -527,24 +527,37 @@ void test_hostile_pieces(void **state)
     h_send(&h, DOP_WPIECE, 2, token ^ 1, 0, len / 2, data, len / 2, 0);
     h_send(&h, DOP_WPIECE, 2, token, 0, len / 2, data, len / 2, 1);
     h_send(&h, DOP_WPIECE, 2, token, 0, len / 2, data, len / 2, 0);
-    uint64_t deadline = pdx_now_ns() + DEADLINE_NS;
-    while (h.answers < 2 && pdx_now_ns() < deadline) {
+    /* 4: half of its data, then nothing (a requester stopped or dead):
+     * answered TIMEOUT after DSVC_PIECES_IDLE_NS; the half landed (a
+     * WRITE that fails leaves its range undefined). */
+    h_send_flags(&h, DOP_WRITE, 4, token, at + len, len, NULL, 0, 0,
+                 DREQ_WRITE_PIECES);
+    h_send(&h, DOP_WPIECE, 4, token, 0, len / 2, data, len / 2, 0);
+    uint64_t t0 = pdx_now_ns();
+    uint64_t deadline = t0 + DSVC_PIECES_IDLE_NS + DEADLINE_NS;
+    while (h.answers < 3 && pdx_now_ns() < deadline) {
         ucp_worker_progress(h.w);
-        usleep(100);
+        usleep(1000);
     }
-    printf("[ ucx hostile pieces ] answers %d, %d strays: %d %d\n",
-           h.answers, h.strays, h.status[1], h.status[2]);
+    double idle_s = (double)(pdx_now_ns() - t0) / 1e9;
+    printf("[ ucx hostile pieces ] answers %d, %d strays: %d %d %d (the "
+           "stopped one after %.1f s)\n", h.answers, h.strays, h.status[1],
+           h.status[2], h.status[4], idle_s);
     assert_int_equal(h.status[1], PDX_ERR_CORRUPT);
     assert_int_equal(h.status[2], PDX_OK);
     assert_int_equal(h.status[3], 1); /* never answered */
+    assert_int_equal(h.status[4], PDX_ERR_TIMEOUT);
+    assert_true(idle_s >= (double)DSVC_PIECES_IDLE_NS / 1e9 - 0.5);
     assert_int_equal(h.strays, 0);
     hostile_close(&h);
     /* The second request's bytes are there, the rest as it was. */
     assert_int_equal(parent_xfer(&p, &c, PDX_XFER_READ, DEADLINE_NS), PDX_OK);
     assert_memory_equal(p.mem + (1u << 20), data, len);
     assert_true(check_pattern(p.mem, 1u << 20, 77, 0));
-    assert_true(check_pattern(p.mem + (1u << 20) + len,
-                              (7u << 20) - len, 77, (1u << 20) + len));
+    assert_memory_equal(p.mem + (1u << 20) + len, data, len / 2);
+    assert_true(check_pattern(p.mem + (1u << 20) + 3 * len / 2,
+                              (7u << 20) - 3 * len / 2, 77,
+                              (1u << 20) + 3 * len / 2));
     free(data);
     parent_teardown(&p);
     child_reap(&c);
