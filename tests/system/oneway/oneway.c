@@ -85,12 +85,23 @@ static void *region(void)
  * when it is byte-exact). */
 /* An agent over UCX with transports g_tls and host memory moved as
  * g_rma says (the option rma: auto, served, native). */
+/* A child's warm-up READ may wait behind T's main worker: over shared
+ * memory a child killed in the middle of a message to T leaves a slot of
+ * T's receive FIFO half-written, and T's main worker receives nothing
+ * more for a while (README, "Those shm message queues"; T reports it:
+ * "nothing moved for 1000 ms ... moves again after N ms"). Here those
+ * stalls end 4.4-5.0 s after they start (about UCX's 5 s keepalive), in
+ * most runs of 200 kills once; two or three close together (one run of
+ * ~20) held a warm-up past the 10 s this bound was. Three stalls' worth,
+ * and more. */
+#define WARM_MS 30000
+
 static pdx_agent_h ucx_agent(const char *name, pdx_backend_h *be_p)
 {
     pdx_agent_params_t p = {.field_mask = PDX_AGENT_PARAM_FLAGS |
                                           PDX_AGENT_PARAM_XFER_TIMEOUT,
                             .flags = PDX_AGENT_F_PROGRESS_THREAD,
-                            .xfer_timeout_ms = 10000};
+                            .xfer_timeout_ms = WARM_MS};
     pdx_agent_h a;
     CHECK(pdx_agent_create(name, &p, &a));
     pdx_option_t opts[] = {{"tls", g_tls}, {"rma", g_rma}};
@@ -121,7 +132,8 @@ static int child_main(int fd)
     ctl_recv_addrs(fd, "the target", &raddr, &unused);
     pdx_status_t st =
         ctl_read_from(a, peer, (uintptr_t)mem,
-                      g_vram ? PDX_MEM_VRAM : PDX_MEM_DRAM, raddr, 4096, 10000);
+                      g_vram ? PDX_MEM_VRAM : PDX_MEM_DRAM, raddr, 4096,
+                      WARM_MS);
     if (st != PDX_OK) {
         die("warm-up READ: %s (%s)", pdx_status_string(st),
             pdx_last_error());
