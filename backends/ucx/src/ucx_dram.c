@@ -357,8 +357,14 @@ pdx_status_t ucx_dram_post(ucx_be_t *be, ucx_req_t *r,
     q->chunk = be->max_chunk < DRAM_CHUNK ? be->max_chunk : DRAM_CHUNK;
     q->shm = ucx_vaddr_same_host(&peer->vaddr, &be->self);
     int big = 0; /* a piece whose chunks go in pieces */
-    for (size_t i = 0; i < n && !big; i++) {
-        big = iov[i].len >= DRAM_WPIECES_MIN;
+    for (size_t i = 0; i < n; i++) {
+        const ucx_rmd_t *rmd = iov[i].remote_md;
+        q->pieces[i].laddr = iov[i].local_addr;
+        q->pieces[i].raddr = iov[i].remote_addr;
+        q->pieces[i].len = iov[i].len;
+        q->pieces[i].token = rmd->token;
+        q->left += iov[i].len;
+        big |= iov[i].len >= DRAM_WPIECES_MIN;
     }
     if (r->op == PDX_XFER_WRITE && q->shm && peer->dsvc_wpieces && big &&
         q->chunk >= DRAM_WPIECES_MIN) {
@@ -371,14 +377,6 @@ pdx_status_t ucx_dram_post(ucx_be_t *be, ucx_req_t *r,
             q->job[k].wsrc = q->wsrcs + (size_t)k * q->wper;
             q->job[k].whdr = q->whdrs + (size_t)k * q->wper * DHDR_LEN;
         }
-    }
-    for (size_t i = 0; i < n; i++) {
-        const ucx_rmd_t *rmd = iov[i].remote_md;
-        q->pieces[i].laddr = iov[i].local_addr;
-        q->pieces[i].raddr = iov[i].remote_addr;
-        q->pieces[i].len = iov[i].len;
-        q->pieces[i].token = rmd->token;
-        q->left += iov[i].len;
     }
     /* Every job's header: the fixed fields now, the rest per chunk. */
     dhdr_t d = {.op = r->op == PDX_XFER_WRITE ? DOP_WRITE : DOP_READ,

@@ -151,12 +151,13 @@ static void dsvc_refused(ucx_be_t *be, const dhdr_t *h, pdx_status_t st,
 
 /* ---- requests ------------------------------------------------------------- */
 
-/* A rendezvous WRITE's fragment: into its region, checked again when a
- * DRAM region was deregistered since the last check (a region that went
- * takes no more bytes; the answer says why). */
-static void dsvc_put(ucx_dsrc_t *s, size_t off, const void *src, size_t n)
+/* Bytes of WRITE `a` (a rendezvous fragment, a piece) at `off` of its
+ * chunk: into its region, checked again when a DRAM region was
+ * deregistered since the last check (a region that went takes no more
+ * bytes; the answer says why). */
+static void dsvc_write_at(ucx_dans_t *a, size_t off, const void *src,
+                          size_t n)
 {
-    ucx_dans_t *a = s->arg;
     ucx_be_t *be = a->be;
     struct ucx_dram_state *ds = be->dram;
     if (a->h.status != PDX_OK) {
@@ -178,6 +179,12 @@ static void dsvc_put(ucx_dsrc_t *s, size_t off, const void *src, size_t n)
         a->gen = ds->gen;
     }
     memcpy((unsigned char *)(uintptr_t)a->h.raddr + off, src, n);
+}
+
+/* A rendezvous WRITE's fragment (UCX's unpack of the served datatype). */
+static void dsvc_put(ucx_dsrc_t *s, size_t off, const void *src, size_t n)
+{
+    dsvc_write_at(s->arg, off, src, n);
 }
 
 /* A rendezvous WRITE's data is in (or failed): its answer is queued. */
@@ -343,26 +350,9 @@ ucs_status_t ucx_dsvc_piece(ucx_be_t *be, const dhdr_t *h, const void *data,
         dsvc_recv_end(a, UCS_OK); /* answered now; later pieces dropped */
         return UCS_OK;
     }
-    if (a->h.status == PDX_OK && a->gen != ds->gen) {
-        ucx_md_t *md = NULL;
-        pdx_status_t st = dsvc_region(be, a->h.token, a->h.raddr, a->h.len,
-                                      &md);
-        if (st == PDX_OK && md->readonly) {
-            st = PDX_ERR_POLICY;
-        }
-        if (st != PDX_OK) {
-            a->h.status = st;
-            dsvc_refused(be, &a->h, st, "its region was deregistered while "
-                                        "its data arrived");
-        }
-        a->gen = ds->gen;
-    }
-    if (a->h.status == PDX_OK) {
-        /* Checked at the request and again since any deregistration; no
-         * op (a deregistration) runs while this callback does. */
-        memcpy((unsigned char *)(uintptr_t)a->h.raddr + h->raddr, data,
-               length);
-    }
+    /* Checked at the request and again since any deregistration; no op
+     * (a deregistration) runs while this callback does. */
+    dsvc_write_at(a, h->raddr, data, length);
     a->got += length;
     if (a->got == a->h.len) {
         a->wpieces = 0;
@@ -637,40 +627,32 @@ void ucx_dsvc_region_gone(ucx_be_t *be, const ucx_md_t *md)
      * copied out, so UCX never reads the region after this. */
     for (ucx_link_t *l = ds->sending.next; l != &ds->sending; l = l->next) {
         ucx_dans_t *a = UCX_CONTAINER(l, ucx_dans_t, link);
-        uintptr_t p = a->frag ? (uintptr_t)a->h.raddr : (uintptr_t)a->src.p;
+        /* Sent from the region (rendezvous, or in pieces) starting at the
+         * chunk's address. */
+        uintptr_t p = (uintptr_t)a->h.raddr;
         if (!(a->rndv || a->frag) || a->bounce != NULL ||
             a->h.op != DOP_READ || p < md->addr || p - md->addr >= md->len) {
-            continue;
-        }
-        if (a->frag) {
-            /* Every piece's bytes from the copy (those UCX packed already
-             * are no longer read). */
-            a->bounce = malloc(a->h.len);
-            a->spare = 0;
-            const unsigned char *from = (const unsigned char *)p;
-            if (a->bounce != NULL) {
-                memcpy(a->bounce, from, a->h.len);
-            } else {
-                pdx_error("ucx: out of memory copying a served READ's %"
-                          PRIu64 " bytes out of a region being "
-                          "deregistered: %s gets zeros", a->h.len, a->h.name);
-            }
-            for (uint64_t off = 0, k = 0; off < a->h.len;
-                 off += DRAM_FRAG_DATA, k++) {
-                a->fsrc[k].p = a->bounce != NULL ? a->bounce + off : NULL;
-            }
             continue;
         }
         a->bounce = malloc(a->h.len);
         a->spare = 0;
         if (a->bounce != NULL) {
-            memcpy(a->bounce, a->src.p, a->h.len);
+            memcpy(a->bounce, (const void *)p, a->h.len);
         } else {
             pdx_error("ucx: out of memory copying a served READ's %" PRIu64
                       " bytes out of a region being deregistered: %s gets "
                       "zeros", a->h.len, a->h.name);
         }
-        a->src.p = a->bounce;
+        if (a->frag) {
+            /* Every piece's bytes from the copy (those UCX packed already
+             * are no longer read). */
+            for (uint64_t off = 0, k = 0; off < a->h.len;
+                 off += DRAM_FRAG_DATA, k++) {
+                a->fsrc[k].p = a->bounce != NULL ? a->bounce + off : NULL;
+            }
+        } else {
+            a->src.p = a->bounce;
+        }
     }
 }
 
