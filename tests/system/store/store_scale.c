@@ -77,11 +77,15 @@ static int peer_of(int i, int j)
 
 static void wr(int fd, const char *fmt, ...)
 {
-    char line[256];
+    char line[1024];
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(line, sizeof(line), fmt, ap);
     va_end(ap);
+    if (n >= (int)sizeof(line)) { /* cut, still one line */
+        n = (int)sizeof(line) - 1;
+        line[n - 1] = '\n';
+    }
     if (n > 0 && write(fd, line, (size_t)n) != n) {
         _exit(3);
     }
@@ -214,8 +218,10 @@ static void worker(int proc, int out, int in, bool restarted)
                 if (st != PDX_OK && st != PDX_ERR_NOT_FOUND &&
                     dead_at[i][j] == 0) {
                     dead_at[i][j] = now;
-                    wr(out, "D %d %d %llu\n", first + i, peers[i][j],
-                       (unsigned long long)now);
+                    /* What the agent says of it, for a spurious one. */
+                    wr(out, "D %d %d %llu %s: %s\n", first + i, peers[i][j],
+                       (unsigned long long)now, pdx_status_string(st),
+                       pdx_last_error());
                 } else if (st == PDX_OK && dead_at[i][j] != 0) {
                     dead_at[i][j] = 0;
                     wr(out, "V %d %d %llu\n", first + i, peers[i][j],
@@ -362,9 +368,14 @@ static void on_line(int pi, char *l)
         }
         if (g_kill_ns == 0 || a < g_kill_ns || !g_killed_agent[y]) {
             g_spurious++;
-            fprintf(stderr, "spurious: a%d saw a%d dead%s\n", x, y,
+            /* The agent's word after the timestamp: its status, why. */
+            const char *why = strchr(l + 2, ' ');
+            why = why != NULL ? strchr(why + 1, ' ') : NULL;
+            why = why != NULL ? strchr(why + 1, ' ') : NULL;
+            fprintf(stderr, "spurious: a%d saw a%d dead%s (%s)\n", x, y,
                     g_kill_ns == 0 || a < g_kill_ns ? " before the kill"
-                                                    : "");
+                                                    : "",
+                    why != NULL ? why + 1 : "?");
         } else if (g_seen_ns[x * C.k + j] == 0) {
             g_seen_ns[x * C.k + j] = a;
         }
